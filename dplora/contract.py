@@ -1,0 +1,272 @@
+"""The privacy contract: a YAML file validated into a frozen :class:`Contract` (pydantic v2).
+
+Every key is closed: unknown keys, unknown enum values, non-finite or non-positive numbers are errors that
+name the key and the allowed values. ``load_contract`` also applies command-line overrides
+(``training.lr=1e-3 privacy.target_epsilon=8``, as in torchtune and LLaMA-Factory).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import math
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from dplora.accounting import Accountant, Adjacency, Sampler
+from dplora.errors import BadInputError
+
+PACKAGED_MODELS = ("smollm2-135m",)
+
+
+class ProtectedUnit(str, enum.Enum):
+    """What one privacy unit is: a data row, a whole ticket, or a whole customer."""
+
+    ROW = "row"
+    TICKET = "ticket"
+    USER = "user"
+
+
+class UnitClipping(str, enum.Enum):
+    """How a unit's vector is built from its records' gradients before the clip (Charles et al. 2024)."""
+
+    SUM = "sum"
+    MEAN = "mean"
+
+
+class Optimizer(str, enum.Enum):
+    ADAMW = "adamw"
+    ADAM = "adam"
+    SGD = "sgd"
+
+
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+PositiveInt = Annotated[int, Field(gt=0, strict=False)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False)
+
+
+class PrivacySection(_Section):
+    """What is protected and how much: the part of the contract that feeds the accountant."""
+
+    protected_unit: ProtectedUnit
+    unit_key: str | None = None
+    adjacency: Adjacency
+    target_epsilon: PositiveFloat
+    delta: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
+    accountant: Accountant = Accountant.PRV
+    num_units: PositiveInt | None = None
+    max_grad_norm: PositiveFloat
+    sampling: Sampler = Sampler.POISSON
+    noise_multiplier: PositiveFloat | None = None
+    max_records_per_unit: PositiveInt | None = None
+    unit_clipping: UnitClipping = UnitClipping.SUM
+    population: str | None = None
+
+    @model_validator(mode="after")
+    def _unit_key_matches_unit(self) -> PrivacySection:
+        if self.protected_unit is ProtectedUnit.ROW and self.unit_key is not None:
+            raise ValueError("privacy.unit_key must be empty when protected_unit is row")
+        if self.protected_unit is not ProtectedUnit.ROW and not self.unit_key:
+            raise ValueError(
+                f"privacy.unit_key is required when protected_unit is {self.protected_unit.value}: "
+                "name the column that holds the ticket or customer id"
+            )
+        return self
+
+
+class ModelSection(_Section):
+    """The base model: a packaged name, a local Hugging Face folder, or a .gguf file."""
+
+    name: str | None = None
+    path: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSection:
+        if (self.name is None) == (self.path is None):
+            raise ValueError("model: give exactly one of model.name (packaged model) or model.path (folder or .gguf)")
+        if self.name is not None and self.name not in PACKAGED_MODELS:
+            raise ValueError(f"model.name={self.name!r}: allowed values are {', '.join(PACKAGED_MODELS)}")
+        return self
+
+
+class DataSection(_Section):
+    """Training data read through ``datasets``: csv, jsonl or parquet; a text column or prompt/response columns."""
+
+    path: str
+    format: Literal["auto", "csv", "jsonl", "parquet"] = "auto"
+    text_column: str | None = None
+    prompt_column: str | None = None
+    response_column: str | None = None
+
+    @model_validator(mode="after")
+    def _columns(self) -> DataSection:
+        has_text = self.text_column is not None
+        has_pair = self.prompt_column is not None or self.response_column is not None
+        if has_text == has_pair:
+            raise ValueError("data: give either data.text_column, or both data.prompt_column and data.response_column")
+        if has_pair and (self.prompt_column is None or self.response_column is None):
+            raise ValueError("data: give both data.prompt_column and data.response_column")
+        return self
+
+
+class LoraSection(_Section):
+    """LoRA adapters (Hu et al. 2021) via peft: rank r, alpha, dropout and the target modules."""
+
+    r: PositiveInt = 8
+    alpha: PositiveFloat = 16.0
+    dropout: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.0
+    target_modules: tuple[str, ...] = ("q_proj", "v_proj")
+
+    @field_validator("target_modules")
+    @classmethod
+    def _non_empty(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v or any(not m for m in v):
+            raise ValueError("lora.target_modules must be a non-empty list of module names")
+        return v
+
+
+class TrainingSection(_Section):
+    """Logical/physical batching, length of training, optimiser, and where to write."""
+
+    expected_batch_size: PositiveInt
+    physical_batch_size: PositiveInt = 8
+    epochs: PositiveFloat | None = None
+    steps: PositiveInt | None = None
+    lr: PositiveFloat = 2e-3
+    optimizer: Optimizer = Optimizer.ADAMW
+    max_seq_len: PositiveInt = 64
+    seed: int = 0
+    output_dir: str = "runs/dplora"
+    threads: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _length(self) -> TrainingSection:
+        if (self.epochs is None) == (self.steps is None):
+            raise ValueError("training: give exactly one of training.epochs or training.steps")
+        return self
+
+
+class Contract(_Section):
+    """The whole validated contract. Immutable; :attr:`sha256` is the digest of the resolved YAML."""
+
+    privacy: PrivacySection
+    model: ModelSection
+    data: DataSection
+    lora: LoraSection = LoraSection()
+    training: TrainingSection
+
+    def to_yaml(self) -> str:
+        """The resolved contract (overrides applied) as YAML with enums as plain strings."""
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    @property
+    def sha256(self) -> str:
+        """sha256 hex of :meth:`to_yaml`, the contract the run actually used."""
+        return hashlib.sha256(self.to_yaml().encode("utf-8")).hexdigest()
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Apply ``section.key=value`` overrides (values parsed as YAML scalars) to a raw contract dict.
+
+    Raises:
+        BadInputError: an override without ``=`` or with an empty key.
+    """
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or any(not p for p in key.split(".")):
+            raise BadInputError(f"override {item!r}: expected KEY=VALUE with a dotted key, e.g. training.lr=1e-3")
+        parts = key.strip().split(".")
+        node = out
+        for part in parts[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = {} if child is None else child
+                if not isinstance(child, dict):
+                    raise BadInputError(f"override {key!r}: {part!r} is not a section")
+                node[part] = child
+            node = child
+        node[parts[-1]] = _parse_value(value)
+    return out
+
+
+def _format_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "contract"
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        return f"unknown key {loc!r}: see the README's contract reference for the allowed keys"
+    if first["type"] == "missing":
+        return f"missing key {loc!r}"
+    if first["type"] == "enum":
+        allowed = first.get("ctx", {}).get("expected", "")
+        return f"{loc}={first.get('input')!r}: allowed values are {allowed}"
+    if "input" in first and not isinstance(first["input"], dict):
+        return f"{loc}={first['input']!r}: {msg}"
+    return f"{loc}: {msg}"
+
+
+def parse_contract(raw: Any) -> Contract:
+    """Validate a raw mapping into a :class:`Contract`.
+
+    Raises:
+        BadInputError: one line naming the first offending key and what is allowed.
+    """
+    if not isinstance(raw, dict):
+        raise BadInputError("the contract must be a YAML mapping with sections privacy, model, data, lora, training")
+    try:
+        contract = Contract.model_validate(raw)
+    except ValidationError as err:
+        raise BadInputError(f"contract: {_format_error(err)}") from None
+    for name in ("target_epsilon", "max_grad_norm", "delta"):
+        value = getattr(contract.privacy, name)
+        if not math.isfinite(value):  # pragma: no cover - pydantic already rejects inf/nan
+            raise BadInputError(f"contract: privacy.{name}={value!r} must be finite")
+    return contract
+
+
+def load_contract(path: str | Path, overrides: list[str] | None = None) -> Contract:
+    """Read a YAML contract, apply overrides and validate it.
+
+    Args:
+        path: the YAML file.
+        overrides: ``KEY=VALUE`` strings with dotted keys.
+
+    Returns:
+        The frozen :class:`Contract`. Relative ``data.path`` / ``model.path`` stay as written (relative to the
+        working directory).
+
+    Raises:
+        BadInputError: missing file, bad YAML, unknown key, bad value.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BadInputError(f"contract file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise BadInputError(f"cannot read contract {path}: {err.__class__.__name__}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise BadInputError(f"contract {path} is not valid YAML{where}") from None
+    if raw is None:
+        raw = {}
+    if isinstance(raw, dict) and overrides:
+        raw = apply_overrides(raw, overrides)
+    return parse_contract(raw)

@@ -1,0 +1,206 @@
+"""Data stage: records from a file, protected units over them, Poisson sampling of units, tokens.
+
+Records are read with Hugging Face ``datasets`` (csv, jsonl, parquet) into memory; its on-disk cache goes to a
+temporary folder that is removed afterwards, so no copy of private data stays behind. Errors name files and
+columns, never row contents.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from dplora.contract import Contract, DataSection, PrivacySection, ProtectedUnit
+from dplora.errors import BadInputError
+
+_FORMATS = {".csv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+def _builder(section: DataSection, path: Path) -> str:
+    if section.format != "auto":
+        return {"csv": "csv", "jsonl": "json", "parquet": "parquet"}[section.format]
+    try:
+        return _FORMATS[path.suffix.lower()]
+    except KeyError:
+        raise BadInputError(
+            f"data.path={str(path)!r}: unknown file type; use .csv, .jsonl or .parquet or set data.format"
+        ) from None
+
+
+def required_columns(contract: Contract) -> list[str]:
+    """Columns the contract reads: text or prompt/response, plus the unit key."""
+    data = contract.data
+    cols = [data.text_column] if data.text_column else [data.prompt_column, data.response_column]
+    if contract.privacy.unit_key:
+        cols.append(contract.privacy.unit_key)
+    return cols
+
+
+def load_table(contract: Contract):
+    """Load the data file into an in-memory ``datasets.Dataset`` and check its columns.
+
+    Returns:
+        A ``datasets.Dataset`` with one row per record.
+
+    Raises:
+        BadInputError: missing or unparsable file, empty data, missing column, empty/non-text cells.
+    """
+    import datasets
+
+    datasets.disable_progress_bars()
+    logging.getLogger("datasets").setLevel(logging.ERROR)
+    path = Path(contract.data.path)
+    if not path.is_file():
+        raise BadInputError(f"data file not found: {path}")
+    builder = _builder(contract.data, path)
+    with tempfile.TemporaryDirectory(prefix="dplora-data-") as cache:
+        try:
+            table = datasets.load_dataset(
+                builder, data_files=str(path), split="train", cache_dir=cache, keep_in_memory=True
+            )
+        except Exception as err:  # datasets/pyarrow raise many types; never echo their row contents
+            raise BadInputError(f"cannot read {path} as {builder}: {err.__class__.__name__}") from None
+    if table.num_rows == 0:
+        raise BadInputError(f"data file {path} has no rows")
+    missing = [c for c in required_columns(contract) if c not in table.column_names]
+    if missing:
+        raise BadInputError(
+            f"data file {path} has no column {missing[0]!r}; columns are: {', '.join(table.column_names)}"
+        )
+    return table
+
+
+@dataclasses.dataclass(frozen=True)
+class UnitIndex:
+    """Records grouped by protected unit.
+
+    Attributes:
+        records_of_unit: for each unit 0..N-1, the indices of its records kept for training.
+        num_records: records in the file.
+        dropped: records dropped by ``max_records_per_unit`` (compute bound only).
+    """
+
+    records_of_unit: tuple[np.ndarray, ...]
+    num_records: int
+    dropped: int
+
+    @property
+    def num_units(self) -> int:
+        return len(self.records_of_unit)
+
+    def stats(self) -> dict:
+        """Distribution of records per unit (operator report only: never written to a release)."""
+        counts = np.array([len(r) for r in self.records_of_unit]) + 0
+        full = counts.copy()
+        return {
+            "num_units": self.num_units,
+            "num_records": self.num_records,
+            "records_per_unit": {
+                "min": int(full.min()),
+                "median": float(np.median(full)),
+                "p95": float(np.percentile(full, 95, method="inverted_cdf")),
+                "max": int(full.max()),
+            },
+            "dropped_by_cap": self.dropped,
+        }
+
+
+def build_unit_index(table, privacy: PrivacySection, *, seed: int) -> UnitIndex:
+    """Group records into protected units and apply ``max_records_per_unit``.
+
+    A row-level contract makes each record its own unit. Records beyond the cap are dropped by a seeded
+    uniform choice (``numpy.random.default_rng(seed)``): the cap bounds compute, privacy comes from the clip.
+
+    Raises:
+        BadInputError: empty unit ids.
+    """
+    n = table.num_rows
+    if privacy.protected_unit is ProtectedUnit.ROW:
+        groups = [np.array([i]) for i in range(n)]
+    else:
+        keys = table[privacy.unit_key]
+        if any(k is None or (isinstance(k, str) and not k.strip()) for k in keys):
+            raise BadInputError(f"column {privacy.unit_key!r} has empty unit ids")
+        order: dict = {}
+        for i, k in enumerate(keys):
+            order.setdefault(str(k), []).append(i)
+        groups = [np.array(v) for v in order.values()]
+    dropped = 0
+    cap = privacy.max_records_per_unit
+    if cap is not None:
+        rng = np.random.default_rng(seed)
+        capped = []
+        for g in groups:
+            if len(g) > cap:
+                dropped += len(g) - cap
+                g = np.sort(rng.choice(g, size=cap, replace=False))
+            capped.append(g)
+        groups = capped
+    return UnitIndex(records_of_unit=tuple(groups), num_records=n, dropped=dropped)
+
+
+def count_units(contract: Contract) -> UnitIndex:
+    """Load the data and group it into units, without tokenizing (for ``dplora budget``)."""
+    return build_unit_index(load_table(contract), contract.privacy, seed=contract.training.seed)
+
+
+class PoissonUnitSampler:
+    """Poisson sampling over protected units: each unit joins a logical batch independently with probability q.
+
+    The randomness comes from OS entropy (``numpy.random.default_rng()`` with no seed), never from the
+    recorded seed, so nobody holding the release record can regenerate batch membership. Empty batches
+    happen and must still be stepped (Abadi et al. 2016; Opacus ``UniformWithReplacementSampler``).
+
+    Args:
+        num_units: N.
+        sample_rate: q ∈ (0, 1].
+        rng: only for tests; production passes None.
+    """
+
+    def __init__(self, num_units: int, sample_rate: float, rng: np.random.Generator | None = None):
+        if not 0 < sample_rate <= 1:
+            raise ValueError(f"Expected 0 < sample_rate <= 1, got {sample_rate}")
+        self.num_units = num_units
+        self.sample_rate = sample_rate
+        self._rng = rng if rng is not None else np.random.default_rng()
+
+    def sample(self) -> np.ndarray:
+        """Unit indices of one logical batch, shape (k,) with k ~ Binomial(N, q) (k = 0 happens)."""
+        return np.flatnonzero(self._rng.random(self.num_units) < self.sample_rate)
+
+
+def tokenize_records(table, tokenizer, contract: Contract) -> list[tuple[list[int], list[int]]]:
+    """Token ids and labels for every record (labels −100 on the prompt; EOS appended to the target).
+
+    Prompt/response records train only on the response; when the pair is longer than ``max_seq_len`` the
+    prompt keeps at most half of it. Text records train on every token.
+
+    Returns:
+        One (input_ids, labels) pair per record, each of length ≤ max_seq_len tokens.
+    """
+    data, max_len = contract.data, contract.training.max_seq_len
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+
+    def enc(texts):
+        return tokenizer([str(t) if t is not None else "" for t in texts], add_special_tokens=False)["input_ids"]
+
+    out = []
+    if data.text_column:
+        for ids in enc(table[data.text_column]):
+            ids = (ids + eos)[:max_len]
+            out.append((ids, list(ids)))
+        return out
+    prompts = enc([f"{p}\n" for p in table[data.prompt_column]])
+    responses = enc(table[data.response_column])
+    for p, r in zip(prompts, responses, strict=True):
+        r = r + eos
+        if len(p) + len(r) > max_len:
+            p = p[: max_len // 2]
+        ids = (p + r)[:max_len]
+        labels = ([-100] * len(p) + r)[:max_len]
+        out.append((ids, labels))
+    return out

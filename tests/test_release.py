@@ -1,0 +1,283 @@
+"""Tests of dplora.release: DSSE v1 + in-toto Statement v1 signing and verification (no torch)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+import stat
+
+import pytest
+from cryptography.hazmat.primitives import serialization as ser
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from dplora import release as rel
+from dplora.errors import BadInputError, VerificationError
+
+RECORD = {"run": "demo", "epsilon": 3.0, "delta": 1e-6, "note": "patient said hello", "data": {"digest": {}}}
+
+
+@pytest.fixture()
+def keys(tmp_path):
+    priv, pub = rel.generate_keypair(tmp_path / "keys" / "signing.pem")
+    return rel.load_private_key(priv), rel.load_public_key(pub)
+
+
+@pytest.fixture()
+def run_dir(tmp_path):
+    out = tmp_path / "run"
+    (out / "adapter").mkdir(parents=True)
+    (out / "adapter" / "adapter_model.safetensors").write_bytes(b"\x00\x01weights" * 100)
+    (out / "adapter" / "adapter_config.json").write_text('{"r": 8}')
+    return out
+
+
+def _artifacts(out):
+    return [out / "adapter" / "adapter_model.safetensors", out / "adapter" / "adapter_config.json"]
+
+
+def _release(out, private_key, record=RECORD):
+    return rel.write_release(
+        output_dir=out, record=record, artifact_files=_artifacts(out), private_key=private_key
+    )
+
+
+def _edit_envelope(path, fn):
+    env = json.loads(path.read_text())
+    fn(env)
+    path.write_text(json.dumps(env))
+
+
+def _verify_fails(path, public_key, match):
+    with pytest.raises(VerificationError, match=match):
+        rel.verify_release(path, public_key)
+
+
+def test_round_trip(run_dir, keys):
+    priv, pub = keys
+    path = _release(run_dir, priv)
+    assert path == run_dir.resolve() / rel.RELEASE_FILENAME
+    for target in (path, run_dir):
+        st = rel.verify_release(target, pub)
+        assert st["_type"] == rel.STATEMENT_TYPE and st["predicateType"] == rel.PREDICATE_TYPE
+        names = [s["name"] for s in st["subject"]]
+        assert names == ["adapter/adapter_config.json", "adapter/adapter_model.safetensors"]
+        assert st["subject"][1]["digest"]["sha256"] == rel.sha256_file(_artifacts(run_dir)[0])
+    env = json.loads(path.read_text())
+    assert env["payloadType"] == rel.PAYLOAD_TYPE
+    assert env["signatures"][0]["keyid"] == rel.key_id(pub)
+
+
+def test_predicate_is_record_exactly(run_dir, keys):
+    path = _release(run_dir, keys[0])
+    env = json.loads(path.read_text())
+    statement = json.loads(base64.b64decode(env["payload"]))
+    assert statement["predicate"] == RECORD
+    assert set(statement) == {"_type", "subject", "predicateType", "predicate"}
+
+
+def test_no_leftover_tmp(run_dir, keys):
+    _release(run_dir, keys[0])
+    _release(run_dir, keys[0])  # replacing an existing release is atomic too
+    assert sorted(p.name for p in run_dir.iterdir()) == ["adapter", rel.RELEASE_FILENAME]
+
+
+def test_artifact_outside_output_dir(tmp_path, run_dir, keys):
+    outside = tmp_path / "elsewhere.bin"
+    outside.write_bytes(b"x")
+    with pytest.raises(BadInputError, match="not a file inside the output folder"):
+        rel.write_release(output_dir=run_dir, record=RECORD, artifact_files=[outside], private_key=keys[0])
+    with pytest.raises(BadInputError, match="at least one artifact"):
+        rel.write_release(output_dir=run_dir, record=RECORD, artifact_files=[], private_key=keys[0])
+
+
+def test_tamper_artifact_byte(run_dir, keys):
+    path = _release(run_dir, keys[0])
+    f = _artifacts(run_dir)[0]
+    data = bytearray(f.read_bytes())
+    data[5] ^= 1
+    f.write_bytes(bytes(data))
+    _verify_fails(
+        path, keys[1], r"adapter/adapter_model\.safetensors: sha256 mismatch \(expected \w+…, found"
+    )
+
+
+def test_tamper_artifact_deleted(run_dir, keys):
+    path = _release(run_dir, keys[0])
+    _artifacts(run_dir)[1].unlink()
+    _verify_fails(path, keys[1], r"adapter/adapter_config\.json: file is missing")
+
+
+def test_tamper_payload_without_resigning(run_dir, keys):
+    path = _release(run_dir, keys[0])
+
+    def edit(env):
+        st = json.loads(base64.b64decode(env["payload"]))
+        st["predicate"]["epsilon"] = 0.1
+        env["payload"] = base64.b64encode(rel.canonical_json(st)).decode()
+
+    _edit_envelope(path, edit)
+    _verify_fails(path, keys[1], "signature does not verify with this public key")
+
+
+def test_signature_from_another_key(tmp_path, run_dir, keys):
+    path = _release(run_dir, keys[0])
+    other = rel.load_private_key(rel.generate_keypair(tmp_path / "other.pem")[0])
+    forged = rel.sign_statement(rel.verify_release(path, keys[1]), other)["signatures"][0]
+
+    _edit_envelope(path, lambda env: env["signatures"][0].update(sig=forged["sig"]))
+    _verify_fails(path, keys[1], "signature does not verify with this public key")
+    _edit_envelope(path, lambda env: env.update(signatures=[forged]))
+    _verify_fails(path, keys[1], "no signature by this public key")
+
+
+def test_wrong_public_key(tmp_path, run_dir, keys):
+    path = _release(run_dir, keys[0])
+    other_pub = rel.load_public_key(rel.generate_keypair(tmp_path / "other.pem")[1])
+    _verify_fails(path, other_pub, "no signature by this public key")
+
+
+def test_payload_type_changed(run_dir, keys):
+    path = _release(run_dir, keys[0])
+    _edit_envelope(path, lambda env: env.update(payloadType="application/json"))
+    _verify_fails(path, keys[1], "payloadType is 'application/json'")
+
+
+@pytest.mark.parametrize("name", ["../escape.bin", "/etc/passwd", "adapter/../../x"])
+def test_subject_name_escaping(run_dir, keys, name):
+    (run_dir.parent / "escape.bin").write_bytes(b"x")
+    statement = rel.build_statement(RECORD, {name: hashlib.sha256(b"x").hexdigest()})
+    (run_dir / rel.RELEASE_FILENAME).write_text(json.dumps(rel.sign_statement(statement, keys[0])))
+    _verify_fails(run_dir, keys[1], "is not a relative path inside the release folder")
+
+
+def test_subject_symlink_escaping(tmp_path, run_dir, keys):
+    (tmp_path / "outside.bin").write_bytes(b"x")
+    (run_dir / "link.bin").symlink_to(tmp_path / "outside.bin")
+    statement = rel.build_statement(RECORD, {"link.bin": hashlib.sha256(b"x").hexdigest()})
+    (run_dir / rel.RELEASE_FILENAME).write_text(json.dumps(rel.sign_statement(statement, keys[0])))
+    _verify_fails(run_dir, keys[1], "escapes the release folder")
+
+
+def test_missing_release_is_bad_input(tmp_path, keys):
+    with pytest.raises(BadInputError, match="cannot read release file"):
+        rel.verify_release(tmp_path, keys[1])
+
+
+def test_canonical_json():
+    a = rel.canonical_json({"b": [1, {"y": 2, "x": "é"}], "a": None})
+    b = rel.canonical_json({"a": None, "b": [1, {"x": "é", "y": 2}]})
+    assert a == b == '{"a":null,"b":[1,{"x":"é","y":2}]}'.encode()
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(BadInputError):
+            rel.canonical_json({"epsilon": bad})
+
+
+def test_pae_known_answer():
+    # DSSE v1 protocol.md test vector
+    got = rel.pae("http://example.com/HelloWorld", b"hello world")
+    assert got == b"DSSEv1 29 http://example.com/HelloWorld 11 hello world"
+
+
+def test_keygen_mode_overwrite_and_load(tmp_path):
+    old = os.umask(0)
+    try:
+        priv, pub = rel.generate_keypair(tmp_path / "a" / "b" / "k.pem")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(priv.stat().st_mode) == 0o600
+    assert pub == tmp_path / "a" / "b" / "k.pub"
+    before = priv.read_bytes()
+    with pytest.raises(BadInputError, match="already exists"):
+        rel.generate_keypair(priv)
+    assert priv.read_bytes() == before
+    priv.chmod(0o644)
+    rel.generate_keypair(priv, overwrite=True)
+    assert priv.read_bytes() != before and stat.S_IMODE(priv.stat().st_mode) == 0o600
+    key = rel.load_private_key(priv)
+    assert rel.key_id(rel.load_public_key(pub)) == rel.key_id(key.public_key())
+
+
+def test_load_private_key_env_and_errors(tmp_path, monkeypatch):
+    monkeypatch.delenv(rel.SIGNING_KEY_ENV, raising=False)
+    with pytest.raises(BadInputError, match="no signing key"):
+        rel.load_private_key(None)
+    priv, pub = rel.generate_keypair(tmp_path / "k.pem")
+    monkeypatch.setenv(rel.SIGNING_KEY_ENV, str(priv))
+    assert rel.load_private_key(None) is not None
+    with pytest.raises(BadInputError):
+        rel.load_private_key(pub)  # a public key is not a private key
+    with pytest.raises(BadInputError, match="cannot read"):
+        rel.load_private_key(tmp_path / "absent.pem")
+    priv.chmod(0o644)
+    with pytest.warns(UserWarning, match="readable by group or others"):
+        rel.load_private_key(priv)
+    with pytest.raises(BadInputError):
+        rel.load_public_key(priv)
+    rsa_pem = tmp_path / "rsa.pem"
+    rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    rsa_pem.write_bytes(rsa_key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8, ser.NoEncryption()))
+    rsa_pem.chmod(0o600)
+    with pytest.raises(BadInputError, match="not an Ed25519 key"):
+        rel.load_private_key(rsa_pem)
+    rsa_pem.write_text("not a pem")
+    with pytest.raises(BadInputError, match="not an unencrypted PEM"):
+        rel.load_private_key(rsa_pem)
+
+
+def test_hmac_known_answer_and_keys(tmp_path):
+    f = tmp_path / "train.jsonl"
+    data = b'{"text": "secret"}\n' * 1000
+    f.write_bytes(data)
+    key1, key2 = b"k" * 32, b"j" * 32
+    assert rel.hmac_sha256_file(f, key1) == hmac.new(key1, data, hashlib.sha256).hexdigest()
+    assert rel.hmac_sha256_file(f, key1) != rel.hmac_sha256_file(f, key2)
+    assert rel.sha256_file(f) == hashlib.sha256(data).hexdigest()
+
+
+def test_data_digest_entry(tmp_path):
+    f = tmp_path / "train.jsonl"
+    f.write_bytes(b"row\n")
+    unkeyed = rel.data_digest_entry([f], None)
+    assert unkeyed["keyed"] is False and unkeyed["files"] == {} and unkeyed["algorithm"] is None
+    keyed = rel.data_digest_entry([f], b"k" * 16)
+    assert keyed["keyed"] is True and keyed["algorithm"] == "hmac-sha256"
+    assert keyed["files"] == {"train.jsonl": rel.hmac_sha256_file(f, b"k" * 16)}
+
+
+def test_load_data_key(tmp_path, monkeypatch):
+    monkeypatch.delenv(rel.DATA_KEY_ENV, raising=False)
+    assert rel.load_data_key(None) is None
+    short = tmp_path / "short.key"
+    short.write_bytes(b"tooshort-secret\n")  # 15 bytes after the newline is stripped
+    with pytest.raises(BadInputError, match="too short") as exc:
+        rel.load_data_key(short)
+    assert "tooshort-secret" not in str(exc.value)
+    good = tmp_path / "good.key"
+    good.write_bytes(b"0123456789abcdef\n")
+    monkeypatch.setenv(rel.DATA_KEY_ENV, str(good))
+    assert rel.load_data_key(None) == b"0123456789abcdef"
+    with pytest.raises(BadInputError, match="absent.key"):
+        rel.load_data_key(tmp_path / "absent.key")
+
+
+def test_verify_data_files(tmp_path, run_dir, keys):
+    data = tmp_path / "train.jsonl"
+    data.write_bytes(b"row one\nrow two\n")
+    key = b"s" * 32
+    record = dict(RECORD, data={"digest": rel.data_digest_entry([data], key)})
+    path = _release(run_dir, keys[0], record)
+    rel.verify_release(path, keys[1], data_files=[data], data_key=key)
+    with pytest.raises(VerificationError, match="train.jsonl: data HMAC mismatch"):
+        rel.verify_release(path, keys[1], data_files=[data], data_key=b"t" * 32)
+    with pytest.raises(BadInputError, match="without a data key"):
+        rel.verify_release(path, keys[1], data_files=[data])
+    unkeyed = _release(run_dir, keys[0], dict(RECORD, data={"digest": rel.data_digest_entry([data], None)}))
+    with pytest.raises(VerificationError, match="no keyed data digest"):
+        rel.verify_release(unkeyed, keys[1], data_files=[data], data_key=key)
+    path = _release(run_dir, keys[0], record)
+    data.write_bytes(b"row one\nrow 2\n")
+    with pytest.raises(VerificationError, match="train.jsonl: data HMAC mismatch"):
+        rel.verify_release(path, keys[1], data_files=[data], data_key=key)
