@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import secrets
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -177,7 +178,10 @@ def make_private(model: torch.nn.Module, optimizer, *, plan, unit_mean: bool):
     Raises:
         TrainingFailedError: gradient checkpointing is on (it re-fires hooks and breaks per-sample gradients).
     """
-    if getattr(model, "is_gradient_checkpointing", False):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        checkpointing = getattr(model, "is_gradient_checkpointing", False)
+    if checkpointing:
         raise TrainingFailedError("gradient checkpointing breaks per-sample gradients: turn it off")
     gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum")
     dp_opt = UnitDPOptimizer(

@@ -1,0 +1,499 @@
+"""Privacy budget ledger: caps and charges per protected population, in one SQLite file.
+
+Every DP run on a named protected population spends (ε, δ): ε is unitless, δ a probability.
+Charges on one population compose by basic composition (Dwork & Roth 2014, Thm 3.16): the total
+is the sum of the ε's and the sum of the δ's, computed exactly with ``decimal.Decimal`` and
+stored as TEXT (never REAL), so 1.1 + 1.1 + 1.0 = 3.2 is refused at a cap of 3.0 while
+1.0 + 1.0 + 1.0 = 3.0 fits. Every write is one ``BEGIN IMMEDIATE`` transaction, so concurrent
+processes can neither overspend a cap nor lose a record.
+
+A charge's ε is the reserved ε while ``pending`` (a killed run stays there), then what the run
+reports when ``settled`` or ``failed`` (a failed run touched private data). Releases of a run are
+post-processing, not new charges: the charge is raised to the ε of its latest released checkpoint
+(ε grows with training steps, so that is the largest released ε) and never lowered below it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import sqlite3
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, fields
+from datetime import datetime, timezone
+from decimal import Context, Decimal, Inexact, InvalidOperation, Overflow
+from pathlib import Path
+
+from dplora.errors import BadInputError, PlanRefusedError
+
+LEDGER_ENV = "DPLORA_LEDGER"
+SCHEMA_VERSION = 1
+PURPOSES = ("release", "tuning")
+# Sums must be exact: far more digits than any validated input needs, and any rounding raises.
+_EXACT = Context(prec=400, traps=[InvalidOperation, Inexact, Overflow])
+_NAME_RE = re.compile(r"^[^\x00-\x1f\x7f]{1,200}$")
+_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS populations (
+    name TEXT PRIMARY KEY, epsilon_max TEXT NOT NULL, delta_max TEXT NOT NULL, updated_at TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS charges (
+    run_id TEXT PRIMARY KEY, population TEXT NOT NULL, epsilon TEXT NOT NULL, delta TEXT NOT NULL,
+    reserved_epsilon TEXT NOT NULL, spent_epsilon TEXT,
+    status TEXT NOT NULL CHECK (status IN ('pending', 'settled', 'failed')),
+    purpose TEXT NOT NULL CHECK (purpose IN ('release', 'tuning')),
+    accountant TEXT NOT NULL, adjacency TEXT NOT NULL, created_at TEXT NOT NULL, settled_at TEXT);
+CREATE INDEX IF NOT EXISTS charges_population ON charges (population);
+CREATE TABLE IF NOT EXISTS releases (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL REFERENCES charges (run_id),
+    record_sha256 TEXT NOT NULL, epsilon TEXT NOT NULL, delta TEXT NOT NULL, label TEXT NOT NULL,
+    created_at TEXT NOT NULL, UNIQUE (run_id, record_sha256));
+"""
+
+
+def default_ledger_path() -> Path:
+    """Return ``$DPLORA_LEDGER``, else ``{$XDG_DATA_HOME or ~/.local/share}/dplora/ledger.sqlite3``."""
+    if os.environ.get(LEDGER_ENV):
+        return Path(os.environ[LEDGER_ENV]).expanduser()
+    xdg = os.environ.get("XDG_DATA_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".local" / "share") / "dplora" / "ledger.sqlite3"
+
+
+class LedgerError(BadInputError):
+    """The ledger database is corrupted, locked or unreadable (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class Charge:
+    """One run's charge on a population: ``epsilon`` (unitless) charged now, ``delta`` a probability."""
+
+    run_id: str
+    population: str
+    epsilon: Decimal
+    delta: Decimal
+    status: str
+    purpose: str
+    accountant: str
+    adjacency: str
+    created_at: str
+    settled_at: str | None
+    reserved_epsilon: Decimal | None = None
+
+    def to_dict(self) -> dict:
+        """Return a JSON-ready dict; Decimals become exact strings."""
+        return {k: str(v) if isinstance(v, Decimal) else v for k, v in asdict(self).items()}
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+def _name(value: object, what: str) -> str:
+    if not isinstance(value, str) or not _NAME_RE.match(value) or value != value.strip():
+        raise BadInputError(f"{what} must be a non-empty one-line string without surrounding spaces")
+    return value
+
+
+def _dec(value: object, what: str, *, positive: bool = True, below_one: bool = False) -> Decimal:
+    """Convert str, int, Decimal or float (via ``str()``) to a finite, in-range Decimal."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float, Decimal)):
+        raise BadInputError(f"{what} must be a number, got {type(value).__name__}")
+    try:
+        d = value if isinstance(value, Decimal) else Decimal(str(value).strip())
+    except InvalidOperation:
+        raise BadInputError(f"{what} must be a number, got {value!r}") from None
+    if not d.is_finite():
+        raise BadInputError(f"{what} must be finite, got {value!r}")
+    if (d <= 0) if positive else (d < 0):
+        raise BadInputError(f"{what} must be {'> 0' if positive else '>= 0'}, got {d}")
+    if below_one and d >= 1:
+        raise BadInputError(f"{what} must be < 1 (a probability), got {d}")
+    if d and (d.adjusted() > 12 or d.normalize().as_tuple().exponent < -60):
+        raise BadInputError(f"{what} must be at most 1e12 with at most 60 decimal places, got {d}")
+    return d
+
+
+def _sum(values: Iterable[Decimal]) -> Decimal:
+    total = Decimal(0)
+    for v in values:
+        total = _EXACT.add(total, v)
+    return total
+
+
+def _over(pop: str, cap: tuple[Decimal, Decimal], spent: tuple[Decimal, Decimal], eps, delta) -> str:
+    """Return the one-line reason spent + planned exceeds the cap, or '' if it fits."""
+    reasons = []
+    for sym, s, p, c in (("ε", spent[0], eps, cap[0]), ("δ", spent[1], delta, cap[1])):
+        if (total := _EXACT.add(s, p)) > c:
+            reasons.append(f"spent {sym}={s} + planned {sym}={p} = {total} exceeds the cap {sym}_max={c}")
+    return f"population {pop!r}: " + "; ".join(reasons) if reasons else ""
+
+
+def _no_cap(pop: str) -> PlanRefusedError:
+    cmd = f"dplora ledger set-cap {shlex.quote(pop)} --epsilon E --delta D"
+    return PlanRefusedError(f"population {pop!r} has no privacy cap: run `{cmd}` first")
+
+
+def _to_charge(row: sqlite3.Row) -> Charge:
+    dec = ("epsilon", "delta", "reserved_epsilon")
+    return Charge(**{f.name: Decimal(row[f.name]) if f.name in dec else row[f.name] for f in fields(Charge)})
+
+
+class Ledger:
+    """A privacy budget ledger in one SQLite file (WAL mode), safe across processes (one per thread).
+
+    Args:
+        path: The SQLite file, created with its parent directory if missing (unless ``create`` is
+            False). An existing file is never deleted, recreated or overwritten.
+        timeout_s: Seconds to wait for another process's write lock before giving up.
+        create: If False, a missing file raises LedgerError instead of being created.
+
+    Raises:
+        LedgerError: Not a SQLite database, not a dplora ledger, locked, or cannot be opened.
+    """
+
+    def __init__(self, path: Path, *, timeout_s: float = 10.0, create: bool = True) -> None:
+        self.path = Path(path).expanduser()
+        if not create and not self.path.is_file():
+            raise LedgerError(
+                f"no ledger at {self.path}: create it with `dplora ledger set-cap POPULATION "
+                "--epsilon E --delta D` (or pass --db / set $DPLORA_LEDGER)"
+            )
+        if self.path.is_dir():
+            raise LedgerError(f"ledger {self.path} is a directory: pass a file path")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._conn = sqlite3.connect(str(self.path), timeout=timeout_s, isolation_level=None)
+        except (OSError, sqlite3.Error) as e:
+            raise LedgerError(f"cannot open ledger {self.path} ({e}): check the path and permissions") from e
+        try:
+            with self._errors():
+                self._init_schema()
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def _init_schema(self) -> None:
+        # Read first: a corrupted file fails here, before anything could be written to it.
+        tables = {r[0] for r in self._conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if tables and "schema_version" not in tables:
+            raise LedgerError(f"{self.path} is a SQLite database but not a dplora ledger: pass another --db")
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA foreign_keys=ON")
+        if "schema_version" not in tables:
+            with self._write() as c:
+                for statement in filter(str.strip, _SCHEMA.split(";")):
+                    c.execute(statement)
+                if c.execute("SELECT COUNT(*) FROM schema_version").fetchone()[0] == 0:
+                    c.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+        version = self._conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0]
+        if version != SCHEMA_VERSION:
+            raise LedgerError(
+                f"ledger {self.path} has schema {version}, dplora reads {SCHEMA_VERSION}: upgrade"
+            )
+
+    def close(self) -> None:
+        """Close the database connection."""
+        self._conn.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """Translate sqlite3 errors into one-line LedgerErrors naming the file."""
+        try:
+            yield
+        except sqlite3.DatabaseError as e:
+            msg = str(e).lower()
+            if "locked" in msg or "busy" in msg:
+                raise LedgerError(f"ledger {self.path} is locked by another process; retry") from e
+            if "not a database" in msg or "malformed" in msg or "encrypted" in msg:
+                raise LedgerError(
+                    f"ledger {self.path} is not a valid SQLite database (corrupted?): "
+                    "restore it from backup; dplora never overwrites it"
+                ) from e
+            raise LedgerError(f"ledger {self.path}: {e}; check the file and its permissions") from e
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction: committed on success, rolled back on any error."""
+        with self._errors():
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+                self._conn.execute("COMMIT")
+            finally:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """One read transaction: a consistent snapshot."""
+        with self._errors():
+            self._conn.execute("BEGIN")
+            try:
+                yield self._conn
+            finally:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+
+    @staticmethod
+    def _cap(c: sqlite3.Connection, pop: str) -> tuple[Decimal, Decimal] | None:
+        row = c.execute("SELECT epsilon_max, delta_max FROM populations WHERE name=?", (pop,)).fetchone()
+        return (Decimal(row[0]), Decimal(row[1])) if row else None
+
+    @staticmethod
+    def _spent(c: sqlite3.Connection, pop: str) -> tuple[Decimal, Decimal]:
+        rows = c.execute("SELECT epsilon, delta FROM charges WHERE population=?", (pop,)).fetchall()
+        return _sum(Decimal(r[0]) for r in rows), _sum(Decimal(r[1]) for r in rows)
+
+    def _row(self, c: sqlite3.Connection, run_id: str) -> sqlite3.Row:
+        cur = c.cursor()
+        cur.row_factory = sqlite3.Row
+        row = cur.execute("SELECT * FROM charges WHERE run_id=?", (run_id,)).fetchone()
+        if row is None:
+            raise BadInputError(f"run {run_id!r} has no charge in ledger {self.path}: reserve it first")
+        return row
+
+    def set_cap(self, population: str, *, epsilon_max: object, delta_max: object) -> None:
+        """Set (or replace) a population's cap; lowering it below what is spent is allowed.
+
+        Args:
+            population: Name of the protected population, e.g. ``"support-tickets-eu"``.
+            epsilon_max: Total ε allowed (unitless), finite and > 0.
+            delta_max: Total δ allowed (probability), in (0, 1).
+
+        Raises:
+            BadInputError: A bad name or value.
+        """
+        population = _name(population, "population")
+        eps, delta = _dec(epsilon_max, "epsilon_max"), _dec(delta_max, "delta_max", below_one=True)
+        with self._write() as c:
+            c.execute(
+                "INSERT INTO populations VALUES (?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET epsilon_max="
+                "excluded.epsilon_max, delta_max=excluded.delta_max, updated_at=excluded.updated_at",
+                (population, str(eps), str(delta), _now()),
+            )
+
+    def cap(self, population: str) -> tuple[Decimal, Decimal] | None:
+        """Return ``(epsilon_max, delta_max)`` of a population, or None if no cap is set."""
+        with self._read() as c:
+            return self._cap(c, population)
+
+    def spent(self, population: str) -> tuple[Decimal, Decimal]:
+        """Return the exact ``(Σε, Σδ)`` over all charges (pending, settled, failed) of a population."""
+        with self._read() as c:
+            return self._spent(c, population)
+
+    def check(self, population: str, *, epsilon: object, delta: object) -> None:
+        """Refuse a planned (ε, δ) that would push the population over its cap (basic composition).
+
+        Args:
+            population: Name of the protected population.
+            epsilon: Planned ε (unitless, > 0).
+            delta: Planned δ (probability, in [0, 1)).
+
+        Raises:
+            PlanRefusedError: No cap is set, or spent + planned exceeds it for ε or δ.
+            BadInputError: A bad name or value.
+        """
+        population = _name(population, "population")
+        eps, dlt = _dec(epsilon, "epsilon"), _dec(delta, "delta", positive=False, below_one=True)
+        with self._read() as c:
+            cap, spent = self._cap(c, population), self._spent(c, population)
+        if cap is None:
+            raise _no_cap(population)
+        if reason := _over(population, cap, spent, eps, dlt):
+            raise PlanRefusedError(reason)
+
+    def reserve(
+        self,
+        *,
+        population: str,
+        run_id: str,
+        epsilon: object,
+        delta: object,
+        accountant: str,
+        adjacency: str,
+        purpose: str = "release",
+    ) -> Charge:
+        """Atomically check the cap and record a pending charge for a run about to touch private data.
+
+        Args:
+            population: Name of the protected population.
+            run_id: Unique id of the run (a training run or a hyperparameter-tuning trial).
+            epsilon: ε to reserve (unitless, > 0): the run's planned total.
+            delta: δ to reserve (probability, in [0, 1)).
+            accountant: Accountant that computed ε, e.g. ``"rdp"`` or ``"prv"``.
+            adjacency: Neighbouring relation, e.g. ``"add-remove"`` or ``"replace-one"``.
+            purpose: ``"release"`` or ``"tuning"``; both count toward the cap alike.
+
+        Returns:
+            The pending charge.
+
+        Raises:
+            PlanRefusedError: No cap, or the reservation would exceed it; nothing is written.
+            BadInputError: Duplicate run_id, or a bad name or value.
+            LedgerError: The database is locked (after ``timeout_s``) or unreadable.
+        """
+        population, run_id = _name(population, "population"), _name(run_id, "run_id")
+        eps, dlt = _dec(epsilon, "epsilon"), _dec(delta, "delta", positive=False, below_one=True)
+        accountant, adjacency = _name(accountant, "accountant"), _name(adjacency, "adjacency")
+        if purpose not in PURPOSES:
+            raise BadInputError(f"purpose must be one of {', '.join(PURPOSES)}, got {purpose!r}")
+        with self._write() as c:
+            if c.execute("SELECT 1 FROM charges WHERE run_id=?", (run_id,)).fetchone():
+                raise BadInputError(f"run {run_id!r} already has a charge in ledger {self.path}")
+            if (cap := self._cap(c, population)) is None:
+                raise _no_cap(population)
+            if reason := _over(population, cap, self._spent(c, population), eps, dlt):
+                raise PlanRefusedError(reason)
+            c.execute(
+                "INSERT INTO charges (run_id, population, epsilon, delta, reserved_epsilon, status, purpose, "
+                "accountant, adjacency, created_at) VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?)",
+                (run_id, population, str(eps), str(dlt), str(eps), purpose, accountant, adjacency, _now()),
+            )
+            return _to_charge(self._row(c, run_id))
+
+    def settle(self, run_id: str, *, epsilon_spent: object, status: str = "settled") -> Charge:
+        """Charge a finished (``"settled"``) or failed/aborted (``"failed"``) run what it spent.
+
+        A failed run touched private data, so it stays charged; a caller that does not know what
+        it spent passes the reserved ε. The charge never drops below an already released ε.
+
+        Args:
+            run_id: The reserved run.
+            epsilon_spent: ε the run spent (unitless, >= 0, <= the reserved ε).
+            status: ``"settled"`` or ``"failed"``.
+
+        Returns:
+            The updated charge.
+
+        Raises:
+            BadInputError: Unknown or already settled run, bad status or value.
+            PlanRefusedError: ``epsilon_spent`` exceeds the reserved ε.
+        """
+        if status not in ("settled", "failed"):
+            raise BadInputError(f"status must be 'settled' or 'failed', got {status!r}")
+        eps = _dec(epsilon_spent, "epsilon_spent", positive=False)
+        with self._write() as c:
+            row = self._row(c, run_id)
+            if row["status"] != "pending":
+                raise BadInputError(f"run {run_id!r} is already {row['status']}")
+            if eps > (reserved := Decimal(row["reserved_epsilon"])):
+                raise PlanRefusedError(f"run {run_id!r} spent ε={eps}, more than its reserved ε={reserved}")
+            released = [
+                Decimal(r[0]) for r in c.execute("SELECT epsilon FROM releases WHERE run_id=?", (run_id,))
+            ]
+            c.execute(
+                "UPDATE charges SET epsilon=?, spent_epsilon=?, status=?, settled_at=? WHERE run_id=?",
+                (str(max([eps, *released])), str(eps), status, _now(), run_id),
+            )
+            return _to_charge(self._row(c, run_id))
+
+    def record_release(
+        self, *, run_id: str, record_sha256: str, epsilon: object, delta: object, label: str = ""
+    ) -> None:
+        """Record a release (e.g. a checkpoint) of an already charged run: post-processing, not a charge.
+
+        The run's charge becomes the ε of its latest released checkpoint: raised to this release's
+        ε if larger (at most the reserved ε, and only while the population's cap allows it), never
+        lowered below what the run spent or released before. Recording a release twice is a no-op.
+
+        Args:
+            run_id: The charged run the release comes from.
+            record_sha256: SHA-256 (hex) of the signed release record.
+            epsilon: ε of the released checkpoint (unitless, > 0).
+            delta: δ of the released checkpoint (probability, <= the run's reserved δ).
+            label: A one-line label, e.g. ``"step-1200"``.
+
+        Raises:
+            BadInputError: Unknown run, bad digest or value, or the digest recorded with other values.
+            PlanRefusedError: ε or δ above the reserved ones, or a raise over the cap.
+        """
+        sha = str(record_sha256).lower()
+        if not _SHA_RE.match(sha):
+            raise BadInputError(f"record_sha256 must be 64 hex digits, got {record_sha256!r}")
+        eps, dlt = _dec(epsilon, "epsilon"), _dec(delta, "delta", positive=False, below_one=True)
+        if label and not _NAME_RE.match(label):
+            raise BadInputError("label must be one line")
+        with self._write() as c:
+            row = self._row(c, run_id)
+            if eps > Decimal(row["reserved_epsilon"]) or dlt > Decimal(row["delta"]):
+                raise PlanRefusedError(
+                    f"release of run {run_id!r} has ε={eps}, δ={dlt}, above the reserved "
+                    f"ε={row['reserved_epsilon']}, δ={row['delta']}"
+                )
+            sql = "SELECT epsilon, delta FROM releases WHERE run_id=? AND record_sha256=?"
+            if old := c.execute(sql, (run_id, sha)).fetchone():
+                if (Decimal(old[0]), Decimal(old[1])) != (eps, dlt):
+                    raise BadInputError(
+                        f"release {sha[:12]} of run {run_id!r} is already recorded: ε={old[0]}"
+                    )
+                return
+            if eps > (current := Decimal(row["epsilon"])):
+                pop = row["population"]
+                (s_eps, s_delta), cap = self._spent(c, pop), self._cap(c, pop)
+                if cap and (reason := _over(pop, cap, (_EXACT.subtract(s_eps, current), s_delta), eps, 0)):
+                    raise PlanRefusedError(f"release of run {run_id!r} refused: {reason}")
+                c.execute("UPDATE charges SET epsilon=? WHERE run_id=?", (str(eps), run_id))
+            c.execute(
+                "INSERT INTO releases (run_id, record_sha256, epsilon, delta, label, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (run_id, sha, str(eps), str(dlt), label, _now()),
+            )
+
+    def charges(self, population: str | None = None) -> list[Charge]:
+        """Return all charges (of one population if given), oldest first."""
+        with self._read() as c:
+            cur = c.cursor()
+            cur.row_factory = sqlite3.Row
+            sql = "SELECT * FROM charges WHERE ? IS NULL OR population=? ORDER BY created_at, rowid"
+            return [_to_charge(r) for r in cur.execute(sql, (population, population)).fetchall()]
+
+    def releases(self, run_id: str | None = None, *, population: str | None = None) -> list[dict]:
+        """Return recorded releases (of one run or population if given), oldest first, ε/δ as strings."""
+        sql = (
+            "SELECT r.run_id, c.population, r.record_sha256, r.epsilon, r.delta, r.label, r.created_at "
+            "FROM releases r JOIN charges c ON c.run_id = r.run_id WHERE (? IS NULL OR r.run_id=?) "
+            "AND (? IS NULL OR c.population=?) ORDER BY r.id"
+        )
+        keys = ("run_id", "population", "record_sha256", "epsilon", "delta", "label", "created_at")
+        with self._read() as c:
+            rows = c.execute(sql, (run_id, run_id, population, population)).fetchall()
+        return [dict(zip(keys, r, strict=True)) for r in rows]
+
+    def populations(self) -> list[dict]:
+        """Return each population's cap, exact spend and what is left (negative after a lowered cap).
+
+        Returns:
+            Dicts with ``name``, ``epsilon_max``, ``delta_max``, ``epsilon_spent``, ``delta_spent``,
+            ``epsilon_left``, ``delta_left`` (strings of Decimals; None without a cap) and ``over_cap``.
+        """
+        out = []
+        with self._read() as c:
+            names = c.execute("SELECT name FROM populations UNION SELECT population FROM charges ORDER BY 1")
+            for (name,) in names.fetchall():
+                cap, spent = self._cap(c, name), self._spent(c, name)
+                left = [_EXACT.subtract(m, s) for m, s in zip(cap, spent, strict=True)] if cap else [None] * 2
+                vals = [*(cap or (None, None)), *spent, *left]
+                keys = (
+                    "epsilon_max",
+                    "delta_max",
+                    "epsilon_spent",
+                    "delta_spent",
+                    "epsilon_left",
+                    "delta_left",
+                )
+                row = {
+                    "name": name,
+                    **{k: None if v is None else str(v) for k, v in zip(keys, vals, strict=True)},
+                }
+                out.append(row | {"over_cap": bool(cap) and (left[0] < 0 or left[1] < 0)})
+        return out

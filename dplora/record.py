@@ -1,0 +1,122 @@
+"""The release record: the JSON predicate signed into the DSSE envelope (see ``release.py``).
+
+Everything here is public by construction: the contract's privacy settings, the mechanism as data (the
+``DpSgdEvent``), the accountant and its version, library versions, digests. Never raw text, never losses on
+private data, never per-unit record counts (the maximum is one person's count).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+
+import dplora
+from dplora.contract import Contract, ProtectedUnit
+from dplora.plan import TrainingPlan
+
+RECORD_VERSION = 1
+SEED_SCOPE = (
+    "seeds the data-cap choice and the LoRA initialisation only; Poisson sampling and the Gaussian noise draw "
+    "from OS entropy and cannot be reproduced from this record"
+)
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the libraries whose code computed the adapters and ε."""
+    names = ("torch", "opacus", "peft", "transformers", "dp-accounting", "datasets")
+    out = {"dplora": dplora.__version__, "python": platform.python_version()}
+    for name in names:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def unit_guarantee(contract: Contract) -> dict:
+    """What the protected unit covers, in words and as fields (Charles et al. 2024 construction for units)."""
+    privacy = contract.privacy
+    unit = privacy.protected_unit
+    out = {
+        "protected_unit": unit.value,
+        "unit_key": privacy.unit_key,
+        "adjacency": privacy.adjacency.value,
+        "sampler": privacy.sampling.value,
+        "clipping": (
+            "per-record gradient clipped to C (each record is one unit)"
+            if unit is ProtectedUnit.ROW
+            else f"per-unit: {privacy.unit_clipping.value} of the unit's per-record gradients, clipped to C"
+        ),
+        "contribution_bound": {
+            "max_records_per_unit": privacy.max_records_per_unit,
+            "note": "compute bound only; privacy comes from the per-unit clip",
+        },
+    }
+    if unit is ProtectedUnit.ROW:
+        out["statement"] = "bounds what one data row reveals; NOT a ticket-level or customer-level guarantee"
+    elif unit is ProtectedUnit.TICKET:
+        out["statement"] = (
+            "bounds what one whole ticket reveals; a customer with k tickets is protected only by group privacy, "
+            "about k·ε; use protected_unit: user for customer-level protection"
+        )
+    else:
+        out["statement"] = "bounds what one whole customer (all of their records) reveals"
+    return out
+
+
+def build_record(
+    *,
+    contract: Contract,
+    plan: TrainingPlan,
+    run_id: str,
+    steps_done: int,
+    epsilon_spent: float,
+    started_at: str,
+    finished_at: str,
+    data_digest: dict,
+    artifacts: list[str],
+) -> dict:
+    """The JSON record of one fully accounted run (steps_done == plan.steps).
+
+    Returns:
+        A dict ready for canonical JSON (str/int/float/bool/None/list/dict only).
+    """
+    return {
+        "record_version": RECORD_VERSION,
+        "run_id": run_id,
+        "started_at": started_at,
+        "finished_at": finished_at,
+        "privacy": unit_guarantee(contract),
+        "mechanism": {
+            **plan.event.to_dict(),
+            "max_grad_norm": plan.max_grad_norm,
+            "noise_std": plan.noise_multiplier * plan.max_grad_norm,
+            "normalizer": {"expected_units_per_step": plan.expected_batch_size, "public": True},
+            "noise_source": "OS entropy (never seeded from the record)",
+        },
+        "accounting": {
+            "accountant": plan.accountant.value,
+            "accountant_version": plan.accountant_version,
+            "accountant_note": plan.accountant_note,
+            "delta": plan.delta,
+            "target_epsilon": plan.target_epsilon,
+            "epsilon_spent": epsilon_spent,
+            "sample_rate": plan.sample_rate,
+            "noise_multiplier": plan.noise_multiplier,
+            "noise_multiplier_source": plan.noise_source,
+            "steps_planned": plan.steps,
+            "steps_done": steps_done,
+            "num_units": plan.num_units,
+            "num_units_source": plan.num_units_source,
+            "composition": "single run; see `dplora ledger` for releases on the same population",
+        },
+        "population": contract.privacy.population,
+        "lora": contract.lora.model_dump(mode="json"),
+        "model": contract.model.model_dump(mode="json"),
+        "versions": library_versions(),
+        "contract": {"file": "contract.yaml", "sha256": contract.sha256},
+        "data": {"files": [contract.data.path.rsplit("/", 1)[-1]], "digest": data_digest},
+        "seed": {"value": contract.training.seed, "scope": SEED_SCOPE},
+        "artifacts": sorted(artifacts),
+        "not_included": "training losses and per-unit record counts (computed on private data, not covered by ε)",
+    }

@@ -1,0 +1,50 @@
+"""Tiny random Llama + byte-level tokenizer built from a config: no downloads, about 1 s."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def byte_tokenizer():
+    """A PreTrainedTokenizerFast over the 256 bytes plus <pad>, <eos> (ids 256, 257), built offline."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    vocab["<pad>"] = len(vocab)
+    vocab["<eos>"] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+
+
+def tiny_llama(vocab_size: int = 258, *, hidden: int = 16, layers: int = 2, tie: bool = False, seed: int = 0):
+    """A random LlamaForCausalLM: hidden 16, 2 layers, 2 heads (cases T6)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=tie,
+        pad_token_id=256,
+        eos_token_id=257,
+        bos_token_id=257,
+    )
+    return LlamaForCausalLM(config)
+
+
+def save_tiny_model(folder: Path, **kw) -> Path:
+    """Write a tiny model and its tokenizer as a Hugging Face folder; returns the folder."""
+    folder = Path(folder)
+    tiny_llama(**kw).save_pretrained(folder)
+    byte_tokenizer().save_pretrained(folder)
+    return folder
