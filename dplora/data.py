@@ -57,6 +57,8 @@ def load_table(contract: Contract):
     if not path.is_file():
         raise BadInputError(f"data file not found: {path}")
     builder = _builder(contract.data, path)
+    if path.stat().st_size == 0 or (builder == "csv" and _csv_has_no_rows(path)):
+        raise BadInputError(f"data file {path} has no rows")
     with tempfile.TemporaryDirectory(prefix="dplora-data-") as cache:
         try:
             table = datasets.load_dataset(
@@ -72,6 +74,12 @@ def load_table(contract: Contract):
             f"data file {path} has no column {missing[0]!r}; columns are: {', '.join(table.column_names)}"
         )
     return table
+
+
+def _csv_has_no_rows(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        lines = [ln for _, ln in zip(range(3), fh, strict=False) if ln.strip()]
+    return len(lines) <= 1
 
 
 @dataclasses.dataclass(frozen=True)

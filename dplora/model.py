@@ -68,6 +68,11 @@ def converted_smollm2(log=print) -> Path:
     _quiet_transformers()
     log(f"converting {gguf.name} to safetensors once (about 40 s); cached at {target}")
     model, tokenizer = _from_gguf(gguf)
+    # The weights are already de-quantized to fp32; drop the GGUF quantizer marker so they save as safetensors.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".convert-"))
     try:

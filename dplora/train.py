@@ -171,6 +171,7 @@ def run_training(
 
     # Opacus hooks on a frozen base: inputs need no grad, which is expected here.
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
     n_threads = threads or contract.training.threads or engine.free_threads()
     torch.set_num_threads(n_threads)
     log(f"threads: {n_threads}; N={plan.num_units} units, q={plan.sample_rate:.4g}, T={plan.steps}, "

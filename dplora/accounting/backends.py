@@ -12,6 +12,7 @@ import importlib.metadata
 import importlib.util
 import math
 import sys
+import warnings
 from pathlib import Path
 
 from dplora.accounting.events import Accountant, Adjacency, DpSgdEvent
@@ -65,12 +66,16 @@ def rdp_epsilons(event: DpSgdEvent, delta: float, steps: list[int]) -> list[floa
     orders = list(RDP_ORDERS)
     one = rdp_mod.compute_rdp(q=event.sample_rate, noise_multiplier=event.noise_multiplier, steps=1, orders=orders)
     out = []
-    for t in steps:
-        if t == 0:
-            out.append(0.0)
-            continue
-        eps, _ = rdp_mod.get_privacy_spent(orders=orders, rdp=one * t, delta=delta)
-        out.append(float(eps))
+    with warnings.catch_warnings():
+        # Opacus warns when the optimum is an end order; ε is still a valid upper bound, and the warning
+        # would break the CLI's one-line stderr (e.g. `dplora budget` with an unreachable RDP target).
+        warnings.filterwarnings("ignore", message="Optimal order is the", category=UserWarning)
+        for t in steps:
+            if t == 0:
+                out.append(0.0)
+                continue
+            eps, _ = rdp_mod.get_privacy_spent(orders=orders, rdp=one * t, delta=delta)
+            out.append(float(eps))
     return out
 
 

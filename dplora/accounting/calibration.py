@@ -52,6 +52,19 @@ def _cache_load() -> dict:
         return {}
 
 
+def _cache_hit(key: str, target: float) -> tuple[float, float] | None:
+    """(σ, ε) cached under ``key`` if well formed and meeting ``target``; a damaged entry is ignored."""
+    hit = _cache_load().get(key)
+    if not isinstance(hit, dict):
+        return None
+    sigma, eps = hit.get("noise_multiplier"), hit.get("epsilon")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (sigma, eps)):
+        return None
+    if not (math.isfinite(sigma) and sigma > 0 and math.isfinite(eps) and 0 <= eps <= target):
+        return None
+    return float(sigma), float(eps)
+
+
 def _cache_store(key: str, sigma: float, eps: float) -> None:
     try:
         data = _cache_load()
@@ -112,9 +125,9 @@ def calibrate(
     if steps == 0:
         return SIGMA_MIN, 0.0
     key = _cache_key(accountant, adjacency, sample_rate, steps, delta, target_epsilon)
-    hit = _cache_load().get(key)
-    if hit and hit.get("epsilon", math.inf) <= target_epsilon:
-        return float(hit["noise_multiplier"]), float(hit["epsilon"])
+    hit = _cache_hit(key, target_epsilon)
+    if hit is not None:
+        return hit
 
     def eps_of(sigma: float) -> float:
         event = DpSgdEvent(sample_rate=sample_rate, noise_multiplier=sigma, steps=steps, adjacency=adjacency)

@@ -1,0 +1,81 @@
+"""Shared fixtures: a tiny model folder, demo tickets, a signing key, a contract writer. No downloads."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+    """Calibration cache and ledger in per-session temporary folders (never the user's)."""
+    monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "dplora-cache"))
+    monkeypatch.setenv("DPLORA_LEDGER", str(tmp_path_factory.getbasetemp() / "ledger.sqlite3"))
+    monkeypatch.delenv("DPLORA_SIGNING_KEY", raising=False)
+    monkeypatch.delenv("DPLORA_DATA_KEY", raising=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    from tiny import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def tickets_csv(tmp_path_factory) -> Path:
+    from dplora.demo import write_tickets
+
+    path = tmp_path_factory.mktemp("tickets") / "tickets.csv"
+    write_tickets(path, num_tickets=120, seed=1)
+    return path
+
+
+@pytest.fixture(scope="session")
+def signing_key(tmp_path_factory) -> tuple[Path, Path]:
+    from dplora.release import generate_keypair
+
+    folder = tmp_path_factory.mktemp("keys")
+    return generate_keypair(folder / "test.key")
+
+
+def contract_dict(model_dir: Path, data_path: Path, out_dir: Path, **sections) -> dict:
+    """A small valid row-level contract for the tiny model; ``sections`` update each section's keys."""
+    raw = {
+        "privacy": {
+            "protected_unit": "row",
+            "adjacency": "add_remove",
+            "target_epsilon": 8.0,
+            "delta": 1e-5,
+            "accountant": "rdp",
+            "max_grad_norm": 1.0,
+        },
+        "model": {"path": str(model_dir)},
+        "data": {"path": str(data_path), "prompt_column": "message", "response_column": "reply"},
+        "lora": {"r": 2, "alpha": 4, "target_modules": ["q_proj", "v_proj"]},
+        "training": {
+            "expected_batch_size": 8,
+            "physical_batch_size": 4,
+            "steps": 3,
+            "lr": 0.01,
+            "max_seq_len": 48,
+            "seed": 0,
+            "output_dir": str(out_dir),
+            "threads": 1,
+        },
+    }
+    for name, values in sections.items():
+        raw.setdefault(name, {}).update(values)
+    return raw
+
+
+def write_contract(path: Path, raw: dict) -> Path:
+    path.write_text(yaml.safe_dump(raw))
+    return path

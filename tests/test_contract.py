@@ -1,0 +1,120 @@
+"""Contract validation: closed keys and values, one-line errors naming the key, overrides, shipped configs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import contract_dict
+
+from dplora.contract import Contract, ProtectedUnit, apply_overrides, load_contract, parse_contract
+from dplora.errors import BadInputError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _raw():
+    return contract_dict(Path("/m"), Path("d.csv"), Path("out"))
+
+
+def test_valid_contract_parses_to_enums():
+    """A valid contract gives typed, frozen sections."""
+    c = parse_contract(_raw())
+    assert isinstance(c, Contract)
+    assert c.privacy.protected_unit is ProtectedUnit.ROW
+    assert c.privacy.accountant.value == "rdp"
+    with pytest.raises(Exception):
+        c.privacy.delta = 0.1
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "needle"),
+    [
+        ("privacy", "colour", "red", "unknown key 'privacy.colour'"),
+        ("privacy", "protected_unit", "family", "privacy.protected_unit"),
+        ("privacy", "adjacency", "swap", "add_remove"),
+        ("privacy", "accountant", "gdp", "'prv', 'rdp' or 'pld'"),
+        ("privacy", "target_epsilon", -1, "privacy.target_epsilon"),
+        ("privacy", "target_epsilon", 0, "privacy.target_epsilon"),
+        ("privacy", "target_epsilon", float("inf"), "privacy.target_epsilon"),
+        ("privacy", "target_epsilon", float("nan"), "privacy.target_epsilon"),
+        ("privacy", "max_grad_norm", float("inf"), "privacy.max_grad_norm"),
+        ("privacy", "max_grad_norm", 0, "privacy.max_grad_norm"),
+        ("privacy", "delta", 1.0, "privacy.delta"),
+        ("privacy", "delta", 0, "privacy.delta"),
+        ("privacy", "sampling", "shuffle", "poisson"),
+        ("training", "expected_batch_size", 0, "training.expected_batch_size"),
+        ("training", "lr", -0.1, "training.lr"),
+        ("lora", "r", 0, "lora.r"),
+    ],
+)
+def test_bad_values_name_the_key(section, key, value, needle):
+    """Each bad value gives one line naming the key (and the allowed values for enums)."""
+    raw = _raw()
+    raw[section][key] = value
+    with pytest.raises(BadInputError) as info:
+        parse_contract(raw)
+    message = str(info.value)
+    assert needle in message
+    assert "\n" not in message
+
+
+def test_unit_key_rules():
+    """ticket/user need unit_key; row refuses one."""
+    raw = _raw()
+    raw["privacy"]["protected_unit"] = "user"
+    with pytest.raises(BadInputError, match="unit_key is required"):
+        parse_contract(raw)
+    raw["privacy"]["unit_key"] = "customer_id"
+    assert parse_contract(raw).privacy.unit_key == "customer_id"
+    raw["privacy"]["protected_unit"] = "row"
+    with pytest.raises(BadInputError, match="unit_key must be empty"):
+        parse_contract(raw)
+
+
+def test_exactly_one_of_epochs_or_steps():
+    raw = _raw()
+    raw["training"]["epochs"] = 2
+    with pytest.raises(BadInputError, match="exactly one of training.epochs or training.steps"):
+        parse_contract(raw)
+
+
+def test_overrides_apply_and_parse_yaml_scalars(tmp_path):
+    """Dotted overrides change values and parse numbers; a bad override is a one-line error."""
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(_raw()))
+    c = load_contract(path, ["training.lr=1e-3", "privacy.target_epsilon=3", "privacy.num_units=500"])
+    assert c.training.lr == pytest.approx(1e-3)
+    assert c.privacy.target_epsilon == 3.0
+    assert c.privacy.num_units == 500
+    with pytest.raises(BadInputError, match="KEY=VALUE"):
+        load_contract(path, ["training.lr"])
+    with pytest.raises(BadInputError, match="unknown key 'training.learning_rate'"):
+        load_contract(path, ["training.learning_rate=1"])
+    assert apply_overrides({"a": {"b": 1}}, ["a.c=x"]) == {"a": {"b": 1, "c": "x"}}
+
+
+def test_missing_and_bad_yaml_files(tmp_path):
+    with pytest.raises(BadInputError, match="not found"):
+        load_contract(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("privacy: [unclosed\n")
+    with pytest.raises(BadInputError, match="not valid YAML"):
+        load_contract(bad)
+
+
+def test_contract_digest_changes_with_content():
+    """sha256 covers the resolved contract: one changed value changes it."""
+    a = parse_contract(_raw())
+    raw = _raw()
+    raw["training"]["lr"] = 0.5
+    assert a.sha256 != parse_contract(raw).sha256
+    assert a.sha256 == parse_contract(_raw()).sha256
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_contract_validates(path):
+    """Every example contract in configs/ is valid and uses δ ≤ 1e-5."""
+    c = load_contract(path)
+    assert c.privacy.delta <= 1e-5

@@ -1,0 +1,231 @@
+"""End to end on a tiny random Llama: train → signed release → verify; bad input; tamper; no raw text."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import pytest
+from conftest import contract_dict, write_contract
+from typer.testing import CliRunner
+
+from dplora.cli import app
+
+runner = CliRunner()
+
+
+def _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, *extra, name="run", **sections):
+    cfg = write_contract(
+        tmp_path / f"{name}.yaml", contract_dict(tiny_model_dir, tickets_csv, tmp_path / name, **sections)
+    )
+    result = runner.invoke(
+        app, ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress", *extra]
+    )
+    return result, tmp_path / name
+
+
+def _payload(out: Path) -> dict:
+    envelope = json.loads((out / "release.dsse.json").read_text())
+    return json.loads(base64.b64decode(envelope["payload"]))
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, tiny_model_dir, tickets_csv, signing_key):
+    tmp = tmp_path_factory.mktemp("e2e")
+    result, out = _train(tmp, tiny_model_dir, tickets_csv, signing_key)
+    assert result.exit_code == 0, result.output
+    return result, out
+
+
+def test_train_writes_adapters_and_a_verifiable_release(finished_run, signing_key):
+    """The release verifies, covers the adapter files and the contract, and states a row-level guarantee."""
+    result, out = finished_run
+    assert (out / "adapter" / "adapter_model.safetensors").is_file()
+    assert not out.with_name(out.name + ".partial").exists()
+    check = runner.invoke(app, ["verify", str(out), "--public-key", str(signing_key[1])])
+    assert check.exit_code == 0, check.output
+    statement = _payload(out)
+    names = {s["name"] for s in statement["subject"]}
+    assert {"adapter/adapter_model.safetensors", "adapter/adapter_config.json", "contract.yaml"} <= names
+    rec = statement["predicate"]
+    assert statement["predicateType"] == "https://dplora.dev/release/v1"
+    assert rec["privacy"]["protected_unit"] == "row"
+    assert "NOT a ticket-level or customer-level" in rec["privacy"]["statement"]
+    acc = rec["accounting"]
+    assert acc["steps_done"] == acc["steps_planned"] == 3
+    assert 0 < acc["epsilon_spent"] <= acc["target_epsilon"]
+    assert acc["accountant"] == "rdp" and acc["accountant_version"].startswith("opacus ")
+    assert acc["num_units"] == 120 and acc["num_units_source"] == "data"
+    assert acc["sample_rate"] == pytest.approx(8 / 120)
+    assert rec["data"]["digest"]["keyed"] is False and rec["data"]["digest"]["files"] == {}
+    assert {"torch", "opacus", "peft", "transformers"} <= set(rec["versions"])
+    assert rec["mechanism"]["noise_std"] == pytest.approx(acc["noise_multiplier"] * 1.0)
+
+
+def test_adapter_loads_with_peft(finished_run, tiny_model_dir):
+    """The adapter folder loads with PeftModel.from_pretrained onto the base model."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    _, out = finished_run
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model = PeftModel.from_pretrained(base, out / "adapter")
+    assert any("lora_B" in n for n, _ in model.named_parameters())
+
+
+def test_tampered_artifact_fails_verify_with_exit_3(tmp_path, finished_run, signing_key):
+    """One changed byte in the adapter → exit 3 naming the file."""
+    import shutil
+
+    _, out = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    weights = copy / "adapter" / "adapter_model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    check = runner.invoke(app, ["verify", str(copy), "--public-key", str(signing_key[1])])
+    assert check.exit_code == 3
+    assert "adapter_model.safetensors" in check.output
+
+
+def test_no_raw_text_in_outputs(finished_run, tickets_csv):
+    """No message/reply text (nor a 24-char piece of one) appears in the record, metrics, contract or logs."""
+    import csv
+
+    result, out = finished_run
+    with open(tickets_csv, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    pieces = {r[c][:24] for r in rows for c in ("message", "reply") if len(r[c]) >= 24}
+    blobs = [
+        json.dumps(_payload(out)),
+        (out / "metrics.jsonl").read_text(),
+        (out / "contract.yaml").read_text(),
+        result.output,
+    ]
+    for blob in blobs:
+        assert not any(p in blob for p in pieces)
+
+
+def test_metrics_label_losses_as_not_covered(finished_run):
+    """Losses sit under not_covered_by_dp, one line per logical step."""
+    _, out = finished_run
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert "not covered by ε" in lines[0]["note"]
+    steps = [x for x in lines if "step" in x]
+    assert [x["step"] for x in steps] == [1, 2, 3]
+    assert all("train_loss" in x["not_covered_by_dp"] for x in steps)
+    assert all("train_loss" not in x for x in steps)
+
+
+def test_keyed_data_digest(tmp_path, tiny_model_dir, tickets_csv, signing_key):
+    """With a data key the record holds an HMAC (not a plain sha256) that verify recomputes."""
+    import hashlib
+    import hmac
+
+    key = tmp_path / "data.key"
+    key.write_bytes(b"k" * 32)
+    result, out = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, "--data-key", str(key))
+    assert result.exit_code == 0, result.output
+    digest = _payload(out)["predicate"]["data"]["digest"]
+    expected = hmac.new(b"k" * 32, tickets_csv.read_bytes(), hashlib.sha256).hexdigest()
+    assert digest["keyed"] is True and digest["files"][tickets_csv.name] == expected
+    assert hashlib.sha256(tickets_csv.read_bytes()).hexdigest() not in json.dumps(digest)
+    ok = runner.invoke(
+        app,
+        ["verify", str(out), "--public-key", str(signing_key[1]), "--data", str(tickets_csv), "--data-key", str(key)],
+    )
+    assert ok.exit_code == 0, ok.output
+
+
+def test_noise_and_sampling_are_not_reproducible_from_the_seed(tmp_path, tiny_model_dir, tickets_csv, signing_key):
+    """Two runs with the same recorded seed give different adapters (noise from OS entropy)."""
+    from safetensors.torch import load_file
+
+    r1, out1 = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, name="a")
+    r2, out2 = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, name="b")
+    assert r1.exit_code == 0 and r2.exit_code == 0
+    w1 = load_file(out1 / "adapter" / "adapter_model.safetensors")
+    w2 = load_file(out2 / "adapter" / "adapter_model.safetensors")
+    assert w1.keys() == w2.keys()
+    assert all(not (w1[k] == w2[k]).all() for k in w1)
+
+
+def test_same_seed_gives_same_lora_initialisation(tiny_model_dir, tmp_path, tickets_csv):
+    """The recorded seed does fix the adapter initialisation (lora_A)."""
+    from dplora.contract import parse_contract
+    from dplora.train import _setup_model
+
+    contract = parse_contract(contract_dict(tiny_model_dir, tickets_csv, tmp_path / "x"))
+    m1, _, _ = _setup_model(contract, log=lambda _: None)
+    m2, _, _ = _setup_model(contract, log=lambda _: None)
+    a1 = {n: p for n, p in m1.named_parameters() if "lora_A" in n}
+    a2 = {n: p for n, p in m2.named_parameters() if "lora_A" in n}
+    assert a1 and all((a1[n] == a2[n]).all() for n in a1)
+
+
+BAD_CASES = {
+    "unknown key": ({"privacy": {"colour": "red"}}, "unknown key"),
+    "delta above 1/N": ({"privacy": {"delta": 0.01}}, "below 1/N"),
+    "unreachable target": ({"privacy": {"target_epsilon": 0.05}}, "cannot be reached"),
+    "replace_one with rdp": ({"privacy": {"adjacency": "replace_one"}}, "use accountant: pld"),
+    "missing model": ({"model": {"path": "/nonexistent/model"}}, "model not found"),
+    "missing column": ({"data": {"prompt_column": "question"}}, "no column 'question'"),
+    "batch above N": ({"training": {"expected_batch_size": 500}}, "exceeds N=120"),
+    "sigma too small": ({"privacy": {"noise_multiplier": 0.1}}, "spends"),
+    "bad target module": ({"lora": {"target_modules": ["nope_proj"]}}, "lora.target_modules"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CASES))
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(case, tmp_path, tiny_model_dir, tickets_csv, signing_key):
+    """Bad input: exit 2, one line, no traceback, no output folder and no partial folder."""
+    sections, needle = BAD_CASES[case]
+    result, out = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, **sections)
+    assert result.exit_code == 2, result.output
+    assert needle in result.output
+    assert "Traceback" not in result.output
+    assert [ln for ln in result.output.splitlines() if ln.startswith("error:")].__len__() == 1
+    assert not out.exists()
+    assert not out.with_name(out.name + ".partial").exists()
+
+
+def test_empty_data_and_missing_key_exit_2(tmp_path, tiny_model_dir, tickets_csv, signing_key):
+    empty = tmp_path / "empty.csv"
+    empty.write_text("ticket_id,customer_id,message,reply\n")
+    result, out = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, data={"path": str(empty)})
+    assert result.exit_code == 2 and "no rows" in result.output and not out.exists()
+    cfg = write_contract(tmp_path / "k.yaml", contract_dict(tiny_model_dir, tickets_csv, tmp_path / "k"))
+    result = runner.invoke(app, ["train", str(cfg), "--no-progress"])
+    assert result.exit_code == 2 and "no signing key" in result.output
+    assert not (tmp_path / "k").exists()
+
+
+def test_existing_output_is_kept_without_overwrite(tmp_path, tiny_model_dir, tickets_csv, signing_key):
+    """A non-empty output folder is refused (exit 2) and left untouched."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "precious.txt").write_text("keep me")
+    result, _ = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key)
+    assert result.exit_code == 2 and "--overwrite" in result.output
+    assert (out / "precious.txt").read_text() == "keep me"
+
+
+def test_ledger_charges_runs_and_refuses_over_cap(tmp_path, tiny_model_dir, tickets_csv, signing_key):
+    """With a population, a run is charged its ε; a run that would pass the cap is refused before training."""
+    from dplora.ledger import Ledger
+
+    db = tmp_path / "ledger.sqlite3"
+    Ledger(db).set_cap("tickets", epsilon_max="10", delta_max="1e-4")
+    r1, out1 = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, "--ledger", str(db), name="one",
+                      privacy={"population": "tickets"})
+    assert r1.exit_code == 0, r1.output
+    eps1 = _payload(out1)["predicate"]["accounting"]["epsilon_spent"]
+    spent, _ = Ledger(db).spent("tickets")
+    assert float(spent) == pytest.approx(eps1)
+    r2, out2 = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, "--ledger", str(db), name="two",
+                      privacy={"population": "tickets"})
+    assert r2.exit_code == 2 and "exceeds the cap" in r2.output
+    assert not out2.exists()
+    assert len(Ledger(db).charges("tickets")) == 1
