@@ -159,7 +159,8 @@ def print_report(report: dict, console) -> None:
     if stats:
         r = stats["records_per_unit"]
         t.add_row("records per unit", f"min {r['min']}, median {r['median']:g}, p95 {r['p95']:g}, max {r['max']}")
-        t.add_row("records dropped by cap", str(stats["dropped_by_cap"]))
+        t.add_row("records dropped by cap", f"{stats['dropped_by_cap']} (max per unit after cap: "
+                  f"{stats['max_records_per_unit_after_cap']})")
     if "ledger" in report:
         t.add_row("ledger", f"{report['ledger']['population']}: ε spent before {report['ledger']['epsilon_spent_before']}")
     t.add_row("planning time", f"{report.get('seconds', 0):.2f} s")

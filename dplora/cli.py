@@ -33,7 +33,8 @@ OverridesArg = Annotated[
     typer.Argument(help="Overrides KEY=VALUE with dotted keys, e.g. training.lr=1e-3 privacy.target_epsilon=8."),
 ]
 LedgerOpt = Annotated[
-    Path | None, typer.Option("--ledger", help="Budget ledger (SQLite). Default: $DPLORA_LEDGER or the user data dir.")
+    Path | None,
+    typer.Option("--ledger", help="Budget ledger (SQLite). Default: $DPLORA_LEDGER or the user data dir."),
 ]
 
 
@@ -80,7 +81,8 @@ def train(
     config: ConfigArg,
     overrides: OverridesArg = None,
     signing_key: Annotated[
-        Path | None, typer.Option(help="Ed25519 private key (PEM) that signs the release. Default: $DPLORA_SIGNING_KEY.")
+        Path | None,
+        typer.Option(help="Ed25519 private key (PEM) that signs the release. Default: $DPLORA_SIGNING_KEY."),
     ] = None,
     data_key: Annotated[
         Path | None,
@@ -177,16 +179,20 @@ def demo_data(
     path: Annotated[Path, typer.Argument(help="Output file (.csv or .jsonl).")] = Path("demo/tickets.csv"),
     tickets: Annotated[int, typer.Option(min=1, help="Number of tickets.")] = 1000,
     seed: Annotated[int, typer.Option(help="Generator seed.")] = 0,
+    max_turns: Annotated[int, typer.Option(min=1, help="Exchanges per ticket, 1..N (one row each).")] = 1,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing file.")] = False,
 ) -> None:
     """Generate fake support tickets (ticket_id, customer_id, message, reply; 1–5 tickets per customer)."""
     from dplora.demo import write_tickets
 
     try:
-        summary = write_tickets(path, num_tickets=tickets, seed=seed, overwrite=overwrite)
+        summary = write_tickets(path, num_tickets=tickets, seed=seed, overwrite=overwrite, max_turns=max_turns)
     except DploraError as err:
         raise _fail(err) from None
-    out.print(f"wrote {summary['num_tickets']} tickets from {summary['num_customers']} customers to {path}")
+    out.print(
+        f"wrote {summary['num_rows']} rows: {summary['num_tickets']} tickets from "
+        f"{summary['num_customers']} customers to {path}"
+    )
 
 
 @app.command("prepare-twcs")

@@ -90,20 +90,21 @@ class UnitIndex:
         records_of_unit: for each unit 0..N-1, the indices of its records kept for training.
         num_records: records in the file.
         dropped: records dropped by ``max_records_per_unit`` (compute bound only).
+        records_before_cap: for each unit, how many records it has in the file.
     """
 
     records_of_unit: tuple[np.ndarray, ...]
     num_records: int
     dropped: int
+    records_before_cap: tuple[int, ...] = ()
 
     @property
     def num_units(self) -> int:
         return len(self.records_of_unit)
 
     def stats(self) -> dict:
-        """Distribution of records per unit (operator report only: never written to a release)."""
-        counts = np.array([len(r) for r in self.records_of_unit]) + 0
-        full = counts.copy()
+        """Records per unit in the file, before the cap (operator report only: never written to a release)."""
+        full = np.array(self.records_before_cap or [len(r) for r in self.records_of_unit])
         return {
             "num_units": self.num_units,
             "num_records": self.num_records,
@@ -114,6 +115,7 @@ class UnitIndex:
                 "max": int(full.max()),
             },
             "dropped_by_cap": self.dropped,
+            "max_records_per_unit_after_cap": max(len(r) for r in self.records_of_unit),
         }
 
 
@@ -137,6 +139,7 @@ def build_unit_index(table, privacy: PrivacySection, *, seed: int) -> UnitIndex:
         for i, k in enumerate(keys):
             order.setdefault(str(k), []).append(i)
         groups = [np.array(v) for v in order.values()]
+    before = tuple(len(g) for g in groups)
     dropped = 0
     cap = privacy.max_records_per_unit
     if cap is not None:
@@ -148,7 +151,7 @@ def build_unit_index(table, privacy: PrivacySection, *, seed: int) -> UnitIndex:
                 g = np.sort(rng.choice(g, size=cap, replace=False))
             capped.append(g)
         groups = capped
-    return UnitIndex(records_of_unit=tuple(groups), num_records=n, dropped=dropped)
+    return UnitIndex(records_of_unit=tuple(groups), num_records=n, dropped=dropped, records_before_cap=before)
 
 
 def count_units(contract: Contract) -> UnitIndex:

@@ -234,16 +234,33 @@ def _ticket(cust: dict, rng: random.Random) -> tuple[str, str]:
     if rng.random() < 0.12:
         message = _typo(message, rng)
     if rng.random() < 0.05:  # casual all-lowercase typing; ids and emails keep their case
-        message = " ".join(
-            w if any(c.isdigit() or c == "@" for c in w) else w.lower() for w in message.split(" ")
-        )
+        message = " ".join(w if any(c.isdigit() or c == "@" for c in w) else w.lower() for w in message.split(" "))
     parts = [rng.choice(REPLY_GREETINGS), rng.choice(ACKS) if rng.random() < 0.7 else "", rng.choice(actions)]
     parts += [rng.choice(CLOSERS) if rng.random() < 0.2 else "", rng.choice(REPLY_SIGNOFFS)]
     reply = " ".join(p for p in parts if p).format(**slots)
     return message, reply
 
 
-def generate_tickets(*, num_tickets: int = 1000, seed: int = 0) -> list[dict[str, str]]:
+FOLLOW_UPS = (
+    "Any update on this? It has been {days} days.",
+    "Just following up on order {order}, I still have not heard back.",
+    "Thanks, but the problem is still there. Can you check again?",
+    "I tried that and it did not work. My email is {email} if you need it.",
+    "Can someone call me at {phone}? This is taking too long.",
+)
+FOLLOW_UP_REPLIES = (
+    "Thanks for your patience, {first}. I checked again and escalated it; you will hear from us within {days} days.",
+    "Sorry for the wait, {first}. I have added a note to order {order} and a specialist will follow up by email.",
+    "I understand, {first}. I reopened the case and will call you at {phone} today.",
+)
+
+
+def _follow_up(cust: dict, rng: random.Random) -> tuple[str, str]:
+    slots = {**cust, "order": rng.choice(cust["orders"]), "days": str(rng.randint(2, 9))}
+    return rng.choice(FOLLOW_UPS).format(**slots), rng.choice(FOLLOW_UP_REPLIES).format(**slots)
+
+
+def generate_tickets(*, num_tickets: int = 1000, seed: int = 0, max_turns: int = 1) -> list[dict[str, str]]:
     """Generate fake support tickets, 1 to 5 per customer, deterministically from ``seed``.
 
     Each customer draws a ticket count uniformly from 1..5 (the last customer may be cut short so
@@ -253,10 +270,13 @@ def generate_tickets(*, num_tickets: int = 1000, seed: int = 0) -> list[dict[str
     Args:
         num_tickets: Number of rows to produce (>= 1).
         seed: Seed for ``random.Random``; the same seed always gives the same rows.
+        max_turns: Each ticket has 1..max_turns message/reply exchanges, one row each, sharing the
+            ticket_id (follow-ups reuse the customer's details). 1 gives one row per ticket.
 
     Returns:
         A list of rows with exactly the keys ``ticket_id``, ``customer_id``, ``message``, ``reply``
-        (all ``str``). Messages and replies are 1-2 sentences, typically 15-45 words each.
+        (all ``str``). Messages and replies are 1-2 sentences, typically 15-45 words each. With
+        max_turns > 1 there are more rows than tickets.
 
     Raises:
         BadInputError: If ``num_tickets`` is not a positive int or ``seed`` is not an int.
@@ -265,24 +285,27 @@ def generate_tickets(*, num_tickets: int = 1000, seed: int = 0) -> list[dict[str
         raise BadInputError(f"num_tickets must be a positive integer, got {num_tickets!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise BadInputError(f"seed must be an integer, got {seed!r}")
+    if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+        raise BadInputError(f"max_turns must be a positive integer, got {max_turns!r}")
     rng = random.Random(seed)
-    drafts: list[tuple[str, str, str]] = []
+    drafts: list[list[tuple[str, str, str]]] = []
     cid = 0
     while len(drafts) < num_tickets:
         cid += 1
         cust = _customer(rng)
         for _ in range(min(rng.randint(1, MAX_TICKETS_PER_CUSTOMER), num_tickets - len(drafts))):
-            drafts.append((f"C-{cid:05d}", *_ticket(cust, rng)))
+            turns = [(f"C-{cid:05d}", *_ticket(cust, rng))]
+            turns += [(f"C-{cid:05d}", *_follow_up(cust, rng)) for _ in range(rng.randint(1, max_turns) - 1)]
+            drafts.append(turns)
     rng.shuffle(drafts)
     return [
         {"ticket_id": f"T-{i:06d}", "customer_id": c, "message": m, "reply": r}
-        for i, (c, m, r) in enumerate(drafts, start=1)
+        for i, turns in enumerate(drafts, start=1)
+        for (c, m, r) in turns
     ]
 
 
-def write_records(
-    path: Path, rows: list[dict[str, str]], columns: tuple[str, ...], *, overwrite: bool
-) -> Path:
+def write_records(path: Path, rows: list[dict[str, str]], columns: tuple[str, ...], *, overwrite: bool) -> Path:
     """Write rows to ``.csv`` (with header) or ``.jsonl``, atomically (temp file + ``os.replace``).
 
     Args:
@@ -300,9 +323,7 @@ def write_records(
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in ALLOWED_SUFFIXES:
-        raise BadInputError(
-            f"unsupported output suffix {path.suffix!r}; use one of {', '.join(ALLOWED_SUFFIXES)}"
-        )
+        raise BadInputError(f"unsupported output suffix {path.suffix!r}; use one of {', '.join(ALLOWED_SUFFIXES)}")
     if path.exists() and not overwrite:
         raise BadInputError(f"{path} already exists; pass overwrite=True (--overwrite) to replace it")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -323,7 +344,9 @@ def write_records(
     return path
 
 
-def write_tickets(path: Path, *, num_tickets: int = 1000, seed: int = 0, overwrite: bool = False) -> dict:
+def write_tickets(
+    path: Path, *, num_tickets: int = 1000, seed: int = 0, overwrite: bool = False, max_turns: int = 1
+) -> dict:
     """Generate fake tickets with :func:`generate_tickets` and write them to ``path``.
 
     Args:
@@ -331,20 +354,23 @@ def write_tickets(path: Path, *, num_tickets: int = 1000, seed: int = 0, overwri
         num_tickets: Number of tickets (rows) to write.
         seed: Random seed; same seed, same file.
         overwrite: Replace an existing file if True.
+        max_turns: Exchanges per ticket, 1..max_turns (one row each).
 
     Returns:
-        ``{"path": str, "num_tickets": int, "num_customers": int,
+        ``{"path": str, "num_tickets": int, "num_rows": int, "num_customers": int,
         "tickets_per_customer": {"min": int, "max": int, "mean": float}}``.
 
     Raises:
         BadInputError: On a bad suffix, an existing file without ``overwrite``, or bad arguments.
     """
-    rows = generate_tickets(num_tickets=num_tickets, seed=seed)
+    rows = generate_tickets(num_tickets=num_tickets, seed=seed, max_turns=max_turns)
     out = write_records(Path(path), rows, COLUMNS, overwrite=overwrite)
-    per = list(Counter(row["customer_id"] for row in rows).values())
+    tickets = {row["ticket_id"]: row["customer_id"] for row in rows}
+    per = list(Counter(tickets.values()).values())
     return {
         "path": str(out),
-        "num_tickets": len(rows),
+        "num_tickets": len(tickets),
+        "num_rows": len(rows),
         "num_customers": len(per),
         "tickets_per_customer": {"min": min(per), "max": max(per), "mean": round(sum(per) / len(per), 3)},
     }

@@ -176,14 +176,26 @@ def make_private(model: torch.nn.Module, optimizer, *, plan, unit_mean: bool):
     """Wrap a peft model and its optimizer: (GradSampleModule, UnitDPOptimizer, StepAccountant).
 
     Raises:
-        TrainingFailedError: gradient checkpointing is on (it re-fires hooks and breaks per-sample gradients).
+        TrainingFailedError: gradient checkpointing is on (it re-fires hooks and breaks per-sample gradients),
+            or a trainable module holds buffers (Opacus refuses it; the error names the module and its class).
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         checkpointing = getattr(model, "is_gradient_checkpointing", False)
     if checkpointing:
         raise TrainingFailedError("gradient checkpointing breaks per-sample gradients: turn it off")
-    gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum")
+    try:
+        gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum")
+    except NotImplementedError:  # Opacus refuses a trainable module that holds buffers (cases T6): name it
+        bad = [
+            f"{name or 'model'} ({type(m).__name__})"
+            for name, m in model.named_modules()
+            if any(p.requires_grad for p in m.parameters(recurse=False)) and any(True for _ in m.buffers())
+        ]
+        raise TrainingFailedError(
+            f"Opacus cannot compute per-sample gradients for trainable module {', '.join(bad) or '?'}: "
+            "it holds buffers; freeze its parameters"
+        ) from None
     dp_opt = UnitDPOptimizer(
         optimizer,
         noise_multiplier=plan.noise_multiplier,

@@ -174,8 +174,10 @@ def run_training(
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
     n_threads = threads or contract.training.threads or engine.free_threads()
     torch.set_num_threads(n_threads)
-    log(f"threads: {n_threads}; N={plan.num_units} units, q={plan.sample_rate:.4g}, T={plan.steps}, "
-        f"σ={plan.noise_multiplier:.4f}, ε={plan.epsilon:.4f} ({plan.accountant.value})")
+    log(
+        f"threads: {n_threads}; N={plan.num_units} units, q={plan.sample_rate:.4g}, T={plan.steps}, "
+        f"σ={plan.noise_multiplier:.4f}, ε={plan.epsilon:.4f} ({plan.accountant.value})"
+    )
     model, tokenizer, device = _setup_model(contract, log)
     examples = data_mod.tokenize_records(table, tokenizer, contract)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -204,15 +206,36 @@ def run_training(
         )
     started, t0 = _now(), time.perf_counter()
     try:
-        empty = _loop(contract, plan, gsm, dp_opt, accountant, examples, unit_index, named, tokenizer, device,
-                      staging, progress)
+        empty = _loop(
+            contract,
+            plan,
+            gsm,
+            dp_opt,
+            accountant,
+            examples,
+            unit_index,
+            named,
+            tokenizer,
+            device,
+            staging,
+            progress,
+        )
     except BaseException as err:
         done = accountant.steps
         spent = plan.epsilon_at(min(done + 1, plan.steps)) if plan.steps else 0.0
         reason = str(err) if isinstance(err, DploraError) else f"{err.__class__.__name__}"
-        _write_json(staging / "FAILED.json", {"run_id": run_id, "steps_done": done, "steps_planned": plan.steps,
-                                              "epsilon_charged_upper_bound": spent, "reason": reason,
-                                              "time": _now(), "release": "none (run failed)"})
+        _write_json(
+            staging / "FAILED.json",
+            {
+                "run_id": run_id,
+                "steps_done": done,
+                "steps_planned": plan.steps,
+                "epsilon_charged_upper_bound": spent,
+                "reason": reason,
+                "time": _now(),
+                "release": "none (run failed)",
+            },
+        )
         if ledger is not None:
             ledger.settle(run_id, epsilon_spent=spent, status="failed")
         if isinstance(err, DploraError | KeyboardInterrupt):
@@ -251,8 +274,13 @@ def run_training(
         staging.rename(out)
     if ledger is not None:
         ledger.settle(run_id, epsilon_spent=epsilon_spent, status="settled")
-        ledger.record_release(run_id=run_id, record_sha256=release.sha256_file(out / release.RELEASE_FILENAME),
-                              epsilon=epsilon_spent, delta=plan.delta, label="final")
+        ledger.record_release(
+            run_id=run_id,
+            record_sha256=release.sha256_file(out / release.RELEASE_FILENAME),
+            epsilon=epsilon_spent,
+            delta=plan.delta,
+            label="final",
+        )
     return RunResult(
         output_dir=out,
         release_path=out / release.RELEASE_FILENAME,
@@ -266,8 +294,9 @@ def run_training(
     )
 
 
-def _loop(contract, plan, gsm, dp_opt, accountant, examples, unit_index, named, tokenizer, device, staging,
-          progress) -> int:
+def _loop(
+    contract, plan, gsm, dp_opt, accountant, examples, unit_index, named, tokenizer, device, staging, progress
+) -> int:
     """Run exactly plan.steps logical steps; returns the number of empty Poisson batches."""
     import numpy as np
     import torch
@@ -281,10 +310,22 @@ def _loop(contract, plan, gsm, dp_opt, accountant, examples, unit_index, named, 
     before = {n: p.detach().clone() for n, p in named}
     empty = 0
     metrics = (staging / "metrics.jsonl").open("w")
-    metrics.write(json.dumps({"note": "fields under not_covered_by_dp are computed on private data and are not "
-                              "covered by ε; they never enter the release record"}) + "\n")
-    columns = [TextColumn("[bold]DP-LoRA"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-               TimeRemainingColumn()]
+    metrics.write(
+        json.dumps(
+            {
+                "note": "fields under not_covered_by_dp are computed on private data and are not "
+                "covered by ε; they never enter the release record"
+            }
+        )
+        + "\n"
+    )
+    columns = [
+        TextColumn("[bold]DP-LoRA"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeRemainingColumn(),
+    ]
     with Progress(*columns, disable=not progress, transient=False) as bar, metrics:
         task = bar.add_task("train", total=plan.steps, info="")
         for step in range(1, plan.steps + 1):
@@ -294,19 +335,24 @@ def _loop(contract, plan, gsm, dp_opt, accountant, examples, unit_index, named, 
             t_step = time.perf_counter()
             units = sampler.sample()
             rows = [r for u in units for r in unit_index.records_of_unit[u]]
-            local = np.concatenate([np.full(len(unit_index.records_of_unit[u]), i) for i, u in enumerate(units)]
-                                   ) if len(units) else np.zeros(0, dtype=int)
+            local = (
+                np.concatenate([np.full(len(unit_index.records_of_unit[u]), i) for i, u in enumerate(units)])
+                if len(units)
+                else np.zeros(0, dtype=int)
+            )
             dp_opt.begin_logical_step(len(units))
             loss_sum = 0.0
             for start in range(0, len(rows), physical):
-                chunk = rows[start:start + physical]
-                batch = {k: v.to(device) for k, v in engine.collate([examples[r] for r in chunk],
-                                                                     tokenizer.pad_token_id).items()}
+                chunk = rows[start : start + physical]
+                batch = {
+                    k: v.to(device)
+                    for k, v in engine.collate([examples[r] for r in chunk], tokenizer.pad_token_id).items()
+                }
                 losses = engine.per_sequence_loss(gsm, batch)
                 value = float(losses.detach().sum())
                 engine.check_finite(value, step)
                 losses.sum().backward()
-                dp_opt.accumulate(torch.as_tensor(local[start:start + physical], dtype=torch.long))
+                dp_opt.accumulate(torch.as_tensor(local[start : start + physical], dtype=torch.long))
                 loss_sum += value
             if not rows:
                 empty += 1
@@ -321,9 +367,20 @@ def _loop(contract, plan, gsm, dp_opt, accountant, examples, unit_index, named, 
             mean_loss = loss_sum / len(rows) if rows else None
             info = f"ε≤{eps_next:.3f}  loss {mean_loss:.3f}" if mean_loss is not None else f"ε≤{eps_next:.3f}"
             bar.update(task, advance=1, info=info)
-            metrics.write(json.dumps({"step": step, "epsilon_upper": eps_next,
-                                      "seconds": round(time.perf_counter() - t_step, 3),
-                                      "not_covered_by_dp": {"train_loss": mean_loss, "units": len(units),
-                                                            "records": len(rows)}}) + "\n")
+            metrics.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "epsilon_upper": eps_next,
+                        "seconds": round(time.perf_counter() - t_step, 3),
+                        "not_covered_by_dp": {
+                            "train_loss": mean_loss,
+                            "units": len(units),
+                            "records": len(rows),
+                        },
+                    }
+                )
+                + "\n"
+            )
             metrics.flush()
     return empty

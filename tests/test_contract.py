@@ -24,7 +24,9 @@ def test_valid_contract_parses_to_enums():
     assert isinstance(c, Contract)
     assert c.privacy.protected_unit is ProtectedUnit.ROW
     assert c.privacy.accountant.value == "rdp"
-    with pytest.raises(Exception):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="frozen"):
         c.privacy.delta = 0.1
 
 

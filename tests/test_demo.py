@@ -127,3 +127,19 @@ def test_overwrite_refused_then_allowed(tmp_path):
 def test_bad_num_tickets(n):
     with pytest.raises(BadInputError):
         generate_tickets(num_tickets=n)
+
+
+def test_multi_turn_tickets_share_ids_and_customers():
+    """max_turns=3: tickets have 1-3 rows, each ticket belongs to one customer, customers have several tickets."""
+    from collections import Counter, defaultdict
+
+    rows = generate_tickets(num_tickets=200, seed=3, max_turns=3)
+    per_ticket = Counter(r["ticket_id"] for r in rows)
+    assert len(per_ticket) == 200
+    assert set(per_ticket.values()) == {1, 2, 3}
+    owners = defaultdict(set)
+    for r in rows:
+        owners[r["ticket_id"]].add(r["customer_id"])
+    assert all(len(v) == 1 for v in owners.values())
+    tickets_per_customer = Counter(next(iter(v)) for v in owners.values())
+    assert max(tickets_per_customer.values()) > 1

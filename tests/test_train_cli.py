@@ -19,9 +19,7 @@ def _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, *extra, name="run
     cfg = write_contract(
         tmp_path / f"{name}.yaml", contract_dict(tiny_model_dir, tickets_csv, tmp_path / name, **sections)
     )
-    result = runner.invoke(
-        app, ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress", *extra]
-    )
+    result = runner.invoke(app, ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress", *extra])
     return result, tmp_path / name
 
 
@@ -134,7 +132,16 @@ def test_keyed_data_digest(tmp_path, tiny_model_dir, tickets_csv, signing_key):
     assert hashlib.sha256(tickets_csv.read_bytes()).hexdigest() not in json.dumps(digest)
     ok = runner.invoke(
         app,
-        ["verify", str(out), "--public-key", str(signing_key[1]), "--data", str(tickets_csv), "--data-key", str(key)],
+        [
+            "verify",
+            str(out),
+            "--public-key",
+            str(signing_key[1]),
+            "--data",
+            str(tickets_csv),
+            "--data-key",
+            str(key),
+        ],
     )
     assert ok.exit_code == 0, ok.output
 
@@ -218,14 +225,30 @@ def test_ledger_charges_runs_and_refuses_over_cap(tmp_path, tiny_model_dir, tick
 
     db = tmp_path / "ledger.sqlite3"
     Ledger(db).set_cap("tickets", epsilon_max="10", delta_max="1e-4")
-    r1, out1 = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, "--ledger", str(db), name="one",
-                      privacy={"population": "tickets"})
+    r1, out1 = _train(
+        tmp_path,
+        tiny_model_dir,
+        tickets_csv,
+        signing_key,
+        "--ledger",
+        str(db),
+        name="one",
+        privacy={"population": "tickets"},
+    )
     assert r1.exit_code == 0, r1.output
     eps1 = _payload(out1)["predicate"]["accounting"]["epsilon_spent"]
     spent, _ = Ledger(db).spent("tickets")
     assert float(spent) == pytest.approx(eps1)
-    r2, out2 = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, "--ledger", str(db), name="two",
-                      privacy={"population": "tickets"})
+    r2, out2 = _train(
+        tmp_path,
+        tiny_model_dir,
+        tickets_csv,
+        signing_key,
+        "--ledger",
+        str(db),
+        name="two",
+        privacy={"population": "tickets"},
+    )
     assert r2.exit_code == 2 and "exceeds the cap" in r2.output
     assert not out2.exists()
     assert len(Ledger(db).charges("tickets")) == 1
