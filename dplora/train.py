@@ -207,19 +207,13 @@ def run_training(
     started, t0 = _now(), time.perf_counter()
     try:
         empty = _loop(
-            contract,
-            plan,
-            gsm,
-            dp_opt,
-            accountant,
-            examples,
-            unit_index,
-            named,
-            tokenizer,
-            device,
-            staging,
-            progress,
+            contract, plan, gsm, dp_opt, accountant, examples, unit_index, named, tokenizer, device, staging, progress
         )
+        seconds = time.perf_counter() - t0
+        if accountant.steps != plan.steps:  # never release a run that was not fully accounted
+            raise TrainingFailedError(f"accounted {accountant.steps} steps, planned {plan.steps}: no release")
+        epsilon_spent = plan.epsilon_at(accountant.steps)
+        _write_outputs(contract, plan, gsm, staging, run_id, started, epsilon_spent, accountant.steps, key, private_key)
     except BaseException as err:
         done = accountant.steps
         spent = plan.epsilon_at(min(done + 1, plan.steps)) if plan.steps else 0.0
@@ -236,33 +230,12 @@ def run_training(
                 "release": "none (run failed)",
             },
         )
+        (staging / release.RELEASE_FILENAME).unlink(missing_ok=True)
         if ledger is not None:
             ledger.settle(run_id, epsilon_spent=spent, status="failed")
         if isinstance(err, DploraError | KeyboardInterrupt):
             raise
         raise TrainingFailedError(f"training failed at step {done}: {err.__class__.__name__}") from err
-    seconds = time.perf_counter() - t0
-    if accountant.steps != plan.steps:  # never release a run that was not fully accounted
-        raise TrainingFailedError(f"accounted {accountant.steps} steps, planned {plan.steps}: no release")
-    epsilon_spent = plan.epsilon_at(accountant.steps)
-
-    adapter_dir = staging / "adapter"
-    gsm._module.save_pretrained(adapter_dir)
-    (staging / "contract.yaml").write_text(contract.to_yaml())
-    artifacts = sorted([p for p in adapter_dir.rglob("*") if p.is_file()]) + [staging / "contract.yaml"]
-    data_files = [Path(contract.data.path)]
-    record = build_record(
-        contract=contract,
-        plan=plan,
-        run_id=run_id,
-        steps_done=accountant.steps,
-        epsilon_spent=epsilon_spent,
-        started_at=started,
-        finished_at=_now(),
-        data_digest=release.data_digest_entry(data_files, key),
-        artifacts=[p.relative_to(staging).as_posix() for p in artifacts],
-    )
-    release.write_release(output_dir=staging, record=record, artifact_files=artifacts, private_key=private_key)
     if out.exists():
         old = out.with_name(out.name + ".old")
         shutil.rmtree(old, ignore_errors=True)
@@ -292,6 +265,27 @@ def run_training(
         seconds_per_step=seconds / max(plan.steps, 1),
         threads=n_threads,
     )
+
+
+def _write_outputs(contract, plan, gsm, staging, run_id, started, epsilon_spent, steps_done, key, private_key):
+    """Save the adapters and the resolved contract, then sign the release over them (inside ``staging``)."""
+    staging = staging.resolve()
+    adapter_dir = staging / "adapter"
+    gsm._module.save_pretrained(adapter_dir)
+    (staging / "contract.yaml").write_text(contract.to_yaml())
+    artifacts = sorted(p for p in adapter_dir.rglob("*") if p.is_file()) + [staging / "contract.yaml"]
+    record = build_record(
+        contract=contract,
+        plan=plan,
+        run_id=run_id,
+        steps_done=steps_done,
+        epsilon_spent=epsilon_spent,
+        started_at=started,
+        finished_at=_now(),
+        data_digest=release.data_digest_entry([Path(contract.data.path)], key),
+        artifacts=[p.relative_to(staging).as_posix() for p in artifacts],
+    )
+    release.write_release(output_dir=staging, record=record, artifact_files=artifacts, private_key=private_key)
 
 
 def _loop(

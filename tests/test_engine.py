@@ -72,9 +72,7 @@ def _trainable(model) -> list[tuple[str, torch.nn.Parameter]]:
 
 
 def _plan(*, sigma=0.0, clip=1.0, batch=4, q=0.5):
-    return SimpleNamespace(
-        noise_multiplier=sigma, max_grad_norm=clip, expected_batch_size=batch, sample_rate=q
-    )
+    return SimpleNamespace(noise_multiplier=sigma, max_grad_norm=clip, expected_batch_size=batch, sample_rate=q)
 
 
 def _private(model, *, lr=0.0, unit_mean=False, **plan):
@@ -92,10 +90,7 @@ def _brute_force(model, examples) -> list[dict[str, torch.Tensor]]:
         reference.zero_grad(set_to_none=True)
         engine.per_sequence_loss(reference, engine.collate([example], PAD)).sum().backward()
         out.append(
-            {
-                n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
-                for n, p in _trainable(reference)
-            }
+            {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p)) for n, p in _trainable(reference)}
         )
     return out
 
@@ -127,17 +122,12 @@ def _logical_step(gsm, dp_opt, records, units, physical, *, apply=False) -> dict
         dp_opt.accumulate(torch.tensor(units[start : start + physical], dtype=torch.long))
     dp_opt.step() if apply else dp_opt.pre_step()
     names = [n for n, _ in _trainable(gsm._module)]
-    out = {
-        n: p.grad.detach().clone() * dp_opt.expected_batch_size
-        for n, p in zip(names, dp_opt.params, strict=True)
-    }
+    out = {n: p.grad.detach().clone() * dp_opt.expected_batch_size for n, p in zip(names, dp_opt.params, strict=True)}
     dp_opt.zero_grad(set_to_none=True)
     return out
 
 
-def _clipped_sum(
-    per_record: list[torch.Tensor], groups: list[list[int]], clip: float, mean=False
-) -> torch.Tensor:
+def _clipped_sum(per_record: list[torch.Tensor], groups: list[list[int]], clip: float, mean=False) -> torch.Tensor:
     """Hand reference: sum (or average) each unit's record gradients, clip the flat vector to C, sum units."""
     total = torch.zeros_like(per_record[0])
     for group in groups:
@@ -267,9 +257,7 @@ def test_removing_a_unit_moves_sum_by_at_most_c(pristine, record_grads, clip_cas
     names, per_record = record_grads
     s0 = float(sum(per_record[r] for r in UNITS[0]).norm())
     clip = (
-        0.25 * s0
-        if clip_case == "clipped"
-        else 1.5 * max(float(sum(per_record[r] for r in g).norm()) for g in UNITS)
+        0.25 * s0 if clip_case == "clipped" else 1.5 * max(float(sum(per_record[r] for r in g).norm()) for g in UNITS)
     )
     gsm, dp_opt, _, _ = _private(copy.deepcopy(pristine), clip=clip, batch=3)
     full = _flat_out(_logical_step(gsm, dp_opt, *_flatten_units(UNITS), physical=4), names)
@@ -325,9 +313,7 @@ def test_alice_and_bao_example(unit_mean):
     )
     # Alice's records land in two physical batches.
     both = _scalar_step(dp_opt, 2, [([0.5], [0]), ([5.0, 0.25], [0, 1])])
-    assert both == pytest.approx(
-        0.625, abs=1e-6
-    )  # per-record clipping would give (0.5 + 1 + 0.25) / 2 = 0.875
+    assert both == pytest.approx(0.625, abs=1e-6)  # per-record clipping would give (0.5 + 1 + 0.25) / 2 = 0.875
     assert dp_opt.last_unit_norms.tolist() == pytest.approx([2.75 if unit_mean else 5.5, 0.25])
     without = _scalar_step(dp_opt, 1, [([0.25], [0])])
     assert without == pytest.approx(0.125, abs=1e-7)
@@ -358,7 +344,7 @@ def test_tiny_clip_bounds_the_update(pristine, record_grads):
 
 
 def test_noise_std_is_sigma_c_on_empty_batch():
-    """Empty step: p.grad·B is N(0, (σC)²); sample mean and std of 10⁴ draws within 4 standard errors."""
+    """Empty step: p.grad·B is N(0, (σC)²); sample mean and std of 10⁴ draws within 5 standard errors."""
     sigma, clip, batch = 1.5, 0.4, 8
     lin = torch.nn.Linear(100, 100, bias=False)
     _, dp_opt, accountant = engine.make_private(
@@ -372,8 +358,8 @@ def test_noise_std_is_sigma_c_on_empty_batch():
     z = lin.weight.grad.reshape(-1).double() * batch
     n, sd = z.numel(), sigma * clip
     assert n == 10_000
-    assert abs(float(z.mean())) < 4 * sd / math.sqrt(n)
-    assert abs(float(z.std()) / sd - 1) < 4 / math.sqrt(2 * n)
+    assert abs(float(z.mean())) < 5 * sd / math.sqrt(n)  # OS-entropy noise: 5 SE, ~1e-6 flake rate
+    assert abs(float(z.std()) / sd - 1) < 5 / math.sqrt(2 * n)
     assert accountant.steps == 1
 
 
@@ -399,9 +385,7 @@ def test_noise_drawn_once_per_tensor_per_logical_step(pristine, monkeypatch):
     dp_opt.zero_grad(set_to_none=True)
     assert len(calls) == len(named) == 8
     assert sorted(shape for _, shape, _ in calls) == shapes
-    assert all(
-        std == pytest.approx(1.4) and gen is dp_opt.generator and gen is not None for std, _, gen in calls
-    )
+    assert all(std == pytest.approx(1.4) and gen is dp_opt.generator and gen is not None for std, _, gen in calls)
     _logical_step(gsm, dp_opt, records, units, physical=2, apply=True)  # four physical batches
     assert len(calls) == 16 and accountant.steps == 2
 
@@ -439,9 +423,7 @@ def test_noise_does_not_follow_the_global_seed():
 
 def test_accountant_counts_every_logical_step_including_empty(pristine):
     """StepAccountant history equals the logical steps taken (empties included); noise moves every tensor."""
-    gsm, dp_opt, accountant, named = _private(
-        copy.deepcopy(pristine), lr=0.1, sigma=1.0, clip=1.0, batch=2, q=0.01
-    )
+    gsm, dp_opt, accountant, named = _private(copy.deepcopy(pristine), lr=0.1, sigma=1.0, clip=1.0, batch=2, q=0.01)
     plan_units = [0, 2, 0, 0, 1]
     for num_units in plan_units:
         before = [p.detach().clone() for _, p in named]
@@ -460,9 +442,7 @@ def test_accountant_counts_every_logical_step_including_empty(pristine):
 def test_first_step_moves_every_lora_tensor_and_check_names_stuck_one():
     """T1: with noise every tensor (lora_B starts at 0) moves; check_all_moved names a tensor that did not."""
     model = _lora_model(lora_b_std=0.0)
-    assert all(
-        float(p.detach().abs().max()) == 0 for n, p in _trainable(model) if "lora_B" in n
-    )  # peft's init
+    assert all(float(p.detach().abs().max()) == 0 for n, p in _trainable(model) if "lora_B" in n)  # peft's init
     gsm, dp_opt, _, named = _private(model, lr=0.05, sigma=1.0, clip=1.0, batch=2)
     before = {n: p.detach().clone() for n, p in named}
     _logical_step(gsm, dp_opt, RECORDS[:2], [0, 1], 4, apply=True)
@@ -631,17 +611,11 @@ def test_run_training_steps_accountant_on_empty_batches(tmp_path, tiny_model_dir
 
 def test_non_finite_loss_fails_without_release(tmp_path, tiny_model_dir, signing_key, monkeypatch):
     """T7: a NaN loss raises TrainingFailedError (exit 4), leaves .partial/FAILED.json and no release."""
-    contract = _contract(
-        tmp_path, tiny_model_dir, rows=4, privacy={}, training={"expected_batch_size": 4, "steps": 2}
-    )
+    contract = _contract(tmp_path, tiny_model_dir, rows=4, privacy={}, training={"expected_batch_size": 4, "steps": 2})
     real_loss = engine.per_sequence_loss
-    monkeypatch.setattr(
-        engine, "per_sequence_loss", lambda model, batch: real_loss(model, batch) * float("nan")
-    )
+    monkeypatch.setattr(engine, "per_sequence_loss", lambda model, batch: real_loss(model, batch) * float("nan"))
     with pytest.raises(TrainingFailedError, match="non-finite") as info:
-        run_training(
-            contract, signing_key=signing_key, data_key=None, progress=False, threads=1, log=lambda *_: None
-        )
+        run_training(contract, signing_key=signing_key, data_key=None, progress=False, threads=1, log=lambda *_: None)
     assert info.value.exit_code == 4
     out = tmp_path / "run"
     failed = json.loads((tmp_path / "run.partial" / "FAILED.json").read_text())

@@ -133,6 +133,10 @@ def test_cap_drops_records_by_seeded_rule():
     index = build_unit_index(table, _privacy(cap=3), seed=11)
     assert index.dropped == (6 - 3) + (4 - 3)
     assert index.num_records == 13 and index.num_units == 4
+    assert index.records_before_cap == (6, 2, 4, 1)
+    stats = index.stats()
+    assert stats["dropped_by_cap"] == 4 and stats["records_per_unit"]["max"] == 6
+    assert stats["max_records_per_unit_after_cap"] == 3
     for kept, full in zip(index.records_of_unit, groups, strict=True):
         assert len(kept) == min(3, len(full)) and set(kept.tolist()) <= set(full)
         assert kept.tolist() == sorted(kept.tolist())

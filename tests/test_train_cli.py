@@ -252,3 +252,30 @@ def test_ledger_charges_runs_and_refuses_over_cap(tmp_path, tiny_model_dir, tick
     assert r2.exit_code == 2 and "exceeds the cap" in r2.output
     assert not out2.exists()
     assert len(Ledger(db).charges("tickets")) == 1
+
+
+def test_relative_output_dir(tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key):
+    """A relative output_dir (as in configs/demo.yaml) trains and verifies (regression: artifact paths)."""
+    monkeypatch.chdir(tmp_path)
+    cfg = write_contract(tmp_path / "rel.yaml", contract_dict(tiny_model_dir, tickets_csv, Path("runs/rel")))
+    result = runner.invoke(app, ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    check = runner.invoke(app, ["verify", "runs/rel", "--public-key", str(signing_key[1])])
+    assert check.exit_code == 0, check.output
+
+
+def test_failure_while_signing_leaves_no_release(tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key):
+    """A crash after the last step but before the release: exit 4, FAILED.json, no release, no output folder."""
+    from dplora import release
+
+    def boom(**_):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(release, "write_release", boom)
+    result, out = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key)
+    assert result.exit_code == 4, result.output
+    partial = out.with_name(out.name + ".partial")
+    failed = json.loads((partial / "FAILED.json").read_text())
+    assert failed["steps_done"] == 3 and failed["release"].startswith("none")
+    assert not (partial / "release.dsse.json").exists()
+    assert not out.exists()

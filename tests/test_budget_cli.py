@@ -1,0 +1,270 @@
+"""``dplora budget``: the dry run through the CLI (typer CliRunner), its JSON, its plot and its errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dplora.cli import app
+
+TOL = 0.02
+
+CONTRACT = """\
+privacy: {protected_unit: row, adjacency: add_remove, target_epsilon: 8, delta: 1.0e-5, accountant: rdp,
+          max_grad_norm: 1.0, num_units: 1000}
+model: {path: /nonexistent}
+data: {path: data.csv, prompt_column: message, response_column: reply}
+training: {expected_batch_size: 32, steps: 24}
+"""
+
+JSON_KEYS = {
+    "num_units",
+    "sample_rate",
+    "steps",
+    "noise_multiplier",
+    "epsilon",
+    "delta",
+    "accountant",
+    "adjacency",
+}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache(tmp_path, monkeypatch):
+    """A fresh calibration cache per test, and the test's folder as working directory (relative data.path)."""
+    monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture
+def config(tmp_path) -> Path:
+    path = tmp_path / "contract.yaml"
+    path.write_text(CONTRACT)
+    return path
+
+
+def _write_csv(path: Path, rows: list[tuple], header=("user_id", "message", "reply")) -> Path:
+    lines = [",".join(header)] + [",".join(str(c) for c in row) for row in rows]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def budget(*args: str):
+    return CliRunner().invoke(app, ["budget", *[str(a) for a in args]])
+
+
+def budget_json(*args: str) -> dict:
+    res = budget(*args, "--json")
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def assert_one_line_error(res, *fragments: str) -> str:
+    assert res.exit_code == 2, (res.exit_code, res.output)
+    assert "Traceback" not in res.output and res.exception is None or isinstance(res.exception, SystemExit)
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("error: ")
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    assert res.stdout == ""
+    return lines[0]
+
+
+# --- declared N -----------------------------------------------------------------------------------------------------
+
+DECLARED = [
+    "privacy.accountant=rdp",
+    "privacy.num_units=100000",
+    "training.expected_batch_size=1000",
+    "privacy.noise_multiplier=1",
+    "privacy.target_epsilon=10",
+]
+
+
+@pytest.mark.parametrize(("steps", "expected"), [(300, 1.451), (600, 1.748)])
+def test_budget_json_declared_units(config, steps, expected):
+    report = budget_json(config, *DECLARED, f"training.steps={steps}")
+    assert JSON_KEYS <= report.keys()
+    assert report["num_units"] == 100000 and report["num_units_source"] == "contract"
+    assert report["sample_rate"] == 0.01
+    assert report["steps"] == steps
+    assert report["noise_multiplier"] == 1.0 and report["noise_source"] == "contract"
+    assert report["epsilon"] == pytest.approx(expected, abs=TOL)
+    assert report["delta"] == 1e-5
+    assert report["accountant"] == "rdp" and report["accountant_version"].startswith("opacus ")
+    assert report["adjacency"] == "add_remove"
+    assert report["epsilon_curve"][-1] == [steps, report["epsilon"]]
+    assert "unit_stats" not in report
+
+
+def test_budget_json_calibrated(config):
+    report = budget_json(config, "privacy.target_epsilon=3")
+    assert report["noise_source"] == "calibrated"
+    assert report["epsilon"] <= 3.0
+    assert report["sample_rate"] == 0.032 and report["steps"] == 24
+    at = report["epsilon_at"]
+    assert at["25%"]["epsilon"] <= at["50%"]["epsilon"] <= at["75%"]["epsilon"] <= report["epsilon"]
+
+
+def test_budget_table_output(config):
+    res = budget(config)
+    assert res.exit_code == 0, res.output
+    assert "dplora budget" in res.stdout and "rdp" in res.stdout
+    assert res.stderr == ""
+
+
+def test_budget_delta_warning(config):
+    report = budget_json(config, "privacy.delta=5e-4", "privacy.noise_multiplier=1")
+    assert len(report["warnings"]) == 1 and "NIST SP 800-226" in report["warnings"][0]
+
+
+# --- N counted from the data --------------------------------------------------------------------------------------
+
+
+def test_budget_counts_units_from_data(config):
+    rows = [(f"u{u}", f"question {u} {r}", f"answer {r}") for u in range(40) for r in range(1 + u % 3)]
+    _write_csv(Path("data.csv"), rows)
+    report = budget_json(config, "privacy.num_units=null", "privacy.noise_multiplier=1")
+    assert report["num_units"] == len(rows) and report["num_units_source"] == "data"
+    assert report["unit_stats"]["num_units"] == len(rows)
+    assert report["sample_rate"] == pytest.approx(32 / len(rows))
+
+    user = budget_json(
+        config,
+        "privacy.num_units=null",
+        "privacy.noise_multiplier=1",
+        "privacy.protected_unit=user",
+        "privacy.unit_key=user_id",
+        "training.expected_batch_size=4",
+    )
+    assert user["num_units"] == 40 and user["protected_unit"] == "user" and user["unit_key"] == "user_id"
+    stats = user["unit_stats"]
+    assert stats["num_units"] == 40 and stats["num_records"] == len(rows)
+    assert stats["records_per_unit"]["min"] == 1 and stats["records_per_unit"]["max"] == 3
+    assert user["sample_rate"] == 4 / 40
+
+
+def test_budget_data_count_is_only_a_check_when_declared(config):
+    rows = [(f"u{u}", "q", "a") for u in range(50)]
+    _write_csv(Path("data.csv"), rows)
+    report = budget_json(config, "privacy.noise_multiplier=1")
+    assert report["num_units"] == 1000 and report["num_units_source"] == "contract"
+
+
+# --- the plot -----------------------------------------------------------------------------------------------------
+
+
+def test_budget_plot_writes_png(config, tmp_path):
+    out = tmp_path / "out.png"
+    res = budget(config, "--plot", out)
+    assert res.exit_code == 0, res.output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_budget_plot_unwritable(config, tmp_path):
+    assert_one_line_error(budget(config, "--plot", tmp_path / "no" / "such" / "dir" / "out.png"), "plot")
+
+
+# --- bad input: exit 2, one line on stderr, no traceback ------------------------------------------------------------
+
+
+def test_missing_contract_file(tmp_path):
+    assert_one_line_error(budget(tmp_path / "missing.yaml"), "not found", "missing.yaml")
+
+
+def test_bad_yaml(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("privacy: [unclosed\n  model: {\n")
+    assert_one_line_error(budget(path), "not valid YAML")
+
+
+def test_unknown_key_in_file(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(CONTRACT.replace("steps: 24}", "steps: 24, epocs: 3}"))
+    assert_one_line_error(budget(path), "training.epocs")
+
+
+def test_unknown_key_override(config):
+    assert_one_line_error(budget(config, "privacy.bogus=1"), "privacy.bogus")
+
+
+@pytest.mark.parametrize("key", ["target_epsilon", "max_grad_norm", "delta"])
+@pytest.mark.parametrize("value", ["-1", "0", ".inf", ".nan", "inf", "nan", "-.inf"])
+def test_bad_privacy_numbers(config, key, value):
+    assert_one_line_error(budget(config, f"privacy.{key}={value}"), f"privacy.{key}")
+
+
+@pytest.mark.parametrize("value", ["1", "1.5"])
+def test_delta_at_least_one(config, value):
+    assert_one_line_error(budget(config, f"privacy.delta={value}"), "privacy.delta")
+
+
+@pytest.mark.parametrize("delta", ["1e-3", "2e-3"])
+def test_delta_not_below_one_over_n(config, delta):
+    assert_one_line_error(budget(config, f"privacy.delta={delta}"), "1/N")
+
+
+def test_unreachable_target_rdp(config):
+    line = assert_one_line_error(budget(config, "privacy.target_epsilon=0.05"), "cannot be reached")
+    assert "pld" in line
+
+
+def test_given_noise_over_target(config):
+    assert_one_line_error(budget(config, "privacy.noise_multiplier=0.3", "privacy.target_epsilon=1"), "noise_multiplier")
+
+
+def test_replace_one_with_rdp(config):
+    assert_one_line_error(budget(config, "privacy.adjacency=replace_one"), "replace_one", "pld")
+
+
+def test_q_above_one(config):
+    assert_one_line_error(budget(config, "training.expected_batch_size=2000"), "expected_batch_size", "N=1000")
+
+
+def test_bad_override_syntax(config):
+    assert_one_line_error(budget(config, "privacy.delta"), "KEY=VALUE")
+
+
+def test_missing_data_file(config):
+    assert_one_line_error(budget(config, "privacy.num_units=null"), "data file not found", "data.csv")
+
+
+def test_missing_column(config):
+    _write_csv(Path("data.csv"), [("u1", "hello")], header=("user_id", "message"))
+    assert_one_line_error(budget(config, "privacy.num_units=null"), "'reply'")
+
+
+@pytest.mark.parametrize("content", ["", "user_id,message,reply\n"], ids=["zero-bytes", "header-only"])
+def test_empty_data_file(config, content):
+    Path("data.csv").write_text(content)
+    assert_one_line_error(budget(config, "privacy.num_units=null"), "data.csv")
+
+
+def test_more_units_in_data_than_declared(config):
+    _write_csv(Path("data.csv"), [(f"u{u}", "q", "a") for u in range(20)])
+    assert_one_line_error(budget(config, "privacy.num_units=10", "training.expected_batch_size=5"), "num_units")
+
+
+# --- one real process: nothing but the error line on stderr ---------------------------------------------------------
+
+
+def test_real_process_stderr_is_one_line(config):
+    """Library warnings (e.g. Opacus's 'Optimal order is the largest alpha') must not reach the terminal."""
+    exe = Path(sys.executable).with_name("dplora")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-c", "from dplora.cli import main; main()"]
+    proc = subprocess.run(
+        [*cmd, "budget", str(config), "privacy.target_epsilon=0.05"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr

@@ -1,0 +1,302 @@
+"""The training plan: N, q, T, σ and δ checks from a contract (cases A6, A7, A8, T8). Loads no model."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from dplora.accounting import Accountant, epsilon
+from dplora.contract import parse_contract
+from dplora.errors import BadInputError, PlanRefusedError
+from dplora.plan import check_delta, make_plan, planned_steps
+
+TOL = 0.02
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache(tmp_path, monkeypatch):
+    """A fresh calibration cache per test: no result depends on an earlier run."""
+    monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def contract(privacy=None, training=None, data=None):
+    raw = {
+        "privacy": {
+            "protected_unit": "row",
+            "adjacency": "add_remove",
+            "target_epsilon": 8.0,
+            "delta": 1e-5,
+            "accountant": "rdp",
+            "max_grad_norm": 1.0,
+        },
+        "model": {"path": "/nonexistent"},
+        "data": {"path": "data.csv", "prompt_column": "message", "response_column": "reply"},
+        "training": {"expected_batch_size": 32, "steps": 24},
+    }
+    raw["privacy"].update(privacy or {})
+    raw["training"].update(training or {})
+    raw["data"].update(data or {})
+    if "epochs" in (training or {}):
+        raw["training"].pop("steps")
+    return parse_contract(raw)
+
+
+def plan(n, privacy=None, training=None, source="contract"):
+    return make_plan(contract(privacy, training), num_units=n, num_units_source=source)
+
+
+# --- T from epochs, exactly ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("epochs", "n", "batch", "steps"),
+    [
+        (3, 1000, 64, 47),  # ceil(3000/64)
+        (0.1, 10, 3, 1),  # ceil(1/3)
+        (2.3, 1000, 10, 230),
+        (2.3, 100, 1, 230),  # 2.3 * 100 = 229.99999999999997 in floats: int() would give 229
+        (1.1, 100, 10, 11),  # 1.1 * 100 / 10 = 11.000000000000002 in floats: ceil() would give 12
+        (2.2, 100, 2, 110),  # float ceil would give 111
+        (1, 1000, 1000, 1),
+        (0.5, 60000, 256, 118),  # ceil(30000/256) = ceil(117.19)
+    ],
+)
+def test_epochs_to_steps_exact(epochs, n, batch, steps):
+    c = contract(training={"epochs": epochs, "expected_batch_size": batch})
+    assert planned_steps(c, n) == steps
+    assert isinstance(planned_steps(c, n), int)
+
+
+def test_epochs_plan_uses_integer_steps():
+    p = plan(
+        1000, privacy={"noise_multiplier": 1.0, "target_epsilon": 50}, training={"epochs": 3, "expected_batch_size": 64}
+    )
+    assert p.steps == 47 and isinstance(p.steps, int)
+    assert p.epsilon_curve[-1][0] == 47
+
+
+def test_steps_given_directly():
+    assert planned_steps(contract(training={"steps": 123}), 1000) == 123
+
+
+# --- A7: q = expected batch / N -----------------------------------------------------------------------------------
+
+
+def test_a7_sample_rate_from_contract():
+    p = plan(1000, privacy={"noise_multiplier": 1.0}, training={"expected_batch_size": 64})
+    assert p.sample_rate == 0.064  # not 1/len(loader) = 1/15 = 0.0667
+    assert p.expected_batch_size == 64 and p.num_units == 1000
+
+
+def test_a7_batch_above_n_refused():
+    with pytest.raises(PlanRefusedError) as info:
+        plan(50, training={"expected_batch_size": 64})
+    msg = str(info.value)
+    assert "expected_batch_size=64" in msg and "N=50" in msg and "domain" not in msg
+    assert info.value.exit_code == 2
+
+
+def test_a7_q_equal_one_is_valid():
+    p = plan(
+        1000,
+        privacy={"noise_multiplier": 1.0, "target_epsilon": 20},
+        training={"expected_batch_size": 1000, "steps": 10},
+    )
+    assert p.sample_rate == 1.0
+    assert p.epsilon == pytest.approx(19.05, abs=TOL)
+
+
+def test_no_units_is_bad_input():
+    with pytest.raises(BadInputError):
+        plan(0)
+
+
+# --- A8: gradient accumulation ------------------------------------------------------------------------------------
+
+
+def test_a8_physical_batch_does_not_enter_accounting():
+    p = plan(
+        1000,
+        privacy={"noise_multiplier": 1.0, "target_epsilon": 10},
+        training={"expected_batch_size": 80, "physical_batch_size": 10, "steps": 100},
+    )
+    assert p.sample_rate == 0.08 and p.steps == 100
+    assert p.epsilon == pytest.approx(6.34, abs=TOL)  # RDP; the micro-batch q=0.01 would give far less
+    same = plan(
+        1000,
+        privacy={"noise_multiplier": 1.0, "target_epsilon": 10},
+        training={"expected_batch_size": 80, "physical_batch_size": 80, "steps": 100},
+    )
+    assert same.epsilon == p.epsilon and same.sample_rate == p.sample_rate
+
+
+@pytest.mark.slow
+def test_a8_pld_plan():
+    p = plan(
+        1000,
+        privacy={"noise_multiplier": 1.0, "target_epsilon": 10, "accountant": "pld"},
+        training={"expected_batch_size": 80, "physical_batch_size": 10, "steps": 100},
+    )
+    assert p.accountant is Accountant.PLD
+    assert p.epsilon == pytest.approx(5.61, abs=TOL)
+
+
+# --- δ against N --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("delta", [1e-3, 2e-3, 0.5])
+def test_delta_at_or_above_one_over_n_refused(delta):
+    with pytest.raises(PlanRefusedError) as info:
+        plan(1000, privacy={"delta": delta})
+    assert "1/N" in str(info.value) and info.value.exit_code == 2
+
+
+def test_delta_warning_not_well_below_one_over_n():
+    p = plan(1000, privacy={"delta": 5e-4, "noise_multiplier": 1.0})
+    (warning,) = p.warnings
+    assert "NIST SP 800-226" in warning and "1/N²" in warning and "1/(N·ln N)" in warning
+    assert "1e-06" in warning  # 1/N² for N=1000
+
+
+def test_no_warning_when_delta_well_below():
+    assert plan(1000, privacy={"delta": 1e-5, "noise_multiplier": 1.0}).warnings == ()
+    assert check_delta(1e-4, 1000) == []  # exactly 0.1/N: no warning
+    assert len(check_delta(1.01e-4, 1000)) == 1
+
+
+def _users_csv(path, users=1000, rows_per_user=10):
+    lines = ["user_id,message,reply"]
+    lines += [f"u{u},hello {u} {r},hi {r}" for u in range(users) for r in range(rows_per_user)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _user_contract(path, **privacy):
+    return contract(
+        privacy={"protected_unit": "user", "unit_key": "user_id", "noise_multiplier": 1.0, **privacy},
+        training={"expected_batch_size": 10, "steps": 1000},
+        data={"path": str(path)},
+    )
+
+
+@pytest.fixture(scope="module")
+def users_csv(tmp_path_factory):
+    return _users_csv(tmp_path_factory.mktemp("users") / "users.csv")
+
+
+def test_t8_user_level_q_and_delta_over_users(users_csv):
+    from dplora.data import count_units
+    from dplora.train import plan_for
+
+    c = _user_contract(users_csv)
+    index = count_units(c)
+    assert index.num_units == 1000 and index.num_records == 10000
+    p = plan_for(c, index)
+    assert p.num_units == 1000 and p.num_units_source == "data"
+    assert p.sample_rate == 0.01  # 10 users / 1000 users, not 10 / 10000 rows
+    assert p.protected_unit.value == "user" and p.unit_key == "user_id"
+    # the T8 anchor, user-level, with PLD (the plan above is RDP for speed)
+    assert epsilon(
+        sample_rate=p.sample_rate, noise_multiplier=p.noise_multiplier, steps=p.steps, delta=p.delta, accountant="pld"
+    ) == pytest.approx(1.83, abs=TOL)
+
+    # δ is checked against the 1000 users: 5e-4 < 1/1000 is allowed with a warning (against the 10000 rows
+    # it would be refused), 2e-3 is refused.
+    warned = plan_for(_user_contract(users_csv, delta=5e-4), index)
+    assert len(warned.warnings) == 1 and "NIST SP 800-226" in warned.warnings[0]
+    with pytest.raises(PlanRefusedError) as info:
+        plan_for(_user_contract(users_csv, delta=2e-3), index)
+    assert "N=1000" in str(info.value) and info.value.exit_code == 2
+
+
+@pytest.mark.slow
+def test_t8_user_level_pld_plan(users_csv):
+    from dplora.data import count_units
+    from dplora.train import plan_for
+
+    c = _user_contract(users_csv, accountant="pld", target_epsilon=3.0)
+    p = plan_for(c, count_units(c))
+    assert p.accountant is Accountant.PLD and p.sample_rate == 0.01
+    assert p.epsilon == pytest.approx(1.83, abs=TOL)
+
+
+# --- σ and the target ---------------------------------------------------------------------------------------------
+
+
+def test_given_noise_over_target_refused():
+    with pytest.raises(PlanRefusedError) as info:
+        plan(1000, privacy={"noise_multiplier": 0.5, "target_epsilon": 1.0})
+    assert "noise_multiplier" in str(info.value) and info.value.exit_code == 2
+
+
+def test_given_noise_under_target_kept():
+    p = plan(1000, privacy={"noise_multiplier": 1.0, "target_epsilon": 8.0})
+    assert p.noise_multiplier == 1.0 and p.noise_source == "contract"
+
+
+def test_calibrated_plan_meets_target():
+    p = plan(1000, privacy={"target_epsilon": 3.0}, training={"expected_batch_size": 10, "steps": 1000})
+    assert p.noise_source == "calibrated"
+    assert p.epsilon <= 3.0
+    recomputed = epsilon(
+        sample_rate=0.01, noise_multiplier=p.noise_multiplier, steps=1000, delta=1e-5, accountant="rdp"
+    )
+    assert p.epsilon == pytest.approx(recomputed, abs=1e-12)
+    assert p.accountant is Accountant.RDP and p.accountant_version.startswith("opacus ")
+    assert p.accountant_note is None
+
+
+def test_unreachable_target_refused():
+    with pytest.raises(PlanRefusedError):
+        plan(1000, privacy={"target_epsilon": 0.05})
+
+
+def test_replace_one_with_rdp_refused():
+    with pytest.raises(PlanRefusedError) as info:
+        plan(1000, privacy={"adjacency": "replace_one", "noise_multiplier": 1.0})
+    assert "pld" in str(info.value)
+
+
+# --- the ε curve and the budget stop ------------------------------------------------------------------------------
+
+
+def _check_curve(p):
+    assert p.epsilon_curve[-1] == (p.steps, p.epsilon)
+    assert p.epsilon <= p.target_epsilon
+    assert p.epsilon_at(0) == 0.0
+    values = [p.epsilon_at(t) for t in range(0, p.steps + 1)]
+    assert all(a <= b for a, b in zip(values, values[1:], strict=False))
+    assert values[-1] == p.epsilon
+    with pytest.raises(PlanRefusedError):
+        p.epsilon_at(p.steps + 1)
+
+
+def test_epsilon_curve_rdp_every_step():
+    p = plan(1000, privacy={"target_epsilon": 3.0}, training={"expected_batch_size": 10, "steps": 300})
+    assert [s for s, _ in p.epsilon_curve] == list(range(1, 301))
+    _check_curve(p)
+
+
+def test_epsilon_curve_pld_checkpoints_are_upper_bounds():
+    p = plan(
+        1000,
+        privacy={"noise_multiplier": 2.0, "target_epsilon": 3.0, "accountant": "pld"},
+        training={"expected_batch_size": 10, "steps": 20},
+    )
+    assert len(p.epsilon_curve) <= 8
+    _check_curve(p)
+    # between checkpoints, epsilon_at bounds the true ε from above
+    first = p.epsilon_curve[0][0]
+    if first > 1:
+        true = epsilon(sample_rate=0.01, noise_multiplier=2.0, steps=first - 1, delta=1e-5, accountant="pld")
+        assert p.epsilon_at(first - 1) >= true
+
+
+def test_plan_to_dict_is_json():
+    p = plan(1000, privacy={"noise_multiplier": 1.0})
+    d = json.loads(json.dumps(p.to_dict()))
+    assert d["accountant"] == "rdp" and d["adjacency"] == "add_remove" and d["protected_unit"] == "row"
+    assert d["event"]["sample_rate"] == 0.032 and d["event"]["steps"] == 24
+    assert math.isclose(d["epsilon"], p.epsilon)
