@@ -92,6 +92,9 @@ def train(
     ledger: LedgerOpt = None,
     threads: Annotated[int | None, typer.Option(min=1, help="CPU threads. Default: the cores that are free.")] = None,
     progress: Annotated[bool, typer.Option(help="Show the progress bar.")] = True,
+    tuning_trial: Annotated[
+        bool, typer.Option(help="Charge the ledger as a hyperparameter-tuning trial: it spends budget like a release.")
+    ] = False,
 ) -> None:
     """Fine-tune LoRA adapters with DP-SGD under the contract and write a signed release."""
     from dplora.contract import load_contract
@@ -107,6 +110,7 @@ def train(
             ledger_path=ledger,
             threads=threads,
             progress=progress and sys.stderr.isatty(),
+            tuning_trial=tuning_trial,
             log=_log,
         )
     except DploraError as err:

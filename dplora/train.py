@@ -127,6 +127,7 @@ def run_training(
     ledger_path: Path | None = None,
     threads: int | None = None,
     progress: bool = True,
+    tuning_trial: bool = False,
     log=print,
 ) -> RunResult:
     """Train DP-LoRA adapters under ``contract`` and write them with a signed release record.
@@ -139,6 +140,7 @@ def run_training(
         ledger_path: SQLite budget ledger (used when ``privacy.population`` is set).
         threads: CPU threads (default: free cores).
         progress: show a rich progress bar.
+        tuning_trial: charge the ledger as a hyperparameter-tuning trial (it counts like any release).
         log: one-line message sink.
 
     Returns:
@@ -203,6 +205,7 @@ def run_training(
             delta=plan.delta,
             accountant=plan.accountant.value,
             adjacency=plan.adjacency.value,
+            purpose="tuning" if tuning_trial else "release",
         )
     started, t0 = _now(), time.perf_counter()
     try:
