@@ -173,13 +173,15 @@ def test_budget_declared_units_reads_no_data(config):
 
 def test_budget_plot_writes_png(config, tmp_path):
     out = tmp_path / "out.png"
-    res = budget(config, "--plot", out)
+    res = budget(config, "privacy.noise_multiplier=1", "--plot", out)
     assert res.exit_code == 0, res.output
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_budget_plot_unwritable(config, tmp_path):
-    assert_one_line_error(budget(config, "--plot", tmp_path / "no" / "such" / "dir" / "out.png"), "plot")
+    assert_one_line_error(
+        budget(config, "privacy.noise_multiplier=1", "--plot", tmp_path / "no" / "such" / "dir" / "out.png"), "plot"
+    )
 
 
 # --- bad input: exit 2, one line on stderr, no traceback ------------------------------------------------------------

@@ -87,7 +87,12 @@ def prv_epsilon(event: DpSgdEvent, delta: float) -> float:
     acc = PRVAccountant()
     acc.history = [(event.noise_multiplier, event.sample_rate, event.steps)]
     try:
-        eps = float(acc.get_epsilon(delta=delta))
+        with warnings.catch_warnings():
+            # Opacus's PRV sizes its domain with an RDPAccountant, which warns on end orders (see rdp_epsilons),
+            # and takes log(1 - q) = log(0) at q = 1; neither changes ε, both would break the one-line stderr.
+            warnings.filterwarnings("ignore", message="Optimal order is the", category=UserWarning)
+            warnings.filterwarnings("ignore", message="divide by zero encountered in log", category=RuntimeWarning)
+            eps = float(acc.get_epsilon(delta=delta))
     except (ValueError, RuntimeError, FloatingPointError, ZeroDivisionError) as err:
         raise AccountingNumericalError(f"PRV failed on this event: {err}") from err
     if not math.isfinite(eps):
