@@ -68,8 +68,12 @@ def budget_report(config: Path, overrides: list[str], *, ledger_path: Path | Non
         ledger = Ledger(ledger_path or default_ledger_path())
         ledger.check(contract.privacy.population, epsilon=plan.epsilon, delta=plan.delta)
         spent = ledger.spent(contract.privacy.population)
-        report["ledger"] = {"population": contract.privacy.population, "epsilon_spent_before": str(spent[0]),
-                            "delta_spent_before": str(spent[1]), "fits_cap": True}
+        report["ledger"] = {
+            "population": contract.privacy.population,
+            "epsilon_spent_before": str(spent[0]),
+            "delta_spent_before": str(spent[1]),
+            "fits_cap": True,
+        }
     if sweep:
         report["sweep"] = sweep_table(contract, plan)
     return report
@@ -93,13 +97,25 @@ def sweep_table(contract, plan: TrainingPlan) -> dict:
         for ef in SWEEP_EPOCH_FACTORS:
             steps = max(1, math.ceil(epochs * ef * n / batch))
             try:
-                sigma = calibrate_noise(target_epsilon=plan.target_epsilon, sample_rate=batch / n, steps=steps,
-                                        delta=plan.delta, accountant="rdp", adjacency="add_remove")
+                sigma = calibrate_noise(
+                    target_epsilon=plan.target_epsilon,
+                    sample_rate=batch / n,
+                    steps=steps,
+                    delta=plan.delta,
+                    accountant="rdp",
+                    adjacency="add_remove",
+                )
             except PlanRefusedError:
                 sigma = None
-            rows.append({"expected_batch_size": batch, "epochs": round(epochs * ef, 3), "steps": steps,
-                         "noise_multiplier": sigma,
-                         "noise_per_unit": None if sigma is None else sigma / batch})
+            rows.append(
+                {
+                    "expected_batch_size": batch,
+                    "epochs": round(epochs * ef, 3),
+                    "steps": steps,
+                    "noise_multiplier": sigma,
+                    "noise_per_unit": None if sigma is None else sigma / batch,
+                }
+            )
     note = "RDP add/remove for speed (PLD/PRV need at most these σ)"
     if plan.accountant is not Accountant.RDP or plan.adjacency.value != "add_remove":
         note += f"; the plan itself uses {plan.accountant.value} with {plan.adjacency.value}"
@@ -141,7 +157,9 @@ def print_report(report: dict, console) -> None:
     t = Table(title="dplora budget", show_header=False)
     t.add_column("quantity")
     t.add_column("value")
-    t.add_row("protected unit", f"{report['protected_unit']}" + (f" (key {report['unit_key']})" if report["unit_key"] else ""))
+    t.add_row(
+        "protected unit", f"{report['protected_unit']}" + (f" (key {report['unit_key']})" if report["unit_key"] else "")
+    )
     t.add_row("N (protected units)", f"{report['num_units']} (from {report['num_units_source']})")
     t.add_row("q = B/N", f"{report['sample_rate']:.6g} (B={report['expected_batch_size']})")
     t.add_row("T (logical steps)", str(report["steps"]))
@@ -159,10 +177,14 @@ def print_report(report: dict, console) -> None:
     if stats:
         r = stats["records_per_unit"]
         t.add_row("records per unit", f"min {r['min']}, median {r['median']:g}, p95 {r['p95']:g}, max {r['max']}")
-        t.add_row("records dropped by cap", f"{stats['dropped_by_cap']} (max per unit after cap: "
-                  f"{stats['max_records_per_unit_after_cap']})")
+        t.add_row(
+            "records dropped by cap",
+            f"{stats['dropped_by_cap']} (max per unit after cap: {stats['max_records_per_unit_after_cap']})",
+        )
     if "ledger" in report:
-        t.add_row("ledger", f"{report['ledger']['population']}: ε spent before {report['ledger']['epsilon_spent_before']}")
+        t.add_row(
+            "ledger", f"{report['ledger']['population']}: ε spent before {report['ledger']['epsilon_spent_before']}"
+        )
     t.add_row("planning time", f"{report.get('seconds', 0):.2f} s")
     console.print(t)
     for w in report["warnings"]:
@@ -173,7 +195,11 @@ def print_report(report: dict, console) -> None:
             s.add_column(col)
         for row in report["sweep"]["rows"]:
             sig = row["noise_multiplier"]
-            s.add_row(str(row["expected_batch_size"]), f"{row['epochs']:g}", str(row["steps"]),
-                      "unreachable" if sig is None else f"{sig:.3f}",
-                      "-" if sig is None else f"{row['noise_per_unit']:.4f}")
+            s.add_row(
+                str(row["expected_batch_size"]),
+                f"{row['epochs']:g}",
+                str(row["steps"]),
+                "unreachable" if sig is None else f"{sig:.3f}",
+                "-" if sig is None else f"{row['noise_per_unit']:.4f}",
+            )
         console.print(s)

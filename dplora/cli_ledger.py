@@ -27,9 +27,7 @@ ledger_app = typer.Typer(
 
 DbOpt = Annotated[
     Path | None,
-    typer.Option(
-        "--db", help="Ledger file [default: $DPLORA_LEDGER, else $XDG_DATA_HOME/dplora/ledger.sqlite3]"
-    ),
+    typer.Option("--db", help="Ledger file [default: $DPLORA_LEDGER, else $XDG_DATA_HOME/dplora/ledger.sqlite3]"),
 ]
 EpsOpt = Annotated[str, typer.Option("--epsilon", help="ε (unitless), e.g. 3.0")]
 DeltaOpt = Annotated[str, typer.Option("--delta", help="δ (probability), e.g. 1e-6")]
@@ -104,7 +102,5 @@ def show(
     for col in ("run_id", "record sha256", "ε", "δ", "label", "created_at"):
         table.add_column(col)
     for r in releases:
-        table.add_row(
-            r["run_id"], r["record_sha256"][:16], r["epsilon"], r["delta"], r["label"], r["created_at"]
-        )
+        table.add_row(r["run_id"], r["record_sha256"][:16], r["epsilon"], r["delta"], r["label"], r["created_at"])
     console.print(table)

@@ -190,9 +190,7 @@ class Ledger:
                     c.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
         version = self._conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0]
         if version != SCHEMA_VERSION:
-            raise LedgerError(
-                f"ledger {self.path} has schema {version}, dplora reads {SCHEMA_VERSION}: upgrade"
-            )
+            raise LedgerError(f"ledger {self.path} has schema {version}, dplora reads {SCHEMA_VERSION}: upgrade")
 
     def close(self) -> None:
         """Close the database connection."""
@@ -388,9 +386,7 @@ class Ledger:
                 raise BadInputError(f"run {run_id!r} is already {row['status']}")
             if eps > (reserved := Decimal(row["reserved_epsilon"])):
                 raise PlanRefusedError(f"run {run_id!r} spent ε={eps}, more than its reserved ε={reserved}")
-            released = [
-                Decimal(r[0]) for r in c.execute("SELECT epsilon FROM releases WHERE run_id=?", (run_id,))
-            ]
+            released = [Decimal(r[0]) for r in c.execute("SELECT epsilon FROM releases WHERE run_id=?", (run_id,))]
             c.execute(
                 "UPDATE charges SET epsilon=?, spent_epsilon=?, status=?, settled_at=? WHERE run_id=?",
                 (str(max([eps, *released])), str(eps), status, _now(), run_id),
@@ -433,9 +429,7 @@ class Ledger:
             sql = "SELECT epsilon, delta FROM releases WHERE run_id=? AND record_sha256=?"
             if old := c.execute(sql, (run_id, sha)).fetchone():
                 if (Decimal(old[0]), Decimal(old[1])) != (eps, dlt):
-                    raise BadInputError(
-                        f"release {sha[:12]} of run {run_id!r} is already recorded: ε={old[0]}"
-                    )
+                    raise BadInputError(f"release {sha[:12]} of run {run_id!r} is already recorded: ε={old[0]}")
                 return
             if eps > (current := Decimal(row["epsilon"])):
                 pop = row["population"]

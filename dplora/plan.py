@@ -21,11 +21,11 @@ from dplora.accounting import (
     accountant_version,
     epsilons,
 )
-from dplora.accounting.calibration import calibrate
+from dplora.accounting.calibration import cached_epsilons, calibrate
 from dplora.contract import Contract, ProtectedUnit
 from dplora.errors import BadInputError, PlanRefusedError
 
-CURVE_POINTS_SLOW = 8  # ε checkpoints for PRV/PLD (each costs an accountant call); RDP gets every step
+CURVE_POINTS_SLOW = 4  # ε checkpoints for PRV/PLD (25/50/75/100 % of T, each an accountant call); RDP: every step
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -149,7 +149,11 @@ def _sigma_and_curve(contract: Contract, q: float, steps: int, accountant: Accou
         source = "calibrated"
     event = DpSgdEvent(sample_rate=q, noise_multiplier=sigma, steps=steps, adjacency=privacy.adjacency)
     points = _curve_steps(steps, accountant)
-    values = epsilons(event, privacy.delta, accountant, points)
+    if accountant is Accountant.RDP:
+        values = epsilons(event, privacy.delta, accountant, points)
+    else:  # intermediate checkpoints may come from the cache; the final ε is always recomputed
+        values = cached_epsilons(event, privacy.delta, accountant, points[:-1])
+        values += epsilons(event, privacy.delta, accountant, points[-1:])
     return sigma, source, tuple(zip(points, values, strict=True))
 
 

@@ -412,9 +412,7 @@ def verify_release(
     if not isinstance(public_key, Ed25519PublicKey):
         public_key = load_public_key(Path(public_key))
     if data_files and data_key is None:
-        raise BadInputError(
-            "data files were given without a data key: pass --data-key or set DPLORA_DATA_KEY"
-        )
+        raise BadInputError("data files were given without a data key: pass --data-key or set DPLORA_DATA_KEY")
     payload = _open_envelope(path, public_key)
     try:
         statement = json.loads(payload.decode("utf-8"))

@@ -75,9 +75,7 @@ def _created_at(raw: str, row_number: int) -> datetime:
     try:
         return datetime.strptime(raw.strip(), CREATED_AT_FORMAT)
     except ValueError:
-        raise BadInputError(
-            f"data row {row_number}: created_at does not match {CREATED_AT_FORMAT!r}"
-        ) from None
+        raise BadInputError(f"data row {row_number}: created_at does not match {CREATED_AT_FORMAT!r}") from None
 
 
 def load_twcs_pairs(path: Path) -> list[dict[str, str]]:

@@ -65,8 +65,9 @@ def main() -> None:
     plain_opt = torch.optim.AdamW([p for p in plain.parameters() if p.requires_grad], lr=1e-3)
     dp_model, _ = _lora(section, args.r)
     params = [p for p in dp_model.parameters() if p.requires_grad]
-    plan = type("P", (), {"noise_multiplier": 1.0, "max_grad_norm": 1.0, "expected_batch_size": args.batch,
-                          "sample_rate": 0.01})()
+    plan = type(
+        "P", (), {"noise_multiplier": 1.0, "max_grad_norm": 1.0, "expected_batch_size": args.batch, "sample_rate": 0.01}
+    )()
     gsm, dp_opt, _ = engine.make_private(dp_model, torch.optim.AdamW(params, lr=1e-3), plan=plan, unit_mean=False)
     batches = _batches(tok, args.steps + 1, args.batch, args.seq)
 

@@ -23,9 +23,7 @@ SHA = [f"{i:064x}" for i in range(100)]
 
 def _reserve(ledger: Ledger, run_id: str, epsilon, delta="1e-6", **kw):
     kw.setdefault("population", POP)
-    return ledger.reserve(
-        run_id=run_id, epsilon=epsilon, delta=delta, accountant="rdp", adjacency="add-remove", **kw
-    )
+    return ledger.reserve(run_id=run_id, epsilon=epsilon, delta=delta, accountant="rdp", adjacency="add-remove", **kw)
 
 
 @pytest.fixture
@@ -60,9 +58,7 @@ def _settle_release_worker(path: str, i: int, barrier, results) -> None:
         with Ledger(Path(path), timeout_s=30.0) as led:
             barrier.wait(timeout=60)
             for k in range(3):
-                led.record_release(
-                    run_id="shared", record_sha256=SHA[10 * i + k], epsilon=f"1.{i}{k}", delta=0
-                )
+                led.record_release(run_id="shared", record_sha256=SHA[10 * i + k], epsilon=f"1.{i}{k}", delta=0)
             led.settle(f"run-{i}", epsilon_spent=f"0.{i + 1}", status="failed" if i % 2 else "settled")
             for k in range(3):
                 sha = SHA[50 + 5 * i + k]
@@ -92,9 +88,7 @@ def test_reserve_over_cap_is_refused_and_writes_nothing(ledger: Ledger) -> None:
     _reserve(ledger, "r1", "2.5")
     with pytest.raises(PlanRefusedError) as exc:
         _reserve(ledger, "r2", "0.7")
-    assert str(exc.value) == (
-        f"population {POP!r}: spent ε=2.5 + planned ε=0.7 = 3.2 exceeds the cap ε_max=3.0"
-    )
+    assert str(exc.value) == (f"population {POP!r}: spent ε=2.5 + planned ε=0.7 = 3.2 exceeds the cap ε_max=3.0")
     assert [c.run_id for c in ledger.charges()] == ["r1"]
     assert ledger.spent(POP) == (Decimal("2.5"), Decimal("0.000001"))
     with pytest.raises(PlanRefusedError, match=r"δ_max=0.00001"):
@@ -109,9 +103,7 @@ def test_exact_decimal_sums_at_the_cap(ledger: Ledger) -> None:
     ledger.set_cap("other", epsilon_max=3.0, delta_max=1e-5)  # floats go through str()
     _reserve(ledger, "b0", 1.1, population="other")
     _reserve(ledger, "b1", 1.1, population="other")
-    with pytest.raises(
-        PlanRefusedError, match=r"spent ε=2.2 \+ planned ε=1.0 = 3.2 exceeds the cap ε_max=3.0"
-    ):
+    with pytest.raises(PlanRefusedError, match=r"spent ε=2.2 \+ planned ε=1.0 = 3.2 exceeds the cap ε_max=3.0"):
         _reserve(ledger, "b2", "1.0", population="other")
     ledger.set_cap("third", epsilon_max="0.3", delta_max="1e-5")
     _reserve(ledger, "c0", 0.1, population="third")
@@ -127,9 +119,7 @@ def test_check_and_caps(ledger: Ledger) -> None:
     ledger.check(POP, epsilon="3.0", delta="1e-5")
     with pytest.raises(PlanRefusedError, match="exceeds the cap ε_max=3.0"):
         ledger.check(POP, epsilon="3.01", delta=0)
-    with pytest.raises(
-        PlanRefusedError, match=r"run `dplora ledger set-cap nobody --epsilon E --delta D` first"
-    ):
+    with pytest.raises(PlanRefusedError, match=r"run `dplora ledger set-cap nobody --epsilon E --delta D` first"):
         ledger.check("nobody", epsilon=1, delta=0)
     with pytest.raises(PlanRefusedError, match="no privacy cap"):
         _reserve(ledger, "x", "1", population="nobody")
@@ -349,9 +339,7 @@ def test_cli_set_cap_show_check(db: Path) -> None:
     assert _cli("check", POP, "--epsilon", "0.5", "--delta", "1e-6", "--db", str(db)).exit_code == 0
     res = _cli("check", POP, "--epsilon", "0.7", "--delta", "1e-6", "--db", str(db))
     assert res.exit_code == 2
-    assert res.stderr == (
-        f"error: population {POP!r}: spent ε=2.5 + planned ε=0.7 = 3.2 exceeds the cap ε_max=3.0\n"
-    )
+    assert res.stderr == (f"error: population {POP!r}: spent ε=2.5 + planned ε=0.7 = 3.2 exceeds the cap ε_max=3.0\n")
     res = _cli("set-cap", POP, "--epsilon", "-1", "--delta", "1e-5", "--db", str(db))
     assert res.exit_code == 2 and res.stderr.startswith("error: epsilon_max must be > 0")
 

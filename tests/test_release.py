@@ -39,9 +39,7 @@ def _artifacts(out):
 
 
 def _release(out, private_key, record=RECORD):
-    return rel.write_release(
-        output_dir=out, record=record, artifact_files=_artifacts(out), private_key=private_key
-    )
+    return rel.write_release(output_dir=out, record=record, artifact_files=_artifacts(out), private_key=private_key)
 
 
 def _edit_envelope(path, fn):
@@ -99,9 +97,7 @@ def test_tamper_artifact_byte(run_dir, keys):
     data = bytearray(f.read_bytes())
     data[5] ^= 1
     f.write_bytes(bytes(data))
-    _verify_fails(
-        path, keys[1], r"adapter/adapter_model\.safetensors: sha256 mismatch \(expected \w+…, found"
-    )
+    _verify_fails(path, keys[1], r"adapter/adapter_model\.safetensors: sha256 mismatch \(expected \w+…, found")
 
 
 def test_tamper_artifact_deleted(run_dir, keys):

@@ -62,9 +62,7 @@ def test_first_reply_matches_independent_join(pairs):
     for r in rows:
         if r["inbound"] == "False" and r["in_response_to_tweet_id"]:
             key = str(int(float(r["in_response_to_tweet_id"])))
-            replies.setdefault(key, []).append(
-                (datetime.strptime(r["created_at"], fmt), int(r["tweet_id"]), r["text"])
-            )
+            replies.setdefault(key, []).append((datetime.strptime(r["created_at"], fmt), int(r["tweet_id"]), r["text"]))
     expected = {
         r["tweet_id"]: min(replies[r["tweet_id"]])[2]
         for r in rows

@@ -39,9 +39,8 @@ def _cache_file() -> Path:
 
 
 def _cache_key(accountant, adjacency, q, steps, delta, target) -> str:
-    return "|".join(
-        [accountant.value, accountant_version(accountant), adjacency.value, repr(q), str(steps), repr(delta), repr(target)]
-    )
+    parts = [accountant.value, accountant_version(accountant), adjacency.value, repr(q), str(steps), repr(delta)]
+    return "|".join([*parts, repr(target)])
 
 
 def _cache_load() -> dict:
@@ -66,9 +65,43 @@ def _cache_hit(key: str, target: float) -> tuple[float, float] | None:
 
 
 def _cache_store(key: str, sigma: float, eps: float) -> None:
+    _cache_put(key, {"noise_multiplier": sigma, "epsilon": eps})
+
+
+def cached_epsilons(event: DpSgdEvent, delta: float, accountant: Accountant, points: list[int]) -> list[float]:
+    """:func:`epsilons` for intermediate checkpoints of a plan, cached on disk (progress display and budget only).
+
+    The final ε of a run is never read from this cache: the plan recomputes it.
+    """
+    accountant = Accountant(accountant)
+    key = "curve|" + "|".join(
+        [
+            accountant.value,
+            accountant_version(accountant),
+            event.adjacency.value,
+            repr(event.sample_rate),
+            repr(event.noise_multiplier),
+            repr(delta),
+            ",".join(map(str, points)),
+        ]
+    )
+    hit = _cache_load().get(key)
+    if (
+        isinstance(hit, list)
+        and len(hit) == len(points)
+        and all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in hit)
+    ):
+        return [float(v) for v in hit]
+    values = epsilons(event, delta, accountant, points)
+    if all(math.isfinite(v) for v in values):
+        _cache_put(key, values)
+    return values
+
+
+def _cache_put(key: str, value) -> None:
     try:
         data = _cache_load()
-        data[key] = {"noise_multiplier": sigma, "epsilon": eps}
+        data[key] = value
         path = _cache_file()
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".calibration.")
@@ -154,7 +187,11 @@ def calibrate(
             )
         except PlanRefusedError:
             start = 1.0
-    if accountant is not Accountant.RDP and eps_memo(start) <= target_epsilon and eps_memo(0.8 * start) > target_epsilon:
+    if (
+        accountant is not Accountant.RDP
+        and eps_memo(start) <= target_epsilon
+        and eps_memo(0.8 * start) > target_epsilon
+    ):
         lo, hi = 0.8 * start, start
     else:
         lo, hi = _bracket(eps_memo, target_epsilon, start, accountant, desc)
