@@ -38,6 +38,8 @@ class UnitClipping(str, enum.Enum):
 
 
 class Optimizer(str, enum.Enum):
+    """The torch optimiser that consumes the noised, normalised gradient (post-processing: no privacy effect)."""
+
     ADAMW = "adamw"
     ADAM = "adam"
     SGD = "sgd"

@@ -100,6 +100,7 @@ class UnitIndex:
 
     @property
     def num_units(self) -> int:
+        """N: protected units found in the data."""
         return len(self.records_of_unit)
 
     def stats(self) -> dict:

@@ -187,6 +187,7 @@ class StepAccountant:
 
     @property
     def steps(self) -> int:
+        """Logical steps accounted so far (T done)."""
         return sum(s for _, _, s in self.history)
 
     def step(self, optimizer: DPOptimizer) -> None:

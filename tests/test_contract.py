@@ -120,3 +120,17 @@ def test_every_shipped_contract_validates(path):
     """Every example contract in configs/ is valid and uses δ ≤ 1e-5."""
     c = load_contract(path)
     assert c.privacy.delta <= 1e-5
+
+
+def test_performance_flags_do_not_change_the_plan():
+    """physical_batch_size and threads are performance flags: the plan and its DpSgdEvent stay identical."""
+    from dplora.plan import make_plan
+
+    raw = _raw()
+    raw["privacy"]["num_units"] = 1000
+    base = make_plan(parse_contract(raw), num_units=1000, num_units_source="contract")
+    raw["training"]["physical_batch_size"] = 1
+    raw["training"]["threads"] = 2
+    other = make_plan(parse_contract(raw), num_units=1000, num_units_source="contract")
+    assert base.to_dict() == other.to_dict()
+    assert base.event == other.event
