@@ -279,3 +279,34 @@ def test_failure_while_signing_leaves_no_release(tmp_path, monkeypatch, tiny_mod
     assert failed["steps_done"] == 3 and failed["release"].startswith("none")
     assert not (partial / "release.dsse.json").exists()
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("unit", "key", "needle"), [("ticket", "ticket_id", "group privacy"), ("user", "customer_id", "whole customer")]
+)
+def test_unit_level_runs_label_the_unit(tmp_path, tiny_model_dir, signing_key, unit, key, needle):
+    """Ticket/user runs on multi-turn tickets count N over units and say what the unit covers in the record."""
+    from dplora.demo import write_tickets
+
+    data = tmp_path / "multi.csv"
+    summary = write_tickets(data, num_tickets=60, seed=2, max_turns=3)
+    n_units = summary["num_tickets"] if unit == "ticket" else summary["num_customers"]
+    result, out = _train(
+        tmp_path,
+        tiny_model_dir,
+        data,
+        signing_key,
+        privacy={"protected_unit": unit, "unit_key": key, "max_records_per_unit": 3},
+        training={"expected_batch_size": 4},
+    )
+    assert result.exit_code == 0, result.output
+    rec = _payload(out)["predicate"]
+    assert rec["privacy"]["protected_unit"] == unit and rec["privacy"]["unit_key"] == key
+    assert needle in rec["privacy"]["statement"]
+    assert rec["privacy"]["contribution_bound"]["max_records_per_unit"] == 3
+    assert rec["privacy"]["clipping"].startswith("per-unit: sum")
+    assert rec["accounting"]["num_units"] == n_units < summary["num_rows"]
+    assert rec["accounting"]["sample_rate"] == pytest.approx(4 / n_units)
+    assert "p95" not in json.dumps(rec) and "dropped_by_cap" not in json.dumps(rec)  # operator-only stats
+    if unit == "ticket":
+        assert "group privacy" in result.output
