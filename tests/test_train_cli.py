@@ -271,9 +271,17 @@ def test_failure_while_signing_leaves_no_release(tmp_path, monkeypatch, tiny_mod
     def boom(**_):
         raise OSError("disk full")
 
+    from dplora.ledger import Ledger
+
+    db = tmp_path / "ledger.sqlite3"
+    Ledger(db).set_cap("tickets", epsilon_max="100", delta_max="1e-3")
     monkeypatch.setattr(release, "write_release", boom)
-    result, out = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key)
+    result, out = _train(
+        tmp_path, tiny_model_dir, tickets_csv, signing_key, "--ledger", str(db), privacy={"population": "tickets"}
+    )
     assert result.exit_code == 4, result.output
+    (charge,) = Ledger(db).charges("tickets")  # private data was touched: the failed run stays charged
+    assert charge.status == "failed" and float(charge.epsilon) > 0
     partial = out.with_name(out.name + ".partial")
     failed = json.loads((partial / "FAILED.json").read_text())
     assert failed["steps_done"] == 3 and failed["release"].startswith("none")
