@@ -67,11 +67,35 @@ def plan_for(contract: Contract, unit_index: data_mod.UnitIndex | None) -> Train
 def _prepare_output(contract: Contract, overwrite: bool) -> tuple[Path, Path]:
     out = Path(contract.training.output_dir)
     staging = out.with_name(out.name + ".partial")
+    if out.exists() and not out.is_dir():
+        raise BadInputError(f"output path {out} exists and is not a folder")
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise BadInputError(f"output folder {out} exists and is not empty; choose another or pass --overwrite")
-    if out.exists() and not out.is_dir():
-        raise BadInputError(f"output path {out} is a file")
     return out, staging
+
+
+def _lock_output(out: Path):
+    """Hold an exclusive lock on ``<output_dir>.lock`` for the run (released when the process ends).
+
+    Raises:
+        BadInputError: another run is writing to the same output folder.
+    """
+    import fcntl
+
+    lock_path = out.with_name(out.name + ".lock")
+    try:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(lock_path, "a")  # noqa: SIM115 - held open for the whole run
+    except OSError as err:
+        raise BadInputError(f"cannot create {lock_path}: {err.strerror}") from None
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise BadInputError(
+            f"another dplora train is writing to {out}; wait for it or choose another output_dir"
+        ) from None
+    return handle
 
 
 def _write_json(path: Path, obj) -> None:
@@ -156,6 +180,33 @@ def run_training(
     table = data_mod.load_table(contract)
     unit_index = data_mod.build_unit_index(table, contract.privacy, seed=contract.training.seed)
     plan = plan_for(contract, unit_index)
+    lock = _lock_output(out)
+    try:
+        _prepare_output(contract, overwrite)  # re-check under the lock: another run may have finished meanwhile
+        return _run_locked(
+            contract,
+            out,
+            staging,
+            table,
+            unit_index,
+            plan,
+            private_key,
+            key,
+            ledger_path,
+            threads,
+            progress,
+            tuning_trial,
+            log,
+        )
+    finally:
+        Path(lock.name).unlink(missing_ok=True)
+        lock.close()
+
+
+def _run_locked(
+    contract, out, staging, table, unit_index, plan, private_key, key, ledger_path, threads, progress, tuning_trial, log
+) -> RunResult:
+    """The run proper, holding the output lock: ledger check, model, privatise, loop, release."""
     for warning in plan.warnings:
         log(f"warning: {warning}")
     if contract.privacy.protected_unit is ProtectedUnit.TICKET:

@@ -318,3 +318,26 @@ def test_unit_level_runs_label_the_unit(tmp_path, tiny_model_dir, signing_key, u
     assert "p95" not in json.dumps(rec) and "dropped_by_cap" not in json.dumps(rec)  # operator-only stats
     if unit == "ticket":
         assert "group privacy" in result.output
+
+
+def test_concurrent_run_into_the_same_output_is_refused(tmp_path, tiny_model_dir, tickets_csv, signing_key):
+    """While one run holds <output_dir>.lock, a second run into the same folder exits 2 and touches nothing."""
+    from dplora.train import _lock_output
+
+    lock = _lock_output(tmp_path / "run")
+    try:
+        result, out = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key)
+    finally:
+        lock.close()
+    assert result.exit_code == 2 and "another dplora train" in result.output
+    assert not out.exists() and not out.with_name("run.partial").exists()
+    result, out = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key)
+    assert result.exit_code == 0, result.output
+    assert not (tmp_path / "run.lock").exists()
+
+
+def test_output_path_that_is_a_file(tmp_path, tiny_model_dir, tickets_csv, signing_key):
+    (tmp_path / "run").write_text("not a folder")
+    result, _ = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key)
+    assert result.exit_code == 2 and "not a folder" in result.output
+    assert (tmp_path / "run").read_text() == "not a folder"
