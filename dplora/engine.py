@@ -150,7 +150,7 @@ class UnitDPOptimizer(DPOptimizer):
         """Clip each unit's vector to C (flat L2 over all trainable tensors) and sum over units into summed_grad."""
         grads = self._unit_grads
         if self.unit_mean and len(self._unit_counts):
-            scale = (1.0 / self._unit_counts.clamp(min=1.0)).to(grads[0].dtype)
+            scale = (1.0 / self._unit_counts.clamp(min=1.0)).to(device=grads[0].device, dtype=grads[0].dtype)
             grads = [g * scale.view(-1, *([1] * (g.dim() - 1))) for g in grads]
         num_units = grads[0].shape[0] if grads else 0
         if num_units == 0:
@@ -228,7 +228,7 @@ def make_private(model: torch.nn.Module, optimizer, *, plan, unit_mean: bool):
         noise_multiplier=plan.noise_multiplier,
         max_grad_norm=plan.max_grad_norm,
         expected_batch_size=plan.expected_batch_size,
-        generator=os_entropy_generator(),
+        generator=os_entropy_generator(next((p.device for p in model.parameters() if p.requires_grad), "cpu")),
         unit_mean=unit_mean,
     )
     accountant = StepAccountant(plan.noise_multiplier, plan.sample_rate)
