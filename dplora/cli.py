@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from dplora.errors import DploraError
+from dplora.errors import BadInputError, DploraError
 
 app = typer.Typer(
     help="Differentially private LoRA fine-tuning from a declared privacy contract, with a signed release record.",
@@ -63,6 +63,8 @@ def budget(
     from dplora import budget as budget_mod
 
     t0 = time.perf_counter()
+    if plot is not None and plot.suffix.lower() != ".png":
+        raise _fail(BadInputError(f"--plot {plot}: the plot is a PNG file; use a name ending in .png"))
     try:
         report = budget_mod.budget_report(config, overrides or [], ledger_path=ledger, sweep=sweep)
         if plot is not None:
@@ -97,9 +99,15 @@ def train(
     ] = False,
 ) -> None:
     """Fine-tune LoRA adapters with DP-SGD under the contract and write a signed release."""
+    import signal
+
     from dplora.contract import load_contract
     from dplora.train import run_training
 
+    def _terminate(signum, _frame):  # SIGTERM (CI cancel) is handled like Ctrl-C: FAILED.json, ledger settled
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         contract = load_contract(config, overrides or [])
         result = run_training(
@@ -115,6 +123,9 @@ def train(
         )
     except DploraError as err:
         raise _fail(err) from None
+    except KeyboardInterrupt:
+        console.print("error: interrupted; no release was written (see <output_dir>.partial/FAILED.json)")
+        raise typer.Exit(code=130) from None
     p = result.plan
     _log(
         f"done: {result.steps_done}/{p.steps} steps ({result.empty_steps} empty), ε={result.epsilon_spent:.4f} "
@@ -152,6 +163,8 @@ def verify(
     """Check a release: signature, artifact digests, and (with --data/--data-key) the keyed data digest."""
     from dplora.release import load_data_key, verify_release
 
+    if data_key is not None and not data:
+        raise _fail(BadInputError("--data-key needs --data FILE: the data file(s) whose keyed digest to check"))
     try:
         key = load_data_key(data_key) if data else None
         statement = verify_release(release_path, public_key, data_files=data or None, data_key=key)

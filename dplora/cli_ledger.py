@@ -27,7 +27,9 @@ ledger_app = typer.Typer(
 
 DbOpt = Annotated[
     Path | None,
-    typer.Option("--db", help="Ledger file [default: $DPLORA_LEDGER, else $XDG_DATA_HOME/dplora/ledger.sqlite3]"),
+    typer.Option(
+        "--db", "--ledger", help="Ledger file [default: $DPLORA_LEDGER, else $XDG_DATA_HOME/dplora/ledger.sqlite3]"
+    ),
 ]
 EpsOpt = Annotated[str, typer.Option("--epsilon", help="ε (unitless), e.g. 3.0")]
 DeltaOpt = Annotated[str, typer.Option("--delta", help="δ (probability), e.g. 1e-6")]

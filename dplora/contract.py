@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import math
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -45,8 +46,11 @@ class Optimizer(str, enum.Enum):
     SGD = "sgd"
 
 
-PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-PositiveInt = Annotated[int, Field(gt=0, strict=False)]
+# Strict numbers: YAML `true`, quoted "3" or 2.0 for a count are errors, not silently coerced.
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)]
+PositiveInt = Annotated[int, Field(gt=0, strict=True)]
+MAX_STEPS = 1_000_000
+NonEmptyStr = Annotated[str, Field(min_length=1, strict=True)]
 
 
 class _Section(BaseModel):
@@ -57,10 +61,10 @@ class PrivacySection(_Section):
     """What is protected and how much: the part of the contract that feeds the accountant."""
 
     protected_unit: ProtectedUnit
-    unit_key: str | None = None
+    unit_key: NonEmptyStr | None = None
     adjacency: Adjacency
     target_epsilon: PositiveFloat
-    delta: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
+    delta: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False, strict=True)]
     accountant: Accountant = Accountant.PRV
     num_units: PositiveInt | None = None
     max_grad_norm: PositiveFloat
@@ -68,7 +72,7 @@ class PrivacySection(_Section):
     noise_multiplier: PositiveFloat | None = None
     max_records_per_unit: PositiveInt | None = None
     unit_clipping: UnitClipping = UnitClipping.SUM
-    population: str | None = None
+    population: NonEmptyStr | None = None
 
     @model_validator(mode="after")
     def _unit_key_matches_unit(self) -> PrivacySection:
@@ -85,8 +89,8 @@ class PrivacySection(_Section):
 class ModelSection(_Section):
     """The base model: a packaged name, a local Hugging Face folder, or a .gguf file."""
 
-    name: str | None = None
-    path: str | None = None
+    name: NonEmptyStr | None = None
+    path: NonEmptyStr | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSection:
@@ -100,11 +104,11 @@ class ModelSection(_Section):
 class DataSection(_Section):
     """Training data read through ``datasets``: csv, jsonl or parquet; a text column or prompt/response columns."""
 
-    path: str
+    path: NonEmptyStr
     format: Literal["auto", "csv", "jsonl", "parquet"] = "auto"
-    text_column: str | None = None
-    prompt_column: str | None = None
-    response_column: str | None = None
+    text_column: NonEmptyStr | None = None
+    prompt_column: NonEmptyStr | None = None
+    response_column: NonEmptyStr | None = None
 
     @model_validator(mode="after")
     def _columns(self) -> DataSection:
@@ -122,7 +126,7 @@ class LoraSection(_Section):
 
     r: PositiveInt = 8
     alpha: PositiveFloat = 16.0
-    dropout: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.0
+    dropout: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False, strict=True)] = 0.0
     target_modules: tuple[str, ...] = ("q_proj", "v_proj")
 
     @field_validator("target_modules")
@@ -139,12 +143,12 @@ class TrainingSection(_Section):
     expected_batch_size: PositiveInt
     physical_batch_size: PositiveInt = 8
     epochs: PositiveFloat | None = None
-    steps: PositiveInt | None = None
+    steps: Annotated[int, Field(gt=0, le=MAX_STEPS, strict=True)] | None = None
     lr: PositiveFloat = 2e-3
     optimizer: Optimizer = Optimizer.ADAMW
-    max_seq_len: PositiveInt = 64
-    seed: int = 0
-    output_dir: str = "runs/dplora"
+    max_seq_len: Annotated[int, Field(gt=1, le=8192, strict=True)] = 64
+    seed: Annotated[int, Field(ge=0, lt=2**63, strict=True)] = 0
+    output_dir: NonEmptyStr = "runs/dplora"
     threads: PositiveInt | None = None
 
     @model_validator(mode="after")
@@ -173,9 +177,35 @@ class Contract(_Section):
         return hashlib.sha256(self.to_yaml().encode("utf-8")).hexdigest()
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (YAML would silently keep the last one)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise BadInputError(
+                    f"contract: duplicate key {key!r} at line {key_node.start_mark.line + 1}; each key may appear once"
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.1 reads 1e-3 (no dot) as a string; accept it as a float, as users write learning rates and deltas.
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)"
+        r"|\.[0-9_]+(?:[eE][-+][0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+0123456789."),
+)
+
+
 def _parse_value(text: str) -> Any:
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError:
         return text
 
@@ -262,7 +292,7 @@ def load_contract(path: str | Path, overrides: list[str] | None = None) -> Contr
     except (OSError, UnicodeDecodeError) as err:
         raise BadInputError(f"cannot read contract {path}: {err.__class__.__name__}") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

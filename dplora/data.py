@@ -52,7 +52,7 @@ def load_table(contract: Contract):
     import datasets
 
     datasets.disable_progress_bars()
-    logging.getLogger("datasets").setLevel(logging.ERROR)
+    logging.getLogger("datasets").setLevel(logging.CRITICAL)  # its parse errors can quote rows: never log them
     path = Path(contract.data.path)
     if not path.is_file():
         raise BadInputError(f"data file not found: {path}")
@@ -73,7 +73,21 @@ def load_table(contract: Contract):
         raise BadInputError(
             f"data file {path} has no column {missing[0]!r}; columns are: {', '.join(table.column_names)}"
         )
+    for column in required_columns(contract):
+        _check_cells(table[column], column, path)
     return table
+
+
+def _check_cells(values, column: str, path: Path) -> None:
+    """Every cell of a used column must be non-empty text (or a number); names rows, never contents."""
+    bad = [i for i, v in enumerate(values) if v is None or (isinstance(v, str) and not v.strip())]
+    if bad:
+        rows = ", ".join(str(i + 1) for i in bad[:5])
+        raise BadInputError(f"data file {path}: column {column!r} has {len(bad)} empty cells (data rows {rows})")
+    odd = [i for i, v in enumerate(values) if not isinstance(v, str | int | float) or isinstance(v, bool)]
+    if odd:
+        rows = ", ".join(str(i + 1) for i in odd[:5])
+        raise BadInputError(f"data file {path}: column {column!r} has {len(odd)} non-text cells (data rows {rows})")
 
 
 def _csv_has_no_rows(path: Path) -> bool:
@@ -198,7 +212,7 @@ def tokenize_records(table, tokenizer, contract: Contract) -> list[tuple[list[in
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
 
     def enc(texts):
-        return tokenizer([str(t) if t is not None else "" for t in texts], add_special_tokens=False)["input_ids"]
+        return tokenizer([str(t) for t in texts], add_special_tokens=False)["input_ids"]
 
     out = []
     if data.text_column:
@@ -206,7 +220,7 @@ def tokenize_records(table, tokenizer, contract: Contract) -> list[tuple[list[in
             ids = (ids + eos)[:max_len]
             out.append((ids, list(ids)))
         return out
-    prompts = enc([f"{p}\n" for p in table[data.prompt_column]])
+    prompts = enc([f"{p}\n" for p in table[data.prompt_column]])  # cells are checked non-empty at load
     responses = enc(table[data.response_column])
     for p, r in zip(prompts, responses, strict=True):
         r = r + eos

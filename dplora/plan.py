@@ -22,9 +22,10 @@ from dplora.accounting import (
     epsilons,
 )
 from dplora.accounting.calibration import cached_epsilons, calibrate
-from dplora.contract import Contract, ProtectedUnit
+from dplora.contract import MAX_STEPS, Contract, ProtectedUnit
 from dplora.errors import BadInputError, PlanRefusedError
 
+RDP_CURVE_MAX_POINTS = 20_000  # RDP: every step up to this T, else this many checkpoints
 CURVE_POINTS_SLOW = 4  # ε checkpoints for PRV/PLD (25/50/75/100 % of T, each an accountant call); RDP: every step
 
 
@@ -128,9 +129,10 @@ def check_delta(delta: float, num_units: int) -> list[str]:
 
 
 def _curve_steps(steps: int, accountant: Accountant) -> list[int]:
-    if accountant is Accountant.RDP or steps <= CURVE_POINTS_SLOW:
+    points = CURVE_POINTS_SLOW if accountant is not Accountant.RDP else RDP_CURVE_MAX_POINTS
+    if steps <= points:
         return list(range(1, steps + 1))
-    return sorted({math.ceil(steps * k / CURVE_POINTS_SLOW) for k in range(1, CURVE_POINTS_SLOW + 1)})
+    return sorted({math.ceil(steps * k / points) for k in range(1, points + 1)})
 
 
 def _sigma_and_curve(contract: Contract, q: float, steps: int, accountant: Accountant):
@@ -183,6 +185,8 @@ def make_plan(contract: Contract, *, num_units: int, num_units_source: str) -> T
     q = batch / num_units
     warnings = check_delta(privacy.delta, num_units)
     steps = planned_steps(contract, num_units)
+    if steps > MAX_STEPS:
+        raise PlanRefusedError(f"T={steps} logical steps is above the supported {MAX_STEPS}; lower training.epochs")
     accountant, note = privacy.accountant, None
     try:
         sigma, source, curve = _sigma_and_curve(contract, q, steps, accountant)

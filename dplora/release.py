@@ -387,6 +387,18 @@ def _check_data(predicate, data_files: list[Path], data_key: bytes) -> None:
             raise VerificationError(f"{p.name}: data HMAC mismatch (wrong data file or wrong data key)")
 
 
+UNSIGNED_BY_DESIGN = ("metrics.jsonl",)  # per-step training log beside the release; never part of it
+
+
+def _check_no_unsigned_files(folder: Path, signed: set[str], envelope_name: str) -> None:
+    """Refuse files the signature does not cover (an extra file in adapter/ would be loaded by peft)."""
+    allowed = signed | {envelope_name, *UNSIGNED_BY_DESIGN}
+    for p in sorted(folder.rglob("*")):
+        name = p.relative_to(folder).as_posix()
+        if p.is_file() and name not in allowed:
+            raise VerificationError(f"{name}: file is not covered by the signature (remove it or re-release)")
+
+
 def verify_release(
     release_path: Path, public_key, *, data_files: list[Path] | None = None, data_key: bytes | None = None
 ) -> dict:
@@ -426,6 +438,7 @@ def verify_release(
         raise VerificationError("statement has no subjects")
     for subject in statement["subject"]:
         _check_subject(path.parent, subject)
+    _check_no_unsigned_files(path.parent, {s["name"] for s in statement["subject"]}, path.name)
     if data_files:
         _check_data(statement.get("predicate"), data_files, data_key)
     return statement

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import os
 import shutil
 import time
 import uuid
@@ -71,6 +72,11 @@ def _prepare_output(contract: Contract, overwrite: bool) -> tuple[Path, Path]:
         raise BadInputError(f"output path {out} exists and is not a folder")
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise BadInputError(f"output folder {out} exists and is not empty; choose another or pass --overwrite")
+    parent = out.resolve().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise BadInputError(f"cannot create output folder {out}: {parent} is not a writable folder")
     return out, staging
 
 
@@ -227,11 +233,11 @@ def _run_locked(
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
     n_threads = threads or contract.training.threads or engine.free_threads()
     torch.set_num_threads(n_threads)
+    model, tokenizer, device = _setup_model(contract, log)
     log(
         f"threads: {n_threads}; N={plan.num_units} units, q={plan.sample_rate:.4g}, T={plan.steps}, "
         f"σ={plan.noise_multiplier:.4f}, ε={plan.epsilon:.4f} ({plan.accountant.value})"
     )
-    model, tokenizer, device = _setup_model(contract, log)
     examples = data_mod.tokenize_records(table, tokenizer, contract)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
@@ -326,6 +332,11 @@ def _write_outputs(contract, plan, gsm, staging, run_id, started, epsilon_spent,
     staging = staging.resolve()
     adapter_dir = staging / "adapter"
     gsm._module.save_pretrained(adapter_dir)
+    (adapter_dir / "README.md").unlink(missing_ok=True)  # peft's generated card names the local base-model path
+    config_path = adapter_dir / "adapter_config.json"
+    adapter_config = json.loads(config_path.read_text())
+    adapter_config["base_model_name_or_path"] = contract.model.name or Path(contract.model.path).name
+    config_path.write_text(json.dumps(adapter_config, indent=2, sort_keys=True) + "\n")
     (staging / "contract.yaml").write_text(contract.to_yaml())
     artifacts = sorted(p for p in adapter_dir.rglob("*") if p.is_file()) + [staging / "contract.yaml"]
     record = build_record(

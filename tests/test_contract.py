@@ -134,3 +134,39 @@ def test_performance_flags_do_not_change_the_plan():
     other = make_plan(parse_contract(raw), num_units=1000, num_units_source="contract")
     assert base.to_dict() == other.to_dict()
     assert base.event == other.event
+
+
+def test_duplicate_keys_are_refused(tmp_path):
+    """A reviewer reads the first value; YAML would keep the last: duplicates are an error naming the line."""
+    path = tmp_path / "dup.yaml"
+    text = yaml.safe_dump(_raw()).replace("target_epsilon: 8.0", "target_epsilon: 1.0\n  target_epsilon: 50.0")
+    path.write_text(text)
+    with pytest.raises(BadInputError, match="duplicate key 'target_epsilon'"):
+        load_contract(path)
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "training.steps=true",
+        "training.steps='3'",
+        "training.expected_batch_size=2.0",
+        "privacy.target_epsilon='3'",
+        "privacy.population=''",
+        "training.output_dir=''",
+        "training.steps=100000000",
+        "training.seed=-1",
+    ],
+)
+def test_no_silent_coercion(tmp_path, override):
+    """Booleans, quoted numbers, floats for counts, empty names and absurd step counts are errors."""
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(_raw()))
+    with pytest.raises(BadInputError):
+        load_contract(path, [override])
+
+
+def test_scientific_notation_without_dot_is_a_number(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(_raw()).replace("lr: 0.01", "lr: 1e-3"))
+    assert load_contract(path).training.lr == pytest.approx(1e-3)

@@ -300,3 +300,26 @@ def test_plan_to_dict_is_json():
     assert d["accountant"] == "rdp" and d["adjacency"] == "add_remove" and d["protected_unit"] == "row"
     assert d["event"]["sample_rate"] == 0.032 and d["event"]["steps"] == 24
     assert math.isclose(d["epsilon"], p.epsilon)
+
+
+def test_absurd_epochs_are_refused_at_plan_time():
+    """T above the supported maximum (10^6) is refused before any accountant work."""
+    from dplora.contract import parse_contract
+    from dplora.errors import PlanRefusedError
+    from dplora.plan import make_plan
+
+    raw = {
+        "privacy": {
+            "protected_unit": "row",
+            "adjacency": "add_remove",
+            "target_epsilon": 8,
+            "delta": 1e-7,
+            "accountant": "rdp",
+            "max_grad_norm": 1.0,
+        },
+        "model": {"path": "/m"},
+        "data": {"path": "d.csv", "text_column": "text"},
+        "training": {"expected_batch_size": 1, "epochs": 1000},
+    }
+    with pytest.raises(PlanRefusedError, match="above the supported"):
+        make_plan(parse_contract(raw), num_units=10_000, num_units_source="data")

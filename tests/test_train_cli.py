@@ -341,3 +341,24 @@ def test_output_path_that_is_a_file(tmp_path, tiny_model_dir, tickets_csv, signi
     result, _ = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key)
     assert result.exit_code == 2 and "not a folder" in result.output
     assert (tmp_path / "run").read_text() == "not a folder"
+
+
+@pytest.mark.parametrize("extra", ["adapter/extra.bin", "notes.txt"])
+def test_unsigned_extra_file_fails_verify(tmp_path, finished_run, signing_key, extra):
+    """A file the signature does not cover (peft would load one in adapter/) → exit 3 naming it."""
+    import shutil
+
+    _, out = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    (copy / extra).write_text("x")
+    check = runner.invoke(app, ["verify", str(copy), "--public-key", str(signing_key[1])])
+    assert check.exit_code == 3 and extra in check.output
+
+
+def test_adapter_config_has_no_local_paths(finished_run, tiny_model_dir):
+    """The released adapter config names the base model, not a local absolute path."""
+    _, out = finished_run
+    config = json.loads((out / "adapter" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == tiny_model_dir.name
+    assert all(str(tiny_model_dir) not in p.read_text(errors="ignore") for p in (out / "adapter").iterdir())
