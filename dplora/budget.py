@@ -13,6 +13,17 @@ SWEEP_BATCH_FACTORS = (0.5, 1, 2, 4)
 SWEEP_EPOCH_FACTORS = (0.5, 1, 2)
 
 
+def _unit_note(plan: TrainingPlan) -> str:
+    """What the guarantee covers, as the release record states it."""
+    match plan.protected_unit.value:
+        case "row":
+            return "row-level: bounds one record, not a ticket or a customer"
+        case "ticket":
+            return "ticket-level: a customer with k tickets is protected only by group privacy (about k·ε)"
+        case _:
+            return "user-level: bounds everything one customer contributed"
+
+
 def _eps_at_fraction(plan: TrainingPlan, frac: float) -> dict:
     step = max(1, math.ceil(plan.steps * frac)) if plan.steps else 0
     return {"step": step, "epsilon": plan.epsilon_at(step)}
@@ -58,6 +69,7 @@ def budget_report(config: Path, overrides: list[str], *, ledger_path: Path | Non
         "accountant_note": plan.accountant_note,
         "adjacency": plan.adjacency.value,
         "warnings": list(plan.warnings),
+        "unit_note": _unit_note(plan),
         "epsilon_curve": [list(p) for p in plan.epsilon_curve],
     }
     if unit_index is not None:
@@ -187,6 +199,7 @@ def print_report(report: dict, console) -> None:
         )
     t.add_row("planning time", f"{report.get('seconds', 0):.2f} s")
     console.print(t)
+    console.print(f"note: {report['unit_note']}", markup=False)
     for w in report["warnings"]:
         console.print(f"warning: {w}", markup=False)
     if "sweep" in report:

@@ -278,3 +278,16 @@ def test_real_process_stderr_is_one_line(config):
     assert proc.stdout == ""
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_budget_states_what_the_unit_covers(config):
+    """The budget says what each unit protects; ticket-level carries the group-privacy caveat."""
+    rows = [(f"t{u}", f"question {u} {r}", f"answer {r}") for u in range(40) for r in range(1 + u % 3)]
+    _write_csv(Path("data.csv"), rows)
+    common = ["privacy.num_units=null", "privacy.noise_multiplier=1", "privacy.target_epsilon=50"]
+    row = budget_json(config, *common)
+    assert row["unit_note"].startswith("row-level") and "not a ticket or a customer" in row["unit_note"]
+    ticket = budget_json(
+        config, *common, "privacy.protected_unit=ticket", "privacy.unit_key=user_id", "training.expected_batch_size=4"
+    )
+    assert "group privacy" in ticket["unit_note"]
