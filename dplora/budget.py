@@ -8,20 +8,10 @@ from pathlib import Path
 from dplora.contract import load_contract
 from dplora.errors import BadInputError
 from dplora.plan import TrainingPlan
+from dplora.record import unit_statement
 
 SWEEP_BATCH_FACTORS = (0.5, 1, 2, 4)
 SWEEP_EPOCH_FACTORS = (0.5, 1, 2)
-
-
-def _unit_note(plan: TrainingPlan) -> str:
-    """What the guarantee covers, as the release record states it."""
-    match plan.protected_unit.value:
-        case "row":
-            return "row-level: bounds one record, not a ticket or a customer"
-        case "ticket":
-            return "ticket-level: a customer with k tickets is protected only by group privacy (about k·ε)"
-        case _:
-            return "user-level: bounds everything one customer contributed"
 
 
 def _eps_at_fraction(plan: TrainingPlan, frac: float) -> dict:
@@ -69,7 +59,7 @@ def budget_report(config: Path, overrides: list[str], *, ledger_path: Path | Non
         "accountant_note": plan.accountant_note,
         "adjacency": plan.adjacency.value,
         "warnings": list(plan.warnings),
-        "unit_note": _unit_note(plan),
+        "unit_note": f"{plan.protected_unit.value}-level: {unit_statement(plan.protected_unit)}",
         "epsilon_curve": [list(p) for p in plan.epsilon_curve],
     }
     if unit_index is not None:

@@ -52,16 +52,26 @@ def unit_guarantee(contract: Contract) -> dict:
             "note": "compute bound only; privacy comes from the per-unit clip",
         },
     }
-    if unit is ProtectedUnit.ROW:
-        out["statement"] = "bounds what one data row reveals; NOT a ticket-level or customer-level guarantee"
-    elif unit is ProtectedUnit.TICKET:
-        out["statement"] = (
-            "bounds what one whole ticket reveals; a customer with k tickets is protected only by group privacy, "
-            "about k·ε; use protected_unit: user for customer-level protection"
-        )
-    else:
-        out["statement"] = "bounds what one whole customer (all of their records) reveals"
+    out["statement"] = unit_statement(unit)
     return out
+
+
+def unit_statement(unit: ProtectedUnit) -> str:
+    """The guarantee in words, as the release record, ``budget`` and ``train`` all state it."""
+    match ProtectedUnit(unit):
+        case ProtectedUnit.ROW:
+            return (
+                "bounds what one data row reveals, not a ticket or a customer: "
+                "NOT a ticket-level or customer-level guarantee"
+            )
+        case ProtectedUnit.TICKET:
+            return (
+                "bounds what one whole ticket reveals; a customer with k tickets is protected only by group "
+                "privacy, about k·ε; use protected_unit: user for customer-level protection"
+            )
+        case ProtectedUnit.USER:
+            return "bounds what one whole customer (all of their records) reveals"
+    raise ValueError(f"unknown protected_unit={unit!r}")  # pragma: no cover
 
 
 def build_record(

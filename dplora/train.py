@@ -21,10 +21,10 @@ from pathlib import Path
 
 from dplora import data as data_mod
 from dplora import release
-from dplora.contract import Contract, ProtectedUnit
+from dplora.contract import Contract, ProtectedUnit, UnitClipping
 from dplora.errors import BadInputError, DploraError, TrainingFailedError
 from dplora.plan import TrainingPlan, make_plan
-from dplora.record import build_record
+from dplora.record import build_record, unit_statement
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -216,7 +216,7 @@ def _run_locked(
     for warning in plan.warnings:
         log(f"warning: {warning}")
     if contract.privacy.protected_unit is ProtectedUnit.TICKET:
-        log("note: ticket-level DP; a customer with k tickets is protected only by group privacy (about k·ε)")
+        log(f"note: ticket-level DP {unit_statement(ProtectedUnit.TICKET)}")
     ledger = None
     if contract.privacy.population:
         from dplora.ledger import Ledger, default_ledger_path
@@ -243,8 +243,6 @@ def _run_locked(
     if not named:
         raise BadInputError("no trainable parameters: check lora.target_modules")
     optimizer = _make_optimizer(contract, [p for _, p in named])
-    from dplora.contract import UnitClipping
-
     gsm, dp_opt, accountant = engine.make_private(
         model, optimizer, plan=plan, unit_mean=contract.privacy.unit_clipping is UnitClipping.MEAN
     )
