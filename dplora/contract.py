@@ -53,6 +53,15 @@ MAX_STEPS = 1_000_000
 NonEmptyStr = Annotated[str, Field(min_length=1, strict=True)]
 
 
+class Precision(str, enum.Enum):
+    """Dtype of the frozen base weights. LoRA parameters, per-example gradients, clipping, noise and the optimiser
+    state stay fp32 in every mode. ``auto``: bf16 on a GPU that supports it, fp32 on CPU."""
+
+    AUTO = "auto"
+    BF16 = "bf16"
+    FP32 = "fp32"
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False)
 
@@ -91,6 +100,8 @@ class ModelSection(_Section):
 
     name: NonEmptyStr | None = None
     path: NonEmptyStr | None = None
+    dtype: Precision = Precision.AUTO
+    allow_tf32: Annotated[bool, Field(strict=True)] | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSection:

@@ -67,17 +67,43 @@ def free_threads() -> int:
     return max(1, cores - int(busy + 0.5))
 
 
-def collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad (input_ids, labels) pairs into tensors of shape (B, L) tokens; pad labels are −100."""
+def collate(
+    examples: list[tuple[list[int], list[int]]], pad_id: int, device: torch.device | str = "cpu"
+) -> dict[str, torch.Tensor]:
+    """Right-pad (input_ids, labels) pairs into tensors of shape (B, L) tokens on ``device``; pad labels are −100.
+
+    Built in numpy and copied to ``device`` once per tensor (one host-to-device copy, no per-row copies).
+    """
+    import numpy as np
+
     width = max(len(ids) for ids, _ in examples)
-    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
-    mask = torch.zeros((len(examples), width), dtype=torch.long)
+    ids = np.full((len(examples), width), pad_id, dtype=np.int64)
+    labels = np.full((len(examples), width), IGNORE_INDEX, dtype=np.int64)
+    mask = np.zeros((len(examples), width), dtype=np.int64)
     for i, (x, y) in enumerate(examples):
-        ids[i, : len(x)] = torch.tensor(x)
-        labels[i, : len(y)] = torch.tensor(y)
+        ids[i, : len(x)] = x
+        labels[i, : len(y)] = y
         mask[i, : len(x)] = 1
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    return {
+        "input_ids": torch.as_tensor(ids, device=device),
+        "attention_mask": torch.as_tensor(mask, device=device),
+        "labels": torch.as_tensor(labels, device=device),
+    }
+
+
+def parameter_device(model: torch.nn.Module) -> torch.device:
+    """The device of the first trainable parameter (every tensor the engine creates goes there)."""
+    return next((p.device for p in model.parameters() if p.requires_grad), torch.device("cpu"))
+
+
+def noise_generator_name(device: torch.device | str) -> str:
+    """The Gaussian noise generator in words, for the release record (torch's generator per device type)."""
+    kind = torch.device(device).type
+    algorithm = "Philox4x32-10" if kind == "cuda" else "Mersenne Twister (mt19937)"
+    return (
+        f"torch.Generator(device={kind!r}) [{algorithm}], seeded with 63 bits from Python's secrets (OS entropy); "
+        "torch.normal (Box-Muller) in fp32"
+    )
 
 
 def per_sequence_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -126,7 +152,8 @@ class UnitDPOptimizer(DPOptimizer):
     def begin_logical_step(self, num_units: int) -> None:
         """Allocate one zero gradient vector per sampled unit: shapes (U, *p.shape)."""
         self._unit_grads = [torch.zeros((num_units, *p.shape), dtype=p.dtype, device=p.device) for p in self.params]
-        self._unit_counts = torch.zeros(num_units, dtype=torch.float64)
+        device = self.params[0].device if self.params else torch.device("cpu")
+        self._unit_counts = torch.zeros(num_units, dtype=torch.float32, device=device)
 
     def accumulate(self, unit_of_row: torch.Tensor) -> None:
         """Add this physical batch's per-record gradients into their units' vectors; clears ``grad_sample``.
@@ -137,14 +164,17 @@ class UnitDPOptimizer(DPOptimizer):
         Raises:
             TrainingFailedError: a trainable tensor got no per-sample gradient.
         """
+        unit_of_row = unit_of_row.to(self._unit_counts.device, non_blocking=True)  # one copy, not one per tensor
         for p, buf in zip(self.params, self._unit_grads, strict=True):
             gs = getattr(p, "grad_sample", None)
             if gs is None:
                 raise TrainingFailedError(f"a trainable tensor of shape {tuple(p.shape)} got no per-sample gradient")
             gs = torch.cat(gs, dim=0) if isinstance(gs, list) else gs
-            buf.index_add_(0, unit_of_row.to(buf.device), gs.to(buf.dtype))
+            buf.index_add_(0, unit_of_row, gs.to(buf.dtype))
             p.grad_sample = None
-        self._unit_counts.index_add_(0, unit_of_row, torch.ones(len(unit_of_row), dtype=torch.float64))
+        self._unit_counts.index_add_(
+            0, unit_of_row, torch.ones(len(unit_of_row), dtype=torch.float32, device=unit_of_row.device)
+        )
 
     def clip_and_accumulate(self) -> None:
         """Clip each unit's vector to C (flat L2 over all trainable tensors) and sum over units into summed_grad."""
@@ -154,7 +184,7 @@ class UnitDPOptimizer(DPOptimizer):
             grads = [g * scale.view(-1, *([1] * (g.dim() - 1))) for g in grads]
         num_units = grads[0].shape[0] if grads else 0
         if num_units == 0:
-            norms = torch.zeros(0)
+            norms = torch.zeros(0, device=self._unit_counts.device)
         else:
             norms = torch.stack([g.reshape(num_units, -1).norm(2, dim=1) for g in grads], dim=1).norm(2, dim=1)
         factor = (self.max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
@@ -242,7 +272,8 @@ def probe_per_sample_gradients(gsm: GradSampleModule, named_trainable: list[tupl
     Raises:
         TrainingFailedError: naming the first tensor that got none (cases T2).
     """
-    batch = collate([([1, 2, 3, 4], [1, 2, 3, 4]), ([5, 6, 7], [5, 6, 7])], pad_id=0)
+    device = next((p.device for _, p in named_trainable), torch.device("cpu"))
+    batch = collate([([1, 2, 3, 4], [1, 2, 3, 4]), ([5, 6, 7], [5, 6, 7])], pad_id=0, device=device)
     per_sequence_loss(gsm, batch).sum().backward()
     missing = [n for n, p in named_trainable if getattr(p, "grad_sample", None) is None]
     for _, p in named_trainable:

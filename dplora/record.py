@@ -85,6 +85,7 @@ def build_record(
     finished_at: str,
     data_digest: dict,
     artifacts: list[str],
+    execution: dict | None = None,
 ) -> dict:
     """The JSON record of one fully accounted run (steps_done == plan.steps).
 
@@ -127,6 +128,7 @@ def build_record(
         "contract": {"file": "contract.yaml", "sha256": contract.sha256},
         "data": {"files": [contract.data.path.rsplit("/", 1)[-1]], "digest": data_digest},
         "seed": {"value": contract.training.seed, "scope": SEED_SCOPE},
+        "execution": execution or {},
         "artifacts": sorted(artifacts),
         "not_included": "training losses and per-unit record counts (computed on private data, not covered by ε)",
     }

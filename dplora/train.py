@@ -108,15 +108,15 @@ def _write_json(path: Path, obj) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
-def _setup_model(contract: Contract, log):
+def _setup_model(contract: Contract, device, dtype: str, allow_tf32: bool, log):
+    """Load the base model in ``dtype`` on ``device``, then wrap it with fp32 LoRA adapters (peft)."""
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from dplora.model import load_model_and_tokenizer
+    from dplora.model import load_model_and_tokenizer, place_model
 
     model, tokenizer = load_model_and_tokenizer(contract.model, log)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model.to(device)  # on its device BEFORE get_peft_model (cases T1)
+    model = place_model(model, device, dtype, allow_tf32)  # on its device BEFORE get_peft_model (cases T1)
     lora = contract.lora
     torch.manual_seed(contract.training.seed)  # the recorded seed: LoRA initialisation only
     config = LoraConfig(
@@ -128,12 +128,15 @@ def _setup_model(contract: Contract, log):
         task_type="CAUSAL_LM",
     )
     try:
-        peft_model = get_peft_model(model, config)
+        peft_model = get_peft_model(model, config, autocast_adapter_dtype=True)  # LoRA tensors in fp32
     except ValueError as err:
         raise BadInputError(f"lora.target_modules={list(lora.target_modules)}: {str(err).splitlines()[0]}") from None
+    for _, p in peft_model.named_parameters():
+        if p.requires_grad and p.dtype != torch.float32:
+            p.data = p.data.float()
     torch.seed()  # everything random from here on (dropout) draws from OS entropy, not the recorded seed
     peft_model.train()
-    return peft_model, tokenizer, device
+    return peft_model, tokenizer
 
 
 def _make_optimizer(contract: Contract, params):
@@ -187,126 +190,157 @@ def run_training(
     unit_index = data_mod.build_unit_index(table, contract.privacy, seed=contract.training.seed)
     plan = plan_for(contract, unit_index)
     lock = _lock_output(out)
+    io = _RunIO(
+        private_key=private_key,
+        data_key=key,
+        ledger_path=ledger_path,
+        threads=threads,
+        progress=progress,
+        tuning_trial=tuning_trial,
+        log=log,
+    )
     try:
         _prepare_output(contract, overwrite)  # re-check under the lock: another run may have finished meanwhile
-        return _run_locked(
-            contract,
-            out,
-            staging,
-            table,
-            unit_index,
-            plan,
-            private_key,
-            key,
-            ledger_path,
-            threads,
-            progress,
-            tuning_trial,
-            log,
-        )
+        return _run_locked(contract, plan, table, unit_index, out=out, staging=staging, io=io)
     finally:
         Path(lock.name).unlink(missing_ok=True)
         lock.close()
 
 
-def _run_locked(
-    contract, out, staging, table, unit_index, plan, private_key, key, ledger_path, threads, progress, tuning_trial, log
-) -> RunResult:
-    """The run proper, holding the output lock: ledger check, model, privatise, loop, release."""
-    for warning in plan.warnings:
-        log(f"warning: {warning}")
-    if contract.privacy.protected_unit is ProtectedUnit.TICKET:
-        log(f"note: ticket-level DP {unit_statement(ProtectedUnit.TICKET)}")
-    ledger = None
-    if contract.privacy.population:
-        from dplora.ledger import Ledger, default_ledger_path
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _RunIO:
+    """The run's inputs that are not the contract: keys, ledger, threads and how to report."""
 
-        ledger = Ledger(ledger_path or default_ledger_path())
-        ledger.check(contract.privacy.population, epsilon=plan.epsilon, delta=plan.delta)
+    private_key: object
+    data_key: bytes | None
+    ledger_path: Path | None
+    threads: int | None
+    progress: bool
+    tuning_trial: bool
+    log: object
 
+
+class _Stage:
+    """Turn an unexpected exception in a setup stage into a one-line TrainingFailedError naming the stage."""
+
+    def __init__(self, what: str, device):
+        self.what, self.device = what, device
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, err, tb):
+        if err is None or isinstance(err, DploraError) or not isinstance(err, Exception):
+            return False
+        detail = (str(err).strip().splitlines() or [""])[0][:160]
+        raise TrainingFailedError(
+            f"{self.what} failed on {self.device}: {err.__class__.__name__}" + (f": {detail}" if detail else "")
+        ) from err
+
+
+def _open_ledger(contract: Contract, plan: TrainingPlan, io: _RunIO):
+    if not contract.privacy.population:
+        return None
+    from dplora.ledger import Ledger, default_ledger_path
+
+    ledger = Ledger(io.ledger_path or default_ledger_path())
+    ledger.check(contract.privacy.population, epsilon=plan.epsilon, delta=plan.delta)
+    return ledger
+
+
+def _build(contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Path, staging: Path, io: _RunIO):
+    """Model, tokens and the private engine on the chosen device: (RunSpec, RunState). Writes nothing."""
     import torch
 
     from dplora import engine
+    from dplora.model import resolve_precision, select_device
+    from dplora.run import RunSpec, RunState
 
     # Opacus hooks on a frozen base: inputs need no grad, which is expected here.
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
-    n_threads = threads or contract.training.threads or engine.free_threads()
+    n_threads = io.threads or contract.training.threads or engine.free_threads()
     torch.set_num_threads(n_threads)
-    model, tokenizer, device = _setup_model(contract, log)
-    log(
-        f"threads: {n_threads}; N={plan.num_units} units, q={plan.sample_rate:.4g}, T={plan.steps}, "
-        f"σ={plan.noise_multiplier:.4f}, ε={plan.epsilon:.4f} ({plan.accountant.value})"
-    )
+    device = select_device()
+    dtype, allow_tf32 = resolve_precision(contract.model, device)
+    with _Stage("loading the model", device):
+        model, tokenizer = _setup_model(contract, device, dtype, allow_tf32, io.log)
     examples = data_mod.tokenize_records(table, tokenizer, contract)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
         raise BadInputError("no trainable parameters: check lora.target_modules")
-    optimizer = _make_optimizer(contract, [p for _, p in named])
-    gsm, dp_opt, accountant = engine.make_private(
-        model, optimizer, plan=plan, unit_mean=contract.privacy.unit_clipping is UnitClipping.MEAN
+    with _Stage("setting up per-sample gradients", device):
+        optimizer = _make_optimizer(contract, [p for _, p in named])
+        gsm, dp_opt, accountant = engine.make_private(
+            model, optimizer, plan=plan, unit_mean=contract.privacy.unit_clipping is UnitClipping.MEAN
+        )
+        engine.probe_per_sample_gradients(gsm, named)
+    spec = RunSpec(
+        contract=contract,
+        plan=plan,
+        unit_index=unit_index,
+        examples=examples,
+        pad_id=tokenizer.pad_token_id,
+        device=device,
+        dtype=dtype,
+        allow_tf32=allow_tf32,
+        threads=n_threads,
+        run_id=uuid.uuid4().hex,
+        out=out,
+        staging=staging,
     )
-    engine.probe_per_sample_gradients(gsm, named)
+    return spec, RunState(model=gsm, optimizer=dp_opt, accountant=accountant, named=named)
 
-    run_id = uuid.uuid4().hex
+
+def _run_locked(contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Path, staging: Path, io: _RunIO):
+    """The run proper, holding the output lock: ledger check, model and engine, the loop, the release."""
+    log = io.log
+    for warning in plan.warnings:
+        log(f"warning: {warning}")
+    if contract.privacy.protected_unit is ProtectedUnit.TICKET:
+        log(f"note: ticket-level DP {unit_statement(ProtectedUnit.TICKET)}")
+    ledger = _open_ledger(contract, plan, io)
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
+    try:
+        spec, state = _build(contract, plan, table, unit_index, out=out, staging=staging, io=io)
+    except BaseException as err:
+        if getattr(err, "exit_code", None) == 2:  # bad input: nothing written
+            shutil.rmtree(staging, ignore_errors=True)
+        else:
+            _write_json(staging / "FAILED.json", _failure_entry(None, 0, plan.steps, 0.0, err))
+        raise
+    log(
+        f"device: {spec.device} ({spec.dtype} base, fp32 LoRA), threads: {spec.threads}; N={plan.num_units} units, "
+        f"q={plan.sample_rate:.4g}, T={plan.steps}, σ={plan.noise_multiplier:.4f}, ε={plan.epsilon:.4f} "
+        f"({plan.accountant.value})"
+    )
     if ledger is not None:
         ledger.reserve(
             population=contract.privacy.population,
-            run_id=run_id,
+            run_id=spec.run_id,
             epsilon=plan.epsilon,
             delta=plan.delta,
             accountant=plan.accountant.value,
             adjacency=plan.adjacency.value,
-            purpose="tuning" if tuning_trial else "release",
+            purpose="tuning" if io.tuning_trial else "release",
         )
     started, t0 = _now(), time.perf_counter()
     try:
-        empty = _loop(
-            contract, plan, gsm, dp_opt, accountant, examples, unit_index, named, tokenizer, device, staging, progress
-        )
+        _train_and_release(spec, state, io=io, started=started)
         seconds = time.perf_counter() - t0
-        if accountant.steps != plan.steps:  # never release a run that was not fully accounted
-            raise TrainingFailedError(f"accounted {accountant.steps} steps, planned {plan.steps}: no release")
-        epsilon_spent = plan.epsilon_at(accountant.steps)
-        _write_outputs(contract, plan, gsm, staging, run_id, started, epsilon_spent, accountant.steps, key, private_key)
     except BaseException as err:
-        done = accountant.steps
-        spent = plan.epsilon_at(min(done + 1, plan.steps)) if plan.steps else 0.0
-        reason = str(err) if isinstance(err, DploraError) else f"{err.__class__.__name__}"
-        _write_json(
-            staging / "FAILED.json",
-            {
-                "run_id": run_id,
-                "steps_done": done,
-                "steps_planned": plan.steps,
-                "epsilon_charged_upper_bound": spent,
-                "reason": reason,
-                "time": _now(),
-                "release": "none (run failed)",
-            },
-        )
-        (staging / release.RELEASE_FILENAME).unlink(missing_ok=True)
-        if ledger is not None:
-            ledger.settle(run_id, epsilon_spent=spent, status="failed")
+        _record_failure(spec, state, err, ledger)
         if isinstance(err, DploraError | KeyboardInterrupt):
             raise
-        raise TrainingFailedError(f"training failed at step {done}: {err.__class__.__name__}") from err
-    if out.exists():
-        old = out.with_name(out.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        out.rename(old)
-        staging.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        staging.rename(out)
+        raise TrainingFailedError(f"training failed at step {state.step}: {err.__class__.__name__}") from err
+    epsilon_spent = plan.epsilon_at(state.step)
+    _publish(staging, out)
     if ledger is not None:
-        ledger.settle(run_id, epsilon_spent=epsilon_spent, status="settled")
+        ledger.settle(spec.run_id, epsilon_spent=epsilon_spent, status="settled")
         ledger.record_release(
-            run_id=run_id,
+            run_id=spec.run_id,
             record_sha256=release.sha256_file(out / release.RELEASE_FILENAME),
             epsilon=epsilon_spent,
             delta=plan.delta,
@@ -316,20 +350,70 @@ def _run_locked(
         output_dir=out,
         release_path=out / release.RELEASE_FILENAME,
         plan=plan,
-        steps_done=accountant.steps,
-        empty_steps=empty,
+        steps_done=state.step,
+        empty_steps=state.empty_steps,
         epsilon_spent=epsilon_spent,
         seconds=seconds,
         seconds_per_step=seconds / max(plan.steps, 1),
-        threads=n_threads,
+        threads=spec.threads,
     )
 
 
-def _write_outputs(contract, plan, gsm, staging, run_id, started, epsilon_spent, steps_done, key, private_key):
+def _train_and_release(spec, state, *, io: _RunIO, started: str) -> None:
+    """Run every planned step, check the accounting, then write the adapters and the signed release."""
+    from dplora.run import METRICS_HEADER, RichProgress, run_steps
+
+    bar = RichProgress(spec.plan.steps, enabled=io.progress)
+    with (spec.staging / "metrics.jsonl").open("w") as metrics, bar:
+        metrics.write(json.dumps(METRICS_HEADER) + "\n")
+        run_steps(spec, state, metrics=metrics, progress=bar)
+    if state.accountant.steps != spec.plan.steps or state.step != spec.plan.steps:  # never release unaccounted
+        raise TrainingFailedError(f"accounted {state.accountant.steps} steps, planned {spec.plan.steps}: no release")
+    _write_outputs(spec, state, started=started, epsilon_spent=spec.plan.epsilon_at(state.step), io=io)
+
+
+def _record_failure(spec, state, err: BaseException, ledger) -> None:
+    """FAILED.json with the steps done and ε charged (never a release); settle the ledger charge as failed."""
+    plan, done = spec.plan, state.accountant.steps
+    spent = plan.epsilon_at(min(done + 1, plan.steps)) if plan.steps else 0.0
+    _write_json(spec.staging / "FAILED.json", _failure_entry(spec.run_id, done, plan.steps, spent, err))
+    (spec.staging / release.RELEASE_FILENAME).unlink(missing_ok=True)
+    if ledger is not None:
+        ledger.settle(spec.run_id, epsilon_spent=spent, status="failed")
+
+
+def _failure_entry(run_id: str | None, done: int, planned: int, spent: float, err: BaseException) -> dict:
+    """The content of FAILED.json: steps done, ε charged, the one-line reason (never training text)."""
+    return {
+        "run_id": run_id,
+        "steps_done": done,
+        "steps_planned": planned,
+        "epsilon_charged_upper_bound": spent,
+        "reason": str(err) if isinstance(err, DploraError) else f"{err.__class__.__name__}",
+        "time": _now(),
+        "release": "none (run failed)",
+    }
+
+
+def _publish(staging: Path, out: Path) -> None:
+    """Rename the finished staging folder to the output folder (replacing an old one last)."""
+    if out.exists():
+        old = out.with_name(out.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        out.rename(old)
+        staging.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging.rename(out)
+
+
+def _write_outputs(spec, state, *, started: str, epsilon_spent: float, io: _RunIO) -> None:
     """Save the adapters and the resolved contract, then sign the release over them (inside ``staging``)."""
-    staging = staging.resolve()
+    contract, plan = spec.contract, spec.plan
+    staging = spec.staging.resolve()
     adapter_dir = staging / "adapter"
-    gsm._module.save_pretrained(adapter_dir)
+    state.model._module.save_pretrained(adapter_dir)
     (adapter_dir / "README.md").unlink(missing_ok=True)  # peft's generated card names the local base-model path
     config_path = adapter_dir / "adapter_config.json"
     adapter_config = json.loads(config_path.read_text())
@@ -340,104 +424,35 @@ def _write_outputs(contract, plan, gsm, staging, run_id, started, epsilon_spent,
     record = build_record(
         contract=contract,
         plan=plan,
-        run_id=run_id,
-        steps_done=steps_done,
+        run_id=spec.run_id,
+        steps_done=state.step,
         epsilon_spent=epsilon_spent,
         started_at=started,
         finished_at=_now(),
-        data_digest=release.data_digest_entry([Path(contract.data.path)], key),
+        data_digest=release.data_digest_entry([Path(contract.data.path)], io.data_key),
         artifacts=[p.relative_to(staging).as_posix() for p in artifacts],
+        execution=execution_entry(spec),
     )
-    release.write_release(output_dir=staging, record=record, artifact_files=artifacts, private_key=private_key)
+    release.write_release(output_dir=staging, record=record, artifact_files=artifacts, private_key=io.private_key)
 
 
-def _loop(
-    contract, plan, gsm, dp_opt, accountant, examples, unit_index, named, tokenizer, device, staging, progress
-) -> int:
-    """Run exactly plan.steps logical steps; returns the number of empty Poisson batches."""
-    import numpy as np
-    import torch
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+def execution_entry(spec) -> dict:
+    """How the run executed (public, performance only): device type, base dtype, TF32, the noise generator."""
+    from dplora.engine import noise_generator_name
 
-    from dplora import engine
+    return {
+        "device_type": spec.device.type,
+        "base_dtype": spec.dtype,
+        "lora_dtype": "fp32",
+        "dp_arithmetic_dtype": "fp32 (per-sample gradients, norms, clipping, noise, optimizer state)",
+        "allow_tf32": spec.allow_tf32,
+        "noise_generator": noise_generator_name(spec.device),
+        "noise_floating_point_note": FLOATING_POINT_NOTE,
+    }
 
-    # Each unit present in the data joins with probability q = B/N (N declared or counted).
-    sampler = data_mod.PoissonUnitSampler(unit_index.num_units, plan.sample_rate)
-    physical = contract.training.physical_batch_size
-    before = {n: p.detach().clone() for n, p in named}
-    empty = 0
-    metrics = (staging / "metrics.jsonl").open("w")
-    metrics.write(
-        json.dumps(
-            {
-                "note": "fields under not_covered_by_dp are computed on private data and are not "
-                "covered by ε; they never enter the release record"
-            }
-        )
-        + "\n"
-    )
-    columns = [
-        TextColumn("[bold]DP-LoRA"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[info]}"),
-        TimeRemainingColumn(),
-    ]
-    with Progress(*columns, disable=not progress, transient=False) as bar, metrics:
-        task = bar.add_task("train", total=plan.steps, info="")
-        for step in range(1, plan.steps + 1):
-            eps_next = plan.epsilon_at(step)  # raises beyond T: the budget stop
-            if eps_next > plan.target_epsilon:
-                raise TrainingFailedError(f"step {step} would spend ε={eps_next:.4f} > target")
-            t_step = time.perf_counter()
-            units = sampler.sample()
-            rows = [r for u in units for r in unit_index.records_of_unit[u]]
-            local = (
-                np.concatenate([np.full(len(unit_index.records_of_unit[u]), i) for i, u in enumerate(units)])
-                if len(units)
-                else np.zeros(0, dtype=int)
-            )
-            dp_opt.begin_logical_step(len(units))
-            loss_sum = 0.0
-            for start in range(0, len(rows), physical):
-                chunk = rows[start : start + physical]
-                batch = {
-                    k: v.to(device)
-                    for k, v in engine.collate([examples[r] for r in chunk], tokenizer.pad_token_id).items()
-                }
-                losses = engine.per_sequence_loss(gsm, batch)
-                value = float(losses.detach().sum())
-                engine.check_finite(value, step)
-                losses.sum().backward()
-                dp_opt.accumulate(torch.as_tensor(local[start : start + physical], dtype=torch.long))
-                loss_sum += value
-            if not rows:
-                empty += 1
-            dp_opt.step()
-            dp_opt.zero_grad(set_to_none=True)
-            if step == 1:
-                engine.check_all_moved(before, named)
-                del before
-            for _, p in named:
-                if not torch.isfinite(p).all():
-                    raise TrainingFailedError(f"non-finite parameter after step {step}")
-            mean_loss = loss_sum / len(rows) if rows else None
-            info = f"ε≤{eps_next:.3f}  loss {mean_loss:.3f}" if mean_loss is not None else f"ε≤{eps_next:.3f}"
-            bar.update(task, advance=1, info=info)
-            metrics.write(
-                json.dumps(
-                    {
-                        "step": step,
-                        "epsilon_upper": eps_next,
-                        "seconds": round(time.perf_counter() - t_step, 3),
-                        "not_covered_by_dp": {
-                            "train_loss": mean_loss,
-                            "units": len(units),
-                            "records": len(rows),
-                        },
-                    }
-                )
-                + "\n"
-            )
-            metrics.flush()
-    return empty
+
+FLOATING_POINT_NOTE = (
+    "the Gaussian noise is sampled in floating point (torch.normal); the accountant assumes an ideal real-valued "
+    "Gaussian, and floating-point samplers can deviate from it in the low-order bits (Mironov 2012; Holohan & "
+    "Braghin 2021): the guarantee holds for the ideal mechanism, as in Opacus and every DP-SGD library"
+)

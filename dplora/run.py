@@ -1,0 +1,223 @@
+"""The state of one DP-LoRA run and its loop: exactly T logical steps, each one DP-SGD step.
+
+:class:`RunSpec` is the frozen description of the run (contract, plan, protected units, tokens, device, dtype,
+paths); :class:`RunState` is what changes as it runs (step count, empty steps, the engine's model, optimizer and
+accountant). :func:`run_steps` reads as the step it is (Abadi et al. 2016, Alg. 1, over protected units as in
+Charles et al. 2024, arXiv 2407.07737):
+
+    check ε after this step ≤ target → Poisson-sample units → per-record gradients in physical batches,
+    summed per unit → clip per unit, sum, add N(0, σ²C²) once, divide by the public normaliser → optimizer
+    step → accountant step.
+
+On a GPU the loop reads one value pair back to the host per logical step (the loss sum, for progress and the
+non-finite check, and a flag that every trainable tensor is finite), never one per physical batch or tensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from dplora.contract import Contract
+from dplora.data import PoissonUnitSampler, UnitIndex
+from dplora.errors import TrainingFailedError
+from dplora.plan import TrainingPlan
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunSpec:
+    """What one run is, fixed before its first step.
+
+    Attributes:
+        contract: the validated contract (overrides applied).
+        plan: q, T, σ, C and the ε curve (no model).
+        unit_index: protected units → record indices (records of a unit are contiguous in a batch).
+        examples: (input_ids, labels) per record, token ids; private, never logged.
+        pad_id: the tokenizer's pad token id.
+        device: where the trainable parameters and every engine tensor live.
+        dtype: base-weight dtype, "bf16" | "fp32" (LoRA tensors and the DP arithmetic are always fp32).
+        allow_tf32: TF32 for fp32 matmuls (CUDA only).
+        threads: CPU threads used.
+        run_id: 32 hex characters, the ledger and record id.
+        out: the final output folder; staging: ``<out>.partial`` where the run writes meanwhile.
+    """
+
+    contract: Contract
+    plan: TrainingPlan
+    unit_index: UnitIndex
+    examples: list[tuple[list[int], list[int]]]
+    pad_id: int
+    device: Any
+    dtype: str
+    allow_tf32: bool
+    threads: int
+    run_id: str
+    out: Path
+    staging: Path
+
+    @property
+    def physical_batch_size(self) -> int:
+        """Records per forward pass (memory only; not a privacy setting)."""
+        return self.contract.training.physical_batch_size
+
+
+@dataclasses.dataclass(kw_only=True)
+class RunState:
+    """What changes during a run: the engine's parts and the step counters.
+
+    Attributes:
+        model: the per-sample-gradient wrapper around the peft model (Opacus ``GradSampleModule``).
+        optimizer: the :class:`dplora.engine.UnitDPOptimizer` (clip per unit, noise, normalise, step hook).
+        accountant: the :class:`dplora.engine.StepAccountant`, stepped by the optimizer on every logical step.
+        named: (name, parameter) of every trainable LoRA tensor.
+        step: logical steps done (equals ``accountant.steps`` between steps).
+        empty_steps: logical steps whose Poisson batch was empty.
+    """
+
+    model: Any
+    optimizer: Any
+    accountant: Any
+    named: list
+    step: int = 0
+    empty_steps: int = 0
+
+
+METRICS_HEADER = {
+    "note": "fields under not_covered_by_dp are computed on private data and are not covered by ε; "
+    "they never enter the release record"
+}
+
+
+def _batches(spec: RunSpec, units) -> tuple[list[int], Any]:
+    """Rows of the sampled units in unit order, and each row's local unit index (0..U-1), shape (R,)."""
+    import numpy as np
+
+    records = spec.unit_index.records_of_unit
+    rows = [r for u in units for r in records[u]]
+    if not len(units):
+        return rows, np.zeros(0, dtype=np.int64)
+    return rows, np.concatenate([np.full(len(records[u]), i, dtype=np.int64) for i, u in enumerate(units)])
+
+
+def _finite_flag(named):
+    """A 0-d bool tensor on the parameters' device: every trainable tensor is finite (no host sync)."""
+    import torch
+
+    norms = torch._foreach_norm([p.detach() for _, p in named])
+    return torch.isfinite(torch.stack(norms).sum())
+
+
+def logical_step(spec: RunSpec, state: RunState, units) -> tuple[float | None, int]:
+    """One DP-SGD step over the sampled ``units`` (shape (U,) unit indices; U = 0 happens).
+
+    Returns:
+        (summed per-sequence loss over the step's records in nats, or None for an empty batch; records used).
+
+    Raises:
+        TrainingFailedError: a non-finite loss (the step is not taken and not counted), or a trainable tensor
+            that became non-finite in the previous step.
+    """
+    import torch
+
+    from dplora import engine
+
+    rows, local = _batches(spec, units)
+    model, optimizer = state.model, state.optimizer
+    optimizer.begin_logical_step(len(units))
+    loss_sum = torch.zeros((), device=spec.device)
+    physical = spec.physical_batch_size
+    for start in range(0, len(rows), physical):
+        chunk = rows[start : start + physical]
+        batch = engine.collate([spec.examples[r] for r in chunk], spec.pad_id, device=spec.device)
+        losses = engine.per_sequence_loss(model, batch)
+        losses.sum().backward()
+        optimizer.accumulate(torch.as_tensor(local[start : start + physical], device=spec.device))
+        loss_sum += losses.detach().sum()
+    # The one host read per logical step: the loss sum and "all parameters finite after the last step".
+    loss_value, params_ok = torch.stack([loss_sum.float(), _finite_flag(state.named).float()]).tolist()
+    if params_ok != 1.0:
+        raise TrainingFailedError(f"non-finite parameter after step {state.step}")
+    engine.check_finite(loss_value, state.step + 1)
+    optimizer.step()  # clip per unit, noise once, normalise, optimizer step, accountant step
+    optimizer.zero_grad(set_to_none=True)
+    return (loss_value if rows else None), len(rows)
+
+
+def run_steps(spec: RunSpec, state: RunState, *, metrics, progress) -> None:
+    """Run logical steps ``state.step + 1 .. plan.T``; stop before any step whose ε would pass the target.
+
+    Args:
+        spec, state: the run.
+        metrics: a text file for one JSON line per step (``metrics.jsonl``).
+        progress: an object with ``update(step, epsilon, seconds_per_step, loss)``.
+
+    Raises:
+        TrainingFailedError: the budget check, a non-finite value, or a LoRA tensor that did not move at step 1.
+    """
+    from dplora import engine
+
+    plan = spec.plan
+    sampler = PoissonUnitSampler(spec.unit_index.num_units, plan.sample_rate)  # OS entropy, never the seed
+    before = {n: p.detach().clone() for n, p in state.named} if state.step == 0 else None
+    while state.step < plan.steps:
+        step = state.step + 1
+        eps_next = plan.epsilon_at(step)  # raises beyond T: the budget stop
+        if eps_next > plan.target_epsilon:
+            raise TrainingFailedError(f"step {step} would spend ε={eps_next:.4f} > target")
+        t_step = time.perf_counter()
+        units = sampler.sample()
+        loss_sum, records = logical_step(spec, state, units)
+        state.step = step
+        state.empty_steps += records == 0
+        if before is not None:
+            engine.check_all_moved(before, state.named)
+            before = None
+        seconds = time.perf_counter() - t_step
+        mean_loss = loss_sum / records if records else None
+        progress.update(step, eps_next, seconds, mean_loss)
+        metrics.write(
+            json.dumps(
+                {
+                    "step": step,
+                    "epsilon_upper": eps_next,
+                    "seconds": round(seconds, 3),
+                    "not_covered_by_dp": {"train_loss": mean_loss, "units": len(units), "records": records},
+                }
+            )
+            + "\n"
+        )
+        metrics.flush()
+    if float(_finite_flag(state.named)) != 1.0:
+        raise TrainingFailedError(f"non-finite parameter after step {state.step}")
+
+
+class RichProgress:
+    """A rich progress bar over T logical steps (disabled: prints nothing)."""
+
+    def __init__(self, total: int, *, enabled: bool):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        columns = [
+            TextColumn("[bold]DP-LoRA"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeRemainingColumn(),
+        ]
+        self._bar = Progress(*columns, disable=not enabled, transient=False)
+        self._task = self._bar.add_task("train", total=total, info="")
+
+    def __enter__(self):
+        self._bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._bar.__exit__(*exc)
+
+    def update(self, step: int, epsilon: float, seconds_per_step: float, loss: float | None) -> None:
+        """Advance one step and show ε spent so far and the loss (not covered by DP)."""
+        info = f"ε≤{epsilon:.3f}  loss {loss:.3f}" if loss is not None else f"ε≤{epsilon:.3f}"
+        self._bar.update(self._task, completed=step, info=info)
