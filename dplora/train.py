@@ -336,6 +336,7 @@ def _run_locked(contract: Contract, plan: TrainingPlan, table, unit_index, *, ou
             raise
         raise TrainingFailedError(f"training failed at step {state.step}: {err.__class__.__name__}") from err
     epsilon_spent = plan.epsilon_at(state.step)
+    log(f"peak memory: {peak_memory_gib(spec.device):.2f} GiB ({_memory_kind(spec.device)})")
     _publish(staging, out)
     if ledger is not None:
         ledger.settle(spec.run_id, epsilon_spent=epsilon_spent, status="settled")
@@ -380,6 +381,21 @@ def _record_failure(spec, state, err: BaseException, ledger) -> None:
     (spec.staging / release.RELEASE_FILENAME).unlink(missing_ok=True)
     if ledger is not None:
         ledger.settle(spec.run_id, epsilon_spent=spent, status="failed")
+
+
+def _memory_kind(device) -> str:
+    return "torch.cuda.max_memory_allocated" if device.type == "cuda" else "process peak RSS"
+
+
+def peak_memory_gib(device) -> float:
+    """Peak memory of this process in GiB: ``torch.cuda.max_memory_allocated`` on CUDA, peak RSS on CPU."""
+    import resource
+
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
 
 
 def _failure_entry(run_id: str | None, done: int, planned: int, spent: float, err: BaseException) -> dict:

@@ -149,20 +149,22 @@ def test_failure_before_the_loop_is_one_line_and_leaves_failed_json(
 
 def test_precision_resolution():
     """auto → fp32 on CPU; bf16 when asked; TF32 only means something on CUDA."""
-    contract = lambda **m: parse_contract(  # noqa: E731
-        {
-            "privacy": {
-                "protected_unit": "row",
-                "adjacency": "add_remove",
-                "target_epsilon": 1.0,
-                "delta": 1e-5,
-                "max_grad_norm": 1.0,
-            },
-            "model": {"name": "smollm2-135m", **m},
-            "data": {"path": "x.csv", "text_column": "t"},
-            "training": {"expected_batch_size": 1, "steps": 1},
-        }
-    ).model
+    contract = lambda **m: (
+        parse_contract(  # noqa: E731
+            {
+                "privacy": {
+                    "protected_unit": "row",
+                    "adjacency": "add_remove",
+                    "target_epsilon": 1.0,
+                    "delta": 1e-5,
+                    "max_grad_norm": 1.0,
+                },
+                "model": {"name": "smollm2-135m", **m},
+                "data": {"path": "x.csv", "text_column": "t"},
+                "training": {"expected_batch_size": 1, "steps": 1},
+            }
+        ).model
+    )
     cpu = torch.device("cpu")
     assert resolve_precision(contract(), cpu) == ("fp32", False)
     assert resolve_precision(contract(dtype="bf16"), cpu) == ("bf16", False)
