@@ -117,12 +117,10 @@ class UnitClipAccumulator:
         slot_of_seg[special] = torch.arange(m)
         slot_of_row = slot_of_seg[seg]
         single_rows = (slot_of_row < 0).nonzero().flatten()
-        factors = torch.zeros(n, dtype=torch.float32, device=G.device)
         norms = torch.zeros(n, dtype=torch.float32, device=G.device)
         if len(single_rows):
             idx = single_rows.to(G.device)
-            row_norms = G.index_select(0, idx).norm(dim=1)
-            norms[seg[single_rows].to(G.device)] = row_norms
+            norms[seg[single_rows].to(G.device)] = G.norm(dim=1).index_select(0, idx)
         if m:
             S = torch.zeros((m + 1, self.P), dtype=torch.float32, device=G.device)  # last row: a sink for singles
             S.index_add_(0, torch.where(slot_of_row < 0, m, slot_of_row).to(G.device), G)
