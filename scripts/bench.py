@@ -6,7 +6,7 @@ Modes (each in its own subprocess, so peak memory is per mode; the order rotates
   opacus_acc        Opacus GradSampleModule hooks → opacus_flat → the same accumulator, noise, .grad, AdamW
   opacus            plain Opacus: GradSampleModule hooks + DPOptimizer (flat clipping, noise) → AdamW
 Settings: small = LoRA r=8 on q_proj, v_proj, batch 16, seq 128; wide = r=16 on all 7 projections, batch 32,
-seq 256; on a GPU also llama-1b = a Llama-3.2-1B shape with wide LoRA, batch 16, seq 256. Models are random-init
+seq 256; on a GPU also llama-1b = a Llama-3.2-1B shape with wide LoRA, batch 8, seq 256. Models are random-init
 from a config (SmolLM2-135M's architecture; ``--quick`` on CPU: a 2-layer stand-in, batch 8, seq 64/128). fp32 on
 CPU; fp32 and bf16 base weights (LoRA fp32) on GPU (TF32 off). One logical step = one physical batch; right-padded
 batches with masked prompts; σ = 1, C = 1. Each process reports the median s/step over ``--steps`` steps after
@@ -16,6 +16,10 @@ Also times ``dplora budget`` (whole process, cold calibration cache) per account
 
     python scripts/bench.py --out bench-out --quick          # CPU, a few minutes
     python scripts/bench.py --out bench-out                  # GPU if there is one (about 3 minutes), else CPU
+
+On a GPU one process per (repeat, mode) runs every setting and dtype (peak memory reset per job); on CPU one
+process per (repeat, setting, dtype, mode), since peak RSS cannot be reset. DIR/bench.json is rewritten after
+every process, so a run cut short keeps what it measured.
 
 Writes DIR/bench.json and DIR/bench.md (also printed). Timings belong here, never in tests.
 """
@@ -82,8 +86,8 @@ def settings(device: str, quick: bool) -> list[dict]:
         dict(name="small", arch=arch, r=8, targets=["q_proj", "v_proj"], batch=small_shape[0], seq=small_shape[1]),
         dict(name="wide", arch=arch, r=16, targets=ALL_7, batch=wide_shape[0], seq=wide_shape[1]),
     ]
-    if device == "cuda":
-        out.append(dict(name="llama-1b", arch="llama-1b", r=16, targets=ALL_7, batch=16, seq=256))
+    if device == "cuda" and not quick:
+        out.append(dict(name="llama-1b", arch="llama-1b", r=16, targets=ALL_7, batch=8, seq=256))
     return out
 
 
@@ -434,14 +438,21 @@ def markdown(meta: dict, rows: list[dict], budget: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _write(out: Path, meta: dict, results: list[dict], budget: list[dict]) -> list[dict]:
+    rows = summarize(results)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(dict(meta=meta, summary=rows, runs=results, budget=budget), indent=2))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, help="folder for bench.json and bench.md")
-    ap.add_argument("--quick", action="store_true", help="CPU: a 2-layer stand-in and shorter batches")
+    ap.add_argument("--quick", action="store_true", help="CPU: a 2-layer stand-in, shorter batches; GPU: no llama-1b")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     ap.add_argument("--repeats", type=int, default=2, help="rounds over all modes (order rotated each round)")
-    ap.add_argument("--steps", type=int, default=None, help="timed steps per process (default: 5 CPU, 8 GPU)")
-    ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (default: 1 CPU, 3 GPU)")
+    ap.add_argument("--steps", type=int, default=5, help="timed steps per process (median reported)")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (default: 1 CPU, 2 GPU)")
     ap.add_argument("--settings", nargs="+", default=None, help="subset of: small wide llama-1b")
     ap.add_argument("--dtypes", nargs="+", default=None, help="fp32 bf16 (default: fp32 on CPU, both on GPU)")
     ap.add_argument("--modes", nargs="+", default=MODES, choices=MODES)
@@ -464,8 +475,8 @@ def main() -> None:
         threads = args.threads or free_threads()
     else:
         threads = args.threads or min(8, os.cpu_count() or 1)
-    steps = args.steps or (8 if device == "cuda" else 5)
-    warmup = args.warmup if args.warmup is not None else (3 if device == "cuda" else 1)
+    steps = args.steps
+    warmup = args.warmup if args.warmup is not None else (2 if device == "cuda" else 1)
     dtypes = args.dtypes or (["fp32", "bf16"] if device == "cuda" else ["fp32"])
     chosen = [s for s in settings(device, args.quick) if args.settings is None or s["name"] in args.settings]
     jobs = [dict(setting=s, dtype=d) for s in chosen for d in dtypes]
@@ -501,13 +512,10 @@ def main() -> None:
                         flush=True,
                     )
                 results += [dict(r, repeat=rep) for r in got]
+                _write(args.out, meta, results, [])
     meta["bench_seconds"] = time.perf_counter() - t_start
     budget = budget_times(args.accountants) if args.accountants else []
-    rows = summarize(results)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench.json").write_text(
-        json.dumps(dict(meta=meta, summary=rows, runs=results, budget=budget), indent=2) + "\n"
-    )
+    rows = _write(args.out, meta, results, budget)
     table = markdown(meta, rows, budget)
     (args.out / "bench.md").write_text(table)
     print(table)
