@@ -6,6 +6,7 @@
 | 2         | ``PlanRefusedError``   | a plan that cannot meet its contract or a cap  |
 | 3         | ``VerificationError``  | ``dplora verify`` found a mismatch             |
 | 4         | ``TrainingFailedError``| a sanity check or a non-finite loss in training |
+| 4         | ``UncoveredParameterError`` | a trainable tensor no per-example path covers |
 
 Messages are one line and never contain raw training text.
 """
@@ -45,3 +46,7 @@ class TrainingFailedError(DploraError):
     """Training stopped: a sanity check failed or the loss became non-finite (exit code 4)."""
 
     exit_code = 4
+
+
+class UncoveredParameterError(TrainingFailedError):
+    """A trainable tensor that the chosen per-example gradient path does not cover (exit code 4)."""
