@@ -106,15 +106,15 @@ class UnitClipAccumulator:
     def _add_grouped(self, G: torch.Tensor, counts: torch.Tensor, merged_open: bool, continues: bool) -> None:
         """Units with several rows, or touching the open row: sum them into at most B/2 + 2 rows, clip, add."""
         n = len(counts)
-        seg = torch.repeat_interleave(torch.arange(n), counts)  # (B,) segment of each row
+        seg = torch.repeat_interleave(torch.arange(n, device="cpu"), counts)  # (B,) segment of each row
         special = counts > 1
         if merged_open:
             special[0] = True
         if continues:
             special[-1] = True
-        slot_of_seg = torch.full((n,), -1, dtype=torch.long)
+        slot_of_seg = torch.full((n,), -1, dtype=torch.long, device="cpu")
         m = int(special.sum())
-        slot_of_seg[special] = torch.arange(m)
+        slot_of_seg[special] = torch.arange(m, device="cpu")
         slot_of_row = slot_of_seg[seg]
         single_rows = (slot_of_row < 0).nonzero().flatten()
         norms = torch.zeros(n, dtype=torch.float32, device=G.device)
@@ -128,7 +128,7 @@ class UnitClipAccumulator:
             if merged_open:
                 S[0].add_(self._open)
             norms[special.to(G.device)] = S.norm(dim=1)
-        complete = torch.ones(n, dtype=torch.bool)
+        complete = torch.ones(n, dtype=torch.bool, device="cpu")
         if continues:
             complete[-1] = False
         factors = (self.max_grad_norm / (norms + EPS)).clamp(max=1.0) * complete.to(G.device)

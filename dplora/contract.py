@@ -38,6 +38,14 @@ class UnitClipping(str, enum.Enum):
     MEAN = "mean"
 
 
+class PerSamplePath(str, enum.Enum):
+    """Where per-record gradients come from (same clipping, noise and accounting either way): ``fast`` writes every
+    LoRA layer's per-example gradients into one buffer; ``opacus`` uses Opacus hooks, the reference path."""
+
+    FAST = "fast"
+    OPACUS = "opacus"
+
+
 class Optimizer(str, enum.Enum):
     """The torch optimiser that consumes the noised, normalised gradient (post-processing: no privacy effect)."""
 
@@ -82,6 +90,7 @@ class PrivacySection(_Section):
     max_records_per_unit: PositiveInt | None = None
     unit_clipping: UnitClipping = UnitClipping.SUM
     population: NonEmptyStr | None = None
+    per_sample: PerSamplePath = PerSamplePath.FAST
 
     @model_validator(mode="after")
     def _unit_key_matches_unit(self) -> PrivacySection:

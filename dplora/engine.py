@@ -12,6 +12,7 @@ Empty batches skip 2 and still run 3–5. Only this module (with ``model``) impo
 
 from __future__ import annotations
 
+import enum
 import math
 import os
 import secrets
@@ -22,7 +23,9 @@ import torch.nn.functional as F
 from opacus import GradSampleModule
 from opacus.optimizers import DPOptimizer
 
+from dplora.clipping import UnitClipAccumulator, assign_flat_grads, opacus_flat, privatize
 from dplora.errors import TrainingFailedError
+from dplora.fastclip import FlatLoRAGrads
 
 IGNORE_INDEX = -100
 
@@ -126,16 +129,29 @@ def per_sequence_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) ->
 
 
 class UnitDPOptimizer(DPOptimizer):
-    """Opacus ``DPOptimizer`` that clips per protected unit instead of per record.
+    """Opacus ``DPOptimizer`` that clips per protected unit, with memory bounded by the physical batch.
 
-    Per-record gradients (``p.grad_sample``, from Opacus hooks with loss_reduction="sum") of one logical
-    batch are summed by unit across physical batches (:meth:`accumulate`), optionally averaged over the unit's
-    records, clipped per unit to C, and summed (:meth:`clip_and_accumulate`). The inherited ``add_noise`` adds
-    N(0, (σC)²) once per logical step with ``generator``; :meth:`scale_grad` divides by the public
-    ``expected_batch_size`` (expected units per step), never by the realised batch size.
+    Per-record gradients arrive as one flat buffer G (B, P) per physical batch, from either per-sample path:
+    ``fast`` (:class:`dplora.fastclip.FlatLoRAGrads`: each LoRA layer's backward writes its columns) or ``opacus``
+    (Opacus hooks' ``p.grad_sample``, copied by :func:`dplora.clipping.opacus_flat`). :meth:`accumulate` folds it
+    into a :class:`dplora.clipping.UnitClipAccumulator`, which sums each unit's records (contiguous, in unit
+    order), clips the unit to C and keeps one running clipped sum plus at most one open unit: nothing scales with
+    the number of units in a logical step. :meth:`pre_step` adds N(0, (σC)² I) once (one draw of P values from
+    ``generator``, OS entropy), divides by the public ``expected_batch_size`` (expected units per step, never the
+    realised count), writes each tensor's ``.grad`` and calls the step hook (the accountant).
     """
 
-    def __init__(self, optimizer, *, noise_multiplier, max_grad_norm, expected_batch_size, generator, unit_mean=False):
+    def __init__(
+        self,
+        optimizer,
+        *,
+        noise_multiplier,
+        max_grad_norm,
+        expected_batch_size,
+        generator,
+        unit_mean=False,
+        flat: FlatLoRAGrads | None = None,
+    ):
         super().__init__(
             optimizer,
             noise_multiplier=noise_multiplier,
@@ -145,64 +161,65 @@ class UnitDPOptimizer(DPOptimizer):
             generator=generator,
         )
         self.unit_mean = unit_mean
-        self._unit_grads: list[torch.Tensor] = []
-        self._unit_counts: torch.Tensor | None = None
+        self.flat = flat
+        if flat is not None and [id(p) for p in flat.parameters] != [id(p) for p in self.params]:
+            raise TrainingFailedError("the optimizer's parameters are not the fast path's LoRA tensors in order")
+        device = self.params[0].device if self.params else torch.device("cpu")
+        self.num_params = sum(p.numel() for p in self.params)
+        self.accumulator = UnitClipAccumulator(max(self.num_params, 1), max_grad_norm, device)
+        self._rows: torch.Tensor | None = None  # the Opacus path's (B, P) copy buffer, reused
         self.last_unit_norms: torch.Tensor | None = None
 
-    def begin_logical_step(self, num_units: int) -> None:
-        """Allocate one zero gradient vector per sampled unit: shapes (U, *p.shape)."""
-        self._unit_grads = [torch.zeros((num_units, *p.shape), dtype=p.dtype, device=p.device) for p in self.params]
-        device = self.params[0].device if self.params else torch.device("cpu")
-        self._unit_counts = torch.zeros(num_units, dtype=torch.float32, device=device)
+    def begin_logical_step(self, num_units: int = 0) -> None:
+        """Start a logical step (``num_units`` is informational: no buffer depends on it)."""
+        self.accumulator.begin_step()
 
-    def accumulate(self, unit_of_row: torch.Tensor) -> None:
-        """Add this physical batch's per-record gradients into their units' vectors; clears ``grad_sample``.
+    def prepare_batch(self, batch_size: int) -> None:
+        """Before the forward of a physical batch of B ≥ 1 records: arm the fast path's (B, P) buffer."""
+        if self.flat is not None:
+            self.flat.buffer(batch_size)
+
+    def accumulate(
+        self, unit_of_row: torch.Tensor, *, continues: bool = False, row_weight: torch.Tensor | None = None
+    ) -> None:
+        """Fold this physical batch's per-record gradients into the per-unit clipped sum.
 
         Args:
-            unit_of_row: shape (B,), the local unit index (0..U-1) of each record in the physical batch.
+            unit_of_row: shape (B,), the local unit index of each record; non-decreasing over the logical step
+                (a unit's records are contiguous). Read on the host (the sampler's indices; no device sync).
+            continues: the batch's last unit has more records in the next physical batch.
+            row_weight: shape (B,), each record's weight in its unit's vector (1 / records of the unit for
+                ``unit_clipping: mean``); required when ``unit_mean``.
 
         Raises:
             TrainingFailedError: a trainable tensor got no per-sample gradient.
         """
-        unit_of_row = unit_of_row.to(self._unit_counts.device, non_blocking=True)  # one copy, not one per tensor
-        for p, buf in zip(self.params, self._unit_grads, strict=True):
-            gs = getattr(p, "grad_sample", None)
-            if gs is None:
-                raise TrainingFailedError(f"a trainable tensor of shape {tuple(p.shape)} got no per-sample gradient")
-            gs = torch.cat(gs, dim=0) if isinstance(gs, list) else gs
-            buf.index_add_(0, unit_of_row, gs.to(buf.dtype))
-            p.grad_sample = None
-        self._unit_counts.index_add_(
-            0, unit_of_row, torch.ones(len(unit_of_row), dtype=torch.float32, device=unit_of_row.device)
+        if self.flat is not None:
+            G = self.flat.gradients()
+        else:
+            rows = len(unit_of_row)
+            if self._rows is None or self._rows.shape[0] < rows:
+                device = self.params[0].device
+                self._rows = None
+                self._rows = torch.empty((rows, self.num_params), dtype=torch.float32, device=device)
+            G = opacus_flat(self.params, self._rows[:rows])
+        if self.unit_mean and row_weight is None:
+            raise ValueError("unit_clipping=mean needs row_weight (1 / records of each record's unit)")
+        self.accumulator.add(
+            G, unit_of_row.to("cpu"), last_unit_continues=continues, row_weight=row_weight if self.unit_mean else None
         )
 
-    def clip_and_accumulate(self) -> None:
-        """Clip each unit's vector to C (flat L2 over all trainable tensors) and sum over units into summed_grad."""
-        grads = self._unit_grads
-        if self.unit_mean and len(self._unit_counts):
-            scale = (1.0 / self._unit_counts.clamp(min=1.0)).to(device=grads[0].device, dtype=grads[0].dtype)
-            grads = [g * scale.view(-1, *([1] * (g.dim() - 1))) for g in grads]
-        num_units = grads[0].shape[0] if grads else 0
-        if num_units == 0:
-            norms = torch.zeros(0, device=self._unit_counts.device)
-        else:
-            norms = torch.stack([g.reshape(num_units, -1).norm(2, dim=1) for g in grads], dim=1).norm(2, dim=1)
-        factor = (self.max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
-        self.last_unit_norms = norms.detach()
-        for p, g in zip(self.params, grads, strict=True):
-            p.summed_grad = torch.einsum("u,u...->...", factor.to(g.dtype), g) if num_units else torch.zeros_like(p)
-        self._unit_grads = []
-
-    def scale_grad(self) -> None:
-        """Divide by the public normalizer: expected units per logical step."""
-        for p in self.params:
-            p.grad /= self.expected_batch_size
-
     def pre_step(self, closure=None) -> bool:
-        """Clip per unit, add noise once, normalise, then call the step hook (the accountant)."""
-        self.clip_and_accumulate()
-        self.add_noise()
-        self.scale_grad()
+        """Clipped sum (P,) + N(0, (σC)² I) once, divided by the public normalizer → ``.grad``; accountant step."""
+        clipped_sum, self.last_unit_norms = self.accumulator.finish()
+        noisy_mean = privatize(
+            clipped_sum,
+            noise_multiplier=self.noise_multiplier,
+            max_grad_norm=self.max_grad_norm,
+            expected_batch_size=self.expected_batch_size,
+            generator=self.generator,
+        )
+        assign_flat_grads(self.params, noisy_mean)
         if self.step_hook:
             self.step_hook(self)
         return True
@@ -229,20 +246,57 @@ class StepAccountant:
             self.history.append((optimizer.noise_multiplier, self.sample_rate, 1))
 
 
-def make_private(model: torch.nn.Module, optimizer, *, plan, unit_mean: bool):
-    """Wrap a peft model and its optimizer: (GradSampleModule, UnitDPOptimizer, StepAccountant).
+class PerSample(str, enum.Enum):
+    """Where per-record gradients come from: dplora's fast LoRA path, or Opacus hooks (the reference)."""
+
+    FAST = "fast"
+    OPACUS = "opacus"
+
+
+def make_private(model: torch.nn.Module, optimizer, *, plan, unit_mean: bool, per_sample: str = "opacus"):
+    """Wrap a peft model and its optimizer: (model to forward, UnitDPOptimizer, StepAccountant).
+
+    Args:
+        model: the peft model in train mode, on its device; LoRA tensors fp32.
+        optimizer: a torch optimizer over exactly the trainable tensors, in ``named_parameters`` order.
+        plan: anything with noise_multiplier σ, max_grad_norm C, expected_batch_size (units), sample_rate q.
+        unit_mean: a unit's vector is the mean of its records' gradients (else the sum).
+        per_sample: ``fast`` (:class:`dplora.fastclip.FlatLoRAGrads`; the model is returned as is) or
+            ``opacus`` (Opacus ``GradSampleModule`` hooks; the wrapper is returned).
 
     Raises:
         TrainingFailedError: gradient checkpointing is on (it re-fires hooks and breaks per-sample gradients),
             or a trainable module holds buffers (Opacus refuses it; the error names the module and its class).
+        UncoveredParameterError: ``fast`` and a trainable tensor that is not a vanilla LoRA A/B weight.
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         checkpointing = getattr(model, "is_gradient_checkpointing", False)
     if checkpointing:
         raise TrainingFailedError("gradient checkpointing breaks per-sample gradients: turn it off")
+    flat = None
+    if PerSample(per_sample) is PerSample.FAST:
+        flat = FlatLoRAGrads(model)
+        wrapped = model
+    else:
+        wrapped = _opacus_module(model)
+    dp_opt = UnitDPOptimizer(
+        optimizer,
+        noise_multiplier=plan.noise_multiplier,
+        max_grad_norm=plan.max_grad_norm,
+        expected_batch_size=plan.expected_batch_size,
+        generator=os_entropy_generator(parameter_device(model)),
+        unit_mean=unit_mean,
+        flat=flat,
+    )
+    accountant = StepAccountant(plan.noise_multiplier, plan.sample_rate)
+    dp_opt.attach_step_hook(accountant.step)
+    return wrapped, dp_opt, accountant
+
+
+def _opacus_module(model: torch.nn.Module) -> GradSampleModule:
     try:
-        gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum")
+        return GradSampleModule(model, batch_first=True, loss_reduction="sum")
     except NotImplementedError:  # Opacus refuses a trainable module that holds buffers (cases T6): name it
         bad = [
             f"{name or 'model'} ({type(m).__name__})"
@@ -253,29 +307,35 @@ def make_private(model: torch.nn.Module, optimizer, *, plan, unit_mean: bool):
             f"Opacus cannot compute per-sample gradients for trainable module {', '.join(bad) or '?'}: "
             "it holds buffers; freeze its parameters"
         ) from None
-    dp_opt = UnitDPOptimizer(
-        optimizer,
-        noise_multiplier=plan.noise_multiplier,
-        max_grad_norm=plan.max_grad_norm,
-        expected_batch_size=plan.expected_batch_size,
-        generator=os_entropy_generator(next((p.device for p in model.parameters() if p.requires_grad), "cpu")),
-        unit_mean=unit_mean,
-    )
-    accountant = StepAccountant(plan.noise_multiplier, plan.sample_rate)
-    dp_opt.attach_step_hook(accountant.step)
-    return gsm, dp_opt, accountant
 
 
-def probe_per_sample_gradients(gsm: GradSampleModule, named_trainable: list[tuple[str, torch.nn.Parameter]]) -> None:
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The peft model inside an Opacus wrapper (or the model itself on the fast path)."""
+    return model._module if isinstance(model, GradSampleModule) else model
+
+
+def probe_per_sample_gradients(
+    model: torch.nn.Module, named_trainable: list[tuple[str, torch.nn.Parameter]], dp_opt=None
+) -> None:
     """Backward one synthetic batch (no private data) and name every trainable tensor without a per-sample gradient.
+
+    The batch is built on the parameters' device. With the fast path (``dp_opt.flat``) the check is that every
+    LoRA layer wrote its slice of G; with Opacus, that every tensor got ``grad_sample``.
 
     Raises:
         TrainingFailedError: naming the first tensor that got none (cases T2).
     """
     device = next((p.device for _, p in named_trainable), torch.device("cpu"))
     batch = collate([([1, 2, 3, 4], [1, 2, 3, 4]), ([5, 6, 7], [5, 6, 7])], pad_id=0, device=device)
-    per_sequence_loss(gsm, batch).sum().backward()
-    missing = [n for n, p in named_trainable if getattr(p, "grad_sample", None) is None]
+    flat = getattr(dp_opt, "flat", None)
+    if flat is not None:
+        flat.buffer(2)
+    per_sequence_loss(model, batch).sum().backward()
+    if flat is not None:
+        flat.gradients()  # raises naming the first LoRA tensor whose slice was not written
+        missing = []
+    else:
+        missing = [n for n, p in named_trainable if getattr(p, "grad_sample", None) is None]
     for _, p in named_trainable:
         p.grad_sample = None
         p.grad = None

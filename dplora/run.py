@@ -91,15 +91,18 @@ METRICS_HEADER = {
 }
 
 
-def _batches(spec: RunSpec, units) -> tuple[list[int], Any]:
-    """Rows of the sampled units in unit order, and each row's local unit index (0..U-1), shape (R,)."""
+def _batches(spec: RunSpec, units) -> tuple[list[int], Any, Any]:
+    """Rows of the sampled units in unit order, each row's local unit index (0..U-1), shape (R,), and each row's
+    weight in its unit's vector, shape (R,) (1 / records of its unit; used by ``unit_clipping: mean``)."""
     import numpy as np
 
     records = spec.unit_index.records_of_unit
     rows = [r for u in units for r in records[u]]
     if not len(units):
-        return rows, np.zeros(0, dtype=np.int64)
-    return rows, np.concatenate([np.full(len(records[u]), i, dtype=np.int64) for i, u in enumerate(units)])
+        return rows, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+    sizes = np.array([len(records[u]) for u in units], dtype=np.int64)
+    local = np.repeat(np.arange(len(units), dtype=np.int64), sizes)
+    return rows, local, np.repeat(1.0 / sizes, sizes).astype(np.float32)
 
 
 def _finite_flag(named):
@@ -124,17 +127,22 @@ def logical_step(spec: RunSpec, state: RunState, units) -> tuple[float | None, i
 
     from dplora import engine
 
-    rows, local = _batches(spec, units)
+    rows, local, weight = _batches(spec, units)
     model, optimizer = state.model, state.optimizer
     optimizer.begin_logical_step(len(units))
     loss_sum = torch.zeros((), device=spec.device)
     physical = spec.physical_batch_size
     for start in range(0, len(rows), physical):
-        chunk = rows[start : start + physical]
-        batch = engine.collate([spec.examples[r] for r in chunk], spec.pad_id, device=spec.device)
+        end = min(start + physical, len(rows))
+        batch = engine.collate([spec.examples[r] for r in rows[start:end]], spec.pad_id, device=spec.device)
+        optimizer.prepare_batch(end - start)
         losses = engine.per_sequence_loss(model, batch)
         losses.sum().backward()
-        optimizer.accumulate(torch.as_tensor(local[start : start + physical], device=spec.device))
+        optimizer.accumulate(
+            torch.as_tensor(local[start:end], device="cpu"),  # host-side bookkeeping: no device sync
+            continues=bool(end < len(rows) and local[end] == local[end - 1]),
+            row_weight=torch.as_tensor(weight[start:end], device="cpu"),
+        )
         loss_sum += losses.detach().sum()
     # The one host read per logical step: the loss sum and "all parameters finite after the last step".
     loss_value, params_ok = torch.stack([loss_sum.float(), _finite_flag(state.named).float()]).tolist()

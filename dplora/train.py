@@ -272,9 +272,13 @@ def _build(contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Pa
     with _Stage("setting up per-sample gradients", device):
         optimizer = _make_optimizer(contract, [p for _, p in named])
         gsm, dp_opt, accountant = engine.make_private(
-            model, optimizer, plan=plan, unit_mean=contract.privacy.unit_clipping is UnitClipping.MEAN
+            model,
+            optimizer,
+            plan=plan,
+            unit_mean=contract.privacy.unit_clipping is UnitClipping.MEAN,
+            per_sample=contract.privacy.per_sample.value,
         )
-        engine.probe_per_sample_gradients(gsm, named)
+        engine.probe_per_sample_gradients(gsm, named, dp_opt)
     spec = RunSpec(
         contract=contract,
         plan=plan,
@@ -429,7 +433,9 @@ def _write_outputs(spec, state, *, started: str, epsilon_spent: float, io: _RunI
     contract, plan = spec.contract, spec.plan
     staging = spec.staging.resolve()
     adapter_dir = staging / "adapter"
-    state.model._module.save_pretrained(adapter_dir)
+    from dplora.engine import unwrap
+
+    unwrap(state.model).save_pretrained(adapter_dir)
     (adapter_dir / "README.md").unlink(missing_ok=True)  # peft's generated card names the local base-model path
     config_path = adapter_dir / "adapter_config.json"
     adapter_config = json.loads(config_path.read_text())

@@ -129,7 +129,7 @@ def test_failure_before_the_loop_is_one_line_and_leaves_failed_json(
     """An engine fault in setup (here: the probe raising a device error) exits 4 naming the stage, never
     'unexpected'; FAILED.json records 0 steps and ε = 0; no release."""
 
-    def broken_probe(gsm, named):
+    def broken_probe(gsm, named, dp_opt=None):
         raise RuntimeError("Expected all tensors to be on the same device, but found cuda:0 and cpu!\nsecond line")
 
     monkeypatch.setattr(engine, "probe_per_sample_gradients", broken_probe)
@@ -149,22 +149,22 @@ def test_failure_before_the_loop_is_one_line_and_leaves_failed_json(
 
 def test_precision_resolution():
     """auto → fp32 on CPU; bf16 when asked; TF32 only means something on CUDA."""
-    contract = lambda **m: (
-        parse_contract(  # noqa: E731
-            {
-                "privacy": {
-                    "protected_unit": "row",
-                    "adjacency": "add_remove",
-                    "target_epsilon": 1.0,
-                    "delta": 1e-5,
-                    "max_grad_norm": 1.0,
-                },
-                "model": {"name": "smollm2-135m", **m},
-                "data": {"path": "x.csv", "text_column": "t"},
-                "training": {"expected_batch_size": 1, "steps": 1},
-            }
-        ).model
-    )
+
+    def contract(**m):
+        raw = {
+            "privacy": {
+                "protected_unit": "row",
+                "adjacency": "add_remove",
+                "target_epsilon": 1.0,
+                "delta": 1e-5,
+                "max_grad_norm": 1.0,
+            },
+            "model": {"name": "smollm2-135m", **m},
+            "data": {"path": "x.csv", "text_column": "t"},
+            "training": {"expected_batch_size": 1, "steps": 1},
+        }
+        return parse_contract(raw).model
+
     cpu = torch.device("cpu")
     assert resolve_precision(contract(), cpu) == ("fp32", False)
     assert resolve_precision(contract(dtype="bf16"), cpu) == ("bf16", False)

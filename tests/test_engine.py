@@ -13,7 +13,6 @@ import math
 import re
 from types import SimpleNamespace
 
-import opacus.optimizers.optimizer as opacus_optimizer
 import pytest
 import torch
 import torch.nn.functional as F
@@ -21,7 +20,7 @@ from opacus import GradSampleModule
 from peft import LoraConfig, get_peft_model
 from tiny import save_tiny_model, tiny_llama
 
-from dplora import engine, release
+from dplora import clipping, engine, release
 from dplora.contract import parse_contract
 from dplora.errors import TrainingFailedError
 from dplora.train import run_training
@@ -75,10 +74,12 @@ def _plan(*, sigma=0.0, clip=1.0, batch=4, q=0.5):
     return SimpleNamespace(noise_multiplier=sigma, max_grad_norm=clip, expected_batch_size=batch, sample_rate=q)
 
 
-def _private(model, *, lr=0.0, unit_mean=False, **plan):
+def _private(model, *, lr=0.0, unit_mean=False, per_sample="opacus", **plan):
     named = _trainable(model)
     optimizer = torch.optim.SGD([p for _, p in named], lr=lr)
-    gsm, dp_opt, accountant = engine.make_private(model, optimizer, plan=_plan(**plan), unit_mean=unit_mean)
+    gsm, dp_opt, accountant = engine.make_private(
+        model, optimizer, plan=_plan(**plan), unit_mean=unit_mean, per_sample=per_sample
+    )
     return gsm, dp_opt, accountant, named
 
 
@@ -118,13 +119,24 @@ def _logical_step(gsm, dp_opt, records, units, physical, *, apply=False) -> dict
     dp_opt.begin_logical_step(max(units) + 1 if units else 0)
     for start in range(0, len(records), physical):
         batch = engine.collate(records[start : start + physical], PAD)
+        dp_opt.prepare_batch(batch["input_ids"].shape[0])
         engine.per_sequence_loss(gsm, batch).sum().backward()
-        dp_opt.accumulate(torch.tensor(units[start : start + physical], dtype=torch.long))
+        _accumulate(dp_opt, units, start, min(start + physical, len(units)))
     dp_opt.step() if apply else dp_opt.pre_step()
-    names = [n for n, _ in _trainable(gsm._module)]
+    names = [n for n, _ in _trainable(engine.unwrap(gsm))]
     out = {n: p.grad.detach().clone() * dp_opt.expected_batch_size for n, p in zip(names, dp_opt.params, strict=True)}
     dp_opt.zero_grad(set_to_none=True)
     return out
+
+
+def _accumulate(dp_opt, units: list[int], start: int, end: int) -> None:
+    """Fold records start..end-1 (local unit ids ``units``, contiguous per unit) into the step, as the loop does."""
+    counts = {u: units.count(u) for u in units}
+    dp_opt.accumulate(
+        torch.tensor(units[start:end], dtype=torch.long),
+        continues=end < len(units) and units[end] == units[end - 1],
+        row_weight=torch.tensor([1.0 / counts[u] for u in units[start:end]]),
+    )
 
 
 def _clipped_sum(per_record: list[torch.Tensor], groups: list[list[int]], clip: float, mean=False) -> torch.Tensor:
@@ -217,27 +229,31 @@ def test_padding_width_changes_nothing_and_all_prompt_is_zero(pristine):
 
 # ------------------------------------------------------------------------------------ per-unit clipping
 
-# Three units over RECORDS[:7]; unit 0 has four records and, like unit 2, spans both physical batches.
+# Three units over RECORDS[:7], delivered unit by unit; with physical batches of 3, unit 0 (four records) and
+# unit 2 each span two physical batches.
 UNITS = [[0, 2, 4, 5], [1], [3, 6]]
 
 
 def _flatten_units(groups: list[list[int]]) -> tuple[list, list[int]]:
-    """Records in the order [0, 1, 2, ...] of their ids, with each record's local unit id."""
-    order = sorted((r, u) for u, g in enumerate(groups) for r in g)
+    """Records unit by unit (each unit's records contiguous, as the sampler delivers them), with local unit ids."""
+    order = [(r, u) for u, g in enumerate(groups) for r in g]
     return [RECORDS[r] for r, _ in order], [u for _, u in order]
 
 
+@pytest.mark.parametrize("per_sample", ["opacus", "fast"])
 @pytest.mark.parametrize("unit_mean", [False, True])
-def test_unit_clipping_matches_hand_reference(pristine, record_grads, unit_mean):
+def test_unit_clipping_matches_hand_reference(pristine, record_grads, unit_mean, per_sample):
     """Clipped unit sum over two physical batches equals Σ_u clip_C(sum or mean of u's brute-force grads)."""
     names, per_record = record_grads
     sums = [sum(per_record[r] for r in g) / (len(g) if unit_mean else 1) for g in UNITS]
     norms = sorted(float(s.norm()) for s in sums)
     clip = norms[1]  # the median unit: one unit is clipped, one is not
     expected = _clipped_sum(per_record, UNITS, clip, mean=unit_mean)
-    gsm, dp_opt, _, _ = _private(copy.deepcopy(pristine), clip=clip, batch=5, unit_mean=unit_mean)
+    gsm, dp_opt, _, _ = _private(
+        copy.deepcopy(pristine), clip=clip, batch=5, unit_mean=unit_mean, per_sample=per_sample
+    )
     records, units = _flatten_units(UNITS)
-    got = _flat_out(_logical_step(gsm, dp_opt, records, units, physical=4), names)
+    got = _flat_out(_logical_step(gsm, dp_opt, records, units, physical=3), names)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-7)
     torch.testing.assert_close(
         dp_opt.last_unit_norms.double(),
@@ -251,15 +267,16 @@ def test_unit_clipping_matches_hand_reference(pristine, record_grads, unit_mean)
     assert float((unclipped - expected).norm()) > 1e-3
 
 
+@pytest.mark.parametrize("per_sample", ["opacus", "fast"])
 @pytest.mark.parametrize("clip_case", ["clipped", "unclipped"])
-def test_removing_a_unit_moves_sum_by_at_most_c(pristine, record_grads, clip_case):
+def test_removing_a_unit_moves_sum_by_at_most_c(pristine, record_grads, clip_case, per_sample):
     """Add/remove: dropping unit 0 (4 records) changes the clipped sum by ‖clip(S₀)‖, exactly C if ‖S₀‖>C."""
     names, per_record = record_grads
     s0 = float(sum(per_record[r] for r in UNITS[0]).norm())
     clip = (
         0.25 * s0 if clip_case == "clipped" else 1.5 * max(float(sum(per_record[r] for r in g).norm()) for g in UNITS)
     )
-    gsm, dp_opt, _, _ = _private(copy.deepcopy(pristine), clip=clip, batch=3)
+    gsm, dp_opt, _, _ = _private(copy.deepcopy(pristine), clip=clip, batch=3, per_sample=per_sample)
     full = _flat_out(_logical_step(gsm, dp_opt, *_flatten_units(UNITS), physical=4), names)
     without = _flat_out(_logical_step(gsm, dp_opt, *_flatten_units(UNITS[1:]), physical=4), names)
     change = float((full - without).norm())
@@ -295,9 +312,12 @@ def _scalar_step(dp_opt, num_units, physical_batches) -> float:
     """Drive UnitDPOptimizer on a 1-parameter module: grad_sample set by hand per physical batch."""
     (p,) = dp_opt.params
     dp_opt.begin_logical_step(num_units)
+    every = [u for _, units in physical_batches for u in units]
+    start = 0
     for grads, units in physical_batches:
         p.grad_sample = torch.tensor(grads).view(-1, 1, 1)
-        dp_opt.accumulate(torch.tensor(units, dtype=torch.long))
+        _accumulate(dp_opt, every, start, start + len(units))
+        start += len(units)
     dp_opt.pre_step()
     value = float(p.grad)
     dp_opt.zero_grad(set_to_none=True)
@@ -363,31 +383,29 @@ def test_noise_std_is_sigma_c_on_empty_batch():
     assert accountant.steps == 1
 
 
-def test_noise_drawn_once_per_tensor_per_logical_step(pristine, monkeypatch):
-    """One _generate_noise call per trainable tensor per logical step, std σC, OS-entropy generator."""
+def test_noise_drawn_once_per_logical_step(pristine, monkeypatch):
+    """One draw of P values per logical step (not per physical batch, not per tensor), std σC, OS-entropy generator."""
     calls = []
-    real = opacus_optimizer._generate_noise
+    real = torch.normal
 
-    def counting(std, reference, generator=None, secure_mode=False):
-        calls.append((std, tuple(reference.shape), generator))
-        return real(std, reference, generator=generator, secure_mode=secure_mode)
+    def counting(mean, std, *, size, device=None, generator=None):
+        calls.append((std, tuple(size), generator))
+        return real(mean, std, size=size, device=device, generator=generator)
 
-    monkeypatch.setattr(opacus_optimizer, "_generate_noise", counting)
+    monkeypatch.setattr(clipping.torch, "normal", counting)
     gsm, dp_opt, accountant, named = _private(copy.deepcopy(pristine), sigma=0.7, clip=2.0, batch=3)
-    shapes = sorted(tuple(p.shape) for _, p in named)
+    total = sum(p.numel() for _, p in named)
     records, units = _flatten_units(UNITS)
     dp_opt.begin_logical_step(3)
     for start in range(0, len(records), 3):  # 7 records: three physical batches
         engine.per_sequence_loss(gsm, engine.collate(records[start : start + 3], PAD)).sum().backward()
-        dp_opt.accumulate(torch.tensor(units[start : start + 3], dtype=torch.long))
+        _accumulate(dp_opt, units, start, min(start + 3, len(units)))
     assert calls == []  # nothing drawn per physical batch
     dp_opt.step()
     dp_opt.zero_grad(set_to_none=True)
-    assert len(calls) == len(named) == 8
-    assert sorted(shape for _, shape, _ in calls) == shapes
-    assert all(std == pytest.approx(1.4) and gen is dp_opt.generator and gen is not None for std, _, gen in calls)
+    assert calls == [(pytest.approx(1.4), (total,), dp_opt.generator)] and dp_opt.generator is not None
     _logical_step(gsm, dp_opt, records, units, physical=2, apply=True)  # four physical batches
-    assert len(calls) == 16 and accountant.steps == 2
+    assert len(calls) == 2 and accountant.steps == 2
 
 
 def test_noise_does_not_follow_the_global_seed():
@@ -566,8 +584,8 @@ def test_run_training_steps_accountant_on_empty_batches(tmp_path, tiny_model_dir
     spy = {"units": [], "moved": [], "batch_sizes": []}
     real_make_private, real_loss = engine.make_private, engine.per_sequence_loss
 
-    def make_private_spy(model, optimizer, *, plan, unit_mean):
-        gsm, dp_opt, accountant = real_make_private(model, optimizer, plan=plan, unit_mean=unit_mean)
+    def make_private_spy(model, optimizer, **kw):
+        gsm, dp_opt, accountant = real_make_private(model, optimizer, **kw)
         begin, step = dp_opt.begin_logical_step, dp_opt.step
 
         def begin_spy(num_units):
