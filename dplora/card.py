@@ -93,6 +93,7 @@ def _data(record: dict, contract: Contract) -> str:
     else:
         columns = f"the responses in column `{d.response_column}` given the prompts in `{d.prompt_column}`"
     files = ", ".join(f"`{name}`" for name in record["data"]["files"])
+    files += "" if d.format == "auto" else f" ({d.format})"
     digest = record["data"]["digest"]
     keyed = (
         "a keyed HMAC-SHA256 digest of each file is in the record; only the data owner, who holds the key, can check it"
@@ -101,7 +102,7 @@ def _data(record: dict, contract: Contract) -> str:
     )
     return (
         "## Training data\n\n"
-        f"Described, never shown: {files} ({d.format}), trained on {columns}; "
+        f"Described, never shown: {files}, trained on {columns}; "
         f"{record['accounting']['num_units']} protected units. {keyed[0].upper()}{keyed[1:]}.\n"
     )
 
@@ -119,8 +120,8 @@ def _base_model(base: dict) -> str:
     )
     if not base.get("resolvable", False):
         load = (
-            f"`{base['name_or_path']}` is the base model folder's own name, not a Hub id: load that model "
-            "yourself, then\n\n```python\nfrom peft import PeftModel\n\n"
+            f"`{base['name_or_path']}` is a local name, not a Hub id: load that base model yourself "
+            "(and check it with `dplora verify --base-model`), then\n\n```python\nfrom peft import PeftModel\n\n"
             'model = PeftModel.from_pretrained(base_model, "path/to/adapter")\n```\n'
         )
     return (

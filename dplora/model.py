@@ -271,10 +271,10 @@ def base_model_entry(section: ModelSection, log=print) -> dict:
         package["sha256"] = _sha256(packaged_gguf())
         return _entry(SMOLLM2_UPSTREAM, "upstream model id", note, base_model_files(folder), package=package)
     if gguf is not None:
-        note = "a single .gguf file: load it with transformers' gguf_file= and the adapter with PeftModel"
+        note = "A single .gguf file: load it with transformers (`gguf_file=`), then the adapter with PeftModel."
         return _entry(gguf, "file name", note, {gguf: _sha256(folder / gguf)})
     name, source = _own_name(folder)
-    note = None if source == "config _name_or_path" else "the model folder has no Hub id in its config.json"
+    note = None if source == "config _name_or_path" else "The model folder's config.json names no Hub id."
     return _entry(name, source, note, base_model_files(folder))
 
 
