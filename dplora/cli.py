@@ -188,7 +188,7 @@ def verify(
     out.print(f"signature: key id rule {rule[result.key_id_rule.value]}; {bundle}", markup=False, soft_wrap=True)
     if base_model is not None:
         matched = ", ".join(result.base_model_files)
-        out.print(f"base model: {matched} match the recorded sha256", markup=False, soft_wrap=True)
+        out.print(f"base model: sha256 of {matched} matches the record", markup=False, soft_wrap=True)
 
 
 @app.command()
