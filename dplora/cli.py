@@ -159,17 +159,23 @@ def verify(
     public_key: Annotated[Path, typer.Option(help="The signer's Ed25519 public key (PEM).")],
     data: Annotated[list[Path] | None, typer.Option(help="Data file(s) to check against the keyed digest.")] = None,
     data_key: Annotated[Path | None, typer.Option(help="The data owner's HMAC key (with --data).")] = None,
+    base_model: Annotated[
+        Path | None,
+        typer.Option(help="Base model folder (or its .gguf file) to check against the recorded sha256 digests."),
+    ] = None,
 ) -> None:
-    """Check a release: signature, artifact digests, and (with --data/--data-key) the keyed data digest."""
-    from dplora.release import load_data_key, verify_release
+    """Check a release: signature, artifact digests, and optionally the keyed data digest and the base model."""
+    from dplora.release import load_data_key
+    from dplora.verify import verify_release
 
     if data_key is not None and not data:
         raise _fail(BadInputError("--data-key needs --data FILE: the data file(s) whose keyed digest to check"))
     try:
         key = load_data_key(data_key) if data else None
-        statement = verify_release(release_path, public_key, data_files=data or None, data_key=key)
+        result = verify_release(release_path, public_key, data_files=data or None, data_key=key, base_model=base_model)
     except DploraError as err:
         raise _fail(err) from None
+    statement = result.statement
     acc = statement["predicate"]["accounting"]
     unit = statement["predicate"]["privacy"]
     out.print(
@@ -177,6 +183,12 @@ def verify(
         f"ε={acc['epsilon_spent']:.4f}, δ={acc['delta']:g}, {acc['accountant']} ({acc['accountant_version']})",
         markup=False,
     )
+    rule = {"securesystemslib": "securesystemslib", "raw-key": "raw-key (an older release)", "none": "empty"}
+    bundle = "same envelope in release.sigstore.json" if result.bundle else "no release.sigstore.json"
+    out.print(f"signature: key id rule {rule[result.key_id_rule.value]}; {bundle}", markup=False, soft_wrap=True)
+    if base_model is not None:
+        matched = ", ".join(result.base_model_files)
+        out.print(f"base model: sha256 of {matched} matches the record", markup=False, soft_wrap=True)
 
 
 @app.command()

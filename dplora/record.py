@@ -14,7 +14,7 @@ import dplora
 from dplora.contract import Contract, ProtectedUnit
 from dplora.plan import TrainingPlan
 
-RECORD_VERSION = 1
+RECORD_VERSION = 2  # 2: base_model (name and file digests); artifacts filled by the release
 SEED_SCOPE = (
     "seeds the data-cap choice and the LoRA initialisation only; Poisson sampling and the Gaussian noise draw "
     "from OS entropy and cannot be reproduced from this record"
@@ -84,11 +84,15 @@ def build_record(
     started_at: str,
     finished_at: str,
     data_digest: dict,
-    artifacts: list[str],
+    base_model: dict,
     execution: dict | None = None,
 ) -> dict:
     """The JSON record of one fully accounted run (steps_done == plan.steps).
 
+    The ``artifacts`` list is added when the release is finished (:func:`dplora.release.finish_release`).
+
+    Args:
+        base_model: :func:`dplora.model.base_model_entry`: a loadable name and the sha256 of the files trained on.
     Returns:
         A dict ready for canonical JSON (str/int/float/bool/None/list/dict only).
     """
@@ -124,11 +128,11 @@ def build_record(
         "population": contract.privacy.population,
         "lora": contract.lora.model_dump(mode="json"),
         "model": contract.model.model_dump(mode="json"),
+        "base_model": base_model,
         "versions": library_versions(),
         "contract": {"file": "contract.yaml", "sha256": contract.sha256},
         "data": {"files": [contract.data.path.rsplit("/", 1)[-1]], "digest": data_digest},
         "seed": {"value": contract.training.seed, "scope": SEED_SCOPE},
         "execution": execution or {},
-        "artifacts": sorted(artifacts),
         "not_included": "training losses and per-unit record counts (computed on private data, not covered by ε)",
     }

@@ -1,10 +1,13 @@
-"""Signed release records: an in-toto Statement v1 in a DSSE v1 envelope, signed with Ed25519.
+"""Signed release records: an in-toto Statement v1 in a DSSE v1 envelope, Ed25519-signed with securesystemslib.
 
-Envelope (``release.dsse.json``): DSSE v1 (https://github.com/secure-systems-lab/dsse/blob/master/protocol.md);
-the Ed25519 (RFC 8032) signature covers the Pre-Authentication Encoding (PAE) of ``payloadType`` and
-the payload. Payload: the canonical JSON of an in-toto Statement v1
-(https://github.com/in-toto/attestation/blob/main/spec/v1/statement.md) whose subjects are the
-released artifact files (path relative to the release folder + sha256).
+Envelope (``release.dsse.json``): DSSE v1 (https://github.com/secure-systems-lab/dsse/blob/master/protocol.md)
+made and checked by securesystemslib (``dsse.Envelope``, ``CryptoSigner``, ``SSlibKey``), so its key id is
+securesystemslib's (see :mod:`dplora.keys`); older releases signed under the raw-key key id still verify.
+Payload: the canonical JSON of an in-toto Statement v1
+(https://github.com/in-toto/attestation/blob/main/spec/v1/statement.md) whose subjects are the released
+artifact files (path relative to the release folder + sha256). Beside it, ``release.sigstore.json`` holds the
+same envelope as a Sigstore bundle v0.3 (https://github.com/sigstore/protobuf-specs, ``Bundle``) whose
+verification material is a public-key hint (the key id): no certificate, no transparency-log entry.
 
 Predicate type ``https://dplora.dev/release/v1``: the predicate is the trainer's record dict,
 written verbatim (nothing is added). Its ``data.digest`` entry, when present, comes from
@@ -14,30 +17,38 @@ never a plain hash, since a plain hash of private data would let anyone confirm 
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
 import json
 import os
 import tempfile
-import warnings
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
-from cryptography.hazmat.primitives import serialization as ser
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from securesystemslib.dsse import Envelope
+from securesystemslib.signer import CryptoSigner
 
-from dplora.errors import BadInputError, VerificationError
+from dplora.errors import BadInputError
+from dplora.keys import (  # noqa: F401 - re-exported: the key functions lived here before dplora.keys
+    NO_SIGNING_KEY,
+    SIGNING_KEY_ENV,
+    generate_keypair,
+    key_id,
+    load_private_key,
+    load_public_key,
+)
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://dplora.dev/release/v1"
 RELEASE_FILENAME = "release.dsse.json"
-SIGNING_KEY_ENV = "DPLORA_SIGNING_KEY"  # path to the private key PEM
+SIGSTORE_FILENAME = "release.sigstore.json"
+RELEASE_FILES = (RELEASE_FILENAME, SIGSTORE_FILENAME)  # the signed envelope, and the same as a bundle
+BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
+BUNDLE_MEDIA_TYPES = (BUNDLE_MEDIA_TYPE, "application/vnd.dev.sigstore.bundle+json;version=0.3")
+MODEL_CARD = "README.md"  # the Hugging Face model card in adapter/
 DATA_KEY_ENV = "DPLORA_DATA_KEY"  # path to the data owner's HMAC key file
 MIN_DATA_KEY_BYTES = 16
-NO_SIGNING_KEY = "no signing key: pass --signing-key PATH or set DPLORA_SIGNING_KEY; "
-NO_SIGNING_KEY += "create one with `dplora keygen`"
 
 
 def canonical_json(obj) -> bytes:
@@ -139,112 +150,6 @@ def data_digest_entry(data_files: list[Path], key: bytes | None) -> dict:
     return {"algorithm": "hmac-sha256", "keyed": True, "files": files, "note": note}
 
 
-def generate_keypair(
-    private_path: Path, public_path: Path | None = None, *, overwrite: bool = False
-) -> tuple[Path, Path]:
-    """Create an Ed25519 (RFC 8032) key pair as PEM files (parent folders are created).
-
-    Args:
-        private_path: Where to write the private key: PKCS8, unencrypted, mode exactly 0600.
-        public_path: Where to write the SubjectPublicKeyInfo public key; default: suffix ``.pub``.
-        overwrite: Replace existing files instead of refusing.
-    Returns:
-        ``(private_path, public_path)``.
-    Raises:
-        BadInputError: If a target exists and ``overwrite`` is False, or a file cannot be written.
-    """
-    private_path = Path(private_path)
-    public_path = Path(public_path) if public_path is not None else private_path.with_suffix(".pub")
-    for p in () if overwrite else (private_path, public_path):
-        if p.exists():
-            raise BadInputError(f"{p} already exists: refusing to overwrite it")
-    key = Ed25519PrivateKey.generate()
-    priv_pem = key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8, ser.NoEncryption())
-    pub_pem = key.public_key().public_bytes(ser.Encoding.PEM, ser.PublicFormat.SubjectPublicKeyInfo)
-    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | (os.O_TRUNC if overwrite else os.O_EXCL)
-    try:
-        for p in (private_path, public_path):
-            p.parent.mkdir(parents=True, exist_ok=True)
-        with os.fdopen(os.open(private_path, flags, 0o600), "wb") as f:
-            os.fchmod(f.fileno(), 0o600)  # exactly 0600 whatever the umask or an old file's mode
-            f.write(priv_pem)
-        public_path.write_bytes(pub_pem)
-    except OSError as exc:
-        raise BadInputError(f"cannot write key file: {exc}") from None
-    return private_path, public_path
-
-
-def _load_pem(path: Path, what: str, loader, key_type):
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise BadInputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    try:
-        key = loader(data)
-    except (ValueError, TypeError, UnsupportedAlgorithm):
-        raise BadInputError(f"{what} {path} is not an unencrypted PEM {what}") from None
-    if not isinstance(key, key_type):
-        raise BadInputError(f"{what} {path} is not an Ed25519 key")
-    return key
-
-
-def load_private_key(path: Path | None) -> Ed25519PrivateKey:
-    """Load a PEM Ed25519 (RFC 8032) private key; warns (``UserWarning``) if group/world readable.
-
-    Args:
-        path: Unencrypted PEM private key path, or None to use ``$DPLORA_SIGNING_KEY``.
-    Returns:
-        The private key.
-    Raises:
-        BadInputError: If no key is given, or the file is unreadable, not PEM, encrypted, or not Ed25519.
-    """
-    if path is None:
-        if not (env := os.environ.get(SIGNING_KEY_ENV, "").strip()):
-            raise BadInputError(NO_SIGNING_KEY)
-        path = Path(env)
-    key = _load_pem(path, "private key", lambda d: ser.load_pem_private_key(d, None), Ed25519PrivateKey)
-    if os.stat(path).st_mode & 0o044:
-        warnings.warn(f"signing key {path} is readable by group or others; chmod 600 it", stacklevel=2)
-    return key
-
-
-def load_public_key(path: Path) -> Ed25519PublicKey:
-    """Load a PEM SubjectPublicKeyInfo Ed25519 (RFC 8032) public key.
-
-    Args:
-        path: Public key path.
-    Returns:
-        The public key.
-    Raises:
-        BadInputError: If the file is missing or unreadable, not a PEM public key, or not Ed25519.
-    """
-    return _load_pem(path, "public key", ser.load_pem_public_key, Ed25519PublicKey)
-
-
-def key_id(public_key: Ed25519PublicKey) -> str:
-    """The DSSE ``keyid``: hex SHA-256 of the raw 32-byte Ed25519 (RFC 8032) public key.
-
-    Args:
-        public_key: An Ed25519 public key.
-    Returns:
-        The lowercase hex key id.
-    """
-    return hashlib.sha256(public_key.public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw)).hexdigest()
-
-
-def pae(payload_type: str, payload: bytes) -> bytes:
-    """DSSE v1 (protocol.md) PAE: ``"DSSEv1" SP LEN(type) SP type SP LEN(body) SP body``, decimal lengths.
-
-    Args:
-        payload_type: The envelope's payloadType.
-        payload: The raw (not base64) payload bytes.
-    Returns:
-        The bytes that are signed.
-    """
-    t = payload_type.encode("utf-8")
-    return b"DSSEv1 %d %b %d %b" % (len(t), t, len(payload), payload)
-
-
 def build_statement(record: dict, subjects: dict[str, str]) -> dict:
     """Build an in-toto Statement v1 with predicate type ``PREDICATE_TYPE``.
 
@@ -259,30 +164,55 @@ def build_statement(record: dict, subjects: dict[str, str]) -> dict:
 
 
 def sign_statement(statement: dict, private_key: Ed25519PrivateKey) -> dict:
-    """Sign a statement into a DSSE v1 envelope: Ed25519 (RFC 8032) over PAE of the canonical JSON.
+    """Sign a statement into a DSSE v1 envelope with securesystemslib (Ed25519, RFC 8032, over the DSSE PAE).
 
     Args:
         statement: The in-toto Statement v1 dict.
         private_key: The Ed25519 signing key.
     Returns:
-        ``{"payloadType", "payload" (base64), "signatures": [{"keyid", "sig" (base64)}]}``.
+        ``{"payload" (base64 canonical JSON), "payloadType", "signatures": [{"keyid", "sig" (base64)}]}``;
+        the key id is securesystemslib's (:func:`dplora.keys.key_id`).
     Raises:
         BadInputError: If the statement is not canonical-JSON serializable.
     """
-    payload = canonical_json(statement)
-    sig = base64.b64encode(private_key.sign(pae(PAYLOAD_TYPE, payload))).decode("ascii")
-    signature = {"keyid": key_id(private_key.public_key()), "sig": sig}
-    return {
-        "payloadType": PAYLOAD_TYPE,
-        "payload": base64.b64encode(payload).decode("ascii"),
-        "signatures": [signature],
-    }
+    envelope = Envelope(canonical_json(statement), PAYLOAD_TYPE, {})
+    envelope.sign(CryptoSigner(private_key))
+    return envelope.to_dict()
+
+
+def sigstore_bundle(envelope: dict) -> dict:
+    """The envelope as a Sigstore bundle v0.3: DSSE envelope plus a public-key hint, nothing else.
+
+    Args:
+        envelope: A signed DSSE envelope dict (:func:`sign_statement`).
+    Returns:
+        ``{"mediaType", "verificationMaterial": {"publicKey": {"hint": keyid}, "tlogEntries": []},
+        "dsseEnvelope"}``: key-based, so no certificate and no transparency-log entry.
+    """
+    hint = envelope["signatures"][0]["keyid"]
+    material = {"publicKey": {"hint": hint}, "tlogEntries": []}
+    return {"mediaType": BUNDLE_MEDIA_TYPE, "verificationMaterial": material, "dsseEnvelope": envelope}
+
+
+def _temp_json(folder: Path, name: str, obj) -> Path:
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write((json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+            f.flush()
+            os.fchmod(f.fileno(), 0o644)
+            os.fsync(f.fileno())
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return Path(tmp)
 
 
 def write_release(*, output_dir: Path, record: dict, artifact_files: list[Path], private_key) -> Path:
-    """Sign ``record`` + artifact sha256s (DSSE v1, in-toto Statement v1) as ``release.dsse.json``.
+    """Sign ``record`` + artifact sha256s as ``release.dsse.json`` and its bundle ``release.sigstore.json``.
 
-    The write is atomic: a temp file in the same folder, fsync, then ``os.replace``.
+    Both are written to temp files in the same folder (fsync) and renamed, the envelope last; on any error
+    neither is left behind.
 
     Args:
         output_dir: The run's output folder; subject names are POSIX paths relative to it.
@@ -298,7 +228,7 @@ def write_release(*, output_dir: Path, record: dict, artifact_files: list[Path],
     subjects: dict[str, str] = {}
     for a in map(Path, artifact_files):
         p = (a if a.is_absolute() else root / a).resolve()
-        if not p.is_relative_to(root) or p == root or p == root / RELEASE_FILENAME:
+        if not p.is_relative_to(root) or p == root or p.relative_to(root).as_posix() in RELEASE_FILES:
             raise BadInputError(f"artifact {a} is not a file inside the output folder {output_dir}")
         if not p.is_file():
             raise BadInputError(f"artifact {a} is missing or not a file")
@@ -306,139 +236,63 @@ def write_release(*, output_dir: Path, record: dict, artifact_files: list[Path],
     if not subjects:
         raise BadInputError("a release needs at least one artifact file")
     envelope = sign_statement(build_statement(record, subjects), private_key)
-    fd, tmp = tempfile.mkstemp(dir=root, prefix=f".{RELEASE_FILENAME}.", suffix=".tmp")
+    temps: list[tuple[Path, Path]] = []
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write((json.dumps(envelope, indent=2, sort_keys=True) + "\n").encode("utf-8"))
-            f.flush()
-            os.fchmod(f.fileno(), 0o644)
-            os.fsync(f.fileno())
-        os.replace(tmp, root / RELEASE_FILENAME)
+        for name, doc in ((SIGSTORE_FILENAME, sigstore_bundle(envelope)), (RELEASE_FILENAME, envelope)):
+            temps.append((_temp_json(root, name, doc), root / name))
+        for tmp, target in temps:
+            os.replace(tmp, target)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        for tmp, target in temps:
+            tmp.unlink(missing_ok=True)
+            target.unlink(missing_ok=True)  # no half release: neither file, rather than one of them
         raise
     return root / RELEASE_FILENAME
 
 
-def _short(hex_digest: str) -> str:
-    return hex_digest[:12] + "…" if len(hex_digest) > 12 else hex_digest
+def finish_adapter_dir(adapter_dir: Path, contract, record: dict) -> list[Path]:
+    """Make a saved peft adapter folder loadable elsewhere and self-describing, before it is signed.
 
-
-def _open_envelope(path: Path, public_key: Ed25519PublicKey) -> bytes:
-    try:
-        env = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInputError(f"cannot read release file {path}: {exc}") from None
-    except json.JSONDecodeError:
-        raise VerificationError(f"{path.name} is not JSON") from None
-    if not isinstance(env, dict) or env.get("payloadType") != PAYLOAD_TYPE:
-        got = env.get("payloadType") if isinstance(env, dict) else None
-        raise VerificationError(f"payloadType is {got!r}, expected {PAYLOAD_TYPE!r}")
-    try:
-        payload = base64.b64decode(env.get("payload", ""), validate=True)
-    except (ValueError, TypeError):
-        raise VerificationError("payload is not valid base64") from None
-    sigs = env.get("signatures")
-    if not isinstance(sigs, list) or not sigs:
-        raise VerificationError("envelope has no signatures")
-    kid = key_id(public_key)
-    mine = [s for s in sigs if isinstance(s, dict) and s.get("keyid") in (kid, "", None)]
-    if not mine:
-        raise VerificationError(f"no signature by this public key (keyid {_short(kid)})")
-    for s in mine:
-        try:
-            public_key.verify(base64.b64decode(s.get("sig", ""), validate=True), pae(PAYLOAD_TYPE, payload))
-            return payload
-        except (InvalidSignature, ValueError, TypeError):
-            continue
-    raise VerificationError("signature does not verify with this public key")
-
-
-def _check_subject(folder: Path, subject) -> None:
-    ok = isinstance(subject, dict) and isinstance(subject.get("digest"), dict)
-    name, digest = (subject.get("name"), subject["digest"].get("sha256")) if ok else (None, None)
-    if not isinstance(name, str) or not name or not isinstance(digest, str):
-        raise VerificationError(f"malformed subject in statement: {str(subject)[:80]}")
-    if PurePosixPath(name).is_absolute() or ".." in PurePosixPath(name).parts:
-        raise VerificationError(f"subject name {name!r} is not a relative path inside the release folder")
-    path = (folder / name).resolve()
-    if not path.is_relative_to(folder.resolve()):
-        raise VerificationError(f"subject name {name!r} escapes the release folder")
-    if not path.is_file():
-        raise VerificationError(f"{name}: file is missing")
-    if not hmac.compare_digest(found := sha256_file(path), digest.lower()):
-        raise VerificationError(f"{name}: sha256 mismatch (expected {_short(digest)}, found {_short(found)})")
-
-
-def _check_data(predicate, data_files: list[Path], data_key: bytes) -> None:
-    data = predicate.get("data") if isinstance(predicate, dict) else None
-    digest = data.get("digest") if isinstance(data, dict) else None
-    files = digest.get("files") if isinstance(digest, dict) and digest.get("keyed") is True else None
-    if not isinstance(files, dict):
-        raise VerificationError("the release has no keyed data digest to check the data files against")
-    for p in map(Path, data_files):
-        if p.name not in files:
-            raise VerificationError(f"{p.name}: not in the release's data digest")
-        try:
-            found = hmac_sha256_file(p, data_key)
-        except OSError as exc:
-            raise BadInputError(f"cannot read data file {p}: {exc.strerror or exc}") from None
-        if not hmac.compare_digest(found, str(files[p.name]).lower()):
-            raise VerificationError(f"{p.name}: data HMAC mismatch (wrong data file or wrong data key)")
-
-
-UNSIGNED_BY_DESIGN = ("metrics.jsonl",)  # per-step training log beside the release; never part of it
-
-
-def _check_no_unsigned_files(folder: Path, signed: set[str], envelope_name: str) -> None:
-    """Refuse files the signature does not cover (an extra file in adapter/ would be loaded by peft)."""
-    allowed = signed | {envelope_name, *UNSIGNED_BY_DESIGN}
-    for p in sorted(folder.rglob("*")):
-        name = p.relative_to(folder).as_posix()
-        if p.is_file() and name not in allowed:
-            raise VerificationError(f"{name}: file is not covered by the signature (remove it or re-release)")
-
-
-def verify_release(
-    release_path: Path, public_key, *, data_files: list[Path] | None = None, data_key: bytes | None = None
-) -> dict:
-    """Verify a release: DSSE v1 envelope, Ed25519 (RFC 8032) signature, in-toto Statement v1, files.
-
-    Checks, in order: envelope and payloadType; a signature by ``public_key`` over PAE; the statement
-    and predicate type; each subject file's sha256 (names must stay inside the folder); with
-    ``data_files`` and ``data_key``, each data file's HMAC-SHA256 (RFC 2104) by basename.
+    Sets ``adapter_config.json``'s ``base_model_name_or_path`` to the record's loadable base-model name
+    (never a local path) and replaces peft's generated card with dplora's model card (:mod:`dplora.card`).
 
     Args:
-        release_path: The envelope file, or the folder holding ``release.dsse.json``.
-        public_key: An Ed25519 public key, or a path to a PEM public key.
-        data_files: Data files to check against the record's keyed ``data.digest``.
-        data_key: The data owner's HMAC key; required with ``data_files``.
+        adapter_dir: The folder ``save_pretrained`` wrote (adapter_config.json, adapter weights).
+        contract: The run's :class:`dplora.contract.Contract`.
+        record: The release record with its ``base_model`` entry (:func:`dplora.record.build_record`).
     Returns:
-        The verified statement dict.
+        Every file in ``adapter_dir``, sorted: the artifacts to sign.
     Raises:
-        BadInputError: If the release file or key cannot be read, or ``data_files`` come without a key.
-        VerificationError: On the first mismatch, with a one-line reason naming it.
+        BadInputError: If ``adapter_config.json`` is missing or not JSON.
     """
-    path = Path(release_path)
-    path = path / RELEASE_FILENAME if path.is_dir() else path
-    if not isinstance(public_key, Ed25519PublicKey):
-        public_key = load_public_key(Path(public_key))
-    if data_files and data_key is None:
-        raise BadInputError("data files were given without a data key: pass --data-key or set DPLORA_DATA_KEY")
-    payload = _open_envelope(path, public_key)
+    from dplora.card import model_card
+
+    adapter_dir = Path(adapter_dir)
+    config_path = adapter_dir / "adapter_config.json"
     try:
-        statement = json.loads(payload.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise VerificationError("payload is not JSON") from None
-    if not isinstance(statement, dict) or statement.get("_type") != STATEMENT_TYPE:
-        raise VerificationError(f"payload is not an in-toto Statement v1 ({STATEMENT_TYPE})")
-    if (ptype := statement.get("predicateType")) != PREDICATE_TYPE:
-        raise VerificationError(f"predicateType is {ptype!r}, expected {PREDICATE_TYPE!r}")
-    if not isinstance(statement.get("subject"), list) or not statement["subject"]:
-        raise VerificationError("statement has no subjects")
-    for subject in statement["subject"]:
-        _check_subject(path.parent, subject)
-    _check_no_unsigned_files(path.parent, {s["name"] for s in statement["subject"]}, path.name)
-    if data_files:
-        _check_data(statement.get("predicate"), data_files, data_key)
-    return statement
+        adapter_config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise BadInputError(f"cannot read {config_path.name} in the adapter folder: {exc}") from None
+    adapter_config["base_model_name_or_path"] = record["base_model"]["name_or_path"]
+    config_path.write_text(json.dumps(adapter_config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    (adapter_dir / MODEL_CARD).write_text(model_card(record, contract), encoding="utf-8")
+    return sorted(p for p in adapter_dir.rglob("*") if p.is_file())
+
+
+def finish_release(output_dir: Path, contract, record: dict, *, private_key) -> Path:
+    """Finish ``output_dir/adapter`` (:func:`finish_adapter_dir`) and sign it with ``contract.yaml``.
+
+    Args:
+        output_dir: The run folder holding ``adapter/`` and ``contract.yaml``.
+        contract: The run's contract.
+        record: The release record without ``artifacts``; they are added here (relative POSIX names).
+        private_key: The Ed25519 signing key.
+    Returns:
+        The path of the written envelope (:func:`write_release`).
+    Raises:
+        BadInputError: See :func:`finish_adapter_dir` and :func:`write_release`.
+    """
+    root = Path(output_dir).resolve()
+    artifacts = finish_adapter_dir(root / "adapter", contract, record) + [root / "contract.yaml"]
+    record = {**record, "artifacts": sorted(p.relative_to(root).as_posix() for p in artifacts)}
+    return write_release(output_dir=root, record=record, artifact_files=artifacts, private_key=private_key)

@@ -429,20 +429,15 @@ def _publish(staging: Path, out: Path) -> None:
 
 
 def _write_outputs(spec, state, *, started: str, epsilon_spent: float, io: _RunIO) -> None:
-    """Save the adapters and the resolved contract, then sign the release over them (inside ``staging``)."""
+    """Save the adapters and the resolved contract, then finish and sign the release (inside ``staging``)."""
+    from dplora.model import base_model_entry
+
     contract, plan = spec.contract, spec.plan
     staging = spec.staging.resolve()
-    adapter_dir = staging / "adapter"
     from dplora.engine import unwrap
 
-    unwrap(state.model).save_pretrained(adapter_dir)
-    (adapter_dir / "README.md").unlink(missing_ok=True)  # peft's generated card names the local base-model path
-    config_path = adapter_dir / "adapter_config.json"
-    adapter_config = json.loads(config_path.read_text())
-    adapter_config["base_model_name_or_path"] = contract.model.name or Path(contract.model.path).name
-    config_path.write_text(json.dumps(adapter_config, indent=2, sort_keys=True) + "\n")
+    unwrap(state.model).save_pretrained(staging / "adapter")
     (staging / "contract.yaml").write_text(contract.to_yaml())
-    artifacts = sorted(p for p in adapter_dir.rglob("*") if p.is_file()) + [staging / "contract.yaml"]
     record = build_record(
         contract=contract,
         plan=plan,
@@ -452,10 +447,10 @@ def _write_outputs(spec, state, *, started: str, epsilon_spent: float, io: _RunI
         started_at=started,
         finished_at=_now(),
         data_digest=release.data_digest_entry([Path(contract.data.path)], io.data_key),
-        artifacts=[p.relative_to(staging).as_posix() for p in artifacts],
+        base_model=base_model_entry(contract.model, io.log),
         execution=execution_entry(spec),
     )
-    release.write_release(output_dir=staging, record=record, artifact_files=artifacts, private_key=io.private_key)
+    release.finish_release(staging, contract, record, private_key=io.private_key)
 
 
 def execution_entry(spec) -> dict:

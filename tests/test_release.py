@@ -1,4 +1,4 @@
-"""Tests of dplora.release: DSSE v1 + in-toto Statement v1 signing and verification (no torch)."""
+"""Tests of dplora.release and dplora.verify: DSSE v1 + in-toto Statement v1 signing and verification (no torch)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import hashlib
 import hmac
 import json
 import os
+import shutil
 import stat
+from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives import serialization as ser
@@ -15,6 +17,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from dplora import release as rel
 from dplora.errors import BadInputError, VerificationError
+from dplora.keys import KeyIdRule
+from dplora.verify import verify_release
 
 RECORD = {"run": "demo", "epsilon": 3.0, "delta": 1e-6, "note": "patient said hello", "data": {"digest": {}}}
 
@@ -50,7 +54,7 @@ def _edit_envelope(path, fn):
 
 def _verify_fails(path, public_key, match):
     with pytest.raises(VerificationError, match=match):
-        rel.verify_release(path, public_key)
+        verify_release(path, public_key)
 
 
 def test_round_trip(run_dir, keys):
@@ -58,7 +62,9 @@ def test_round_trip(run_dir, keys):
     path = _release(run_dir, priv)
     assert path == run_dir.resolve() / rel.RELEASE_FILENAME
     for target in (path, run_dir):
-        st = rel.verify_release(target, pub)
+        result = verify_release(target, pub)
+        assert result.key_id_rule is KeyIdRule.SSLIB and result.bundle and result.base_model_files == ()
+        st = result.statement
         assert st["_type"] == rel.STATEMENT_TYPE and st["predicateType"] == rel.PREDICATE_TYPE
         names = [s["name"] for s in st["subject"]]
         assert names == ["adapter/adapter_config.json", "adapter/adapter_model.safetensors"]
@@ -79,7 +85,7 @@ def test_predicate_is_record_exactly(run_dir, keys):
 def test_no_leftover_tmp(run_dir, keys):
     _release(run_dir, keys[0])
     _release(run_dir, keys[0])  # replacing an existing release is atomic too
-    assert sorted(p.name for p in run_dir.iterdir()) == ["adapter", rel.RELEASE_FILENAME]
+    assert sorted(p.name for p in run_dir.iterdir()) == ["adapter", rel.RELEASE_FILENAME, rel.SIGSTORE_FILENAME]
 
 
 def test_artifact_outside_output_dir(tmp_path, run_dir, keys):
@@ -121,7 +127,7 @@ def test_tamper_payload_without_resigning(run_dir, keys):
 def test_signature_from_another_key(tmp_path, run_dir, keys):
     path = _release(run_dir, keys[0])
     other = rel.load_private_key(rel.generate_keypair(tmp_path / "other.pem")[0])
-    forged = rel.sign_statement(rel.verify_release(path, keys[1]), other)["signatures"][0]
+    forged = rel.sign_statement(verify_release(path, keys[1]).statement, other)["signatures"][0]
 
     _edit_envelope(path, lambda env: env["signatures"][0].update(sig=forged["sig"]))
     _verify_fails(path, keys[1], "signature does not verify with this public key")
@@ -159,7 +165,7 @@ def test_subject_symlink_escaping(tmp_path, run_dir, keys):
 
 def test_missing_release_is_bad_input(tmp_path, keys):
     with pytest.raises(BadInputError, match="cannot read release file"):
-        rel.verify_release(tmp_path, keys[1])
+        verify_release(tmp_path, keys[1])
 
 
 def test_canonical_json():
@@ -172,9 +178,30 @@ def test_canonical_json():
 
 
 def test_pae_known_answer():
-    # DSSE v1 protocol.md test vector
-    got = rel.pae("http://example.com/HelloWorld", b"hello world")
+    # DSSE v1 protocol.md test vector, through securesystemslib's Envelope (what dplora signs)
+    from securesystemslib.dsse import Envelope
+
+    got = Envelope(b"hello world", "http://example.com/HelloWorld", {}).pae()
     assert got == b"DSSEv1 29 http://example.com/HelloWorld 11 hello world"
+
+
+def test_signature_over_hand_computed_pae(run_dir, keys):
+    """Independent reference: the signature verifies with plain cryptography over the PAE built by hand."""
+    env = json.loads(_release(run_dir, keys[0]).read_text())
+    payload = base64.b64decode(env["payload"])
+    pae = b"DSSEv1 %d %b %d %b" % (len(rel.PAYLOAD_TYPE), rel.PAYLOAD_TYPE.encode(), len(payload), payload)
+    keys[1].verify(base64.b64decode(env["signatures"][0]["sig"]), pae)  # raises InvalidSignature if wrong
+    assert payload == rel.canonical_json(json.loads(payload))
+
+
+def test_key_ids_known_answer(keys):
+    """securesystemslib's rule: sha256 of the canonical JSON of keytype, scheme and keyval; old rule: raw key."""
+    from dplora.keys import legacy_key_id
+
+    raw = keys[1].public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw)
+    canonical = '{"keytype":"ed25519","keyval":{"public":"' + raw.hex() + '"},"scheme":"ed25519"}'
+    assert rel.key_id(keys[1]) == hashlib.sha256(canonical.encode()).hexdigest()
+    assert legacy_key_id(keys[1]) == hashlib.sha256(raw).hexdigest() != rel.key_id(keys[1])
 
 
 def test_keygen_mode_overwrite_and_load(tmp_path):
@@ -265,15 +292,113 @@ def test_verify_data_files(tmp_path, run_dir, keys):
     key = b"s" * 32
     record = dict(RECORD, data={"digest": rel.data_digest_entry([data], key)})
     path = _release(run_dir, keys[0], record)
-    rel.verify_release(path, keys[1], data_files=[data], data_key=key)
+    verify_release(path, keys[1], data_files=[data], data_key=key)
     with pytest.raises(VerificationError, match="train.jsonl: data HMAC mismatch"):
-        rel.verify_release(path, keys[1], data_files=[data], data_key=b"t" * 32)
+        verify_release(path, keys[1], data_files=[data], data_key=b"t" * 32)
     with pytest.raises(BadInputError, match="without a data key"):
-        rel.verify_release(path, keys[1], data_files=[data])
+        verify_release(path, keys[1], data_files=[data])
     unkeyed = _release(run_dir, keys[0], dict(RECORD, data={"digest": rel.data_digest_entry([data], None)}))
     with pytest.raises(VerificationError, match="no keyed data digest"):
-        rel.verify_release(unkeyed, keys[1], data_files=[data], data_key=key)
+        verify_release(unkeyed, keys[1], data_files=[data], data_key=key)
     path = _release(run_dir, keys[0], record)
     data.write_bytes(b"row one\nrow 2\n")
     with pytest.raises(VerificationError, match="train.jsonl: data HMAC mismatch"):
-        rel.verify_release(path, keys[1], data_files=[data], data_key=key)
+        verify_release(path, keys[1], data_files=[data], data_key=key)
+
+
+LEGACY = Path(__file__).parent / "data" / "legacy_release"  # made by main at 92d03bb: raw-key key id, no bundle
+
+
+def test_release_made_before_this_change_still_verifies(tmp_path):
+    """A release signed by the old code (key id = sha256 of the raw key) verifies and says which rule matched."""
+    from dplora.keys import legacy_key_id
+
+    pub = rel.load_public_key(LEGACY / "signing.pub")
+    env = json.loads((LEGACY / "run" / rel.RELEASE_FILENAME).read_text())
+    assert env["signatures"][0]["keyid"] == legacy_key_id(pub) != rel.key_id(pub)
+    result = verify_release(LEGACY / "run", pub)
+    assert result.key_id_rule is KeyIdRule.RAW_KEY and result.bundle is False
+    assert result.statement["predicate"]["accounting"]["epsilon_spent"] == pytest.approx(7.9998, abs=1e-4)
+    with pytest.raises(VerificationError, match="records no base-model digests"):
+        verify_release(LEGACY / "run", pub, base_model=tmp_path)
+    copy = tmp_path / "copy"  # the old rule is no bypass: a changed byte still fails
+    shutil.copytree(LEGACY / "run", copy)
+    (copy / "contract.yaml").write_text((copy / "contract.yaml").read_text().replace("8.0", "0.5"))
+    _verify_fails(copy, pub, r"contract\.yaml: sha256 mismatch")
+
+
+@pytest.mark.parametrize("edit", [lambda s: s.update(keyid=""), lambda s: s.pop("keyid")])
+def test_empty_or_missing_key_id_verifies_by_signature(run_dir, keys, edit):
+    """DSSE makes keyid optional: an empty or absent one is checked by the signature alone."""
+    path = _release(run_dir, keys[0])
+    (run_dir / rel.SIGSTORE_FILENAME).unlink()
+    _edit_envelope(path, lambda env: edit(env["signatures"][0]))
+    assert verify_release(path, keys[1]).key_id_rule is KeyIdRule.NONE
+    _edit_envelope(path, lambda env: env["signatures"][0].update(sig=base64.b64encode(b"\0" * 64).decode()))
+    _verify_fails(path, keys[1], "signature does not verify with this public key")
+
+
+def test_bundle_holds_the_same_envelope(run_dir, keys):
+    """release.sigstore.json: bundle v0.3, public-key hint = key id, the very envelope; edits to it are caught."""
+    path = _release(run_dir, keys[0])
+    bundle = json.loads((run_dir / rel.SIGSTORE_FILENAME).read_text())
+    assert bundle["mediaType"] == "application/vnd.dev.sigstore.bundle.v0.3+json"
+    assert bundle["verificationMaterial"] == {"publicKey": {"hint": rel.key_id(keys[1])}, "tlogEntries": []}
+    assert bundle["dsseEnvelope"] == json.loads(path.read_text())
+    other = rel.sign_statement(rel.build_statement({"epsilon": 0.1}, {"x": "0" * 64}), keys[0])
+    (run_dir / rel.SIGSTORE_FILENAME).write_text(json.dumps(dict(bundle, dsseEnvelope=other)))
+    _verify_fails(run_dir, keys[1], "release.sigstore.json does not hold the envelope of release.dsse.json")
+    (run_dir / rel.SIGSTORE_FILENAME).write_text(json.dumps(dict(bundle, mediaType="application/json")))
+    _verify_fails(run_dir, keys[1], "not a Sigstore bundle v0.3")
+    (run_dir / rel.SIGSTORE_FILENAME).unlink()
+    assert verify_release(run_dir, keys[1]).bundle is False
+
+
+def test_failed_write_leaves_neither_file(run_dir, keys, monkeypatch):
+    """A crash between the two renames leaves no bundle without its envelope (and no temp files)."""
+    real, calls = os.replace, []
+
+    def flaky(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise OSError("disk full")
+        real(src, dst)
+
+    monkeypatch.setattr(rel.os, "replace", flaky)
+    with pytest.raises(OSError, match="disk full"):
+        _release(run_dir, keys[0])
+    assert sorted(p.name for p in run_dir.iterdir()) == ["adapter"]
+
+
+def _base_record(tmp_path):
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text('{"model_type": "llama"}')
+    (base / "model.safetensors").write_bytes(b"weights" * 100)
+    gguf = tmp_path / "model.Q4_1.gguf"
+    gguf.write_bytes(b"GGUF" * 100)
+    files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(base.iterdir())}
+    package = {"file": gguf.name, "sha256": hashlib.sha256(gguf.read_bytes()).hexdigest()}
+    return base, gguf, dict(RECORD, base_model={"name_or_path": "org/m", "files": files, "package": package})
+
+
+def test_verify_base_model(tmp_path, run_dir, keys):
+    """--base-model: every recorded file in the folder, or one file (the packaged GGUF) by its digest."""
+    base, gguf, record = _base_record(tmp_path)
+    path = _release(run_dir, keys[0], record)
+    assert verify_release(path, keys[1], base_model=base).base_model_files == ("config.json", "model.safetensors")
+    assert verify_release(path, keys[1], base_model=gguf).base_model_files == ("model.Q4_1.gguf",)
+    assert verify_release(path, keys[1], base_model=base / "model.safetensors").base_model_files == (
+        "model.safetensors",
+    )
+    (base / "model.safetensors").write_bytes(b"weights" * 99 + b"weightX")
+    with pytest.raises(VerificationError, match=r"model\.safetensors: sha256 mismatch .*pass that file"):
+        verify_release(path, keys[1], base_model=base)
+    (base / "model.safetensors").unlink()
+    with pytest.raises(VerificationError, match=r"model\.safetensors is missing"):
+        verify_release(path, keys[1], base_model=base)
+    (tmp_path / "other.gguf").write_bytes(b"GGUF" * 99)
+    with pytest.raises(VerificationError, match="other.gguf .*matches no recorded file"):
+        verify_release(path, keys[1], base_model=tmp_path / "other.gguf")
+    with pytest.raises(BadInputError, match="no such file or folder"):
+        verify_release(path, keys[1], base_model=tmp_path / "absent")
