@@ -196,7 +196,7 @@ def print_report(report: dict, console) -> None:
     console.print(t)
     console.print(f"note: {report['unit_note']}", markup=False)
     if private:
-        console.print(f"note: rows marked 'not covered by DP' are {private['note']}", markup=False)
+        console.print(f"note: rows marked 'not covered by DP' are {private['note']}", markup=False, soft_wrap=True)
     for w in report["warnings"]:
         console.print(f"warning: {w}", markup=False)
     if "sweep" in report:

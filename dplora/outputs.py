@@ -64,11 +64,13 @@ def check_output_dir(output_dir: str | Path, *, overwrite: bool, protected: Sequ
     """
     out = output_path(output_dir)
     where = f"training.output_dir={os.fspath(output_dir)!r}"
-    folders = (out.resolve(), staging_path(out).resolve())
-    for what, path in (("the working directory", Path.cwd()), *protected):
-        if any(_is_within(Path(path).resolve(), f) for f in folders):
-            detail = "" if what == "the working directory" else f" ({path})"
-            raise BadInputError(f"{where} is or contains {what}{detail}; give the run a folder of its own")
+    real = out.resolve()
+    inputs = [("the working directory", Path.cwd()), *protected]
+    for folder in (real, staging_path(real) if real.name else real):  # "/" holds the working directory: refused
+        for what, path in inputs:
+            if _is_within(Path(path).resolve(), folder):
+                detail = "" if what == "the working directory" else f" ({path})"
+                raise BadInputError(f"{where} is or contains {what}{detail}; give the run a folder of its own")
     if out.exists() and not out.is_dir():
         raise BadInputError(f"output path {out} exists and is not a folder")
     entries = _entries(out)
@@ -78,15 +80,15 @@ def check_output_dir(output_dir: str | Path, *, overwrite: bool, protected: Sequ
             "a previous dplora run's output"
         )
     if entries and not _written_by_dplora(entries, RELEASE_FILENAME, RUN_ENTRIES):
+        why = _why_foreign(entries, RELEASE_FILENAME, RUN_ENTRIES)
         raise BadInputError(
-            f"--overwrite only replaces a folder that a previous dplora run wrote; {out} {_why_foreign(entries)}; "
-            "choose another output_dir"
+            f"--overwrite only replaces a folder a previous dplora run wrote; {out} {why}; choose another output_dir"
         )
     _check_staging(staging_path(out))
     lock = lock_path(out)
     if lock.exists() and not (lock.is_file() and lock.stat().st_size == 0):
         raise BadInputError(f"{lock} exists and was not written by dplora; move it away or choose another output_dir")
-    parent = out.resolve().parent
+    parent = real.parent
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
@@ -103,9 +105,10 @@ def _written_by_dplora(entries: list[str], sign: str, allowed: frozenset) -> boo
     return sign in entries and all(e in allowed for e in entries)
 
 
-def _why_foreign(entries: list[str]) -> str:
-    foreign = [e for e in entries if e not in PARTIAL_ENTRIES]
-    return f"also holds {foreign[0]!r}" if foreign else f"has no {RELEASE_FILENAME}"
+def _why_foreign(entries: list[str], sign: str, allowed: frozenset) -> str:
+    if sign not in entries:
+        return f"has no {sign}"
+    return f"also holds {next(e for e in entries if e not in allowed)!r}"
 
 
 def _check_staging(staging: Path) -> None:
@@ -114,9 +117,8 @@ def _check_staging(staging: Path) -> None:
     entries = _entries(staging)
     sign = PARTIAL_MARKER if PARTIAL_MARKER in entries else FAILED_FILENAME  # FAILED.json: runs before the marker
     if entries and not _written_by_dplora(entries, sign, PARTIAL_ENTRIES):
-        raise BadInputError(
-            f"{staging} was not written by dplora ({_why_foreign(entries)}); move it away or choose another output_dir"
-        )
+        why = _why_foreign(entries, sign, PARTIAL_ENTRIES)
+        raise BadInputError(f"{staging} was not written by dplora ({why}); move it away or choose another output_dir")
 
 
 def fresh_staging(out: Path) -> Path:
