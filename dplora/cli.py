@@ -23,9 +23,9 @@ class OneLineErrorGroup(typer.core.TyperGroup):
     """Usage errors (unknown command or option, bad option value) as one ``error:`` line on stderr, exit 2."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
-        """Run the CLI; ``standalone_mode`` exits the process with the command's exit code, as click does."""
+        """Run the CLI as ``dplora`` (whatever the launcher); ``standalone_mode`` exits with the command's code."""
         try:
-            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            code = super().main(args, "dplora", complete_var, standalone_mode=False, **extra)
         except typer.TyperException as err:  # typer's click exceptions: UsageError, BadParameter, NoSuchOption, ...
             if not standalone_mode:
                 raise
@@ -55,8 +55,8 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
     add_completion=False,
 )
-console = Console(stderr=True, highlight=False)
-out = Console(highlight=False)
+console = Console(stderr=True, highlight=False, markup=False, soft_wrap=True)  # one line per message
+out = Console(highlight=False, markup=False, soft_wrap=True)  # stdout: never hard-wrapped
 
 ConfigArg = Annotated[Path, typer.Argument(metavar="CONFIG", help="The YAML privacy contract.", show_default=False)]
 OverridesArg = Annotated[
