@@ -46,6 +46,7 @@ class ProgressReporter:
         self.mode = "off" if not enabled else ("bar" if isatty is not None and isatty() else "lines")
         self._bar = self._task = None
         self._total = 0
+        self._updates, self._seconds = 0, 0.0
         self._last_line: float | None = None
 
     def start(self, total: int) -> None:
@@ -67,7 +68,12 @@ class ProgressReporter:
             self._task = self._bar.add_task("train", total=total, info="")
 
     def update(self, step: int, epsilon: float, seconds_per_step: float, loss: float | None = None) -> None:
-        """Step ``step`` (1-based) is done; ``epsilon`` is ε spent after it; ``loss`` shows on the bar only."""
+        """Step ``step`` (1-based) is done in ``seconds_per_step`` s; ``epsilon`` is ε spent after it.
+
+        The plain lines show the mean s/step so far and the ETA from it; ``loss`` shows on the bar only.
+        """
+        self._updates += 1
+        self._seconds += seconds_per_step
         if self.mode == "bar":
             info = f"ε≤{epsilon:.3f}" + (f"  loss {loss:.3f}" if loss is not None else "")
             self._bar.update(self._task, completed=step, info=info)
@@ -76,10 +82,10 @@ class ProgressReporter:
             due = self._last_line is None or now - self._last_line >= self.interval_s or step >= self._total
             if due:
                 self._last_line = now
-                eta = _duration(seconds_per_step * (self._total - step))
+                mean = self._seconds / self._updates
+                eta = _duration(mean * (self._total - step))
                 print(
-                    f"progress: step {step}/{self._total}, ε spent {epsilon:.4f}, {seconds_per_step:.2f} s/step, "
-                    f"ETA {eta}",
+                    f"progress: step {step}/{self._total}, ε spent {epsilon:.4f}, {mean:.2f} s/step, ETA {eta}",
                     file=self.stream,
                     flush=True,
                 )

@@ -186,10 +186,11 @@ def test_progress_lines_at_a_steady_interval():
         reporter.start(24)
         for step in range(1, 25):
             clock.now = 10.0 * step  # 10 s per step
-            reporter.update(step, epsilon=step / 3, seconds_per_step=10.0, loss=1.234)
+            reporter.update(step, epsilon=step / 3, seconds_per_step=5.0 if step % 2 else 15.0, loss=1.234)
     lines = stream.getvalue().splitlines()
     assert [int(re.search(r"step (\d+)/24", ln).group(1)) for ln in lines] == [1, 4, 7, 10, 13, 16, 19, 22, 24]
-    assert lines[0] == "progress: step 1/24, ε spent 0.3333, 10.00 s/step, ETA 3 min 50 s"
+    assert lines[0] == "progress: step 1/24, ε spent 0.3333, 5.00 s/step, ETA 1 min 55 s"  # 23 steps × 5 s
+    assert lines[1] == "progress: step 4/24, ε spent 1.3333, 10.00 s/step, ETA 3 min 20 s"  # mean of 5,15,5,15
     assert lines[-1] == "progress: step 24/24, ε spent 8.0000, 10.00 s/step, ETA 0 s"
     assert "1.234" not in stream.getvalue()
 
