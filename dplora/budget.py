@@ -11,6 +11,8 @@ from dplora.plan import TrainingPlan
 from dplora.record import unit_statement
 
 SWEEP_BATCH_FACTORS = (0.5, 1, 2, 4)
+# Same label as metrics.jsonl: statistics computed on private data, outside the DP guarantee.
+PRIVATE_STATS_NOTE = "computed on private data and not covered by DP (ε); for the operator only, never released"
 SWEEP_EPOCH_FACTORS = (0.5, 1, 2)
 
 
@@ -24,19 +26,19 @@ def budget_report(config: Path, overrides: list[str], *, ledger_path: Path | Non
 
     Returns:
         Keys include num_units, sample_rate, steps, noise_multiplier, epsilon, delta, accountant, adjacency,
-        accountant_version, epsilon_at (25/50/75 % of T), unit_stats (when counted from data; operator only).
+        accountant_version, epsilon_at (25/50/75 % of T), and ``not_covered_by_dp.unit_stats`` (records per
+        unit, computed on private data: not covered by DP). The data is always read, as ``train`` reads it.
 
     Raises:
-        BadInputError, PlanRefusedError: bad contract, data or plan (exit 2).
+        BadInputError, PlanRefusedError: bad contract, data or plan (exit 2), as ``train`` refuses them.
     """
+    from dplora.data import count_units
     from dplora.train import plan_for
 
     contract = load_contract(config, overrides)
-    unit_index = None
-    if contract.privacy.num_units is None:
-        from dplora.data import count_units
-
-        unit_index = count_units(contract)
+    # Always read the data (header, cells, units), so the dry run refuses what train refuses; with
+    # privacy.num_units declared the count is only a check (more units than declared is refused).
+    unit_index = count_units(contract)
     plan = plan_for(contract, unit_index)
     report = {
         "num_units": plan.num_units,
@@ -62,8 +64,7 @@ def budget_report(config: Path, overrides: list[str], *, ledger_path: Path | Non
         "unit_note": f"{plan.protected_unit.value}-level: {unit_statement(plan.protected_unit)}",
         "epsilon_curve": [list(p) for p in plan.epsilon_curve],
     }
-    if unit_index is not None:
-        report["unit_stats"] = unit_index.stats()
+    report["not_covered_by_dp"] = {"note": PRIVATE_STATS_NOTE, "unit_stats": unit_index.stats()}
     if contract.privacy.population:
         from dplora.ledger import Ledger, default_ledger_path
 
@@ -175,12 +176,16 @@ def print_report(report: dict, console) -> None:
     t.add_row("accountant", f"{report['accountant']} ({report['accountant_version']})")
     if report.get("accountant_note"):
         t.add_row("accountant note", report["accountant_note"])
-    stats = report.get("unit_stats")
-    if stats:
+    private = report.get("not_covered_by_dp")
+    if private:
+        stats = private["unit_stats"]
         r = stats["records_per_unit"]
-        t.add_row("records per unit", f"min {r['min']}, median {r['median']:g}, p95 {r['p95']:g}, max {r['max']}")
         t.add_row(
-            "records dropped by cap",
+            "records per unit (not covered by DP)",
+            f"min {r['min']}, median {r['median']:g}, p95 {r['p95']:g}, max {r['max']}",
+        )
+        t.add_row(
+            "records dropped by cap (not covered by DP)",
             f"{stats['dropped_by_cap']} (max per unit after cap: {stats['max_records_per_unit_after_cap']})",
         )
     if "ledger" in report:
@@ -190,6 +195,8 @@ def print_report(report: dict, console) -> None:
     t.add_row("planning time", f"{report.get('seconds', 0):.2f} s")
     console.print(t)
     console.print(f"note: {report['unit_note']}", markup=False)
+    if private:
+        console.print(f"note: rows marked 'not covered by DP' are {private['note']}", markup=False, soft_wrap=True)
     for w in report["warnings"]:
         console.print(f"warning: {w}", markup=False)
     if "sweep" in report:

@@ -15,27 +15,79 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from dplora import __version__
 from dplora.errors import BadInputError, DploraError
 
+
+class OneLineErrorGroup(typer.core.TyperGroup):
+    """Usage errors (unknown command or option, bad option value) as one ``error:`` line on stderr, exit 2."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        """Run the CLI as ``dplora`` (whatever the launcher); ``standalone_mode`` exits with the command's code."""
+        try:
+            code = super().main(args, "dplora", complete_var, standalone_mode=False, **extra)
+        except typer.TyperException as err:  # typer's click exceptions: UsageError, BadParameter, NoSuchOption, ...
+            if not standalone_mode:
+                raise
+            if err.__class__.__name__ == "NoArgsIsHelpError":  # bare `dplora`: the help text, as click prints it
+                err.show()
+                code = 2
+            else:
+                ctx = getattr(err, "ctx", None)
+                where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+                typer.echo(f"error: {' '.join(err.format_message().split())}{where}", err=True)
+                code = 2
+        except typer.Abort:
+            typer.echo("error: aborted", err=True)
+            code = 1
+        code = code if isinstance(code, int) else 0
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
 app = typer.Typer(
+    cls=OneLineErrorGroup,
     help="Differentially private LoRA fine-tuning from a declared privacy contract, with a signed release record.",
     no_args_is_help=True,
+    rich_markup_mode=None,  # plain click help: wraps at any width, never cuts words
     pretty_exceptions_enable=False,
     pretty_exceptions_show_locals=False,
     add_completion=False,
 )
-console = Console(stderr=True, highlight=False)
-out = Console(highlight=False)
+console = Console(stderr=True, highlight=False, markup=False, soft_wrap=True)  # one line per message
+out = Console(highlight=False, markup=False, soft_wrap=True)  # stdout: never hard-wrapped
 
-ConfigArg = Annotated[Path, typer.Argument(help="The YAML privacy contract.", show_default=False)]
+ConfigArg = Annotated[Path, typer.Argument(metavar="CONFIG", help="The YAML privacy contract.", show_default=False)]
 OverridesArg = Annotated[
     list[str] | None,
-    typer.Argument(help="Overrides KEY=VALUE with dotted keys, e.g. training.lr=1e-3 privacy.target_epsilon=8."),
+    typer.Argument(
+        metavar="KEY=VALUE",
+        help="Overrides with dotted keys, e.g. training.lr=1e-3 privacy.target_epsilon=8.",
+        show_default=False,
+    ),
 ]
 LedgerOpt = Annotated[
     Path | None,
-    typer.Option("--ledger", help="Budget ledger (SQLite). Default: $DPLORA_LEDGER or the user data dir."),
+    typer.Option(
+        "--ledger", metavar="PATH", help="Budget ledger (SQLite). Default: $DPLORA_LEDGER or the user data dir."
+    ),
 ]
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        out.print(f"dplora {__version__}", markup=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Differentially private LoRA fine-tuning from a declared privacy contract, with a signed release record."""
 
 
 def _fail(err: DploraError) -> typer.Exit:
@@ -47,12 +99,14 @@ def _log(message: str) -> None:
     console.print(message, markup=False, soft_wrap=True)
 
 
-@app.command()
+@app.command(short_help="Dry run: N, q, T, σ and ε, without loading a model.")
 def budget(
     config: ConfigArg,
     overrides: OverridesArg = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
-    plot: Annotated[Path | None, typer.Option(help="Write ε against steps to this PNG (matplotlib).")] = None,
+    plot: Annotated[
+        Path | None, typer.Option(metavar="PNG", help="Write ε against steps to this PNG (matplotlib).")
+    ] = None,
     sweep: Annotated[bool, typer.Option(help="Also show σ for a few batch sizes and epochs (RDP).")] = False,
     ledger: LedgerOpt = None,
 ) -> None:
@@ -78,22 +132,35 @@ def budget(
         budget_mod.print_report(report, out)
 
 
-@app.command()
+@app.command(short_help="Fine-tune LoRA adapters under the contract; sign the release.")
 def train(
     config: ConfigArg,
     overrides: OverridesArg = None,
     signing_key: Annotated[
         Path | None,
-        typer.Option(help="Ed25519 private key (PEM) that signs the release. Default: $DPLORA_SIGNING_KEY."),
+        typer.Option(
+            metavar="PATH", help="Ed25519 private key (PEM) that signs the release. Default: $DPLORA_SIGNING_KEY."
+        ),
     ] = None,
     data_key: Annotated[
         Path | None,
-        typer.Option(help="Data owner's key for the keyed data digest (HMAC-SHA256). Default: $DPLORA_DATA_KEY."),
+        typer.Option(
+            metavar="PATH", help="Data owner's key for the keyed data digest (HMAC-SHA256). Default: $DPLORA_DATA_KEY."
+        ),
     ] = None,
-    overwrite: Annotated[bool, typer.Option(help="Replace a non-empty output folder once the run succeeds.")] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            help="Replace a previous dplora run's output folder (never another folder) once the run succeeds."
+        ),
+    ] = False,
     ledger: LedgerOpt = None,
-    threads: Annotated[int | None, typer.Option(min=1, help="CPU threads. Default: the cores that are free.")] = None,
-    progress: Annotated[bool, typer.Option(help="Show the progress bar.")] = True,
+    threads: Annotated[
+        int | None, typer.Option(min=1, metavar="N", help="CPU threads. Default: the cores free right now.")
+    ] = None,
+    progress: Annotated[
+        bool, typer.Option(help="Report progress on stderr: a bar on a terminal, a plain line every 30 s otherwise.")
+    ] = True,
     tuning_trial: Annotated[
         bool, typer.Option(help="Charge the ledger as a hyperparameter-tuning trial: it spends budget like a release.")
     ] = False,
@@ -108,8 +175,11 @@ def train(
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, _terminate)
+    started = time.time()
+    output_dir = None
     try:
         contract = load_contract(config, overrides or [])
+        output_dir = contract.training.output_dir
         result = run_training(
             contract,
             signing_key=signing_key,
@@ -117,14 +187,15 @@ def train(
             overwrite=overwrite,
             ledger_path=ledger,
             threads=threads,
-            progress=progress and sys.stderr.isatty(),
+            progress=progress,
             tuning_trial=tuning_trial,
+            contract_path=config,
             log=_log,
         )
     except DploraError as err:
         raise _fail(err) from None
-    except KeyboardInterrupt:
-        console.print("error: interrupted; no release was written (see <output_dir>.partial/FAILED.json)")
+    except KeyboardInterrupt as err:
+        _log(_interrupted_message(err, output_dir, since=started))
         raise typer.Exit(code=130) from None
     p = result.plan
     _log(
@@ -135,12 +206,27 @@ def train(
     out.print(f"release: {result.release_path}", markup=False)
 
 
-@app.command()
+def _interrupted_message(err: KeyboardInterrupt, output_dir: str | None, *, since: float) -> str:
+    """One line for Ctrl-C / SIGTERM: the signal, and this run's FAILED.json if the run got that far."""
+    from dplora import outputs
+
+    what = str(err.args[0]) if err.args else "Ctrl-C"
+    message = f"error: interrupted ({what}); no release was written"
+    if output_dir is not None:
+        failed = outputs.staging_path(outputs.output_path(output_dir)) / outputs.FAILED_FILENAME
+        if failed.is_file() and failed.stat().st_mtime >= since - 1:
+            return f"{message}; see {failed}"
+    return f"{message}; training had not started, nothing was written"
+
+
+@app.command(short_help="Create an Ed25519 signing key pair.")
 def keygen(
-    path: Annotated[Path, typer.Argument(help="Where to write the Ed25519 private key (mode 0600).")] = Path(
-        "dplora-signing.key"
-    ),
-    public: Annotated[Path | None, typer.Option(help="Public key path. Default: PATH with suffix .pub.")] = None,
+    path: Annotated[
+        Path, typer.Argument(metavar="PATH", help="Where to write the Ed25519 private key (mode 0600).")
+    ] = Path("dplora-signing.key"),
+    public: Annotated[
+        Path | None, typer.Option(metavar="PATH", help="Public key path. Default: PATH with suffix .pub.")
+    ] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace existing key files.")] = False,
 ) -> None:
     """Create an Ed25519 signing key pair for release records."""
@@ -153,45 +239,72 @@ def keygen(
     out.print(f"private key: {priv} (mode 0600)\npublic key:  {pub}", markup=False)
 
 
-@app.command()
+@app.command(short_help="Check a release: signature, artifacts, data digest.")
 def verify(
     release_path: Annotated[Path, typer.Argument(metavar="RELEASE", help="release.dsse.json or its folder.")],
-    public_key: Annotated[Path, typer.Option(help="The signer's Ed25519 public key (PEM).")],
-    data: Annotated[list[Path] | None, typer.Option(help="Data file(s) to check against the keyed digest.")] = None,
-    data_key: Annotated[Path | None, typer.Option(help="The data owner's HMAC key (with --data).")] = None,
+    public_key: Annotated[Path, typer.Option(metavar="PATH", help="The signer's Ed25519 public key (PEM).")],
+    data: Annotated[
+        list[Path] | None, typer.Option(metavar="FILE", help="Data file(s) to check against the keyed digest.")
+    ] = None,
+    data_key: Annotated[
+        Path | None, typer.Option(metavar="PATH", help="The data owner's HMAC key (with --data).")
+    ] = None,
     base_model: Annotated[
         Path | None,
-        typer.Option(help="Base model folder (or its .gguf file) to check against the recorded sha256 digests."),
+        typer.Option(metavar="PATH", help="Base model folder or .gguf file to check against the recorded digests."),
     ] = None,
 ) -> None:
     """Check a release: signature, artifact digests, and optionally the keyed data digest and the base model."""
-    from dplora.release import load_data_key
+    from dplora.release import load_data_key, load_public_key
     from dplora.verify import verify_release
 
     if data_key is not None and not data:
         raise _fail(BadInputError("--data-key needs --data FILE: the data file(s) whose keyed digest to check"))
     try:
         key = load_data_key(data_key) if data else None
+        public = load_public_key(public_key)
         result = verify_release(release_path, public_key, data_files=data or None, data_key=key, base_model=base_model)
     except DploraError as err:
         raise _fail(err) from None
+    for line in _verify_report(result, public_key, public, data or [], base_model):
+        out.print(line, markup=False, soft_wrap=True)
+
+
+def _verify_report(result, key_path: Path, public, data: list[Path], base_model: Path | None) -> list[str]:
+    """One line per check that ran, then what the release claims."""
+    import hashlib
+
+    from cryptography.hazmat.primitives import serialization as ser
+
     statement = result.statement
+    raw = public.public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw)
+    fingerprint = hashlib.sha256(raw).hexdigest()[:16]
+    names = [s["name"] for s in statement["subject"]]
+    rule = {"securesystemslib": "securesystemslib", "raw-key": "raw-key (an older release)", "none": "empty"}
+    bundle = "; release.sigstore.json holds the same envelope" if result.bundle else "; no release.sigstore.json"
+    lines = [
+        f"OK  key: {key_path} is an Ed25519 public key (sha256 of its raw bytes {fingerprint}…)",
+        "OK  signature: the DSSE envelope (in-toto Statement v1) is signed by this key; "
+        f"key id rule {rule[result.key_id_rule.value]}{bundle}",
+        f"OK  artifacts: {len(names)} files match their signed sha256 digests; no unsigned files",
+    ]
+    if data:
+        files = ", ".join(p.name for p in data)
+        lines.append(f"OK  data digest: keyed HMAC-SHA256 of {files} matches the record")
+    else:
+        lines.append("--  data digest: not checked (pass --data FILE --data-key KEY)")
+    if base_model is not None:
+        lines.append(f"OK  base model: sha256 of {', '.join(result.base_model_files)} matches the record")
     acc = statement["predicate"]["accounting"]
     unit = statement["predicate"]["privacy"]
-    out.print(
-        f"OK: {len(statement['subject'])} artifacts; {unit['protected_unit']}-level ({unit['adjacency']}) "
-        f"ε={acc['epsilon_spent']:.4f}, δ={acc['delta']:g}, {acc['accountant']} ({acc['accountant_version']})",
-        markup=False,
+    lines.append(
+        f"release: {unit['protected_unit']}-level ({unit['adjacency']}) ε={acc['epsilon_spent']:.4f}, "
+        f"δ={acc['delta']:g}, {acc['accountant']} ({acc['accountant_version']})"
     )
-    rule = {"securesystemslib": "securesystemslib", "raw-key": "raw-key (an older release)", "none": "empty"}
-    bundle = "same envelope in release.sigstore.json" if result.bundle else "no release.sigstore.json"
-    out.print(f"signature: key id rule {rule[result.key_id_rule.value]}; {bundle}", markup=False, soft_wrap=True)
-    if base_model is not None:
-        matched = ", ".join(result.base_model_files)
-        out.print(f"base model: sha256 of {matched} matches the record", markup=False, soft_wrap=True)
+    return lines
 
 
-@app.command()
+@app.command(short_help="Check a contract without reading data or a model.")
 def validate(config: ConfigArg, overrides: OverridesArg = None) -> None:
     """Check a contract (keys, values, allowed choices) without reading data or loading a model."""
     from dplora.contract import load_contract
@@ -203,12 +316,14 @@ def validate(config: ConfigArg, overrides: OverridesArg = None) -> None:
     out.print(f"OK: contract {config} is valid (sha256 {contract.sha256[:16]}…)", markup=False)
 
 
-@app.command("demo-data")
+@app.command("demo-data", short_help="Generate fake support tickets (csv or jsonl).")
 def demo_data(
-    path: Annotated[Path, typer.Argument(help="Output file (.csv or .jsonl).")] = Path("demo/tickets.csv"),
-    tickets: Annotated[int, typer.Option(min=1, help="Number of tickets.")] = 1000,
-    seed: Annotated[int, typer.Option(help="Generator seed.")] = 0,
-    max_turns: Annotated[int, typer.Option(min=1, help="Exchanges per ticket, 1..N (one row each).")] = 1,
+    path: Annotated[Path, typer.Argument(metavar="PATH", help="Output file (.csv or .jsonl).")] = Path(
+        "demo/tickets.csv"
+    ),
+    tickets: Annotated[int, typer.Option(min=1, metavar="N", help="Number of tickets.")] = 1000,
+    seed: Annotated[int, typer.Option(metavar="N", help="Generator seed.")] = 0,
+    max_turns: Annotated[int, typer.Option(min=1, metavar="N", help="Exchanges per ticket, 1..N (one row each).")] = 1,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing file.")] = False,
 ) -> None:
     """Generate fake support tickets (ticket_id, customer_id, message, reply; 1–5 tickets per customer)."""
@@ -224,10 +339,10 @@ def demo_data(
     )
 
 
-@app.command("prepare-twcs")
+@app.command("prepare-twcs", short_help="Customer tweet → first brand reply pairs (TWCS).")
 def prepare_twcs(
-    src: Annotated[Path, typer.Argument(help="twcs csv (Customer Support on Twitter).")],
-    dest: Annotated[Path, typer.Argument(help="Output pairs file (.csv or .jsonl).")],
+    src: Annotated[Path, typer.Argument(metavar="SRC", help="twcs csv (Customer Support on Twitter).")],
+    dest: Annotated[Path, typer.Argument(metavar="DEST", help="Output pairs file (.csv or .jsonl).")],
     overwrite: Annotated[bool, typer.Option(help="Replace an existing file.")] = False,
 ) -> None:
     """Pair each customer tweet with its first brand reply, keyed by the customer's author_id."""

@@ -14,8 +14,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from dplora.errors import BadInputError, DploraError
 from dplora.ledger import Ledger, default_ledger_path
@@ -23,17 +21,21 @@ from dplora.ledger import Ledger, default_ledger_path
 ledger_app = typer.Typer(
     help="Privacy budget ledger: per-population (ε, δ) caps and charges, summed by basic composition.",
     no_args_is_help=True,
+    rich_markup_mode=None,
 )
 
 DbOpt = Annotated[
     Path | None,
     typer.Option(
-        "--db", "--ledger", help="Ledger file [default: $DPLORA_LEDGER, else $XDG_DATA_HOME/dplora/ledger.sqlite3]"
+        "--db",
+        "--ledger",
+        metavar="PATH",
+        help="Ledger file [default: $DPLORA_LEDGER, else $XDG_DATA_HOME/dplora/ledger.sqlite3]",
     ),
 ]
-EpsOpt = Annotated[str, typer.Option("--epsilon", help="ε (unitless), e.g. 3.0")]
-DeltaOpt = Annotated[str, typer.Option("--delta", help="δ (probability), e.g. 1e-6")]
-PopArg = Annotated[str, typer.Argument(help="Protected population, e.g. support-tickets-eu")]
+EpsOpt = Annotated[str, typer.Option("--epsilon", metavar="EPS", help="ε (unitless), e.g. 3.0")]
+DeltaOpt = Annotated[str, typer.Option("--delta", metavar="DELTA", help="δ (probability), e.g. 1e-6")]
+PopArg = Annotated[str, typer.Argument(metavar="POPULATION", help="Protected population, e.g. support-tickets-eu")]
 
 
 @contextmanager
@@ -54,7 +56,7 @@ def set_cap(population: PopArg, epsilon: EpsOpt, delta: DeltaOpt, db: DbOpt = No
         typer.echo(f"cap of population {population!r} set to ε_max={epsilon}, δ_max={delta} in {ledger.path}")
 
 
-@ledger_app.command("check")
+@ledger_app.command("check", short_help="Check a planned (ε, δ) against a population's cap.")
 def check(population: PopArg, epsilon: EpsOpt, delta: DeltaOpt, db: DbOpt = None) -> None:
     """Exit 0 if a planned (ε, δ) fits the population's cap, else 2 with the reason."""
     with _user_errors(), Ledger(db or default_ledger_path(), create=False) as ledger:
@@ -64,7 +66,7 @@ def check(population: PopArg, epsilon: EpsOpt, delta: DeltaOpt, db: DbOpt = None
 
 @ledger_app.command("show")
 def show(
-    population: Annotated[str | None, typer.Argument(help="Only this population")] = None,
+    population: Annotated[str | None, typer.Argument(metavar="POPULATION", help="Only this population")] = None,
     db: DbOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables")] = False,
 ) -> None:
@@ -78,31 +80,33 @@ def show(
     if as_json:
         typer.echo(json.dumps({"populations": pops, "charges": charges, "releases": releases}, indent=2))
         return
-    console = Console()
-    table = Table(title="populations (basic composition: sums of ε and δ)")
-    for col in ("population", "ε spent / cap", "ε left", "δ spent / cap", "δ left", ""):
-        table.add_column(col, no_wrap=col == "population")
+    for line in _show_lines(pops, charges, releases):
+        typer.echo(line)
+
+
+def _show_lines(pops: list[dict], charges: list[dict], releases: list[dict]) -> list[str]:
+    """Plain lines under 80 columns: full run ids, record digests and exact decimal numbers, never cut."""
+    lines = ["populations (basic composition: sums of ε and δ)"]
     for p in pops:
-        flag = "[bold red]OVER CAP[/]" if p["over_cap"] else ""
-        table.add_row(
-            p["name"],
-            f"{p['epsilon_spent']} / {p['epsilon_max']}",
-            str(p["epsilon_left"]),
-            f"{p['delta_spent']} / {p['delta_max']}",
-            str(p["delta_left"]),
-            flag,
-        )
-    console.print(table)
-    table = Table(title="charges")
-    cols = ("run_id", "population", "purpose", "status", "epsilon", "reserved_epsilon", "delta", "accountant")
-    for col in cols:
-        table.add_column(col.replace("epsilon", "ε").replace("delta", "δ").replace("_", " "), overflow="fold")
+        flag = "  OVER CAP" if p["over_cap"] else ""
+        lines += [
+            f"  {p['name']}{flag}",
+            f"    ε spent {p['epsilon_spent']} of cap {p['epsilon_max']}, left {p['epsilon_left']}",
+            f"    δ spent {p['delta_spent']} of cap {p['delta_max']}, left {p['delta_left']}",
+        ]
+    lines.append("charges")
     for c in charges:
-        table.add_row(*(str(c[k]) for k in cols))
-    console.print(table)
-    table = Table(title="releases (post-processing of a charged run: not new charges)")
-    for col in ("run_id", "record sha256", "ε", "δ", "label", "created_at"):
-        table.add_column(col)
+        lines += [
+            f"  run {c['run_id']}  {c['purpose']}, {c['status']}",
+            f"    population {c['population']}, accountant {c['accountant']}",
+            f"    ε {c['epsilon']} (reserved {c['reserved_epsilon']}), δ {c['delta']}",
+        ]
+    lines.append("releases (post-processing of a charged run: not new charges)")
     for r in releases:
-        table.add_row(r["run_id"], r["record_sha256"][:16], r["epsilon"], r["delta"], r["label"], r["created_at"])
-    console.print(table)
+        lines += [
+            f"  run {r['run_id']}  {r['label']}",
+            f"    ε {r['epsilon']}, δ {r['delta']}, created {r['created_at']}",
+            "    record sha256:",
+            f"      {r['record_sha256']}",
+        ]
+    return lines

@@ -230,13 +230,29 @@ def _parse_value(text: str) -> Any:
         return text
 
 
+# Keys of which the contract holds exactly one (or one group): an override of one replaces the others from the file.
+EXCLUSIVE: dict[tuple[str, str], tuple[str, ...]] = {
+    ("training", "epochs"): ("steps",),
+    ("training", "steps"): ("epochs",),
+    ("model", "name"): ("path",),
+    ("model", "path"): ("name",),
+    ("data", "text_column"): ("prompt_column", "response_column"),
+    ("data", "prompt_column"): ("text_column",),
+    ("data", "response_column"): ("text_column",),
+}
+
+
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     """Apply ``section.key=value`` overrides (values parsed as YAML scalars) to a raw contract dict.
+
+    An override of one key of a mutually exclusive pair (:data:`EXCLUSIVE`, e.g. ``training.steps`` on a
+    contract with ``training.epochs``) removes the other from the file; two overrides of one pair stay an error.
 
     Raises:
         BadInputError: an override without ``=`` or with an empty key.
     """
     out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    overridden: set[tuple[str, ...]] = set()
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key.strip() or any(not p for p in key.split(".")):
@@ -252,23 +268,65 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
                 node[part] = child
             node = child
         node[parts[-1]] = _parse_value(value)
+        overridden.add(tuple(parts))
+        if node[parts[-1]] is not None:
+            for other in EXCLUSIVE.get(tuple(parts), ()):
+                if (parts[0], other) not in overridden:
+                    node.pop(other, None)
     return out
 
 
+_SECTION = "must be a section of keys (a YAML mapping)"
+_WHOLE = "must be a whole number (no quotes, no decimal point)"
+_PHRASES = {
+    "model_type": _SECTION,
+    "model_attributes_type": _SECTION,
+    "dict_type": _SECTION,
+    "tuple_type": "must be a list, e.g. [q_proj, v_proj]",
+    "list_type": "must be a list, e.g. [q_proj, v_proj]",
+    "int_type": _WHOLE,
+    "int_from_float": _WHOLE,
+    "float_type": "must be a number (no quotes)",
+    "string_type": "must be text",
+    "bool_type": "must be true or false",
+    "string_too_short": "must not be empty",
+    "finite_number": "must be a finite number",
+    "greater_than": "must be > {gt}",
+    "greater_than_equal": "must be ≥ {ge}",
+    "less_than": "must be < {lt}",
+    "less_than_equal": "must be ≤ {le}",
+    "literal_error": "allowed values are {expected}",
+    "enum": "allowed values are {expected}",
+}
+
+
+def _show(value: Any) -> str:
+    """A contract value as YAML would write it (short; long values are cut, sections never echoed)."""
+    if value is None or isinstance(value, bool):
+        return yaml.safe_dump(value).split("\n")[0]
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _format_error(err: ValidationError) -> str:
+    """The first validation error in the contract's own terms: the dotted key, the value, what is allowed."""
     first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"]) or "contract"
-    msg = first["msg"]
-    if first["type"] == "extra_forbidden":
+    loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"]).lstrip(".") or "contract"
+    kind, ctx = first["type"], first.get("ctx", {})
+    if kind == "extra_forbidden":
         return f"unknown key {loc!r}: see the README's contract reference for the allowed keys"
-    if first["type"] == "missing":
+    if kind == "missing":
         return f"missing key {loc!r}"
-    if first["type"] == "enum":
-        allowed = first.get("ctx", {}).get("expected", "")
-        return f"{loc}={first.get('input')!r}: allowed values are {allowed}"
+    if kind == "value_error":  # our own validators: the message already names the keys
+        return str(ctx.get("error", first["msg"].removeprefix("Value error, ")))
+    phrase = _PHRASES.get(kind)
+    if phrase is not None:
+        phrase = phrase.format(**{k: ctx.get(k, "") for k in ("gt", "ge", "lt", "le", "expected")})
+    else:
+        phrase = first["msg"].replace("Input should be", "must be")
     if "input" in first and not isinstance(first["input"], dict):
-        return f"{loc}={first['input']!r}: {msg}"
-    return f"{loc}: {msg}"
+        return f"{loc}={_show(first['input'])}: {phrase}"
+    return f"{loc}: {phrase}"
 
 
 def parse_contract(raw: Any) -> Contract:

@@ -1,21 +1,21 @@
 """Data stage: records from a file, protected units over them, Poisson sampling of units, tokens.
 
-Records are read with Hugging Face ``datasets`` (csv, jsonl, parquet) into memory; its on-disk cache goes to a
-temporary folder that is removed afterwards, so no copy of private data stays behind. Errors name files and
+Records are read with Hugging Face ``datasets`` (csv, jsonl, parquet) into memory, as written (see
+:mod:`dplora.readers`); its on-disk cache goes to a temporary folder that is removed afterwards, so no copy of
+private data stays behind. Errors name files and
 columns, never row contents.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from dplora.contract import Contract, DataSection, PrivacySection, ProtectedUnit
 from dplora.errors import BadInputError
+from dplora.readers import read_table
 
 _FORMATS = {".csv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
@@ -43,29 +43,24 @@ def required_columns(contract: Contract) -> list[str]:
 def load_table(contract: Contract):
     """Load the data file into an in-memory ``datasets.Dataset`` and check its columns.
 
+    Text is read as written (:mod:`dplora.readers`): a cell holding ``NaN``, ``NA``, ``null`` or ``None`` is text.
+
     Returns:
         A ``datasets.Dataset`` with one row per record.
 
     Raises:
-        BadInputError: missing or unparsable file, empty data, missing column, empty/non-text cells.
+        BadInputError: missing file or a folder, unparsable file (names the line and the likely cause), empty
+            data, missing column, empty/non-text cells.
     """
-    import datasets
-
-    datasets.disable_progress_bars()
-    logging.getLogger("datasets").setLevel(logging.CRITICAL)  # its parse errors can quote rows: never log them
     path = Path(contract.data.path)
+    if path.is_dir():
+        raise BadInputError(f"data.path={str(path)!r} is a folder; give a csv, jsonl or parquet file")
     if not path.is_file():
         raise BadInputError(f"data file not found: {path}")
     builder = _builder(contract.data, path)
     if path.stat().st_size == 0 or (builder == "csv" and _csv_has_no_rows(path)):
         raise BadInputError(f"data file {path} has no rows")
-    with tempfile.TemporaryDirectory(prefix="dplora-data-") as cache:
-        try:
-            table = datasets.load_dataset(
-                builder, data_files=str(path), split="train", cache_dir=cache, keep_in_memory=True
-            )
-        except Exception as err:  # datasets/pyarrow raise many types; never echo their row contents
-            raise BadInputError(f"cannot read {path} as {builder}: {err.__class__.__name__}") from None
+    table = read_table(path, builder)
     if table.num_rows == 0:
         raise BadInputError(f"data file {path} has no rows")
     missing = [c for c in required_columns(contract) if c not in table.column_names]

@@ -325,7 +325,7 @@ def write_records(path: Path, rows: list[dict[str, str]], columns: tuple[str, ..
     if suffix not in ALLOWED_SUFFIXES:
         raise BadInputError(f"unsupported output suffix {path.suffix!r}; use one of {', '.join(ALLOWED_SUFFIXES)}")
     if path.exists() and not overwrite:
-        raise BadInputError(f"{path} already exists; pass overwrite=True (--overwrite) to replace it")
+        raise BadInputError(f"{path} already exists; pass --overwrite to replace it")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

@@ -54,7 +54,7 @@ def generate_keypair(
     public_path = Path(public_path) if public_path is not None else private_path.with_suffix(".pub")
     for p in () if overwrite else (private_path, public_path):
         if p.exists():
-            raise BadInputError(f"{p} already exists: refusing to overwrite it")
+            raise BadInputError(f"{p} already exists; pass --overwrite to replace it, or choose another path")
     key = Ed25519PrivateKey.generate()
     priv_pem = key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8, ser.NoEncryption())
     pub_pem = key.public_key().public_bytes(ser.Encoding.PEM, ser.PublicFormat.SubjectPublicKeyInfo)

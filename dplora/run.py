@@ -160,7 +160,7 @@ def run_steps(spec: RunSpec, state: RunState, *, metrics, progress) -> None:
     Args:
         spec, state: the run.
         metrics: a text file for one JSON line per step (``metrics.jsonl``).
-        progress: an object with ``update(step, epsilon, seconds_per_step, loss)``.
+        progress: a :class:`dplora.progress.ProgressReporter` (``update(step, epsilon, seconds_per_step, loss)``).
 
     Raises:
         TrainingFailedError: the budget check, a non-finite value, or a LoRA tensor that did not move at step 1.
@@ -200,32 +200,3 @@ def run_steps(spec: RunSpec, state: RunState, *, metrics, progress) -> None:
         metrics.flush()
     if float(_finite_flag(state.named)) != 1.0:
         raise TrainingFailedError(f"non-finite parameter after step {state.step}")
-
-
-class RichProgress:
-    """A rich progress bar over T logical steps (disabled: prints nothing)."""
-
-    def __init__(self, total: int, *, enabled: bool):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        columns = [
-            TextColumn("[bold]DP-LoRA"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"),
-            TimeRemainingColumn(),
-        ]
-        self._bar = Progress(*columns, disable=not enabled, transient=False)
-        self._task = self._bar.add_task("train", total=total, info="")
-
-    def __enter__(self):
-        self._bar.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self._bar.__exit__(*exc)
-
-    def update(self, step: int, epsilon: float, seconds_per_step: float, loss: float | None) -> None:
-        """Advance one step and show ε spent so far and the loss (not covered by DP)."""
-        info = f"ε≤{epsilon:.3f}  loss {loss:.3f}" if loss is not None else f"ε≤{epsilon:.3f}"
-        self._bar.update(self._task, completed=step, info=info)

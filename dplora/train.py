@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
-import os
 import shutil
 import time
 import uuid
@@ -20,7 +19,7 @@ import warnings
 from pathlib import Path
 
 from dplora import data as data_mod
-from dplora import release
+from dplora import outputs, release
 from dplora.contract import Contract, ProtectedUnit, UnitClipping
 from dplora.errors import BadInputError, DploraError, TrainingFailedError
 from dplora.plan import TrainingPlan, make_plan
@@ -65,19 +64,10 @@ def plan_for(contract: Contract, unit_index: data_mod.UnitIndex | None) -> Train
     return make_plan(contract, num_units=unit_index.num_units, num_units_source="data")
 
 
-def _prepare_output(contract: Contract, overwrite: bool) -> tuple[Path, Path]:
-    out = Path(contract.training.output_dir)
-    staging = out.with_name(out.name + ".partial")
-    if out.exists() and not out.is_dir():
-        raise BadInputError(f"output path {out} exists and is not a folder")
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise BadInputError(f"output folder {out} exists and is not empty; choose another or pass --overwrite")
-    parent = out.resolve().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise BadInputError(f"cannot create output folder {out}: {parent} is not a writable folder")
-    return out, staging
+def _prepare_output(contract: Contract, overwrite: bool, protected=()) -> tuple[Path, Path]:
+    """The output folder and its ``.partial`` sibling; refusals follow :func:`dplora.outputs.check_output_dir`."""
+    out = outputs.check_output_dir(contract.training.output_dir, overwrite=overwrite, protected=protected)
+    return out, outputs.staging_path(out)
 
 
 def _lock_output(out: Path):
@@ -88,7 +78,7 @@ def _lock_output(out: Path):
     """
     import fcntl
 
-    lock_path = out.with_name(out.name + ".lock")
+    lock_path = outputs.lock_path(out)
     try:
         lock_path.parent.mkdir(parents=True, exist_ok=True)
         handle = open(lock_path, "a")  # noqa: SIM115 - held open for the whole run
@@ -161,6 +151,7 @@ def run_training(
     threads: int | None = None,
     progress: bool = True,
     tuning_trial: bool = False,
+    contract_path: Path | None = None,
     log=print,
 ) -> RunResult:
     """Train DP-LoRA adapters under ``contract`` and write them with a signed release record.
@@ -172,8 +163,9 @@ def run_training(
         overwrite: replace a non-empty output folder (only after the new run succeeded).
         ledger_path: SQLite budget ledger (used when ``privacy.population`` is set).
         threads: CPU threads (default: free cores).
-        progress: show a rich progress bar.
+        progress: report progress on stderr (a bar on a terminal, plain lines otherwise; see dplora.progress).
         tuning_trial: charge the ledger as a hyperparameter-tuning trial (it counts like any release).
+        contract_path: the contract file, which the output folder must not hold.
         log: one-line message sink.
 
     Returns:
@@ -185,7 +177,10 @@ def run_training(
     """
     private_key = release.load_private_key(signing_key)
     key = release.load_data_key(data_key)
-    out, staging = _prepare_output(contract, overwrite)
+    protected = outputs.protected_inputs(
+        contract, contract_path=contract_path, signing_key=signing_key, data_key=data_key, ledger_path=ledger_path
+    )
+    out, staging = _prepare_output(contract, overwrite, protected)
     table = data_mod.load_table(contract)
     unit_index = data_mod.build_unit_index(table, contract.privacy, seed=contract.training.seed)
     plan = plan_for(contract, unit_index)
@@ -200,7 +195,8 @@ def run_training(
         log=log,
     )
     try:
-        _prepare_output(contract, overwrite)  # re-check under the lock: another run may have finished meanwhile
+        # re-check under the lock: another run may have finished meanwhile
+        _prepare_output(contract, overwrite, protected)
         return _run_locked(contract, plan, table, unit_index, out=out, staging=staging, io=io)
     finally:
         Path(lock.name).unlink(missing_ok=True)
@@ -304,9 +300,7 @@ def _run_locked(contract: Contract, plan: TrainingPlan, table, unit_index, *, ou
     if contract.privacy.protected_unit is ProtectedUnit.TICKET:
         log(f"note: ticket-level DP {unit_statement(ProtectedUnit.TICKET)}")
     ledger = _open_ledger(contract, plan, io)
-    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir(parents=True)
+    staging = outputs.fresh_staging(out)
     try:
         spec, state = _build(contract, plan, table, unit_index, out=out, staging=staging, io=io)
     except BaseException as err:
@@ -341,7 +335,9 @@ def _run_locked(contract: Contract, plan: TrainingPlan, table, unit_index, *, ou
         raise TrainingFailedError(f"training failed at step {state.step}: {err.__class__.__name__}") from err
     epsilon_spent = plan.epsilon_at(state.step)
     log(f"peak memory: {peak_memory_gib(spec.device):.2f} GiB ({_memory_kind(spec.device)})")
-    _publish(staging, out)
+    kept = outputs.publish(staging, out)
+    if kept is not None:
+        log(f"warning: files appeared in {out} during the run; the old folder was kept as {kept}")
     if ledger is not None:
         ledger.settle(spec.run_id, epsilon_spent=epsilon_spent, status="settled")
         ledger.record_release(
@@ -366,10 +362,11 @@ def _run_locked(contract: Contract, plan: TrainingPlan, table, unit_index, *, ou
 
 def _train_and_release(spec, state, *, io: _RunIO, started: str) -> None:
     """Run every planned step, check the accounting, then write the adapters and the signed release."""
-    from dplora.run import METRICS_HEADER, RichProgress, run_steps
+    from dplora.progress import ProgressReporter
+    from dplora.run import METRICS_HEADER, run_steps
 
-    bar = RichProgress(spec.plan.steps, enabled=io.progress)
-    with (spec.staging / "metrics.jsonl").open("w") as metrics, bar:
+    with (spec.staging / "metrics.jsonl").open("w") as metrics, ProgressReporter(enabled=io.progress) as bar:
+        bar.start(spec.plan.steps)
         metrics.write(json.dumps(METRICS_HEADER) + "\n")
         run_steps(spec, state, metrics=metrics, progress=bar)
     if state.accountant.steps != spec.plan.steps or state.step != spec.plan.steps:  # never release unaccounted
@@ -409,23 +406,19 @@ def _failure_entry(run_id: str | None, done: int, planned: int, spent: float, er
         "steps_done": done,
         "steps_planned": planned,
         "epsilon_charged_upper_bound": spent,
-        "reason": str(err) if isinstance(err, DploraError) else f"{err.__class__.__name__}",
+        "reason": _failure_reason(err),
         "time": _now(),
         "release": "none (run failed)",
     }
 
 
-def _publish(staging: Path, out: Path) -> None:
-    """Rename the finished staging folder to the output folder (replacing an old one last)."""
-    if out.exists():
-        old = out.with_name(out.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        out.rename(old)
-        staging.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        staging.rename(out)
+def _failure_reason(err: BaseException) -> str:
+    """One line for FAILED.json: a DploraError's message, "SIGTERM" (the CLI's handler names it), or the class."""
+    if isinstance(err, DploraError):
+        return str(err)
+    if isinstance(err, KeyboardInterrupt) and err.args:
+        return str(err.args[0])
+    return err.__class__.__name__
 
 
 def _write_outputs(spec, state, *, started: str, epsilon_spent: float, io: _RunIO) -> None:

@@ -37,8 +37,8 @@ def _one(config: str, out: str, key: str, overrides: list[str]) -> dict:
     return {
         "unit": budget["protected_unit"],
         "N_units": budget["num_units"],
-        "records_per_unit": budget["unit_stats"]["records_per_unit"],
-        "dropped_by_cap": budget["unit_stats"]["dropped_by_cap"],
+        "records_per_unit": budget["not_covered_by_dp"]["unit_stats"]["records_per_unit"],
+        "dropped_by_cap": budget["not_covered_by_dp"]["unit_stats"]["dropped_by_cap"],
         "q": round(budget["sample_rate"], 5),
         "T": budget["steps"],
         "sigma": round(budget["noise_multiplier"], 4),

@@ -43,8 +43,10 @@ def _fresh_cache(tmp_path, monkeypatch):
 
 @pytest.fixture
 def config(tmp_path) -> Path:
+    """The contract (N=1000 declared) and a 100-row data.csv: budget reads the data as train does."""
     path = tmp_path / "contract.yaml"
     path.write_text(CONTRACT)
+    _write_csv(tmp_path / "data.csv", [(f"u{i}", f"question {i}", f"answer {i}") for i in range(100)])
     return path
 
 
@@ -102,7 +104,7 @@ def test_budget_json_declared_units(config, steps, expected):
     assert report["accountant"] == "rdp" and report["accountant_version"].startswith("opacus ")
     assert report["adjacency"] == "add_remove"
     assert report["epsilon_curve"][-1] == [steps, report["epsilon"]]
-    assert "unit_stats" not in report
+    assert report["not_covered_by_dp"]["unit_stats"]["num_units"] == 100  # the data is read: a check only
 
 
 def test_budget_delta_equal_to_one_over_n_refused(config):
@@ -142,7 +144,7 @@ def test_budget_counts_units_from_data(config):
     _write_csv(Path("data.csv"), rows)
     report = budget_json(config, "privacy.num_units=null", "privacy.noise_multiplier=1", "privacy.target_epsilon=50")
     assert report["num_units"] == len(rows) and report["num_units_source"] == "data"
-    assert report["unit_stats"]["num_units"] == len(rows)
+    assert report["not_covered_by_dp"]["unit_stats"]["num_units"] == len(rows)
     assert report["sample_rate"] == pytest.approx(32 / len(rows))
 
     user = budget_json(
@@ -155,17 +157,39 @@ def test_budget_counts_units_from_data(config):
         "training.expected_batch_size=4",
     )
     assert user["num_units"] == 40 and user["protected_unit"] == "user" and user["unit_key"] == "user_id"
-    stats = user["unit_stats"]
+    stats = user["not_covered_by_dp"]["unit_stats"]
     assert stats["num_units"] == 40 and stats["num_records"] == len(rows)
     assert stats["records_per_unit"]["min"] == 1 and stats["records_per_unit"]["max"] == 3
     assert user["sample_rate"] == 4 / 40
 
 
-def test_budget_declared_units_reads_no_data(config):
-    """With privacy.num_units declared, budget needs no data file (data.csv does not exist here)."""
-    assert not Path("data.csv").exists()
+def test_budget_declared_units_still_checks_the_data(config):
+    """Item 8: with privacy.num_units declared, budget refuses what train refuses (reads header and units)."""
     report = budget_json(config, "privacy.noise_multiplier=1")
     assert report["num_units"] == 1000 and report["num_units_source"] == "contract"
+    assert report["sample_rate"] == 32 / 1000  # N stays the declared public number, not the count (100)
+    _write_csv(Path("data.csv"), [(f"u{i}", f"question {i}", f"answer {i}") for i in range(50)])
+    assert_one_line_error(budget(config, "privacy.num_units=8", "training.expected_batch_size=4"), "num_units=8")
+    assert_one_line_error(budget(config, "data.prompt_column=question"), "no column 'question'")
+    ok = budget_json(config, "privacy.num_units=50", "training.expected_batch_size=4", "privacy.noise_multiplier=1")
+    assert ok["num_units"] == 50 and ok["not_covered_by_dp"]["unit_stats"]["num_records"] == 50
+
+
+def test_budget_labels_private_statistics(config):
+    """Item 7: records-per-unit statistics carry the 'not covered by DP' label of metrics.jsonl."""
+    rows = [(f"u{u}", f"question {u} {r}", f"answer {r}") for u in range(40) for r in range(1 + u % 11)]
+    _write_csv(Path("data.csv"), rows)
+    args = ["privacy.num_units=null", "privacy.noise_multiplier=1", "privacy.target_epsilon=50"]
+    args += ["privacy.protected_unit=user", "privacy.unit_key=user_id", "training.expected_batch_size=4"]
+    report = budget_json(config, *args)
+    assert "unit_stats" not in report
+    private = report["not_covered_by_dp"]
+    assert "not covered by DP" in private["note"] and private["unit_stats"]["records_per_unit"]["max"] == 11
+    res = budget(config, *args)
+    assert res.exit_code == 0, res.output
+    (row,) = [ln for ln in res.stdout.splitlines() if "records per unit" in ln]
+    assert "not covered by DP" in row and "max 11" in row
+    assert "not covered by DP (ε)" in res.stdout
 
 
 # --- the plot -----------------------------------------------------------------------------------------------------
@@ -247,7 +271,14 @@ def test_bad_override_syntax(config):
 
 
 def test_missing_data_file(config):
+    Path("data.csv").unlink()
     assert_one_line_error(budget(config, "privacy.num_units=null"), "data file not found", "data.csv")
+    assert_one_line_error(budget(config), "data file not found", "data.csv")  # N declared: still refused
+
+
+def test_data_path_is_a_folder(config):
+    Path("folder").mkdir()
+    assert_one_line_error(budget(config, "data.path=folder"), "data.path='folder' is a folder")
 
 
 def test_missing_column(config):

@@ -170,3 +170,79 @@ def test_scientific_notation_without_dot_is_a_number(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(_raw()).replace("lr: 0.01", "lr: 1e-3"))
     assert load_contract(path).training.lr == pytest.approx(1e-3)
+
+
+# --- issue 8, item 2: messages in the contract's own terms ------------------------------------------------------------
+
+LIBRARY_WORDING = ("Input should be", "instance of", "Value error", "valid tuple", "Section", "dictionary")
+
+
+@pytest.mark.parametrize(
+    ("section", "value", "expected"),
+    [
+        ("lora", {"target_modules": "q_proj"}, "lora.target_modules='q_proj': must be a list, e.g. [q_proj, v_proj]"),
+        ("training", 5, "training=5: must be a section of keys (a YAML mapping)"),
+        ("training", None, "training=null: must be a section of keys (a YAML mapping)"),
+        ("model", {"name": "smollm2-135m", "path": "/m"}, "model: give exactly one of model.name"),
+        ("training", {"expected_batch_size": 8, "steps": 3.0}, "training.steps=3.0: must be a whole number"),
+        ("training", {"expected_batch_size": 8, "steps": True}, "training.steps=true: must be a whole number"),
+        ("training", {"expected_batch_size": 8, "steps": 3, "lr": "fast"}, "training.lr='fast': must be a number"),
+        ("training", {"expected_batch_size": -1, "steps": 3}, "training.expected_batch_size=-1: must be > 0"),
+        ("lora", {"dropout": 1.5}, "lora.dropout=1.5: must be < 1"),
+        ("lora", {"target_modules": [1]}, "lora.target_modules[0]=1: must be text"),
+        ("data", {"path": "", "text_column": "t"}, "data.path='': must not be empty"),
+        ("privacy", [1, 2], "privacy=[1, 2]: must be a section of keys"),
+    ],
+)
+def test_messages_use_the_contracts_terms(section, value, expected):
+    raw = _raw()
+    raw[section] = value
+    with pytest.raises(BadInputError) as info:
+        parse_contract(raw)
+    message = str(info.value)
+    assert message.startswith("contract: ") and expected in message, message
+    assert not any(w in message for w in LIBRARY_WORDING), message
+
+
+def test_validator_messages_lose_the_value_error_prefix():
+    raw = _raw()
+    raw["privacy"]["unit_key"] = "customer_id"
+    with pytest.raises(BadInputError) as info:
+        parse_contract(raw)
+    assert str(info.value) == "contract: privacy.unit_key must be empty when protected_unit is row"
+
+
+# --- issue 8, item 4: an override of one of an exclusive pair replaces the other ----------------------------------
+
+
+def _file_with(tmp_path, **sections) -> Path:
+    raw = _raw()
+    for name, values in sections.items():
+        raw[name] = values
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_steps_override_replaces_epochs_from_the_file(tmp_path):
+    """bitext.yaml has epochs: training.steps=5 on the command line means 5 steps, not 'give exactly one of'."""
+    path = _file_with(tmp_path, training={"expected_batch_size": 8, "epochs": 2.0})
+    c = load_contract(path, ["training.steps=5"])
+    assert c.training.steps == 5 and c.training.epochs is None
+    c = load_contract(_file_with(tmp_path, training={"expected_batch_size": 8, "steps": 7}), ["training.epochs=1.5"])
+    assert c.training.epochs == 1.5 and c.training.steps is None
+    with pytest.raises(BadInputError, match="give exactly one of training.epochs or training.steps"):
+        load_contract(path, ["training.steps=5", "training.epochs=1"])  # both on the command line: still an error
+
+
+def test_model_and_column_overrides_replace_their_pair(tmp_path):
+    path = _file_with(tmp_path)  # model.path and prompt/response columns
+    c = load_contract(path, ["model.name=smollm2-135m"])
+    assert c.model.name == "smollm2-135m" and c.model.path is None
+    c = load_contract(path, ["data.text_column=body"])
+    assert c.data.text_column == "body" and c.data.prompt_column is None and c.data.response_column is None
+    text = _file_with(tmp_path, data={"path": "d.csv", "text_column": "body"})
+    c = load_contract(text, ["data.prompt_column=q", "data.response_column=a"])
+    assert (c.data.text_column, c.data.prompt_column, c.data.response_column) == (None, "q", "a")
+    with pytest.raises(BadInputError, match="give both data.prompt_column and data.response_column"):
+        load_contract(text, ["data.prompt_column=q"])

@@ -70,7 +70,7 @@ def test_twcs_user_level_budget_counts_customers(tmp_path):
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["num_units"] == 1334 and report["protected_unit"] == "user"
-    assert report["unit_stats"]["num_records"] == 2083
+    assert report["not_covered_by_dp"]["unit_stats"]["num_records"] == 2083
     assert report["sample_rate"] == pytest.approx(16 / 1334)
 
 

@@ -144,6 +144,7 @@ def test_keyed_data_digest(tmp_path, tiny_model_dir, tickets_csv, signing_key):
         ],
     )
     assert ok.exit_code == 0, ok.output
+    assert "OK  data digest: keyed HMAC-SHA256 of tickets.csv matches the record" in ok.stdout  # issue 8, item 6
 
 
 def test_noise_and_sampling_are_not_reproducible_from_the_seed(tmp_path, tiny_model_dir, tickets_csv, signing_key):
@@ -362,3 +363,105 @@ def test_adapter_config_has_no_local_paths(finished_run, tiny_model_dir):
     config = json.loads((out / "adapter" / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == tiny_model_dir.name
     assert all(str(tiny_model_dir) not in p.read_text(errors="ignore") for p in (out / "adapter").iterdir())
+
+
+# --- issue 8 ----------------------------------------------------------------------------------------------------------
+
+
+def test_verify_names_each_check(finished_run, signing_key):
+    """Item 6: verify says which checks ran (key, signature, artifacts) and that the data digest did not."""
+    _, out = finished_run
+    check = runner.invoke(app, ["verify", str(out), "--public-key", str(signing_key[1])])
+    assert check.exit_code == 0, check.output
+    lines = check.stdout.splitlines()
+    n = len(_payload(out)["subject"])
+    assert [ln.split(":")[0] for ln in lines[:4]] == ["OK  key", "OK  signature", "OK  artifacts", "--  data digest"]
+    assert f"OK  artifacts: {n} files match their signed sha256 digests; no unsigned files" in lines
+    assert "--  data digest: not checked (pass --data FILE --data-key KEY)" in lines
+    assert lines[-1].startswith("release: row-level (add_remove) ε=")
+
+
+def test_missing_looking_words_train_as_text_with_progress_lines_on_stderr(
+    tmp_path, tiny_model_dir, tickets_csv, signing_key
+):
+    """Items 3 and 5: replies NaN, NA, null, None train as text; without a TTY, progress lines go to stderr and
+    stdout holds only the release path."""
+    import csv
+
+    with open(tickets_csv, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    for row, word in zip(rows, ["NaN", "NA", "null", "None"] * 5, strict=False):
+        row["reply"] = word
+    data = tmp_path / "words.csv"
+    with open(data, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    cfg = write_contract(tmp_path / "w.yaml", contract_dict(tiny_model_dir, data, tmp_path / "run"))
+    result = runner.invoke(app, ["train", str(cfg), "--signing-key", str(signing_key[0])])  # progress on
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"release: {tmp_path / 'run' / 'release.dsse.json'}\n"
+    progress = [ln for ln in result.stderr.splitlines() if ln.startswith("progress: ")]
+    assert progress[0].startswith("progress: step 1/3, ε spent ") and progress[-1].startswith("progress: step 3/3")
+    assert all("loss" not in ln for ln in progress)
+
+
+@pytest.fixture
+def restore_sigterm():
+    import signal
+
+    old = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, old)
+
+
+@pytest.mark.parametrize(("how", "name"), [("sigterm", "SIGTERM"), ("ctrl-c", "KeyboardInterrupt")])
+def test_interrupt_names_the_signal_and_the_real_path(
+    tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key, restore_sigterm, how, name
+):
+    """Item 2: SIGTERM or Ctrl-C at step 2 → exit 130, one line with the real FAILED.json path, no release."""
+    import os
+    import signal
+
+    from dplora.progress import ProgressReporter
+
+    def interrupt(self, step, *args, **kwargs):
+        if step == 2:
+            if how == "sigterm":
+                os.kill(os.getpid(), signal.SIGTERM)  # the CLI's handler raises KeyboardInterrupt("SIGTERM")
+            else:
+                raise KeyboardInterrupt
+
+    monkeypatch.setattr(ProgressReporter, "update", interrupt)
+    result, out = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key)
+    assert result.exit_code == 130, result.output
+    failed = out.with_name("run.partial") / "FAILED.json"
+    what = "SIGTERM" if how == "sigterm" else "Ctrl-C"
+    assert result.stderr.splitlines()[-1] == f"error: interrupted ({what}); no release was written; see {failed}"
+    assert "<output_dir>" not in result.output
+    record = json.loads(failed.read_text())
+    assert record["reason"] == name and record["steps_done"] == 2 and record["release"].startswith("none")
+    assert not out.exists() and not (failed.parent / "release.dsse.json").exists()
+
+
+def test_early_interrupt_points_to_no_partial_folder(tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key):
+    """Item 2: an interrupt before training starts says nothing was written (an old FAILED.json is not this run's)."""
+    import os
+
+    from dplora import data as data_mod
+
+    stale = tmp_path / "run.partial"
+    stale.mkdir()
+    (stale / "FAILED.json").write_text("{}")
+    os.utime(stale / "FAILED.json", (1_000_000_000, 1_000_000_000))
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(data_mod, "load_table", interrupted)
+    result, out = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key)
+    assert result.exit_code == 130
+    assert result.stderr == (
+        "error: interrupted (Ctrl-C); no release was written; training had not started, nothing was written\n"
+    )
+    assert not out.exists() and (stale / "FAILED.json").read_text() == "{}"

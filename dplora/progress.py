@@ -1,0 +1,103 @@
+"""Training progress on stderr: a rich bar on a terminal, plain lines at a steady interval otherwise (CI logs).
+
+stdout stays free for machine-readable output. The plain lines carry only public quantities (step, T, ε spent,
+s/step, ETA); the training loss, computed on private data, appears only on the live terminal bar.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+LINE_INTERVAL_S = 30.0
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+class ProgressReporter:
+    """Reports logical steps of one run; :meth:`start`, then :meth:`update` once per step, then :meth:`close`
+    (or use it as a context manager, which closes it).
+
+    Args:
+        enabled: False prints nothing (``--no-progress``).
+        stream: where to write (default: ``sys.stderr``); a TTY gets a rich bar, anything else plain lines.
+        interval_s: seconds between plain lines; the first and the last step always get one.
+        clock: seconds counter (tests pass a fake one).
+    """
+
+    def __init__(
+        self, *, enabled: bool = True, stream: TextIO | None = None, interval_s: float = LINE_INTERVAL_S, clock=None
+    ):
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = enabled
+        self.interval_s = interval_s
+        self._clock = clock or time.monotonic
+        isatty = getattr(self.stream, "isatty", None)
+        self.mode = "off" if not enabled else ("bar" if isatty is not None and isatty() else "lines")
+        self._bar = self._task = None
+        self._total = 0
+        self._updates, self._seconds = 0, 0.0
+        self._last_line: float | None = None
+
+    def start(self, total: int) -> None:
+        """Begin a run of ``total`` logical steps."""
+        self._total = total
+        if self.mode == "bar":
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            columns = [
+                TextColumn("[bold]DP-LoRA"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeRemainingColumn(),
+            ]
+            self._bar = Progress(*columns, console=Console(file=self.stream), transient=False)
+            self._bar.start()
+            self._task = self._bar.add_task("train", total=total, info="")
+
+    def update(self, step: int, epsilon: float, seconds_per_step: float, loss: float | None = None) -> None:
+        """Step ``step`` (1-based) is done in ``seconds_per_step`` s; ``epsilon`` is ε spent after it.
+
+        The plain lines show the mean s/step so far and the ETA from it; ``loss`` shows on the bar only.
+        """
+        self._updates += 1
+        self._seconds += seconds_per_step
+        if self.mode == "bar":
+            info = f"ε≤{epsilon:.3f}" + (f"  loss {loss:.3f}" if loss is not None else "")
+            self._bar.update(self._task, completed=step, info=info)
+        elif self.mode == "lines":
+            now = self._clock()
+            due = self._last_line is None or now - self._last_line >= self.interval_s or step >= self._total
+            if due:
+                self._last_line = now
+                mean = self._seconds / self._updates
+                eta = _duration(mean * (self._total - step))
+                print(
+                    f"progress: step {step}/{self._total}, ε spent {epsilon:.4f}, {mean:.2f} s/step, ETA {eta}",
+                    file=self.stream,
+                    flush=True,
+                )
+
+    def __enter__(self) -> ProgressReporter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the bar (if any); safe to call more than once."""
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None

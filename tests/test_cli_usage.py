@@ -1,0 +1,209 @@
+"""Issue 8, items 2, 4, 5 and 9: one-line usage errors, overrides on the command line, CI progress lines,
+--version, 80-column help and ledger output, keygen's message, usage placeholders, threads from free cores."""
+
+from __future__ import annotations
+
+import io
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import dplora
+from dplora.cli import app
+from dplora.progress import ProgressReporter
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+
+def _one_line_usage_error(result, *needles: str) -> str:
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    assert result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: ") and "╭" not in line and "Usage:" not in line
+    for needle in needles:
+        assert needle in line, (needle, line)
+    return line
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["trian"], ["No such command 'trian'", "Did you mean 'train'?"]),
+        (["train", "c.yaml", "--overwite"], ["No such option: --overwite", "'dplora train --help'"]),
+        (["train", "c.yaml", "--threads", "0"], ["'--threads'", "greater than or equal to 1"]),
+        (["train", "c.yaml", "--threads", "two"], ["'--threads'"]),
+        (["budget"], ["Missing argument 'CONFIG'"]),
+        (["verify", "run"], ["Missing option '--public-key'"]),
+        (["ledger", "shwo"], ["No such command 'shwo'", "'dplora ledger --help'"]),
+    ],
+)
+def test_usage_errors_are_one_line_with_exit_2(args, needles):
+    _one_line_usage_error(runner.invoke(app, args), *needles)
+
+
+def test_usage_error_in_a_real_process():
+    """The console script too: one line on stderr, exit 2, no box."""
+    proc = subprocess.run(
+        [sys.executable, "-c", "from dplora.cli import main; main()", "trian"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == "error: No such command 'trian'. Did you mean 'train'? (see 'dplora --help')\n"
+
+
+def test_version():
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.stdout == f"dplora {dplora.__version__}\n"
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert f'version = "{dplora.__version__}"' in pyproject
+
+
+COMMANDS = [
+    [],
+    ["budget"],
+    ["train"],
+    ["validate"],
+    ["keygen"],
+    ["verify"],
+    ["demo-data"],
+    ["prepare-twcs"],
+    ["ledger"],
+    ["ledger", "set-cap"],
+    ["ledger", "check"],
+    ["ledger", "show"],
+]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "dplora")
+def test_help_fits_80_columns_without_cuts(command, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    result = runner.invoke(app, [*command, "--help"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert not any(ch in result.stdout for ch in "…╭│")  # no rich boxes, nothing cut with an ellipsis
+    assert not any(line.rstrip().endswith("...") for line in lines if not line.startswith("Usage:"))
+    usage = lines[0]
+    assert usage.startswith(f"Usage: dplora {' '.join(command)}".rstrip())
+    # one placeholder style: upper-case names, {REQUIRED} and [OPTIONAL], e.g. {CONFIG} [KEY=VALUE]...
+    for placeholder in re.findall(r"[{\[]([^}\]]+)[}\]]", usage):
+        assert placeholder == placeholder.upper(), usage
+
+
+def test_override_of_an_exclusive_pair_on_the_command_line():
+    """Item 4 through the CLI: a steps override on a contract with epochs validates."""
+    cfg = ROOT / "configs" / "demo.yaml"
+    assert runner.invoke(app, ["validate", str(cfg), "training.epochs=2"]).exit_code == 0
+    result = runner.invoke(app, ["validate", str(cfg), "training.epochs=2", "training.steps=5"])
+    assert result.exit_code == 2 and "give exactly one of" in result.stderr
+
+
+def test_ledger_show_fits_80_columns_with_full_ids(tmp_path, monkeypatch):
+    from dplora.ledger import Ledger
+
+    monkeypatch.setenv("COLUMNS", "80")
+    db = tmp_path / "l.sqlite3"
+    run_id, sha = "b832f4677daa40699b3e7cd980a46a92", "ab" * 32
+    with Ledger(db) as ledger:
+        ledger.set_cap("support-tickets-eu", epsilon_max="10", delta_max="1e-4")
+        ledger.reserve(
+            population="support-tickets-eu",
+            run_id=run_id,
+            epsilon="3.1234567",
+            delta="1e-6",
+            accountant="prv",
+            adjacency="add_remove",
+            purpose="release",
+        )
+        ledger.settle(run_id, epsilon_spent="2.987654321", status="settled")
+        ledger.record_release(run_id=run_id, record_sha256=sha, epsilon="2.987654321", delta="1e-6", label="final")
+    result = runner.invoke(app, ["ledger", "show", "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    assert max(len(line) for line in result.stdout.splitlines()) <= 80
+    for whole in (run_id, sha, "2.987654321", "3.1234567", "7.012345679", "0.000099"):
+        assert whole in result.stdout, whole
+    assert "…" not in result.stdout
+
+
+def test_keygen_already_exists_names_overwrite(tmp_path):
+    key = tmp_path / "k.key"
+    assert runner.invoke(app, ["keygen", str(key)]).exit_code == 0
+    result = runner.invoke(app, ["keygen", str(key)])
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {key} already exists; pass --overwrite to replace it, or choose another path\n"
+    assert runner.invoke(app, ["keygen", str(key), "--overwrite"]).exit_code == 0
+
+
+def test_demo_data_already_exists_names_the_option(tmp_path):
+    path = tmp_path / "t.csv"
+    assert runner.invoke(app, ["demo-data", str(path), "--tickets", "3"]).exit_code == 0
+    result = runner.invoke(app, ["demo-data", str(path), "--tickets", "3"])
+    assert result.exit_code == 2 and "pass --overwrite" in result.stderr and "overwrite=True" not in result.stderr
+
+
+def test_threads_follow_the_cores_free_now(monkeypatch):
+    """4 cores, 3 of them busy in the last 0.3 s (from /proc/stat), whatever the 1-minute load says: 1 thread."""
+    import time
+
+    from dplora import engine
+
+    # cpu total and idle+iowait jiffies over the window: 400 jiffies, 100 idle → 3 busy cores of 4
+    samples = iter(["cpu  1000 0 0 1000 0 0 0 0 0 0\n", "cpu  1300 0 0 1100 0 0 0 0 0 0\n"])
+    monkeypatch.setattr(engine, "open", lambda *a, **k: io.StringIO(next(samples)), raising=False)
+    monkeypatch.setattr(time, "sleep", lambda s: None)
+    monkeypatch.setattr(engine.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.setattr(engine.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(engine.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert engine.free_threads() == 1
+    samples = iter(["cpu  1000 0 0 1000 0 0 0 0 0 0\n", "cpu  1000 0 0 1400 0 0 0 0 0 0\n"])  # all idle now
+    monkeypatch.setattr(engine.os, "getloadavg", lambda: (4.0, 4.0, 4.0))  # a job that just ended
+    assert engine.free_threads() == 4
+
+
+# --- item 5: progress lines for CI logs -----------------------------------------------------------------------------
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_progress_lines_at_a_steady_interval():
+    """Not a TTY: a line at step 1, then one per interval (30 s), and at the last step; no loss in the lines."""
+    stream, clock = io.StringIO(), _Clock()
+    with ProgressReporter(stream=stream, interval_s=30, clock=clock) as reporter:
+        assert reporter.mode == "lines"
+        reporter.start(24)
+        for step in range(1, 25):
+            clock.now = 10.0 * step  # 10 s per step
+            reporter.update(step, epsilon=step / 3, seconds_per_step=5.0 if step % 2 else 15.0, loss=1.234)
+    lines = stream.getvalue().splitlines()
+    assert [int(re.search(r"step (\d+)/24", ln).group(1)) for ln in lines] == [1, 4, 7, 10, 13, 16, 19, 22, 24]
+    assert lines[0] == "progress: step 1/24, ε spent 0.3333, 5.00 s/step, ETA 1 min 55 s"  # 23 steps × 5 s
+    assert lines[1] == "progress: step 4/24, ε spent 1.3333, 10.00 s/step, ETA 3 min 20 s"  # mean of 5,15,5,15
+    assert lines[-1] == "progress: step 24/24, ε spent 8.0000, 10.00 s/step, ETA 0 s"
+    assert "1.234" not in stream.getvalue()
+
+
+def test_progress_bar_on_a_tty_and_nothing_when_disabled():
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    assert ProgressReporter(stream=Tty()).mode == "bar"
+    quiet = io.StringIO()
+    with ProgressReporter(enabled=False, stream=quiet) as reporter:
+        reporter.start(3)
+        for step in (1, 2, 3):
+            reporter.update(step, 0.1, 1.0)
+    assert quiet.getvalue() == "" and reporter.mode == "off"
