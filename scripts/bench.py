@@ -2,8 +2,9 @@
 
 Modes (each in its own subprocess, so peak memory is per mode; the order rotates over repeats):
   non_dp, non_dp_2  plain peft LoRA, per-sequence loss, AdamW (run twice: the second shows the noise floor)
-  fast              dplora.fastclip.FlatLoRAGrads → UnitClipAccumulator → one noise draw → .grad views → AdamW
-  opacus_acc        Opacus GradSampleModule hooks → opacus_flat → the same accumulator, noise, .grad, AdamW
+  dplora_fast       the engine with privacy.per_sample: fast (engine.make_private → UnitDPOptimizer): FlatLoRAGrads
+                    → UnitClipAccumulator → one noise draw → .grad views → AdamW
+  dplora_opacus     the engine with per_sample: opacus: Opacus hooks → opacus_flat → the same clipping and noise
   opacus            plain Opacus: GradSampleModule hooks + DPOptimizer (flat clipping, noise) → AdamW
 Settings: small = LoRA r=8 on q_proj, v_proj, batch 16, seq 128; wide = r=16 on all 7 projections, batch 32,
 seq 256; on a GPU also llama-1b = a Llama-3.2-1B shape with wide LoRA, batch 8, seq 256. Models are random-init
@@ -74,8 +75,7 @@ ARCHS = {  # LlamaConfig keyword arguments
         tie_word_embeddings=True,
     ),
 }
-MODES = ["non_dp", "fast", "opacus_acc", "opacus", "non_dp_2"]
-DP_MODES = ["fast", "opacus_acc", "opacus"]
+MODES = ["non_dp", "dplora_fast", "dplora_opacus", "opacus", "non_dp_2"]
 
 
 def settings(device: str, quick: bool) -> list[dict]:
@@ -170,42 +170,20 @@ def _step_fn(mode: str, model, batch_size: int, device):
 
         return step
 
-    from dplora.clipping import UnitClipAccumulator, assign_flat_grads, opacus_flat, privatize
+    from types import SimpleNamespace
 
-    generator = engine.os_entropy_generator(device)
-    if mode == "fast":
-        from dplora.fastclip import FlatLoRAGrads
-
-        flat = FlatLoRAGrads(model)
-        forward, num_params, params = model, flat.P, flat.parameters
-    else:  # opacus_acc
-        from opacus import GradSampleModule
-
-        forward = GradSampleModule(model, batch_first=True, loss_reduction="sum")
-        num_params, flat = sum(p.numel() for p in params), None
-    accumulator = UnitClipAccumulator(num_params, clip, device, keep_norms=False)
-    scratch = {}
+    plan = SimpleNamespace(noise_multiplier=sigma, max_grad_norm=clip, expected_batch_size=batch_size, sample_rate=0.01)
+    per_sample = {"dplora_fast": "fast", "dplora_opacus": "opacus"}[mode]
+    forward, dp_opt, _ = engine.make_private(model, optimizer, plan=plan, unit_mean=False, per_sample=per_sample)
 
     def step(batch):
         rows = batch["input_ids"].shape[0]
-        accumulator.begin_step()
-        if flat is not None:
-            flat.buffer(rows)
+        dp_opt.begin_logical_step()
+        dp_opt.prepare_batch(rows)
         engine.per_sequence_loss(forward, batch).sum().backward()
-        if flat is not None:
-            G = flat.gradients()
-        else:
-            if "G" not in scratch:
-                scratch["G"] = torch.empty((rows, num_params), dtype=torch.float32, device=device)
-            G = opacus_flat(params, out=scratch["G"][:rows])
-        accumulator.add(G, torch.arange(rows))
-        total, _ = accumulator.finish()
-        noisy = privatize(
-            total, noise_multiplier=sigma, max_grad_norm=clip, expected_batch_size=batch_size, generator=generator
-        )
-        assign_flat_grads(params, noisy)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        dp_opt.accumulate(torch.arange(rows))  # row level: every record its own unit
+        dp_opt.step()
+        dp_opt.zero_grad(set_to_none=True)
 
     return step
 
@@ -513,6 +491,7 @@ def main() -> None:
                     )
                 results += [dict(r, repeat=rep) for r in got]
                 _write(args.out, meta, results, [])
+                (args.out / "bench.md").write_text(markdown(meta, summarize(results), []))
     meta["bench_seconds"] = time.perf_counter() - t_start
     budget = budget_times(args.accountants) if args.accountants else []
     rows = _write(args.out, meta, results, budget)

@@ -2,13 +2,17 @@
 
 Wide LoRA (r=16 on all 7 projections) on a small-but-wide random Llama (hidden 128, 2 layers), sequence 32,
 physical batch 32, units of 1–5 records (ticket-like) plus one unit of 45 records that spans two physical
-batches. Paths:
-  fast  FlatLoRAGrads + UnitClipAccumulator (one open unit row at most) + one noise draw + AdamW step
-  old   the engine's UnitDPOptimizer (Opacus hooks; begin_logical_step holds one gradient vector per unit)
+batches. Both per-sample paths run through the engine (``engine.make_private``, ``UnitDPOptimizer``, whose
+:class:`dplora.clipping.UnitClipAccumulator` keeps one running clipped sum and at most one open unit):
+  fast    FlatLoRAGrads writes each record's LoRA gradient into one (B, P) buffer
+  opacus  Opacus hooks' grad_sample, copied into the same (B, P) layout
 Each process builds the model, runs a warm-up logical step of 32 records, then the measured step, and reports its
 peak RSS (getrusage ru_maxrss) and its RSS before the measured step.
 
-    python scripts/bench_memory.py [--rows 256 1024 4096] [--paths fast old] [--out DIR]
+    python scripts/bench_memory.py [--rows 256 1024 4096] [--paths fast opacus] [--out DIR]
+
+Before issue 11 the engine held one gradient vector per sampled unit for the whole logical step; measured with this
+script then (same model, 1 thread): peak RSS 517, 596, 883 MiB at 256, 1,024, 4,096 records (1.71×).
 """
 
 from __future__ import annotations
@@ -77,39 +81,19 @@ def _batch(unit_rows: list[int], gen):
     return engine.collate(records, pad_id=0)
 
 
-def _fast_step(model, flat, accumulator, optimizer, unit_of_row, gen):
+def _step(model, dp_opt, unit_of_row, gen):
+    """One logical step through the engine: records of each unit contiguous, cut into physical batches."""
     import torch
 
     from dplora import engine
-    from dplora.clipping import assign_flat_grads, privatize
 
-    accumulator.begin_step()
+    dp_opt.begin_logical_step()
     for start in range(0, len(unit_of_row), PHYSICAL):
         chunk = unit_of_row[start : start + PHYSICAL]
         continues = start + PHYSICAL < len(unit_of_row) and unit_of_row[start + PHYSICAL] == chunk[-1]
-        flat.buffer(len(chunk))
+        dp_opt.prepare_batch(len(chunk))
         engine.per_sequence_loss(model, _batch(chunk, gen)).sum().backward()
-        accumulator.add(flat.gradients(), torch.tensor(chunk), last_unit_continues=continues)
-    total, _ = accumulator.finish()
-    noisy = privatize(
-        total, noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=100, generator=engine.os_entropy_generator()
-    )
-    assign_flat_grads(flat.parameters, noisy)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-
-
-def _old_step(gsm, dp_opt, unit_of_row, gen):
-    import torch
-
-    from dplora import engine
-
-    local = torch.tensor(unit_of_row) - unit_of_row[0]
-    dp_opt.begin_logical_step(int(local[-1]) + 1)
-    for start in range(0, len(unit_of_row), PHYSICAL):
-        chunk = unit_of_row[start : start + PHYSICAL]
-        engine.per_sequence_loss(gsm, _batch(chunk, gen)).sum().backward()
-        dp_opt.accumulate(local[start : start + PHYSICAL])
+        dp_opt.accumulate(torch.tensor(chunk), continues=continues)
     dp_opt.step()
     dp_opt.zero_grad(set_to_none=True)
 
@@ -128,23 +112,13 @@ def worker(path: str, rows: int, threads: int) -> dict:
     optimizer = torch.optim.AdamW(params, lr=1e-4)
     warm = list(range(PHYSICAL))
     measured = [u + 10**6 for u in _units(rows)]
-    if path == "fast":
-        from dplora.clipping import UnitClipAccumulator
-        from dplora.fastclip import FlatLoRAGrads
+    from dplora import engine
 
-        flat = FlatLoRAGrads(model)
-        accumulator = UnitClipAccumulator(flat.P, 1.0, "cpu", keep_norms=False)
-        _fast_step(model, flat, accumulator, optimizer, warm, gen)
-        start, t0 = _rss_now(), time.perf_counter()
-        _fast_step(model, flat, accumulator, optimizer, measured, gen)
-    else:
-        from dplora import engine
-
-        plan = SimpleNamespace(noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=100, sample_rate=0.01)
-        gsm, dp_opt, _ = engine.make_private(model, optimizer, plan=plan, unit_mean=False)
-        _old_step(gsm, dp_opt, warm, gen)
-        start, t0 = _rss_now(), time.perf_counter()
-        _old_step(gsm, dp_opt, measured, gen)
+    plan = SimpleNamespace(noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=100, sample_rate=0.01)
+    forward, dp_opt, _ = engine.make_private(model, optimizer, plan=plan, unit_mean=False, per_sample=path)
+    _step(forward, dp_opt, warm, gen)
+    start, t0 = _rss_now(), time.perf_counter()
+    _step(forward, dp_opt, measured, gen)
     return dict(
         path=path,
         rows=rows,
@@ -159,7 +133,7 @@ def worker(path: str, rows: int, threads: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, nargs="+", default=[256, 1024, 4096])
-    ap.add_argument("--paths", nargs="+", default=["fast", "old"], choices=["fast", "old"])
+    ap.add_argument("--paths", nargs="+", default=["fast", "opacus"], choices=["fast", "opacus"])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=None, help="write memory.json and memory.md here")
     ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)

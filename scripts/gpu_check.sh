@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check: `dplora train` + `verify` on CUDA in fp32 and bf16, then the overhead benchmark when present.
+# GPU check: `dplora train` + `verify` on CUDA in fp32 and bf16, the fast path against brute force, then the benchmark.
 # Runs on a GPU machine with no internet in a few minutes. Needs .gpu/ from scripts/gpu_prepare.sh (wheels of the
 # packages that machine lacks, SmolLM2-135M's config and tokenizer): real weights cannot travel, so the model is
 # a random-init SmolLM2-135M architecture built from its config. Prints s/step and peak memory per dtype.
@@ -48,6 +48,11 @@ for dtype in fp32 bf16; do
   rc=${PIPESTATUS[0]}; echo "verify exit code ($dtype): $rc"; [ "$rc" = 0 ] || rc_all=1
   tail -n 3 "$W/run-$dtype/metrics.jsonl" | cut -c1-160
 done
+if [ -f scripts/check_fastclip.py ]; then
+  echo "=== scripts/check_fastclip.py (fast path vs one-record-at-a-time brute force on CUDA, fp32 and bf16 base)"
+  timeout "${CHECK_TIMEOUT:-150}" $PY scripts/check_fastclip.py 2>&1 | tee "$OUT/check_fastclip.log"
+  rc=${PIPESTATUS[0]}; echo "check_fastclip exit code: $rc"; [ "$rc" = 0 ] || rc_all=1
+fi
 if [ -f scripts/bench.py ]; then
   echo "=== scripts/bench.py"
   timeout "${BENCH_TIMEOUT:-300}" $PY scripts/bench.py --out "$OUT/bench" 2>&1 | tail -n 60
