@@ -293,13 +293,15 @@ def budget_times(accountants: list[str]) -> list[dict]:
         "privacy: {protected_unit: row, adjacency: add_remove, target_epsilon: 3, delta: 1.0e-5, accountant: rdp,\n"
         "          max_grad_norm: 1.0, num_units: 10000}\n"
         "model: {path: /nonexistent}\n"
-        "data: {path: data.csv, prompt_column: message, response_column: reply}\n"
+        "data: {path: DATA, prompt_column: message, response_column: reply}\n"
         "training: {expected_batch_size: 100, steps: 1000}\n"
     )
     rows = []
     with tempfile.TemporaryDirectory(prefix="dplora-bench-") as tmp:
+        data = Path(tmp) / "data.csv"  # budget loads no model; with num_units declared the data is only checked
+        data.write_text("message,reply\n" + "".join(f"question {i},answer {i}\n" for i in range(20)))
         path = Path(tmp) / "contract.yaml"
-        path.write_text(contract)
+        path.write_text(contract.replace("DATA", str(data)))
         for accountant in accountants:
             env = dict(os.environ, DPLORA_CACHE_DIR=str(Path(tmp) / f"cache-{accountant}"))
             env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
