@@ -164,6 +164,9 @@ def train(
     tuning_trial: Annotated[
         bool, typer.Option(help="Charge the ledger as a hyperparameter-tuning trial: it spends budget like a release.")
     ] = False,
+    resume: Annotated[
+        bool, typer.Option(help="Continue from the resume checkpoint in <output_dir>.partial (same contract and data).")
+    ] = False,
 ) -> None:
     """Fine-tune LoRA adapters with DP-SGD under the contract and write a signed release."""
     import signal
@@ -190,6 +193,7 @@ def train(
             progress=progress,
             tuning_trial=tuning_trial,
             contract_path=config,
+            resume=resume,
             log=_log,
         )
     except DploraError as err:
@@ -211,6 +215,8 @@ def _interrupted_message(err: KeyboardInterrupt, output_dir: str | None, *, sinc
     from dplora import outputs
 
     what = str(err.args[0]) if err.args else "Ctrl-C"
+    if what.startswith("interrupted by "):  # the run's own line: the signal, the checkpoint and how to resume
+        return f"error: {what}"
     message = f"error: interrupted ({what}); no release was written"
     if output_dir is not None:
         failed = outputs.staging_path(outputs.output_path(output_dir)) / outputs.FAILED_FILENAME

@@ -1,4 +1,4 @@
-"""``dplora ledger``: set per-population privacy caps, show spend, and check a plan against a cap.
+"""``dplora ledger``: caps, spend, plan checks, settling killed runs, intermediate releases.
 
 Totals use basic composition (Dwork & Roth 2014, Thm 3.16): sums of ε (unitless) and of δ
 (probability) over every charge on a population, computed exactly. The logic lives in
@@ -64,6 +64,67 @@ def check(population: PopArg, epsilon: EpsOpt, delta: DeltaOpt, db: DbOpt = None
         typer.echo(f"ok: population {population!r} has room for ε={epsilon}, δ={delta}")
 
 
+RunArg = Annotated[str, typer.Argument(metavar="RUN_ID", help="The run id (see `dplora ledger show`).")]
+CheckpointOpt = Annotated[
+    Path | None,
+    typer.Option("--checkpoint", metavar="PATH", help="The run's <output_dir>.partial, if it moved."),
+]
+
+
+@ledger_app.command("settle")
+def settle(
+    run_id: RunArg,
+    abandon: Annotated[
+        bool, typer.Option(help="Close a run that still has a resumable checkpoint (it can then not be resumed).")
+    ] = False,
+    checkpoint: CheckpointOpt = None,
+    db: DbOpt = None,
+) -> None:
+    """Close the pending charge of a killed run that will not be resumed, at the ε of its checkpoint's steps."""
+    from dplora.recovery import settle as settle_run
+
+    with _user_errors(), Ledger(db or default_ledger_path(), create=False) as ledger:
+        charge, how = settle_run(ledger, run_id, abandon=abandon, checkpoint=checkpoint)
+        typer.echo(f"run {run_id} settled as failed at ε={charge.epsilon}, δ={charge.delta} ({how})")
+
+
+@ledger_app.command("record-release")
+def record_release(
+    run: Annotated[str, typer.Argument(metavar="RUN", help="A run id, or the run's <output_dir>.partial folder.")],
+    signing_key: Annotated[
+        Path | None, typer.Option(metavar="PATH", help="Ed25519 private key (PEM). Default: $DPLORA_SIGNING_KEY.")
+    ] = None,
+    data_key: Annotated[
+        Path | None, typer.Option(metavar="PATH", help="Data owner's HMAC key. Default: $DPLORA_DATA_KEY.")
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option(metavar="DIR", help="Release folder. Default: <output_dir>.step-<k>.")
+    ] = None,
+    checkpoint: CheckpointOpt = None,
+    db: DbOpt = None,
+) -> None:
+    """Sign an intermediate release of a charged run from its latest resume checkpoint (not a new charge)."""
+    from dplora import recovery, release
+
+    with _user_errors():
+        private_key = release.load_private_key(signing_key)
+        key = release.load_data_key(data_key)
+        with Ledger(db or default_ledger_path(), create=False) as ledger:
+            folder, eps, steps = recovery.record_release(
+                ledger, run, private_key=private_key, data_key=key, output=output, checkpoint=checkpoint
+            )
+        typer.echo(f"release: {folder / release.RELEASE_FILENAME} (intermediate, {steps} steps, ε={eps:.4f})")
+
+
+def _age(created_at: str) -> str:
+    """How long ago an ISO time was, e.g. ``2h05m`` (pending charges)."""
+    from datetime import datetime, timezone
+
+    seconds = max(0, int((datetime.now(timezone.utc) - datetime.fromisoformat(created_at)).total_seconds()))
+    days, rest = divmod(seconds, 86400)
+    return (f"{days}d" if days else "") + f"{rest // 3600}h{rest % 3600 // 60:02d}m"
+
+
 @ledger_app.command("show")
 def show(
     population: Annotated[str | None, typer.Argument(metavar="POPULATION", help="Only this population")] = None,
@@ -76,6 +137,8 @@ def show(
         if population is not None and not pops:
             raise BadInputError(f"no population {population!r} in ledger {ledger.path}")
         charges = [c.to_dict() for c in ledger.charges(population)]
+        for c in charges:
+            c["age"] = _age(c["created_at"]) if c["status"] == "pending" else None
         releases = ledger.releases(population=population)
     if as_json:
         typer.echo(json.dumps({"populations": pops, "charges": charges, "releases": releases}, indent=2))
@@ -101,6 +164,11 @@ def _show_lines(pops: list[dict], charges: list[dict], releases: list[dict]) -> 
             f"    population {c['population']}, accountant {c['accountant']}",
             f"    ε {c['epsilon']} (reserved {c['reserved_epsilon']}), δ {c['delta']}",
         ]
+        if c["status"] == "pending":
+            lines += [
+                f"    pending for {c['age']}: resume it with `dplora train CONFIG --resume`,",
+                f"    or close it with `dplora ledger settle {c['run_id']}`",
+            ]
     lines.append("releases (post-processing of a charged run: not new charges)")
     for r in releases:
         lines += [

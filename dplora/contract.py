@@ -170,6 +170,7 @@ class TrainingSection(_Section):
     seed: Annotated[int, Field(ge=0, lt=2**63, strict=True)] = 0
     output_dir: NonEmptyStr = "runs/dplora"
     threads: PositiveInt | None = None
+    checkpoint_every: PositiveInt | None = None  # logical steps between resume checkpoints (None: ~10 min of work)
 
     @model_validator(mode="after")
     def _length(self) -> TrainingSection:

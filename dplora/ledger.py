@@ -443,6 +443,35 @@ class Ledger:
                 (run_id, sha, str(eps), str(dlt), label, _now()),
             )
 
+    def charge(self, run_id: str) -> Charge:
+        """Return one run's charge.
+
+        Raises:
+            BadInputError: the run has no charge in this ledger.
+        """
+        with self._read() as c:
+            return _to_charge(self._row(c, run_id))
+
+    # Where a run's resume checkpoint lives (for `ledger settle` and `ledger record-release`). A table of its
+    # own, created on first use, so ledgers written before it keep schema 1 and older dplora still reads them.
+    _CHECKPOINTS = "CREATE TABLE IF NOT EXISTS checkpoints (run_id TEXT PRIMARY KEY REFERENCES charges (run_id), "
+    _CHECKPOINTS += "path TEXT NOT NULL)"
+
+    def set_checkpoint_path(self, run_id: str, path: str) -> None:
+        """Record the folder holding ``run_id``'s resume checkpoint (its ``<output_dir>.partial``)."""
+        with self._write() as c:
+            self._row(c, run_id)
+            c.execute(self._CHECKPOINTS)
+            c.execute("INSERT OR REPLACE INTO checkpoints (run_id, path) VALUES (?, ?)", (run_id, str(path)))
+
+    def checkpoint_path(self, run_id: str) -> str | None:
+        """The folder recorded by :meth:`set_checkpoint_path`, or None."""
+        with self._read() as c:
+            if not c.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='checkpoints'").fetchone():
+                return None
+            row = c.execute("SELECT path FROM checkpoints WHERE run_id=?", (run_id,)).fetchone()
+        return row[0] if row else None
+
     def charges(self, population: str | None = None) -> list[Charge]:
         """Return all charges (of one population if given), oldest first."""
         with self._read() as c:

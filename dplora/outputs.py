@@ -22,7 +22,8 @@ PARTIAL_MARKER = ".dplora-partial"
 FAILED_FILENAME = "FAILED.json"
 # Top-level entries a finished run's folder may hold; anything else was put there by someone else.
 RUN_ENTRIES = frozenset({"adapter", "contract.yaml", "metrics.jsonl", RELEASE_FILENAME, SIGSTORE_FILENAME})
-PARTIAL_ENTRIES = RUN_ENTRIES | {PARTIAL_MARKER, FAILED_FILENAME}
+CHECKPOINT_FILENAME = "resume.safetensors"  # same name as dplora.checkpoint.CHECKPOINT_FILENAME
+PARTIAL_ENTRIES = RUN_ENTRIES | {PARTIAL_MARKER, FAILED_FILENAME, CHECKPOINT_FILENAME}
 
 
 def output_path(output_dir: str | Path) -> Path:
@@ -115,7 +116,7 @@ def _why_foreign(entries: list[str], sign: str, allowed: frozenset) -> str:
 def _check_staging(staging: Path) -> None:
     if staging.exists() and not staging.is_dir():
         raise BadInputError(f"{staging} exists and is not a folder; move it away or choose another output_dir")
-    entries = _entries(staging)
+    entries = [e for e in _entries(staging) if not (e.startswith(".resume.") and e.endswith(".tmp"))]  # killed writes
     sign = PARTIAL_MARKER if PARTIAL_MARKER in entries else FAILED_FILENAME  # FAILED.json: runs before the marker
     if entries and not _written_by_dplora(entries, sign, PARTIAL_ENTRIES):
         why = _why_foreign(entries, sign, PARTIAL_ENTRIES)

@@ -154,13 +154,15 @@ def logical_step(spec: RunSpec, state: RunState, units) -> tuple[float | None, i
     return (loss_value if rows else None), len(rows)
 
 
-def run_steps(spec: RunSpec, state: RunState, *, metrics, progress) -> None:
+def run_steps(spec: RunSpec, state: RunState, *, metrics, progress, after_step=None) -> None:
     """Run logical steps ``state.step + 1 .. plan.T``; stop before any step whose ε would pass the target.
 
     Args:
         spec, state: the run.
         metrics: a text file for one JSON line per step (``metrics.jsonl``).
         progress: a :class:`dplora.progress.ProgressReporter` (``update(step, epsilon, seconds_per_step, loss)``).
+        after_step: called as ``after_step(spec, state)`` after each step is applied and logged (resume
+            checkpoints, :class:`dplora.checkpoint.Checkpointer`); it may raise to stop between steps.
 
     Raises:
         TrainingFailedError: the budget check, a non-finite value, or a LoRA tensor that did not move at step 1.
@@ -198,5 +200,7 @@ def run_steps(spec: RunSpec, state: RunState, *, metrics, progress) -> None:
             + "\n"
         )
         metrics.flush()
+        if after_step is not None:
+            after_step(spec, state)
     if float(_finite_flag(state.named)) != 1.0:
         raise TrainingFailedError(f"non-finite parameter after step {state.step}")

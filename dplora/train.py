@@ -152,6 +152,7 @@ def run_training(
     progress: bool = True,
     tuning_trial: bool = False,
     contract_path: Path | None = None,
+    resume: bool = False,
     log=print,
 ) -> RunResult:
     """Train DP-LoRA adapters under ``contract`` and write them with a signed release record.
@@ -166,14 +167,18 @@ def run_training(
         progress: report progress on stderr (a bar on a terminal, plain lines otherwise; see dplora.progress).
         tuning_trial: charge the ledger as a hyperparameter-tuning trial (it counts like any release).
         contract_path: the contract file, which the output folder must not hold.
+        resume: continue from the resume checkpoint in ``<output_dir>.partial`` (same contract and data).
         log: one-line message sink.
 
     Returns:
         :class:`RunResult`.
 
     Raises:
-        BadInputError, PlanRefusedError: before anything is written (exit 2).
-        TrainingFailedError: a sanity check or a non-finite loss (exit 4); no release is written.
+        BadInputError, PlanRefusedError: before anything is written (exit 2); with ``resume``, also no
+            checkpoint or a changed contract, data or plan.
+        TrainingFailedError: a sanity check, a non-finite loss, out of memory, a full disk (exit 4); no release
+            is written, the last resume checkpoint and FAILED.json stay.
+        KeyboardInterrupt: SIGINT/SIGTERM; a resume checkpoint of the last finished step is written first.
     """
     private_key = release.load_private_key(signing_key)
     key = release.load_data_key(data_key)
@@ -193,6 +198,8 @@ def run_training(
         progress=progress,
         tuning_trial=tuning_trial,
         log=log,
+        overwrite=overwrite,
+        resume=resume,
     )
     try:
         # re-check under the lock: another run may have finished meanwhile
@@ -214,6 +221,8 @@ class _RunIO:
     progress: bool
     tuning_trial: bool
     log: object
+    overwrite: bool = False
+    resume: bool = False
 
 
 class _Stage:
@@ -234,13 +243,17 @@ class _Stage:
         ) from err
 
 
-def _open_ledger(contract: Contract, plan: TrainingPlan, io: _RunIO):
+def _open_ledger(contract: Contract, plan: TrainingPlan, io: _RunIO, resumed_run: str | None = None):
+    """The ledger with room for the plan; a resumed run instead needs its own charge still pending."""
     if not contract.privacy.population:
         return None
     from dplora.ledger import Ledger, default_ledger_path
 
     ledger = Ledger(io.ledger_path or default_ledger_path())
-    ledger.check(contract.privacy.population, epsilon=plan.epsilon, delta=plan.delta)
+    if resumed_run is None:
+        ledger.check(contract.privacy.population, epsilon=plan.epsilon, delta=plan.delta)
+    elif (status := ledger.charge(resumed_run).status) != "pending":
+        raise BadInputError(f"--resume: run {resumed_run} is already {status} in ledger {ledger.path}: start a new run")
     return ledger
 
 
@@ -299,22 +312,32 @@ def _run_locked(contract: Contract, plan: TrainingPlan, table, unit_index, *, ou
         log(f"warning: {warning}")
     if contract.privacy.protected_unit is ProtectedUnit.TICKET:
         log(f"note: ticket-level DP {unit_statement(ProtectedUnit.TICKET)}")
-    ledger = _open_ledger(contract, plan, io)
-    staging = outputs.fresh_staging(out)
+    from dplora import checkpoint as ckpt
+
+    resumed, digest = ckpt.resume_point(staging, contract, plan, unit_index) if io.resume else (None, None)
+    ledger = _open_ledger(contract, plan, io, resumed and resumed.run_id)
+    staging = ckpt.prepare_staging(out, resuming=resumed is not None, overwrite=io.overwrite, ledger=ledger, log=log)
     try:
         spec, state = _build(contract, plan, table, unit_index, out=out, staging=staging, io=io)
     except BaseException as err:
-        if getattr(err, "exit_code", None) == 2:  # bad input: nothing written
+        if getattr(err, "exit_code", None) == 2 and resumed is None:  # bad input: nothing written
             shutil.rmtree(staging, ignore_errors=True)
-        else:
+        elif resumed is None:
             _write_json(staging / "FAILED.json", _failure_entry(None, 0, plan.steps, 0.0, err))
         raise
+    if resumed is not None:  # same run id: the ledger charge is the original reservation
+        spec = dataclasses.replace(spec, run_id=resumed.run_id)
+        ckpt.restore(spec, state, resumed)
+        log(
+            f"resuming run {spec.run_id} from its checkpoint at step {state.step}/{plan.steps}; "
+            "noise and sampling reseeded from OS entropy"
+        )
     log(
         f"device: {spec.device} ({spec.dtype} base, fp32 LoRA), threads: {spec.threads}; N={plan.num_units} units, "
         f"q={plan.sample_rate:.4g}, T={plan.steps}, σ={plan.noise_multiplier:.4f}, ε={plan.epsilon:.4f} "
         f"({plan.accountant.value})"
     )
-    if ledger is not None:
+    if ledger is not None and resumed is None:
         ledger.reserve(
             population=contract.privacy.population,
             run_id=spec.run_id,
@@ -324,17 +347,28 @@ def _run_locked(contract: Contract, plan: TrainingPlan, table, unit_index, *, ou
             adjacency=plan.adjacency.value,
             purpose="tuning" if io.tuning_trial else "release",
         )
-    started, t0 = _now(), time.perf_counter()
+    if ledger is not None:
+        ledger.set_checkpoint_path(spec.run_id, str(staging.resolve()))
+    started = resumed.meta["started_at"] if resumed is not None else _now()
+    checkpointer = ckpt.Checkpointer(
+        spec, state, started_at=started, data_digest=digest or ckpt.data_sha256(contract), log=log, last=resumed
+    )
+    t0, first_step = time.perf_counter(), state.step
     try:
-        _train_and_release(spec, state, io=io, started=started)
+        _train_and_release(spec, state, io=io, started=started, checkpointer=checkpointer)
         seconds = time.perf_counter() - t0
     except BaseException as err:
-        _record_failure(spec, state, err, ledger)
-        if isinstance(err, DploraError | KeyboardInterrupt):
+        _record_failure(spec, state, err, ledger, checkpointer.last)
+        if isinstance(err, KeyboardInterrupt):
+            name = str(err.args[0]) if err.args else "Ctrl-C"
+            hint = ckpt.resume_hint(spec, checkpointer.last)
+            raise KeyboardInterrupt(f"interrupted by {name}; no release was written; {hint}") from None
+        if isinstance(err, DploraError) and not isinstance(err, TrainingFailedError):
             raise
-        raise TrainingFailedError(f"training failed at step {state.step}: {err.__class__.__name__}") from err
+        raise TrainingFailedError(ckpt.failure_line(err, spec, state, checkpointer.last)) from err
     epsilon_spent = plan.epsilon_at(state.step)
     log(f"peak memory: {peak_memory_gib(spec.device):.2f} GiB ({_memory_kind(spec.device)})")
+    ckpt.discard(staging)  # a resume checkpoint never leaves the partial folder
     kept = outputs.publish(staging, out)
     if kept is not None:
         log(f"warning: files appeared in {out} during the run; the old folder was kept as {kept}")
@@ -355,32 +389,68 @@ def _run_locked(contract: Contract, plan: TrainingPlan, table, unit_index, *, ou
         empty_steps=state.empty_steps,
         epsilon_spent=epsilon_spent,
         seconds=seconds,
-        seconds_per_step=seconds / max(plan.steps, 1),
+        seconds_per_step=seconds / max(plan.steps - first_step, 1),
         threads=spec.threads,
     )
 
 
-def _train_and_release(spec, state, *, io: _RunIO, started: str) -> None:
+def _train_and_release(spec, state, *, io: _RunIO, started: str, checkpointer) -> None:
     """Run every planned step, check the accounting, then write the adapters and the signed release."""
     from dplora.progress import ProgressReporter
     from dplora.run import METRICS_HEADER, run_steps
 
-    with (spec.staging / "metrics.jsonl").open("w") as metrics, ProgressReporter(enabled=io.progress) as bar:
+    with (
+        _open_metrics(spec.staging, state.step, METRICS_HEADER) as metrics,
+        ProgressReporter(enabled=io.progress) as bar,
+        checkpointer,
+    ):
         bar.start(spec.plan.steps)
-        metrics.write(json.dumps(METRICS_HEADER) + "\n")
-        run_steps(spec, state, metrics=metrics, progress=bar)
+        checkpointer.write()  # before step 1 (skipped when resuming from this step)
+        run_steps(spec, state, metrics=metrics, progress=bar, after_step=checkpointer.after_step)
     if state.accountant.steps != spec.plan.steps or state.step != spec.plan.steps:  # never release unaccounted
         raise TrainingFailedError(f"accounted {state.accountant.steps} steps, planned {spec.plan.steps}: no release")
     _write_outputs(spec, state, started=started, epsilon_spent=spec.plan.epsilon_at(state.step), io=io)
 
 
-def _record_failure(spec, state, err: BaseException, ledger) -> None:
-    """FAILED.json with the steps done and ε charged (never a release); settle the ledger charge as failed."""
+def _open_metrics(staging: Path, resume_step: int, header: dict):
+    """``metrics.jsonl`` for appending: new with ``header``, or, when resuming, cut back to the checkpoint's step."""
+    path = staging / "metrics.jsonl"
+    if resume_step == 0 or not path.is_file():
+        handle = path.open("w")
+        handle.write(json.dumps(header) + "\n")
+        return handle
+    kept = [ln for ln in path.read_text().splitlines() if _metrics_step(ln) <= resume_step]
+    handle = path.open("w")
+    kept.append(json.dumps({"resumed_at_step": resume_step, "time": _now()}))
+    handle.write("".join(ln + "\n" for ln in kept))
+    return handle
+
+
+def _metrics_step(line: str) -> float:
+    """The step of one metrics line (0 for the header); a line cut by a kill is dropped (inf)."""
+    try:
+        return json.loads(line).get("step", 0)
+    except (json.JSONDecodeError, AttributeError):
+        return float("inf")
+
+
+def _record_failure(spec, state, err: BaseException, ledger, last_checkpoint=None) -> None:
+    """FAILED.json with the steps done and ε charged (never a release); settle the ledger charge as failed.
+
+    With a resume checkpoint the charge stays pending at its reservation (≥ what was spent) until the run is
+    resumed or ``dplora ledger settle`` closes it.
+    """
+    from dplora.checkpoint import failure_fields
+
     plan, done = spec.plan, state.accountant.steps
     spent = plan.epsilon_at(min(done + 1, plan.steps)) if plan.steps else 0.0
-    _write_json(spec.staging / "FAILED.json", _failure_entry(spec.run_id, done, plan.steps, spent, err))
+    entry = _failure_entry(spec.run_id, done, plan.steps, spent, err) | failure_fields(spec, last_checkpoint)
+    try:
+        _write_json(spec.staging / "FAILED.json", entry)
+    except OSError:  # a full disk must not hide the original error
+        pass
     (spec.staging / release.RELEASE_FILENAME).unlink(missing_ok=True)
-    if ledger is not None:
+    if ledger is not None and last_checkpoint is None:
         ledger.settle(spec.run_id, epsilon_spent=spent, status="failed")
 
 

@@ -281,11 +281,13 @@ def test_failure_while_signing_leaves_no_release(tmp_path, monkeypatch, tiny_mod
         tmp_path, tiny_model_dir, tickets_csv, signing_key, "--ledger", str(db), privacy={"population": "tickets"}
     )
     assert result.exit_code == 4, result.output
-    (charge,) = Ledger(db).charges("tickets")  # private data was touched: the failed run stays charged
-    assert charge.status == "failed" and float(charge.epsilon) > 0
+    assert "--resume" in result.output
+    (charge,) = Ledger(db).charges("tickets")  # private data was touched: the run stays charged in full
+    assert charge.status == "pending" and charge.epsilon == charge.reserved_epsilon > 0  # resumable: not settled
     partial = out.with_name(out.name + ".partial")
     failed = json.loads((partial / "FAILED.json").read_text())
     assert failed["steps_done"] == 3 and failed["release"].startswith("none")
+    assert failed["resume_checkpoint"]["step"] == 3  # the checkpoint after the last step: --resume only signs
     assert not (partial / "release.dsse.json").exists()
     assert not out.exists()
 

@@ -1,0 +1,429 @@
+"""Resume checkpoints, faults that stop cleanly, and a ledger that recovers (tiny random Llama, T=8 steps).
+
+Kill points are fixed by the ``DPLORA_TEST_FAULT`` hook (``dplora.checkpoint.fault_point``): a subprocess
+SIGKILLs itself there; in-process tests replace the hook with a signal, a full disk or an exception.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import contract_dict, write_contract
+from typer.testing import CliRunner
+
+from dplora import checkpoint
+from dplora.cli import app
+from dplora.ledger import Ledger
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
+T = 8
+
+
+def _setup(tmp_path: Path, tiny_model_dir, data, name: str, **training) -> tuple[Path, Path, Path]:
+    """A contract charged to population 'tickets' in its own ledger: (config, output folder, ledger)."""
+    db = tmp_path / f"{name}.sqlite3"
+    Ledger(db).set_cap("tickets", epsilon_max="100", delta_max="1e-3")
+    out = tmp_path / name
+    raw = contract_dict(
+        tiny_model_dir,
+        data,
+        out,
+        privacy={"population": "tickets"},
+        training={"steps": T, "checkpoint_every": 2, **training},
+    )
+    return write_contract(tmp_path / f"{name}.yaml", raw), out, db
+
+
+def _train(cfg, db, signing_key, *extra):
+    args = ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress", "--ledger", str(db), *extra]
+    return runner.invoke(app, args)
+
+
+def _partial(out: Path) -> Path:
+    return out.with_name(out.name + ".partial")
+
+
+def _record(out: Path) -> dict:
+    envelope = json.loads((out / "release.dsse.json").read_text())
+    return json.loads(base64.b64decode(envelope["payload"]))["predicate"]
+
+
+def _metric_steps(out: Path) -> list:
+    lines = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    return [m.get("step", m.get("resumed_at_step") and f"resumed@{m['resumed_at_step']}") for m in lines[1:]]
+
+
+def _error_lines(output: str) -> list[str]:
+    return [ln for ln in output.splitlines() if ln.startswith("error:")]
+
+
+def _hook(monkeypatch, point: str, step: int, action) -> None:
+    real = checkpoint.fault_point
+
+    def hook(p, s):
+        if (p, s) == (point, step):
+            action()
+        real(p, s)
+
+    monkeypatch.setattr(checkpoint, "fault_point", hook)
+
+
+def _sigterm():
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tiny_model_dir, tickets_csv, signing_key):
+    """An uninterrupted run of the same contract: its record."""
+    tmp = tmp_path_factory.mktemp("reference")
+    cfg, out, db = _setup(tmp, tiny_model_dir, tickets_csv, "ref")
+    result = _train(cfg, db, signing_key)
+    assert result.exit_code == 0, result.output
+    return _record(out)
+
+
+KILLS = {  # name: (fault point, the step the resume starts from)
+    "early": ("after-step:1", 0),
+    "middle": ("after-step:5", 4),
+    "during a checkpoint write": ("checkpoint-write:6", 4),
+}
+
+
+def test_sigkill_at_three_points_then_resume_matches_an_uninterrupted_run(
+    tmp_path, tiny_model_dir, tickets_csv, signing_key, reference
+):
+    """kill -9 early, mid-run and mid-checkpoint-write; --resume gives the same T, ε and accounted steps as an
+    uninterrupted run, finite adapters, and exactly one (settled) ledger charge."""
+    from safetensors.torch import load_file
+
+    runs, procs = {}, {}
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    for i, (name, (fault, _)) in enumerate(KILLS.items()):
+        cfg, out, db = _setup(tmp_path, tiny_model_dir, tickets_csv, f"kill{i}")
+        runs[name] = (cfg, out, db)
+        args = [sys.executable, "-m", "dplora", "train", str(cfg), "--signing-key", str(signing_key[0])]
+        args += ["--no-progress", "--ledger", str(db)]
+        procs[name] = subprocess.Popen(
+            args, env=env | {checkpoint.FAULT_ENV: fault}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+    for name, proc in procs.items():
+        output = proc.communicate(timeout=300)[0].decode()
+        assert proc.returncode == -signal.SIGKILL, f"{name}: {output}"
+    for name, (cfg, out, db) in runs.items():
+        start = KILLS[name][1]
+        partial = _partial(out)
+        info = checkpoint.read_info(partial)
+        assert info.step == info.accounted_steps == start, name
+        assert not out.exists() and not (partial / "release.dsse.json").exists()
+        if name == "during a checkpoint write":
+            (tmp,) = partial.glob(".resume.*.tmp")  # the half-written file; the previous checkpoint is intact
+            assert 0 < tmp.stat().st_size < info.path.stat().st_size
+        (charge,) = Ledger(db).charges()
+        assert charge.status == "pending" and charge.run_id == info.run_id
+        result = _train(cfg, db, signing_key, "--resume")
+        assert result.exit_code == 0, f"{name}: {result.output}"
+        assert f"from its checkpoint at step {start}/{T}" in result.output
+        rec = _record(out)
+        for key in ("steps_planned", "steps_done", "epsilon_spent", "noise_multiplier", "sample_rate"):
+            assert rec["accounting"][key] == reference["accounting"][key], (name, key)
+        assert rec["accounting"]["steps_done"] == T and rec["run_id"] == info.run_id
+        steps = _metric_steps(out)  # every step applied exactly once, the lost ones redone after the resume
+        assert [s for s in steps if isinstance(s, int)] == list(range(1, T + 1)), (name, steps)
+        assert f"resumed@{start}" in steps or start == 0
+        tensors = load_file(out / "adapter" / "adapter_model.safetensors")
+        assert tensors and all(t.isfinite().all() for t in tensors.values())
+        (charge,) = Ledger(db).charges()  # one charge per run: the resume settled the original reservation
+        assert charge.status == "settled" and float(charge.epsilon) == reference["accounting"]["epsilon_spent"]
+        assert not (out / checkpoint.CHECKPOINT_FILENAME).exists() and not partial.exists()
+        assert not list(out.glob(".resume.*"))
+        check = runner.invoke(app, ["verify", str(out), "--public-key", str(signing_key[1])])
+        assert check.exit_code == 0, check.output
+
+
+def test_sigterm_writes_a_checkpoint_and_resume_finishes(
+    tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key
+):
+    """SIGTERM at step 3 (checkpoints every 4): a checkpoint of step 3 exists, no release, exit 130 with a
+    one-line resume hint; --resume finishes from step 3."""
+    cfg, out, db = _setup(tmp_path, tiny_model_dir, tickets_csv, "term", checkpoint_every=4)
+    _hook(monkeypatch, "after-step", 3, _sigterm)
+    result = _train(cfg, db, signing_key)
+    assert result.exit_code == 130, result.output
+    (line,) = _error_lines(result.output)
+    assert "SIGTERM" in line and "step 3/8" in line and "--resume" in line
+    assert checkpoint.read_info(_partial(out)).step == 3
+    assert not out.exists() and not list(tmp_path.rglob("release.dsse.json"))
+    failed = json.loads((_partial(out) / "FAILED.json").read_text())
+    assert failed["resume_checkpoint"]["step"] == 3 and failed["steps_done"] == 3
+    monkeypatch.undo()
+    result = _train(cfg, db, signing_key, "--resume")
+    assert result.exit_code == 0, result.output
+    assert "from its checkpoint at step 3/8" in result.output
+    assert _record(out)["accounting"]["steps_done"] == T
+    assert _metric_steps(out) == [1, 2, 3, "resumed@3", 4, 5, 6, 7, 8]
+    assert not (out / "FAILED.json").exists()
+    (charge,) = Ledger(db).charges()
+    assert charge.status == "settled"
+
+
+def test_checkpoint_holds_no_generator_or_sampler_state(tmp_path, monkeypatch, tiny_model_dir, tickets_csv):
+    """Inspect every checkpoint as written: only LoRA and optimizer tensors; neither the noise generator's
+    Mersenne Twister state nor the Poisson sampler's PCG64 state appears anywhere in the file's bytes."""
+    from safetensors import safe_open
+
+    from dplora import run as run_mod
+    from dplora.contract import parse_contract
+    from dplora.train import run_training
+
+    samplers = []
+
+    class RecordingSampler(run_mod.PoissonUnitSampler):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            samplers.append(self)
+
+    seen = []
+    real_write = checkpoint.write
+
+    def spy_write(spec, state, **kw):
+        info = real_write(spec, state, **kw)
+        gen_state = state.optimizer.generator.get_state().numpy().tobytes()
+        pcg = samplers[-1]._rng.bit_generator.state["state"] if samplers else None
+        seen.append((info.path.read_bytes(), gen_state, pcg, info))
+        return info
+
+    monkeypatch.setattr(run_mod, "PoissonUnitSampler", RecordingSampler)
+    monkeypatch.setattr(checkpoint, "write", spy_write)
+    raw = contract_dict(tiny_model_dir, tickets_csv, tmp_path / "run", training={"steps": 4, "checkpoint_every": 2})
+    contract = parse_contract(raw)
+    key = tmp_path / "k.key"
+    from dplora.release import generate_keypair
+
+    generate_keypair(key)
+    run_training(contract, signing_key=key, data_key=None, progress=False, log=lambda *_: None)
+    assert [s[3].step for s in seen] == [0, 2, 4]
+    for blob, gen_state, pcg, info in seen:
+        assert len(gen_state) > 5000  # mt19937: 624 words + position, as torch stores it
+        for start in range(0, len(gen_state) - 32, 512):
+            assert gen_state[start : start + 32] not in blob
+        if pcg is not None:
+            for value in (pcg["state"], pcg["inc"]):
+                assert value.to_bytes(16, "little") not in blob and str(value).encode() not in blob
+        path = tmp_path / "inspect.safetensors"
+        path.write_bytes(blob)
+        with safe_open(path, framework="np") as fh:
+            names = list(fh.keys())
+            meta = json.loads(fh.metadata()["dplora"])
+        assert names and all(n.startswith(("adapter.", "optimizer.")) for n in names)
+        assert sum(n.startswith("adapter.") for n in names) == 8  # q_proj, v_proj × A, B × 2 layers
+        assert set(meta) == {
+            "format", "run_id", "step", "empty_steps", "accountant_history", "epsilon_upper", "plan",
+            "contract_yaml", "contract_sha256", "data", "optimizer", "adapter_config", "execution",
+            "started_at", "written_at", "not_stored",
+        }  # fmt: skip
+        assert not any(w in json.dumps(meta["optimizer"]).lower() for w in ("generator", "rng", "sampler"))
+        sigma_q = [meta["plan"]["noise_multiplier"], meta["plan"]["sample_rate"]]
+        assert meta["accountant_history"] == ([[*sigma_q, info.step]] if info.step else [])
+
+
+def test_full_disk_during_a_checkpoint_stops_cleanly(tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key):
+    """ENOSPC in the middle of the step-4 checkpoint: exit 4, one line, the step-2 checkpoint and FAILED.json
+    stay, no temporary file, no release; the charge stays pending for the resume."""
+
+    def full():
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    cfg, out, db = _setup(tmp_path, tiny_model_dir, tickets_csv, "disk")
+    _hook(monkeypatch, "checkpoint-write", 4, full)
+    result = _train(cfg, db, signing_key)
+    assert result.exit_code == 4, result.output
+    (line,) = _error_lines(result.output)
+    assert "Traceback" not in result.output
+    assert "disk full" in line and checkpoint.CHECKPOINT_FILENAME in line and "--resume" in line
+    assert "step 2/8" in line
+    partial = _partial(out)
+    assert checkpoint.read_info(partial).step == 2 and not list(partial.glob(".resume.*"))
+    failed = json.loads((partial / "FAILED.json").read_text())
+    assert failed["resume_checkpoint"]["step"] == 2 and failed["release"].startswith("none")
+    assert not out.exists() and not list(tmp_path.rglob("release.dsse.json"))
+    assert Ledger(db).charges()[0].status == "pending"
+
+
+OOMS = {
+    "accelerator": lambda: __import__("torch").OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"),
+    "host": lambda: MemoryError(),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(OOMS))
+def test_out_of_memory_stops_cleanly_and_resumes(kind, tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key):
+    """Out of memory in step 5: exit 4, one line naming it and the resume (smaller physical batch); the step-4
+    checkpoint and FAILED.json stay; --resume with training.physical_batch_size=2 finishes with one charge."""
+    from dplora import run as run_mod
+
+    real_step = run_mod.logical_step
+
+    def step(spec, state, units):
+        if state.step == 4:
+            raise OOMS[kind]()
+        return real_step(spec, state, units)
+
+    monkeypatch.setattr(run_mod, "logical_step", step)
+    cfg, out, db = _setup(tmp_path, tiny_model_dir, tickets_csv, "oom")
+    result = _train(cfg, db, signing_key)
+    assert result.exit_code == 4, result.output
+    (line,) = _error_lines(result.output)
+    assert f"out of {kind} memory at step 5" in line and "physical_batch_size" in line and "--resume" in line
+    assert "Traceback" not in result.output
+    assert checkpoint.read_info(_partial(out)).step == 4
+    assert json.loads((_partial(out) / "FAILED.json").read_text())["resume_checkpoint"]["step"] == 4
+    monkeypatch.undo()
+    result = _train(cfg, db, signing_key, "--resume", "training.physical_batch_size=2")
+    assert result.exit_code == 0, result.output
+    assert _record(out)["accounting"]["steps_done"] == T
+    assert [c.status for c in Ledger(db).charges()] == ["settled"]
+
+
+def test_settle_refuses_a_resumable_run_and_abandon_charges_its_checkpoint(
+    tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key
+):
+    """ledger show lists the pending charge with its age; settle refuses while a checkpoint can be resumed;
+    --abandon charges ε after the checkpoint's 3 steps; resume is then refused; a rerun needs --overwrite."""
+    cfg, out, db = _setup(tmp_path, tiny_model_dir, tickets_csv, "settle", checkpoint_every=4)
+    _hook(monkeypatch, "after-step", 3, _sigterm)
+    assert _train(cfg, db, signing_key).exit_code == 130
+    monkeypatch.undo()
+    run_id = checkpoint.read_info(_partial(out)).run_id
+    shown = runner.invoke(app, ["ledger", "show", "--db", str(db), "--json"])
+    (charge,) = json.loads(shown.output)["charges"]
+    assert charge["status"] == "pending" and charge["age"].endswith("m")
+    assert f"ledger settle {run_id}" in runner.invoke(app, ["ledger", "show", "--db", str(db)]).output
+
+    refused = runner.invoke(app, ["ledger", "settle", run_id, "--db", str(db)])
+    assert refused.exit_code == 2 and "resumable checkpoint at step 3/8" in refused.output
+    assert "--abandon" in refused.output and Ledger(db).charge(run_id).status == "pending"
+
+    abandoned = runner.invoke(app, ["ledger", "settle", run_id, "--db", str(db), "--abandon"])
+    assert abandoned.exit_code == 0, abandoned.output
+    metrics = [json.loads(ln) for ln in (_partial(out) / "metrics.jsonl").read_text().splitlines()]
+    eps3 = next(m["epsilon_upper"] for m in metrics if m.get("step") == 3)  # the plan's ε after 3 steps
+    settled = Ledger(db).charge(run_id)
+    assert settled.status == "failed" and float(settled.epsilon) == eps3 < float(settled.reserved_epsilon)
+
+    again = runner.invoke(app, ["ledger", "settle", run_id, "--db", str(db)])
+    assert again.exit_code == 2 and "already failed" in again.output
+    resumed = _train(cfg, db, signing_key, "--resume")
+    assert resumed.exit_code == 2 and "already failed" in resumed.output
+    rerun = _train(cfg, db, signing_key)
+    assert rerun.exit_code == 2 and "holds a resume checkpoint" in rerun.output and "--overwrite" in rerun.output
+    assert checkpoint.read_info(_partial(out)).step == 3  # untouched
+    rerun = _train(cfg, db, signing_key, "--overwrite")
+    assert rerun.exit_code == 0, rerun.output
+    assert sorted(c.status for c in Ledger(db).charges()) == ["failed", "settled"]
+
+
+def test_settle_without_a_readable_checkpoint_charges_the_planned_epsilon(tmp_path):
+    """A checkpoint that cannot be read (here: truncated) cannot be resumed: settle charges the reservation."""
+    db = tmp_path / "l.sqlite3"
+    ledger = Ledger(db)
+    ledger.set_cap("tickets", epsilon_max="10", delta_max="1e-3")
+    ledger.reserve(
+        population="tickets", run_id="r1", epsilon="3.5", delta="1e-5", accountant="rdp", adjacency="add_remove"
+    )
+    staging = tmp_path / "run.partial"
+    staging.mkdir()
+    (staging / checkpoint.CHECKPOINT_FILENAME).write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    ledger.set_checkpoint_path("r1", str(staging))
+    result = runner.invoke(app, ["ledger", "settle", "r1", "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    assert "planned ε" in result.output and "cannot be read" in result.output
+    charge = Ledger(db).charge("r1")
+    assert charge.status == "failed" and str(charge.epsilon) == "3.5"
+
+
+def test_resume_refuses_changed_contract_or_data_naming_them(
+    tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key
+):
+    """--resume under another target ε or lr, or on edited data, is refused (exit 2) naming what changed;
+    threads may change; with nothing to resume it says so."""
+    data = tmp_path / "tickets.csv"
+    data.write_bytes(tickets_csv.read_bytes())
+    cfg, out, db = _setup(tmp_path, tiny_model_dir, data, "changed", checkpoint_every=4)
+    nothing = _train(cfg, db, signing_key, "--resume")
+    assert nothing.exit_code == 2 and "no resume checkpoint" in nothing.output
+    _hook(monkeypatch, "after-step", 2, _sigterm)
+    assert _train(cfg, db, signing_key).exit_code == 130
+    monkeypatch.undo()
+    for override, needle in (
+        ("privacy.target_epsilon=4.0", "privacy.target_epsilon (8.0 → 4.0)"),
+        ("training.lr=0.5", "training.lr (0.01 → 0.5)"),
+    ):
+        result = _train(cfg, db, signing_key, "--resume", override)
+        assert result.exit_code == 2 and needle in result.output, result.output
+    lines = data.read_text().splitlines()
+    data.write_text("\n".join([*lines[:-1], lines[-1].replace(",", ",x", 1)]) + "\n")
+    result = _train(cfg, db, signing_key, "--resume")
+    assert result.exit_code == 2 and "the data changed since the checkpoint" in result.output
+    assert checkpoint.read_info(_partial(out)).step == 2  # refusals leave the checkpoint alone
+
+
+def test_intermediate_release_from_the_checkpoint(tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key):
+    """ledger record-release signs the step-3 adapters at ε(3): verifiable, loadable with peft, recorded as a
+    release of the same charge (no new charge); the resumed run then settles at the full ε."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    cfg, out, db = _setup(tmp_path, tiny_model_dir, tickets_csv, "inter", checkpoint_every=4)
+    _hook(monkeypatch, "after-step", 3, _sigterm)
+    assert _train(cfg, db, signing_key).exit_code == 130
+    monkeypatch.undo()
+    info = checkpoint.read_info(_partial(out))
+    args = ["ledger", "record-release", info.run_id, "--db", str(db), "--signing-key", str(signing_key[0])]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    folder = tmp_path / "inter.step-3"
+    check = runner.invoke(app, ["verify", str(folder), "--public-key", str(signing_key[1])])
+    assert check.exit_code == 0, check.output
+    rec = _record(folder)
+    assert rec["accounting"]["steps_done"] == 3 and rec["intermediate"]["steps_planned"] == T
+    assert rec["accounting"]["epsilon_spent"] == info.meta["epsilon_upper"] < rec["accounting"]["target_epsilon"]
+    PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), folder / "adapter")
+    (release,) = Ledger(db).releases()
+    assert release["label"] == "step-3" and len(Ledger(db).charges()) == 1
+    assert runner.invoke(app, args).exit_code == 2  # the folder exists: never overwritten
+    result = _train(cfg, db, signing_key, "--resume")
+    assert result.exit_code == 0, result.output
+    (charge,) = Ledger(db).charges()
+    assert charge.status == "settled" and float(charge.epsilon) == _record(out)["accounting"]["epsilon_spent"]
+
+
+def test_data_file_gone_before_the_release_stops_cleanly(
+    tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key
+):
+    """The data file disappears mid-run (the keyed digest reads it at the end): exit 4 naming it; restored,
+    --resume signs from the step-8 checkpoint without another step."""
+    data = tmp_path / "tickets.csv"
+    data.write_bytes(tickets_csv.read_bytes())
+    data_key = tmp_path / "data.key"
+    data_key.write_bytes(b"k" * 32)
+    cfg, out, db = _setup(tmp_path, tiny_model_dir, data, "gone")
+    moved = tmp_path / "moved.csv"
+    _hook(monkeypatch, "after-step", 5, lambda: data.rename(moved))
+    result = _train(cfg, db, signing_key, "--data-key", str(data_key))
+    assert result.exit_code == 4, result.output
+    (line,) = _error_lines(result.output)
+    assert "No such file or directory" in line and str(data) in line and "step 8/8" in line
+    monkeypatch.undo()
+    moved.rename(data)
+    result = _train(cfg, db, signing_key, "--data-key", str(data_key), "--resume")
+    assert result.exit_code == 0, result.output
+    assert _metric_steps(out)[-2:] == [8, "resumed@8"]
