@@ -427,3 +427,14 @@ def test_data_file_gone_before_the_release_stops_cleanly(
     result = _train(cfg, db, signing_key, "--data-key", str(data_key), "--resume")
     assert result.exit_code == 0, result.output
     assert _metric_steps(out)[-2:] == [8, "resumed@8"]
+
+
+def test_rerun_keeps_a_failed_runs_folder_without_overwrite(tmp_path, tiny_model_dir, tickets_csv, signing_key):
+    """A .partial folder with FAILED.json (no checkpoint) is not deleted by a rerun without --overwrite."""
+    cfg, out, db = _setup(tmp_path, tiny_model_dir, tickets_csv, "failed")
+    _partial(out).mkdir()
+    (_partial(out) / "FAILED.json").write_text('{"reason": "earlier"}')
+    result = _train(cfg, db, signing_key)
+    assert result.exit_code == 2 and "FAILED.json" in result.output and "--overwrite" in result.output
+    assert (_partial(out) / "FAILED.json").read_text() == '{"reason": "earlier"}'
+    assert Ledger(db).charges() == []
