@@ -444,7 +444,8 @@ def _record_failure(spec, state, err: BaseException, ledger, last_checkpoint=Non
 
     plan, done = spec.plan, state.accountant.steps
     spent = plan.epsilon_at(min(done + 1, plan.steps)) if plan.steps else 0.0
-    entry = _failure_entry(spec.run_id, done, plan.steps, spent, err) | failure_fields(spec, last_checkpoint)
+    entry = _failure_entry(spec.run_id, done, plan.steps, spent, err)
+    entry |= failure_fields(spec, state, err, last_checkpoint)
     try:
         _write_json(spec.staging / "FAILED.json", entry)
     except OSError:  # a full disk must not hide the original error

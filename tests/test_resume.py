@@ -164,6 +164,7 @@ def test_sigterm_writes_a_checkpoint_and_resume_finishes(
     assert not out.exists() and not list(tmp_path.rglob("release.dsse.json"))
     failed = json.loads((_partial(out) / "FAILED.json").read_text())
     assert failed["resume_checkpoint"]["step"] == 3 and failed["steps_done"] == 3
+    assert failed["what_happened"] == "interrupted by SIGTERM after step 3"
     monkeypatch.undo()
     result = _train(cfg, db, signing_key, "--resume")
     assert result.exit_code == 0, result.output
@@ -254,6 +255,7 @@ def test_full_disk_during_a_checkpoint_stops_cleanly(tmp_path, monkeypatch, tiny
     assert checkpoint.read_info(partial).step == 2 and not list(partial.glob(".resume.*"))
     failed = json.loads((partial / "FAILED.json").read_text())
     assert failed["resume_checkpoint"]["step"] == 2 and failed["release"].startswith("none")
+    assert failed["what_happened"].startswith("disk full (") and failed["steps_done"] == 4
     assert not out.exists() and not list(tmp_path.rglob("release.dsse.json"))
     assert Ledger(db).charges()[0].status == "pending"
 
