@@ -71,7 +71,7 @@ CheckpointOpt = Annotated[
 ]
 
 
-@ledger_app.command("settle")
+@ledger_app.command("settle", short_help="Close the charge of a killed run that will not be resumed.")
 def settle(
     run_id: RunArg,
     abandon: Annotated[
@@ -88,7 +88,7 @@ def settle(
         typer.echo(f"run {run_id} settled as failed at ε={charge.epsilon}, δ={charge.delta} ({how})")
 
 
-@ledger_app.command("record-release")
+@ledger_app.command("record-release", short_help="Sign an intermediate release from a checkpoint.")
 def record_release(
     run: Annotated[str, typer.Argument(metavar="RUN", help="A run id, or the run's <output_dir>.partial folder.")],
     signing_key: Annotated[
@@ -111,7 +111,13 @@ def record_release(
         key = release.load_data_key(data_key)
         with Ledger(db or default_ledger_path(), create=False) as ledger:
             folder, eps, steps = recovery.record_release(
-                ledger, run, private_key=private_key, data_key=key, output=output, checkpoint=checkpoint
+                ledger,
+                run,
+                private_key=private_key,
+                data_key=key,
+                output=output,
+                checkpoint=checkpoint,
+                log=lambda message: typer.echo(message, err=True),
             )
         typer.echo(f"release: {folder / release.RELEASE_FILENAME} (intermediate, {steps} steps, ε={eps:.4f})")
 
@@ -125,7 +131,7 @@ def _age(created_at: str) -> str:
     return (f"{days}d" if days else "") + f"{rest // 3600}h{rest % 3600 // 60:02d}m"
 
 
-@ledger_app.command("show")
+@ledger_app.command("show", short_help="Show caps, spend, charges and releases.")
 def show(
     population: Annotated[str | None, typer.Argument(metavar="POPULATION", help="Only this population")] = None,
     db: DbOpt = None,

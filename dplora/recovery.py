@@ -5,7 +5,7 @@ refused unless ``--abandon`` is given; the charge is then the ε of the steps in
 history (the accountant's ε after those steps, never less), or the planned (reserved) ε when no checkpoint
 can be read. ``dplora ledger record-release RUN`` signs the adapters of a charged run's latest checkpoint as
 an intermediate release at the ε of its steps: post-processing of an already charged run, not a new charge
-(Dwork & Roth 2014, Prop. 2.1). Neither command loads a model or imports torch.
+(Dwork & Roth 2014, Prop. 2.1). Neither command loads a model into memory; ``settle`` never imports torch.
 """
 
 from __future__ import annotations
@@ -133,20 +133,24 @@ def record_release(
     data_key: bytes | None = None,
     output: Path | None = None,
     checkpoint: Path | None = None,
+    log=print,
 ) -> tuple[Path, float, int]:
     """Sign the adapters of a charged run's latest checkpoint as an intermediate release: (folder, ε, steps).
 
     The folder (default ``<output_dir>.step-<k>``) holds ``adapter/``, ``contract.yaml`` and a signed
     ``release.dsse.json`` whose record says ``steps_done=k`` and ``epsilon_spent`` = ε after k steps; the
-    ledger records it as a release of the run (its charge never drops below that ε).
+    ledger records it as a release of the run (its charge never drops below that ε). The base model must be
+    where the contract says (the record lists its files' digests, as a final release does).
 
     Raises:
-        BadInputError: no charge or no readable checkpoint, no step taken yet, or the folder exists.
+        BadInputError: no charge or no readable checkpoint, no step taken yet, the folder exists, or the base
+            model cannot be found.
     """
     from safetensors.numpy import load_file, save_file
 
     from dplora import release
     from dplora.contract import parse_contract
+    from dplora.model import base_model_entry
     from dplora.record import build_record
 
     run_id, info, why = locate(ledger, run, checkpoint)
@@ -171,7 +175,6 @@ def record_release(
         config = json.dumps(info.meta["adapter_config"], indent=2, sort_keys=True) + "\n"
         (tmp / "adapter" / "adapter_config.json").write_text(config)
         (tmp / "contract.yaml").write_text(info.meta["contract_yaml"])
-        artifacts = sorted(p for p in (tmp / "adapter").iterdir()) + [tmp / "contract.yaml"]
         record = build_record(
             contract=contract,
             plan=plan,
@@ -181,7 +184,7 @@ def record_release(
             started_at=info.meta["started_at"],
             finished_at=info.meta["written_at"],
             data_digest=release.data_digest_entry([Path(contract.data.path)], data_key),
-            artifacts=[p.relative_to(tmp).as_posix() for p in artifacts],
+            base_model=base_model_entry(contract.model, log),
             execution=info.meta["execution"],
         )
         record["intermediate"] = {
@@ -190,7 +193,7 @@ def record_release(
             "note": "adapters after steps_done of steps_planned logical steps, signed from the run's resume "
             "checkpoint; post-processing of the run, charged with it in the ledger (not a new charge)",
         }
-        release.write_release(output_dir=tmp, record=record, artifact_files=artifacts, private_key=private_key)
+        release.finish_release(tmp, contract, record, private_key=private_key)
         sha = release.sha256_file(tmp / release.RELEASE_FILENAME)
         ledger.record_release(
             run_id=run_id, record_sha256=sha, epsilon=str(eps), delta=str(plan.delta), label=f"step-{info.step}"

@@ -78,6 +78,8 @@ COMMANDS = [
     ["ledger", "set-cap"],
     ["ledger", "check"],
     ["ledger", "show"],
+    ["ledger", "settle"],
+    ["ledger", "record-release"],
 ]
 
 
