@@ -313,10 +313,13 @@ def _run_locked(contract: Contract, plan: TrainingPlan, table, unit_index, *, ou
     if contract.privacy.protected_unit is ProtectedUnit.TICKET:
         log(f"note: ticket-level DP {unit_statement(ProtectedUnit.TICKET)}")
     from dplora import checkpoint as ckpt
+    from dplora import resume as resume_mod
 
-    resumed, digest = ckpt.resume_point(staging, contract, plan, unit_index) if io.resume else (None, None)
+    resumed, digest = resume_mod.resume_point(staging, contract, plan, unit_index) if io.resume else (None, None)
     ledger = _open_ledger(contract, plan, io, resumed and resumed.run_id)
-    staging = ckpt.prepare_staging(out, resuming=resumed is not None, overwrite=io.overwrite, ledger=ledger, log=log)
+    staging = resume_mod.prepare_staging(
+        out, resuming=resumed is not None, overwrite=io.overwrite, ledger=ledger, log=log
+    )
     try:
         spec, state = _build(contract, plan, table, unit_index, out=out, staging=staging, io=io)
     except BaseException as err:
@@ -361,11 +364,11 @@ def _run_locked(contract: Contract, plan: TrainingPlan, table, unit_index, *, ou
         _record_failure(spec, state, err, ledger, checkpointer.last)
         if isinstance(err, KeyboardInterrupt):
             name = str(err.args[0]) if err.args else "Ctrl-C"
-            hint = ckpt.resume_hint(spec, checkpointer.last)
+            hint = resume_mod.resume_hint(spec, checkpointer.last)
             raise KeyboardInterrupt(f"interrupted by {name}; no release was written; {hint}") from None
         if isinstance(err, DploraError) and not isinstance(err, TrainingFailedError):
             raise
-        raise TrainingFailedError(ckpt.failure_line(err, spec, state, checkpointer.last)) from err
+        raise TrainingFailedError(resume_mod.failure_line(err, spec, state, checkpointer.last)) from err
     epsilon_spent = plan.epsilon_at(state.step)
     log(f"peak memory: {peak_memory_gib(spec.device):.2f} GiB ({_memory_kind(spec.device)})")
     ckpt.discard(staging)  # a resume checkpoint never leaves the partial folder
@@ -440,7 +443,7 @@ def _record_failure(spec, state, err: BaseException, ledger, last_checkpoint=Non
     With a resume checkpoint the charge stays pending at its reservation (≥ what was spent) until the run is
     resumed or ``dplora ledger settle`` closes it.
     """
-    from dplora.checkpoint import failure_fields
+    from dplora.resume import failure_fields
 
     plan, done = spec.plan, state.accountant.steps
     spent = plan.epsilon_at(min(done + 1, plan.steps)) if plan.steps else 0.0
