@@ -252,8 +252,15 @@ def _open_ledger(contract: Contract, plan: TrainingPlan, io: _RunIO, resumed_run
     ledger = Ledger(io.ledger_path or default_ledger_path())
     if resumed_run is None:
         ledger.check(contract.privacy.population, epsilon=plan.epsilon, delta=plan.delta)
-    elif (status := ledger.charge(resumed_run).status) != "pending":
-        raise BadInputError(f"--resume: run {resumed_run} is already {status} in ledger {ledger.path}: start a new run")
+    else:
+        try:
+            status = ledger.charge(resumed_run).status
+        except BadInputError:
+            raise BadInputError(
+                f"--resume: run {resumed_run} has no charge in ledger {ledger.path}: pass the ledger it was charged in"
+            ) from None
+        if status != "pending":
+            raise BadInputError(f"--resume: run {resumed_run} is already {status} in ledger {ledger.path}: start anew")
     return ledger
 
 
