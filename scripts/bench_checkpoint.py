@@ -1,0 +1,81 @@
+"""Benchmark: cost of a resume checkpoint on the demo setup (SmolLM2-135M, LoRA r=8 on q_proj/v_proj, AdamW).
+
+Builds the run as ``dplora train configs/demo.yaml`` does (packaged model, generated tickets), takes two real
+logical steps (small batches, so the optimizer state exists), then times :func:`dplora.checkpoint.write` (tensors
+to the host, safetensors, fsync, rename) and :func:`dplora.checkpoint.restore`, and reports the file size.
+Writes only into a temporary folder.
+
+    .venv/bin/python scripts/bench_checkpoint.py [--repeat 5] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+
+    from dplora import checkpoint, data, train
+    from dplora.contract import load_contract
+    from dplora.demo import write_tickets
+    from dplora.run import run_steps
+
+    with tempfile.TemporaryDirectory(prefix="dplora-bench-ckpt-") as tmp:
+        tmp = Path(tmp)
+        write_tickets(tmp / "tickets.csv", num_tickets=200, seed=0)
+        contract = load_contract(
+            ROOT / "configs" / "demo.yaml",
+            [f"data.path={tmp / 'tickets.csv'}", f"training.output_dir={tmp / 'run'}", "training.steps=2"]
+            + ["training.expected_batch_size=2", "training.physical_batch_size=2", "privacy.accountant=rdp"],
+        )
+        table = data.load_table(contract)
+        unit_index = data.build_unit_index(table, contract.privacy, seed=contract.training.seed)
+        plan = train.plan_for(contract, unit_index)
+        io_ = train._RunIO(
+            private_key=None, data_key=None, ledger_path=None, threads=args.threads, progress=False,
+            tuning_trial=False, log=lambda *_: None,
+        )  # fmt: skip
+        staging = tmp / "run.partial"
+        staging.mkdir()
+        spec, state = train._build(contract, plan, table, unit_index, out=tmp / "run", staging=staging, io=io_)
+        run_steps(spec, state, metrics=io.StringIO(), progress=type("P", (), {"update": lambda *a: None})())
+        digest = checkpoint.data_sha256(contract)
+        writes, restores = [], []
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            info = checkpoint.write(spec, state, started_at="bench", data_digest=digest)
+            writes.append(time.perf_counter() - t0)
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            checkpoint.restore(spec, state, info)
+            restores.append(time.perf_counter() - t0)
+        lora = sum(p.numel() for _, p in state.named)
+        print(
+            json.dumps(
+                {
+                    "model": "smollm2-135m (LoRA r=8 q_proj,v_proj, AdamW)",
+                    "lora_parameters": lora,
+                    "checkpoint_bytes": info.path.stat().st_size,
+                    "write_seconds_median": round(statistics.median(writes), 4),
+                    "restore_seconds_median": round(statistics.median(restores), 4),
+                    "threads": spec.threads,
+                },
+                indent=2,
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
