@@ -215,7 +215,7 @@ def _interrupted_message(err: KeyboardInterrupt, output_dir: str | None, *, sinc
     from dplora import outputs
 
     what = str(err.args[0]) if err.args else "Ctrl-C"
-    if what.startswith("interrupted by "):  # the run's own line: the signal, the checkpoint and how to resume
+    if what.startswith("interrupted ("):  # the run's own line: the signal, FAILED.json, how to resume
         return f"error: {what}"
     message = f"error: interrupted ({what}); no release was written"
     if output_dir is not None:

@@ -180,7 +180,7 @@ def resume_hint(spec, last: CheckpointInfo | None, advice: str = "") -> str:
 def failure_fields(spec, state, err: BaseException, last: CheckpointInfo | None) -> dict:
     """Extra FAILED.json fields: what happened in one line, the resume checkpoint's step and ε, how to resume."""
     if isinstance(err, KeyboardInterrupt):
-        what = f"interrupted by {err.args[0] if err.args else 'Ctrl-C'} after step {state.step}"
+        what = f"interrupted ({err.args[0] if err.args else 'Ctrl-C'}) after step {state.step}"
     else:
         what = _what_happened(err, state.step)[0]
     if last is None:

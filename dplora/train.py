@@ -372,7 +372,8 @@ def _run_locked(contract: Contract, plan: TrainingPlan, table, unit_index, *, ou
         if isinstance(err, KeyboardInterrupt):
             name = str(err.args[0]) if err.args else "Ctrl-C"
             hint = resume_mod.resume_hint(spec, checkpointer.last)
-            raise KeyboardInterrupt(f"interrupted by {name}; no release was written; {hint}") from None
+            failed = spec.staging / "FAILED.json"
+            raise KeyboardInterrupt(f"interrupted ({name}); no release was written; see {failed}; {hint}") from None
         if isinstance(err, DploraError) and not isinstance(err, TrainingFailedError):
             raise
         raise TrainingFailedError(resume_mod.failure_line(err, spec, state, checkpointer.last)) from err

@@ -159,12 +159,13 @@ def test_sigterm_writes_a_checkpoint_and_resume_finishes(
     result = _train(cfg, db, signing_key)
     assert result.exit_code == 130, result.output
     (line,) = _error_lines(result.output)
-    assert "SIGTERM" in line and "step 3/8" in line and "--resume" in line
+    assert line.startswith(f"error: interrupted (SIGTERM); no release was written; see {_partial(out) / 'FAILED.json'}")
+    assert "step 3/8" in line and "--resume" in line
     assert checkpoint.read_info(_partial(out)).step == 3
     assert not out.exists() and not list(tmp_path.rglob("release.dsse.json"))
     failed = json.loads((_partial(out) / "FAILED.json").read_text())
     assert failed["resume_checkpoint"]["step"] == 3 and failed["steps_done"] == 3
-    assert failed["what_happened"] == "interrupted by SIGTERM after step 3"
+    assert failed["what_happened"] == "interrupted (SIGTERM) after step 3"
     monkeypatch.undo()
     result = _train(cfg, db, signing_key, "--resume")
     assert result.exit_code == 0, result.output

@@ -439,7 +439,9 @@ def test_interrupt_names_the_signal_and_the_real_path(
     assert result.exit_code == 130, result.output
     failed = out.with_name("run.partial") / "FAILED.json"
     what = "SIGTERM" if how == "sigterm" else "Ctrl-C"
-    assert result.stderr.splitlines()[-1] == f"error: interrupted ({what}); no release was written; see {failed}"
+    line = result.stderr.splitlines()[-1]
+    assert line.startswith(f"error: interrupted ({what}); no release was written; see {failed}; ")
+    assert line.endswith("rerun the same command with --resume")  # a resume checkpoint was written first
     assert "<output_dir>" not in result.output
     record = json.loads(failed.read_text())
     assert record["reason"] == name and record["steps_done"] == 2 and record["release"].startswith("none")
