@@ -98,6 +98,7 @@ KILLS = {  # name: (fault point, the step the resume starts from)
 }
 
 
+@pytest.mark.slow  # three training subprocesses (each imports torch); about 20 s on 2 idle cores
 def test_sigkill_at_three_points_then_resume_matches_an_uninterrupted_run(
     tmp_path, tiny_model_dir, tickets_csv, signing_key, reference
 ):
