@@ -2,8 +2,11 @@
 
 q = expected_batch_size / N (units per logical step over protected units; never from a loader length, cases
 A7). T comes from ``training.steps`` or ceil(epochs·N / expected_batch_size) in exact rational arithmetic.
-The accountant is chosen here and never changes mid-run: if PRV fails numerically, the whole plan falls back
-to PLD and says so (cases A3).
+The accountant is chosen here and never changes mid-run. Every ε the plan holds is checked
+(:mod:`dplora.accounting.checked`): PRV and PLD are called only inside their cost and δ range, their answers must
+be finite, non-decreasing in T and non-increasing in σ, and under add/remove each value is floored by RDP. When
+the contract's accountant cannot be used, the plan says which one it used and why (``accountant_note``, also in
+the release record): add/remove falls PRV → PLD → RDP; replace-one has only PLD and is refused outside its range.
 """
 
 from __future__ import annotations
@@ -19,14 +22,19 @@ from dplora.accounting import (
     Adjacency,
     DpSgdEvent,
     accountant_version,
-    epsilons,
+    rdp_epsilons,
 )
-from dplora.accounting.calibration import cached_epsilons, calibrate
+from dplora.accounting.calibration import calibrate
+from dplora.accounting.checked import CheckedCurve, checked_curve, numerical_chain
+from dplora.accounting.cost import tolerance_for
 from dplora.contract import MAX_STEPS, Contract, ProtectedUnit
 from dplora.errors import BadInputError, PlanRefusedError
 
-RDP_CURVE_MAX_POINTS = 20_000  # RDP: every step up to this T, else this many checkpoints
-CURVE_POINTS_SLOW = 4  # ε checkpoints for PRV/PLD (25/50/75/100 % of T, each an accountant call); RDP: every step
+CURVE_MAX_POINTS = 20_000  # the per-step curve: every step up to this T, else this many evenly spaced steps
+CURVE_POINTS_SLOW = 16  # PRV/PLD checkpoints: step 1, powers of 2, and T·k/16 (each an accountant call)
+# Small populations (see docs/sharp_edges.md): below this N, or above this q, budget and train warn.
+SMALL_POPULATION_UNITS = 200
+HIGH_SAMPLE_RATE = 0.1
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -77,7 +85,10 @@ class TrainingPlan:
         )
 
     def epsilon_at(self, step: int) -> float:
-        """An upper bound on ε after ``step`` logical steps (the next checkpoint at or above it).
+        """Checked upper bound on ε after ``step`` logical steps: the curve's value at the first point ≥ step.
+
+        The curve has every step up to T = 20,000 (else 20,000 evenly spaced steps), so this is ε at ``step``
+        itself there; it is ≤ target for every step ≤ T. The training loop reads it before every step.
 
         Raises:
             PlanRefusedError: ``step`` is beyond the planned T (the budget stop).
@@ -88,6 +99,14 @@ class TrainingPlan:
             raise PlanRefusedError(f"step {step} is beyond the planned T={self.steps}: the budget is spent")
         idx = bisect.bisect_left([s for s, _ in self.epsilon_curve], step)
         return self.epsilon_curve[idx][1]
+
+    def epsilon_spent(self, steps_done: int) -> float:
+        """ε charged for a run that stopped after ``steps_done`` accounted steps: 0.0 at 0, finite, ≤ target.
+
+        Raises:
+            PlanRefusedError: ``steps_done`` is beyond the planned T.
+        """
+        return self.epsilon_at(steps_done) if steps_done > 0 else 0.0
 
     def to_dict(self) -> dict:
         """JSON-ready plan (enums as strings)."""
@@ -128,35 +147,97 @@ def check_delta(delta: float, num_units: int) -> list[str]:
     return warnings
 
 
-def _curve_steps(steps: int, accountant: Accountant) -> list[int]:
-    points = CURVE_POINTS_SLOW if accountant is not Accountant.RDP else RDP_CURVE_MAX_POINTS
-    if steps <= points:
-        return list(range(1, steps + 1))
-    return sorted({math.ceil(steps * k / points) for k in range(1, points + 1)})
+def small_population_warning(num_units: int, sample_rate: float) -> str | None:
+    """One line on what ε means for a small population (N < 200 units) or a large q (> 0.1); else None.
 
-
-def _sigma_and_curve(contract: Contract, q: float, steps: int, accountant: Accountant):
-    privacy = contract.privacy
-    if privacy.noise_multiplier is not None:
-        sigma, source = float(privacy.noise_multiplier), "contract"
-    else:
-        sigma, _ = calibrate(
-            target_epsilon=privacy.target_epsilon,
-            sample_rate=q,
-            steps=steps,
-            delta=privacy.delta,
-            accountant=accountant,
-            adjacency=privacy.adjacency,
+    ε bounds what one unit changes. With a handful of units, anything shared by k of them is a large part of the
+    data and is covered only at k·ε (group privacy, Dwork & Roth 2014, Thm. 2.2); with q > 0.1 amplification
+    by Poisson sampling is weak (the moments-accountant bound of Abadi et al. 2016, Thm. 1, assumes
+    q < 1/(16σ)), so ε grows nearly as for full-batch training.
+    """
+    parts = []
+    if num_units < SMALL_POPULATION_UNITS:
+        parts.append(
+            f"N={num_units} protected units is a small population: ε bounds what one unit changes, but anything "
+            f"shared by k units is covered only at k·ε"
         )
-        source = "calibrated"
-    event = DpSgdEvent(sample_rate=q, noise_multiplier=sigma, steps=steps, adjacency=privacy.adjacency)
-    points = _curve_steps(steps, accountant)
-    if accountant is Accountant.RDP:
-        values = epsilons(event, privacy.delta, accountant, points)
-    else:  # intermediate checkpoints may come from the cache; the final ε is always recomputed
-        values = cached_epsilons(event, privacy.delta, accountant, points[:-1])
-        values += epsilons(event, privacy.delta, accountant, points[-1:])
-    return sigma, source, tuple(zip(points, values, strict=True))
+    if sample_rate > HIGH_SAMPLE_RATE:
+        parts.append(f"q={sample_rate:.3g} is above {HIGH_SAMPLE_RATE}: sampling amplifies privacy little here")
+    return "; ".join(parts) + " (see docs/sharp_edges.md)" if parts else None
+
+
+def curve_grid(steps: int) -> list[int]:
+    """Steps at which the plan holds ε: every step up to 20,000, else step 1 and 20,000 evenly spaced steps."""
+    if steps <= CURVE_MAX_POINTS:
+        return list(range(1, steps + 1))
+    return sorted({1} | {math.ceil(steps * k / CURVE_MAX_POINTS) for k in range(1, CURVE_MAX_POINTS + 1)})
+
+
+def checkpoint_steps(steps: int) -> list[int]:
+    """Where PRV/PLD are asked: every step up to 16, else step 1, powers of 2 below T, and ceil(T·k/16)."""
+    if steps <= CURVE_POINTS_SLOW:
+        return list(range(1, steps + 1))
+    powers = {2**k for k in range(steps.bit_length()) if 2**k < steps}
+    return sorted(powers | {math.ceil(steps * k / CURVE_POINTS_SLOW) for k in range(1, CURVE_POINTS_SLOW + 1)})
+
+
+def _per_step(curve: CheckedCurve, event: DpSgdEvent, delta: float) -> tuple[tuple[int, float], ...]:
+    """Spread checkpoint values over the grid: each step takes the next checkpoint's ε, floored by RDP there."""
+    grid = sorted(set(curve_grid(event.steps)) | set(curve.steps))
+    floor = rdp_epsilons(event, delta, grid) if event.adjacency is Adjacency.ADD_REMOVE else [math.inf] * len(grid)
+    values = [curve.epsilons[bisect.bisect_left(curve.steps, t)] for t in grid]
+    return tuple((t, min(v, r)) for t, v, r in zip(grid, values, floor, strict=True))
+
+
+def _sigma(privacy, q: float, steps: int, chain) -> tuple[float, str]:
+    if privacy.noise_multiplier is not None:
+        return float(privacy.noise_multiplier), "contract"
+    sigma, _ = calibrate(
+        target_epsilon=privacy.target_epsilon,
+        sample_rate=q,
+        steps=steps,
+        delta=privacy.delta,
+        accountant=privacy.accountant,
+        adjacency=privacy.adjacency,
+        chain=chain,
+    )
+    return sigma, "calibrated"
+
+
+def _account(contract: Contract, q: float, steps: int):
+    """σ, its source, the checked checkpoint curve and the notes; falls along the chain until checks pass."""
+    privacy = contract.privacy
+    tolerance = tolerance_for(privacy.target_epsilon)
+    chain = numerical_chain(privacy.accountant, privacy.adjacency)
+    notes: list[str] = []
+    for _ in range(4):  # each pass drops at least one accountant from the chain
+        try:
+            sigma, source = _sigma(privacy, q, steps, chain)
+        except AccountingNumericalError as err:
+            if privacy.adjacency is Adjacency.REPLACE_ONE or not chain:
+                name = chain[0].value if chain else "rdp"
+                raise PlanRefusedError(f"accountant={name} failed a check: {err}") from None
+            notes.append(f"{'/'.join(a.value for a in chain)} not used: {err}")
+            chain = ()
+            continue
+        event = DpSgdEvent(sample_rate=q, noise_multiplier=sigma, steps=steps, adjacency=privacy.adjacency)
+        points = checkpoint_steps(steps) if chain else curve_grid(steps)
+        curve = checked_curve(event, privacy.delta, chain, points, tolerance, probe_sigma=bool(chain), use_cache=True)
+        met = source == "contract" or curve.epsilons[-1] <= privacy.target_epsilon
+        if met or not chain or curve.accountant is chain[0]:
+            return sigma, source, event, curve, notes
+        # The full curve failed a check that calibration (ε at T only) could not see: recalibrate without the
+        # accountants it skipped.
+        notes.extend(curve.notes)
+        chain = chain[chain.index(curve.accountant) :] if curve.accountant in chain else ()
+    raise AssertionError("accounting did not settle")  # pragma: no cover
+
+
+def _note(contract: Contract, used: Accountant, notes: list[str]) -> str | None:
+    if not notes and used is contract.privacy.accountant:
+        return None
+    head = f"contract accountant {contract.privacy.accountant.value}; ε from {used.value}"
+    return "; ".join([head, *dict.fromkeys(notes)])
 
 
 def make_plan(contract: Contract, *, num_units: int, num_units_source: str) -> TrainingPlan:
@@ -187,21 +268,17 @@ def make_plan(contract: Contract, *, num_units: int, num_units_source: str) -> T
     steps = planned_steps(contract, num_units)
     if steps > MAX_STEPS:
         raise PlanRefusedError(f"T={steps} logical steps is above the supported {MAX_STEPS}; lower training.epochs")
-    accountant, note = privacy.accountant, None
-    try:
-        sigma, source, curve = _sigma_and_curve(contract, q, steps, accountant)
-    except AccountingNumericalError as err:
-        if accountant is not Accountant.PRV:
-            raise PlanRefusedError(f"accountant={accountant.value} failed numerically: {err}") from None
-        accountant = Accountant.PLD
-        note = f"PRV failed numerically at plan time ({err}); the whole run uses PLD instead"
-        sigma, source, curve = _sigma_and_curve(contract, q, steps, accountant)
-    final = curve[-1][1] if curve else 0.0
-    if final > privacy.target_epsilon:
+    sigma, source, event, curve, notes = _account(contract, q, steps)  # T ≥ 1 (the contract checks it)
+    epsilon_curve = _per_step(curve, event, privacy.delta)
+    final = epsilon_curve[-1][1]
+    if not final <= privacy.target_epsilon:  # also refuses ε = ∞ or NaN
         raise PlanRefusedError(
             f"privacy.noise_multiplier={sigma:g} spends ε={final:.4f} over T={steps} steps, above "
             f"privacy.target_epsilon={privacy.target_epsilon:g}; raise σ or lower the steps"
         )
+    small = small_population_warning(num_units, q)
+    if small:
+        warnings.append(small)
     return TrainingPlan(
         protected_unit=privacy.protected_unit,
         unit_key=privacy.unit_key,
@@ -216,10 +293,10 @@ def make_plan(contract: Contract, *, num_units: int, num_units_source: str) -> T
         max_grad_norm=privacy.max_grad_norm,
         delta=privacy.delta,
         target_epsilon=privacy.target_epsilon,
-        accountant=accountant,
-        accountant_version=accountant_version(accountant),
-        accountant_note=note,
+        accountant=curve.accountant,
+        accountant_version=accountant_version(curve.accountant),
+        accountant_note=_note(contract, curve.accountant, [*notes, *curve.notes]),
         epsilon=final,
-        epsilon_curve=curve,
+        epsilon_curve=epsilon_curve,
         warnings=tuple(warnings),
     )

@@ -454,7 +454,7 @@ def _record_failure(spec, state, err: BaseException, ledger, last_checkpoint=Non
     from dplora.resume import failure_fields
 
     plan, done = spec.plan, state.accountant.steps
-    spent = plan.epsilon_at(min(done + 1, plan.steps)) if plan.steps else 0.0
+    spent = plan.epsilon_spent(done)  # 0.0 at 0 steps; finite (the plan's checked curve)
     entry = _failure_entry(spec.run_id, done, plan.steps, spent, err)
     entry |= failure_fields(spec, state, err, last_checkpoint)
     try:

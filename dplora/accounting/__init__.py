@@ -2,7 +2,8 @@
 
 Three accountants behind one interface (:class:`Accountant`): Opacus PRV and RDP (add/remove only) and
 dp_accounting PLD (add/remove and replace-one). The mechanism is described as data (:class:`DpSgdEvent`).
-No GDP/CLT accountant is offered: it underestimates ε at few steps (cases A5).
+No GDP/CLT accountant is offered: it underestimates ε at few steps (cases A5). PRV and PLD are called only
+inside their range (:mod:`~dplora.accounting.cost`); plans use checked curves (:mod:`~dplora.accounting.checked`).
 
 >>> round(epsilon(sample_rate=0.01, noise_multiplier=1.0, steps=300, delta=1e-5, accountant="rdp"), 3)
 1.451
@@ -17,8 +18,11 @@ from dplora.accounting.backends import (
     AccountingNumericalError,
     accountant_version,
     epsilons,
+    rdp_epsilons,
+    require_supported,
 )
 from dplora.accounting.calibration import calibrate
+from dplora.accounting.cost import Tolerance, out_of_range
 from dplora.accounting.events import Accountant, Adjacency, DpSgdEvent, Sampler, sensitivity
 from dplora.errors import BadInputError
 
@@ -33,6 +37,7 @@ __all__ = [
     "calibrate_noise",
     "epsilon",
     "epsilons",
+    "rdp_epsilons",
     "sensitivity",
     "validate_delta",
 ]
@@ -44,10 +49,28 @@ def validate_delta(delta: float) -> None:
         raise BadInputError(f"Expected 0 < delta < 1, got delta={delta!r}")
 
 
+def _accountant(accountant) -> Accountant:
+    try:
+        return Accountant(accountant)
+    except ValueError:
+        offered = ", ".join(repr(a.value) for a in Accountant)
+        raise BadInputError(
+            f"accountant={accountant!r} is not offered; use one of {offered} (no GDP/CLT: it underestimates ε)"
+        ) from None
+
+
+def _adjacency(adjacency) -> Adjacency:
+    try:
+        return Adjacency(adjacency)
+    except ValueError:
+        offered = ", ".join(repr(a.value) for a in Adjacency)
+        raise BadInputError(f"adjacency={adjacency!r} is not one of {offered}") from None
+
+
 def _event(sample_rate, noise_multiplier, steps, adjacency) -> DpSgdEvent:
     try:
         return DpSgdEvent(
-            sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps, adjacency=Adjacency(adjacency)
+            sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps, adjacency=_adjacency(adjacency)
         )
     except ValueError as err:
         raise BadInputError(str(err)) from err
@@ -73,16 +96,25 @@ def epsilon(
         adjacency: ``"add_remove"`` or ``"replace_one"`` (PLD only).
 
     Returns:
-        ε ≥ 0 (unitless, natural log).
+        ε ≥ 0 (unitless, natural log): the named accountant's own number at its default precision (PRV
+        eps_error 0.01, PLD interval 1e-4), not floored by RDP; plans use checked curves instead.
 
     Raises:
-        BadInputError: q, σ, T or δ out of range.
+        BadInputError: q, σ, T or δ out of range, or an accountant dplora does not offer (e.g. ``"gdp"``).
         UnsupportedAccountingError: replace-one with RDP or PRV.
-        AccountingNumericalError: the accountant failed numerically (PRV on short, loose runs).
+        AccountingNumericalError: the accountant is outside its range (cost above the limit, δ too small) or
+            failed numerically (PRV on short, loose runs); the message says which.
     """
     validate_delta(delta)
+    acc = _accountant(accountant)
     event = _event(sample_rate, noise_multiplier, steps, adjacency)
-    return epsilons(event, delta, Accountant(accountant), [steps])[0]
+    require_supported(acc, event.adjacency)
+    if event.noise_multiplier > 0:
+        reason = out_of_range(acc, event, delta, Tolerance())
+        if reason is not None:
+            fix = "use accountant='rdp'" if event.adjacency is Adjacency.ADD_REMOVE else "change q, σ, T or δ"
+            raise AccountingNumericalError(f"{acc.value} is not called here: {reason}; {fix}")
+    return epsilons(event, delta, acc, [steps])[0]
 
 
 def calibrate_noise(
@@ -107,10 +139,11 @@ def calibrate_noise(
         adjacency: ``"add_remove"`` or ``"replace_one"`` (PLD only).
 
     Returns:
-        σ > 0.
+        σ > 0, calibrated on checked ε (RDP-floored under add/remove; PRV → PLD → RDP where one is out of
+        range; see :mod:`dplora.accounting.checked`).
 
     Raises:
-        BadInputError: an argument out of range.
+        BadInputError: an argument out of range, or an accountant dplora does not offer (e.g. ``"gdp"``).
         PlanRefusedError: the target cannot be reached (RDP cannot certify ε below about 0.1 at δ = 1e-5).
         UnsupportedAccountingError: replace-one with RDP or PRV.
         AccountingNumericalError: the accountant failed numerically.
@@ -118,13 +151,13 @@ def calibrate_noise(
     validate_delta(delta)
     if not (isinstance(target_epsilon, (int, float)) and math.isfinite(target_epsilon) and target_epsilon > 0):
         raise BadInputError(f"Expected a finite target_epsilon > 0, got target_epsilon={target_epsilon!r}")
-    _event(sample_rate, 1.0, steps, adjacency)
+    event = _event(sample_rate, 1.0, steps, adjacency)
     sigma, _ = calibrate(
         target_epsilon=float(target_epsilon),
         sample_rate=float(sample_rate),
         steps=int(steps),
         delta=float(delta),
-        accountant=Accountant(accountant),
-        adjacency=Adjacency(adjacency),
+        accountant=_accountant(accountant),
+        adjacency=event.adjacency,
     )
     return sigma

@@ -15,6 +15,8 @@ import sys
 import warnings
 from pathlib import Path
 
+import numpy as np
+
 from dplora.accounting.events import Accountant, Adjacency, DpSgdEvent
 from dplora.errors import UnsupportedAccountingError
 
@@ -48,90 +50,169 @@ def accountant_version(accountant: Accountant) -> str:
     return f"{package} {importlib.metadata.version(package)}"
 
 
-def _require_add_remove(event: DpSgdEvent, accountant: Accountant) -> None:
-    if event.adjacency is not Adjacency.ADD_REMOVE:
+def require_supported(accountant: Accountant, adjacency: Adjacency) -> None:
+    """Raise UnsupportedAccountingError unless ``accountant`` accounts ``adjacency`` (replace-one: PLD only)."""
+    accountant, adjacency = Accountant(accountant), Adjacency(adjacency)
+    if adjacency is not Adjacency.ADD_REMOVE and accountant is not Accountant.PLD:
         raise UnsupportedAccountingError(
             f"accountant={accountant.value} supports only adjacency=add_remove (Opacus's accountants are "
-            f"add/remove only); for adjacency={event.adjacency.value} use accountant: pld"
+            f"add/remove only); for adjacency={adjacency.value} use accountant: pld"
         )
+
+
+def _require_add_remove(event: DpSgdEvent, accountant: Accountant) -> None:
+    require_supported(accountant, event.adjacency)
+
+
+@functools.lru_cache(maxsize=256)
+def _rdp_one_step(sample_rate: float, noise_multiplier: float) -> tuple[float, ...]:
+    """RDP of one step at each of ``RDP_ORDERS`` (Opacus ``compute_rdp``); T steps cost T times this."""
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)  # overflow at tiny σ: the order's RDP is then ∞
+        one = _opacus_rdp().compute_rdp(
+            q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=list(RDP_ORDERS)
+        )
+    return tuple(float(v) for v in one)
 
 
 def rdp_epsilons(event: DpSgdEvent, delta: float, steps: list[int]) -> list[float]:
     """RDP ε after each step count in ``steps`` (Opacus analysis; Mironov et al. 2019, conversion of Balle et al.).
 
-    RDP of T compositions is T times the RDP of one step, so a whole curve costs one RDP evaluation.
+    RDP of T compositions is T times the RDP of one step, so a whole curve costs one RDP evaluation. The
+    conversion is Opacus's ``get_privacy_spent`` (Balle et al. 2020, Thm. 21), vectorised over the step counts
+    with the same floating-point operations, so each value equals Opacus's own.
     """
     _require_add_remove(event, Accountant.RDP)
-    rdp_mod = _opacus_rdp()
-    orders = list(RDP_ORDERS)
-    one = rdp_mod.compute_rdp(q=event.sample_rate, noise_multiplier=event.noise_multiplier, steps=1, orders=orders)
-    out = []
-    with warnings.catch_warnings():
-        # Opacus warns when the optimum is an end order; ε is still a valid upper bound, and the warning
-        # would break the CLI's one-line stderr (e.g. `dplora budget` with an unreachable RDP target).
-        warnings.filterwarnings("ignore", message="Optimal order is the", category=UserWarning)
-        for t in steps:
-            if t == 0:
-                out.append(0.0)
-                continue
-            eps, _ = rdp_mod.get_privacy_spent(orders=orders, rdp=one * t, delta=delta)
-            out.append(float(eps))
-    return out
+    one = np.asarray(_rdp_one_step(event.sample_rate, event.noise_multiplier))
+    orders = np.asarray(RDP_ORDERS)
+    counts = np.asarray(steps, dtype=float)
+    out = np.zeros(len(counts))
+    with np.errstate(invalid="ignore", over="ignore"):
+        for lo in range(0, len(counts), 4096):  # 4096 x 151 orders per block: about 5 MB
+            block = counts[lo : lo + 4096]
+            rdp = one[None, :] * block[:, None]
+            eps = rdp - (np.log(delta) + np.log(orders)) / (orders - 1) + np.log((orders - 1) / orders)
+            eps = np.where(np.isnan(eps), np.inf, eps)
+            out[lo : lo + 4096] = eps.min(axis=1)
+    out[counts == 0] = 0.0
+    return [float(v) for v in out]
 
 
-def prv_epsilon(event: DpSgdEvent, delta: float) -> float:
-    """PRV upper bound on ε (Opacus ``PRVAccountant``, Gopi et al. 2021, eps_error 0.01)."""
+def prv_domain(event: DpSgdEvent, delta: float, eps_error: float) -> tuple[float, float, float]:
+    """(L, mesh, grid points) of the domain [-L, L] that Opacus's ``PRVAccountant`` discretises for ``event``.
+
+    The arithmetic of ``opacus/accountants/prv.py`` (``_get_domain``) and ``compute_safe_domain_size``
+    (Gopi et al. 2021, Remark 5.6), with δ_err = δ/1000 and the RDP values from :func:`rdp_epsilons` (the same
+    orders and operations as Opacus's ``RDPAccountant``, computed once per (q, σ)). Points are ∞ when RDP is.
+    """
+    steps = max(event.steps, 1)
+    delta_error = delta / 1000
+    add_remove = DpSgdEvent(sample_rate=event.sample_rate, noise_multiplier=event.noise_multiplier, steps=steps)
+    big_l = max(
+        rdp_epsilons(add_remove, delta_error / 4, [steps])[0],
+        rdp_epsilons(add_remove, delta_error / (8 * steps), [1])[0],
+    )
+    big_l = max(big_l, eps_error) + 3
+    mesh = float(eps_error / np.sqrt(steps * np.log(12 / delta_error) / 2))
+    if not math.isfinite(big_l):
+        return big_l, mesh, math.inf
+    t_min, t_max = np.floor(-big_l / mesh) * mesh, np.ceil(big_l / mesh) * mesh  # Domain.create_aligned
+    size = int(np.round((t_max - t_min) / mesh)) + 1
+    return big_l, mesh, float(size + size % 2)
+
+
+def prv_epsilon(event: DpSgdEvent, delta: float, eps_error: float = 0.01) -> float:
+    """PRV upper bound on ε (Opacus's PRV analysis, Gopi et al. 2021) computed to ``eps_error``.
+
+    The steps of ``PRVAccountant.get_epsilon`` (δ_err = δ/1000), with the domain from :func:`prv_domain` so
+    that Opacus's slow fractional-order RDP is not recomputed on every call; a test checks that the value
+    equals ``PRVAccountant``'s.
+    """
     _require_add_remove(event, Accountant.PRV)
-    from opacus.accountants import PRVAccountant
+    from opacus.accountants.analysis import prv
 
-    acc = PRVAccountant()
-    acc.history = [(event.noise_multiplier, event.sample_rate, event.steps)]
+    delta_error = delta / 1000
+    big_l, mesh, _ = prv_domain(event, delta, eps_error)
     try:
-        with warnings.catch_warnings():
-            # Opacus's PRV sizes its domain with an RDPAccountant, which warns on end orders (see rdp_epsilons),
-            # and takes log(1 - q) = log(0) at q = 1; neither changes ε, both would break the one-line stderr.
-            warnings.filterwarnings("ignore", message="Optimal order is the", category=UserWarning)
-            warnings.filterwarnings("ignore", message="divide by zero encountered in log", category=RuntimeWarning)
-            eps = float(acc.get_epsilon(delta=delta))
-    except (ValueError, RuntimeError, FloatingPointError, ZeroDivisionError) as err:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            # log(1 - q) = log(0) at q = 1 and overflows at extreme σ do not change ε; they would break the
+            # CLI's one-line stderr.
+            warnings.filterwarnings("ignore", category=RuntimeWarning)
+            domain = prv.Domain.create_aligned(-big_l, big_l, mesh)
+            one = prv.PoissonSubsampledGaussianPRV(event.sample_rate, event.noise_multiplier)
+            truncated = prv.TruncatedPrivacyRandomVariable(one, domain.t_min, domain.t_max)
+            composed = prv.compose_heterogeneous([prv.discretize(truncated, domain)], [event.steps])
+            _, _, eps = composed.compute_epsilon(delta, delta_error, eps_error)
+            eps = float(eps)
+    except (ValueError, RuntimeError, FloatingPointError, ZeroDivisionError, OverflowError, MemoryError) as err:
         raise AccountingNumericalError(f"PRV failed on this event: {err}") from err
     if not math.isfinite(eps):
         raise AccountingNumericalError("PRV returned a non-finite ε")
     return eps
 
 
-def pld_epsilon(event: DpSgdEvent, delta: float) -> float:
-    """PLD ε (dp_accounting ``PLDAccountant``, pessimistic discretisation 1e-4; Doroshenko et al. 2022)."""
+def pld_epsilons(event: DpSgdEvent, delta: float, steps: list[int], interval: float = 1e-4) -> list[float]:
+    """PLD ε after each step count (dp_accounting, pessimistic, connect-the-dots; Doroshenko et al. 2022).
+
+    One step's PLD is built once (``from_gaussian_mechanism``, as ``PLDAccountant`` does for this event) and
+    self-composed for each count; ``interval`` is the value discretisation interval.
+    """
     import dp_accounting
-    from dp_accounting.pld import pld_privacy_accountant
+    from dp_accounting.pld import privacy_loss_distribution
 
     relation = {
         Adjacency.ADD_REMOVE: dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
         Adjacency.REPLACE_ONE: dp_accounting.NeighboringRelation.REPLACE_ONE,
     }[event.adjacency]
-    acc = pld_privacy_accountant.PLDAccountant(neighboring_relation=relation)
-    acc.compose(event.to_dp_accounting())
-    eps = float(acc.get_epsilon(delta))
-    if math.isnan(eps):
+    out = []
+    try:
+        with np.errstate(all="ignore"):
+            one = privacy_loss_distribution.from_gaussian_mechanism(
+                standard_deviation=event.noise_multiplier,
+                value_discretization_interval=interval,
+                sampling_prob=event.sample_rate,
+                neighboring_relation=relation,
+            )
+            for t in steps:
+                out.append(0.0 if t == 0 else float(one.self_compose(t).get_epsilon_for_delta(delta)))
+    except (ValueError, ArithmeticError, MemoryError) as err:
+        raise AccountingNumericalError(f"PLD failed on this event: {err}") from err
+    if any(math.isnan(v) for v in out):
         raise AccountingNumericalError("PLD returned NaN")
-    return eps
+    return out
 
 
-def epsilons(event: DpSgdEvent, delta: float, accountant: Accountant, steps: list[int]) -> list[float]:
-    """ε (≥ 0) after each step count in ``steps``, for ``event``'s q, σ and adjacency under ``accountant``.
+def pld_epsilon(event: DpSgdEvent, delta: float, interval: float = 1e-4) -> float:
+    """PLD ε after ``event.steps`` steps (see :func:`pld_epsilons`)."""
+    return pld_epsilons(event, delta, [event.steps], interval)[0]
+
+
+def epsilons(event: DpSgdEvent, delta: float, accountant: Accountant, steps: list[int], tolerance=None) -> list[float]:
+    """The accountant's own ε (≥ 0) after each step count in ``steps``, unchecked (see ``checked.py``).
+
+    Args:
+        event: q, σ and adjacency (its ``steps`` is ignored).
+        delta: δ ∈ (0, 1).
+        accountant: which library computes ε.
+        steps: step counts (integers ≥ 0).
+        tolerance: a :class:`dplora.accounting.cost.Tolerance` (PRV eps_error, PLD interval); library defaults
+            when None.
 
     Raises:
         UnsupportedAccountingError: RDP or PRV asked for replace-one.
         AccountingNumericalError: the accountant failed numerically.
     """
     accountant = Accountant(accountant)
+    eps_error = 0.01 if tolerance is None else tolerance.eps_error
+    interval = 1e-4 if tolerance is None else tolerance.pld_interval
     if event.noise_multiplier == 0.0:
         return [0.0 if t == 0 else math.inf for t in steps]
     if accountant is Accountant.RDP:
         values = rdp_epsilons(event, delta, steps)
+    elif accountant is Accountant.PRV:
+        values = [0.0 if t == 0 else prv_epsilon(_with_steps(event, t), delta, eps_error) for t in steps]
     else:
-        fn = prv_epsilon if accountant is Accountant.PRV else pld_epsilon
-        values = [0.0 if t == 0 else fn(_with_steps(event, t), delta) for t in steps]
+        values = pld_epsilons(event, delta, steps, interval)
     return [max(0.0, v) for v in values]  # never report a negative ε
 
 

@@ -1,59 +1,45 @@
 """Calibrate σ so that ε(σ, T) ≤ target under one accountant, never above it.
 
 Bisection on σ (ε decreases in σ), returning the upper end of the final bracket, whose ε was computed with the
-same accountant and the same integer T that training runs. For PRV and PLD the bracket starts at
-[0.8·σ_RDP, σ_RDP]: for this mechanism PRV/PLD ε ≤ RDP ε, so σ_PLD ≤ σ_RDP (the fast path of
-``../shared/NOTES.md``); the bracket is widened when that does not hold. Results are cached on disk, keyed by
-(accountant, version, adjacency, q, T, δ, target).
+same accountant and the same integer T that training runs. Every ε it uses is a checked one
+(:func:`dplora.accounting.checked.checked_curve` at T): a numerical accountant is asked only inside its cost
+and δ range, and under add/remove its answer is floored by RDP, so ε(σ) ≤ ε_RDP(σ) and the bracket starts at
+[0.8·σ_RDP, σ_RDP] (the fast path of ``../shared/NOTES.md``), widened when needed. After the bisection the
+(σ, ε) pairs it evaluated must be non-increasing in σ within the tolerance's slack; if not, it raises
+:class:`AccountingNumericalError` and the plan falls back. Results are cached on disk, keyed by the accountant
+chain, library versions, adjacency, q, T, δ, target, tolerance and the rule version.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 
-from dplora.accounting.backends import accountant_version, epsilons
+from dplora.accounting import cache
+from dplora.accounting.backends import AccountingNumericalError, accountant_version
+from dplora.accounting.cache import RULE_VERSION, cache_dir
+from dplora.accounting.checked import OutOfRangeError, checked_curve, numerical_chain, sigma_problem
+from dplora.accounting.cost import tolerance_for
 from dplora.accounting.events import Accountant, Adjacency, DpSgdEvent
 from dplora.errors import PlanRefusedError
+
+__all__ = ["SIGMA_MAX", "SIGMA_MIN", "cache_dir", "calibrate"]
 
 SIGMA_MAX = 1e4
 SIGMA_MIN = 1e-3
 RTOL = {Accountant.RDP: 1e-4, Accountant.PRV: 4e-3, Accountant.PLD: 4e-3}
-CACHE_ENV = "DPLORA_CACHE_DIR"
 
 
-def cache_dir() -> Path:
-    """User cache folder of dplora: ``$DPLORA_CACHE_DIR``, else ``$XDG_CACHE_HOME/dplora``, else ``~/.cache/dplora``."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "dplora"
-
-
-def _cache_file() -> Path:
-    return cache_dir() / "calibration.json"
-
-
-def _cache_key(accountant, adjacency, q, steps, delta, target) -> str:
-    parts = [accountant.value, accountant_version(accountant), adjacency.value, repr(q), str(steps), repr(delta)]
-    return "|".join([*parts, repr(target)])
-
-
-def _cache_load() -> dict:
-    try:
-        data = json.loads(_cache_file().read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
+def _cache_key(chain, adjacency, q, steps, delta, target) -> str:
+    versions = sorted({accountant_version(a) for a in (*chain, Accountant.RDP)})
+    names = "+".join(a.value for a in chain) or "rdp"
+    parts = [RULE_VERSION, names, *versions, adjacency.value, repr(q), str(steps), repr(delta)]
+    return "|".join([*parts, repr(target), tolerance_for(target).key()])
 
 
 def _cache_hit(key: str, target: float) -> tuple[float, float] | None:
     """(σ, ε) cached under ``key`` if well formed and meeting ``target``; a damaged entry is ignored."""
-    hit = _cache_load().get(key)
+    hit = cache.load().get(key)
     if not isinstance(hit, dict):
         return None
     sigma, eps = hit.get("noise_multiplier"), hit.get("epsilon")
@@ -65,51 +51,7 @@ def _cache_hit(key: str, target: float) -> tuple[float, float] | None:
 
 
 def _cache_store(key: str, sigma: float, eps: float) -> None:
-    _cache_put(key, {"noise_multiplier": sigma, "epsilon": eps})
-
-
-def cached_epsilons(event: DpSgdEvent, delta: float, accountant: Accountant, points: list[int]) -> list[float]:
-    """:func:`epsilons` for intermediate checkpoints of a plan, cached on disk (progress display and budget only).
-
-    The final ε of a run is never read from this cache: the plan recomputes it.
-    """
-    accountant = Accountant(accountant)
-    key = "curve|" + "|".join(
-        [
-            accountant.value,
-            accountant_version(accountant),
-            event.adjacency.value,
-            repr(event.sample_rate),
-            repr(event.noise_multiplier),
-            repr(delta),
-            ",".join(map(str, points)),
-        ]
-    )
-    hit = _cache_load().get(key)
-    if (
-        isinstance(hit, list)
-        and len(hit) == len(points)
-        and all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in hit)
-    ):
-        return [float(v) for v in hit]
-    values = epsilons(event, delta, accountant, points)
-    if all(math.isfinite(v) for v in values):
-        _cache_put(key, values)
-    return values
-
-
-def _cache_put(key: str, value) -> None:
-    try:
-        data = _cache_load()
-        data[key] = value
-        path = _cache_file()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".calibration.")
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh)
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a cache is an optimisation only
+    cache.put(key, {"noise_multiplier": sigma, "epsilon": eps})
 
 
 def _bisect(eps_of: Callable[[float], float], target: float, lo: float, hi: float, rtol: float) -> tuple[float, float]:
@@ -145,38 +87,54 @@ def _bracket(eps_of, target, start: float, accountant: Accountant, event_desc: s
 
 
 def calibrate(
-    *, target_epsilon: float, sample_rate: float, steps: int, delta: float, accountant: Accountant, adjacency: Adjacency
+    *,
+    target_epsilon: float,
+    sample_rate: float,
+    steps: int,
+    delta: float,
+    accountant: Accountant,
+    adjacency: Adjacency,
+    chain: tuple[Accountant, ...] | None = None,
 ) -> tuple[float, float]:
-    """Smallest σ (to the accountant's rtol) with ε(σ, T) ≤ target; returns (σ, ε(σ, T)).
+    """Smallest σ (to the accountant's rtol) with checked ε(σ, T) ≤ target; returns (σ, ε(σ, T)).
+
+    Args:
+        target_epsilon, sample_rate, steps, delta, adjacency: the contract's numbers.
+        accountant: the contract's accountant.
+        chain: the numerical accountants to try (default :func:`numerical_chain`); ``()`` means RDP alone.
 
     Raises:
         PlanRefusedError: the target cannot be reached (e.g. ε < 0.1 with RDP).
         UnsupportedAccountingError: RDP or PRV asked for replace-one.
-        AccountingNumericalError: the accountant failed numerically.
+        AccountingNumericalError: the checked ε was not non-increasing in σ.
     """
     accountant, adjacency = Accountant(accountant), Adjacency(adjacency)
+    chain = numerical_chain(accountant, adjacency) if chain is None else tuple(chain)
     if steps == 0:
         return SIGMA_MIN, 0.0
-    key = _cache_key(accountant, adjacency, sample_rate, steps, delta, target_epsilon)
+    key = _cache_key(chain, adjacency, sample_rate, steps, delta, target_epsilon)
     hit = _cache_hit(key, target_epsilon)
     if hit is not None:
         return hit
+    tolerance = tolerance_for(target_epsilon)
+    rtol = RTOL[chain[0] if chain else Accountant.RDP]
+    memo: dict[float, float] = {}
+    range_errors: list[OutOfRangeError] = []
 
     def eps_of(sigma: float) -> float:
-        event = DpSgdEvent(sample_rate=sample_rate, noise_multiplier=sigma, steps=steps, adjacency=adjacency)
-        return epsilons(event, delta, accountant, [steps])[0]
-
-    memo: dict[float, float] = {}
-
-    def eps_memo(sigma: float) -> float:
         if sigma not in memo:
-            memo[sigma] = eps_of(sigma)
+            event = DpSgdEvent(sample_rate=sample_rate, noise_multiplier=sigma, steps=steps, adjacency=adjacency)
+            try:
+                memo[sigma] = checked_curve(event, delta, chain, [steps], tolerance).epsilons[-1]
+            except OutOfRangeError as err:
+                memo[sigma] = math.inf  # replace-one: no trusted ε at this σ; look at larger σ
+                range_errors.append(err)
         return memo[sigma]
 
     desc = f"q={sample_rate:g}, T={steps}, δ={delta:g}"
     start = 1.0
-    if accountant is not Accountant.RDP and adjacency is Adjacency.ADD_REMOVE:
-        try:
+    if chain and adjacency is Adjacency.ADD_REMOVE:
+        try:  # the checked ε is floored by RDP, so σ_RDP always meets the target
             start, _ = calibrate(
                 target_epsilon=target_epsilon,
                 sample_rate=sample_rate,
@@ -187,21 +145,25 @@ def calibrate(
             )
         except PlanRefusedError:
             start = 1.0
-    if (
-        accountant is not Accountant.RDP
-        and eps_memo(start) <= target_epsilon
-        and eps_memo(0.8 * start) > target_epsilon
-    ):
+    if chain and eps_of(start) <= target_epsilon and eps_of(0.8 * start) > target_epsilon:
         lo, hi = 0.8 * start, start
     else:
-        lo, hi = _bracket(eps_memo, target_epsilon, start, accountant, desc)
+        try:
+            lo, hi = _bracket(eps_of, target_epsilon, start, chain[0] if chain else Accountant.RDP, desc)
+        except PlanRefusedError:
+            if range_errors:  # say why PLD could not be used rather than "unreachable"
+                raise range_errors[-1] from None
+            raise
     if lo == hi:  # even σ = SIGMA_MIN meets the target
-        sigma, eps = hi, eps_memo(hi)
+        sigma, eps = hi, eps_of(hi)
     else:
-        sigma, eps = _bisect(eps_memo, target_epsilon, lo, hi, RTOL[accountant])
+        sigma, eps = _bisect(eps_of, target_epsilon, lo, hi, rtol)
     # Re-check with the same accountant and integer T; step σ up if a numerical wobble put ε above target.
     while eps > target_epsilon:
-        sigma *= 1.0 + RTOL[accountant]
+        sigma *= 1.0 + rtol
         eps = eps_of(sigma)
+    problem = sigma_problem(list(memo.items()), tolerance.slack)
+    if problem is not None:
+        raise AccountingNumericalError(problem)
     _cache_store(key, sigma, eps)
     return sigma, eps
