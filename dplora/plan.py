@@ -217,7 +217,7 @@ def _account(contract: Contract, q: float, steps: int):
             if privacy.adjacency is Adjacency.REPLACE_ONE or not chain:
                 name = chain[0].value if chain else "rdp"
                 raise PlanRefusedError(f"accountant={name} failed a check: {err}") from None
-            notes.append(f"{'/'.join(a.value for a in chain)} not used: {err}")
+            notes.append(f"{'/'.join(a.value.upper() for a in chain)} not used: {err}")
             chain = ()
             continue
         event = DpSgdEvent(sample_rate=q, noise_multiplier=sigma, steps=steps, adjacency=privacy.adjacency)
@@ -236,7 +236,7 @@ def _account(contract: Contract, q: float, steps: int):
 def _note(contract: Contract, used: Accountant, notes: list[str]) -> str | None:
     if not notes and used is contract.privacy.accountant:
         return None
-    head = f"contract accountant {contract.privacy.accountant.value}; ε from {used.value}"
+    head = f"contract accountant {contract.privacy.accountant.value.upper()}; ε from {used.value.upper()}"
     return "; ".join([head, *dict.fromkeys(notes)])
 
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from dplora.accounting import Accountant, epsilon
+from dplora.accounting import Accountant, DpSgdEvent, epsilon, rdp_epsilons
 from dplora.contract import parse_contract
 from dplora.errors import BadInputError, PlanRefusedError
 from dplora.plan import check_delta, make_plan, planned_steps
@@ -279,19 +279,32 @@ def test_epsilon_curve_rdp_every_step():
     _check_curve(p)
 
 
-def test_epsilon_curve_pld_checkpoints_are_upper_bounds():
+def test_epsilon_curve_pld_every_step_is_checked():
+    """ε at step 1 and at every step; each value bounds PLD's own ε there and never exceeds RDP (add/remove)."""
     p = plan(
         1000,
         privacy={"noise_multiplier": 2.0, "target_epsilon": 3.0, "accountant": "pld"},
         training={"expected_batch_size": 10, "steps": 20},
     )
-    assert len(p.epsilon_curve) <= 8
+    assert p.accountant is Accountant.PLD and p.accountant_note is None
+    assert [s for s, _ in p.epsilon_curve] == list(range(1, 21))
     _check_curve(p)
-    # between checkpoints, epsilon_at bounds the true ε from above
-    first = p.epsilon_curve[0][0]
-    if first > 1:
-        true = epsilon(sample_rate=0.01, noise_multiplier=2.0, steps=first - 1, delta=1e-5, accountant="pld")
-        assert p.epsilon_at(first - 1) >= true
+    rdp = rdp_epsilons(DpSgdEvent(sample_rate=0.01, noise_multiplier=2.0, steps=20), 1e-5, list(range(1, 21)))
+    for (t, value), bound in zip(p.epsilon_curve, rdp, strict=True):
+        own = epsilon(sample_rate=0.01, noise_multiplier=2.0, steps=t, delta=1e-5, accountant="pld")
+        assert own - 1e-12 <= value <= bound + 1e-12, t
+        assert p.epsilon_at(t) == value  # the per-step bound in metrics.jsonl is the plotted curve
+    assert p.epsilon_at(1) == pytest.approx(0.028, abs=0.002)  # not the 25 % value
+
+
+def test_epsilon_spent():
+    """A failed run is charged ε after the steps it accounted: 0.0 at 0 steps, finite, ≤ target."""
+    p = plan(1000, privacy={"noise_multiplier": 1.0})
+    assert p.epsilon_spent(0) == 0.0
+    assert p.epsilon_spent(1) == p.epsilon_curve[0][1] > 0
+    assert p.epsilon_spent(p.steps) == p.epsilon <= p.target_epsilon
+    with pytest.raises(PlanRefusedError):
+        p.epsilon_spent(p.steps + 1)
 
 
 def test_plan_to_dict_is_json():

@@ -213,7 +213,7 @@ def epsilons(event: DpSgdEvent, delta: float, accountant: Accountant, steps: lis
         values = [0.0 if t == 0 else prv_epsilon(_with_steps(event, t), delta, eps_error) for t in steps]
     else:
         values = pld_epsilons(event, delta, steps, interval)
-    return [max(0.0, v) for v in values]  # never report a negative ε
+    return [v if math.isnan(v) else max(0.0, v) for v in values]  # never negative; NaN stays NaN (a failed check)
 
 
 def _with_steps(event: DpSgdEvent, steps: int) -> DpSgdEvent:

@@ -177,7 +177,7 @@ def checked_curve(
     for accountant in chain:
         values, reason = _try(accountant, event, delta, steps, tolerance, probe_sigma, use_cache)
         if values is None:
-            notes.append(f"{accountant.value} not used: {reason}")
+            notes.append(f"{accountant.value.upper()} not used: {reason}")
             continue
         values = _suffix_min(values)
         if floor is not None:

@@ -11,13 +11,14 @@ is the grid size, and it can be known before the call from q, σ, T, δ and the 
 - **PLD**: dp_accounting builds one step's privacy-loss pmf over the loss range of the truncated Gaussian
   (``connect_dots_bounds``, exact and cheap), point by point, then self-composes it T times by FFT over a range
   it truncates with a Chernoff bound at tail mass 1e-15. :func:`pld_grid_points` counts the one-step points
-  (weighted ``PLD_STEP_POINT_WEIGHT``: each costs a privacy-loss evaluation) plus an estimate of the composed
-  range, ``3 · (one-step range + ε_RDP(T, 1e-15))`` (measured to cover the composed range on every setting we
-  tried; ``tests/test_accounting_range.py``). Its truncated mass (1e-15) makes ε = ∞ for δ near 1e-15: PLD is
-  used only for δ ≥ ``PLD_MIN_DELTA``.
+  (exact) and an estimate of the composed range, ``3 · (one-step range + ε_RDP(T, 1e-15))``, which covered
+  the composed range (1.4-20x over) on every setting measured (``tests/test_accounting_range.py``). Its
+  truncated mass (1e-15) makes ε = ∞ for δ near 1e-15: PLD is used only for δ ≥ ``PLD_MIN_DELTA``.
 
-Past ``MAX_GRID_POINTS`` the accountant is not called: the plan uses RDP (add/remove) or refuses (replace-one).
-The rule is deterministic: σ never depends on how fast the machine is.
+Costs are in work units of about one PRV grid point each (~1 µs and ~80 bytes): measured on the 2-core reference
+machine, a one-step PLD point costs about 10 (one privacy-loss evaluation each) and a composed PLD point about
+0.5 of the estimate. Past ``MAX_GRID_POINTS`` units the accountant is not called: the plan uses RDP (add/remove)
+or refuses (replace-one). The rule is deterministic: σ never depends on how fast the machine is.
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ import numpy as np
 from dplora.accounting.backends import prv_domain, rdp_epsilons
 from dplora.accounting.events import Accountant, Adjacency, DpSgdEvent
 
-# One accountant evaluation may allocate at most this many grid points (about 2 s and 200 MB per PRV or PLD
-# evaluation on one core of the 2-core reference machine; measured in tests/test_accounting_range.py).
-MAX_GRID_POINTS = 2**21
-PLD_STEP_POINT_WEIGHT = 8  # one-step PLD points cost a privacy-loss evaluation each: ~8x an FFT point (measured)
+# One accountant evaluation may cost at most this many work units: about 2-4 s on one core of the reference
+# machine (2-4 s idle/loaded) and under 0.5 GB (PRV: ~80 bytes per grid point).
+MAX_GRID_POINTS = 2**22
+PLD_STEP_POINT_WEIGHT = 10.0  # a one-step PLD point: one privacy-loss evaluation (~10 µs, measured)
+PLD_COMPOSED_WEIGHT = 0.5  # a point of the composed-range estimate (FFT; the estimate runs 1.4-20x high)
 PLD_TAIL_MASS = 1e-15  # dp_accounting's self_compose(tail_mass_truncation=1e-15), counted as infinite loss
 PLD_MIN_DELTA = 100 * PLD_TAIL_MASS  # the truncated mass then moves δ by at most 1 %
 PLD_COMPOSED_FACTOR = 3.0
@@ -103,7 +105,7 @@ def pld_step_range(event: DpSgdEvent) -> float:
 
 
 def pld_grid_points(event: DpSgdEvent, interval: float) -> float:
-    """Estimated work of one PLD evaluation of ``event``, in grid points (see the module docstring)."""
+    """Estimated work of one PLD evaluation of ``event``, in work units (see the module docstring)."""
     one_step = pld_step_range(event)
     if not math.isfinite(one_step):
         return math.inf
@@ -112,7 +114,7 @@ def pld_grid_points(event: DpSgdEvent, interval: float) -> float:
         tail *= 2.0  # a replacement is a removal and an addition (group privacy of size 2)
     composed = min(event.steps * one_step, PLD_COMPOSED_FACTOR * (one_step + tail)) / interval
     pmfs = 1 if event.adjacency is Adjacency.REPLACE_ONE or event.sample_rate == 1.0 else 2
-    return pmfs * (PLD_STEP_POINT_WEIGHT * one_step / interval + composed)
+    return pmfs * (PLD_STEP_POINT_WEIGHT * one_step / interval + PLD_COMPOSED_WEIGHT * composed)
 
 
 def out_of_range(accountant: Accountant, event: DpSgdEvent, delta: float, tolerance: Tolerance) -> str | None:
@@ -126,7 +128,7 @@ def out_of_range(accountant: Accountant, event: DpSgdEvent, delta: float, tolera
     if accountant is Accountant.PRV:
         points = prv_grid_points(event, delta, tolerance.eps_error)
         if points > MAX_GRID_POINTS:
-            return f"PRV would need {points:.3g} grid points (limit {MAX_GRID_POINTS:.3g})"
+            return f"PRV would need {points:.3g} grid points (limit {MAX_GRID_POINTS:.3g}, see docs/sharp_edges.md)"
         if LONGDOUBLE_EPS * points > delta * 0.999:
             return f"δ={delta:g} is too small for PRV's floating point on {points:.3g} grid points"
         return None
@@ -134,5 +136,5 @@ def out_of_range(accountant: Accountant, event: DpSgdEvent, delta: float, tolera
         return f"δ={delta:g} is below PLD's range (δ ≥ {PLD_MIN_DELTA:g}; it truncates mass {PLD_TAIL_MASS:g})"
     points = pld_grid_points(event, tolerance.pld_interval)
     if points > MAX_GRID_POINTS:
-        return f"PLD would need {points:.3g} grid points (limit {MAX_GRID_POINTS:.3g})"
+        return f"PLD would cost {points:.3g} work units (limit {MAX_GRID_POINTS:.3g}, see docs/sharp_edges.md)"
     return None
