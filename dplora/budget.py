@@ -126,7 +126,7 @@ def sweep_table(contract, plan: TrainingPlan) -> dict:
 
 
 def plot_curve(report: dict, path: Path) -> None:
-    """Draw ε against logical steps for the planned σ, with the target line, to a PNG (matplotlib).
+    """Draw the plan's checked ε against logical steps (from step 1), with the target line, to a PNG (matplotlib).
 
     Raises:
         BadInputError: the file cannot be written.
@@ -138,7 +138,15 @@ def plot_curve(report: dict, path: Path) -> None:
 
     steps, eps = zip(*report["epsilon_curve"], strict=True) if report["epsilon_curve"] else ((), ())
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot((0, *steps), (0.0, *eps), marker="." if len(steps) < 50 else None, label=f"ε ({report['accountant']})")
+    # The plan's per-step bound: ε at each step is the value at the next curve point (every step up to 20,000),
+    # which is what "steps-pre" draws; the training loop reads the same values.
+    ax.plot(
+        (0, *steps),
+        (0.0, *eps),
+        drawstyle="steps-pre",
+        marker="." if len(steps) < 50 else None,
+        label=f"ε ({report['accountant']})",
+    )
     ax.axhline(report["target_epsilon"], color="red", linestyle="--", label="target ε")
     ax.set_xlabel("logical steps T")
     ax.set_ylabel(f"ε at δ={report['delta']:g}")
@@ -194,11 +202,11 @@ def print_report(report: dict, console) -> None:
         )
     t.add_row("planning time", f"{report.get('seconds', 0):.2f} s")
     console.print(t)
-    console.print(f"note: {report['unit_note']}", markup=False)
+    console.print(f"note: {report['unit_note']}", markup=False, soft_wrap=True)
     if private:
         console.print(f"note: rows marked 'not covered by DP' are {private['note']}", markup=False, soft_wrap=True)
     for w in report["warnings"]:
-        console.print(f"warning: {w}", markup=False)
+        console.print(f"warning: {w}", markup=False, soft_wrap=True)  # one line each, never wrapped
     if "sweep" in report:
         s = Table(title=f"σ for target ε={report['target_epsilon']:g} ({report['sweep']['note']})")
         for col in ("batch B", "epochs", "T", "σ", "σ/B"):

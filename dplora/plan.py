@@ -31,7 +31,7 @@ from dplora.contract import MAX_STEPS, Contract, ProtectedUnit
 from dplora.errors import BadInputError, PlanRefusedError
 
 CURVE_MAX_POINTS = 20_000  # the per-step curve: every step up to this T, else this many evenly spaced steps
-CURVE_POINTS_SLOW = 16  # PRV/PLD checkpoints: step 1, powers of 2, and T·k/16 (each an accountant call)
+CURVE_POINTS_SLOW = 8  # PRV/PLD checkpoints: step 1, powers of 2, and T·k/8 (each an accountant call)
 # Small populations (see docs/sharp_edges.md): below this N, or above this q, budget and train warn.
 SMALL_POPULATION_UNITS = 200
 HIGH_SAMPLE_RATE = 0.1
@@ -174,7 +174,11 @@ def curve_grid(steps: int) -> list[int]:
 
 
 def checkpoint_steps(steps: int) -> list[int]:
-    """Where PRV/PLD are asked: every step up to 16, else step 1, powers of 2 below T, and ceil(T·k/16)."""
+    """Where PRV/PLD are asked: every step up to 8, else step 1, powers of 2 below T, and ceil(T·k/8).
+
+    Dense early, where ε rises fastest; between checkpoints the plan takes the next checkpoint's value, floored
+    by RDP at every step under add/remove (:func:`_per_step`).
+    """
     if steps <= CURVE_POINTS_SLOW:
         return list(range(1, steps + 1))
     powers = {2**k for k in range(steps.bit_length()) if 2**k < steps}

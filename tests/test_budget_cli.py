@@ -208,6 +208,39 @@ def test_budget_plot_unwritable(config, tmp_path):
     )
 
 
+# --- accountants only where their numbers hold (issue 7) -----------------------------------------------------------
+
+DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+
+
+def test_small_population_warning_for_10_units_not_for_the_demo(config):
+    """10 units (q = 0.2): one warning line saying what ε means there; the demo contract (N=1000): none."""
+    small = budget(config, "privacy.num_units=10", "training.expected_batch_size=2", "privacy.delta=1e-3")
+    assert small.exit_code == 0, small.output
+    lines = [line for line in small.stdout.splitlines() if "small population" in line]
+    assert len(lines) == 1 and lines[0].startswith("warning: N=10 protected units") and "k·ε" in lines[0]
+    assert "q=0.2 is above 0.1" in lines[0]
+    demo = budget_json(DEMO, "privacy.num_units=1000", "privacy.accountant=rdp")
+    assert demo["num_units"] == 1000 and demo["sample_rate"] == 0.032
+    assert demo["warnings"] == []
+
+
+def test_huge_target_answers_with_rdp_by_the_cost_estimate(config):
+    """ε=1e6 (case 3 of issue 7): PRV would need billions of grid points; RDP answers, exit 0, no OOM."""
+    report = budget_json(config, "privacy.accountant=prv", "privacy.target_epsilon=1e6")
+    assert report["accountant"] == "rdp" and "PRV would need" in report["accountant_note"]
+    assert report["epsilon"] <= 1e6 and report["epsilon_curve"][0][0] == 1
+
+
+def test_replace_one_outside_pld_range_exits_2(config):
+    """δ=1e-15 is below PLD's truncated mass: replace-one has no other accountant, so the plan is refused."""
+    assert_one_line_error(
+        budget(config, "privacy.adjacency=replace_one", "privacy.accountant=pld", "privacy.delta=1e-15"),
+        "replace_one needs PLD",
+        "privacy.delta",
+    )
+
+
 # --- bad input: exit 2, one line on stderr, no traceback ------------------------------------------------------------
 
 

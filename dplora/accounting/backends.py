@@ -95,7 +95,7 @@ def rdp_epsilons(event: DpSgdEvent, delta: float, steps: list[int]) -> list[floa
             eps = np.where(np.isnan(eps), np.inf, eps)
             out[lo : lo + 4096] = eps.min(axis=1)
     out[counts == 0] = 0.0
-    return [float(v) for v in out]
+    return [max(0.0, float(v)) for v in out]  # the conversion goes below 0 at large δ; ε = 0 is then the bound
 
 
 def prv_domain(event: DpSgdEvent, delta: float, eps_error: float) -> tuple[float, float, float]:
