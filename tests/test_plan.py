@@ -8,6 +8,7 @@ import math
 import pytest
 
 from dplora.accounting import Accountant, DpSgdEvent, epsilon, rdp_epsilons
+from dplora.accounting.backends import pld_epsilons
 from dplora.contract import parse_contract
 from dplora.errors import BadInputError, PlanRefusedError
 from dplora.plan import check_delta, make_plan, planned_steps
@@ -289,10 +290,12 @@ def test_epsilon_curve_pld_every_step_is_checked():
     assert p.accountant is Accountant.PLD and p.accountant_note is None
     assert [s for s, _ in p.epsilon_curve] == list(range(1, 21))
     _check_curve(p)
-    rdp = rdp_epsilons(DpSgdEvent(sample_rate=0.01, noise_multiplier=2.0, steps=20), 1e-5, list(range(1, 21)))
-    for (t, value), bound in zip(p.epsilon_curve, rdp, strict=True):
-        own = epsilon(sample_rate=0.01, noise_multiplier=2.0, steps=t, delta=1e-5, accountant="pld")
-        assert own - 1e-12 <= value <= bound + 1e-12, t
+    event = DpSgdEvent(sample_rate=0.01, noise_multiplier=2.0, steps=20)
+    rdp = rdp_epsilons(event, 1e-5, list(range(1, 21)))
+    own = pld_epsilons(event, 1e-5, list(range(1, 21)))  # PLD's own ε at every step
+    assert own[-1] == epsilon(sample_rate=0.01, noise_multiplier=2.0, steps=20, delta=1e-5, accountant="pld")
+    for (t, value), pld, bound in zip(p.epsilon_curve, own, rdp, strict=True):
+        assert pld - 1e-12 <= value <= bound + 1e-12, t
         assert p.epsilon_at(t) == value  # the per-step bound in metrics.jsonl is the plotted curve
     assert p.epsilon_at(1) == pytest.approx(0.028, abs=0.002)  # not the 25 % value
 
