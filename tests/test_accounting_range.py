@@ -219,6 +219,7 @@ def test_tolerance_follows_the_target():
         (1.0, 1.0, 10, 1e-5, 0.01),
     ],
 )
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::RuntimeWarning")  # Opacus's own, called directly
 def test_prv_estimate_is_opacus_domain_and_value(q, sigma, steps, delta, eps_error):
     """The estimate is the domain Opacus's PRVAccountant allocates, and dplora's PRV value is Opacus's, bit for bit."""
     from opacus.accountants import PRVAccountant
