@@ -16,7 +16,7 @@ from dplora.plan import TrainingPlan
 
 
 def test_failure_before_step_one_charges_zero(tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key):
-    """The budget stop fails before step 1: exit 4, FAILED.json at ε = 0 for 0 steps, ledger settled at 0."""
+    """The budget stop fails before step 1: exit 4, FAILED.json at ε = 0 for 0 steps, the charge closes at 0."""
 
     def refuse(self, step):
         if step >= 1:
@@ -39,6 +39,12 @@ def test_failure_before_step_one_charges_zero(tmp_path, monkeypatch, tiny_model_
     failed = json.loads((out.with_name("run.partial") / "FAILED.json").read_text())
     assert failed["steps_done"] == 0 and failed["epsilon_charged_upper_bound"] == 0.0
     assert "injected" in failed["reason"]
+    # A resume checkpoint (written before step 1) keeps the charge pending at the reserved ε until the run is
+    # resumed or closed; closing it charges the ε of the 0 accounted steps: 0, finite.
+    (charge,) = Ledger(db).charges("tickets")
+    assert charge.status == "pending"
+    closed = CliRunner().invoke(app, ["ledger", "settle", charge.run_id, "--abandon", "--ledger", str(db)])
+    assert closed.exit_code == 0, closed.output
     (charge,) = Ledger(db).charges("tickets")
     assert charge.status == "failed" and float(charge.epsilon) == 0.0 and math.isfinite(float(charge.epsilon))
     assert not out.exists()
