@@ -21,8 +21,14 @@ def _eps_at_fraction(plan: TrainingPlan, frac: float) -> dict:
     return {"step": step, "epsilon": plan.epsilon_at(step)}
 
 
-def budget_report(config: Path, overrides: list[str], *, ledger_path: Path | None = None, sweep: bool = False) -> dict:
+def budget_report(
+    config: Path, overrides: list[str], *, ledger_path: Path | None = None, sweep: bool = False, world_size: int = 1
+) -> dict:
     """Plan a run and describe it as one JSON-ready dict.
+
+    ``world_size`` is W, the processes a multi-process run (torchrun / accelerate launch) would use: the report's
+    ``units_per_rank`` gives the expected units each rank samples per logical step (q·⌊N/W⌋ to q·⌈N/W⌉; the plan,
+    q, σ and ε do not depend on W).
 
     Returns:
         Keys include num_units, sample_rate, steps, noise_multiplier, epsilon, delta, accountant, adjacency,
@@ -63,6 +69,7 @@ def budget_report(config: Path, overrides: list[str], *, ledger_path: Path | Non
         "warnings": list(plan.warnings),
         "unit_note": f"{plan.protected_unit.value}-level: {unit_statement(plan.protected_unit)}",
         "epsilon_curve": [list(p) for p in plan.epsilon_curve],
+        "units_per_rank": _units_per_rank(plan, world_size),
     }
     report["not_covered_by_dp"] = {"note": PRIVATE_STATS_NOTE, "unit_stats": unit_index.stats()}
     if contract.privacy.population:
@@ -80,6 +87,16 @@ def budget_report(config: Path, overrides: list[str], *, ledger_path: Path | Non
     if sweep:
         report["sweep"] = sweep_table(contract, plan)
     return report
+
+
+def _units_per_rank(plan: TrainingPlan, world_size: int) -> dict:
+    """Expected units per rank per logical step with W processes (round-robin shards of the N units)."""
+    from dplora.distributed import expected_units_per_rank
+
+    if world_size < 1:
+        raise BadInputError(f"--world-size {world_size}: expected an integer ≥ 1")
+    low, high = expected_units_per_rank(plan.sample_rate, plan.num_units, world_size)
+    return {"world_size": world_size, "expected_min": low, "expected_max": high}
 
 
 def sweep_table(contract, plan: TrainingPlan) -> dict:
@@ -173,6 +190,10 @@ def print_report(report: dict, console) -> None:
     )
     t.add_row("N (protected units)", f"{report['num_units']} (from {report['num_units_source']})")
     t.add_row("q = B/N", f"{report['sample_rate']:.6g} (B={report['expected_batch_size']})")
+    ranks = report["units_per_rank"]
+    low, high = ranks["expected_min"], ranks["expected_max"]
+    per_rank = f"{low:.4g}" if low == high else f"{low:.4g} to {high:.4g}"
+    t.add_row("units per rank per step", f"{per_rank} expected, W={ranks['world_size']} processes")
     t.add_row("T (logical steps)", str(report["steps"]))
     t.add_row("σ (noise multiplier)", f"{report['noise_multiplier']:.4f} ({report['noise_source']})")
     t.add_row("C (max_grad_norm)", f"{report['max_grad_norm']:g}")

@@ -300,6 +300,16 @@ class Checkpointer:
         self._signal = name
         self.log(f"{name}: stopping after the current step with a resume checkpoint (send it again to stop at once)")
 
+    @property
+    def stopping(self) -> bool:
+        """A signal asked the run to stop at the next step boundary."""
+        return self._signal is not None
+
+    def request_stop(self, name: str) -> None:
+        """Stop at the next step boundary with a checkpoint, as after a signal (another rank got one)."""
+        if self._signal is None:
+            self._signal = name
+
     def write(self) -> None:
         """Write a checkpoint of the current step (skipped if the last one already holds it)."""
         if self.last is not None and self.last.step == self.state.step:

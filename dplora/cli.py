@@ -109,6 +109,9 @@ def budget(
     ] = None,
     sweep: Annotated[bool, typer.Option(help="Also show σ for a few batch sizes and epochs (RDP).")] = False,
     ledger: LedgerOpt = None,
+    world_size: Annotated[
+        int, typer.Option(min=1, metavar="W", help="Processes of a multi-process run: units per rank per step.")
+    ] = 1,
 ) -> None:
     """Dry run: plan N, q, T and σ and report ε, without loading a model.
 
@@ -120,7 +123,9 @@ def budget(
     if plot is not None and plot.suffix.lower() != ".png":
         raise _fail(BadInputError(f"--plot {plot}: the plot is a PNG file; use a name ending in .png"))
     try:
-        report = budget_mod.budget_report(config, overrides or [], ledger_path=ledger, sweep=sweep)
+        report = budget_mod.budget_report(
+            config, overrides or [], ledger_path=ledger, sweep=sweep, world_size=world_size
+        )
         if plot is not None:
             budget_mod.plot_curve(report, plot)
     except DploraError as err:
@@ -201,6 +206,8 @@ def train(
     except KeyboardInterrupt as err:
         _log(_interrupted_message(err, output_dir, since=started))
         raise typer.Exit(code=130) from None
+    if result.release_path is None:  # a rank other than 0 of a multi-process run: rank 0 reports for the run
+        return
     p = result.plan
     _log(
         f"done: {result.steps_done}/{p.steps} steps ({result.empty_steps} empty), ε={result.epsilon_spent:.4f} "

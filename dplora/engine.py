@@ -151,6 +151,7 @@ class UnitDPOptimizer(DPOptimizer):
         generator,
         unit_mean=False,
         flat: FlatLoRAGrads | None = None,
+        reducer=None,
     ):
         super().__init__(
             optimizer,
@@ -162,6 +163,7 @@ class UnitDPOptimizer(DPOptimizer):
         )
         self.unit_mean = unit_mean
         self.flat = flat
+        self.reducer = reducer  # a dplora.distributed.StepReducer for a multi-process run, else None
         if flat is not None and [id(p) for p in flat.parameters] != [id(p) for p in self.params]:
             raise TrainingFailedError("the optimizer's parameters are not the fast path's LoRA tensors in order")
         device = self.params[0].device if self.params else torch.device("cpu")
@@ -210,15 +212,28 @@ class UnitDPOptimizer(DPOptimizer):
         )
 
     def pre_step(self, closure=None) -> bool:
-        """Clipped sum (P,) + N(0, (σC)² I) once, divided by the public normalizer → ``.grad``; accountant step."""
-        clipped_sum, self.last_unit_norms = self.accumulator.finish()
-        noisy_mean = privatize(
-            clipped_sum,
-            noise_multiplier=self.noise_multiplier,
-            max_grad_norm=self.max_grad_norm,
-            expected_batch_size=self.expected_batch_size,
-            generator=self.generator,
-        )
+        """Clipped sum (P,) + N(0, (σC)² I) once, divided by the public normalizer → ``.grad``; accountant step.
+
+        With a ``reducer`` (W processes) the clipped sums of all ranks are added by one all-reduce, the noise is
+        drawn once on rank 0 only, and every rank divides by the same public normalizer (see dplora.distributed).
+        """
+        if self.reducer is not None:
+            noisy_mean = self.reducer.privatize(
+                self.accumulator,
+                noise_multiplier=self.noise_multiplier,
+                max_grad_norm=self.max_grad_norm,
+                expected_batch_size=self.expected_batch_size,
+                generator=self.generator,
+            )
+        else:
+            clipped_sum, self.last_unit_norms = self.accumulator.finish()
+            noisy_mean = privatize(
+                clipped_sum,
+                noise_multiplier=self.noise_multiplier,
+                max_grad_norm=self.max_grad_norm,
+                expected_batch_size=self.expected_batch_size,
+                generator=self.generator,
+            )
         assign_flat_grads(self.params, noisy_mean)
         if self.step_hook:
             self.step_hook(self)
@@ -253,7 +268,7 @@ class PerSample(str, enum.Enum):
     OPACUS = "opacus"
 
 
-def make_private(model: torch.nn.Module, optimizer, *, plan, unit_mean: bool, per_sample: str = "opacus"):
+def make_private(model: torch.nn.Module, optimizer, *, plan, unit_mean: bool, per_sample: str = "opacus", reducer=None):
     """Wrap a peft model and its optimizer: (model to forward, UnitDPOptimizer, StepAccountant).
 
     Args:
@@ -263,6 +278,7 @@ def make_private(model: torch.nn.Module, optimizer, *, plan, unit_mean: bool, pe
         unit_mean: a unit's vector is the mean of its records' gradients (else the sum).
         per_sample: ``fast`` (:class:`dplora.fastclip.FlatLoRAGrads`; the model is returned as is) or
             ``opacus`` (Opacus ``GradSampleModule`` hooks; the wrapper is returned).
+        reducer: a :class:`dplora.distributed.StepReducer` for a multi-process run (None: one process).
 
     Raises:
         TrainingFailedError: gradient checkpointing is on (it re-fires hooks and breaks per-sample gradients),
@@ -288,6 +304,7 @@ def make_private(model: torch.nn.Module, optimizer, *, plan, unit_mean: bool, pe
         generator=os_entropy_generator(parameter_device(model)),
         unit_mean=unit_mean,
         flat=flat,
+        reducer=reducer,
     )
     accountant = StepAccountant(plan.noise_multiplier, plan.sample_rate)
     dp_opt.attach_step_hook(accountant.step)

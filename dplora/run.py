@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dplora import distributed
 from dplora.contract import Contract
 from dplora.data import PoissonUnitSampler, UnitIndex
 from dplora.errors import TrainingFailedError
@@ -43,6 +44,8 @@ class RunSpec:
         threads: CPU threads used.
         run_id: 32 hex characters, the ledger and record id.
         out: the final output folder; staging: ``<out>.partial`` where the run writes meanwhile.
+        world: the run's processes (:data:`dplora.distributed.SINGLE` unless launched by torchrun/accelerate);
+            ``unit_index`` then lists all N units and this rank samples and reads only its shard.
     """
 
     contract: Contract
@@ -57,6 +60,7 @@ class RunSpec:
     run_id: str
     out: Path
     staging: Path
+    world: distributed.World = distributed.SINGLE
 
     @property
     def physical_batch_size(self) -> int:
@@ -113,15 +117,14 @@ def _finite_flag(named):
     return torch.isfinite(torch.stack(norms).sum())
 
 
-def logical_step(spec: RunSpec, state: RunState, units) -> tuple[float | None, int]:
-    """One DP-SGD step over the sampled ``units`` (shape (U,) unit indices; U = 0 happens).
+def _forward_backward(spec: RunSpec, state: RunState, units) -> tuple[float, int]:
+    """This process's records of ``units``: per-record gradients, summed and clipped per unit into the optimizer.
 
     Returns:
-        (summed per-sequence loss over the step's records in nats, or None for an empty batch; records used).
+        (summed per-sequence loss in nats, 0.0 for no records; records used).
 
     Raises:
-        TrainingFailedError: a non-finite loss (the step is not taken and not counted), or a trainable tensor
-            that became non-finite in the previous step.
+        TrainingFailedError: a non-finite loss, or a trainable tensor that became non-finite in the previous step.
     """
     import torch
 
@@ -149,9 +152,38 @@ def logical_step(spec: RunSpec, state: RunState, units) -> tuple[float | None, i
     if params_ok != 1.0:
         raise TrainingFailedError(f"non-finite parameter after step {state.step}")
     engine.check_finite(loss_value, state.step + 1)
-    optimizer.step()  # clip per unit, noise once, normalise, optimizer step, accountant step
-    optimizer.zero_grad(set_to_none=True)
-    return (loss_value if rows else None), len(rows)
+    return loss_value, len(rows)
+
+
+def logical_step(spec: RunSpec, state: RunState, units) -> tuple[float | None, int]:
+    """One DP-SGD step over the sampled ``units`` (shape (U,) unit indices; U = 0 happens).
+
+    With W processes ``units`` are this rank's; the step's one all-reduce adds the ranks' clipped sums, and the
+    returned loss and record count are totals over all ranks. A failure in this rank's part does not leave the
+    others waiting: the rank still joins the reduction with a failure flag, and every rank raises there.
+
+    Returns:
+        (summed per-sequence loss over the step's records in nats, or None for an empty batch; records used).
+
+    Raises:
+        TrainingFailedError: a non-finite loss (the step is not taken and not counted), a trainable tensor
+            that became non-finite in the previous step, or (W processes) another rank's failure.
+    """
+    reducer = getattr(state.optimizer, "reducer", None)
+    try:
+        loss_value, records = _forward_backward(spec, state, units)
+    except Exception as err:
+        if reducer is None:
+            raise
+        reducer.fail(err)
+        loss_value, records = 0.0, 0
+    if reducer is not None:
+        reducer.set_local(len(units), records, loss_value)
+    state.optimizer.step()  # clip per unit, noise once, normalise, optimizer step, accountant step
+    state.optimizer.zero_grad(set_to_none=True)
+    if reducer is not None:
+        loss_value, records = reducer.totals["loss_sum"], int(reducer.totals["records"])
+    return (loss_value if records else None), records
 
 
 def run_steps(spec: RunSpec, state: RunState, *, metrics, progress, after_step=None) -> None:
@@ -171,6 +203,8 @@ def run_steps(spec: RunSpec, state: RunState, *, metrics, progress, after_step=N
 
     plan = spec.plan
     sampler = PoissonUnitSampler(spec.unit_index.num_units, plan.sample_rate)  # OS entropy, never the seed
+    if spec.world.distributed:  # W processes: each rank samples its own shard of the units at rate q
+        sampler = distributed.ShardedPoissonSampler(spec.unit_index.num_units, plan.sample_rate, spec.world)
     before = {n: p.detach().clone() for n, p in state.named} if state.step == 0 else None
     while state.step < plan.steps:
         step = state.step + 1
@@ -194,7 +228,8 @@ def run_steps(spec: RunSpec, state: RunState, *, metrics, progress, after_step=N
                     "step": step,
                     "epsilon_upper": eps_next,
                     "seconds": round(seconds, 3),
-                    "not_covered_by_dp": {"train_loss": mean_loss, "units": len(units), "records": records},
+                    "not_covered_by_dp": {"train_loss": mean_loss, "units": _units(state, units), "records": records},
+                    **_noise_draws(state),
                 }
             )
             + "\n"
@@ -204,3 +239,15 @@ def run_steps(spec: RunSpec, state: RunState, *, metrics, progress, after_step=N
             after_step(spec, state)
     if float(_finite_flag(state.named)) != 1.0:
         raise TrainingFailedError(f"non-finite parameter after step {state.step}")
+
+
+def _units(state: RunState, units) -> int:
+    """Units in the step: this process's sample, or with W processes the total over all ranks."""
+    reducer = getattr(state.optimizer, "reducer", None)
+    return len(units) if reducer is None else int(reducer.totals["units"])
+
+
+def _noise_draws(state: RunState) -> dict:
+    """With W processes, the step's noise draws over all ranks (public; the reduction checked it is 1)."""
+    reducer = getattr(state.optimizer, "reducer", None)
+    return {} if reducer is None else {"noise_draws": int(reducer.totals["noise_draws"])}

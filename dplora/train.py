@@ -19,7 +19,7 @@ import warnings
 from pathlib import Path
 
 from dplora import data as data_mod
-from dplora import outputs, release
+from dplora import distributed, outputs, release
 from dplora.contract import Contract, ProtectedUnit, UnitClipping
 from dplora.errors import BadInputError, DploraError, TrainingFailedError
 from dplora.plan import TrainingPlan, make_plan
@@ -28,10 +28,10 @@ from dplora.record import build_record, unit_statement
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunResult:
-    """What a finished run produced (seconds are wall-clock)."""
+    """What a finished run produced (seconds are wall-clock); ``release_path`` is None on ranks other than 0."""
 
     output_dir: Path
-    release_path: Path
+    release_path: Path | None
     plan: TrainingPlan
     steps_done: int
     empty_steps: int
@@ -180,34 +180,55 @@ def run_training(
             is written, the last resume checkpoint and FAILED.json stay.
         KeyboardInterrupt: SIGINT/SIGTERM; a resume checkpoint of the last finished step is written first.
     """
-    private_key = release.load_private_key(signing_key)
-    key = release.load_data_key(data_key)
-    protected = outputs.protected_inputs(
-        contract, contract_path=contract_path, signing_key=signing_key, data_key=data_key, ledger_path=ledger_path
-    )
-    out, staging = _prepare_output(contract, overwrite, protected)
-    table = data_mod.load_table(contract)
-    unit_index = data_mod.build_unit_index(table, contract.privacy, seed=contract.training.seed)
-    plan = plan_for(contract, unit_index)
-    lock = _lock_output(out)
-    io = _RunIO(
-        private_key=private_key,
-        data_key=key,
-        ledger_path=ledger_path,
-        threads=threads,
-        progress=progress,
-        tuning_trial=tuning_trial,
-        log=log,
-        overwrite=overwrite,
-        resume=resume,
-    )
+    world = distributed.init_world()  # one process unless started by torchrun / accelerate launch
+    main = world.is_main  # with W processes only rank 0 reads the keys, locks, charges the ledger and writes
+    lock = private_key = key = plan = None
+    out, staging = outputs.output_path(contract.training.output_dir), None  # ranks other than 0 write nothing
     try:
-        # re-check under the lock: another run may have finished meanwhile
-        _prepare_output(contract, overwrite, protected)
+        with distributed.gate(world):  # a refusal on any rank stops every rank here
+            if main:
+                private_key = release.load_private_key(signing_key)
+                key = release.load_data_key(data_key)
+                protected = outputs.protected_inputs(
+                    contract,
+                    contract_path=contract_path,
+                    signing_key=signing_key,
+                    data_key=data_key,
+                    ledger_path=ledger_path,
+                )
+                out, staging = _prepare_output(contract, overwrite, protected)
+            table = data_mod.load_table(contract)
+            unit_index = data_mod.build_unit_index(table, contract.privacy, seed=contract.training.seed)
+            if main:
+                plan = plan_for(contract, unit_index)
+                lock = _lock_output(out)
+                # re-check under the lock: another run may have finished meanwhile
+                _prepare_output(contract, overwrite, protected)
+        plan = distributed.broadcast(world, plan)  # one plan (q, T, σ, ε curve), computed on rank 0
+        io = _RunIO(
+            private_key=private_key,
+            data_key=key,
+            ledger_path=ledger_path,
+            threads=threads,
+            progress=progress and main,
+            tuning_trial=tuning_trial,
+            log=log if main else _quiet,
+            overwrite=overwrite,
+            resume=resume,
+            world=world,
+        )
+        if not main:
+            return _follow(contract, plan, table, unit_index, out=out, staging=staging, io=io)
         return _run_locked(contract, plan, table, unit_index, out=out, staging=staging, io=io)
     finally:
-        Path(lock.name).unlink(missing_ok=True)
-        lock.close()
+        if lock is not None:
+            Path(lock.name).unlink(missing_ok=True)
+            lock.close()
+        distributed.finish(world)
+
+
+def _quiet(message: str) -> None:
+    """The log of ranks other than 0: rank 0 reports for the run."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -223,6 +244,7 @@ class _RunIO:
     log: object
     overwrite: bool = False
     resume: bool = False
+    world: distributed.World = distributed.SINGLE
 
 
 class _Stage:
@@ -275,7 +297,8 @@ def _build(contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Pa
     # Opacus hooks on a frozen base: inputs need no grad, which is expected here.
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
-    n_threads = io.threads or contract.training.threads or engine.free_threads()
+    # W processes on one node share its free cores
+    n_threads = io.threads or contract.training.threads or max(1, engine.free_threads() // io.world.local_world_size)
     torch.set_num_threads(n_threads)
     device = select_device()
     dtype, allow_tf32 = resolve_precision(contract.model, device)
@@ -286,6 +309,10 @@ def _build(contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Pa
     if not named:
         raise BadInputError("no trainable parameters: check lora.target_modules")
     with _Stage("setting up per-sample gradients", device):
+        reducer = None
+        if io.world.distributed:
+            num_params = sum(p.numel() for _, p in named)
+            reducer = distributed.StepReducer(io.world, num_params, engine.parameter_device(model))
         optimizer = _make_optimizer(contract, [p for _, p in named])
         gsm, dp_opt, accountant = engine.make_private(
             model,
@@ -293,6 +320,7 @@ def _build(contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Pa
             plan=plan,
             unit_mean=contract.privacy.unit_clipping is UnitClipping.MEAN,
             per_sample=contract.privacy.per_sample.value,
+            reducer=reducer,
         )
         engine.probe_per_sample_gradients(gsm, named, dp_opt)
     spec = RunSpec(
@@ -308,6 +336,7 @@ def _build(contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Pa
         run_id=uuid.uuid4().hex,
         out=out,
         staging=staging,
+        world=io.world,
     )
     return spec, RunState(model=gsm, optimizer=dp_opt, accountant=accountant, named=named)
 
@@ -322,31 +351,45 @@ def _run_locked(contract: Contract, plan: TrainingPlan, table, unit_index, *, ou
     from dplora import checkpoint as ckpt
     from dplora import resume as resume_mod
 
-    resumed, digest = resume_mod.resume_point(staging, contract, plan, unit_index) if io.resume else (None, None)
-    ledger = _open_ledger(contract, plan, io, resumed and resumed.run_id)
-    staging = resume_mod.prepare_staging(
-        out, resuming=resumed is not None, overwrite=io.overwrite, ledger=ledger, log=log
-    )
+    resumed = digest = None
+    with distributed.gate(io.world):  # ranks other than 0 pass the same gate (see _follow)
+        resumed, digest = resume_mod.resume_point(staging, contract, plan, unit_index) if io.resume else (None, None)
+        ledger = _open_ledger(contract, plan, io, resumed and resumed.run_id)
+        staging = resume_mod.prepare_staging(
+            out, resuming=resumed is not None, overwrite=io.overwrite, ledger=ledger, log=log
+        )
     try:
-        spec, state = _build(contract, plan, table, unit_index, out=out, staging=staging, io=io)
+        with distributed.gate(io.world):
+            spec, state = _build(contract, plan, table, unit_index, out=out, staging=staging, io=io)
+            if resumed is not None:  # same run id: the ledger charge is the original reservation
+                spec = dataclasses.replace(spec, run_id=resumed.run_id)
+                ckpt.restore(spec, state, resumed)
+        distributed.sync_state(io.world, state)  # W processes: every rank starts from rank 0's tensors and counts
     except BaseException as err:
         if getattr(err, "exit_code", None) == 2 and resumed is None:  # bad input: nothing written
             shutil.rmtree(staging, ignore_errors=True)
         elif resumed is None:
             _write_json(staging / "FAILED.json", _failure_entry(None, 0, plan.steps, 0.0, err))
         raise
-    if resumed is not None:  # same run id: the ledger charge is the original reservation
-        spec = dataclasses.replace(spec, run_id=resumed.run_id)
-        ckpt.restore(spec, state, resumed)
+    if resumed is not None:
         log(
             f"resuming run {spec.run_id} from its checkpoint at step {state.step}/{plan.steps}; "
             "noise and sampling reseeded from OS entropy"
         )
+        note = distributed.resume_note(resumed.meta.get("execution", {}), io.world)
+        if note:
+            log(note)
     log(
         f"device: {spec.device} ({spec.dtype} base, fp32 LoRA), threads: {spec.threads}; N={plan.num_units} units, "
         f"q={plan.sample_rate:.4g}, T={plan.steps}, σ={plan.noise_multiplier:.4f}, ε={plan.epsilon:.4f} "
         f"({plan.accountant.value})"
     )
+    if io.world.distributed:
+        low, high = distributed.expected_units_per_rank(plan.sample_rate, plan.num_units, io.world.world_size)
+        log(
+            f"distributed: {io.world.world_size} processes ({io.world.launcher}, {io.world.backend}); units sharded "
+            f"by rank, expected {low:.4g}–{high:.4g} units per rank per step; noise drawn once per step on rank 0"
+        )
     if ledger is not None and resumed is None:
         ledger.reserve(
             population=contract.privacy.population,
@@ -417,10 +460,79 @@ def _train_and_release(spec, state, *, io: _RunIO, started: str, checkpointer) -
     ):
         bar.start(spec.plan.steps)
         checkpointer.write()  # before step 1 (skipped when resuming from this step)
-        run_steps(spec, state, metrics=metrics, progress=bar, after_step=checkpointer.after_step)
+        run_steps(spec, state, metrics=metrics, progress=bar, after_step=_after_step(state, checkpointer))
+    ranks = _check_accounted(spec, state)
+    _write_outputs(spec, state, started=started, epsilon_spent=spec.plan.epsilon_at(state.step), io=io, ranks=ranks)
+
+
+def _after_step(state, checkpointer):
+    """Rank 0's hook after each step: the checkpointer's; with W processes a signal on any rank (seen in the
+    step's reduction) stops every rank after the same step, rank 0 with a resume checkpoint."""
+    reducer = getattr(state.optimizer, "reducer", None)
+    if reducer is None:
+        return checkpointer.after_step
+    reducer.stop_requested = lambda: checkpointer.stopping
+
+    def after_step(spec, state) -> None:
+        if reducer.totals.get("stop"):
+            checkpointer.request_stop("SIGTERM or SIGINT on another rank")
+        checkpointer.after_step(spec, state)
+
+    return after_step
+
+
+def _check_accounted(spec, state) -> list[dict] | None:
+    """Every planned step taken and accounted; with W processes, on every rank, with identical adapters.
+
+    Returns:
+        With W processes, each rank's accountant steps and adapter digest (for the record); else None.
+
+    Raises:
+        TrainingFailedError: a step count differs from the plan, or the ranks disagree (no release).
+    """
     if state.accountant.steps != spec.plan.steps or state.step != spec.plan.steps:  # never release unaccounted
         raise TrainingFailedError(f"accounted {state.accountant.steps} steps, planned {spec.plan.steps}: no release")
-    _write_outputs(spec, state, started=started, epsilon_spent=spec.plan.epsilon_at(state.step), io=io)
+    if not spec.world.distributed:
+        return None
+    from dplora.engine import unwrap
+
+    digest = distributed.adapter_digest(unwrap(state.model))
+    return distributed.check_agreement(spec.world, steps=state.accountant.steps, digest=digest)
+
+
+def _follow(contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Path, staging: None, io: _RunIO):
+    """A rank other than 0: the same gates, engine and steps as rank 0 on its shard; writes nothing (no staging).
+
+    Raises:
+        DploraError: this rank's failure or, through a gate or the step's reduction, another rank's.
+    """
+    import os
+
+    from dplora.progress import ProgressReporter
+    from dplora.run import run_steps
+
+    with distributed.gate(io.world):  # rank 0 reads a resume checkpoint and checks the ledger here
+        pass
+    with distributed.gate(io.world):  # rank 0 also restores a resume checkpoint here
+        spec, state = _build(contract, plan, table, unit_index, out=out, staging=staging, io=io)
+    distributed.sync_state(io.world, state)  # rank 0's LoRA tensors, optimizer state and step counts
+    t0, first_step = time.perf_counter(), state.step
+    signals = distributed.FollowerSignals(state.optimizer.reducer)
+    with open(os.devnull, "w") as metrics, ProgressReporter(enabled=False) as bar, signals:
+        run_steps(spec, state, metrics=metrics, progress=bar, after_step=signals.after_step)
+    _check_accounted(spec, state)
+    seconds = time.perf_counter() - t0
+    return RunResult(
+        output_dir=out,
+        release_path=None,
+        plan=plan,
+        steps_done=state.step,
+        empty_steps=state.empty_steps,
+        epsilon_spent=plan.epsilon_at(state.step),
+        seconds=seconds,
+        seconds_per_step=seconds / max(plan.steps - first_step, 1),
+        threads=spec.threads,
+    )
 
 
 def _open_metrics(staging: Path, resume_step: int, header: dict):
@@ -503,7 +615,7 @@ def _failure_reason(err: BaseException) -> str:
     return err.__class__.__name__
 
 
-def _write_outputs(spec, state, *, started: str, epsilon_spent: float, io: _RunIO) -> None:
+def _write_outputs(spec, state, *, started: str, epsilon_spent: float, io: _RunIO, ranks=None) -> None:
     """Save the adapters and the resolved contract, then finish and sign the release (inside ``staging``)."""
     from dplora.model import base_model_entry
 
@@ -523,13 +635,15 @@ def _write_outputs(spec, state, *, started: str, epsilon_spent: float, io: _RunI
         finished_at=_now(),
         data_digest=release.data_digest_entry([Path(contract.data.path)], io.data_key),
         base_model=base_model_entry(contract.model, io.log),
-        execution=execution_entry(spec),
+        execution=execution_entry(spec, reducer=getattr(state.optimizer, "reducer", None), ranks=ranks),
     )
     release.finish_release(staging, contract, record, private_key=io.private_key)
 
 
-def execution_entry(spec) -> dict:
-    """How the run executed (public, performance only): device type, base dtype, TF32, the noise generator."""
+def execution_entry(spec, *, reducer=None, ranks=None) -> dict:
+    """How the run executed (public, performance only): device type, base dtype, TF32, the noise generator,
+    the world size and launcher (with W processes: backend, sharding, noise draws, each rank's steps and digest).
+    """
     from dplora.engine import noise_generator_name
 
     return {
@@ -540,6 +654,7 @@ def execution_entry(spec) -> dict:
         "allow_tf32": spec.allow_tf32,
         "noise_generator": noise_generator_name(spec.device),
         "noise_floating_point_note": FLOATING_POINT_NOTE,
+        **distributed.execution_entry(spec.world, reducer, ranks),
     }
 
 

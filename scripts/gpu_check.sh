@@ -53,6 +53,18 @@ if [ -f scripts/check_fastclip.py ]; then
   timeout "${CHECK_TIMEOUT:-150}" $PY scripts/check_fastclip.py 2>&1 | tee "$OUT/check_fastclip.log"
   rc=${PIPESTATUS[0]}; echo "check_fastclip exit code: $rc"; [ "$rc" = 0 ] || rc_all=1
 fi
+NGPU=$($PY -c "import torch; print(torch.cuda.device_count())")
+if [ "$NGPU" -ge 2 ]; then  # 1 against 2 processes (nccl, one GPU each) on the bf16 run above: compare s/step
+  echo "=== torchrun 2 processes, model.dtype=bf16 (same contract; compare 'done: ... s/step' with the run above)"
+  $PY -m torch.distributed.run --standalone --nproc-per-node 2 -m dplora train configs/demo.yaml \
+    --signing-key "$W/signing.key" --no-progress model.name=null "model.path=$W/smollm2-random" model.dtype=bf16 \
+    "data.path=$W/tickets.csv" "training.output_dir=$W/run-bf16-2proc" training.physical_batch_size=16 \
+    training.max_seq_len=128 "training.steps=${STEPS:-30}" 2>&1 | grep -v "^W" | tee "$OUT/train-bf16-2proc.log"
+  rc=${PIPESTATUS[0]}; echo "train exit code (2 processes): $rc"; [ "$rc" = 0 ] || rc_all=1
+  $D verify "$W/run-bf16-2proc" --public-key "$W/signing.pub" || rc_all=1
+else
+  echo "=== $NGPU GPU: no 2-process run (nccl needs one GPU per process)"
+fi
 if [ -f scripts/bench.py ]; then
   echo "=== scripts/bench.py"
   timeout "${BENCH_TIMEOUT:-300}" $PY scripts/bench.py --out "$OUT/bench" 2>&1 | tail -n 60
