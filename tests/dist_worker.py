@@ -1,13 +1,15 @@
 """One rank of the 2-process checks in tests/test_distributed.py, started by ``torchrun --nproc-per-node 2``.
 
-``python dist_worker.py OUT`` runs, on every rank, over gloo:
+``python dist_worker.py OUT [CONFIG --signing-key KEY --ledger DB]`` runs, on every rank, over gloo:
   1. the sharded Poisson sampler for many steps (no model): every rank's inclusion indicators, gathered;
   2. the same with both ranks' generators seeded alike (what the test must catch);
   3. the step reduction on zero clipped sums: the reduced output is the noise alone;
   4. the reduction with two ranks that both think they are rank 0 (two draws: it must refuse), and a failure on
      rank 1 inside a step's reduction and inside a setup gate (every rank must raise);
   5. one logical step with σ = 0 on a tiny LoRA Llama, distributed (each rank its shard of the sampled units),
-     next to the single-process step and a brute-force reference on rank 0 (fast and Opacus paths).
+     next to the single-process step and a brute-force reference on rank 0 (fast and Opacus paths);
+  6. with more arguments, ``dplora train ARGS --resume`` on both ranks: the test interrupted that run (one
+     process) and the two ranks finish it from its resume checkpoint.
 Rank 0 writes the raw results to OUT/results.npz and OUT/results.json; the test computes every statistic.
 """
 
@@ -202,7 +204,7 @@ def _model_step(world) -> dict:
     return out
 
 
-def main(folder: Path) -> None:
+def main(folder: Path, resume_args: list[str]) -> None:
     warnings.filterwarnings("ignore")  # Opacus/transformers notices on a frozen base; stderr stays readable
     world = distributed.init_world()
     torch.set_num_threads(1)
@@ -229,8 +231,23 @@ def main(folder: Path) -> None:
             shards=[distributed.shard_units(N_UNITS, distributed.World(rank=r, world_size=2)).tolist() for r in (0, 1)],
         )
         (folder / "results.json").write_text(json.dumps(summary))
+    if resume_args:
+        _resume(world, folder, resume_args)
     distributed.finish(world)
 
 
+def _resume(world, folder: Path, args: list[str]) -> None:
+    """``dplora train CONFIG --resume ...`` on both ranks, in this process group (the CLI joins it); exit codes."""
+    from dplora.cli import app
+
+    try:
+        app(["train", *args, "--resume", "--no-progress"])
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    if world.is_main:
+        (folder / "resume_exit.json").write_text(json.dumps({"rank0": code}))
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2:])

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -45,13 +46,51 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+RESUME_T, RESUME_AT = 6, 3
+
+
 @pytest.fixture(scope="module")
-def worker(tmp_path_factory):
-    """Run tests/dist_worker.py on 2 processes (torchrun, gloo); rank 0's results."""
+def interrupted(tmp_path_factory, tiny_model_dir, tickets_csv, signing_key):
+    """A one-process run stopped by SIGTERM after step 3 of 6 (exit 130, resume checkpoint of step 3)."""
+    from typer.testing import CliRunner
+
+    from dplora import checkpoint
+    from dplora.cli import app
+    from dplora.ledger import Ledger
+
+    tmp = tmp_path_factory.mktemp("resume")
+    db = tmp / "ledger.sqlite3"
+    Ledger(db).set_cap("tickets", epsilon_max="100", delta_max="1e-3")
+    out = tmp / "run"
+    training = {"steps": RESUME_T, "checkpoint_every": 4}
+    cfg = write_contract(
+        tmp / "contract.yaml",
+        contract_dict(tiny_model_dir, tickets_csv, out, privacy={"population": "tickets"}, training=training),
+    )
+    real = checkpoint.fault_point
+
+    def sigterm_after_step_3(point, step):
+        if (point, step) == ("after-step", RESUME_AT):
+            os.kill(os.getpid(), signal.SIGTERM)
+        real(point, step)
+
+    args = ["train", str(cfg), "--signing-key", str(signing_key[0]), "--ledger", str(db)]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(checkpoint, "fault_point", sigterm_after_step_3)
+        result = CliRunner().invoke(app, [*args, "--no-progress"])
+    assert result.exit_code == 130, result.output
+    assert checkpoint.read_info(out.with_name("run.partial")).step == RESUME_AT
+    return {"args": args[1:], "out": out, "ledger": db}
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory, interrupted):
+    """Run tests/dist_worker.py on 2 processes (torchrun, gloo); rank 0's results. Its last part resumes the
+    ``interrupted`` run on both ranks."""
     out = tmp_path_factory.mktemp("dist-worker")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     proc = subprocess.run(
-        [*cmd, str(ROOT / "tests" / "dist_worker.py"), str(out)],
+        [*cmd, str(ROOT / "tests" / "dist_worker.py"), str(out), *interrupted["args"]],
         env=_env(),
         capture_output=True,
         text=True,
@@ -59,7 +98,10 @@ def worker(tmp_path_factory):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     arrays = np.load(out / "results.npz")
-    return json.loads((out / "results.json").read_text()), {k: arrays[k] for k in arrays.files}
+    summary = json.loads((out / "results.json").read_text())
+    summary["resume_exit"] = json.loads((out / "resume_exit.json").read_text())["rank0"]
+    summary["stderr"] = proc.stderr
+    return summary, {k: arrays[k] for k in arrays.files}
 
 
 def _shards(summary) -> tuple[np.ndarray, np.ndarray]:
@@ -146,6 +188,36 @@ def test_all_reduced_clipped_sum_equals_single_process_and_brute_force(worker, p
     np.testing.assert_allclose(dist_sum, single, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(dist_sum, brute, rtol=1e-4, atol=1e-6)
     assert np.linalg.norm(dist_sum) <= len(W.SAMPLED) * W.STEP_CLIP * (1 + 1e-5)
+
+
+def test_two_processes_resume_a_one_process_checkpoint(worker, interrupted, signing_key):
+    """The run stopped after step 3 (one process) finishes on two: rank 0 restores the checkpoint and sends its
+    tensors, AdamW state and counts to rank 1, says that the world size changed, and releases T steps."""
+    from safetensors.torch import load_file
+
+    from dplora.ledger import Ledger
+    from dplora.verify import verify_release
+
+    summary, _ = worker
+    out = interrupted["out"]
+    assert summary["resume_exit"] == 0, summary["stderr"][-3000:]
+    stderr = summary["stderr"]
+    assert f"from its checkpoint at step {RESUME_AT}/{RESUME_T}" in stderr
+    assert "note: the checkpoint was written by a run on 1 process(es); this run uses 2." in stderr
+    verify_release(out, signing_key[1])
+    record = _record(out / "release.dsse.json")
+    assert record["accounting"]["steps_done"] == RESUME_T
+    info = record["execution"]["distributed"]
+    assert record["execution"]["world_size"] == 2 and info["noise_draws"] == RESUME_T
+    released = distributed.state_dict_digest(load_file(out / "adapter" / "adapter_model.safetensors"))
+    # Same adapters on both ranks: rank 1 had AdamW's moments from rank 0 (fresh moments would differ).
+    assert [(r["accountant_steps"], r["adapter_sha256"]) for r in info["ranks"]] == [(RESUME_T, released)] * 2
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()[1:]]
+    steps = [x.get("step", f"resumed@{x.get('resumed_at_step')}") for x in lines]
+    assert steps == [1, 2, 3, "resumed@3", 4, 5, 6]
+    assert [x["noise_draws"] for x in lines[4:]] == [1, 1, 1]  # the two-process steps
+    (charge,) = Ledger(interrupted["ledger"]).charges()
+    assert charge.status == "settled"
 
 
 def _record(release_path: Path) -> dict:
