@@ -382,13 +382,17 @@ class FollowerSignals:
 
         name = signal.Signals(signum).name
         if self.name is not None:
-            raise KeyboardInterrupt(name)
+            rank = self.reducer.world.rank
+            raise KeyboardInterrupt(f"interrupted ({name}) on rank {rank} during a step; no release was written")
         self.name = name
 
     def after_step(self, spec, state) -> None:
         """Stop after this step when any rank was asked to (every rank saw the same reduced flag)."""
         if self.reducer.totals.get("stop"):
-            raise KeyboardInterrupt(self.name or "stopped with the other ranks")
+            raise KeyboardInterrupt(
+                f"interrupted ({self.name or 'a signal on another rank'}) on rank {self.reducer.world.rank}: every "
+                f"rank stopped after step {state.step}; no release was written; rank 0 reports the resume checkpoint"
+            )
 
 
 def adapter_digest(model) -> str:
