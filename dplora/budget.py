@@ -72,7 +72,12 @@ def budget_report(
         "units_per_rank": _units_per_rank(plan, world_size),
     }
     report["not_covered_by_dp"] = {"note": PRIVATE_STATS_NOTE, "unit_stats": unit_index.stats()}
-    if contract.privacy.population:
+    if not contract.privacy.enabled:  # the non-private control: report its DP twin's plan, check no cap
+        report["warnings"].append(
+            "privacy.enabled=false: a NOT DIFFERENTIALLY PRIVATE control (no clipping, no noise, ε = ∞); the "
+            "numbers above are its DP twin's, with which it shares N, q and T"
+        )
+    if contract.privacy.population and contract.privacy.enabled:
         from dplora.ledger import Ledger, default_ledger_path
 
         ledger = Ledger(ledger_path or default_ledger_path())

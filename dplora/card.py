@@ -31,6 +31,8 @@ def model_card(record: dict, contract: Contract) -> str:
     """
     from huggingface_hub import ModelCardData
 
+    if record.get("differentially_private") is False:
+        return _non_private_card(record, contract)
     base = record["base_model"]
     data = ModelCardData(
         library_name="peft", base_model=base["name_or_path"], tags=list(TAGS), pipeline_tag="text-generation"
@@ -142,3 +144,41 @@ def _verify(record: dict) -> str:
         "`https://dplora.dev/release/v1`) that securesystemslib's `Envelope.verify` accepts; "
         "`release.sigstore.json` holds the same envelope as a Sigstore bundle v0.3 with a public-key hint.\n"
     )
+
+
+NON_PRIVATE_TAGS = ("not-differentially-private", "lora", "peft", "dplora")
+
+
+def _non_private_card(record: dict, contract: Contract) -> str:
+    """The card of a non-private control run (:mod:`dplora.control`): it says so first, and states no ε."""
+    from huggingface_hub import ModelCardData
+
+    base, training = record["base_model"], record["training"]
+    data = ModelCardData(
+        library_name="peft",
+        base_model=base["name_or_path"],
+        tags=list(NON_PRIVATE_TAGS),
+        pipeline_tag="text-generation",
+    )
+    d = contract.data
+    columns = (
+        f"every token of column `{d.text_column}`"
+        if d.text_column is not None
+        else f"the responses in column `{d.response_column}` given the prompts in `{d.prompt_column}`"
+    )
+    files = ", ".join(f"`{name}`" for name in record["data"]["files"])
+    body = (
+        f"# NOT DIFFERENTIALLY PRIVATE: LoRA adapter (control run) for {base['name_or_path']}\n\n"
+        f"**{record['statement']}.**\n\n"
+        "This adapter is the non-private control of a DP contract (`privacy.enabled: false`): the same data, "
+        f"model, steps and Poisson sampling (q = {training['sample_rate']:.6g}, {training['steps_done']} steps, "
+        f"{training['num_units']} units) with no clipping and no noise, to measure what privacy costs. Do not "
+        "publish it as a private model.\n\n"
+        f"## Training data\n\nDescribed, never shown: {files}, trained on {columns}.\n\n"
+        + _base_model(base)
+        + "\n## How to verify\n\n"
+        "`release.dsse.json` is signed under the predicate type `https://dplora.dev/non-private/v1`; "
+        "`dplora verify RELEASE_DIR --public-key signing.pub` prints NOT DIFFERENTIALLY PRIVATE and exits 6 "
+        "(0 with `--allow-non-private`).\n"
+    )
+    return f"---\n{data.to_yaml()}\n---\n\n{body}"

@@ -1,6 +1,7 @@
 """The ``dplora`` command line: parses arguments and calls the library, nothing more.
 
-Exit codes: 0 success; 2 bad input or a refused plan; 3 ``verify`` found a mismatch; 4 training failed.
+Exit codes: 0 success; 2 bad input or a refused plan; 3 ``verify`` found a mismatch; 4 training failed;
+6 a non-private (``privacy.enabled: false``) run used without ``--allow-non-private``.
 """
 
 from __future__ import annotations
@@ -172,6 +173,13 @@ def train(
     resume: Annotated[
         bool, typer.Option(help="Continue from the resume checkpoint in <output_dir>.partial (same contract and data).")
     ] = False,
+    non_private: Annotated[
+        bool,
+        typer.Option(
+            "--non-private",
+            help="Allow a privacy.enabled=false control on a ledger population; the ledger records it as ε=∞.",
+        ),
+    ] = False,
 ) -> None:
     """Fine-tune LoRA adapters with DP-SGD under the contract and write a signed release."""
     import signal
@@ -197,6 +205,7 @@ def train(
             threads=threads,
             progress=progress,
             tuning_trial=tuning_trial,
+            non_private=non_private,
             contract_path=config,
             resume=resume,
             log=_log,
@@ -209,6 +218,15 @@ def train(
     if result.release_path is None:  # a rank other than 0 of a multi-process run: rank 0 reports for the run
         return
     p = result.plan
+    if not result.differentially_private:
+        from dplora.control import NO_DP_STATEMENT
+
+        _log(
+            f"done: {result.steps_done}/{p.steps} steps ({result.empty_steps} empty), {result.seconds_per_step:.2f} "
+            f"s/step, {result.threads} threads; {NO_DP_STATEMENT}"
+        )
+        out.print(f"non-private record (no DP guarantee): {result.release_path}", markup=False)
+        return
     _log(
         f"done: {result.steps_done}/{p.steps} steps ({result.empty_steps} empty), ε={result.epsilon_spent:.4f} "
         f"≤ {p.target_epsilon:g} at δ={p.delta:g} ({p.accountant.value}), {result.seconds_per_step:.2f} s/step, "
@@ -266,8 +284,14 @@ def verify(
         Path | None,
         typer.Option(metavar="PATH", help="Base model folder or .gguf file to check against the recorded digests."),
     ] = None,
+    allow_non_private: Annotated[
+        bool, typer.Option("--allow-non-private", help="Exit 0 for an intact non-private (control) record.")
+    ] = False,
 ) -> None:
-    """Check a release: signature, artifact digests, and optionally the keyed data digest and the base model."""
+    """Check a release: signature, artifact digests, and optionally the keyed data digest and the base model.
+
+    A non-private control run's record prints NOT DIFFERENTIALLY PRIVATE and exits 6 unless --allow-non-private.
+    """
     from dplora.release import load_data_key, load_public_key
     from dplora.verify import verify_release
 
@@ -281,6 +305,8 @@ def verify(
         raise _fail(err) from None
     for line in _verify_report(result, public_key, public, data or [], base_model):
         out.print(line, markup=False, soft_wrap=True)
+    if not result.differentially_private and not allow_non_private:
+        raise typer.Exit(code=6)
 
 
 def _verify_report(result, key_path: Path, public, data: list[Path], base_model: Path | None) -> list[str]:
@@ -308,6 +334,14 @@ def _verify_report(result, key_path: Path, public, data: list[Path], base_model:
         lines.append("--  data digest: not checked (pass --data FILE --data-key KEY)")
     if base_model is not None:
         lines.append(f"OK  base model: sha256 of {', '.join(result.base_model_files)} matches the record")
+    if not result.differentially_private:
+        from dplora.control import NOT_DP
+
+        lines.append(
+            f"{NOT_DP}: the record is a non-private control run (privacy.enabled=false): no clipping, no noise, "
+            "no DP guarantee (ε = ∞)"
+        )
+        return lines
     acc = statement["predicate"]["accounting"]
     unit = statement["predicate"]["privacy"]
     lines.append(
@@ -315,6 +349,75 @@ def _verify_report(result, key_path: Path, public, data: list[Path], base_model:
         f"δ={acc['delta']:g}, {acc['accountant']} ({acc['accountant_version']})"
     )
     return lines
+
+
+RunArg = Annotated[
+    Path, typer.Argument(metavar="RUN_OR_CONFIG", help="A finished run folder, or the contract that wrote it.")
+]
+ThreadsOpt = Annotated[
+    int | None, typer.Option(min=1, metavar="N", help="CPU threads. Default: the cores free right now.")
+]
+
+
+@app.command("eval", short_help="Held-out loss of the base model and of the adapters.")
+def eval_(
+    run: RunArg,
+    eval_path: Annotated[
+        Path | None,
+        typer.Option(metavar="FILE", help="Evaluate on this file (same columns) instead of the run's held-out set."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of lines.")] = False,
+    threads: ThreadsOpt = None,
+) -> None:
+    """Held-out loss and perplexity of the base model and of the run's adapters (same masking as training).
+
+    The held-out set is the run's data.eval_path or data.eval_fraction split (from its contract.yaml), or
+    --eval-path. Numbers on private held-out data are NOT covered by DP; this command never changes a release.
+    """
+    from dplora.evaluate import evaluate_run, report_lines
+
+    try:
+        evaluation = evaluate_run(run, eval_path=eval_path, threads=threads, log=_log)
+    except DploraError as err:
+        raise _fail(err) from None
+    if as_json:
+        out.print_json(json.dumps(evaluation.to_dict() | {"differentially_private": evaluation.differentially_private}))
+        return
+    for line in report_lines(evaluation):
+        out.print(line, markup=False, soft_wrap=True)
+
+
+@app.command(short_help="Replies from the base model + the run's adapters.")
+def generate(
+    run: RunArg,
+    prompt: Annotated[str | None, typer.Option(metavar="TEXT", help="One prompt.")] = None,
+    prompts: Annotated[Path | None, typer.Option(metavar="FILE", help="A UTF-8 file with one prompt per line.")] = None,
+    max_new_tokens: Annotated[int, typer.Option(min=1, metavar="N", help="Tokens generated at most per reply.")] = 64,
+    temperature: Annotated[float, typer.Option(min=0.0, help="0 is greedy (deterministic); > 0 samples.")] = 0.0,
+    top_p: Annotated[float, typer.Option(help="Nucleus mass kept when sampling, in (0, 1].")] = 1.0,
+    seed: Annotated[int | None, typer.Option(metavar="N", help="Seed for sampling. Default: OS entropy.")] = None,
+    allow_non_private: Annotated[
+        bool, typer.Option("--allow-non-private", help="Generate from a non-private control run (no DP guarantee).")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON line per prompt.")] = False,
+    threads: ThreadsOpt = None,
+) -> None:
+    """Replies from the base model + the run's adapters (post-processing of the release: no budget spent)."""
+    from dplora.generate import Sampling, generate_from_run, read_prompts
+
+    try:
+        texts = read_prompts(prompt, prompts)
+        sampling = Sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+        replies = generate_from_run(
+            run, texts, sampling=sampling, allow_non_private=allow_non_private, threads=threads, log=_log
+        )
+    except DploraError as err:
+        raise _fail(err) from None
+    for text, reply in zip(texts, replies, strict=True):
+        if as_json:
+            out.print(json.dumps({"prompt": text, "reply": reply}, ensure_ascii=False), markup=False, soft_wrap=True)
+        else:
+            out.print(reply if len(texts) == 1 else f"> {text}\n{reply}\n", markup=False, soft_wrap=True)
 
 
 @app.command(short_help="Check a contract without reading data or a model.")

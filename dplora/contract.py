@@ -91,6 +91,8 @@ class PrivacySection(_Section):
     unit_clipping: UnitClipping = UnitClipping.SUM
     population: NonEmptyStr | None = None
     per_sample: PerSamplePath = PerSamplePath.FAST
+    # false: the non-private control (same data, model, steps, sampling; no clipping, no noise, no DP guarantee)
+    enabled: Annotated[bool, Field(strict=True)] = True
 
     @model_validator(mode="after")
     def _unit_key_matches_unit(self) -> PrivacySection:
@@ -129,6 +131,31 @@ class DataSection(_Section):
     text_column: NonEmptyStr | None = None
     prompt_column: NonEmptyStr | None = None
     response_column: NonEmptyStr | None = None
+    # The held-out set (dplora.evaluate): a separate file, or a split of `path` by protected unit.
+    eval_path: NonEmptyStr | None = None
+    eval_fraction: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False, strict=True)] | None = None
+    eval_public: Annotated[bool, Field(strict=True)] = False
+    label_column: NonEmptyStr | None = None
+
+    @model_validator(mode="after")
+    def _held_out(self) -> DataSection:
+        if self.eval_path is not None and self.eval_fraction is not None:
+            raise ValueError("data: give at most one of data.eval_path (a file) or data.eval_fraction (a split)")
+        if self.eval_public and self.eval_path is None:
+            raise ValueError(
+                "data.eval_public=true needs data.eval_path: a split of the training data (data.eval_fraction) "
+                "is private data"
+            )
+        if self.label_column is not None and (self.prompt_column is None or not self.has_eval_set):
+            raise ValueError(
+                "data.label_column needs data.prompt_column and a held-out set (eval_path or eval_fraction)"
+            )
+        return self
+
+    @property
+    def has_eval_set(self) -> bool:
+        """A held-out set is configured (``eval_path`` or ``eval_fraction``)."""
+        return self.eval_path is not None or self.eval_fraction is not None
 
     @model_validator(mode="after")
     def _columns(self) -> DataSection:
@@ -240,6 +267,8 @@ EXCLUSIVE: dict[tuple[str, str], tuple[str, ...]] = {
     ("data", "text_column"): ("prompt_column", "response_column"),
     ("data", "prompt_column"): ("text_column",),
     ("data", "response_column"): ("text_column",),
+    ("data", "eval_path"): ("eval_fraction",),
+    ("data", "eval_fraction"): ("eval_path",),
 }
 
 

@@ -9,6 +9,7 @@ columns, never row contents.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -165,8 +166,9 @@ def build_unit_index(table, privacy: PrivacySection, *, seed: int) -> UnitIndex:
 
 
 def count_units(contract: Contract) -> UnitIndex:
-    """Load the data and group it into units, without tokenizing (for ``dplora budget``)."""
-    return build_unit_index(load_table(contract), contract.privacy, seed=contract.training.seed)
+    """Load the data, split off a held-out fraction, and group the rest into units (for ``dplora budget``)."""
+    train, _ = split_eval(load_table(contract), contract)
+    return build_unit_index(train, contract.privacy, seed=contract.training.seed)
 
 
 class PoissonUnitSampler:
@@ -225,3 +227,62 @@ def tokenize_records(table, tokenizer, contract: Contract) -> list[tuple[list[in
         labels = ([-100] * len(p) + r)[:max_len]
         out.append((ids, labels))
     return out
+
+
+EVAL_SPLIT_PERSON = b"dplora-eval"  # blake2b personalisation (≤ 16 bytes): this hash is used for nothing else
+
+
+def _unit_ids(table, contract: Contract) -> list[str]:
+    """Each record's protected-unit id: the unit key, or for row-level units the record's used text."""
+    if contract.privacy.unit_key:
+        return [str(k) for k in table[contract.privacy.unit_key]]
+    columns = [table[c] for c in required_columns(contract)]
+    return ["\x1f".join(str(v) for v in values) for values in zip(*columns, strict=True)]
+
+
+def _held_out_unit(unit_id: str, seed: int, fraction: float) -> bool:
+    digest = hashlib.blake2b(
+        unit_id.encode("utf-8"), digest_size=8, key=seed.to_bytes(8, "little"), person=EVAL_SPLIT_PERSON
+    ).digest()
+    return int.from_bytes(digest, "little") / 2**64 < fraction
+
+
+def eval_contract(contract: Contract) -> Contract:
+    """The contract that reads ``data.eval_path``: same columns and format, no unit key needed."""
+    data = contract.data.model_copy(update={"path": contract.data.eval_path})
+    privacy = contract.privacy.model_copy(update={"protected_unit": ProtectedUnit.ROW, "unit_key": None})
+    return contract.model_copy(update={"data": data, "privacy": privacy})
+
+
+def split_eval(table, contract: Contract):
+    """Split off the held-out set: (training table, held-out table or None).
+
+    ``data.eval_fraction``: a unit is held out iff a keyed hash of its id (blake2b keyed by ``training.seed``;
+    for row-level units the id is the record's text) is below the fraction. The choice depends on the unit
+    alone, so adding or removing one unit never moves another across the split and the training side of two
+    neighbouring datasets still differs by at most one unit (the DP guarantee is over the training side); no
+    unit is on both sides. ``data.eval_path``: the held-out table is read from that file (same columns) and
+    the training table is unchanged. Neither: ``(table, None)``.
+
+    Returns:
+        (``datasets.Dataset``, ``datasets.Dataset`` | None), rows in file order.
+
+    Raises:
+        BadInputError: a split that leaves either side empty, or an unreadable held-out file.
+    """
+    data = contract.data
+    if data.eval_path is not None:
+        return table, load_table(eval_contract(contract))
+    if data.eval_fraction is None:
+        return table, None
+    seed, fraction = contract.training.seed, data.eval_fraction
+    held = [_held_out_unit(u, seed, fraction) for u in _unit_ids(table, contract)]
+    eval_rows = [i for i, h in enumerate(held) if h]
+    train_rows = [i for i, h in enumerate(held) if not h]
+    if not eval_rows or not train_rows:
+        side = "held-out" if not eval_rows else "training"
+        raise BadInputError(
+            f"data.eval_fraction={fraction:g} leaves the {side} side empty ({table.num_rows} records); "
+            "choose another fraction"
+        )
+    return table.select(train_rows), table.select(eval_rows)

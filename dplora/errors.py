@@ -7,6 +7,7 @@
 | 3         | ``VerificationError``  | ``dplora verify`` found a mismatch             |
 | 4         | ``TrainingFailedError``| a sanity check or a non-finite loss in training |
 | 4         | ``UncoveredParameterError`` | a trainable tensor no per-example path covers |
+| 6         | ``NotPrivateError``    | a non-private run, used without ``--allow-non-private`` |
 
 Messages are one line and never contain raw training text.
 """
@@ -50,3 +51,9 @@ class TrainingFailedError(DploraError):
 
 class UncoveredParameterError(TrainingFailedError):
     """A trainable tensor that the chosen per-example gradient path does not cover (exit code 4)."""
+
+
+class NotPrivateError(DploraError):
+    """The run is a non-private control (no DP guarantee) and ``--allow-non-private`` was not given (exit code 6)."""
+
+    exit_code = 6

@@ -11,6 +11,7 @@ A charge's ε is the reserved ε while ``pending`` (a killed run stays there), t
 reports when ``settled`` or ``failed`` (a failed run touched private data). Releases of a run are
 post-processing, not new charges: the charge is raised to the ε of its latest released checkpoint
 (ε grows with training steps, so that is the largest released ε) and never lowered below it.
+A non-private control run (``privacy.enabled: false``) is charged ε = ∞, δ = 0 (stored as ``Infinity``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from dplora.errors import BadInputError, PlanRefusedError
 LEDGER_ENV = "DPLORA_LEDGER"
 SCHEMA_VERSION = 1
 PURPOSES = ("release", "tuning")
+INFINITE = Decimal("Infinity")  # the ε of a non-private run (privacy.enabled: false)
+NON_PRIVATE_ACCOUNTANT = "none (not differentially private)"
 # Sums must be exact: far more digits than any validated input needs, and any rounding raises.
 _EXACT = Context(prec=400, traps=[InvalidOperation, Inexact, Overflow])
 _NAME_RE = re.compile(r"^[^\x00-\x1f\x7f]{1,200}$")
@@ -359,6 +362,40 @@ class Ledger:
             )
             return _to_charge(self._row(c, run_id))
 
+    def reserve_non_private(self, *, population: str, run_id: str, adjacency: str, purpose: str = "release") -> Charge:
+        """Record a pending charge of ε = ∞, δ = 0 for a non-private run (``privacy.enabled: false``) on a population.
+
+        A run without DP is (∞, 0)-DP at best; the charge shows that the population's data was used without a
+        guarantee. It is recorded whether or not the population has a cap, and it is over any cap by construction:
+        every later DP run on the population is refused by the cap check (basic composition of ∞).
+
+        Args:
+            population: Name of the protected population.
+            run_id: Unique id of the run.
+            adjacency: The contract's neighbouring relation (for the history only).
+            purpose: ``"release"`` or ``"tuning"``.
+
+        Returns:
+            The pending charge (``epsilon`` is ``Decimal("Infinity")``).
+
+        Raises:
+            BadInputError: Duplicate run_id, or a bad name.
+            LedgerError: The database is locked or unreadable.
+        """
+        population, run_id = _name(population, "population"), _name(run_id, "run_id")
+        adjacency = _name(adjacency, "adjacency")
+        if purpose not in PURPOSES:
+            raise BadInputError(f"purpose must be one of {', '.join(PURPOSES)}, got {purpose!r}")
+        with self._write() as c:
+            if c.execute("SELECT 1 FROM charges WHERE run_id=?", (run_id,)).fetchone():
+                raise BadInputError(f"run {run_id!r} already has a charge in ledger {self.path}")
+            c.execute(
+                "INSERT INTO charges (run_id, population, epsilon, delta, reserved_epsilon, status, purpose, "
+                "accountant, adjacency, created_at) VALUES (?, ?, ?, '0', ?, 'pending', ?, ?, ?, ?)",
+                (run_id, population, str(INFINITE), str(INFINITE), purpose, NON_PRIVATE_ACCOUNTANT, adjacency, _now()),
+            )
+            return _to_charge(self._row(c, run_id))
+
     def settle(self, run_id: str, *, epsilon_spent: object, status: str = "settled") -> Charge:
         """Charge a finished (``"settled"``) or failed/aborted (``"failed"``) run what it spent.
 
@@ -367,7 +404,7 @@ class Ledger:
 
         Args:
             run_id: The reserved run.
-            epsilon_spent: ε the run spent (unitless, >= 0, <= the reserved ε).
+            epsilon_spent: ε the run spent (unitless, >= 0, <= the reserved ε); ∞ only for a non-private run.
             status: ``"settled"`` or ``"failed"``.
 
         Returns:
@@ -379,7 +416,8 @@ class Ledger:
         """
         if status not in ("settled", "failed"):
             raise BadInputError(f"status must be 'settled' or 'failed', got {status!r}")
-        eps = _dec(epsilon_spent, "epsilon_spent", positive=False)
+        infinite = isinstance(epsilon_spent, float | Decimal) and epsilon_spent == INFINITE  # a non-private run
+        eps = INFINITE if infinite else _dec(epsilon_spent, "epsilon_spent", positive=False)
         with self._write() as c:
             row = self._row(c, run_id)
             if row["status"] != "pending":

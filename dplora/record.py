@@ -16,8 +16,8 @@ from dplora.plan import TrainingPlan
 
 RECORD_VERSION = 2  # 2: base_model (name and file digests); artifacts filled by the release
 SEED_SCOPE = (
-    "seeds the data-cap choice and the LoRA initialisation only; Poisson sampling and the Gaussian noise draw "
-    "from OS entropy and cannot be reproduced from this record"
+    "seeds the data-cap choice, the held-out split and the LoRA initialisation only; Poisson sampling and the "
+    "Gaussian noise draw from OS entropy and cannot be reproduced from this record"
 )
 
 

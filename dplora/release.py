@@ -41,6 +41,9 @@ from dplora.keys import (  # noqa: F401 - re-exported: the key functions lived h
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://dplora.dev/release/v1"
+# A non-private control run (privacy.enabled: false, see dplora.control) signs under its own predicate type, so
+# that no verifier can take it for a DP release; `dplora verify` reports it as NOT DIFFERENTIALLY PRIVATE.
+NON_PRIVATE_PREDICATE_TYPE = "https://dplora.dev/non-private/v1"
 RELEASE_FILENAME = "release.dsse.json"
 SIGSTORE_FILENAME = "release.sigstore.json"
 RELEASE_FILES = (RELEASE_FILENAME, SIGSTORE_FILENAME)  # the signed envelope, and the same as a bundle
@@ -150,8 +153,14 @@ def data_digest_entry(data_files: list[Path], key: bytes | None) -> dict:
     return {"algorithm": "hmac-sha256", "keyed": True, "files": files, "note": note}
 
 
+def predicate_type_of(record: dict) -> str:
+    """``NON_PRIVATE_PREDICATE_TYPE`` for a control run's record (``differentially_private: false``), else
+    ``PREDICATE_TYPE``."""
+    return NON_PRIVATE_PREDICATE_TYPE if record.get("differentially_private") is False else PREDICATE_TYPE
+
+
 def build_statement(record: dict, subjects: dict[str, str]) -> dict:
-    """Build an in-toto Statement v1 with predicate type ``PREDICATE_TYPE``.
+    """Build an in-toto Statement v1 with predicate type :func:`predicate_type_of` the record.
 
     Args:
         record: The run record, used verbatim as the predicate.
@@ -160,7 +169,8 @@ def build_statement(record: dict, subjects: dict[str, str]) -> dict:
         The statement dict, subjects sorted by name.
     """
     subject = [{"name": n, "digest": {"sha256": subjects[n]}} for n in sorted(subjects)]
-    return {"_type": STATEMENT_TYPE, "subject": subject, "predicateType": PREDICATE_TYPE, "predicate": record}
+    ptype = predicate_type_of(record)
+    return {"_type": STATEMENT_TYPE, "subject": subject, "predicateType": ptype, "predicate": record}
 
 
 def sign_statement(statement: dict, private_key: Ed25519PrivateKey) -> dict:
@@ -255,6 +265,7 @@ def finish_adapter_dir(adapter_dir: Path, contract, record: dict) -> list[Path]:
 
     Sets ``adapter_config.json``'s ``base_model_name_or_path`` to the record's loadable base-model name
     (never a local path) and replaces peft's generated card with dplora's model card (:mod:`dplora.card`).
+    A non-private control's config also gets ``dplora_privacy``: its no-DP statement (peft ignores the key).
 
     Args:
         adapter_dir: The folder ``save_pretrained`` wrote (adapter_config.json, adapter weights).
@@ -274,6 +285,8 @@ def finish_adapter_dir(adapter_dir: Path, contract, record: dict) -> list[Path]:
     except (OSError, ValueError) as exc:
         raise BadInputError(f"cannot read {config_path.name} in the adapter folder: {exc}") from None
     adapter_config["base_model_name_or_path"] = record["base_model"]["name_or_path"]
+    if predicate_type_of(record) == NON_PRIVATE_PREDICATE_TYPE:
+        adapter_config["dplora_privacy"] = record["statement"]
     config_path.write_text(json.dumps(adapter_config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     (adapter_dir / MODEL_CARD).write_text(model_card(record, contract), encoding="utf-8")
     return sorted(p for p in adapter_dir.rglob("*") if p.is_file())

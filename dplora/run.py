@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,8 @@ class RunSpec:
         out: the final output folder; staging: ``<out>.partial`` where the run writes meanwhile.
         world: the run's processes (:data:`dplora.distributed.SINGLE` unless launched by torchrun/accelerate);
             ``unit_index`` then lists all N units and this rank samples and reads only its shard.
+        tokenizer: the tokenizer (for the held-out evaluation).
+        held_out: the held-out records (``datasets.Dataset``; private unless declared public), or None.
     """
 
     contract: Contract
@@ -61,6 +64,8 @@ class RunSpec:
     out: Path
     staging: Path
     world: distributed.World = distributed.SINGLE
+    tokenizer: Any = None
+    held_out: Any = None
 
     @property
     def physical_batch_size(self) -> int:
@@ -205,7 +210,10 @@ def run_steps(spec: RunSpec, state: RunState, *, metrics, progress, after_step=N
     sampler = PoissonUnitSampler(spec.unit_index.num_units, plan.sample_rate)  # OS entropy, never the seed
     if spec.world.distributed:  # W processes: each rank samples its own shard of the units at rate q
         sampler = distributed.ShardedPoissonSampler(spec.unit_index.num_units, plan.sample_rate, spec.world)
-    before = {n: p.detach().clone() for n, p in state.named} if state.step == 0 else None
+    # Every LoRA tensor must move at step 1 (noise moves them all). A non-private control is exempt: lora_B starts
+    # at zero, so lora_A's gradient is exactly zero at step 1 (Hu et al. 2021) and only noise would move it.
+    check_moved = state.step == 0 and spec.contract.privacy.enabled
+    before = {n: p.detach().clone() for n, p in state.named} if check_moved else None
     while state.step < plan.steps:
         step = state.step + 1
         eps_next = plan.epsilon_at(step)  # raises beyond T: the budget stop
@@ -226,7 +234,7 @@ def run_steps(spec: RunSpec, state: RunState, *, metrics, progress, after_step=N
             json.dumps(
                 {
                     "step": step,
-                    "epsilon_upper": eps_next,
+                    "epsilon_upper": eps_next if math.isfinite(eps_next) else None,  # None: a non-private control
                     "seconds": round(seconds, 3),
                     "not_covered_by_dp": {"train_loss": mean_loss, "units": _units(state, units), "records": records},
                     **_noise_draws(state),

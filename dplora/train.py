@@ -12,16 +12,17 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import math
 import shutil
 import time
 import uuid
 import warnings
 from pathlib import Path
 
+from dplora import control, distributed, outputs, release
 from dplora import data as data_mod
-from dplora import distributed, outputs, release
 from dplora.contract import Contract, ProtectedUnit, UnitClipping
-from dplora.errors import BadInputError, DploraError, TrainingFailedError
+from dplora.errors import BadInputError, DploraError, PlanRefusedError, TrainingFailedError
 from dplora.plan import TrainingPlan, make_plan
 from dplora.record import build_record, unit_statement
 
@@ -39,6 +40,8 @@ class RunResult:
     seconds: float
     seconds_per_step: float
     threads: int
+    differentially_private: bool = True
+    evaluation: object = None  # dplora.evaluate.Evaluation when a held-out set is configured
 
 
 def _now() -> str:
@@ -151,6 +154,7 @@ def run_training(
     threads: int | None = None,
     progress: bool = True,
     tuning_trial: bool = False,
+    non_private: bool = False,
     contract_path: Path | None = None,
     resume: bool = False,
     log=print,
@@ -166,6 +170,7 @@ def run_training(
         threads: CPU threads (default: free cores).
         progress: report progress on stderr (a bar on a terminal, plain lines otherwise; see dplora.progress).
         tuning_trial: charge the ledger as a hyperparameter-tuning trial (it counts like any release).
+        non_private: allow a ``privacy.enabled: false`` control on a ledger population (charged ε = ∞).
         contract_path: the contract file, which the output folder must not hold.
         resume: continue from the resume checkpoint in ``<output_dir>.partial`` (same contract and data).
         log: one-line message sink.
@@ -197,10 +202,14 @@ def run_training(
                     ledger_path=ledger_path,
                 )
                 out, staging = _prepare_output(contract, overwrite, protected)
-            table = data_mod.load_table(contract)
+            if control.is_control(contract) and world.distributed:
+                raise BadInputError("privacy.enabled=false (the non-private control) runs in one process only")
+            table, held_out = data_mod.split_eval(data_mod.load_table(contract), contract)
             unit_index = data_mod.build_unit_index(table, contract.privacy, seed=contract.training.seed)
             if main:
                 plan = plan_for(contract, unit_index)
+                if control.is_control(contract):  # the DP twin's N, q and T; σ = 0, ε = ∞
+                    plan = control.control_plan(plan)
                 lock = _lock_output(out)
                 # re-check under the lock: another run may have finished meanwhile
                 _prepare_output(contract, overwrite, protected)
@@ -212,6 +221,7 @@ def run_training(
             threads=threads,
             progress=progress and main,
             tuning_trial=tuning_trial,
+            non_private=non_private,
             log=log if main else _quiet,
             overwrite=overwrite,
             resume=resume,
@@ -219,7 +229,7 @@ def run_training(
         )
         if not main:
             return _follow(contract, plan, table, unit_index, out=out, staging=staging, io=io)
-        return _run_locked(contract, plan, table, unit_index, out=out, staging=staging, io=io)
+        return _run_locked(contract, plan, table, unit_index, out=out, staging=staging, io=io, held_out=held_out)
     finally:
         if lock is not None:
             Path(lock.name).unlink(missing_ok=True)
@@ -245,6 +255,7 @@ class _RunIO:
     overwrite: bool = False
     resume: bool = False
     world: distributed.World = distributed.SINGLE
+    non_private: bool = False
 
 
 class _Stage:
@@ -271,10 +282,16 @@ def _open_ledger(contract: Contract, plan: TrainingPlan, io: _RunIO, resumed_run
         return None
     from dplora.ledger import Ledger, default_ledger_path
 
+    if control.is_control(contract) and not io.non_private:
+        pop = contract.privacy.population
+        raise PlanRefusedError(
+            f"privacy.enabled=false on population {pop!r}: a non-private run is charged ε=∞ in the ledger, over "
+            f"any cap, and every later DP run on {pop!r} is then refused; pass --non-private to run it anyway"
+        )
     ledger = Ledger(io.ledger_path or default_ledger_path())
-    if resumed_run is None:
+    if resumed_run is None and not control.is_control(contract):
         ledger.check(contract.privacy.population, epsilon=plan.epsilon, delta=plan.delta)
-    else:
+    elif resumed_run is not None:
         try:
             status = ledger.charge(resumed_run).status
         except BadInputError:
@@ -286,7 +303,9 @@ def _open_ledger(contract: Contract, plan: TrainingPlan, io: _RunIO, resumed_run
     return ledger
 
 
-def _build(contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Path, staging: Path, io: _RunIO):
+def _build(
+    contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Path, staging: Path, io: _RunIO, held_out=None
+):
     """Model, tokens and the private engine on the chosen device: (RunSpec, RunState). Writes nothing."""
     import torch
 
@@ -305,6 +324,10 @@ def _build(contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Pa
     with _Stage("loading the model", device):
         model, tokenizer = _setup_model(contract, device, dtype, allow_tf32, io.log)
     examples = data_mod.tokenize_records(table, tokenizer, contract)
+    if held_out is not None:  # before training, not after it
+        from dplora.evaluate import check_held_out
+
+        check_held_out(held_out, tokenizer, contract)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
         raise BadInputError("no trainable parameters: check lora.target_modules")
@@ -314,15 +337,18 @@ def _build(contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Pa
             num_params = sum(p.numel() for _, p in named)
             reducer = distributed.StepReducer(io.world, num_params, engine.parameter_device(model))
         optimizer = _make_optimizer(contract, [p for _, p in named])
-        gsm, dp_opt, accountant = engine.make_private(
-            model,
-            optimizer,
-            plan=plan,
-            unit_mean=contract.privacy.unit_clipping is UnitClipping.MEAN,
-            per_sample=contract.privacy.per_sample.value,
-            reducer=reducer,
-        )
-        engine.probe_per_sample_gradients(gsm, named, dp_opt)
+        if control.is_control(contract):  # no clipping, no noise, no accountant (one process only)
+            gsm, dp_opt, accountant = control.make_non_private(model, optimizer, plan=plan)
+        else:
+            gsm, dp_opt, accountant = engine.make_private(
+                model,
+                optimizer,
+                plan=plan,
+                unit_mean=contract.privacy.unit_clipping is UnitClipping.MEAN,
+                per_sample=contract.privacy.per_sample.value,
+                reducer=reducer,
+            )
+            engine.probe_per_sample_gradients(gsm, named, dp_opt)
     spec = RunSpec(
         contract=contract,
         plan=plan,
@@ -337,11 +363,15 @@ def _build(contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Pa
         out=out,
         staging=staging,
         world=io.world,
+        tokenizer=tokenizer,
+        held_out=held_out,
     )
     return spec, RunState(model=gsm, optimizer=dp_opt, accountant=accountant, named=named)
 
 
-def _run_locked(contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Path, staging: Path, io: _RunIO):
+def _run_locked(
+    contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Path, staging: Path, io: _RunIO, held_out=None
+):
     """The run proper, holding the output lock: ledger check, model and engine, the loop, the release."""
     log = io.log
     for warning in plan.warnings:
@@ -360,7 +390,7 @@ def _run_locked(contract: Contract, plan: TrainingPlan, table, unit_index, *, ou
         )
     try:
         with distributed.gate(io.world):
-            spec, state = _build(contract, plan, table, unit_index, out=out, staging=staging, io=io)
+            spec, state = _build(contract, plan, table, unit_index, out=out, staging=staging, io=io, held_out=held_out)
             if resumed is not None:  # same run id: the ledger charge is the original reservation
                 spec = dataclasses.replace(spec, run_id=resumed.run_id)
                 ckpt.restore(spec, state, resumed)
@@ -379,18 +409,31 @@ def _run_locked(contract: Contract, plan: TrainingPlan, table, unit_index, *, ou
         note = distributed.resume_note(resumed.meta.get("execution", {}), io.world)
         if note:
             log(note)
+    mechanism = (
+        "no clipping, no noise, no accountant (non-private control)"
+        if control.is_control(contract)
+        else f"σ={plan.noise_multiplier:.4f}, ε={plan.epsilon:.4f} ({plan.accountant.value})"
+    )
     log(
         f"device: {spec.device} ({spec.dtype} base, fp32 LoRA), threads: {spec.threads}; N={plan.num_units} units, "
-        f"q={plan.sample_rate:.4g}, T={plan.steps}, σ={plan.noise_multiplier:.4f}, ε={plan.epsilon:.4f} "
-        f"({plan.accountant.value})"
+        f"q={plan.sample_rate:.4g}, T={plan.steps}, {mechanism}"
     )
+    if control.is_control(contract):
+        log(f"warning: {control.NO_DP_STATEMENT}")
     if io.world.distributed:
         low, high = distributed.expected_units_per_rank(plan.sample_rate, plan.num_units, io.world.world_size)
         log(
             f"distributed: {io.world.world_size} processes ({io.world.launcher}, {io.world.backend}); units sharded "
             f"by rank, expected {low:.4g}–{high:.4g} units per rank per step; noise drawn once per step on rank 0"
         )
-    if ledger is not None and resumed is None:
+    if ledger is not None and resumed is None and control.is_control(contract):
+        ledger.reserve_non_private(
+            population=contract.privacy.population,
+            run_id=spec.run_id,
+            adjacency=plan.adjacency.value,
+            purpose="tuning" if io.tuning_trial else "release",
+        )
+    elif ledger is not None and resumed is None:
         ledger.reserve(
             population=contract.privacy.population,
             run_id=spec.run_id,
@@ -408,7 +451,7 @@ def _run_locked(contract: Contract, plan: TrainingPlan, table, unit_index, *, ou
     )
     t0, first_step = time.perf_counter(), state.step
     try:
-        _train_and_release(spec, state, io=io, started=started, checkpointer=checkpointer)
+        evaluation = _train_and_release(spec, state, io=io, started=started, checkpointer=checkpointer)
         seconds = time.perf_counter() - t0
     except BaseException as err:
         _record_failure(spec, state, err, ledger, checkpointer.last)
@@ -428,6 +471,7 @@ def _run_locked(contract: Contract, plan: TrainingPlan, table, unit_index, *, ou
         log(f"warning: files appeared in {out} during the run; the old folder was kept as {kept}")
     if ledger is not None:
         ledger.settle(spec.run_id, epsilon_spent=epsilon_spent, status="settled")
+    if ledger is not None and not control.is_control(contract):
         ledger.record_release(
             run_id=spec.run_id,
             record_sha256=release.sha256_file(out / release.RELEASE_FILENAME),
@@ -445,16 +489,19 @@ def _run_locked(contract: Contract, plan: TrainingPlan, table, unit_index, *, ou
         seconds=seconds,
         seconds_per_step=seconds / max(plan.steps - first_step, 1),
         threads=spec.threads,
+        differentially_private=not control.is_control(contract),
+        evaluation=evaluation,
     )
 
 
-def _train_and_release(spec, state, *, io: _RunIO, started: str, checkpointer) -> None:
-    """Run every planned step, check the accounting, then write the adapters and the signed release."""
+def _train_and_release(spec, state, *, io: _RunIO, started: str, checkpointer):
+    """Run every planned step, check the accounting, evaluate on the held-out set if any, then write the adapters
+    and the signed release. Returns the :class:`dplora.evaluate.Evaluation` or None."""
     from dplora.progress import ProgressReporter
-    from dplora.run import METRICS_HEADER, run_steps
+    from dplora.run import run_steps
 
     with (
-        _open_metrics(spec.staging, state.step, METRICS_HEADER) as metrics,
+        _open_metrics(spec.staging, state.step, _metrics_header(spec)) as metrics,
         ProgressReporter(enabled=io.progress) as bar,
         checkpointer,
     ):
@@ -462,7 +509,49 @@ def _train_and_release(spec, state, *, io: _RunIO, started: str, checkpointer) -
         checkpointer.write()  # before step 1 (skipped when resuming from this step)
         run_steps(spec, state, metrics=metrics, progress=bar, after_step=_after_step(state, checkpointer))
     ranks = _check_accounted(spec, state)
-    _write_outputs(spec, state, started=started, epsilon_spent=spec.plan.epsilon_at(state.step), io=io, ranks=ranks)
+    evaluation = _evaluate_held_out(spec, state, io)
+    epsilon_spent = spec.plan.epsilon_at(state.step)
+    _write_outputs(spec, state, started=started, epsilon_spent=epsilon_spent, io=io, ranks=ranks, evaluation=evaluation)
+    return evaluation
+
+
+def _evaluate_held_out(spec, state, io: _RunIO):
+    """Base vs adapters on the held-out set (None without one); logs the numbers labelled, never held-out text.
+
+    Private held-out numbers go to ``metrics.jsonl`` under ``not_covered_by_dp`` only; the caller puts them in the
+    record only when the set is declared public. With W processes rank 0 evaluates alone, after the last step.
+    """
+    if spec.held_out is None:
+        return None
+    from dplora.engine import unwrap
+    from dplora.evaluate import evaluate_model, held_out_source, report_lines
+
+    source, public = held_out_source(spec.contract)
+    evaluation = evaluate_model(
+        unwrap(state.model),
+        spec.tokenizer,
+        spec.held_out,
+        spec.contract,
+        device=spec.device,
+        source=source,
+        public=public,
+        private_run=not control.is_control(spec.contract),
+    )
+    for line in report_lines(evaluation):
+        io.log(line)
+    with (spec.staging / "metrics.jsonl").open("a") as metrics:
+        entry = {"eval": evaluation.to_dict()}
+        metrics.write(json.dumps(entry if public else {"not_covered_by_dp": entry}) + "\n")
+    return evaluation
+
+
+def _metrics_header(spec) -> dict:
+    """The first line of ``metrics.jsonl``; a non-private control's also says it carries no DP guarantee."""
+    from dplora.run import METRICS_HEADER
+
+    if control.is_control(spec.contract):
+        return {**METRICS_HEADER, "non_private": control.NO_DP_STATEMENT}
+    return METRICS_HEADER
 
 
 def _after_step(state, checkpointer):
@@ -599,7 +688,7 @@ def _failure_entry(run_id: str | None, done: int, planned: int, spent: float, er
         "run_id": run_id,
         "steps_done": done,
         "steps_planned": planned,
-        "epsilon_charged_upper_bound": spent,
+        "epsilon_charged_upper_bound": spent if math.isfinite(spent) else "infinite (non-private control)",
         "reason": _failure_reason(err),
         "time": _now(),
         "release": "none (run failed)",
@@ -615,8 +704,12 @@ def _failure_reason(err: BaseException) -> str:
     return err.__class__.__name__
 
 
-def _write_outputs(spec, state, *, started: str, epsilon_spent: float, io: _RunIO, ranks=None) -> None:
-    """Save the adapters and the resolved contract, then finish and sign the release (inside ``staging``)."""
+def _write_outputs(spec, state, *, started: str, epsilon_spent: float, io: _RunIO, ranks=None, evaluation=None) -> None:
+    """Save the adapters and the resolved contract, then finish and sign the release (inside ``staging``).
+
+    A control run signs its own non-private record (:mod:`dplora.control`), never the DP one. A held-out
+    evaluation enters the record only when its set is declared public.
+    """
     from dplora.model import base_model_entry
 
     contract, plan = spec.contract, spec.plan
@@ -625,18 +718,23 @@ def _write_outputs(spec, state, *, started: str, epsilon_spent: float, io: _RunI
 
     unwrap(state.model).save_pretrained(staging / "adapter")
     (staging / "contract.yaml").write_text(contract.to_yaml())
-    record = build_record(
-        contract=contract,
-        plan=plan,
-        run_id=spec.run_id,
-        steps_done=state.step,
-        epsilon_spent=epsilon_spent,
-        started_at=started,
-        finished_at=_now(),
-        data_digest=release.data_digest_entry([Path(contract.data.path)], io.data_key),
-        base_model=base_model_entry(contract.model, io.log),
-        execution=execution_entry(spec, reducer=getattr(state.optimizer, "reducer", None), ranks=ranks),
-    )
+    common = {
+        "contract": contract,
+        "plan": plan,
+        "run_id": spec.run_id,
+        "steps_done": state.step,
+        "started_at": started,
+        "finished_at": _now(),
+        "data_digest": release.data_digest_entry([Path(contract.data.path)], io.data_key),
+        "base_model": base_model_entry(contract.model, io.log),
+        "execution": execution_entry(spec, reducer=getattr(state.optimizer, "reducer", None), ranks=ranks),
+    }
+    if control.is_control(contract):  # its own predicate type (release.predicate_type_of), no ε
+        record = control.non_private_record(**common)
+    else:
+        record = build_record(**common, epsilon_spent=epsilon_spent)
+    if evaluation is not None and evaluation.public:
+        record["evaluation"] = evaluation.to_dict()
     release.finish_release(staging, contract, record, private_key=io.private_key)
 
 

@@ -24,6 +24,7 @@ from dplora.errors import BadInputError, VerificationError
 from dplora.keys import KeyIdRule, key_id, legacy_key_id, load_public_key, sslib_keys
 from dplora.release import (
     BUNDLE_MEDIA_TYPES,
+    NON_PRIVATE_PREDICATE_TYPE,
     PAYLOAD_TYPE,
     PREDICATE_TYPE,
     RELEASE_FILENAME,
@@ -42,6 +43,11 @@ class VerifiedRelease:
     key_id_rule: KeyIdRule
     bundle: bool  # release.sigstore.json was present and holds the same envelope
     base_model_files: tuple[str, ...] = ()  # base-model files whose sha256 matched (empty: not checked)
+
+    @property
+    def differentially_private(self) -> bool:
+        """False for a non-private control run's record (predicate type ``NON_PRIVATE_PREDICATE_TYPE``)."""
+        return self.statement.get("predicateType") == PREDICATE_TYPE
 
 
 def _short(hex_digest: str) -> str:
@@ -200,7 +206,8 @@ def verify_release(
         data_key: The data owner's HMAC key; required with ``data_files``.
         base_model: A base-model folder or file to check against the record's ``base_model.files``.
     Returns:
-        :class:`VerifiedRelease`.
+        :class:`VerifiedRelease`; for a non-private control run's record (``NON_PRIVATE_PREDICATE_TYPE``) its
+        ``differentially_private`` is False and the caller must say so.
     Raises:
         BadInputError: If the release file, key or base model cannot be read, or ``data_files`` come without a key.
         VerificationError: On the first mismatch, with a one-line reason naming it.
@@ -219,7 +226,7 @@ def verify_release(
         raise VerificationError("payload is not JSON") from None
     if not isinstance(statement, dict) or statement.get("_type") != STATEMENT_TYPE:
         raise VerificationError(f"payload is not an in-toto Statement v1 ({STATEMENT_TYPE})")
-    if (ptype := statement.get("predicateType")) != PREDICATE_TYPE:
+    if (ptype := statement.get("predicateType")) not in (PREDICATE_TYPE, NON_PRIVATE_PREDICATE_TYPE):
         raise VerificationError(f"predicateType is {ptype!r}, expected {PREDICATE_TYPE!r}")
     if not isinstance(statement.get("subject"), list) or not statement["subject"]:
         raise VerificationError("statement has no subjects")

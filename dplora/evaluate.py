@@ -1,0 +1,288 @@
+"""Held-out evaluation: per-token loss and perplexity of the base model and of base + adapters.
+
+The held-out records are tokenized and masked exactly as in training (:func:`dplora.data.tokenize_records`,
+:func:`dplora.engine.collate`): prompt and padding tokens carry label −100 and count for nothing, EOS is a
+target. The loss is the mean negative log-likelihood per target token over the whole set, in nats::
+
+    loss = Σ_records Σ_targets −log p(token | prefix) / (number of target tokens),   perplexity = exp(loss)
+
+(token-weighted, unlike the per-sequence mean the training step uses). With ``data.label_column`` the
+evaluation also generates a reply greedily for each held-out prompt and reports exact-match accuracy against
+the label (both stripped of surrounding whitespace).
+
+Privacy: the numbers are a query on the held-out records. Unless ``data.eval_public: true`` declares the
+held-out file public, they are NOT covered by DP: printed to the operator so labelled, written to
+``metrics.jsonl`` under ``not_covered_by_dp``, never into the signed record, and never printed with held-out
+text. Only a declared-public set's numbers may enter the record (``Evaluation.to_dict``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+from dplora.contract import Contract
+from dplora.errors import BadInputError
+
+NOT_COVERED = "NOT COVERED BY DP: computed on private held-out data; never in the signed record"
+PUBLIC = "held-out set declared public (data.eval_public: true)"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HeldOutLoss:
+    """Loss of one model on the held-out set.
+
+    Attributes:
+        loss: mean negative log-likelihood per target token, nats.
+        perplexity: exp(loss) (∞ above exp(700)).
+        tokens: target tokens counted.
+        records: held-out records.
+    """
+
+    loss: float
+    perplexity: float
+    tokens: int
+    records: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Evaluation:
+    """Base vs adapters on one held-out set.
+
+    Attributes:
+        base, adapter: :class:`HeldOutLoss` without and with the adapters.
+        source: where the held-out set came from, in words (file names only, never text).
+        public: the held-out set is declared public (its numbers may enter the record).
+        differentially_private: the adapters come from a DP run (False for a control).
+        accuracy: with ``data.label_column``: {"column", "records", "base", "adapter"} exact-match accuracy.
+    """
+
+    base: HeldOutLoss
+    adapter: HeldOutLoss
+    source: str
+    public: bool
+    differentially_private: bool
+    accuracy: dict | None = None
+
+    @property
+    def label(self) -> str:
+        """How the numbers may be used, in words."""
+        return PUBLIC if self.public else NOT_COVERED
+
+    def to_dict(self) -> dict:
+        """JSON-ready numbers (∞ becomes None, so the dict is canonical JSON)."""
+
+        def finite(x):
+            return x if isinstance(x, float) and math.isfinite(x) else (None if isinstance(x, float) else x)
+
+        out = {
+            "held_out": self.source,
+            "public": self.public,
+            "label": self.label,
+            "metric": "mean negative log-likelihood per target token (nats), same masking as training",
+            "base": {k: finite(v) for k, v in dataclasses.asdict(self.base).items()},
+            "adapter": {k: finite(v) for k, v in dataclasses.asdict(self.adapter).items()},
+        }
+        if self.accuracy is not None:
+            out["exact_match"] = self.accuracy
+        return out
+
+
+def token_nll(model, batch: dict):
+    """Per-sequence summed token NLL and target-token count, masked as in training.
+
+    Args:
+        model: a causal LM; ``batch`` from :func:`dplora.engine.collate` (shapes (B, L)).
+
+    Returns:
+        (nll_sum, tokens): tensors of shape (B,), nats and counts.
+    """
+    import torch.nn.functional as F
+
+    from dplora.engine import IGNORE_INDEX
+
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    logits, targets = logits[:, :-1, :].float(), batch["labels"][:, 1:]
+    tok = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none"
+    ).view(targets.shape)
+    mask = targets != IGNORE_INDEX
+    return (tok * mask).sum(dim=1), mask.sum(dim=1)
+
+
+def held_out_loss(model, examples: list, *, pad_id: int, device, batch_size: int) -> HeldOutLoss:
+    """Mean per-token loss of ``model`` over ``examples`` ((input_ids, labels) pairs), in batches.
+
+    Raises:
+        BadInputError: the held-out set has no target token.
+    """
+    import torch
+
+    from dplora.engine import collate
+
+    nll = torch.zeros((), dtype=torch.float64, device=device)
+    tokens = torch.zeros((), dtype=torch.int64, device=device)
+    with torch.no_grad():
+        for start in range(0, len(examples), batch_size):
+            batch = collate(examples[start : start + batch_size], pad_id, device=device)
+            s, n = token_nll(model, batch)
+            nll += s.double().sum()
+            tokens += n.sum()
+    total, count = float(nll), int(tokens)
+    if count == 0:
+        raise BadInputError("the held-out set has no target token (every reply was truncated away?)")
+    loss = total / count
+    return HeldOutLoss(
+        loss=loss, perplexity=math.exp(loss) if loss < 700 else math.inf, tokens=count, records=len(examples)
+    )
+
+
+def _exact_match(model, tokenizer, table, contract: Contract, device) -> float:
+    """Share of held-out prompts whose greedy reply equals the label (stripped)."""
+    from dplora.generate import Sampling, generate_replies
+
+    prompts = [str(p) for p in table[contract.data.prompt_column]]
+    labels = [str(x).strip() for x in table[contract.data.label_column]]
+    longest = max(len(ids) for ids in tokenizer(labels, add_special_tokens=False)["input_ids"])
+    sampling = Sampling(max_new_tokens=longest + 2)
+    replies = generate_replies(model, tokenizer, prompts, contract=contract, sampling=sampling, device=device)
+    return sum(r.strip() == y for r, y in zip(replies, labels, strict=True)) / len(labels)
+
+
+def check_held_out(table, tokenizer, contract: Contract) -> None:
+    """Refuse a held-out set that cannot be evaluated, before any training: no target token, no label column.
+
+    Raises:
+        BadInputError: naming the problem (never a record's text).
+    """
+    from dplora.data import tokenize_records
+
+    if not any(y != -100 for _, labels in tokenize_records(table, tokenizer, contract) for y in labels):
+        raise BadInputError("the held-out set has no target token (every reply was truncated away?)")
+    label = contract.data.label_column
+    if label is not None and label not in table.column_names:
+        raise BadInputError(f"the held-out data has no column {label!r} (data.label_column)")
+
+
+def evaluate_model(
+    peft_model, tokenizer, table, contract: Contract, *, device, source: str, public: bool, private_run: bool
+) -> Evaluation:
+    """Base (adapters disabled) vs adapters on the held-out ``table``; restores the model's train/eval mode.
+
+    Args:
+        peft_model: the peft model holding the adapters (trained in memory, or loaded from a release).
+        table: the held-out records (``datasets.Dataset`` with the contract's columns).
+        source: where ``table`` came from, in words.
+        public: the held-out set is declared public.
+        private_run: the adapters come from a DP run.
+
+    Returns:
+        :class:`Evaluation`.
+
+    Raises:
+        BadInputError: no target token in the held-out set, or a missing label column.
+    """
+    from dplora.data import tokenize_records
+
+    check_held_out(table, tokenizer, contract)
+    examples = tokenize_records(table, tokenizer, contract)
+    batch = contract.training.physical_batch_size
+    was_training = peft_model.training
+    peft_model.eval()
+    try:
+        adapter = held_out_loss(peft_model, examples, pad_id=tokenizer.pad_token_id, device=device, batch_size=batch)
+        accuracy = None
+        if contract.data.label_column:
+            accuracy = {"column": contract.data.label_column, "records": table.num_rows}
+            accuracy["adapter"] = _exact_match(peft_model, tokenizer, table, contract, device)
+        with peft_model.disable_adapter():
+            base = held_out_loss(peft_model, examples, pad_id=tokenizer.pad_token_id, device=device, batch_size=batch)
+            if accuracy is not None:
+                accuracy["base"] = _exact_match(peft_model, tokenizer, table, contract, device)
+    finally:
+        peft_model.train(was_training)
+    return Evaluation(
+        base=base, adapter=adapter, source=source, public=public, differentially_private=private_run, accuracy=accuracy
+    )
+
+
+def held_out_source(contract: Contract, eval_path: Path | None = None) -> tuple[str, bool]:
+    """(the held-out set in words, declared public) for the contract's set or an explicit file."""
+    data = contract.data
+    if eval_path is not None:
+        return f"--eval-path {Path(eval_path).name} (not declared public)", False
+    if data.eval_path is not None:
+        return f"data.eval_path {Path(data.eval_path).name}", data.eval_public
+    return f"data.eval_fraction={data.eval_fraction:g} of {Path(data.path).name}, split by protected unit", False
+
+
+def held_out_table(contract: Contract, eval_path: Path | None = None):
+    """The held-out records: ``eval_path`` if given, else the contract's ``data.eval_path`` or split.
+
+    Raises:
+        BadInputError: no held-out set configured, or unreadable data.
+    """
+    from dplora import data as data_mod
+
+    if eval_path is not None:
+        update = contract.data.model_copy(update={"eval_path": str(eval_path), "eval_fraction": None})
+        return data_mod.load_table(data_mod.eval_contract(contract.model_copy(update={"data": update})))
+    if not contract.data.has_eval_set:
+        raise BadInputError(
+            "no held-out set: the run's contract has no data.eval_path or data.eval_fraction; pass --eval-path FILE"
+        )
+    _, table = data_mod.split_eval(data_mod.load_table(contract), contract)
+    return table
+
+
+def evaluate_run(target: Path, *, eval_path: Path | None = None, threads: int | None = None, log=print) -> Evaluation:
+    """Evaluate the released adapters of ``target`` (a run folder or its contract) on the held-out set.
+
+    The run's own ``contract.yaml`` decides the data, the split and the masking, so a ``data.eval_fraction``
+    split is the same one training held out.
+
+    Raises:
+        BadInputError: no release, no held-out set, unreadable data or model.
+    """
+    from dplora.released import load_adapter_model, read_run
+
+    run = read_run(target)
+    table = held_out_table(run.contract, eval_path)
+    source, public = held_out_source(run.contract, eval_path)
+    model, tokenizer, device = load_adapter_model(run, threads=threads, log=log)
+    return evaluate_model(
+        model,
+        tokenizer,
+        table,
+        run.contract,
+        device=device,
+        source=source,
+        public=public,
+        private_run=run.differentially_private,
+    )
+
+
+def report_lines(evaluation: Evaluation) -> list[str]:
+    """The evaluation as a few lines of text for the operator (numbers only, never held-out text)."""
+    from dplora.control import NOT_DP
+
+    b, a = evaluation.base, evaluation.adapter
+    lines = [
+        f"held-out: {evaluation.source}; {b.records} records, {b.tokens} target tokens",
+        f"  {evaluation.label}",
+    ]
+    if not evaluation.differentially_private:
+        lines.append(f"  adapters: {NOT_DP} (privacy.enabled=false control)")
+    lines += [
+        f"  {'':8} {'loss/token':>10} {'perplexity':>11}",
+        f"  {'base':8} {b.loss:10.4f} {b.perplexity:11.3f}",
+        f"  {'adapter':8} {a.loss:10.4f} {a.perplexity:11.3f}   (Δ loss {a.loss - b.loss:+.4f})",
+    ]
+    if evaluation.accuracy is not None:
+        acc = evaluation.accuracy
+        lines.append(
+            f"  exact match on {acc['column']!r}: base {acc['base']:.3f}, adapter {acc['adapter']:.3f} "
+            f"({acc['records']} records)"
+        )
+    return lines

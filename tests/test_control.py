@@ -1,0 +1,178 @@
+"""The non-private control (privacy.enabled: false): the step by hand, its own signed record, verify exit 6, the
+ledger's ε = ∞ charge and the --non-private refusal, and generate's refusal."""
+
+from __future__ import annotations
+
+import base64
+import json
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import contract_dict, write_contract
+from typer.testing import CliRunner
+
+from dplora.cli import app
+from dplora.control import NonPrivateStep, StepCounter
+from dplora.ledger import Ledger
+
+runner = CliRunner()
+pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")
+
+
+def _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, *extra, name="ctl", **sections):
+    sections.setdefault("privacy", {})["enabled"] = False
+    cfg = write_contract(
+        tmp_path / f"{name}.yaml", contract_dict(tiny_model_dir, tickets_csv, tmp_path / name, **sections)
+    )
+    result = runner.invoke(app, ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress", *extra])
+    return result, tmp_path / name
+
+
+def _statement(out: Path) -> dict:
+    envelope = json.loads((out / "release.dsse.json").read_text())
+    return json.loads(base64.b64decode(envelope["payload"]))
+
+
+@pytest.fixture(scope="module")
+def control_run(tmp_path_factory, tiny_model_dir, tickets_csv, signing_key):
+    tmp = tmp_path_factory.mktemp("control")
+    result, out = _train(tmp, tiny_model_dir, tickets_csv, signing_key)
+    assert result.exit_code == 0, result.output
+    return result, out
+
+
+def test_non_private_step_is_the_plain_summed_gradient_over_the_public_normaliser():
+    """Two physical batches, SGD: Δw = −lr · Σ_records ∇ℓ / B (no clip even for a huge gradient, no noise)."""
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(3))
+    x = torch.randn(5, 3) * 100.0  # per-record gradients far above any clip norm
+    counter = StepCounter()
+    step = NonPrivateStep(torch.optim.SGD([w], lr=0.1), expected_batch_size=4, counter=counter)
+    start = w.detach().clone()
+    step.begin_logical_step(5)
+    for rows in (slice(0, 3), slice(3, 5)):  # each record's loss: (w·x)², one backward per physical batch
+        step.prepare_batch(rows.stop - rows.start)
+        ((x[rows] @ w) ** 2).sum().backward()
+        step.accumulate(torch.arange(5)[rows], continues=False, row_weight=torch.ones(rows.stop - rows.start))
+    step.step()
+    by_hand = sum(2 * float(xi @ start) * xi for xi in x)  # Σ_r ∇(w·x_r)² = Σ_r 2 (w·x_r) x_r
+    assert torch.allclose(w.detach(), start - 0.1 * by_hand / 4, rtol=1e-5)
+    assert counter.steps == 1
+    step.zero_grad()
+    before = w.detach().clone()
+    step.begin_logical_step(0)  # an empty Poisson batch: a zero gradient, still one step
+    step.step()
+    assert torch.equal(w.detach(), before) and counter.steps == 2
+
+
+def test_control_run_signs_a_non_private_record(control_run, tickets_csv):
+    """Same q and T as the DP twin, its own predicate type, no accounting, every output says NOT DP."""
+    result, out = control_run
+    assert "NOT DIFFERENTIALLY PRIVATE" in result.output and "non-private record" in result.output
+    statement = _statement(out)
+    assert statement["predicateType"] == "https://dplora.dev/non-private/v1"
+    record = statement["predicate"]
+    assert record["differentially_private"] is False and "NOT DIFFERENTIALLY PRIVATE" in record["statement"]
+    assert "accounting" not in record and "mechanism" not in record
+    assert record["training"]["clipping"] == "none" and record["training"]["noise"] == "none"
+    assert record["training"]["sample_rate"] == 8 / 120  # the DP twin's q = B/N over the same 120 rows
+    assert record["training"]["steps_done"] == record["training"]["steps_planned"] == 3
+    config = json.loads((out / "adapter" / "adapter_config.json").read_text())
+    assert "NOT DIFFERENTIALLY PRIVATE" in config["dplora_privacy"]
+    card = (out / "adapter" / "README.md").read_text()  # the model card, signed like the adapter
+    assert "# NOT DIFFERENTIALLY PRIVATE" in card and "- not-differentially-private" in card
+    assert "- differential-privacy" not in card and "Privacy guarantee" not in card
+    assert "adapter/README.md" in {s["name"] for s in statement["subject"]}
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert any("NOT DIFFERENTIALLY PRIVATE" in x.get("note", "") for x in lines)
+    assert [x["epsilon_upper"] for x in lines if "step" in x] == [None, None, None]
+    from safetensors.torch import load_file
+
+    weights = load_file(out / "adapter" / "adapter_model.safetensors")
+    assert all(float(v.abs().max()) > 0 for k, v in weights.items() if "lora_B" in k)  # it trained
+
+
+def test_verify_marks_the_control_not_private_with_exit_6(control_run, signing_key):
+    _, out = control_run
+    plain = runner.invoke(app, ["verify", str(out), "--public-key", str(signing_key[1])])
+    assert plain.exit_code == 6
+    assert plain.output.splitlines()[-1].startswith("NOT DIFFERENTIALLY PRIVATE")
+    assert "OK  signature" in plain.output and "OK  artifacts" in plain.output
+    allowed = runner.invoke(app, ["verify", str(out), "--public-key", str(signing_key[1]), "--allow-non-private"])
+    assert allowed.exit_code == 0 and "NOT DIFFERENTIALLY PRIVATE" in allowed.output
+    weights = out / "adapter" / "adapter_model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    try:  # a tampered control still fails as a mismatch (3), before any privacy verdict
+        tampered = runner.invoke(app, ["verify", str(out), "--public-key", str(signing_key[1]), "--allow-non-private"])
+        assert tampered.exit_code == 3
+    finally:
+        data[-1] ^= 1
+        weights.write_bytes(bytes(data))
+
+
+def test_generate_refuses_the_control_without_the_flag(control_run):
+    _, out = control_run
+    refused = runner.invoke(app, ["generate", str(out), "--prompt", "hello", "--max-new-tokens", "3"])
+    assert refused.exit_code == 6 and "NOT DIFFERENTIALLY PRIVATE" in refused.output
+    allowed = runner.invoke(
+        app, ["generate", str(out), "--prompt", "hello", "--max-new-tokens", "3", "--allow-non-private"]
+    )
+    assert allowed.exit_code == 0, allowed.output
+    assert "no DP guarantee" in allowed.output
+
+
+def test_ledger_refuses_the_control_on_a_population_unless_non_private(
+    tmp_path, tiny_model_dir, tickets_csv, signing_key
+):
+    """Without --non-private: exit 2, nothing written, no charge. With it: a charge of ε = ∞, and the population
+    is then over its cap, so a later DP run on it is refused."""
+    db = tmp_path / "ledger.sqlite3"
+    cap = runner.invoke(app, ["ledger", "set-cap", "tickets", "--epsilon", "10", "--delta", "1e-4", "--db", str(db)])
+    assert cap.exit_code == 0, cap.output
+    privacy = {"population": "tickets"}
+    refused, out = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, "--ledger", str(db), privacy=privacy)
+    assert refused.exit_code == 2 and "--non-private" in refused.output and "ε=∞" in refused.output
+    assert not out.exists() and not out.with_name(out.name + ".partial").exists()
+    with Ledger(db) as ledger:
+        assert ledger.charges("tickets") == []
+    ran, out = _train(
+        tmp_path, tiny_model_dir, tickets_csv, signing_key, "--ledger", str(db), "--non-private", privacy=privacy
+    )
+    assert ran.exit_code == 0, ran.output
+    with Ledger(db) as ledger:
+        [charge] = ledger.charges("tickets")
+        assert charge.epsilon == Decimal("Infinity") and charge.delta == 0 and charge.status == "settled"
+        assert ledger.spent("tickets")[0] == Decimal("Infinity")
+        assert ledger.releases(population="tickets") == []
+        assert ledger.populations()[0]["over_cap"] is True
+    later = runner.invoke(app, ["ledger", "check", "tickets", "--epsilon", "0.1", "--delta", "1e-6", "--db", str(db)])
+    assert later.exit_code == 2 and "Infinity" in later.output
+
+
+def test_a_failed_control_stays_charged_infinite(tmp_path):
+    """Reserve ε = ∞, fail: the charge stays ∞ (the data was used without DP); a DP settle cannot reach ∞."""
+    from dplora.errors import PlanRefusedError
+
+    with Ledger(tmp_path / "l.sqlite3") as ledger:
+        ledger.reserve_non_private(population="p", run_id="r1", adjacency="add_remove")
+        charge = ledger.settle("r1", epsilon_spent=float("inf"), status="failed")
+        assert charge.epsilon == Decimal("Infinity") and charge.status == "failed"
+        ledger.set_cap("q", epsilon_max="5", delta_max="1e-5")
+        ledger.reserve(population="q", run_id="r2", epsilon="1", delta="1e-6", accountant="rdp", adjacency="add_remove")
+        with pytest.raises(PlanRefusedError):
+            ledger.settle("r2", epsilon_spent=float("inf"))
+
+
+def test_budget_says_the_control_is_not_private(tmp_path, tiny_model_dir, tickets_csv):
+    cfg = write_contract(
+        tmp_path / "c.yaml",
+        contract_dict(tiny_model_dir, tickets_csv, tmp_path / "o", privacy={"enabled": False, "population": "p"}),
+    )
+    result = runner.invoke(app, ["budget", str(cfg), "--json", "--ledger", str(tmp_path / "none.sqlite3")])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert any("NOT DIFFERENTIALLY PRIVATE" in w for w in report["warnings"]) and "ledger" not in report

@@ -1,0 +1,274 @@
+"""Held-out evaluation and generation on a tiny random Llama: a hand-computed loss, the split by protected unit,
+private numbers kept out of the signed record, and deterministic greedy replies."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import contract_dict, write_contract
+from typer.testing import CliRunner
+
+from dplora.cli import app
+from dplora.contract import parse_contract
+
+runner = CliRunner()
+pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")
+
+
+def _train(tmp_path, tiny_model_dir, data_file, signing_key, name="run", *extra, **sections):
+    cfg = write_contract(
+        tmp_path / f"{name}.yaml", contract_dict(tiny_model_dir, data_file, tmp_path / name, **sections)
+    )
+    result = runner.invoke(app, ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress", *extra])
+    return result, tmp_path / name, cfg
+
+
+def _payload(out: Path) -> dict:
+    envelope = json.loads((out / "release.dsse.json").read_text())
+    return json.loads(base64.b64decode(envelope["payload"]))
+
+
+def _metrics_eval(out: Path) -> dict:
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    found = [x.get("not_covered_by_dp", x).get("eval") for x in lines if "eval" in x.get("not_covered_by_dp", x)]
+    assert len(found) == 1
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def split_run(tmp_path_factory, tiny_model_dir, tickets_csv, signing_key):
+    """A finished DP run holding out 25 % of the rows (row-level units)."""
+    tmp = tmp_path_factory.mktemp("eval")
+    result, out, cfg = _train(tmp, tiny_model_dir, tickets_csv, signing_key, data={"eval_fraction": 0.25})
+    assert result.exit_code == 0, result.output
+    return result, out, cfg
+
+
+def test_held_out_loss_equals_a_hand_computation(tiny_model_dir):
+    """Two sequences of different lengths, prompt tokens masked: the loss is Σ −log p(target) / #targets."""
+    from transformers import AutoModelForCausalLM
+
+    from dplora.evaluate import held_out_loss
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    examples = [
+        ([10, 11, 12, 13, 14, 257], [-100, -100, 12, 13, 14, 257]),  # 2 prompt tokens, 4 targets
+        ([20, 21, 22, 257], [20, 21, 22, 257]),  # text record: every token a target (the first is never predicted)
+    ]
+    nll, count = 0.0, 0
+    with torch.no_grad():
+        for ids, labels in examples:  # one sequence at a time, no padding, an explicit loop over positions
+            logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].double(), dim=-1)
+            for t in range(1, len(ids)):
+                if labels[t] != -100:
+                    nll -= float(logp[t - 1, labels[t]])
+                    count += 1
+    assert count == 4 + 3
+    for batch_size in (1, 2):  # batch 2 right-pads the shorter sequence: padding must change nothing
+        got = held_out_loss(model, examples, pad_id=256, device="cpu", batch_size=batch_size)
+        assert got.tokens == 7 and got.records == 2
+        assert got.loss == pytest.approx(nll / count, rel=1e-6)
+        assert got.perplexity == pytest.approx(math.exp(nll / count), rel=1e-6)
+
+
+def test_split_is_by_unit_and_stable_under_add_remove(tmp_path, tiny_model_dir, tickets_csv):
+    """No customer on both sides; removing one customer moves no other customer across the split."""
+    from dplora.data import load_table, split_eval
+
+    privacy = {"protected_unit": "user", "unit_key": "customer_id"}
+    contract = parse_contract(
+        contract_dict(tiny_model_dir, tickets_csv, tmp_path / "o", privacy=privacy, data={"eval_fraction": 0.3})
+    )
+    table = load_table(contract)
+    train, held = split_eval(table, contract)
+    train_ids, held_ids = set(map(str, train["customer_id"])), set(map(str, held["customer_id"]))
+    assert train_ids and held_ids and not train_ids & held_ids
+    assert train.num_rows + held.num_rows == table.num_rows
+    share = len(held_ids) / (len(held_ids) + len(train_ids))
+    assert 0.15 < share < 0.45  # about the fraction (a binomial draw over ~60 customers)
+    gone = sorted(train_ids)[0]
+    neighbour = table.filter(lambda row: str(row["customer_id"]) != gone)
+    train2, held2 = split_eval(neighbour, contract)
+    assert set(map(str, held2["customer_id"])) == held_ids
+    assert set(map(str, train2["customer_id"])) == train_ids - {gone}
+    other_seed = contract.model_copy(update={"training": contract.training.model_copy(update={"seed": 1})})
+    assert set(map(str, split_eval(table, other_seed)[1]["customer_id"])) != held_ids
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        ({"eval_fraction": 0.2, "eval_path": "x.csv"}, "at most one of data.eval_path"),
+        ({"eval_fraction": 0.2, "eval_public": True}, "is private data"),
+        ({"eval_fraction": 1.0}, "eval_fraction"),
+        ({"label_column": "reply"}, "needs data.prompt_column and a held-out set"),
+    ],
+)
+def test_bad_held_out_settings_exit_2(tmp_path, tiny_model_dir, tickets_csv, data, needle):
+    cfg = write_contract(tmp_path / "c.yaml", contract_dict(tiny_model_dir, tickets_csv, tmp_path / "o", data=data))
+    result = runner.invoke(app, ["validate", str(cfg)])
+    assert result.exit_code == 2 and needle in result.output
+
+
+def test_private_eval_numbers_never_enter_the_record(split_run, tickets_csv, signing_key):
+    """Train prints base vs adapter labelled NOT COVERED BY DP, logs them under not_covered_by_dp, signs none."""
+    result, out, _ = split_run
+    assert "NOT COVERED BY DP" in result.output
+    metrics = _metrics_eval(out)
+    assert metrics["public"] is False
+    payload = json.dumps(_payload(out))
+    assert "evaluation" not in _payload(out)["predicate"]
+    for model in ("base", "adapter"):
+        loss = metrics[model]["loss"]
+        assert f"{loss:.4f}" in result.output  # printed to the operator...
+        assert repr(loss) not in payload and f"{loss:.4f}" not in payload  # ...never signed
+    acc = _payload(out)["predicate"]["accounting"]
+    with open(tickets_csv, newline="") as fh:
+        rows = sum(1 for _ in csv.DictReader(fh))
+    assert acc["num_units"] + metrics["base"]["records"] == rows  # N counts the training side only
+    check = runner.invoke(app, ["verify", str(out), "--public-key", str(signing_key[1])])
+    assert check.exit_code == 0, check.output
+
+
+def test_eval_command_reproduces_the_split_and_the_numbers(split_run):
+    """`dplora eval RUN` (and `dplora eval CONFIG`) re-creates the same held-out split from contract.yaml."""
+    result, out, cfg = split_run
+    metrics = _metrics_eval(out)
+    for target in (out, cfg):
+        got = runner.invoke(app, ["eval", str(target), "--json"])
+        assert got.exit_code == 0, got.output
+        report = json.loads(got.output)
+        assert report["base"]["records"] == metrics["base"]["records"]
+        assert report["base"]["tokens"] == metrics["base"]["tokens"]
+        for model in ("base", "adapter"):
+            assert report[model]["loss"] == pytest.approx(metrics[model]["loss"], rel=1e-6)
+        assert report["adapter"]["loss"] != report["base"]["loss"]
+        assert report["public"] is False and report["differentially_private"] is True
+    text = runner.invoke(app, ["eval", str(out)])
+    assert text.exit_code == 0 and "NOT COVERED BY DP" in text.output and "perplexity" in text.output
+
+
+def test_public_eval_set_enters_the_record(tmp_path, tiny_model_dir, tickets_csv, signing_key):
+    """data.eval_public: true with data.eval_path: the numbers are signed (and equal the logged ones)."""
+    public = tmp_path / "public.csv"
+    public.write_text("message,reply\nwhere is my parcel,it ships tomorrow\nreset my password,use the reset link\n")
+    data = {"eval_path": str(public), "eval_public": True}
+    result, out, _ = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, data=data)
+    assert result.exit_code == 0, result.output
+    signed = _payload(out)["predicate"]["evaluation"]
+    metrics = _metrics_eval(out)
+    assert signed["public"] is True and signed["base"]["records"] == 2
+    assert signed["adapter"]["loss"] == pytest.approx(metrics["adapter"]["loss"], rel=1e-12)
+    assert "declared public" in result.output and "NOT COVERED" not in result.output
+
+
+def test_eval_refuses_runs_without_release_or_held_out_set(tmp_path, split_run, tickets_csv):
+    _, out, _ = split_run
+    none = runner.invoke(app, ["eval", str(tmp_path / "missing")])
+    assert none.exit_code == 2 and "no such run folder" in none.output
+    partial = tmp_path / "run.partial"
+    partial.mkdir()
+    (partial / "FAILED.json").write_text("{}")
+    failed = runner.invoke(app, ["eval", str(partial)])
+    assert failed.exit_code == 2 and "has no release.dsse.json" in failed.output
+    explicit = runner.invoke(app, ["eval", str(out), "--eval-path", str(tickets_csv), "--json"])
+    assert explicit.exit_code == 0 and json.loads(explicit.output)["base"]["records"] == 120
+
+
+def test_exact_match_accuracy_on_a_label_column(tmp_path, tiny_model_dir, tickets_csv):
+    """Accuracy counts greedy replies equal to the label, the prompt formatted as in training (stub generator)."""
+    from tiny import byte_tokenizer
+
+    from dplora.data import load_table, split_eval
+    from dplora.evaluate import _exact_match
+
+    contract = parse_contract(
+        contract_dict(tiny_model_dir, tickets_csv, tmp_path / "o", data={"eval_fraction": 0.3, "label_column": "reply"})
+    )
+    _, held = split_eval(load_table(contract), contract)
+    tokenizer = byte_tokenizer()
+    labels = [str(x).strip() for x in held["reply"]]
+    right = set(range(0, held.num_rows, 2))  # the stub answers every other prompt correctly
+
+    class Stub:
+        def __init__(self):
+            self.prompts, self.max_new = [], set()
+
+        def generate(self, input_ids, attention_mask, generation_config):
+            prompt = tokenizer.decode(input_ids[0].tolist())
+            i = len(self.prompts)
+            self.prompts.append(prompt)
+            self.max_new.add(generation_config.max_new_tokens)
+            reply = f" {labels[i]}\n" if i in right else labels[i] + "!"
+            new = tokenizer([reply], add_special_tokens=False)["input_ids"][0] + [tokenizer.eos_token_id]
+            return torch.cat([input_ids, torch.tensor([new])], dim=1)
+
+    stub = Stub()
+    got = _exact_match(stub, tokenizer, held, contract, "cpu")
+    assert got == pytest.approx(len(right) / held.num_rows)
+    longest = max(len(tokenizer([y], add_special_tokens=False)["input_ids"][0]) for y in labels)
+    assert stub.max_new == {longest + 2}
+    for prompt, message in zip(stub.prompts, held["message"], strict=True):  # training's rule: 48 // 2 bytes
+        assert prompt == (f"{message}\n" if len(message) + 1 + longest + 2 <= 48 else message[:24])
+
+
+def test_generate_is_deterministic_under_greedy(split_run):
+    """Two `dplora generate` runs print the same reply, and it is the token-by-token argmax of base + adapters."""
+    from dplora.generate import Sampling, generate_replies, prompt_ids
+    from dplora.released import load_adapter_model, read_run
+
+    _, out, _ = split_run
+    args = ["generate", str(out), "--prompt", "my order never arrived", "--max-new-tokens", "6", "--json"]
+    first, second = runner.invoke(app, args), runner.invoke(app, args)
+    assert first.exit_code == 0, first.output
+    assert first.output == second.output
+    reply = json.loads(first.output)["reply"]
+    run = read_run(out)
+    model, tokenizer, device = load_adapter_model(run, threads=1, log=lambda _: None)
+    ids = prompt_ids(run.contract, tokenizer, "my order never arrived", 6)
+    assert tokenizer.decode(ids) == "my order never arrived\n"
+    with torch.no_grad():
+        for _ in range(6):
+            nxt = int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+            ids.append(nxt)
+            if nxt == tokenizer.eos_token_id:
+                break
+    prompt_len = len(prompt_ids(run.contract, tokenizer, "my order never arrived", 6))
+    assert reply == tokenizer.decode(ids[prompt_len:], skip_special_tokens=True)
+    direct = generate_replies(
+        model,
+        tokenizer,
+        ["my order never arrived"],
+        contract=run.contract,
+        sampling=Sampling(max_new_tokens=6),
+        device=device,
+    )
+    assert direct == [reply]
+    seeded = ["generate", str(out), "--prompt", "hi", "--temperature", "1.0", "--top-p", "0.9", "--seed", "3"]
+    assert runner.invoke(app, seeded).output == runner.invoke(app, seeded).output
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [([], "exactly one of --prompt"), (["--prompt", "x", "--prompts", "f.txt"], "exactly one of --prompt")],
+)
+def test_generate_needs_exactly_one_prompt_source(split_run, extra, needle):
+    _, out, _ = split_run
+    result = runner.invoke(app, ["generate", str(out), *extra])
+    assert result.exit_code == 2 and needle in result.output
+
+
+def test_missing_label_column_is_refused_before_training(tmp_path, tiny_model_dir, tickets_csv, signing_key):
+    """A held-out file without the label column: exit 2 before the first step, nothing written."""
+    held = tmp_path / "held.csv"
+    held.write_text("message,reply\nwhere is my parcel,it ships tomorrow\n")
+    data = {"eval_path": str(held), "label_column": "intent"}
+    result, out, _ = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, data=data)
+    assert result.exit_code == 2 and "no column 'intent'" in result.output
+    assert not out.exists() and not out.with_name(out.name + ".partial").exists()
