@@ -116,6 +116,15 @@ def test_bad_held_out_settings_exit_2(tmp_path, tiny_model_dir, tickets_csv, dat
     assert result.exit_code == 2 and needle in result.output
 
 
+def test_an_eval_path_override_replaces_the_file_s_eval_fraction(tmp_path, tiny_model_dir, tickets_csv):
+    """data.eval_path and data.eval_fraction are an exclusive pair under the override rule."""
+    from dplora.contract import load_contract
+
+    raw = contract_dict(tiny_model_dir, tickets_csv, tmp_path / "o", data={"eval_fraction": 0.2})
+    contract = load_contract(write_contract(tmp_path / "c.yaml", raw), ["data.eval_path=held.csv"])
+    assert contract.data.eval_path == "held.csv" and contract.data.eval_fraction is None
+
+
 def test_private_eval_numbers_never_enter_the_record(split_run, tickets_csv, signing_key):
     """Train prints base vs adapter labelled NOT COVERED BY DP, logs them under not_covered_by_dp, signs none."""
     result, out, _ = split_run
