@@ -93,6 +93,7 @@ def load_adapter_model(run: ReleasedRun, *, threads: int | None = None, log=prin
     from dplora.engine import free_threads
     from dplora.model import load_model_and_tokenizer, place_model, resolve_precision, select_device
 
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")  # transformers 5, as train
     torch.set_num_threads(threads or run.contract.training.threads or free_threads())
     device = select_device()
     dtype, allow_tf32 = resolve_precision(run.contract.model, device)
