@@ -55,14 +55,28 @@ def control_plan(plan: TrainingPlan) -> TrainingPlan:
 
 
 class StepCounter:
-    """Counts logical steps (``steps``), standing in for the accountant of a DP run; computes no ε."""
+    """Counts logical steps, standing in for the accountant of a DP run; computes no ε.
 
-    def __init__(self) -> None:
-        self.steps = 0
+    ``history`` has the accountant's form [(σ, q, steps)] with σ = 0 (no noise), so resume checkpoints
+    (:mod:`dplora.checkpoint`) save and restore a control's step count like a DP run's.
+    """
+
+    def __init__(self, sample_rate: float = 0.0) -> None:
+        self.sample_rate = sample_rate
+        self.history: list[tuple[float, float, int]] = []
+
+    @property
+    def steps(self) -> int:
+        """Logical steps taken."""
+        return sum(n for _, _, n in self.history)
 
     def step(self) -> None:
         """Count one logical step."""
-        self.steps += 1
+        if self.history:
+            sigma, q, n = self.history[-1]
+            self.history[-1] = (sigma, q, n + 1)
+        else:
+            self.history.append((0.0, self.sample_rate, 1))
 
 
 class NonPrivateStep:
@@ -80,7 +94,7 @@ class NonPrivateStep:
     """
 
     def __init__(self, optimizer, *, expected_batch_size: int, counter: StepCounter):
-        self.optimizer = optimizer
+        self.optimizer = self.original_optimizer = optimizer  # original_optimizer: as Opacus names it (checkpoints)
         self.expected_batch_size = expected_batch_size
         self.counter = counter
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -117,7 +131,7 @@ def make_non_private(model, optimizer, *, plan: TrainingPlan):
 
     No Opacus wrapper: gradients come from one ordinary backward per physical batch.
     """
-    counter = StepCounter()
+    counter = StepCounter(plan.sample_rate)
     return model, NonPrivateStep(optimizer, expected_batch_size=plan.expected_batch_size, counter=counter), counter
 
 

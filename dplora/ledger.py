@@ -118,6 +118,16 @@ def _dec(value: object, what: str, *, positive: bool = True, below_one: bool = F
     return d
 
 
+def _is_infinite(value: object) -> bool:
+    """+∞ as a float, a Decimal or a string ("inf", "Infinity"): the ε of a non-private run."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float | Decimal):
+        return False
+    try:
+        return Decimal(str(value).strip()) == INFINITE
+    except InvalidOperation:
+        return False
+
+
 def _sum(values: Iterable[Decimal]) -> Decimal:
     total = Decimal(0)
     for v in values:
@@ -416,8 +426,7 @@ class Ledger:
         """
         if status not in ("settled", "failed"):
             raise BadInputError(f"status must be 'settled' or 'failed', got {status!r}")
-        infinite = isinstance(epsilon_spent, float | Decimal) and epsilon_spent == INFINITE  # a non-private run
-        eps = INFINITE if infinite else _dec(epsilon_spent, "epsilon_spent", positive=False)
+        eps = INFINITE if _is_infinite(epsilon_spent) else _dec(epsilon_spent, "epsilon_spent", positive=False)
         with self._write() as c:
             row = self._row(c, run_id)
             if row["status"] != "pending":

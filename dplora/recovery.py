@@ -159,6 +159,8 @@ def record_release(
     ledger.charge(run_id)  # must be charged already
     if info.step == 0:
         raise BadInputError(f"run {run_id}: its checkpoint holds no step yet; nothing to release")
+    if not parse_contract(yaml.safe_load(info.meta["contract_yaml"])).privacy.enabled:
+        raise BadInputError(f"run {run_id} is a non-private control (privacy.enabled=false): it has no DP release")
     plan = plan_from_checkpoint(info)
     eps = plan.epsilon_at(info.accounted_steps)
     staging = info.path.parent

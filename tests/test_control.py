@@ -86,7 +86,7 @@ def test_control_run_signs_a_non_private_record(control_run, tickets_csv):
     assert "- differential-privacy" not in card and "Privacy guarantee" not in card
     assert "adapter/README.md" in {s["name"] for s in statement["subject"]}
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert any("NOT DIFFERENTIALLY PRIVATE" in x.get("note", "") for x in lines)
+    assert "NOT DIFFERENTIALLY PRIVATE" in lines[0]["non_private"]
     assert [x["epsilon_upper"] for x in lines if "step" in x] == [None, None, None]
     from safetensors.torch import load_file
 
@@ -176,3 +176,44 @@ def test_budget_says_the_control_is_not_private(tmp_path, tiny_model_dir, ticket
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     assert any("NOT DIFFERENTIALLY PRIVATE" in w for w in report["warnings"]) and "ledger" not in report
+
+
+def test_an_interrupted_control_resumes_and_has_no_intermediate_dp_release(
+    tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key
+):
+    """SIGTERM after step 2: the checkpoint holds the control's step count (σ = 0 history); `ledger
+    record-release` refuses to sign it as a DP release; --resume finishes; the charge ends at ε = ∞."""
+    import os
+    import signal
+
+    from dplora import checkpoint
+
+    db = tmp_path / "ledger.sqlite3"
+    cap = runner.invoke(app, ["ledger", "set-cap", "p", "--epsilon", "10", "--delta", "1e-4", "--db", str(db)])
+    assert cap.exit_code == 0, cap.output
+    real = checkpoint.fault_point
+
+    def hook(point, step):
+        if (point, step) == ("after-step", 2):
+            os.kill(os.getpid(), signal.SIGTERM)
+        real(point, step)
+
+    monkeypatch.setattr(checkpoint, "fault_point", hook)
+    extra = ("--ledger", str(db), "--non-private")
+    stopped, out = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, *extra, privacy={"population": "p"})
+    assert stopped.exit_code == 130, stopped.output
+    monkeypatch.undo()
+    info = checkpoint.read_info(out.with_name(out.name + ".partial"))
+    assert info.step == 2 and info.meta["accountant_history"] == [[0.0, 8 / 120, 2]]
+    args = ["ledger", "record-release", info.run_id, "--db", str(db), "--signing-key", str(signing_key[0])]
+    refused = runner.invoke(app, args)
+    assert refused.exit_code == 2 and "non-private control" in refused.output
+    resumed, out = _train(
+        tmp_path, tiny_model_dir, tickets_csv, signing_key, *extra, "--resume", privacy={"population": "p"}
+    )
+    assert resumed.exit_code == 0, resumed.output
+    assert "from its checkpoint at step 2/3" in resumed.output
+    assert _statement(out)["predicate"]["training"]["steps_done"] == 3
+    with Ledger(db) as ledger:
+        [charge] = ledger.charges("p")
+        assert charge.status == "settled" and charge.epsilon == Decimal("Infinity")
