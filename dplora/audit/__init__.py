@@ -1,0 +1,1 @@
+"""Empirical privacy audits: canaries, the one-run ε lower bound, exposure and membership inference."""

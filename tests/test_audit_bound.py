@@ -1,0 +1,60 @@
+"""The one-run ε lower bound (Steinke, Nasr & Jagielski 2023, arXiv 2305.08846, Theorem 3) against hand values."""
+
+import math
+
+import pytest
+
+from dplora.audit.bound import count_correct, epsilon_lower_bound, p_value
+
+
+def test_all_correct_bound_rises_with_r():
+    for delta in (0.0, 1e-5):
+        bounds = [epsilon_lower_bound(m=1000, r=r, v=r, delta=delta) for r in (5, 10, 20, 50, 100, 200)]
+        assert all(a < b for a, b in zip(bounds, bounds[1:], strict=False)), bounds
+        assert bounds[0] > 0
+
+
+def test_half_correct_is_zero():
+    for r in (10, 50, 200):
+        assert epsilon_lower_bound(m=1000, r=r, v=r // 2, delta=0.0) == 0.0
+        assert epsilon_lower_bound(m=1000, r=r, v=r // 2, delta=1e-5) == 0.0
+
+
+def test_delta_zero_is_the_binomial_tail_closed_form():
+    # δ = 0, all r correct: P[W ≥ r] = q^r with q = e^ε/(1+e^ε); the bound solves q^r = 0.05, ε = ln(q/(1−q)).
+    for r in (10, 30, 100):
+        q = 0.05 ** (1 / r)
+        assert epsilon_lower_bound(m=1000, r=r, v=r, delta=0.0) == pytest.approx(math.log(q / (1 - q)), abs=1e-5)
+    # r = 10: q = 0.741134..., ε = 1.05187 (hand-computed).
+    assert epsilon_lower_bound(m=1000, r=10, v=10, delta=0.0) == pytest.approx(1.05187, abs=1e-4)
+    # p-value at ε = 1, r = v = 10: (e/(1+e))^10 = 0.0436035.
+    assert p_value(m=100, r=10, v=10, epsilon=1.0, delta=0.0) == pytest.approx(0.0436035, abs=1e-6)
+
+
+def test_delta_term_hand_computed():
+    # ε = 0, r = v = 2, m = 100, δ = 0.001: f(2) = 1/4; (f(1) − f(2))/1 = P[B=1] = 1/2; (f(0) − f(2))/2 = 3/8;
+    # p = 1/4 + 2·100·0.001·max(1/2, 3/8) = 0.25 + 0.1 = 0.35.
+    assert p_value(m=100, r=2, v=2, epsilon=0.0, delta=0.001) == pytest.approx(0.35, abs=1e-12)
+    # ε = ln 3 (q = 3/4), r = v = 3, m = 10, δ = 0.01: f(3) = 27/64; P[B=2] = 27/64, P[B=1] = 9/64, P[B=0] = 1/64;
+    # max(27/64, 36/64/2, 37/64/3) = 27/64; p = 27/64 + 2·10·0.01·27/64 = 1.2·27/64 = 0.50625.
+    assert p_value(m=10, r=3, v=3, epsilon=math.log(3), delta=0.01) == pytest.approx(0.50625, abs=1e-12)
+
+
+def test_delta_lowers_the_bound_and_bound_sits_at_the_threshold():
+    for delta in (1e-6, 1e-5, 1e-4):
+        eps = epsilon_lower_bound(m=1000, r=100, v=100, delta=delta)
+        assert eps < epsilon_lower_bound(m=1000, r=100, v=100, delta=0.0)
+        assert p_value(m=1000, r=100, v=100, epsilon=eps, delta=delta) == pytest.approx(0.05, abs=1e-5)
+    # 2·m·δ = 2 and at ε = 0 the max term is ≥ P[10 ≤ B < 20]/10 ≈ 0.05: the δ term alone exceeds 0.05.
+    assert epsilon_lower_bound(m=1000, r=20, v=20, delta=1e-3) == 0.0
+
+
+def test_count_correct_and_bad_input():
+    scores = [5.0, 4.0, 3.0, 2.0, 1.0, 0.0]
+    inserted = [True, True, False, True, False, False]
+    assert count_correct(scores, inserted, k_in=2, k_out=2) == (4, 4)
+    assert count_correct(scores, inserted, k_in=3, k_out=0) == (3, 2)
+    with pytest.raises(ValueError, match="k_in"):
+        count_correct(scores, inserted, k_in=4, k_out=3)
+    with pytest.raises(ValueError, match="v=5"):
+        p_value(m=10, r=4, v=5, epsilon=1.0, delta=0.0)
