@@ -1,7 +1,8 @@
 """The ``dplora`` command line: parses arguments and calls the library, nothing more.
 
 Exit codes: 0 success; 2 bad input or a refused plan; 3 ``verify`` found a mismatch; 4 training failed;
-6 a non-private (``privacy.enabled: false``) run used without ``--allow-non-private``.
+5 ``audit``: the empirical ε lower bound exceeds the claimed ε; 6 a non-private (``privacy.enabled: false``) run
+used without ``--allow-non-private``.
 """
 
 from __future__ import annotations
@@ -480,6 +481,15 @@ def _mount_ledger() -> None:
 
 
 _mount_ledger()
+
+
+def _mount_audit() -> None:
+    from dplora.cli_audit import register
+
+    register(app, config_arg=ConfigArg, overrides_arg=OverridesArg, fail=_fail, log=_log, out=out)
+
+
+_mount_audit()
 
 
 def main() -> None:

@@ -74,6 +74,16 @@ def load_table(contract: Contract):
     return table
 
 
+def append_records(table, rows: list[dict]):
+    """``table`` (a ``datasets.Dataset``) with ``rows`` appended; each row gives every column as text."""
+    import datasets
+
+    extra = datasets.Dataset.from_list(
+        [{c: row.get(c) for c in table.column_names} for row in rows], features=table.features
+    )
+    return datasets.concatenate_datasets([table, extra])
+
+
 def _check_cells(values, column: str, path: Path) -> None:
     """Every cell of a used column must be non-empty text (or a number); names rows, never contents."""
     bad = [i for i, v in enumerate(values) if v is None or (isinstance(v, str) and not v.strip())]

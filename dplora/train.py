@@ -158,6 +158,7 @@ def run_training(
     contract_path: Path | None = None,
     resume: bool = False,
     log=print,
+    extra_records: list[dict] | None = None,
 ) -> RunResult:
     """Train DP-LoRA adapters under ``contract`` and write them with a signed release record.
 
@@ -174,6 +175,8 @@ def run_training(
         contract_path: the contract file, which the output folder must not hold.
         resume: continue from the resume checkpoint in ``<output_dir>.partial`` (same contract and data).
         log: one-line message sink.
+        extra_records: rows appended to the training table after the held-out split (the audit's canaries,
+            each its own protected unit); every column of the data file, text values.
 
     Returns:
         :class:`RunResult`.
@@ -205,6 +208,8 @@ def run_training(
             if control.is_control(contract) and world.distributed:
                 raise BadInputError("privacy.enabled=false (the non-private control) runs in one process only")
             table, held_out = data_mod.split_eval(data_mod.load_table(contract), contract)
+            if extra_records:
+                table = data_mod.append_records(table, extra_records)
             unit_index = data_mod.build_unit_index(table, contract.privacy, seed=contract.training.seed)
             if main:
                 plan = plan_for(contract, unit_index)

@@ -1,0 +1,86 @@
+"""``dplora audit``: parses arguments and calls :mod:`dplora.audit.runner`; exit 5 when the bound exceeds ε."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+AUDIT_VIOLATION_EXIT = 5
+
+
+def register(app: typer.Typer, *, config_arg, overrides_arg, fail, log, out) -> None:
+    """Add the ``audit`` command to ``app`` (the CLI's argument types and error handling passed in)."""
+
+    @app.command(short_help="Canary audit: one-run ε lower bound, exposure and MIA AUC (exit 5 on a violation).")
+    def audit(
+        config: config_arg,
+        overrides: overrides_arg = None,
+        canaries: Annotated[int, typer.Option(metavar="M", help="Canaries, each its own protected unit.")] = 100,
+        copies: Annotated[
+            int, typer.Option(metavar="K", help="Records per canary inside its unit (ticket/user level only).")
+        ] = 1,
+        candidates: Annotated[int, typer.Option(metavar="N", help="Random secrets for exposure.")] = 1000,
+        guesses: Annotated[
+            int | None, typer.Option(metavar="K", help="Guesses on each side (k₊ = k₋). Default: canaries // 4.")
+        ] = None,
+        data_source: Annotated[
+            str,
+            typer.Option(
+                metavar="private|public|surrogate", help="What the data is; no-DP baselines need non-private."
+            ),
+        ] = "private",
+        audit_dir: Annotated[
+            Path | None, typer.Option("--out", metavar="DIR", help="Audit folder. Default: <output_dir>-audit.")
+        ] = None,
+        plot: Annotated[
+            bool, typer.Option("--plot", help="Write a PNG histogram of member/non-member scores.")
+        ] = False,
+        overwrite: Annotated[bool, typer.Option(help="Replace a previous audit's run folder.")] = False,
+        threads: Annotated[int | None, typer.Option(min=1, metavar="N", help="CPU threads.")] = None,
+        progress: Annotated[bool, typer.Option(help="Report training progress on stderr.")] = True,
+    ) -> None:
+        """Insert canaries with probability 1/2, train exactly as `dplora train`, score and bound ε from below.
+
+        Writes <audit>/audit.json and audit.md; exit 5 when the lower bound exceeds the claimed ε.
+        """
+        from dplora.audit.runner import AuditOptions, DataSource, run_audit, summary_markdown
+        from dplora.contract import load_contract
+        from dplora.errors import BadInputError, DploraError
+
+        try:
+            try:
+                source = DataSource(data_source)
+            except ValueError:
+                raise BadInputError(f"--data-source={data_source!r}: use private, public or surrogate") from None
+            first = load_contract(config, overrides or [])
+            folder = audit_dir or Path(f"{first.training.output_dir}-audit")
+            contract = load_contract(config, [*(overrides or []), f"training.output_dir={folder / 'run'}"])
+            options = AuditOptions(
+                canaries=canaries,
+                copies=copies,
+                candidates=candidates,
+                guesses=guesses,
+                data_source=source,
+                plot=plot,
+            )
+            report = run_audit(
+                contract,
+                options,
+                audit_dir=folder,
+                train_kwargs={
+                    "overwrite": overwrite,
+                    "threads": threads,
+                    "progress": progress,
+                    "non_private": True,
+                    "contract_path": config,
+                },
+                log=log,
+            )
+        except DploraError as err:
+            raise fail(err) from None
+        out.print(summary_markdown(report), markup=False, soft_wrap=True)
+        out.print(f"audit: {folder / 'audit.json'}", markup=False)
+        if report["violation"]:
+            raise typer.Exit(code=AUDIT_VIOLATION_EXIT)
