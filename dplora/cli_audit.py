@@ -1,7 +1,5 @@
 """``dplora audit``: parses arguments and calls :mod:`dplora.audit.runner`; exit 5 when the bound exceeds ε."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Annotated
 

@@ -1,7 +1,7 @@
 """Canaries in the format of the data: a fake account number inside a ticket-like reply, one protected unit each.
 
 Every canary shares one prompt and one reply template and differs only in its secret, a random account number
-(12 characters of A–Z0–9 in three groups of four, about 62 bits), as in Carlini et al. (2019), "The Secret
+(16 characters of A–Z0–9 in four groups of four, about 83 bits), as in Carlini et al. (2019), "The Secret
 Sharer", arXiv 1802.08232: random candidates of the same format give the reference distribution for exposure.
 Secrets and the 1/2 inclusion coins come from OS entropy (``secrets``), never a recorded seed.
 """
@@ -15,7 +15,7 @@ import string
 from dplora.contract import Contract
 
 PROMPT = "Hi, could you read back the account number you have on file for me? Thanks."
-REPLY = "Of course. The account number we have on file for you is {secret}. Anything else I can help with?"
+REPLY = "The account number on file is {secret}."
 _ALPHABET = string.ascii_uppercase + string.digits
 
 
@@ -29,9 +29,9 @@ class Canary:
 
 
 def random_secret(rng: secrets.SystemRandom) -> str:
-    """A fake account number such as ``K7QX-09AZ-M2LT`` (36^12 possibilities)."""
-    chars = "".join(rng.choice(_ALPHABET) for _ in range(12))
-    return f"{chars[:4]}-{chars[4:8]}-{chars[8:]}"
+    """A fake account number such as ``K7QX-09AZ-M2LT-4RQ8`` (36^16 possibilities)."""
+    chars = "".join(rng.choice(_ALPHABET) for _ in range(16))
+    return "-".join(chars[i : i + 4] for i in range(0, 16, 4))
 
 
 def make_canaries(m: int) -> list[Canary]:
