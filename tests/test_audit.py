@@ -80,3 +80,43 @@ def test_audit_trains_through_the_engine_and_reports(tmp_path, tiny_model_dir, t
     assert report["claimed_epsilon"] <= 8.0 and report["violation"] == (result.exit_code == 5)
     # each inserted canary is one more protected unit: N = 120 data rows + inserted canaries
     assert f"N={120 + report['inserted']} units" in result.output
+
+
+@pytest.mark.slow
+def test_planted_bug_no_noise_is_flagged_with_exit_5(tmp_path, monkeypatch):
+    """The accountant claims ε = 1 but the engine adds (almost) no noise: the audit must exit 5.
+
+    The planted bug scales σ by 1e-6 inside the engine's noise step (exactly zero noise is already caught by the
+    engine's own check that every LoRA tensor moved after step 1, exit 4). Tiny random Llama (hidden 64, lm_head
+    ×5), 8 demo tickets and 32 canaries of 8 records each at ticket level.
+    """
+    import dplora.engine
+    from dplora.demo import write_tickets
+    from tiny import byte_tokenizer, tiny_llama
+
+    model = tiny_llama(hidden=64)
+    model.lm_head.weight.data *= 5.0
+    model.save_pretrained(tmp_path / "model")
+    byte_tokenizer().save_pretrained(tmp_path / "model")
+    write_tickets(tmp_path / "t.csv", num_tickets=8, seed=1)
+    modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    raw = contract_dict(
+        tmp_path / "model",
+        tmp_path / "t.csv",
+        tmp_path / "o",
+        privacy={"protected_unit": "ticket", "unit_key": "ticket_id", "target_epsilon": 1.0},
+        lora={"r": 8, "alpha": 16, "target_modules": modules},
+        training={"expected_batch_size": 16, "physical_batch_size": 32, "steps": 120, "lr": 0.01, "max_seq_len": 128},
+    )
+    cfg = write_contract(tmp_path / "bug.yaml", raw)
+    honest = dplora.engine.privatize
+    monkeypatch.setattr(
+        dplora.engine,
+        "privatize",
+        lambda s, **kw: honest(s, **(kw | {"noise_multiplier": kw["noise_multiplier"] * 1e-6})),
+    )
+    args = ["audit", str(cfg), "--canaries", "32", "--copies", "8", "--candidates", "100", "--no-progress"]
+    result = runner.invoke(app, [*args, "--data-source", "surrogate"])
+    report = json.loads((tmp_path / "o-audit" / "audit.json").read_text())
+    assert result.exit_code == 5, result.output
+    assert report["violation"] and report["epsilon_lower_bound"] > report["claimed_epsilon"] > 0.99
