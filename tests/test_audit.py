@@ -90,9 +90,10 @@ def test_planted_bug_no_noise_is_flagged_with_exit_5(tmp_path, monkeypatch):
     engine's own check that every LoRA tensor moved after step 1, exit 4). Tiny random Llama (hidden 64, lm_head
     ×5), 8 demo tickets and 32 canaries of 8 records each at ticket level.
     """
+    from tiny import byte_tokenizer, tiny_llama
+
     import dplora.engine
     from dplora.demo import write_tickets
-    from tiny import byte_tokenizer, tiny_llama
 
     model = tiny_llama(hidden=64)
     model.lm_head.weight.data *= 5.0
