@@ -36,6 +36,9 @@ def register(app: typer.Typer, *, config_arg, overrides_arg, fail, log, out) -> 
             bool, typer.Option("--plot", help="Write a PNG histogram of member/non-member scores.")
         ] = False,
         overwrite: Annotated[bool, typer.Option(help="Replace a previous audit's run folder.")] = False,
+        ledger: Annotated[
+            Path | None, typer.Option(metavar="PATH", help="Budget ledger (privacy.population): charged as by train.")
+        ] = None,
         threads: Annotated[int | None, typer.Option(min=1, metavar="N", help="CPU threads.")] = None,
         progress: Annotated[bool, typer.Option(help="Report training progress on stderr.")] = True,
     ) -> None:
@@ -71,7 +74,7 @@ def register(app: typer.Typer, *, config_arg, overrides_arg, fail, log, out) -> 
                     "overwrite": overwrite,
                     "threads": threads,
                     "progress": progress,
-                    "non_private": True,
+                    "ledger_path": ledger,
                     "contract_path": config,
                 },
                 log=log,
