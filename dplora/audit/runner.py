@@ -107,8 +107,10 @@ def run_audit(contract, options: AuditOptions, *, audit_dir: Path, train_kwargs:
         row for c in drawn if c.inserted for row in canaries.canary_rows(contract, c.unit_id, c.secret, options.copies)
     ]
     key, _ = generate_keypair(audit_dir / "audit-run.key", overwrite=True)  # the audit run's own, thrown away
-    result = run_training(contract, signing_key=key, data_key=None, extra_records=extra, log=log, **train_kwargs)
-    key.unlink(missing_ok=True)
+    try:
+        result = run_training(contract, signing_key=key, data_key=None, extra_records=extra, log=log, **train_kwargs)
+    finally:
+        key.unlink(missing_ok=True)
     measured = _score(result.output_dir, contract, drawn, options, train_kwargs.get("threads"), log)
     report = _report(result, drawn, measured, options, minutes=(time.time() - started) / 60)
     (audit_dir / REPORT_FILENAME).write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
