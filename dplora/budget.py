@@ -80,7 +80,7 @@ def budget_report(
     if contract.privacy.population and contract.privacy.enabled:
         from dplora.ledger import Ledger, default_ledger_path
 
-        ledger = Ledger(ledger_path or default_ledger_path())
+        ledger = Ledger(ledger_path or default_ledger_path(), create=False)  # a dry run never creates a ledger
         ledger.check(contract.privacy.population, epsilon=plan.epsilon, delta=plan.delta)
         spent = ledger.spent(contract.privacy.population)
         report["ledger"] = {

@@ -1,8 +1,10 @@
 """The ``dplora`` command line: parses arguments and calls the library, nothing more.
 
-Exit codes: 0 success; 2 bad input or a refused plan; 3 ``verify`` found a mismatch; 4 training failed;
-5 ``audit``: the empirical ε lower bound exceeds the claimed ε; 6 a non-private (``privacy.enabled: false``) run
-used without ``--allow-non-private``.
+Exit codes (README "Exit codes"): 0 success; 2 bad input or a refused plan; 3 ``verify`` found a mismatch;
+4 training failed; 5 ``audit``: the empirical ε lower bound exceeds the claimed ε; 6 a non-private
+(``privacy.enabled: false``) run used without ``--allow-non-private``; 130 interrupted; 1 an unexpected internal
+error. ``--json`` (train, budget, verify) prints exactly one JSON document on stdout, also on a handled error
+(``{"ok": false, "exit_code": N, "error": "..."}``); progress and messages go to stderr.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import typer
 from rich.console import Console
 
 from dplora import __version__
-from dplora.errors import BadInputError, DploraError
+from dplora.errors import BadInputError, DploraError, one_line
 
 
 class OneLineErrorGroup(typer.core.TyperGroup):
@@ -37,7 +39,10 @@ class OneLineErrorGroup(typer.core.TyperGroup):
             else:
                 ctx = getattr(err, "ctx", None)
                 where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-                typer.echo(f"error: {' '.join(err.format_message().split())}{where}", err=True)
+                message = one_line(f"{' '.join(err.format_message().split())}{where}")
+                typer.echo(f"error: {message}", err=True)
+                if "--json" in (sys.argv[1:] if args is None else args):
+                    _emit_json(_error_doc(2, message))
                 code = 2
         except typer.Abort:
             typer.echo("error: aborted", err=True)
@@ -92,13 +97,37 @@ def _root(
     """Differentially private LoRA fine-tuning from a declared privacy contract, with a signed release record."""
 
 
-def _fail(err: DploraError) -> typer.Exit:
-    console.print(f"error: {err}", markup=False, soft_wrap=True)
+def _fail(err: DploraError, *, as_json: bool = False) -> typer.Exit:
+    """Print the error as one bounded line on stderr (and, with ``--json``, as a JSON document on stdout)."""
+    message = one_line(str(err))
+    console.print(f"error: {message}", markup=False, soft_wrap=True)
+    if as_json:
+        _emit_json(_error_doc(err.exit_code, message))
     return typer.Exit(code=err.exit_code)
 
 
+def _error_doc(code: int, message: str) -> dict:
+    return {"ok": False, "exit_code": code, "error": message}
+
+
+def _finite(obj):
+    """JSON-safe copy: non-finite floats become null (JSON has no NaN or Infinity)."""
+    if isinstance(obj, float):
+        return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
+    if isinstance(obj, dict):
+        return {str(k): _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _emit_json(doc: dict) -> None:
+    """Exactly one JSON document on stdout (ASCII, so any locale can read it)."""
+    typer.echo(json.dumps(_finite(doc), indent=2, ensure_ascii=True, allow_nan=False))
+
+
 def _log(message: str) -> None:
-    console.print(message, markup=False, soft_wrap=True)
+    console.print(one_line(message, limit=2000), markup=False, soft_wrap=True)
 
 
 @app.command(short_help="Dry run: N, q, T, σ and ε, without loading a model.")
@@ -123,7 +152,7 @@ def budget(
 
     t0 = time.perf_counter()
     if plot is not None and plot.suffix.lower() != ".png":
-        raise _fail(BadInputError(f"--plot {plot}: the plot is a PNG file; use a name ending in .png"))
+        raise _fail(BadInputError(f"--plot {plot}: the plot is a PNG file; use a name ending in .png"), as_json=as_json)
     try:
         report = budget_mod.budget_report(
             config, overrides or [], ledger_path=ledger, sweep=sweep, world_size=world_size
@@ -131,10 +160,10 @@ def budget(
         if plot is not None:
             budget_mod.plot_curve(report, plot)
     except DploraError as err:
-        raise _fail(err) from None
+        raise _fail(err, as_json=as_json) from None
     report["seconds"] = round(time.perf_counter() - t0, 3)
     if as_json:
-        out.print_json(json.dumps(report))
+        _emit_json({"ok": True, **report})
     else:
         budget_mod.print_report(report, out)
 
@@ -163,7 +192,8 @@ def train(
     ] = False,
     ledger: LedgerOpt = None,
     threads: Annotated[
-        int | None, typer.Option(min=1, metavar="N", help="CPU threads. Default: the cores free right now.")
+        int | None,
+        typer.Option(min=1, max=1024, metavar="N", help="CPU threads. Default: the cores free right now."),
     ] = None,
     progress: Annotated[
         bool, typer.Option(help="Report progress on stderr: a bar on a terminal, a plain line every 30 s otherwise.")
@@ -181,8 +211,12 @@ def train(
             help="Allow a privacy.enabled=false control on a ledger population; the ledger records it as ε=∞.",
         ),
     ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON summary on stdout (progress and messages stay on stderr).")
+    ] = False,
 ) -> None:
     """Fine-tune LoRA adapters with DP-SGD under the contract and write a signed release."""
+    import contextlib
     import signal
 
     from dplora.contract import load_contract
@@ -195,26 +229,31 @@ def train(
     started = time.time()
     output_dir = None
     try:
-        contract = load_contract(config, overrides or [])
-        output_dir = contract.training.output_dir
-        result = run_training(
-            contract,
-            signing_key=signing_key,
-            data_key=data_key,
-            overwrite=overwrite,
-            ledger_path=ledger,
-            threads=threads,
-            progress=progress,
-            tuning_trial=tuning_trial,
-            non_private=non_private,
-            contract_path=config,
-            resume=resume,
-            log=_log,
-        )
+        # stdout is kept for the final line or JSON document: anything a library prints during the run goes to stderr
+        with contextlib.redirect_stdout(sys.stderr):
+            contract = load_contract(config, overrides or [])
+            output_dir = contract.training.output_dir
+            result = run_training(
+                contract,
+                signing_key=signing_key,
+                data_key=data_key,
+                overwrite=overwrite,
+                ledger_path=ledger,
+                threads=threads,
+                progress=progress,
+                tuning_trial=tuning_trial,
+                non_private=non_private,
+                contract_path=config,
+                resume=resume,
+                log=_log,
+            )
     except DploraError as err:
-        raise _fail(err) from None
+        raise _fail(err, as_json=as_json) from None
     except KeyboardInterrupt as err:
-        _log(_interrupted_message(err, output_dir, since=started))
+        message = _interrupted_message(err, output_dir, since=started)
+        _log(message)
+        if as_json:
+            _emit_json(_error_doc(130, one_line(message.removeprefix("error: "))))
         raise typer.Exit(code=130) from None
     if result.release_path is None:  # a rank other than 0 of a multi-process run: rank 0 reports for the run
         return
@@ -233,7 +272,49 @@ def train(
         f"≤ {p.target_epsilon:g} at δ={p.delta:g} ({p.accountant.value}), {result.seconds_per_step:.2f} s/step, "
         f"{result.threads} threads"
     )
-    out.print(f"release: {result.release_path}", markup=False)
+    if as_json:
+        _emit_json(_train_summary(result))
+    else:
+        out.print(f"release: {result.release_path}", markup=False)
+
+
+def _train_summary(result) -> dict:
+    """``train --json``: the run id, the plan's public numbers, ε spent, the paths written and the seconds."""
+    from dplora.release import SIGSTORE_FILENAME
+
+    p, folder = result.plan, result.output_dir.absolute()
+    bundle = folder / SIGSTORE_FILENAME
+    return {
+        "ok": True,
+        "run_id": result.run_id,
+        "protected_unit": p.protected_unit.value,
+        "unit_key": p.unit_key,
+        "adjacency": p.adjacency.value,
+        "num_units": p.num_units,
+        "num_units_source": p.num_units_source,
+        "expected_batch_size": p.expected_batch_size,
+        "sample_rate": p.sample_rate,
+        "steps": p.steps,
+        "steps_done": result.steps_done,
+        "empty_steps": result.empty_steps,
+        "noise_multiplier": p.noise_multiplier,
+        "max_grad_norm": p.max_grad_norm,
+        "epsilon_spent": result.epsilon_spent,
+        "target_epsilon": p.target_epsilon,
+        "delta": p.delta,
+        "accountant": p.accountant.value,
+        "accountant_version": p.accountant_version,
+        "paths": {
+            "output_dir": str(folder),
+            "adapter": str(folder / "adapter"),
+            "release": str(folder / result.release_path.name),
+            "sigstore_bundle": str(bundle) if bundle.is_file() else None,
+            "metrics": str(folder / "metrics.jsonl"),
+        },
+        "threads": result.threads,
+        "seconds": round(result.seconds, 3),
+        "seconds_per_step": round(result.seconds_per_step, 3),
+    }
 
 
 def _interrupted_message(err: KeyboardInterrupt, output_dir: str | None, *, since: float) -> str:
@@ -288,6 +369,7 @@ def verify(
     allow_non_private: Annotated[
         bool, typer.Option("--allow-non-private", help="Exit 0 for an intact non-private (control) record.")
     ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document instead of lines.")] = False,
 ) -> None:
     """Check a release: signature, artifact digests, and optionally the keyed data digest and the base model.
 
@@ -297,21 +379,31 @@ def verify(
     from dplora.verify import verify_release
 
     if data_key is not None and not data:
-        raise _fail(BadInputError("--data-key needs --data FILE: the data file(s) whose keyed digest to check"))
+        no_data = BadInputError("--data-key needs --data FILE: the data file(s) whose keyed digest to check")
+        raise _fail(no_data, as_json=as_json)
     try:
         key = load_data_key(data_key) if data else None
         public = load_public_key(public_key)
         result = verify_release(release_path, public_key, data_files=data or None, data_key=key, base_model=base_model)
     except DploraError as err:
-        raise _fail(err) from None
-    for line in _verify_report(result, public_key, public, data or [], base_model):
-        out.print(line, markup=False, soft_wrap=True)
-    if not result.differentially_private and not allow_non_private:
-        raise typer.Exit(code=6)
+        raise _fail(err, as_json=as_json) from None
+    checks = _verify_checks(result, public_key, public, data or [], base_model)
+    code = 0 if result.differentially_private or allow_non_private else 6
+    if as_json:
+        doc = {"ok": code == 0, "release": str(release_path), "differentially_private": result.differentially_private}
+        if code:
+            doc |= {"exit_code": code, "error": _claim_line(result)}
+        _emit_json(doc | {"checks": checks, "claims": _claims(result.statement)})
+        raise typer.Exit(code=code)
+    for c in checks:
+        out.print(f"{'OK' if c['ok'] else '--'}  {c['check']}: {c['detail']}", markup=False, soft_wrap=True)
+    out.print(_claim_line(result), markup=False, soft_wrap=True)
+    if code:
+        raise typer.Exit(code=code)
 
 
-def _verify_report(result, key_path: Path, public, data: list[Path], base_model: Path | None) -> list[str]:
-    """One line per check that ran, then what the release claims."""
+def _verify_checks(result, key_path: Path, public, data: list[Path], base_model: Path | None) -> list[dict]:
+    """One entry per check that ran (``ok`` false: not checked), as ``verify`` prints them."""
     import hashlib
 
     from cryptography.hazmat.primitives import serialization as ser
@@ -322,34 +414,56 @@ def _verify_report(result, key_path: Path, public, data: list[Path], base_model:
     names = [s["name"] for s in statement["subject"]]
     rule = {"securesystemslib": "securesystemslib", "raw-key": "raw-key (an older release)", "none": "empty"}
     bundle = "; release.sigstore.json holds the same envelope" if result.bundle else "; no release.sigstore.json"
-    lines = [
-        f"OK  key: {key_path} is an Ed25519 public key (sha256 of its raw bytes {fingerprint}…)",
-        "OK  signature: the DSSE envelope (in-toto Statement v1) is signed by this key; "
-        f"key id rule {rule[result.key_id_rule.value]}{bundle}",
-        f"OK  artifacts: {len(names)} files match their signed sha256 digests; no unsigned files",
+    checks = [
+        ("key", True, f"{key_path} is an Ed25519 public key (sha256 of its raw bytes {fingerprint}…)"),
+        (
+            "signature",
+            True,
+            "the DSSE envelope (in-toto Statement v1) is signed by this key; "
+            f"key id rule {rule[result.key_id_rule.value]}{bundle}",
+        ),
+        ("artifacts", True, f"{len(names)} files match their signed sha256 digests; no unsigned files"),
     ]
     if data:
         files = ", ".join(p.name for p in data)
-        lines.append(f"OK  data digest: keyed HMAC-SHA256 of {files} matches the record")
+        checks.append(("data digest", True, f"keyed HMAC-SHA256 of {files} matches the record"))
     else:
-        lines.append("--  data digest: not checked (pass --data FILE --data-key KEY)")
+        checks.append(("data digest", False, "not checked (pass --data FILE --data-key KEY)"))
     if base_model is not None:
-        lines.append(f"OK  base model: sha256 of {', '.join(result.base_model_files)} matches the record")
+        checks.append(("base model", True, f"sha256 of {', '.join(result.base_model_files)} matches the record"))
+    return [{"check": name, "ok": ok, "detail": detail} for name, ok, detail in checks]
+
+
+def _claim_line(result) -> str:
+    """What the release claims, in one line (a non-private control says so)."""
+    statement = result.statement
     if not result.differentially_private:
         from dplora.control import NOT_DP
 
-        lines.append(
+        return (
             f"{NOT_DP}: the record is a non-private control run (privacy.enabled=false): no clipping, no noise, "
             "no DP guarantee (ε = ∞)"
         )
-        return lines
     acc = statement["predicate"]["accounting"]
     unit = statement["predicate"]["privacy"]
-    lines.append(
+    return (
         f"release: {unit['protected_unit']}-level ({unit['adjacency']}) ε={acc['epsilon_spent']:.4f}, "
         f"δ={acc['delta']:g}, {acc['accountant']} ({acc['accountant_version']})"
     )
-    return lines
+
+
+def _claims(statement: dict) -> dict:
+    """What a verified release claims (``verify --json``): the unit, the accounting, the run id and the files."""
+    predicate = statement["predicate"]
+    acc, unit = predicate.get("accounting") or {}, predicate.get("privacy") or {}
+    keys = ("epsilon_spent", "target_epsilon", "delta", "accountant", "accountant_version", "steps_done")
+    return {
+        "run_id": predicate.get("run_id"),
+        "protected_unit": unit.get("protected_unit"),
+        "adjacency": unit.get("adjacency"),
+        **{k: acc.get(k) for k in keys},
+        "artifacts": [s["name"] for s in statement["subject"]],
+    }
 
 
 RunArg = Annotated[

@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from dplora.errors import BadInputError, DploraError
+from dplora.errors import BadInputError, DploraError, one_line
 from dplora.ledger import Ledger, default_ledger_path
 
 ledger_app = typer.Typer(
@@ -44,7 +44,7 @@ def _user_errors() -> Iterator[None]:
     try:
         yield
     except DploraError as err:
-        typer.echo(f"error: {err}", err=True)
+        typer.echo(f"error: {one_line(str(err))}", err=True)
         raise typer.Exit(code=err.exit_code) from None
 
 

@@ -3,6 +3,12 @@
 Every key is closed: unknown keys, unknown enum values, non-finite or non-positive numbers are errors that
 name the key and the allowed values. ``load_contract`` also applies command-line overrides
 (``training.lr=1e-3 privacy.target_epsilon=8``, as in torchtune and LLaMA-Factory).
+
+The YAML boundary is bounded too: a contract file is at most ``MAX_CONTRACT_BYTES``, nests at most
+``MAX_NESTING`` collections deep, and may not use aliases (``*name``: no expansion, so no "billion laughs"),
+explicit tags (``!!timestamp``, ``!!set``, ``!!binary``...) or keys that are not plain names. Every number
+has a range that the accountant and the engine can use without overflow, and messages quote at most a short
+excerpt of any value (:func:`dplora.errors.excerpt`).
 """
 
 from __future__ import annotations
@@ -15,10 +21,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from dplora.accounting import Accountant, Adjacency, Sampler
-from dplora.errors import BadInputError
+from dplora.errors import BadInputError, excerpt
 
 PACKAGED_MODELS = ("smollm2-135m",)
 
@@ -58,7 +65,34 @@ class Optimizer(str, enum.Enum):
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)]
 PositiveInt = Annotated[int, Field(gt=0, strict=True)]
 MAX_STEPS = 1_000_000
+# --- bounds of the YAML boundary and of each number (README "The contract"; tests/test_fuzz_boundary.py) ---
+MAX_CONTRACT_BYTES = 64 * 1024  # a contract is a few hundred bytes; a bigger file is not a contract
+MAX_NESTING = 6  # collections inside collections (a contract needs 3: contract → section → list)
+MAX_TARGET_EPSILON = 100.0  # beyond it no accountant bound means anything, and PLD/PRV calibration needs gigabytes
+NOISE_MULTIPLIER_RANGE = (0.1, 1e4)  # below 0.1: ε > 90 for one full-batch step, PLD/PRV memory explodes
+MAX_GRAD_NORM = 1e6  # σ·C stays finite in fp32
+MAX_NUM_UNITS = 10**12
+MAX_LORA_RANK = 1024
+MAX_THREADS = 1024
+MAX_NAME_CHARS = 256  # column names, unit keys, module names, population names
+MAX_PATH_CHARS = 4096  # PATH_MAX on Linux
+
+
+def _printable(value: str) -> str:
+    if not value.isprintable():
+        raise PydanticCustomError("not_printable", "must be printable text on one line (no control characters)")
+    return value
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise PydanticCustomError("nul_in_path", "must not contain a NUL character")
+    return value
+
+
 NonEmptyStr = Annotated[str, Field(min_length=1, strict=True)]
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS, strict=True), AfterValidator(_printable)]
+PathText = Annotated[str, Field(min_length=1, max_length=MAX_PATH_CHARS, strict=True), AfterValidator(_no_nul)]
 
 
 class Precision(str, enum.Enum):
@@ -78,18 +112,24 @@ class PrivacySection(_Section):
     """What is protected and how much: the part of the contract that feeds the accountant."""
 
     protected_unit: ProtectedUnit
-    unit_key: NonEmptyStr | None = None
+    unit_key: Name | None = None
     adjacency: Adjacency
-    target_epsilon: PositiveFloat
+    target_epsilon: Annotated[float, Field(gt=0, le=MAX_TARGET_EPSILON, allow_inf_nan=False, strict=True)]
     delta: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False, strict=True)]
     accountant: Accountant = Accountant.PRV
-    num_units: PositiveInt | None = None
-    max_grad_norm: PositiveFloat
+    num_units: Annotated[int, Field(gt=0, le=MAX_NUM_UNITS, strict=True)] | None = None
+    max_grad_norm: Annotated[float, Field(gt=0, le=MAX_GRAD_NORM, allow_inf_nan=False, strict=True)]
     sampling: Sampler = Sampler.POISSON
-    noise_multiplier: PositiveFloat | None = None
+    noise_multiplier: (
+        Annotated[
+            float,
+            Field(ge=NOISE_MULTIPLIER_RANGE[0], le=NOISE_MULTIPLIER_RANGE[1], allow_inf_nan=False, strict=True),
+        ]
+        | None
+    ) = None
     max_records_per_unit: PositiveInt | None = None
     unit_clipping: UnitClipping = UnitClipping.SUM
-    population: NonEmptyStr | None = None
+    population: Name | None = None
     per_sample: PerSamplePath = PerSamplePath.FAST
     # false: the non-private control (same data, model, steps, sampling; no clipping, no noise, no DP guarantee)
     enabled: Annotated[bool, Field(strict=True)] = True
@@ -109,8 +149,8 @@ class PrivacySection(_Section):
 class ModelSection(_Section):
     """The base model: a packaged name, a local Hugging Face folder, or a .gguf file."""
 
-    name: NonEmptyStr | None = None
-    path: NonEmptyStr | None = None
+    name: Name | None = None
+    path: PathText | None = None
     dtype: Precision = Precision.AUTO
     allow_tf32: Annotated[bool, Field(strict=True)] | None = None
 
@@ -119,23 +159,23 @@ class ModelSection(_Section):
         if (self.name is None) == (self.path is None):
             raise ValueError("model: give exactly one of model.name (packaged model) or model.path (folder or .gguf)")
         if self.name is not None and self.name not in PACKAGED_MODELS:
-            raise ValueError(f"model.name={self.name!r}: allowed values are {', '.join(PACKAGED_MODELS)}")
+            raise ValueError(f"model.name={excerpt(self.name)}: allowed values are {', '.join(PACKAGED_MODELS)}")
         return self
 
 
 class DataSection(_Section):
     """Training data read through ``datasets``: csv, jsonl or parquet; a text column or prompt/response columns."""
 
-    path: NonEmptyStr
+    path: PathText
     format: Literal["auto", "csv", "jsonl", "parquet"] = "auto"
-    text_column: NonEmptyStr | None = None
-    prompt_column: NonEmptyStr | None = None
-    response_column: NonEmptyStr | None = None
+    text_column: Name | None = None
+    prompt_column: Name | None = None
+    response_column: Name | None = None
     # The held-out set (dplora.evaluate): a separate file, or a split of `path` by protected unit.
-    eval_path: NonEmptyStr | None = None
+    eval_path: PathText | None = None
     eval_fraction: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False, strict=True)] | None = None
     eval_public: Annotated[bool, Field(strict=True)] = False
-    label_column: NonEmptyStr | None = None
+    label_column: Name | None = None
 
     @model_validator(mode="after")
     def _held_out(self) -> DataSection:
@@ -171,10 +211,10 @@ class DataSection(_Section):
 class LoraSection(_Section):
     """LoRA adapters (Hu et al. 2021) via peft: rank r, alpha, dropout and the target modules."""
 
-    r: PositiveInt = 8
+    r: Annotated[int, Field(gt=0, le=MAX_LORA_RANK, strict=True)] = 8
     alpha: PositiveFloat = 16.0
     dropout: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False, strict=True)] = 0.0
-    target_modules: tuple[str, ...] = ("q_proj", "v_proj")
+    target_modules: Annotated[tuple[Name, ...], Field(max_length=MAX_NAME_CHARS)] = ("q_proj", "v_proj")
 
     @field_validator("target_modules")
     @classmethod
@@ -195,8 +235,8 @@ class TrainingSection(_Section):
     optimizer: Optimizer = Optimizer.ADAMW
     max_seq_len: Annotated[int, Field(gt=1, le=8192, strict=True)] = 64
     seed: Annotated[int, Field(ge=0, lt=2**63, strict=True)] = 0
-    output_dir: NonEmptyStr = "runs/dplora"
-    threads: PositiveInt | None = None
+    output_dir: PathText = "runs/dplora"
+    threads: Annotated[int, Field(gt=0, le=MAX_THREADS, strict=True)] | None = None
     checkpoint_every: PositiveInt | None = None  # logical steps between resume checkpoints (None: ~10 min of work)
 
     @model_validator(mode="after")
@@ -225,17 +265,61 @@ class Contract(_Section):
         return hashlib.sha256(self.to_yaml().encode("utf-8")).hexdigest()
 
 
+class YamlRefusedError(BadInputError):
+    """YAML that a contract may not use: an alias, a tag, a non-name key, a duplicate key, nesting too deep, or a
+    scalar that cannot be built (an impossible date, an integer of thousands of digits). ``reason`` names it,
+    ``line`` is 1-based."""
+
+    def __init__(self, reason: str, line: int):
+        super().__init__(f"contract: line {line}: {reason}")
+        self.reason, self.line = reason, line
+
+
+def _line(node_or_event) -> int:
+    return node_or_event.start_mark.line + 1
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (YAML would silently keep the last one)."""
+    """SafeLoader for contracts: refuses aliases (no expansion), explicit tags, nesting deeper than
+    ``MAX_NESTING``, keys that are not plain names, and duplicate keys (YAML would silently keep the last one)."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            raise YamlRefusedError("a YAML alias (*name) is not allowed; write the value out", _line(event))
+        if getattr(event, "tag", None) is not None:
+            tag = excerpt(event.tag.replace("tag:yaml.org,2002:", "!!"))
+            raise YamlRefusedError(f"the YAML tag {tag} is not allowed; write plain values", _line(event))
+        if not isinstance(event, yaml.CollectionStartEvent):
+            return super().compose_node(parent, index)
+        if self._depth >= MAX_NESTING:
+            raise YamlRefusedError(f"values nest more than {MAX_NESTING} levels deep", _line(event))
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_object(self, node, deep=False):
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as err:
+            raise YamlRefusedError(f"a value cannot be read ({err.__class__.__name__})", _line(node)) from None
 
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise BadInputError(
-                    f"contract: duplicate key {key!r} at line {key_node.start_mark.line + 1}; each key may appear once"
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise YamlRefusedError(
+                    "a key that is a list or a mapping is not allowed; keys are names", _line(key_node)
                 )
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, str):
+                raise YamlRefusedError(f"the key {_show(key)} is not a name; keys are text", _line(key_node))
+            if key in seen:
+                raise YamlRefusedError(f"duplicate key {excerpt(key)}; each key may appear once", _line(key_node))
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
@@ -251,11 +335,20 @@ _UniqueKeyLoader.add_implicit_resolver(
 )
 
 
-def _parse_value(text: str) -> Any:
+def _parse_value(key: str, text: str) -> Any:
+    """An override's value as a YAML scalar (or flow list), under the contract's YAML rules; text if not YAML.
+
+    Raises:
+        BadInputError: an alias, a tag or nesting that a contract may not use.
+    """
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError:
         return text
+    except YamlRefusedError as err:
+        if err.reason.startswith("a value cannot be read"):
+            return text
+        raise BadInputError(f"override {excerpt(key)}: {err.reason}") from None
 
 
 # Keys of which the contract holds exactly one (or one group): an override of one replaces the others from the file.
@@ -286,7 +379,9 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key.strip() or any(not p for p in key.split(".")):
-            raise BadInputError(f"override {item!r}: expected KEY=VALUE with a dotted key, e.g. training.lr=1e-3")
+            raise BadInputError(
+                f"override {excerpt(item)}: expected KEY=VALUE with a dotted key, e.g. training.lr=1e-3"
+            )
         parts = key.strip().split(".")
         node = out
         for part in parts[:-1]:
@@ -294,10 +389,10 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
             if not isinstance(child, dict):
                 child = {} if child is None else child
                 if not isinstance(child, dict):
-                    raise BadInputError(f"override {key!r}: {part!r} is not a section")
+                    raise BadInputError(f"override {excerpt(key)}: {excerpt(part)} is not a section")
                 node[part] = child
             node = child
-        node[parts[-1]] = _parse_value(value)
+        node[parts[-1]] = _parse_value(key, value)
         overridden.add(tuple(parts))
         if node[parts[-1]] is not None:
             for other in EXCLUSIVE.get(tuple(parts), ()):
@@ -320,6 +415,8 @@ _PHRASES = {
     "string_type": "must be text",
     "bool_type": "must be true or false",
     "string_too_short": "must not be empty",
+    "string_too_long": "must be at most {max_length} characters",
+    "too_long": "must have at most {max_length} items",
     "finite_number": "must be a finite number",
     "greater_than": "must be > {gt}",
     "greater_than_equal": "must be ≥ {ge}",
@@ -334,14 +431,19 @@ def _show(value: Any) -> str:
     """A contract value as YAML would write it (short; long values are cut, sections never echoed)."""
     if value is None or isinstance(value, bool):
         return yaml.safe_dump(value).split("\n")[0]
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return excerpt(value)
+
+
+def _loc_part(part: str | int) -> str:
+    if isinstance(part, int):
+        return f"[{part}]"
+    return "." + (part if len(part) <= 40 and part.isprintable() else excerpt(part, 40))
 
 
 def _format_error(err: ValidationError) -> str:
     """The first validation error in the contract's own terms: the dotted key, the value, what is allowed."""
     first = err.errors()[0]
-    loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"]).lstrip(".") or "contract"
+    loc = "".join(_loc_part(p) for p in first["loc"]).lstrip(".") or "contract"
     kind, ctx = first["type"], first.get("ctx", {})
     if kind == "extra_forbidden":
         return f"unknown key {loc!r}: see the README's contract reference for the allowed keys"
@@ -351,7 +453,7 @@ def _format_error(err: ValidationError) -> str:
         return str(ctx.get("error", first["msg"].removeprefix("Value error, ")))
     phrase = _PHRASES.get(kind)
     if phrase is not None:
-        phrase = phrase.format(**{k: ctx.get(k, "") for k in ("gt", "ge", "lt", "le", "expected")})
+        phrase = phrase.format(**{k: ctx.get(k, "") for k in ("gt", "ge", "lt", "le", "expected", "max_length")})
     else:
         phrase = first["msg"].replace("Input should be", "must be")
     if "input" in first and not isinstance(first["input"], dict):
@@ -394,11 +496,19 @@ def load_contract(path: str | Path, overrides: list[str] | None = None) -> Contr
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as fh:
+            data = fh.read(MAX_CONTRACT_BYTES + 1)
     except FileNotFoundError:
         raise BadInputError(f"contract file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise BadInputError(f"cannot read contract {path}: {err.__class__.__name__}") from None
+    except OSError as err:
+        raise BadInputError(f"cannot read contract {path}: {err.strerror or err.__class__.__name__}") from None
+    if len(data) > MAX_CONTRACT_BYTES:
+        raise BadInputError(f"contract {path} is larger than {MAX_CONTRACT_BYTES // 1024} KiB: not a contract")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise BadInputError(f"contract {path} is not UTF-8 (line {line}); save it as UTF-8") from None
     try:
         raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as err:

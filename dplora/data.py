@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from dplora.contract import Contract, DataSection, PrivacySection, ProtectedUnit
-from dplora.errors import BadInputError
+from dplora.errors import BadInputError, excerpt
 from dplora.readers import read_table
 
 _FORMATS = {".csv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -28,7 +28,7 @@ def _builder(section: DataSection, path: Path) -> str:
         return _FORMATS[path.suffix.lower()]
     except KeyError:
         raise BadInputError(
-            f"data.path={str(path)!r}: unknown file type; use .csv, .jsonl or .parquet or set data.format"
+            f"data.path={excerpt(str(path), 200)}: unknown file type; use .csv, .jsonl or .parquet or set data.format"
         ) from None
 
 
@@ -54,21 +54,24 @@ def load_table(contract: Contract):
             data, missing column, empty/non-text cells.
     """
     path = Path(contract.data.path)
-    if path.is_dir():
-        raise BadInputError(f"data.path={str(path)!r} is a folder; give a csv, jsonl or parquet file")
-    if not path.is_file():
-        raise BadInputError(f"data file not found: {path}")
-    builder = _builder(contract.data, path)
-    if path.stat().st_size == 0 or (builder == "csv" and _csv_has_no_rows(path)):
-        raise BadInputError(f"data file {path} has no rows")
-    table = read_table(path, builder)
+    try:
+        if path.is_dir():
+            raise BadInputError(f"data.path={excerpt(str(path), 200)} is a folder; give a csv, jsonl or parquet file")
+        if not path.is_file():
+            raise BadInputError(f"data file not found: {path}")
+        builder = _builder(contract.data, path)
+        if path.stat().st_size == 0 or (builder == "csv" and _csv_has_no_rows(path)):
+            raise BadInputError(f"data file {path} has no rows")
+        table = read_table(path, builder)
+    except OSError as err:  # a name too long, no permission, a file that vanished
+        raise BadInputError(f"cannot read data.path={excerpt(str(path), 200)}: {err.strerror or err}") from None
     if table.num_rows == 0:
         raise BadInputError(f"data file {path} has no rows")
     missing = [c for c in required_columns(contract) if c not in table.column_names]
     if missing:
-        raise BadInputError(
-            f"data file {path} has no column {missing[0]!r}; columns are: {', '.join(table.column_names)}"
-        )
+        columns = ", ".join(table.column_names)  # header names come from the file: bounded below
+        columns = columns if len(columns) <= 200 else columns[:197] + "..."
+        raise BadInputError(f"data file {path} has no column {missing[0]!r}; columns are: {columns}")
     for column in required_columns(contract):
         _check_cells(table[column], column, path)
     return table
@@ -155,7 +158,7 @@ def build_unit_index(table, privacy: PrivacySection, *, seed: int) -> UnitIndex:
     else:
         keys = table[privacy.unit_key]
         if any(k is None or (isinstance(k, str) and not k.strip()) for k in keys):
-            raise BadInputError(f"column {privacy.unit_key!r} has empty unit ids")
+            raise BadInputError(f"column {excerpt(privacy.unit_key)} has empty unit ids")
         order: dict = {}
         for i, k in enumerate(keys):
             order.setdefault(str(k), []).append(i)

@@ -8,8 +8,13 @@
 | 4         | ``TrainingFailedError``| a sanity check or a non-finite loss in training |
 | 4         | ``UncoveredParameterError`` | a trainable tensor no per-example path covers |
 | 6         | ``NotPrivateError``    | a non-private run, used without ``--allow-non-private`` |
+| 5         | (``dplora audit``)     | an audit found a violation                     |
+| 130       | (``KeyboardInterrupt``) | interrupted: Ctrl-C or SIGTERM                |
 
-Messages are one line and never contain raw training text.
+Exit code 1 is left to unexpected internal errors (a bug), which the CLI reports without a traceback.
+Messages are one line and never contain raw training text; :func:`excerpt` bounds any input a message quotes and
+:func:`one_line` makes the final line safe to print (no line breaks or control characters, at most
+``MAX_MESSAGE_CHARS``).
 """
 
 from __future__ import annotations
@@ -57,3 +62,28 @@ class NotPrivateError(DploraError):
     """The run is a non-private control (no DP guarantee) and ``--allow-non-private`` was not given (exit code 6)."""
 
     exit_code = 6
+
+
+EXCERPT_CHARS = 60  # the longest excerpt of one input value (a contract value, a key) that a message quotes
+MAX_MESSAGE_CHARS = 600  # the longest error line the CLI prints, whatever it quotes
+
+
+def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
+    """``repr(value)`` cut to at most ``limit`` characters (``...`` marks the cut); one line, control chars escaped.
+
+    >>> excerpt("x" * 100, 10)
+    "'xxxxxx..."
+    """
+    text = repr(value)
+    return text if len(text) <= limit else text[: max(limit - 3, 0)] + "..."
+
+
+def one_line(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``message`` as one printable line: line breaks, ANSI escapes, bidi controls and lone surrogates are written
+    as Python escapes (``\\n``, ``\\x1b``, ``\\u202e``), and a longer line is cut to ``limit`` characters.
+
+    >>> one_line("a\\nb")
+    'a\\\\nb'
+    """
+    text = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in message)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

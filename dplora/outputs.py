@@ -123,6 +123,24 @@ def _check_staging(staging: Path) -> None:
         raise BadInputError(f"{staging} was not written by dplora ({why}); move it away or choose another output_dir")
 
 
+def missing_parents(out: Path) -> list[Path]:
+    """The folders above ``out`` that do not exist yet, deepest first (a run that ends in exit 2 removes them)."""
+    missing, parent = [], out.absolute().parent
+    while not parent.exists():
+        missing.append(parent)
+        parent = parent.parent
+    return missing
+
+
+def remove_empty_folders(folders: list[Path]) -> None:
+    """Remove each folder if it is empty, deepest first; never a folder that holds anything."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
 def fresh_staging(out: Path) -> Path:
     """Create an empty, marked ``<output_dir>.partial`` (replacing a previous run's); returns its path.
 

@@ -17,7 +17,7 @@ import logging
 import tempfile
 from pathlib import Path
 
-from dplora.errors import BadInputError
+from dplora.errors import BadInputError, excerpt
 
 _UTF8 = "utf-8-sig"  # a byte-order mark at the start is fine
 
@@ -108,7 +108,7 @@ def _header(path: Path, record: list[str]) -> list[str]:
     seen: set[str] = set()
     for name in names:
         if name in seen:
-            raise BadInputError(f"data file {path}: column {name!r} appears twice in the header (line 1)")
+            raise BadInputError(f"data file {path}: column {excerpt(name)} appears twice in the header (line 1)")
         seen.add(name)
     return names
 
@@ -136,7 +136,7 @@ def _check_jsonl(path: Path) -> None:
                     kinds[key] = (kind, number)
                 elif kind not in ("null", first[0]):
                     raise BadInputError(
-                        f"data file {path}: column {key!r} holds {kind} on line {number} but {first[0]} on line "
+                        f"data file {path}: column {excerpt(key)} holds {kind} on line {number} but {first[0]} on line "
                         f"{first[1]}; give each column one JSON type"
                     )
 

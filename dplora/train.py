@@ -22,7 +22,7 @@ from pathlib import Path
 from dplora import control, distributed, outputs, release
 from dplora import data as data_mod
 from dplora.contract import Contract, ProtectedUnit, UnitClipping
-from dplora.errors import BadInputError, DploraError, PlanRefusedError, TrainingFailedError
+from dplora.errors import BadInputError, DploraError, PlanRefusedError, TrainingFailedError, excerpt
 from dplora.plan import TrainingPlan, make_plan
 from dplora.record import build_record, unit_statement
 
@@ -42,6 +42,7 @@ class RunResult:
     threads: int
     differentially_private: bool = True
     evaluation: object = None  # dplora.evaluate.Evaluation when a held-out set is configured
+    run_id: str = ""
 
 
 def _now() -> str:
@@ -69,7 +70,11 @@ def plan_for(contract: Contract, unit_index: data_mod.UnitIndex | None) -> Train
 
 def _prepare_output(contract: Contract, overwrite: bool, protected=()) -> tuple[Path, Path]:
     """The output folder and its ``.partial`` sibling; refusals follow :func:`dplora.outputs.check_output_dir`."""
-    out = outputs.check_output_dir(contract.training.output_dir, overwrite=overwrite, protected=protected)
+    try:
+        out = outputs.check_output_dir(contract.training.output_dir, overwrite=overwrite, protected=protected)
+    except OSError as err:  # a name too long for the file system, a permission denied on a parent
+        where = f"training.output_dir={excerpt(contract.training.output_dir, 200)}"
+        raise BadInputError(f"{where}: {err.strerror or err.__class__.__name__}") from None
     return out, outputs.staging_path(out)
 
 
@@ -191,6 +196,8 @@ def run_training(
     world = distributed.init_world()  # one process unless started by torchrun / accelerate launch
     main = world.is_main  # with W processes only rank 0 reads the keys, locks, charges the ledger and writes
     lock = private_key = key = plan = None
+    created: list[Path] = []  # folders above the output that this run creates
+    bad_input = False
     out, staging = outputs.output_path(contract.training.output_dir), None  # ranks other than 0 write nothing
     try:
         with distributed.gate(world):  # a refusal on any rank stops every rank here
@@ -215,6 +222,7 @@ def run_training(
                 plan = plan_for(contract, unit_index)
                 if control.is_control(contract):  # the DP twin's N, q and T; σ = 0, ε = ∞
                     plan = control.control_plan(plan)
+                created = outputs.missing_parents(out)  # removed again if the run ends in exit 2
                 lock = _lock_output(out)
                 # re-check under the lock: another run may have finished meanwhile
                 _prepare_output(contract, overwrite, protected)
@@ -235,10 +243,15 @@ def run_training(
         if not main:
             return _follow(contract, plan, table, unit_index, out=out, staging=staging, io=io)
         return _run_locked(contract, plan, table, unit_index, out=out, staging=staging, io=io, held_out=held_out)
+    except BaseException as err:
+        bad_input = getattr(err, "exit_code", None) == 2
+        raise
     finally:
         if lock is not None:
             Path(lock.name).unlink(missing_ok=True)
             lock.close()
+        if bad_input:  # bad input writes nothing: not even the folders above the output
+            outputs.remove_empty_folders(created)
         distributed.finish(world)
 
 
@@ -293,7 +306,7 @@ def _open_ledger(contract: Contract, plan: TrainingPlan, io: _RunIO, resumed_run
             f"privacy.enabled=false on population {pop!r}: a non-private run is charged ε=∞ in the ledger, over "
             f"any cap, and every later DP run on {pop!r} is then refused; pass --non-private to run it anyway"
         )
-    ledger = Ledger(io.ledger_path or default_ledger_path())
+    ledger = Ledger(io.ledger_path or default_ledger_path(), create=False)  # a missing ledger fails closed
     if resumed_run is None and not control.is_control(contract):
         ledger.check(contract.privacy.population, epsilon=plan.epsilon, delta=plan.delta)
     elif resumed_run is not None:
@@ -496,6 +509,7 @@ def _run_locked(
         threads=spec.threads,
         differentially_private=not control.is_control(contract),
         evaluation=evaluation,
+        run_id=spec.run_id,
     )
 
 
