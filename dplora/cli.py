@@ -616,5 +616,8 @@ def main() -> None:
     except Exception as err:  # noqa: BLE001 - last resort: never print private text or a traceback
         if os.environ.get("DPLORA_DEBUG"):
             raise
-        console.print(f"error: unexpected {err.__class__.__name__}; rerun with DPLORA_DEBUG=1 for details")
+        message = f"unexpected {err.__class__.__name__}; rerun with DPLORA_DEBUG=1 for details"
+        console.print(f"error: {message}")
+        if "--json" in sys.argv[1:]:
+            _emit_json(_error_doc(1, message))
         sys.exit(1)
