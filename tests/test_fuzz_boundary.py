@@ -3,8 +3,9 @@ one-step ``train`` runs on the tiny model. Every case must end in exit 0 or 2 wi
 stderr (bounded, never a traceback), and write nothing on exit 2.
 
 Hypothesis runs derandomized (the same cases on every run, so CI cannot flake); the counts by exit code are printed
-(``pytest -s``). Budget runs in-process (CliRunner) with the RDP accountant and a given σ, so one case costs
-milliseconds unless it reaches the accountant.
+(``pytest -s``). A deeper local fuzz: ``DPLORA_FUZZ_EXAMPLES=5000 DPLORA_FUZZ_RANDOM=1 pytest -s -k fuzzed``.
+Budget runs in-process (CliRunner) with the RDP accountant, a given σ and q = 1, so one case costs milliseconds
+unless it reaches the accountant.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from hypothesis import strategies as st
 from dplora.cli import app
 from dplora.errors import MAX_MESSAGE_CHARS
 
-CONTRACT_CASES = 500
-DATA_CASES = 60
+CONTRACT_CASES = int(os.environ.get("DPLORA_FUZZ_EXAMPLES", 500))
+DATA_CASES = max(60, CONTRACT_CASES // 8)
+DERANDOMIZE = not os.environ.get("DPLORA_FUZZ_RANDOM")
 LONG = 300  # generated strings at least this long must never appear whole in a message
 
 BASE = {
@@ -271,7 +273,7 @@ def test_fuzzed_contracts_and_overrides_exit_0_or_2(workdir):
     @settings(
         max_examples=CONTRACT_CASES,
         deadline=None,
-        derandomize=True,
+        derandomize=DERANDOMIZE,
         database=None,
         suppress_health_check=list(HealthCheck),
     )
@@ -385,7 +387,11 @@ def test_fuzzed_data_files_exit_0_or_2(workdir):
     }
 
     @settings(
-        max_examples=DATA_CASES, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+        max_examples=DATA_CASES,
+        deadline=None,
+        derandomize=DERANDOMIZE,
+        database=None,
+        suppress_health_check=list(HealthCheck),
     )
     @given(case=data_files())
     def run(case):
@@ -444,7 +450,7 @@ TRAIN_CASES = {  # name: (contract sections, extra CLI arguments, data bytes or 
     "unknown module, nested out": ({"lora": {"target_modules": ["nope"]}}, [], None, 2, "lora.target_modules"),
     "long output name": ({"training": {"output_dir": "o" * 300}}, [], None, 2, "output_dir"),
     "population, no ledger": ({"privacy": {"population": "tickets"}}, [], None, 2, "no ledger"),
-    "missing signing key": ({}, ["--signing-key", "nope.key"], None, 2, "nope.key"),
+    "missing signing key --json": ({}, ["--signing-key", "nope.key", "--json"], None, 2, "nope.key"),
     "unknown option": ({}, ["--foo=1"], None, 2, "No such option"),
     "delta 1": ({"privacy": {"delta": 1.0}}, [], None, 2, "privacy.delta"),
     "missing model": ({"model": {"path": "/nonexistent/model"}}, [], None, 2, "model not found"),
