@@ -392,10 +392,6 @@ def _run_locked(
 ):
     """The run proper, holding the output lock: ledger check, model and engine, the loop, the release."""
     log = io.log
-    for warning in plan.warnings:
-        log(f"warning: {warning}")
-    if contract.privacy.protected_unit is ProtectedUnit.TICKET:
-        log(f"note: ticket-level DP {unit_statement(ProtectedUnit.TICKET)}")
     from dplora import checkpoint as ckpt
     from dplora import resume as resume_mod
 
@@ -427,6 +423,10 @@ def _run_locked(
         note = distributed.resume_note(resumed.meta.get("execution", {}), io.world)
         if note:
             log(note)
+    for warning in plan.warnings:  # once the run is set up: bad input (exit 2) prints its one error line only
+        log(f"warning: {warning}")
+    if contract.privacy.protected_unit is ProtectedUnit.TICKET:
+        log(f"note: ticket-level DP {unit_statement(ProtectedUnit.TICKET)}")
     mechanism = (
         "no clipping, no noise, no accountant (non-private control)"
         if control.is_control(contract)
