@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dplora.cli import app
-from dplora.errors import MAX_MESSAGE_CHARS
+from dplora.errors import EXCERPT_CHARS, MAX_MESSAGE_CHARS, excerpt, one_line
 
 CONTRACT_CASES = int(os.environ.get("DPLORA_FUZZ_EXAMPLES", 500))
 DATA_CASES = max(60, CONTRACT_CASES // 8)
@@ -69,7 +69,7 @@ BENIGN_OVERRIDES = [
     "data.text_column=message",
     "training.seed=7",
 ]
-ODD_NUMBERS = [0, -1, 2**63, 10**30, 1e300, 1e-300, 5e-324, -0.0, 0.1, 1e4, 10000.5, 100.0, 100.0000001, 1e-7]
+ODD_NUMBERS = [0, -1, 2**63, 10**30, 1e300, 1e-300, 5e-324, -0.0, 1e-3, 9.99e-4, 1e4, 10000.5, 1e6, 1000000.1, 1e-7]
 
 COMMAND = typer.main.get_command(app)  # built once: typer's CliRunner rebuilds it on every call (about 50 ms)
 
@@ -262,6 +262,16 @@ def workdir(tmp_path, monkeypatch) -> Path:
     return tmp_path
 
 
+def test_messages_are_one_bounded_line():
+    """one_line escapes every line break and control character (splitlines finds one line); excerpt cuts."""
+    nasty = "a\nb\rc\u2028d\x85e\x1b[31mf\u202eg\udcffh\x00i"
+    assert one_line(nasty) == "a\\nb\\rc\\u2028d\\x85e\\x1b[31mf\\u202eg\\udcffh\\x00i"
+    assert len(one_line(nasty).splitlines()) == 1 and one_line("é ✓ 💥") == "é ✓ 💥"
+    assert len(one_line("x" * 5000)) == MAX_MESSAGE_CHARS and one_line("x" * 5000).endswith("...")
+    assert excerpt("x" * 5000) == "'" + "x" * (EXCERPT_CHARS - 4) + "..." and excerpt("ab") == "'ab'"
+    assert excerpt(nasty, 1000).isprintable()
+
+
 # --- contracts and overrides -----------------------------------------------------------------------------------------
 
 
@@ -325,8 +335,8 @@ def test_yaml_refusals_name_the_reason(workdir, text, needle):
     ("override", "needle"),
     [
         ("privacy.noise_multiplier=1.0e+300", "must be ≤ 10000"),
-        ("privacy.noise_multiplier=1.0e-300", "must be ≥ 0.1"),
-        ("privacy.target_epsilon=1e300", "must be ≤ 100"),
+        ("privacy.noise_multiplier=1.0e-300", "must be ≥ 0.001"),
+        ("privacy.target_epsilon=1e300", "must be ≤ 1000000.0"),
         ("privacy.num_units=1000000000000000000000", "must be ≤ 1000000000000"),
         ("training.threads=100000", "must be ≤ 1024"),
         ("lora.r=1000000000", "must be ≤ 1024"),
