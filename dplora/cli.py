@@ -287,6 +287,7 @@ def _train_summary(result) -> dict:
     return {
         "ok": True,
         "run_id": result.run_id,
+        "differentially_private": result.differentially_private,
         "protected_unit": p.protected_unit.value,
         "unit_key": p.unit_key,
         "adjacency": p.adjacency.value,
