@@ -265,7 +265,10 @@ def train(
             f"done: {result.steps_done}/{p.steps} steps ({result.empty_steps} empty), {result.seconds_per_step:.2f} "
             f"s/step, {result.threads} threads; {NO_DP_STATEMENT}"
         )
-        out.print(f"non-private record (no DP guarantee): {result.release_path}", markup=False)
+        if as_json:
+            _emit_json(_train_summary(result))
+        else:
+            out.print(f"non-private record (no DP guarantee): {result.release_path}", markup=False)
         return
     _log(
         f"done: {result.steps_done}/{p.steps} steps ({result.empty_steps} empty), ε={result.epsilon_spent:.4f} "

@@ -448,6 +448,7 @@ def test_broken_data_files(workdir, case):
 TRAIN_CASES = {  # name: (contract sections, extra CLI arguments, data bytes or None, expected exit, stderr needle)
     "valid --json": ({}, ["--json"], None, 0, ""),
     "valid user-level": ({"privacy": {"protected_unit": "user", "unit_key": "customer_id"}}, [], None, 0, ""),
+    "control --json": ({"privacy": {"enabled": False}}, ["--json"], None, 0, "NOT DIFFERENTIALLY PRIVATE"),
     "latin-1 data": ({}, [], b"ticket_id,customer_id,message,reply\nt1,c1,caf\xe9,ok\n", 2, "not UTF-8"),
     "ragged csv": ({}, [], b"ticket_id,customer_id,message,reply\nt1,c1,a,b,c\n", 2, "fields"),
     "missing unit key": ({"privacy": {"protected_unit": "user", "unit_key": "nope"}}, [], None, 2, "no column"),
@@ -504,7 +505,14 @@ def test_one_step_train_cases(case, tmp_path, monkeypatch, tiny_model_dir, train
         return
     folder = tmp_path / raw["training"]["output_dir"]
     assert (folder / "release.dsse.json").is_file()
-    if "--json" in extra:
+    if case == "control --json":  # a non-private control: verify --json is intact but exits 6, in one document
+        assert json.loads(res.stdout)["differentially_private"] is False
+        check = invoke(["verify", str(folder), "--public-key", str(signing_key[1]), "--json"])
+        report = json.loads(check.stdout)
+        assert check.exit_code == 6 and report["ok"] is False and report["exit_code"] == 6
+        assert report["differentially_private"] is False and "NOT DIFFERENTIALLY PRIVATE" in report["error"]
+        assert [c["check"] for c in report["checks"]][:3] == ["key", "signature", "artifacts"]
+    elif "--json" in extra:
         doc = json.loads(res.stdout)
         assert doc["steps_done"] == doc["steps"] == 1 and 0 < doc["epsilon_spent"] <= doc["target_epsilon"]
         assert doc["num_units"] == 30 and doc["sample_rate"] == pytest.approx(4 / 30)
