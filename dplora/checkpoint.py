@@ -25,11 +25,11 @@ import json
 import os
 import signal
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 from dplora.errors import BadInputError, TrainingFailedError
+from dplora.signals import GracefulStop
 
 CHECKPOINT_FILENAME = "resume.safetensors"  # dplora.outputs accepts it in a .partial folder
 FORMAT = "dplora-resume-checkpoint/1"
@@ -264,7 +264,7 @@ def restore(spec, state, info: CheckpointInfo) -> None:
     state.empty_steps = int(info.meta["empty_steps"])
 
 
-class Checkpointer:
+class Checkpointer(GracefulStop):
     """Writes resume checkpoints during :func:`dplora.run.run_steps` and turns SIGTERM/SIGINT into a clean stop.
 
     A checkpoint is written before step 1 (or not, when resuming from one), every ``training.checkpoint_every``
@@ -279,36 +279,20 @@ class Checkpointer:
         self.every = spec.contract.training.checkpoint_every
         self.last = last
         self._t_last = time.monotonic()
-        self._signal: str | None = None
-        self._previous: dict = {}
+        super().__init__()
 
-    def __enter__(self) -> Checkpointer:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self._previous[sig] = signal.signal(sig, self._on_signal)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
-
-    def _on_signal(self, signum, _frame) -> None:
-        name = signal.Signals(signum).name
-        if self._signal is not None:
-            raise KeyboardInterrupt(name)
-        self._signal = name
+    def on_first(self, name: str) -> None:
         self.log(f"{name}: stopping after the current step with a resume checkpoint (send it again to stop at once)")
 
     @property
     def stopping(self) -> bool:
         """A signal asked the run to stop at the next step boundary."""
-        return self._signal is not None
+        return self.signal_name is not None
 
     def request_stop(self, name: str) -> None:
         """Stop at the next step boundary with a checkpoint, as after a signal (another rank got one)."""
-        if self._signal is None:
-            self._signal = name
+        if self.signal_name is None:
+            self.signal_name = name
 
     def write(self) -> None:
         """Write a checkpoint of the current step (skipped if the last one already holds it)."""
@@ -320,12 +304,12 @@ class Checkpointer:
     def after_step(self, spec, state) -> None:
         """Called by ``run_steps`` after each logical step: checkpoint when due; stop cleanly after a signal."""
         fault_point("after-step", state.step)
-        due = state.step == spec.plan.steps or self._signal is not None
+        due = state.step == spec.plan.steps or self.signal_name is not None
         if self.every is not None:
             due = due or state.step % self.every == 0
         else:
             due = due or time.monotonic() - self._t_last >= DEFAULT_INTERVAL_S
         if due:
             self.write()
-        if self._signal is not None:
-            raise KeyboardInterrupt(self._signal)
+        if self.signal_name is not None:
+            raise KeyboardInterrupt(self.signal_name)

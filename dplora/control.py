@@ -21,7 +21,7 @@ import math
 
 from dplora.contract import Contract
 from dplora.plan import TrainingPlan
-from dplora.record import SEED_SCOPE, library_versions
+from dplora.record import run_provenance
 
 NOT_DP = "NOT DIFFERENTIALLY PRIVATE"
 NO_DP_STATEMENT = (
@@ -184,13 +184,6 @@ def non_private_record(
             "clipping": "none",
             "noise": "none",
         },
-        "lora": contract.lora.model_dump(mode="json"),
-        "model": contract.model.model_dump(mode="json"),
-        "base_model": base_model,
-        "versions": library_versions(),
-        "contract": {"file": "contract.yaml", "sha256": contract.sha256},
-        "data": {"files": [contract.data.path.rsplit("/", 1)[-1]], "digest": data_digest},
-        "seed": {"value": contract.training.seed, "scope": SEED_SCOPE},
-        "execution": execution or {},
+        **run_provenance(contract, base_model=base_model, data_digest=data_digest, execution=execution),
         "not_included": "training losses and per-unit record counts",
     }

@@ -35,6 +35,7 @@ import numpy as np
 
 from dplora.data import PoissonUnitSampler
 from dplora.errors import DploraError, TrainingFailedError
+from dplora.signals import GracefulStop
 
 SHARDING = "unit u belongs to rank u mod W (disjoint shards; all records of a unit on its rank)"
 SAMPLING = (
@@ -350,7 +351,7 @@ def resume_note(saved_execution: dict, world: World) -> str | None:
     )
 
 
-class FollowerSignals:
+class FollowerSignals(GracefulStop):
     """On a rank other than 0: SIGTERM/SIGINT ask every rank to stop after the current step (through the step's
     reduction, where rank 0 writes a resume checkpoint); a second signal stops at once.
 
@@ -358,33 +359,18 @@ class FollowerSignals:
     """
 
     def __init__(self, reducer: StepReducer):
-        self.reducer, self.name, self._previous = reducer, None, {}
-        reducer.stop_requested = lambda: self.name is not None
+        super().__init__()
+        self.reducer = reducer
+        reducer.stop_requested = lambda: self.signal_name is not None
 
-    def __enter__(self) -> FollowerSignals:
-        import signal
-        import threading
+    @property
+    def name(self) -> str | None:
+        """The first signal's name (``SIGTERM``/``SIGINT``), or None."""
+        return self.signal_name
 
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self._previous[sig] = signal.signal(sig, self._on_signal)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        import signal
-
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
-
-    def _on_signal(self, signum, _frame) -> None:
-        import signal
-
-        name = signal.Signals(signum).name
-        if self.name is not None:
-            rank = self.reducer.world.rank
-            raise KeyboardInterrupt(f"interrupted ({name}) on rank {rank} during a step; no release was written")
-        self.name = name
+    def on_again(self, name: str) -> None:
+        rank = self.reducer.world.rank
+        raise KeyboardInterrupt(f"interrupted ({name}) on rank {rank} during a step; no release was written")
 
     def after_step(self, spec, state) -> None:
         """Stop after this step when any rank was asked to (every rank saw the same reduced flag)."""

@@ -126,6 +126,27 @@ def build_record(
             "composition": "single run; see `dplora ledger` for releases on the same population",
         },
         "population": contract.privacy.population,
+        **run_provenance(contract, base_model=base_model, data_digest=data_digest, execution=execution),
+        "not_included": "training losses and per-unit record counts (computed on private data, not covered by ε)",
+    }
+
+
+def run_provenance(contract: Contract, *, base_model: dict, data_digest: dict, execution: dict | None) -> dict:
+    """The record entries a DP run and its non-private control share: what was trained, on what, with what.
+
+    LoRA and model settings, the base model's digests, library versions, the contract and data digests, the seed
+    and its scope, and the execution entry (device, dtypes, noise generator). Public by construction.
+
+    Args:
+        contract: The validated contract.
+        base_model: :func:`dplora.model.base_model_entry`.
+        data_digest: :func:`dplora.release.data_digest_entry` (sha256 or keyed HMAC of the data files).
+        execution: :func:`dplora.train.execution_entry`, or None for ``{}``.
+    Returns:
+        A dict of JSON values, merged into :func:`build_record` and
+        :func:`dplora.control.non_private_record`.
+    """
+    return {
         "lora": contract.lora.model_dump(mode="json"),
         "model": contract.model.model_dump(mode="json"),
         "base_model": base_model,
@@ -134,5 +155,4 @@ def build_record(
         "data": {"files": [contract.data.path.rsplit("/", 1)[-1]], "digest": data_digest},
         "seed": {"value": contract.training.seed, "scope": SEED_SCOPE},
         "execution": execution or {},
-        "not_included": "training losses and per-unit record counts (computed on private data, not covered by ε)",
     }
