@@ -79,3 +79,27 @@ def contract_dict(model_dir: Path, data_path: Path, out_dir: Path, **sections) -
 def write_contract(path: Path, raw: dict) -> Path:
     path.write_text(yaml.safe_dump(raw))
     return path
+
+
+def release_statement(path: Path) -> dict:
+    """The in-toto statement signed in a release (``path``: the release folder or its ``release.dsse.json``).
+
+    Read only: the signature is not checked here (``dplora verify`` and its tests do that).
+    """
+    import base64
+    import json
+
+    envelope_path = path / "release.dsse.json" if path.is_dir() else path
+    envelope = json.loads(envelope_path.read_text())
+    return json.loads(base64.b64decode(envelope["payload"]))
+
+
+def train_tiny(tmp_path: Path, model_dir: Path, data_path: Path, signing_key, *extra, name="run", **sections):
+    """``dplora train`` in-process on :func:`contract_dict` (``sections`` update it): (click result, output dir)."""
+    from typer.testing import CliRunner
+
+    from dplora.cli import app
+
+    cfg = write_contract(tmp_path / f"{name}.yaml", contract_dict(model_dir, data_path, tmp_path / name, **sections))
+    args = ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress", *extra]
+    return CliRunner().invoke(app, args), tmp_path / name

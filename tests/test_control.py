@@ -3,14 +3,12 @@ ledger's ε = ∞ charge and the --non-private refusal, and generate's refusal."
 
 from __future__ import annotations
 
-import base64
 import json
 from decimal import Decimal
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import contract_dict, write_contract
+from conftest import contract_dict, release_statement, train_tiny, write_contract
 from typer.testing import CliRunner
 
 from dplora.cli import app
@@ -23,16 +21,10 @@ pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:Use
 
 def _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, *extra, name="ctl", **sections):
     sections.setdefault("privacy", {})["enabled"] = False
-    cfg = write_contract(
-        tmp_path / f"{name}.yaml", contract_dict(tiny_model_dir, tickets_csv, tmp_path / name, **sections)
-    )
-    result = runner.invoke(app, ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress", *extra])
-    return result, tmp_path / name
+    return train_tiny(tmp_path, tiny_model_dir, tickets_csv, signing_key, *extra, name=name, **sections)
 
 
-def _statement(out: Path) -> dict:
-    envelope = json.loads((out / "release.dsse.json").read_text())
-    return json.loads(base64.b64decode(envelope["payload"]))
+_statement = release_statement
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ Two launches, each checked against an independent reference:
 
 from __future__ import annotations
 
-import base64
 import json
 import math
 import os
@@ -25,7 +24,7 @@ from pathlib import Path
 import dist_worker as W
 import numpy as np
 import pytest
-from conftest import contract_dict, write_contract
+from conftest import contract_dict, release_statement, write_contract
 
 from dplora import distributed
 
@@ -221,8 +220,7 @@ def test_two_processes_resume_a_one_process_checkpoint(worker, interrupted, sign
 
 
 def _record(release_path: Path) -> dict:
-    envelope = json.loads(release_path.read_text())
-    return json.loads(base64.b64decode(envelope["payload"]))["predicate"]
+    return release_statement(release_path)["predicate"]
 
 
 def test_accelerate_launch_two_processes_one_verified_release(tmp_path, tiny_model_dir, tickets_csv, signing_key):

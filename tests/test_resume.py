@@ -6,7 +6,6 @@ SIGKILLs itself there; in-process tests replace the hook with a signal, a full d
 
 from __future__ import annotations
 
-import base64
 import errno
 import json
 import os
@@ -16,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import contract_dict, write_contract
+from conftest import contract_dict, release_statement, write_contract
 from typer.testing import CliRunner
 
 from dplora import checkpoint
@@ -53,8 +52,7 @@ def _partial(out: Path) -> Path:
 
 
 def _record(out: Path) -> dict:
-    envelope = json.loads((out / "release.dsse.json").read_text())
-    return json.loads(base64.b64decode(envelope["payload"]))["predicate"]
+    return release_statement(out)["predicate"]
 
 
 def _metric_steps(out: Path) -> list:
