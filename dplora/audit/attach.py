@@ -32,18 +32,19 @@ DATA_NOTES = {
     "public": "a file declared public, plus the canaries",
     "surrogate": "surrogate data (e.g. the dplora demo-data generator), plus the canaries",
 }
-# (name in messages, path in the release record, attribute of the plan or unit_guarantee field)
+# (name in the section and in messages, (section, key) in the release record); the inputs before σ, which follows
+# from them, so that the first mismatch named is the cause
 _MECHANISM = (
     ("accountant", ("accounting", "accountant")),
-    ("sample_rate", ("accounting", "sample_rate")),
-    ("noise_multiplier", ("accounting", "noise_multiplier")),
-    ("steps", ("accounting", "steps_planned")),
-    ("max_grad_norm", ("mechanism", "max_grad_norm")),
     ("protected_unit", ("privacy", "protected_unit")),
     ("adjacency", ("privacy", "adjacency")),
-    ("delta", ("accounting", "delta")),
     ("sampler", ("privacy", "sampler")),
     ("clipping", ("privacy", "clipping")),
+    ("delta", ("accounting", "delta")),
+    ("max_grad_norm", ("mechanism", "max_grad_norm")),
+    ("sample_rate", ("accounting", "sample_rate")),
+    ("steps", ("accounting", "steps_planned")),
+    ("noise_multiplier", ("accounting", "noise_multiplier")),
 )
 
 
@@ -221,8 +222,8 @@ def attach(target: AttachTarget, section: dict) -> Path:
     Returns:
         The envelope path.
     Raises:
-        BadInputError: the release changed meanwhile, or the audit's mechanism differs (nothing is written).
-        OSError: the files could not be written (the old ones are restored; see ``write_release``).
+        BadInputError: the release changed meanwhile, the audit's mechanism differs (nothing is written), or
+            the files could not be written (the old ones are restored; see ``write_release``).
     """
     from dplora.release import write_release
     from dplora.verify import verify_release
@@ -236,9 +237,14 @@ def attach(target: AttachTarget, section: dict) -> Path:
         raise BadInputError(f"--attach {target.folder}: the release changed during the audit; nothing was attached")
     record = {**target.record, SECTION: section}
     artifacts = [target.folder / s["name"] for s in target.statement["subject"]]
-    return write_release(
-        output_dir=target.folder, record=record, artifact_files=artifacts, private_key=target.private_key
-    )
+    try:
+        return write_release(
+            output_dir=target.folder, record=record, artifact_files=artifacts, private_key=target.private_key
+        )
+    except OSError as err:
+        raise BadInputError(
+            f"--attach {target.folder}: cannot write the record ({err.strerror or err}); the old record is kept"
+        ) from None
 
 
 def summary_line(section: dict) -> str:
