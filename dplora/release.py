@@ -10,7 +10,8 @@ same envelope as a Sigstore bundle v0.3 (https://github.com/sigstore/protobuf-sp
 verification material is a public-key hint (the key id): no certificate, no transparency-log entry.
 
 Predicate type ``https://dplora.dev/release/v1``: the predicate is the trainer's record dict,
-written verbatim (nothing is added). Its ``data.digest`` entry, when present, comes from
+written verbatim (nothing is added); ``dplora audit --attach`` later re-signs it with an ``audit`` section
+added (:mod:`dplora.audit.attach`), the artifacts unchanged. Its ``data.digest`` entry, when present, comes from
 :func:`data_digest_entry`: an HMAC-SHA256 (RFC 2104) per data file under the data owner's key,
 never a plain hash, since a plain hash of private data would let anyone confirm a guess of it.
 """
