@@ -111,6 +111,7 @@ def register(app: typer.Typer, *, config_arg, overrides_arg, fail, log, out) -> 
                 data_files = [contract.data.path.rsplit("/", 1)[-1]]
                 section = attaching.audit_section(report, sha256_file(folder / REPORT_FILENAME), data_files)
                 envelope = attaching.attach(target, section)
+                attaching.record_in_ledger(target, envelope, ledger, log)
         except DploraError as err:
             raise fail(err) from None
         out.print(summary_markdown(report), markup=False, soft_wrap=True)

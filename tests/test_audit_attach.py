@@ -195,6 +195,12 @@ def test_audit_with_ledger_is_charged_like_train(tmp_path, tiny_model_dir, ticke
         "delta": 1e-5,
     }
 
+    listed = Ledger(db).releases(release_charge.run_id)  # the re-signed record is listed beside the first one
+    assert [r["label"] for r in listed] == ["final", "audit attached"]
+    envelope = tmp_path / "rel" / rel.RELEASE_FILENAME
+    assert listed[1]["record_sha256"] == hashlib.sha256(envelope.read_bytes()).hexdigest()
+    assert float(Ledger(db).charge(release_charge.run_id).epsilon) == pytest.approx(float(release_charge.epsilon))
+
     second = runner.invoke(app, ["audit", str(cfg), *AUDIT, "--out", str(tmp_path / "a2"), *ledger])
     assert second.exit_code == 2 and "exceeds the cap" in second.output  # as train: refused before training
     assert len(Ledger(db).charges("tickets")) == 2

@@ -247,6 +247,32 @@ def attach(target: AttachTarget, section: dict) -> Path:
         ) from None
 
 
+def record_in_ledger(target: AttachTarget, envelope: Path, ledger_path: Path | None, log) -> None:
+    """List the re-signed record beside the old one in the ledger (post-processing, no new charge), if it can.
+
+    A release on a population was recorded there by its sha256; the re-signed record has a new one. Nothing to do
+    without a population; a ledger without the release's charge gets a warning (the attach itself stands).
+    """
+    from dplora.ledger import Ledger, default_ledger_path
+    from dplora.release import sha256_file
+
+    record = target.record
+    if not record.get("population"):
+        return
+    acc = record["accounting"]
+    try:
+        with Ledger(ledger_path or default_ledger_path(), create=False) as ledger:
+            ledger.record_release(
+                run_id=record["run_id"],
+                record_sha256=sha256_file(envelope),
+                epsilon=acc["epsilon_spent"],
+                delta=acc["delta"],
+                label="audit attached",
+            )
+    except DploraError as err:
+        log(f"warning: the re-signed record is not listed in the ledger: {err}")
+
+
 def summary_line(section: dict) -> str:
     """One line for ``dplora verify``: the bound against the claim, the counts, AUC, exposure, data and ledger."""
 
