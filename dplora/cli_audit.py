@@ -65,6 +65,7 @@ def register(app: typer.Typer, *, config_arg, overrides_arg, fail, log, out) -> 
         from dplora.contract import load_contract
         from dplora.errors import BadInputError, DploraError
 
+        pinned: list[str] = []
         try:
             try:
                 source = DataSource(data_source)
@@ -72,7 +73,7 @@ def register(app: typer.Typer, *, config_arg, overrides_arg, fail, log, out) -> 
                 raise BadInputError(f"--data-source={data_source!r}: use private, public or surrogate") from None
             first = load_contract(config, overrides or [])
             folder = audit_dir or Path(f"{first.training.output_dir}-audit")
-            target, pinned = None, []
+            target = None
             if attach is not None:
                 _separate(folder, attach)
                 target = attaching.open_release(attach, signing_key)
@@ -112,6 +113,14 @@ def register(app: typer.Typer, *, config_arg, overrides_arg, fail, log, out) -> 
                 section = attaching.audit_section(report, sha256_file(folder / REPORT_FILENAME), data_files)
                 envelope = attaching.attach(target, section)
                 attaching.record_in_ledger(target, envelope, ledger, log)
+        except BadInputError as err:
+            if pinned and str(err).startswith("privacy.num_units="):  # train's count check, under the pinned N
+                err = BadInputError(
+                    f"--attach: the audit's data plus its inserted canaries hold more units than the release's "
+                    f"N ({pinned[0]}); audit on smaller public or surrogate data, or declare privacy.num_units with "
+                    "room for the canaries when training the release"
+                )
+            raise fail(err) from None
         except DploraError as err:
             raise fail(err) from None
         out.print(summary_markdown(report), markup=False, soft_wrap=True)
