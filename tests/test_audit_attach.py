@@ -111,6 +111,15 @@ def test_tampered_or_inconsistent_audit_section_fails_verify(tmp_path, tiny_mode
         rel.write_release(output_dir=run, record=record, artifact_files=artifacts, private_key=private)
         result = runner.invoke(app, ["verify", str(run), "--public-key", str(signing_key[1])])
         assert result.exit_code == 3 and ("noise_multiplier" in result.output or "claimed ε" in result.output)
+    # an intact record whose attached audit found a violation: verify exits 5 (human and --json)
+    record = json.loads(json.dumps(statement["predicate"]))
+    record["audit"] |= {"violation": True, "epsilon_lower_bound": record["audit"]["claimed_epsilon"] + 1.0}
+    private = rel.load_private_key(signing_key[0])
+    rel.write_release(output_dir=run, record=record, artifact_files=artifacts, private_key=private)
+    result = runner.invoke(app, ["verify", str(run), "--public-key", str(signing_key[1])])
+    assert result.exit_code == 5 and "OK  signature" in result.output and "VIOLATION" in result.output
+    doc = json.loads(runner.invoke(app, ["verify", str(run), "--public-key", str(signing_key[1]), "--json"]).output)
+    assert (doc["ok"], doc["exit_code"], doc["audit"]["violation"]) == (False, 5, True) and "VIOLATION" in doc["error"]
 
 
 def test_attach_refusals_leave_the_release_byte_identical(tmp_path, tiny_model_dir, tickets_csv, signing_key):
