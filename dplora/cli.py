@@ -1,10 +1,11 @@
 """The ``dplora`` command line: parses arguments and calls the library, nothing more.
 
 Exit codes (README "Exit codes"): 0 success; 2 bad input or a refused plan; 3 ``verify`` found a mismatch;
-4 training failed; 5 ``audit``: the empirical ε lower bound exceeds the claimed ε; 6 a non-private
-(``privacy.enabled: false``) run used without ``--allow-non-private``; 130 interrupted; 1 an unexpected internal
-error. ``--json`` (train, budget, verify) prints exactly one JSON document on stdout, also on a handled error
-(``{"ok": false, "exit_code": N, "error": "..."}``); progress and messages go to stderr.
+4 training failed; 5 ``audit`` (and ``verify`` of a record whose attached audit says so): the empirical ε lower
+bound exceeds the claimed ε; 6 a non-private (``privacy.enabled: false``) run used without
+``--allow-non-private``; 130 interrupted; 1 an unexpected internal error. ``--json`` (train, budget, verify)
+prints exactly one JSON document on stdout, also on a handled error (``{"ok": false, "exit_code": N, "error":
+"..."}``); progress and messages go to stderr.
 """
 
 from __future__ import annotations
@@ -391,17 +392,22 @@ def verify(
         result = verify_release(release_path, public_key, data_files=data or None, data_key=key, base_model=base_model)
     except DploraError as err:
         raise _fail(err, as_json=as_json) from None
+    from dplora.audit.attach import summary_line
+
     checks = _verify_checks(result, public_key, public, data or [], base_model)
     code = 0 if result.differentially_private or allow_non_private else 6
+    code = 5 if code == 0 and result.audit and result.audit.get("violation") else code  # the attached audit failed
     if as_json:
         doc = {"ok": code == 0, "release": str(release_path), "differentially_private": result.differentially_private}
         if code:
-            doc |= {"exit_code": code, "error": _claim_line(result)}
-        _emit_json(doc | {"checks": checks, "claims": _claims(result.statement)})
+            doc |= {"exit_code": code, "error": summary_line(result.audit) if code == 5 else _claim_line(result)}
+        _emit_json(doc | {"checks": checks, "claims": _claims(result.statement), "audit": result.audit})
         raise typer.Exit(code=code)
     for c in checks:
         out.print(f"{'OK' if c['ok'] else '--'}  {c['check']}: {c['detail']}", markup=False, soft_wrap=True)
     out.print(_claim_line(result), markup=False, soft_wrap=True)
+    if result.audit is not None:
+        out.print(summary_line(result.audit), markup=False, soft_wrap=True)
     if code:
         raise typer.Exit(code=code)
 
@@ -435,6 +441,8 @@ def _verify_checks(result, key_path: Path, public, data: list[Path], base_model:
         checks.append(("data digest", False, "not checked (pass --data FILE --data-key KEY)"))
     if base_model is not None:
         checks.append(("base model", True, f"sha256 of {', '.join(result.base_model_files)} matches the record"))
+    if result.audit is not None:
+        checks.append(("audit", True, "the attached audit section is signed with the record and names its mechanism"))
     return [{"check": name, "ok": ok, "detail": detail} for name, ok, detail in checks]
 
 

@@ -2,7 +2,9 @@
 
 Everything here is public by construction: the contract's privacy settings, the mechanism as data (the
 ``DpSgdEvent``), the accountant and its version, library versions, digests. Never raw text, never losses on
-private data, never per-unit record counts (the maximum is one person's count).
+private data, never per-unit record counts (the maximum is one person's count). An optional ``audit`` section
+is added after training by ``dplora audit --attach`` (:mod:`dplora.audit.attach`): an audit's summary numbers
+on fake canaries, no secrets and no scores.
 """
 
 from __future__ import annotations

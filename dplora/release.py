@@ -10,7 +10,8 @@ same envelope as a Sigstore bundle v0.3 (https://github.com/sigstore/protobuf-sp
 verification material is a public-key hint (the key id): no certificate, no transparency-log entry.
 
 Predicate type ``https://dplora.dev/release/v1``: the predicate is the trainer's record dict,
-written verbatim (nothing is added). Its ``data.digest`` entry, when present, comes from
+written verbatim (nothing is added); ``dplora audit --attach`` later re-signs it with an ``audit`` section
+added (:mod:`dplora.audit.attach`), the artifacts unchanged. Its ``data.digest`` entry, when present, comes from
 :func:`data_digest_entry`: an HMAC-SHA256 (RFC 2104) per data file under the data owner's key,
 never a plain hash, since a plain hash of private data would let anyone confirm a guess of it.
 """
@@ -221,8 +222,11 @@ def _temp_json(folder: Path, name: str, obj) -> Path:
 def write_release(*, output_dir: Path, record: dict, artifact_files: list[Path], private_key) -> Path:
     """Sign ``record`` + artifact sha256s as ``release.dsse.json`` and its bundle ``release.sigstore.json``.
 
-    Both are written to temp files in the same folder (fsync) and renamed, the envelope last; on any error
-    neither is left behind.
+    Both are written to temp files in the same folder (fsync), then renamed so that every state in between
+    verifies: an old bundle is removed first, the envelope renamed next, the bundle last (a release without its
+    bundle verifies; a bundle around another envelope does not). On any error the files that were there before
+    are put back byte for byte (a re-signed record, e.g. ``dplora audit --attach``, leaves the old one valid), and
+    a first release leaves neither file behind.
 
     Args:
         output_dir: The run's output folder; subject names are POSIX paths relative to it.
@@ -233,6 +237,7 @@ def write_release(*, output_dir: Path, record: dict, artifact_files: list[Path],
         The path of the written envelope.
     Raises:
         BadInputError: If no artifact is given, one is missing or outside ``output_dir``, or bad JSON.
+        OSError: If a file cannot be written (the previous files, if any, are restored).
     """
     root = Path(output_dir).resolve()
     subjects: dict[str, str] = {}
@@ -246,18 +251,38 @@ def write_release(*, output_dir: Path, record: dict, artifact_files: list[Path],
     if not subjects:
         raise BadInputError("a release needs at least one artifact file")
     envelope = sign_statement(build_statement(record, subjects), private_key)
+    targets = (root / RELEASE_FILENAME, root / SIGSTORE_FILENAME)
+    previous = {t: t.read_bytes() for t in targets if t.is_file()}
     temps: list[tuple[Path, Path]] = []
     try:
-        for name, doc in ((SIGSTORE_FILENAME, sigstore_bundle(envelope)), (RELEASE_FILENAME, envelope)):
+        for name, doc in ((RELEASE_FILENAME, envelope), (SIGSTORE_FILENAME, sigstore_bundle(envelope))):
             temps.append((_temp_json(root, name, doc), root / name))
+        targets[1].unlink(missing_ok=True)  # old envelope, no bundle: still a valid (old) release
         for tmp, target in temps:
             os.replace(tmp, target)
     except BaseException:
         for tmp, target in temps:
             tmp.unlink(missing_ok=True)
-            target.unlink(missing_ok=True)  # no half release: neither file, rather than one of them
+            if target in previous:
+                _restore(target, previous[target])
+            else:
+                target.unlink(missing_ok=True)  # no half release: neither file, rather than one of them
         raise
     return root / RELEASE_FILENAME
+
+
+def _restore(path: Path, data: bytes) -> None:
+    """Put ``data`` back at ``path`` atomically (temp file + rename), best effort while handling an error."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".restore")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fchmod(f.fileno(), 0o644)
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)
 
 
 def finish_adapter_dir(adapter_dir: Path, contract, record: dict) -> list[Path]:

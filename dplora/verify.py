@@ -45,6 +45,12 @@ class VerifiedRelease:
     base_model_files: tuple[str, ...] = ()  # base-model files whose sha256 matched (empty: not checked)
 
     @property
+    def audit(self) -> dict | None:
+        """The record's attached ``audit`` section (``dplora audit --attach``), or None."""
+        predicate = self.statement.get("predicate")
+        return predicate.get("audit") if isinstance(predicate, dict) else None
+
+    @property
     def differentially_private(self) -> bool:
         """False for a non-private control run's record (predicate type ``NON_PRIVATE_PREDICATE_TYPE``)."""
         return self.statement.get("predicateType") == PREDICATE_TYPE
@@ -182,6 +188,22 @@ def _check_no_unsigned_files(folder: Path, signed: set[str], envelope_name: str)
             raise VerificationError(f"{name}: file is not covered by the signature (remove it or re-release)")
 
 
+def _check_audit(predicate) -> None:
+    """An attached audit section must describe an audit of this record's mechanism (signed or not, it must agree)."""
+    from dplora.audit.attach import first_mismatch, record_mechanism, same_value
+
+    section = predicate.get("audit") if isinstance(predicate, dict) else None
+    if section is None:
+        return
+    if not isinstance(section, dict) or not isinstance(section.get("mechanism"), dict):
+        raise VerificationError("the audit section is malformed (no mechanism)")
+    if (what := first_mismatch(section["mechanism"], record_mechanism(predicate))) is not None:
+        raise VerificationError(f"the audit section is not an audit of this record's mechanism ({what})")
+    claimed, spent = section.get("claimed_epsilon"), (predicate.get("accounting") or {}).get("epsilon_spent")
+    if not same_value(claimed, spent):
+        raise VerificationError(f"the audit's claimed ε={claimed!r} is not the record's ε={spent!r}")
+
+
 def verify_release(
     release_path: Path,
     public_key,
@@ -197,7 +219,9 @@ def verify_release(
     empty key id; the statement and predicate type; each subject file's sha256 (names must stay inside the
     folder); no file the signature does not cover; ``release.sigstore.json``, when present, holds the same
     envelope; with ``data_files`` and ``data_key``, each data file's HMAC-SHA256 (RFC 2104) by basename; with
-    ``base_model``, the sha256 of every recorded base-model file in that folder (or of that one file).
+    ``base_model``, the sha256 of every recorded base-model file in that folder (or of that one file). An
+    ``audit`` section (``dplora audit --attach``) is covered by the signature like the rest of the record and
+    must name this record's mechanism and ε.
 
     Args:
         release_path: The envelope file, or the folder holding ``release.dsse.json``.
@@ -234,6 +258,7 @@ def verify_release(
         _check_subject(path.parent, subject)
     _check_no_unsigned_files(path.parent, {s["name"] for s in statement["subject"]}, path.name)
     bundle = _check_bundle(path.parent, env)
+    _check_audit(statement.get("predicate"))
     if data_files:
         _check_data(statement.get("predicate"), data_files, data_key)
     matched = _check_base_model(statement.get("predicate"), Path(base_model)) if base_model is not None else ()

@@ -112,7 +112,7 @@ def run_audit(contract, options: AuditOptions, *, audit_dir: Path, train_kwargs:
     finally:
         key.unlink(missing_ok=True)
     measured = _score(result.output_dir, contract, drawn, options, train_kwargs.get("threads"), log)
-    report = _report(result, drawn, measured, options, minutes=(time.time() - started) / 60)
+    report = _report(result, contract, drawn, measured, options, minutes=(time.time() - started) / 60)
     (audit_dir / REPORT_FILENAME).write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
     (audit_dir / SUMMARY_FILENAME).write_text(summary_markdown(report))
     if options.plot:
@@ -158,8 +158,10 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _report(result, drawn, measured: dict, options: AuditOptions, *, minutes: float) -> dict:
-    """The audit report: bound, claimed ε, exposure, AUC and every canary's numbers (secrets are fake)."""
+def _report(result, contract, drawn, measured: dict, options: AuditOptions, *, minutes: float) -> dict:
+    """The audit report: bound, claimed ε, exposure, AUC, the mechanism, the ledger charge and every canary."""
+    from dplora.audit.attach import mechanism_of
+
     plan = result.plan
     m = len(drawn)
     k = options.guesses if options.guesses is not None else m // 4
@@ -175,6 +177,7 @@ def _report(result, drawn, measured: dict, options: AuditOptions, *, minutes: fl
     return {
         "audit": "one-run canary audit (Steinke, Nasr & Jagielski 2023, arXiv 2305.08846, Thm 3)",
         "run_folder": str(result.output_dir),
+        "run_id": result.run_id,
         "data_source": options.data_source.value,
         "differentially_private": result.differentially_private,
         "claimed_epsilon": "infinite" if math.isinf(claimed) else claimed,
@@ -196,6 +199,8 @@ def _report(result, drawn, measured: dict, options: AuditOptions, *, minutes: fl
         "exposure_inserted_mean": _mean(exp_in),
         "exposure_held_out_mean": _mean(exp_out),
         "steps": result.steps_done,
+        "mechanism": mechanism_of(plan, contract) if result.differentially_private else None,
+        "ledger": _ledger_entry(result, contract),
         "minutes": minutes,
         "per_canary": [
             {
@@ -209,6 +214,19 @@ def _report(result, drawn, measured: dict, options: AuditOptions, *, minutes: fl
             }
             for i, c in enumerate(drawn)
         ],
+    }
+
+
+def _ledger_entry(result, contract) -> dict:
+    """Whether the audit's run was charged to the ledger (as ``dplora train`` charges: with a population)."""
+    population = contract.privacy.population
+    charged = population is not None
+    return {
+        "charged": charged,
+        "population": population,
+        "run_id": result.run_id if charged else None,
+        "epsilon": (result.epsilon_spent if result.differentially_private else "infinite") if charged else None,
+        "delta": result.plan.delta if charged else None,
     }
 
 

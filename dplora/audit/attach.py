@@ -1,0 +1,297 @@
+"""``dplora audit --attach RUN_DIR``: the audit's results as an ``audit`` section of a release record, re-signed.
+
+Design (README "Attaching an audit to a release"):
+
+- The release must verify under the public half of the signing key that re-signs it, be differentially private
+  and carry no audit section yet (one audit per release: attaching a second would let a better-looking audit
+  replace a worse one).
+- The audit must run the release's mechanism: the same accountant, q, σ, T, C, protected unit, adjacency, δ,
+  sampler and unit clipping. q = B/N, so the audit declares the release's N (``privacy.num_units``) when its
+  contract declares none; the canaries are then units within that N (the audit's data plus its inserted
+  canaries must not exceed it, or training refuses, exit 2). The plan is compared before training (exit 2 with
+  the first mismatch, nothing written to the release) and again from the finished audit's report.
+- A non-private baseline (``privacy.enabled: false``) is never attached: its numbers never go into a signed record.
+- The section holds the audit's numbers, the data it trained on and its ledger charge, the sha256 of
+  ``audit.json``, the dplora version and the UTC time. The record is the release's predicate plus that section,
+  signed again by :func:`dplora.release.write_release` with the same artifacts; the envelope and bundle are
+  replaced so that the old record stays valid until the new one is in place (see there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import math
+from pathlib import Path
+
+from dplora.errors import BadInputError, DploraError
+
+SECTION = "audit"
+DATA_NOTES = {
+    "private": "the contract's private training data plus the canaries",
+    "public": "a file declared public, plus the canaries",
+    "surrogate": "surrogate data (e.g. the dplora demo-data generator), plus the canaries",
+}
+# (name in the section and in messages, (section, key) in the release record); the inputs before σ, which follows
+# from them, so that the first mismatch named is the cause
+_MECHANISM = (
+    ("accountant", ("accounting", "accountant")),
+    ("protected_unit", ("privacy", "protected_unit")),
+    ("adjacency", ("privacy", "adjacency")),
+    ("sampler", ("privacy", "sampler")),
+    ("clipping", ("privacy", "clipping")),
+    ("delta", ("accounting", "delta")),
+    ("max_grad_norm", ("mechanism", "max_grad_norm")),
+    ("sample_rate", ("accounting", "sample_rate")),
+    ("steps", ("accounting", "steps_planned")),
+    ("noise_multiplier", ("accounting", "noise_multiplier")),
+)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AttachTarget:
+    """A verified release ready to take an audit: its folder, signed statement and the key that re-signs it."""
+
+    folder: Path
+    statement: dict
+    private_key: object
+
+    @property
+    def record(self) -> dict:
+        """The release record (the statement's predicate)."""
+        return self.statement["predicate"]
+
+
+def open_release(run_dir: Path, signing_key: Path | None) -> AttachTarget:
+    """Load the signing key and verify ``run_dir`` under its public half; refuse what cannot take an audit.
+
+    Args:
+        run_dir: the release folder (holding ``release.dsse.json``).
+        signing_key: the Ed25519 private key that signed the release (else ``$DPLORA_SIGNING_KEY``).
+    Returns:
+        :class:`AttachTarget`.
+    Raises:
+        BadInputError: no key, a release that does not verify under it, a non-private record, or a record that
+            already has an audit section (exit 2).
+    """
+    from dplora.release import RELEASE_FILENAME, load_private_key
+    from dplora.verify import verify_release
+
+    run_dir = Path(run_dir)
+    if not (run_dir / RELEASE_FILENAME).is_file():
+        raise BadInputError(f"--attach {run_dir}: no {RELEASE_FILENAME} there (give a release folder)")
+    private_key = load_private_key(signing_key)
+    try:
+        verified = verify_release(run_dir, private_key.public_key())
+    except DploraError as err:
+        raise BadInputError(f"--attach {run_dir}: the release does not verify under the signing key: {err}") from None
+    if not verified.differentially_private:
+        raise BadInputError(f"--attach {run_dir}: a non-private control record takes no audit")
+    if SECTION in verified.statement["predicate"]:
+        raise BadInputError(f"--attach {run_dir}: the record already has an audit section (one audit per release)")
+    return AttachTarget(folder=run_dir, statement=verified.statement, private_key=private_key)
+
+
+def pin_overrides(contract, target: AttachTarget) -> list[str]:
+    """Overrides that give the audit the release's N (so q, T and σ follow), when its contract declares none.
+
+    Raises:
+        BadInputError: a non-private baseline (never attached).
+    """
+    from dplora import control
+
+    if control.is_control(contract):
+        raise BadInputError(
+            "--attach: a privacy.enabled=false baseline is never attached: its numbers never go into a signed record"
+        )
+    if contract.privacy.num_units is not None:
+        return []
+    return [f"privacy.num_units={int(target.record['accounting']['num_units'])}"]
+
+
+def mechanism_of(plan, contract) -> dict:
+    """The mechanism an attached audit must share with the release, from a plan and its contract."""
+    from dplora.record import unit_guarantee
+
+    unit = unit_guarantee(contract)
+    return {
+        "accountant": plan.accountant.value,
+        "sample_rate": plan.sample_rate,
+        "noise_multiplier": plan.noise_multiplier,
+        "steps": plan.steps,
+        "max_grad_norm": plan.max_grad_norm,
+        "protected_unit": plan.protected_unit.value,
+        "adjacency": plan.adjacency.value,
+        "delta": plan.delta,
+        "sampler": unit["sampler"],
+        "clipping": unit["clipping"],
+    }
+
+
+def record_mechanism(record: dict) -> dict:
+    """The same fields read from a release record (None where the record lacks one)."""
+    out = {}
+    for name, (section, key) in _MECHANISM:
+        part = record.get(section)
+        out[name] = part.get(key) if isinstance(part, dict) else None
+    return out
+
+
+def same_value(a, b) -> bool:
+    """Equal, with numbers compared to 1e-9 relative (a JSON round trip or a recalibration may move the last bit)."""
+    if isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool):
+        return not isinstance(b, bool) and math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0)
+    return a == b
+
+
+def first_mismatch(audit: dict, release: dict) -> str | None:
+    """``"name: audit X, release Y"`` for the first mechanism field that differs (:func:`same_value`), else None."""
+    for name, _ in _MECHANISM:
+        if not same_value(a := audit.get(name), r := release.get(name)):
+            return f"{name}: audit {a!r}, release {r!r}"
+    return None
+
+
+def check_plan(contract, target: AttachTarget) -> None:
+    """Refuse (exit 2) an audit whose plan is not the release's mechanism; computed before training.
+
+    The contract must declare N (see :func:`pin_overrides`), so the plan needs no data.
+
+    Raises:
+        BadInputError: the first differing field; PlanRefusedError from planning.
+    """
+    from dplora.plan import make_plan
+
+    plan = make_plan(contract, num_units=contract.privacy.num_units, num_units_source="contract")
+    _refuse_mismatch(mechanism_of(plan, contract), target)
+
+
+def _refuse_mismatch(mechanism: dict, target: AttachTarget) -> None:
+    if (what := first_mismatch(mechanism, record_mechanism(target.record))) is not None:
+        raise BadInputError(
+            f"--attach {target.folder}: the audit does not run the release's mechanism ({what}); "
+            "use the release's contract settings"
+        )
+
+
+def audit_section(report: dict, report_sha256: str, data_files: list[str]) -> dict:
+    """The record's ``audit`` section from a finished audit's report (JSON-ready; no secrets, no scores)."""
+    import dplora
+
+    keys = (
+        "epsilon_lower_bound",
+        "claimed_epsilon",
+        "delta",
+        "confidence",
+        "violation",
+        "canaries",
+        "inserted",
+        "records_per_canary",
+        "guesses_in",
+        "guesses_out",
+        "guesses",
+        "correct",
+        "mia_auc",
+        "candidates",
+        "exposure_inserted_mean",
+        "exposure_held_out_mean",
+        "exposure_chance_bits",
+        "exposure_max_bits",
+        "steps",
+    )
+    source = report["data_source"]
+    return {
+        "method": report["audit"],
+        **{k: report[k] for k in keys},
+        "mechanism": report["mechanism"],
+        "data": {"source": source, "files": data_files, "note": DATA_NOTES[source]},
+        "ledger": report["ledger"],
+        "audit_run_id": report["run_id"],
+        "report": {"file": "audit.json", "sha256": report_sha256},
+        "dplora_version": dplora.__version__,
+        "attached_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def attach(target: AttachTarget, section: dict) -> Path:
+    """Re-sign the release's record with ``section`` added, keeping the old record valid until it is replaced.
+
+    Checks again, just before writing, that the release still verifies and is unchanged since
+    :func:`open_release`, and that the finished audit ran the release's mechanism.
+
+    Returns:
+        The envelope path.
+    Raises:
+        BadInputError: the release changed meanwhile, the audit's mechanism differs (nothing is written), or
+            the files could not be written (the old ones are restored; see ``write_release``).
+    """
+    from dplora.release import write_release
+    from dplora.verify import verify_release
+
+    _refuse_mismatch(section["mechanism"], target)
+    try:
+        now = verify_release(target.folder, target.private_key.public_key())
+    except DploraError as err:
+        raise BadInputError(f"--attach {target.folder}: the release no longer verifies: {err}") from None
+    if now.statement != target.statement:
+        raise BadInputError(f"--attach {target.folder}: the release changed during the audit; nothing was attached")
+    record = {**target.record, SECTION: section}
+    artifacts = [target.folder / s["name"] for s in target.statement["subject"]]
+    try:
+        return write_release(
+            output_dir=target.folder, record=record, artifact_files=artifacts, private_key=target.private_key
+        )
+    except OSError as err:
+        raise BadInputError(
+            f"--attach {target.folder}: cannot write the record ({err.strerror or err}); the old record is kept"
+        ) from None
+
+
+def record_in_ledger(target: AttachTarget, envelope: Path, ledger_path: Path | None, log) -> None:
+    """List the re-signed record beside the old one in the ledger (post-processing, no new charge), if it can.
+
+    A release on a population was recorded there by its sha256; the re-signed record has a new one. Nothing to do
+    without a population; a ledger without the release's charge gets a warning (the attach itself stands).
+    """
+    from dplora.ledger import Ledger, default_ledger_path
+    from dplora.release import sha256_file
+
+    record = target.record
+    if not record.get("population"):
+        return
+    acc = record["accounting"]
+    try:
+        with Ledger(ledger_path or default_ledger_path(), create=False) as ledger:
+            ledger.record_release(
+                run_id=record["run_id"],
+                record_sha256=sha256_file(envelope),
+                epsilon=acc["epsilon_spent"],
+                delta=acc["delta"],
+                label="audit attached",
+            )
+    except DploraError as err:
+        log(f"warning: the re-signed record is not listed in the ledger: {err}")
+
+
+def summary_line(section: dict) -> str:
+    """One line for ``dplora verify``: the bound against the claim, the counts, AUC, exposure, data and ledger."""
+
+    def num(x, fmt=".3f"):
+        return "n/a" if x is None else x if isinstance(x, str) else format(x, fmt)
+
+    verdict = "VIOLATION (the bound exceeds the claimed ε)" if section.get("violation") else "no violation"
+    ledger = section.get("ledger") or {}
+    charge = (
+        f"charged ε={num(ledger.get('epsilon'), '.4f')} to {ledger.get('population')!r}"
+        if ledger.get("charged")
+        else "not charged to a ledger"
+    )
+    data = section.get("data") or {}
+    return (
+        f"audit: ε lower bound {num(section.get('epsilon_lower_bound'))} ({num(section.get('confidence'), '.0%')}) "
+        f"vs claimed ε {num(section.get('claimed_epsilon'), '.4f')}: {verdict}; {section.get('canaries')} canaries "
+        f"({section.get('inserted')} inserted), {section.get('correct')}/{section.get('guesses')} guesses correct; "
+        f"MIA AUC {num(section.get('mia_auc'))}; exposure {num(section.get('exposure_inserted_mean'), '.2f')} bits "
+        f"(held out {num(section.get('exposure_held_out_mean'), '.2f')}); data: {data.get('source')}; {charge}; "
+        f"attached {section.get('attached_at')}"
+    )
