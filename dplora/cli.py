@@ -402,6 +402,8 @@ def verify(
     for c in checks:
         out.print(f"{'OK' if c['ok'] else '--'}  {c['check']}: {c['detail']}", markup=False, soft_wrap=True)
     out.print(_claim_line(result), markup=False, soft_wrap=True)
+    if tuning := _tuning_line(result.statement):
+        out.print(tuning, markup=False, soft_wrap=True)
     if code:
         raise typer.Exit(code=code)
 
@@ -456,6 +458,13 @@ def _claim_line(result) -> str:
     )
 
 
+def _tuning_line(statement: dict) -> str | None:
+    """A sweep's release: its trials' total ε and whether the choice is covered (``dplora sweep``); else None."""
+    from dplora.sweep import tuning_claim
+
+    return tuning_claim(statement.get("predicate"))
+
+
 def _claims(statement: dict) -> dict:
     """What a verified release claims (``verify --json``): the unit, the accounting, the run id and the files."""
     predicate = statement["predicate"]
@@ -467,6 +476,7 @@ def _claims(statement: dict) -> dict:
         "adjacency": unit.get("adjacency"),
         **{k: acc.get(k) for k in keys},
         "artifacts": [s["name"] for s in statement["subject"]],
+        **({"tuning": predicate["tuning"]} if "tuning" in predicate else {}),
     }
 
 
@@ -608,6 +618,15 @@ def _mount_audit() -> None:
 
 
 _mount_audit()
+
+
+def _mount_tuning() -> None:
+    from dplora.cli_tuning import register
+
+    register(app, config_arg=ConfigArg, overrides_arg=OverridesArg, fail=_fail, log=_log, out=out)
+
+
+_mount_tuning()
 
 
 def main() -> None:
