@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import types
+import warnings
 
 import numpy as np
 
@@ -126,6 +127,8 @@ def unit_norms(contract: Contract, table, *, sample: int = DEFAULT_SAMPLE, threa
     from dplora.run import RunSpec, RunState, _forward_backward
     from dplora.train import _setup_model
 
+    warnings.filterwarnings("ignore", message="Full backward hook is firing")  # as train: Opacus on a frozen base
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
     torch.set_num_threads(threads or contract.training.threads or engine.free_threads())
     device = select_device()
     dtype, allow_tf32 = resolve_precision(contract.model, device)

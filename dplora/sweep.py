@@ -327,7 +327,7 @@ def tuning_entry(results, chosen: int, *, source: str, public: bool, adjacency) 
     selection = {"metric": METRIC, "eval_set": "public" if public else "private", "source": source}
     selection |= {"covered": public, "chosen_trial": chosen + 1, "chosen_run_id": results[chosen][1].run_id}
     if public:
-        selection["evaluation"] = results[chosen][2].to_dict()
+        selection["evaluation"] = results[chosen][2].to_dict() | {"label": f"public selection set: {source}"}
     return {
         "trials": len(results),
         "trial_run_ids": [r.run_id for _, r, _ in results],
@@ -351,6 +351,10 @@ def _release(result, tuning: dict, private_key, options: SweepOptions, trial_pub
     record = dict(verify_release(folder, trial_pub).statement["predicate"])
     record.pop("artifacts", None)  # finish_release lists them again
     record["tuning"] = tuning
+    record["accounting"] = {
+        **record["accounting"],
+        "composition": "this trial alone; `tuning` states the total over all trials of the sweep",
+    }
     for name in release.RELEASE_FILES:
         (folder / name).unlink()
     contract = load_contract(folder / "contract.yaml")

@@ -116,7 +116,9 @@ def test_sweep_charges_three_trials_and_states_their_composed_epsilon(
     )
     release_dir = Path(json.loads(result.stdout)["release"])
     assert [p.name for p in out.iterdir() if p.is_dir()] == [release_dir.name]  # the others' adapters are deleted
-    tuning = _payload(release_dir)["predicate"]["tuning"]
+    predicate = _payload(release_dir)["predicate"]
+    tuning = predicate["tuning"]
+    assert "total over all trials" in predicate["accounting"]["composition"]
     assert tuning["trials"] == 3 and tuning["trial_run_ids"] == [c.run_id for c in charges]
     eps = [t["epsilon"] for t in tuning["per_trial"]]
     assert eps == pytest.approx([float(c.epsilon) for c in charges], rel=1e-12)  # what the ledger charged
@@ -179,6 +181,15 @@ def test_sweep_refuses_before_any_trial(tmp_path, tiny_model_dir, tickets_csv, s
     result = runner.invoke(app, args)
     assert result.exit_code == 2 and needle in result.output, result.output
     assert not out.exists() and Ledger(db).charges() == []
+
+
+def test_sweep_needs_a_population(tmp_path, tiny_model_dir, tickets_csv, signing_key):
+    """Without privacy.population there is no ledger to charge: refused before any trial."""
+    cfg = write_contract(tmp_path / "c.yaml", contract_dict(tiny_model_dir, tickets_csv, tmp_path / "unused"))
+    out = tmp_path / "sweep"
+    result = runner.invoke(app, ["sweep", str(cfg), "training.lr=0.01,0.02", "--out", str(out), "--json"])
+    assert result.exit_code == 2 and "set privacy.population" in result.output
+    assert json.loads(result.stdout)["exit_code"] == 2 and not out.exists()
 
 
 def test_composition_of_pld_trials_is_at_most_basic():

@@ -53,11 +53,12 @@ def compose(per_trial: list[dict], adjacency: str) -> dict:
         reason = _range("pld", history, delta, adjacency)
         out["pld"] = _guarded(PLD, lambda: _pld_epsilon(history, delta, adjacency), reason)
     best = min((k for k in out if "epsilon" in out[k]), key=lambda k: out[k]["epsilon"])
+    computed = ", ".join(f"{k} {v['epsilon']:.4f}" for k, v in out.items() if "epsilon" in v)
     return {
         "total_epsilon": out[best]["epsilon"],
         "total_delta": delta,
         "total_delta_exact": str(total_delta),
-        "composition": out[best]["method"] + " (the smallest of the compositions computed)",
+        "composition": f"{out[best]['method']}; the smallest of the bounds computed ({computed})",
         "compositions": out,
     }
 
