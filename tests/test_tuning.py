@@ -75,6 +75,9 @@ def test_clip_guide_cli_never_reads_the_contract_data(tmp_path, tiny_model_dir, 
     assert doc["units"] == 8 and "demo generator" in doc["sample"]
     assert doc["suggested_max_grad_norm"] == pytest.approx(doc["quantiles"]["p50"])
     assert "grad A = 0" in doc["note"]
+    declared = runner.invoke(app, ["clip-guide", str(cfg), "--public", str(tickets_csv), "--sample", "5", "--json"])
+    assert declared.exit_code == 0, declared.output
+    assert json.loads(declared.stdout)["sample"] == f"--public {tickets_csv.name} (declared public by the user)"
     private = write_contract(tmp_path / "p.yaml", contract_dict(tiny_model_dir, tickets_csv, tmp_path / "o"))
     refused = runner.invoke(app, ["clip-guide", str(private), "--public", str(tickets_csv)])
     assert refused.exit_code == 2 and "data.path (private training data)" in refused.output
