@@ -43,7 +43,7 @@ def register(app: typer.Typer, *, config_arg, overrides_arg, fail, log, out) -> 
             with contextlib.redirect_stdout(sys.stderr):
                 contract = load_contract(config, overrides or [])
                 user_level = contract.privacy.protected_unit is ProtectedUnit.USER
-                tickets = sample * 3 + 5 if user_level else sample  # 1-5 tickets per customer, 3 on average
+                tickets = sample * 5 if user_level else sample  # 1-5 tickets per customer: at least `sample` of them
                 table, source = public_data.public_table(
                     contract, public, num_tickets=tickets, option="--public", units=True
                 )

@@ -47,6 +47,7 @@ class ClipGuide:
         source: where the sample came from, in words (a file name or the demo generator; never text).
         protected_unit: the contract's unit.
         current_c: the contract's ``privacy.max_grad_norm``.
+        unit_clipping: how a unit's records make its vector (sum or mean), as the engine does.
     """
 
     norms: np.ndarray
@@ -54,6 +55,7 @@ class ClipGuide:
     source: str
     protected_unit: ProtectedUnit
     current_c: float
+    unit_clipping: UnitClipping = UnitClipping.SUM
 
     @property
     def quantiles(self) -> dict[str, float]:
@@ -79,7 +81,7 @@ class ClipGuide:
             "units": int(len(self.norms)),
             "records": int(self.records_per_unit.sum()),
             "norm": "flat L2 over all trainable LoRA tensors of each unit's "
-            + ("gradient" if self.protected_unit is ProtectedUnit.ROW else "summed (or mean) gradient")
+            + ("gradient" if self.protected_unit is ProtectedUnit.ROW else f"{self.unit_clipping.value} of gradients")
             + ", at the LoRA initialisation, before clipping",
             "quantiles": self.quantiles,
             "min": float(self.norms.min()),
@@ -177,6 +179,7 @@ def clip_guide(contract: Contract, table, source: str, **kw) -> ClipGuide:
         source=source,
         protected_unit=contract.privacy.protected_unit,
         current_c=contract.privacy.max_grad_norm,
+        unit_clipping=contract.privacy.unit_clipping,
     )
 
 
