@@ -104,7 +104,14 @@ def register(app: typer.Typer, *, config_arg, overrides_arg, fail, log, out) -> 
         (basic composition, and the accountant's where it applies; the smaller is stated). Other trials' adapters
         are deleted, never released. Picking on private data marks the record NOT COVERED.
         """
+        import signal
+
         from dplora.sweep import SelectBy, SweepOptions, run_sweep
+
+        def _terminate(signum, _frame):  # as train: SIGTERM stops the current trial like Ctrl-C (checkpoint, exit 130)
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+
+        signal.signal(signal.SIGTERM, _terminate)
 
         try:
             chosen = [(SelectBy.PUBLIC, eval_public), (SelectBy.PRIVATE, eval_private)]
