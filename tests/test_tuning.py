@@ -139,6 +139,9 @@ def test_sweep_charges_three_trials_and_states_their_composed_epsilon(
     assert tuning["selection"]["chosen_trial"] == 1 + losses.index(min(losses))
     assert _payload(release_dir)["predicate"]["run_id"] == tuning["selection"]["chosen_run_id"]
     assert [r["run_id"] for r in Ledger(db).releases()] == [tuning["selection"]["chosen_run_id"]]
+    card = (release_dir / "adapter" / "README.md").read_text()
+    assert "Tuning: chosen among 3 trials (`dplora sweep`), each charged; all trials together spend ε = " in card
+    assert f"ε = {tuning['total_epsilon']:.4f}, δ = 3e-05" in card
     check = runner.invoke(app, ["verify", str(release_dir), "--public-key", str(signing_key[1])])
     assert check.exit_code == 0, check.output
     assert f"tuning: 3 trials, total ε={tuning['total_epsilon']:.4f}" in check.stdout and "covered" in check.stdout
