@@ -70,6 +70,17 @@ def _guarantee(record: dict) -> str:
         f"with C = {mech['max_grad_norm']:g}, Gaussian noise σ = {acc['noise_multiplier']:.6g} (std σ·C) once per "
         f"step from OS entropy.\n"
         f"- N = {acc['num_units']} protected units, {n_source}.\n"
+    ) + _tuning(record)
+
+
+def _tuning(record: dict) -> str:
+    """A ``dplora sweep`` release: the total over all its charged trials, and whether the choice is covered."""
+    t = record.get("tuning")
+    if not t:
+        return ""
+    return (
+        f"- Tuning: chosen among {t['trials']} trials (`dplora sweep`), each charged; all trials together spend "
+        f"ε = {t['total_epsilon']:.4f}, δ = {t['total_delta']:g} ({t['composition']}). {t['statement']}.\n"
     )
 
 

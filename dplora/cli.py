@@ -408,6 +408,8 @@ def verify(
     out.print(_claim_line(result), markup=False, soft_wrap=True)
     if result.audit is not None:
         out.print(summary_line(result.audit), markup=False, soft_wrap=True)
+    if tuning := _tuning_line(result.statement):
+        out.print(tuning, markup=False, soft_wrap=True)
     if code:
         raise typer.Exit(code=code)
 
@@ -464,6 +466,13 @@ def _claim_line(result) -> str:
     )
 
 
+def _tuning_line(statement: dict) -> str | None:
+    """A sweep's release: its trials' total ε and whether the choice is covered (``dplora sweep``); else None."""
+    from dplora.sweep import tuning_claim
+
+    return tuning_claim(statement.get("predicate"))
+
+
 def _claims(statement: dict) -> dict:
     """What a verified release claims (``verify --json``): the unit, the accounting, the run id and the files."""
     predicate = statement["predicate"]
@@ -475,6 +484,7 @@ def _claims(statement: dict) -> dict:
         "adjacency": unit.get("adjacency"),
         **{k: acc.get(k) for k in keys},
         "artifacts": [s["name"] for s in statement["subject"]],
+        **({"tuning": predicate["tuning"]} if "tuning" in predicate else {}),
     }
 
 
@@ -616,6 +626,15 @@ def _mount_audit() -> None:
 
 
 _mount_audit()
+
+
+def _mount_tuning() -> None:
+    from dplora.cli_tuning import register
+
+    register(app, config_arg=ConfigArg, overrides_arg=OverridesArg, fail=_fail, log=_log, out=out)
+
+
+_mount_tuning()
 
 
 def main() -> None:

@@ -164,6 +164,7 @@ def run_training(
     resume: bool = False,
     log=print,
     extra_records: list[dict] | None = None,
+    ledger_release: bool = True,
 ) -> RunResult:
     """Train DP-LoRA adapters under ``contract`` and write them with a signed release record.
 
@@ -182,6 +183,8 @@ def run_training(
         log: one-line message sink.
         extra_records: rows appended to the training table after the held-out split (the audit's canaries,
             each its own protected unit); every column of the data file, text values.
+        ledger_release: record the signed release in the ledger (False: a ``dplora sweep`` trial, signed with a
+            throw-away key and not a release; the sweep records the one release it makes). The charge is the same.
 
     Returns:
         :class:`RunResult`.
@@ -239,6 +242,7 @@ def run_training(
             overwrite=overwrite,
             resume=resume,
             world=world,
+            ledger_release=ledger_release,
         )
         if not main:
             return _follow(contract, plan, table, unit_index, out=out, staging=staging, io=io)
@@ -274,6 +278,7 @@ class _RunIO:
     resume: bool = False
     world: distributed.World = distributed.SINGLE
     non_private: bool = False
+    ledger_release: bool = True
 
 
 class _Stage:
@@ -489,7 +494,7 @@ def _run_locked(
         log(f"warning: files appeared in {out} during the run; the old folder was kept as {kept}")
     if ledger is not None:
         ledger.settle(spec.run_id, epsilon_spent=epsilon_spent, status="settled")
-    if ledger is not None and not control.is_control(contract):
+    if ledger is not None and not control.is_control(contract) and io.ledger_release:
         ledger.record_release(
             run_id=spec.run_id,
             record_sha256=release.sha256_file(out / release.RELEASE_FILENAME),

@@ -1,0 +1,212 @@
+"""Clipping guidance and charged tuning on a tiny random Llama: brute-force norms, a 3-trial sweep, refusals."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import contract_dict, write_contract
+from typer.testing import CliRunner
+
+from dplora.cli import app
+
+runner = CliRunner()
+
+
+def _brute_force_unit_norms(contract, table) -> np.ndarray:
+    """Reference: one record at a time, its own backward; a unit's vector is the sum of its records' gradients."""
+    import torch
+
+    from dplora import data as data_mod
+    from dplora.engine import collate, per_sequence_loss
+    from dplora.model import select_device
+    from dplora.train import _setup_model
+
+    model, tokenizer = _setup_model(contract, select_device(), "fp32", False, lambda *_: None)  # the same LoRA init
+    named = [p for _, p in model.named_parameters() if p.requires_grad]
+    examples = data_mod.tokenize_records(table, tokenizer, contract)
+    index = data_mod.build_unit_index(table, contract.privacy, seed=contract.training.seed)
+    norms = []
+    for records in index.records_of_unit:
+        total = torch.zeros(sum(p.numel() for p in named), dtype=torch.float64)
+        for r in records:
+            model.zero_grad(set_to_none=True)
+            per_sequence_loss(model, collate([examples[r]], tokenizer.pad_token_id)).sum().backward()
+            total += torch.cat([p.grad.reshape(-1) for p in named]).double()
+        norms.append(float(total.norm()))
+    return np.array(norms)
+
+
+@pytest.mark.parametrize("unit", ["row", "user"])
+def test_clip_guide_norms_match_brute_force(tmp_path, tiny_model_dir, unit):
+    """Per-unit norms equal a one-record-at-a-time backward (summed per customer at user level) to 1e-5; the
+    quantiles equal numpy's on those norms; the clipped share is the share of norms above C."""
+    from dplora import clipguide, public_data
+    from dplora.contract import parse_contract
+
+    privacy = {"protected_unit": unit, "max_grad_norm": 0.5}
+    if unit == "user":
+        privacy["unit_key"] = "customer_id"
+    raw = contract_dict(tiny_model_dir, tmp_path / "private.csv", tmp_path / "run", privacy=privacy)
+    contract = parse_contract(raw)
+    table, source = public_data.public_table(contract, None, num_tickets=24, option="--public", units=True)
+    guide = clipguide.clip_guide(contract, table, source, sample=1000, threads=1, log=lambda *_: None)
+    reference = _brute_force_unit_norms(contract, table)
+    assert len(guide.norms) == len(reference) == (24 if unit == "row" else len(set(table["customer_id"])))
+    if unit == "user":
+        assert guide.records_per_unit.max() > 1  # some customers have several tickets: unit sums are exercised
+    np.testing.assert_allclose(guide.norms, reference, rtol=1e-5, atol=1e-7)
+    expected = np.quantile(reference, [0.1, 0.25, 0.5, 0.75, 0.9])
+    np.testing.assert_allclose(list(guide.quantiles.values()), expected, rtol=1e-5)
+    assert guide.suggested_c == pytest.approx(float(np.median(reference)), rel=1e-5)
+    assert guide.clipped_fraction == pytest.approx(float(np.mean(reference > 0.5)))
+    assert "demo generator" in guide.source
+
+
+def test_clip_guide_cli_never_reads_the_contract_data(tmp_path, tiny_model_dir, tickets_csv):
+    """Without --public it measures demo tickets and says so; --public naming the training file is refused."""
+    cfg = write_contract(tmp_path / "c.yaml", contract_dict(tiny_model_dir, tmp_path / "absent.csv", tmp_path / "o"))
+    result = runner.invoke(app, ["clip-guide", str(cfg), "--sample", "8", "--threads", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["units"] == 8 and "demo generator" in doc["sample"]
+    assert doc["suggested_max_grad_norm"] == pytest.approx(doc["quantiles"]["p50"])
+    assert "grad A = 0" in doc["note"]
+    declared = runner.invoke(app, ["clip-guide", str(cfg), "--public", str(tickets_csv), "--sample", "5", "--json"])
+    assert declared.exit_code == 0, declared.output
+    assert json.loads(declared.stdout)["sample"] == f"--public {tickets_csv.name} (declared public by the user)"
+    private = write_contract(tmp_path / "p.yaml", contract_dict(tiny_model_dir, tickets_csv, tmp_path / "o"))
+    refused = runner.invoke(app, ["clip-guide", str(private), "--public", str(tickets_csv)])
+    assert refused.exit_code == 2 and "data.path (private training data)" in refused.output
+
+
+def _payload(folder: Path) -> dict:
+    return json.loads(base64.b64decode(json.loads((folder / "release.dsse.json").read_text())["payload"]))
+
+
+def _sweep_contract(tmp_path, tiny_model_dir, tickets_csv, db):
+    from dplora.ledger import Ledger
+
+    Ledger(db).set_cap("tickets", epsilon_max="100", delta_max="1e-3")
+    raw = contract_dict(
+        tiny_model_dir, tickets_csv, tmp_path / "unused", privacy={"population": "tickets"}, training={"steps": 2}
+    )
+    return write_contract(tmp_path / "sweep.yaml", raw)
+
+
+def test_sweep_charges_three_trials_and_states_their_composed_epsilon(
+    tmp_path, tiny_model_dir, tickets_csv, signing_key
+):
+    """Three trials: three tuning charges; the one release states all three trials' (ε, δ), their basic sum and
+    the RDP composition recomputed here with Opacus, and the smaller as the total; the other trials are gone."""
+    from opacus.accountants import RDPAccountant
+
+    from dplora.ledger import Ledger
+
+    db = tmp_path / "ledger.sqlite3"
+    cfg = _sweep_contract(tmp_path, tiny_model_dir, tickets_csv, db)
+    out = tmp_path / "sweep"
+    args = ["sweep", str(cfg), "privacy.target_epsilon=2,4,8", "--out", str(out), "--ledger", str(db)]
+    args += ["--signing-key", str(signing_key[0]), "--threads", "1", "--no-progress", "--eval-tickets", "16", "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    charges = Ledger(db).charges("tickets")
+    assert (
+        len(charges) == 3 and {c.purpose for c in charges} == {"tuning"} and {c.status for c in charges} == {"settled"}
+    )
+    release_dir = Path(json.loads(result.stdout)["release"])
+    assert [p.name for p in out.iterdir() if p.is_dir()] == [release_dir.name]  # the others' adapters are deleted
+    predicate = _payload(release_dir)["predicate"]
+    tuning = predicate["tuning"]
+    assert "total over all trials" in predicate["accounting"]["composition"]
+    assert tuning["trials"] == 3 and tuning["trial_run_ids"] == [c.run_id for c in charges]
+    eps = [t["epsilon"] for t in tuning["per_trial"]]
+    assert eps == pytest.approx([float(c.epsilon) for c in charges], rel=1e-12)  # what the ledger charged
+    assert eps[0] < eps[1] < eps[2] <= 8
+    basic = sum(eps)  # Dwork & Roth 2014, Thm 3.16: Σε at Σδ
+    assert tuning["compositions"]["basic"]["epsilon"] == pytest.approx(basic, rel=1e-12)
+    assert tuning["total_delta"] == pytest.approx(3e-5, rel=1e-12)
+    accountant = RDPAccountant()
+    accountant.history = [(t["noise_multiplier"], t["sample_rate"], t["steps"]) for t in tuning["per_trial"]]
+    rdp = accountant.get_epsilon(delta=3e-5)
+    assert tuning["compositions"]["rdp"]["epsilon"] == pytest.approx(rdp, rel=1e-9)
+    assert tuning["total_epsilon"] == pytest.approx(min(basic, rdp), rel=1e-9)
+    assert tuning["covered"] is True and tuning["selection"]["eval_set"] == "public"
+    losses = [t["held_out_loss"] for t in tuning["per_trial"]]
+    assert tuning["selection"]["chosen_trial"] == 1 + losses.index(min(losses))
+    assert _payload(release_dir)["predicate"]["run_id"] == tuning["selection"]["chosen_run_id"]
+    assert [r["run_id"] for r in Ledger(db).releases()] == [tuning["selection"]["chosen_run_id"]]
+    card = (release_dir / "adapter" / "README.md").read_text()
+    assert "Tuning: chosen among 3 trials (`dplora sweep`), each charged; all trials together spend ε = " in card
+    assert f"ε = {tuning['total_epsilon']:.4f}, δ = 3e-05" in card
+    check = runner.invoke(app, ["verify", str(release_dir), "--public-key", str(signing_key[1])])
+    assert check.exit_code == 0, check.output
+    assert f"tuning: 3 trials, total ε={tuning['total_epsilon']:.4f}" in check.stdout and "covered" in check.stdout
+
+
+def test_sweep_chosen_on_private_data_is_marked_not_covered(tmp_path, tiny_model_dir, tickets_csv, signing_key):
+    """--eval-private: the record says NOT COVERED and holds no private losses; verify prints it."""
+    db = tmp_path / "ledger.sqlite3"
+    cfg = _sweep_contract(tmp_path, tiny_model_dir, tickets_csv, db)
+    out = tmp_path / "sweep"
+    args = ["sweep", str(cfg), "training.lr=0.01,0.02", "training.steps=1", "--out", str(out), "--ledger", str(db)]
+    args += ["--signing-key", str(signing_key[0]), "--threads", "1", "--no-progress"]
+    args += ["--eval-private", str(tickets_csv)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    release_dir = Path(result.stdout.strip().removeprefix("release: "))
+    tuning = _payload(release_dir)["predicate"]["tuning"]
+    assert tuning["covered"] is False and tuning["statement"].startswith("NOT COVERED")
+    assert tuning["selection"]["eval_set"] == "private" and "evaluation" not in tuning["selection"]
+    assert all("held_out_loss" not in t for t in tuning["per_trial"])
+    assert "not_covered_by_dp" in json.loads((out / "sweep.json").read_text())
+    check = runner.invoke(app, ["verify", str(release_dir), "--public-key", str(signing_key[1])])
+    assert check.exit_code == 0 and "NOT COVERED: chosen on private data" in check.stdout
+
+
+@pytest.mark.parametrize(
+    ("extra", "cap", "needle"),
+    [
+        (["privacy.population=other,tickets"], "100", "cannot vary in a sweep"),
+        (["training.output_dir=x"], "100", "set by the sweep"),
+        (["privacy.target_epsilon=8,8,8"], "20", "the sweep's 3 trials together"),
+    ],
+)
+def test_sweep_refuses_before_any_trial(tmp_path, tiny_model_dir, tickets_csv, signing_key, extra, cap, needle):
+    """Bad grids and a cap that cannot hold every trial are refused (exit 2): nothing written, nothing charged."""
+    from dplora.ledger import Ledger
+
+    db = tmp_path / "ledger.sqlite3"
+    cfg = _sweep_contract(tmp_path, tiny_model_dir, tickets_csv, db)
+    Ledger(db).set_cap("tickets", epsilon_max=cap, delta_max="1e-3")
+    out = tmp_path / "sweep"
+    args = ["sweep", str(cfg), *extra, "--out", str(out), "--ledger", str(db), "--signing-key", str(signing_key[0])]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and needle in result.output, result.output
+    assert not out.exists() and Ledger(db).charges() == []
+
+
+def test_sweep_needs_a_population(tmp_path, tiny_model_dir, tickets_csv, signing_key):
+    """Without privacy.population there is no ledger to charge: refused before any trial."""
+    cfg = write_contract(tmp_path / "c.yaml", contract_dict(tiny_model_dir, tickets_csv, tmp_path / "unused"))
+    out = tmp_path / "sweep"
+    result = runner.invoke(app, ["sweep", str(cfg), "training.lr=0.01,0.02", "--out", str(out), "--json"])
+    assert result.exit_code == 2 and "set privacy.population" in result.output
+    assert json.loads(result.stdout)["exit_code"] == 2 and not out.exists()
+
+
+def test_composition_of_pld_trials_is_at_most_basic():
+    """PLD trials (also replace-one) compose in dp_accounting; the stated total is the smaller valid bound."""
+    from dplora.accounting.composition import compose
+
+    trial = {"epsilon": 1.5, "delta": 1e-6, "sample_rate": 0.05, "noise_multiplier": 2.0, "steps": 20}
+    for adjacency in ("add_remove", "replace_one"):
+        total = compose([{**trial, "accountant": "pld"}] * 3, adjacency)
+        assert total["compositions"]["basic"]["epsilon_exact"] == "4.5"
+        assert total["total_delta_exact"] == "0.000003"
+        assert "epsilon" in total["compositions"]["pld"]
+        assert total["total_epsilon"] == min(v["epsilon"] for v in total["compositions"].values() if "epsilon" in v)
+        assert ("rdp" in total["compositions"]) == (adjacency == "add_remove")
