@@ -94,8 +94,10 @@ def group_stats(
         ValueError: the sequences differ in length, or ``min_records`` < 1.
 
     >>> stats, hidden = group_stats(["a", "b", "a"], [2.0, 9.0, 4.0], [1, 3, 2], min_records=2)
-    >>> stats, hidden
-    ([GroupStat(group='a', records=2, tokens=3, loss=2.0, accuracy=None)], {'groups': 1, 'records': 1, 'min_records': 2})
+    >>> stats
+    [GroupStat(group='a', records=2, tokens=3, loss=2.0, accuracy=None)]
+    >>> hidden
+    {'groups': 1, 'records': 1, 'min_records': 2}
     """
     groups = [str(g) for g in groups]
     columns = [nll, tokens] + ([] if correct is None else [correct])
@@ -166,7 +168,10 @@ class Evaluation:
             out["groups"] = {
                 "column": g["column"],
                 "hidden": g["hidden"],
-                **{m: [{k: finite(v) for k, v in dataclasses.asdict(x).items()} for x in g[m]] for m in ("base", "adapter")},
+                **{
+                    m: [{k: finite(v) for k, v in dataclasses.asdict(x).items()} for x in g[m]]
+                    for m in ("base", "adapter")
+                },
             }
         return out
 
@@ -314,7 +319,9 @@ def evaluate_model(
 
     def measure(name: str) -> HeldOutLoss:
         nll, tokens = record_nll(peft_model, examples, pad_id=tokenizer.pad_token_id, device=device, batch_size=batch)
-        right = _exact_match_rows(peft_model, tokenizer, table, contract, device) if contract.data.label_column else None
+        right = (
+            _exact_match_rows(peft_model, tokenizer, table, contract, device) if contract.data.label_column else None
+        )
         rows[name] = (nll, tokens, right)
         return held_out_loss(peft_model, examples, pad_id=0, device=device, batch_size=batch, per_record=(nll, tokens))
 
@@ -450,7 +457,8 @@ def _group_lines(groups: dict) -> list[str]:
     for b, a in zip(groups["base"], groups["adapter"], strict=True):
         name = one_line(b.group, limit=28)
         delta = a.loss - b.loss if a.loss is not None and b.loss is not None else None
-        line = f"    {name:28} {b.records:7d} {b.tokens:7d} {num(b.loss, '8.4f')} {num(a.loss, '8.4f')} {num(delta, '+8.4f')}"
+        line = f"    {name:28} {b.records:7d} {b.tokens:7d} {num(b.loss, '8.4f')} {num(a.loss, '8.4f')}"
+        line += f" {num(delta, '+8.4f')}"
         if with_acc:
             line += f" {num(b.accuracy, '8.3f')} {num(a.accuracy, '8.3f')}"
         lines.append(line)
