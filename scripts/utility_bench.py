@@ -78,9 +78,9 @@ QUICK = Settings(
     banking=Task(
         name="banking77",
         max_seq_len=32,
-        epochs=0.75,  # N = 636 training rows of the 5 intents: T = ceil(0.75 * 636 / 128) = 4 steps
+        epochs=0.6,  # N = 636 training rows of the 5 intents: T = ceil(0.6 * 636 / 128) = 3 steps
         batch=128,
-        sweep=(32,),  # and 128 (the main runs): 0.75 epochs each
+        sweep=(32,),  # 12 steps of 32, against the main runs' 3 steps of 128: 0.6 epochs each
         lr=1e-2,
         clip=0.1,
         r=2,
@@ -90,8 +90,8 @@ QUICK = Settings(
     bitext=Task(
         name="bitext",
         max_seq_len=40,
-        epochs=0.07,  # N = 4,06x rows: T = 3 steps of 96
-        batch=96,
+        epochs=0.047,  # N = 4,063 training rows: T = ceil(0.047 * 4063 / 64) = 3 steps
+        batch=64,
         sweep=(),
         lr=1e-2,
         clip=0.1,
