@@ -108,6 +108,7 @@ def test_split_is_by_unit_and_stable_under_add_remove(tmp_path, tiny_model_dir, 
         ({"eval_fraction": 0.2, "eval_public": True}, "is private data"),
         ({"eval_fraction": 1.0}, "eval_fraction"),
         ({"label_column": "reply"}, "needs data.prompt_column and a held-out set"),
+        ({"group_column": "customer_id"}, "data.group_column needs a held-out set"),
     ],
 )
 def test_bad_held_out_settings_exit_2(tmp_path, tiny_model_dir, tickets_csv, data, needle):
@@ -280,6 +281,10 @@ def test_missing_label_column_is_refused_before_training(tmp_path, tiny_model_di
     data = {"eval_path": str(held), "label_column": "intent"}
     result, out, _ = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, data=data)
     assert result.exit_code == 2 and "no column 'intent'" in result.output
+    assert not out.exists() and not out.with_name(out.name + ".partial").exists()
+    data = {"eval_path": str(held), "group_column": "category"}
+    result, out, _ = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, "run2", data=data)
+    assert result.exit_code == 2 and "no column 'category' (the group column)" in result.output
     assert not out.exists() and not out.with_name(out.name + ".partial").exists()
 
 
