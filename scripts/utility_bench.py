@@ -78,9 +78,9 @@ QUICK = Settings(
     banking=Task(
         name="banking77",
         max_seq_len=32,
-        epochs=0.6,  # N = 636 training rows of the 5 intents: T = ceil(0.6 * 636 / 128) = 3 steps
+        epochs=1.2,  # N = 636 training rows of the 5 intents: T = ceil(1.2 * 636 / 128) = 6 steps
         batch=128,
-        sweep=(32,),  # 12 steps of 32, against the main runs' 3 steps of 128: 0.6 epochs each
+        sweep=(32, 256),  # 24 steps of 32 and 3 of 256, against the main runs' 6 of 128: 1.2 epochs each
         lr=1e-2,
         clip=0.1,
         r=2,
