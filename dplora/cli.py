@@ -3,7 +3,7 @@
 Exit codes (README "Exit codes"): 0 success; 2 bad input or a refused plan; 3 ``verify`` found a mismatch;
 4 training failed; 5 ``audit`` (and ``verify`` of a record whose attached audit says so): the empirical ε lower
 bound exceeds the claimed ε; 6 a non-private (``privacy.enabled: false``) run used without
-``--allow-non-private``; 130 interrupted; 1 an unexpected internal error. ``--json`` (train, budget, verify)
+``--allow-non-private``; 130 interrupted; 1 an unexpected internal error. ``--json`` (train, budget, verify, eval)
 prints exactly one JSON document on stdout, also on a handled error (``{"ok": false, "exit_code": N, "error":
 "..."}``); progress and messages go to stderr.
 """
@@ -505,6 +505,14 @@ def eval_(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of lines.")] = False,
     threads: ThreadsOpt = None,
+    group_column: Annotated[
+        str | None,
+        typer.Option(
+            metavar="COL",
+            help="Also report per group of this column (public labels only; groups under 10 records are not named). "
+            "Default: data.group_column.",
+        ),
+    ] = None,
 ) -> None:
     """Held-out loss and perplexity of the base model and of the run's adapters (same masking as training).
 
@@ -514,11 +522,11 @@ def eval_(
     from dplora.evaluate import evaluate_run, report_lines
 
     try:
-        evaluation = evaluate_run(run, eval_path=eval_path, threads=threads, log=_log)
+        evaluation = evaluate_run(run, eval_path=eval_path, threads=threads, log=_log, group_column=group_column)
     except DploraError as err:
-        raise _fail(err) from None
+        raise _fail(err, as_json=as_json) from None
     if as_json:
-        out.print_json(json.dumps(evaluation.to_dict() | {"differentially_private": evaluation.differentially_private}))
+        _emit_json({"ok": True, **evaluation.to_dict(), "differentially_private": evaluation.differentially_private})
         return
     for line in report_lines(evaluation):
         out.print(line, markup=False, soft_wrap=True)

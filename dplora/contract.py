@@ -177,6 +177,7 @@ class DataSection(_Section):
     eval_fraction: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False, strict=True)] | None = None
     eval_public: Annotated[bool, Field(strict=True)] = False
     label_column: Name | None = None
+    group_column: Name | None = None  # public labels only: evaluation reports per group (dplora.evaluate)
 
     @model_validator(mode="after")
     def _held_out(self) -> DataSection:
@@ -191,6 +192,8 @@ class DataSection(_Section):
             raise ValueError(
                 "data.label_column needs data.prompt_column and a held-out set (eval_path or eval_fraction)"
             )
+        if self.group_column is not None and not self.has_eval_set:
+            raise ValueError("data.group_column needs a held-out set (data.eval_path or data.eval_fraction)")
         return self
 
     @property

@@ -108,6 +108,7 @@ def test_split_is_by_unit_and_stable_under_add_remove(tmp_path, tiny_model_dir, 
         ({"eval_fraction": 0.2, "eval_public": True}, "is private data"),
         ({"eval_fraction": 1.0}, "eval_fraction"),
         ({"label_column": "reply"}, "needs data.prompt_column and a held-out set"),
+        ({"group_column": "customer_id"}, "data.group_column needs a held-out set"),
     ],
 )
 def test_bad_held_out_settings_exit_2(tmp_path, tiny_model_dir, tickets_csv, data, needle):
@@ -281,3 +282,132 @@ def test_missing_label_column_is_refused_before_training(tmp_path, tiny_model_di
     result, out, _ = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, data=data)
     assert result.exit_code == 2 and "no column 'intent'" in result.output
     assert not out.exists() and not out.with_name(out.name + ".partial").exists()
+    data = {"eval_path": str(held), "group_column": "category"}
+    result, out, _ = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, "run2", data=data)
+    assert result.exit_code == 2 and "no column 'category' (the group column)" in result.output
+    assert not out.exists() and not out.with_name(out.name + ".partial").exists()
+
+
+def _hand_nll(model, ids: list[int], labels: list[int]) -> tuple[float, int]:
+    """One sequence, no padding, an explicit loop over target positions: (Σ −log p(target), #targets)."""
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].double(), dim=-1)
+    nll, count = 0.0, 0
+    for t in range(1, len(ids)):
+        if labels[t] != -100:
+            nll -= float(logp[t - 1, labels[t]])
+            count += 1
+    return nll, count
+
+
+def test_per_group_report_matches_a_hand_computation(tmp_path, tiny_model_dir):
+    """Per-group loss = Σ NLL / Σ target tokens over the group's rows, each row scored alone; a group under
+    MIN_GROUP_RECORDS rows is counted, never named; base and adapters both; the sums add up to the overall loss."""
+    import datasets
+    from peft import LoraConfig, get_peft_model
+    from tiny import byte_tokenizer
+    from transformers import AutoModelForCausalLM
+
+    from dplora.data import tokenize_records
+    from dplora.evaluate import MIN_GROUP_RECORDS, evaluate_model
+
+    assert MIN_GROUP_RECORDS == 10
+    words = ["refund", "parcel", "login", "invoice", "card", "address", "order", "password"]
+    rows = []
+    for i in range(23):  # 11 BILLING, 10 SHIPPING (exactly the threshold), 2 RARE (hidden)
+        group = "BILLING" if i < 11 else ("SHIPPING" if i < 21 else "RARE")
+        rows.append(
+            {"message": f"my {words[i % 8]} {i}", "reply": f"about your {words[(3 * i) % 8]}" + "!" * (i % 5),
+             "category": group}
+        )  # fmt: skip
+    table = datasets.Dataset.from_list(rows)
+    held = tmp_path / "held.csv"
+    table.to_csv(held, index=False)
+    raw = contract_dict(tiny_model_dir, held, tmp_path / "o", data={"eval_path": str(held), "group_column": "category"})
+    contract = parse_contract(raw)
+    torch.manual_seed(0)
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+        LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+    )
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)  # adapters that change the loss
+    tokenizer = byte_tokenizer()
+    got = evaluate_model(
+        model, tokenizer, table, contract, device="cpu", source="held.csv", public=False, private_run=True
+    )
+    examples = tokenize_records(table, tokenizer, contract)
+    model.eval()
+    for which in ("adapter", "base"):
+        per_row = []
+        for ids, labels in examples:
+            if which == "base":
+                with model.disable_adapter():
+                    per_row.append(_hand_nll(model, ids, labels))
+            else:
+                per_row.append(_hand_nll(model, ids, labels))
+        expected = {}
+        for row, (nll, count) in zip(rows, per_row, strict=True):
+            s, c, n = expected.get(row["category"], (0.0, 0, 0))
+            expected[row["category"]] = (s + nll, c + count, n + 1)
+        stats = got.groups[which]
+        assert [g.group for g in stats] == ["BILLING", "SHIPPING"]  # sorted; RARE (2 rows) is not named
+        for g in stats:
+            s, c, n = expected[g.group]
+            assert (g.records, g.tokens) == (n, c)
+            assert g.loss == pytest.approx(s / c, rel=1e-6)
+            assert g.accuracy is None
+        total = sum(s for s, _, _ in expected.values()) / sum(c for _, c, _ in expected.values())
+        assert getattr(got, which).loss == pytest.approx(total, rel=1e-6)
+    assert got.groups["hidden"] == {"groups": 1, "records": 2, "min_records": 10}
+    assert got.groups["adapter"][0].loss != pytest.approx(got.groups["base"][0].loss, rel=1e-3)
+    text = "\n".join(report_lines_of(got))
+    assert "BILLING" in text and "SHIPPING" in text and "RARE" not in text
+    assert "1 groups with fewer than 10 records, 2 records in all, are not shown by name" in text
+    doc = got.to_dict()["groups"]
+    assert [g["group"] for g in doc["adapter"]] == ["BILLING", "SHIPPING"] and "RARE" not in json.dumps(doc)
+
+
+def report_lines_of(evaluation):
+    from dplora.evaluate import report_lines
+
+    return report_lines(evaluation)
+
+
+def test_group_stats_accuracy_and_threshold():
+    """Accuracy is the share of correct rows per group; min_records hides small groups; lengths must agree."""
+    from dplora.evaluate import GroupStat, group_stats
+
+    stats, hidden = group_stats(
+        ["x", "y", "x", "x", "z"], [1.0, 2.0, 3.0, 5.0, 7.0], [1, 2, 2, 1, 0], [True, False, False, True, True],
+        min_records=1,
+    )  # fmt: skip
+    assert stats == [
+        GroupStat(group="x", records=3, tokens=4, loss=9.0 / 4, accuracy=2 / 3),
+        GroupStat(group="y", records=1, tokens=2, loss=1.0, accuracy=0.0),
+        GroupStat(group="z", records=1, tokens=0, loss=None, accuracy=1.0),
+    ]
+    assert hidden == {"groups": 0, "records": 0, "min_records": 1}
+    assert group_stats(["x", "y", "x"], [1, 1, 1], [1, 1, 1], min_records=3) == (
+        [],
+        {"groups": 2, "records": 3, "min_records": 3},
+    )
+    with pytest.raises(ValueError, match="2 groups but"):
+        group_stats(["x", "y"], [1.0], [1, 1])
+
+
+def test_eval_group_column_cli(split_run, tickets_csv):
+    """`dplora eval --group-column`: per-group numbers in --json; rare values (customer ids) never named; a
+    missing column is one error line, exit 2, and under --json one document with ok: false."""
+    _, out, _ = split_run
+    got = runner.invoke(app, ["eval", str(out), "--group-column", "customer_id", "--json"])
+    assert got.exit_code == 0, got.output
+    doc = json.loads(got.output)
+    assert doc["ok"] is True and doc["groups"]["column"] == "customer_id"
+    assert doc["groups"]["adapter"] == [] and doc["groups"]["hidden"]["records"] == doc["base"]["records"]
+    missing = runner.invoke(app, ["eval", str(out), "--group-column", "nope", "--json"])
+    assert missing.exit_code == 2
+    err = json.loads(missing.stdout)
+    assert err == {"ok": False, "exit_code": 2, "error": err["error"]} and "no column 'nope'" in err["error"]
