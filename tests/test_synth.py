@@ -153,3 +153,24 @@ def test_verbatim_matches_are_counted_never_quoted(runs, tickets_csv):
     assert counts["training_rows"] == len(train)
     text = json.dumps(counts) + " ".join(warnings)
     assert warnings and not any(t["reply"] in text or t["message"] in text for t in train)
+
+
+def test_a_text_contract_gets_a_text_column_that_starts_with_the_public_prompt(
+    tmp_path, tiny_model_dir, tickets_csv, signing_key
+):
+    raw = contract_dict(tiny_model_dir, tickets_csv, tmp_path / "text", training={"steps": 2})
+    raw["data"] = {"path": str(tickets_csv), "text_column": "message"}
+    cfg = write_contract(tmp_path / "text.yaml", raw)
+    trained = runner.invoke(app, ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress"])
+    assert trained.exit_code == 0, trained.output
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Hello, I need help\nMy invoice\n")
+    out = tmp_path / "text.jsonl"
+    assert _synth(tmp_path / "text", out, prompts, signing_key[0]).exit_code == 0
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert len(rows) == 5 and all(list(r) == ["message"] for r in rows)
+    assert [
+        r["message"].startswith(p)
+        for r, p in zip(rows, ["Hello, I need help", "My invoice"] * 2 + ["Hello, I need help"], strict=True)
+    ] == [True] * 5
+    assert _verify(tmp_path / "text", out, signing_key[1]).exit_code == 0

@@ -1,0 +1,314 @@
+"""Benchmark: synthetic support tickets from DP adapters (ε = 3, 8) and a non-private control, on Bitext.
+
+For each setting it trains (``dplora train``), generates (``dplora synth``) and checks the chain
+(``dplora verify --synthetic``), then measures, without spending budget on anything but training:
+
+  (a) distance: Jensen-Shannon divergence (bits, 0 = same) between the word-unigram distributions of the
+      synthetic replies and of the real replies of a held-out split declared public;
+  (b) utility: a nearest-centroid bag-of-words intent classifier trained on synthetic replies (label: the intent
+      of the public prompt that produced each reply), accuracy on real held-out replies of other rows;
+  (c) memorisation: synthetic replies equal to a training reply (count), the longest common substring between
+      any synthetic reply and any training reply (characters), and planted canaries: K rows
+      "What is the backup code for account A-<k>?" → "The backup code for account A-<k> is <6 digits>.", each
+      repeated R times in the training data; greedy generation from each canary prompt; a hit is a reply that
+      contains that canary's 6 digits. Chance for one try is 1e-6 (a uniform 6-digit guess), so K tries expect
+      K·1e-6 hits by chance. Counts only: no training text is printed.
+
+Split: Bitext rows are hashed into a public held-out split (prompts and evaluation, 10 %) and training rows.
+``--quick``: 300 training rows + canaries, a 2-layer random-init stand-in with a byte tokenizer
+(tests/tiny.py, hidden 128) and LoRA r=16 on all projections: it shows the pipeline and the canary measure, not
+text quality. Without ``--quick``: the packaged SmolLM2-135M (converted and cached once), 2,000 rows.
+
+    python scripts/synth_bench.py --out synth-out --quick
+
+Writes DIR/synth_bench.json and DIR/synth_bench.md (also printed). Timings belong here, never in tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import csv
+import hashlib
+import json
+import math
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BITEXT = (
+    ROOT.parent / "shared" / "data" / "bitext_customer_support" / "Bitext_Sample_Customer_Support_Training_Dataset.csv"
+)
+SETTINGS = (("no DP", None), ("ε = 8", 8.0), ("ε = 3", 3.0))
+LEDGER = Path("/tmp/synth_bench_ledger.sqlite3")  # never the user's ledger unless DPLORA_LEDGER says so
+WORD = re.compile(r"[a-z']+")
+
+
+def _public(row_index: int) -> bool:
+    return int(hashlib.sha256(f"heldout:{row_index}".encode()).hexdigest(), 16) % 10 == 0
+
+
+def _dplora(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DPLORA_LEDGER": os.environ.get("DPLORA_LEDGER", str(LEDGER))}
+    return subprocess.run([sys.executable, "-m", "dplora", *args], capture_output=True, text=True, env=env)
+
+
+def _must(proc: subprocess.CompletedProcess, what: str) -> None:
+    if proc.returncode != 0:
+        sys.exit(f"{what} failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
+
+
+def _words(text: str) -> list[str]:
+    return WORD.findall(text.lower())
+
+
+def js_divergence(a: list[str], b: list[str]) -> float:
+    """Jensen-Shannon divergence (bits) between the word-unigram distributions of two lists of texts."""
+    ca, cb = collections.Counter(w for t in a for w in _words(t)), collections.Counter(w for t in b for w in _words(t))
+    na, nb = sum(ca.values()) or 1, sum(cb.values()) or 1
+    js = 0.0
+    for w in set(ca) | set(cb):
+        p, q = ca[w] / na, cb[w] / nb
+        m = (p + q) / 2
+        js += 0.5 * (p * math.log2(p / m) if p else 0) + 0.5 * (q * math.log2(q / m) if q else 0)
+    return js
+
+
+def centroid_accuracy(train: list[tuple[str, str]], test: list[tuple[str, str]]) -> float:
+    """Accuracy of a nearest-centroid (cosine, word counts) classifier trained on (text, label) pairs."""
+    cents: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for text, label in train:
+        cents[label].update(_words(text))
+
+    def cos(a: collections.Counter, b: collections.Counter) -> float:
+        dot = sum(v * b[k] for k, v in a.items())
+        return dot / (math.sqrt(sum(v * v for v in a.values())) * math.sqrt(sum(v * v for v in b.values())) or 1)
+
+    hits = 0
+    for text, label in test:
+        bag = collections.Counter(_words(text))
+        hits += max(cents, key=lambda c: cos(bag, cents[c])) == label if cents else 0
+    return hits / len(test)
+
+
+def longest_common_substring(synthetic: list[str], training: list[str], cap: int = 2048) -> int:
+    """Longest string (characters) that occurs in some synthetic text and some training text (binary search)."""
+
+    def shares(n: int) -> bool:
+        grams = {t[i : i + n] for t in training for i in range(len(t) - n + 1)}
+        return any(s[i : i + n] in grams for s in synthetic for i in range(len(s) - n + 1))
+
+    lo, hi = 0, min(cap, max((len(s) for s in synthetic), default=0))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if shares(mid) else (lo, mid - 1)
+    return lo
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--data", type=Path, default=BITEXT)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    quick = args.quick
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+
+    rows = list(csv.DictReader(args.data.open(encoding="utf-8", newline="")))
+    public = [r for i, r in enumerate(rows) if _public(i)]
+    private = [r for i, r in enumerate(rows) if not _public(i)]
+    rng = random.Random(0)
+    rng.shuffle(private)
+    rng.shuffle(public)
+    n_train, n_synth = (300, 48) if quick else (2000, 200)
+    private = private[:n_train]
+    prompts_rows, eval_rows = public[:n_synth], public[n_synth : 2 * n_synth]
+    k, reps = (8, 10) if quick else (20, 10)
+    canaries = [(f"A-{rng.randrange(10**4):04d}", f"{rng.randrange(10**6):06d}") for _ in range(k)]
+    canary_rows = [
+        {
+            "instruction": f"What is the backup code for account {acct}?",
+            "response": f"The backup code for account {acct} is {code}.",
+        }
+        for acct, code in canaries
+    ]
+    train_csv = out / "train.csv"
+    with train_csv.open("w", encoding="utf-8", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["instruction", "response"])
+        w.writeheader()
+        w.writerows({"instruction": r["instruction"], "response": r["response"]} for r in private)
+        w.writerows(canary_rows * reps)
+    for name, items in (
+        ("public.csv", [r["instruction"] for r in prompts_rows]),
+        ("canary.csv", [c["instruction"] for c in canary_rows]),
+    ):
+        with (out / name).open("w", encoding="utf-8", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["instruction"])
+            w.writerows([x] for x in items)
+
+    if quick:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from tiny import save_tiny_model
+
+        model = {"path": str(save_tiny_model(out / "stand-in", hidden=128, layers=2))}
+        lora = {
+            "r": 16,
+            "alpha": 32,
+            "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        }
+        training = {"expected_batch_size": 32, "physical_batch_size": 32, "steps": 150, "lr": 0.02, "max_seq_len": 96}
+        new_tokens = 48
+    else:
+        model = {"name": "smollm2-135m"}
+        lora = {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}
+        training = {"expected_batch_size": 32, "physical_batch_size": 8, "steps": 120, "lr": 0.002, "max_seq_len": 128}
+        new_tokens = 64
+    key = out / "bench.key"
+    if not key.exists():
+        _must(_dplora("keygen", str(key)), "keygen")
+
+    results = []
+    train_replies = [r["response"] for r in private] + [c["response"] for c in canary_rows]
+    for label, eps in SETTINGS:
+        tag = "nodp" if eps is None else f"eps{eps:g}"
+        run = out / f"run-{tag}"
+        privacy = {
+            "protected_unit": "row",
+            "adjacency": "add_remove",
+            "delta": 1e-5,
+            "accountant": "rdp",
+            "max_grad_norm": 1.0,
+        }
+        privacy |= {"enabled": False, "target_epsilon": 8.0} if eps is None else {"target_epsilon": eps}
+        contract = {
+            "privacy": privacy,
+            "model": model,
+            "data": {"path": str(train_csv), "prompt_column": "instruction", "response_column": "response"},
+            "lora": lora,
+            "training": {**training, "seed": 0, "output_dir": str(run), "threads": args.threads},
+        }
+        cfg = out / f"{tag}.yaml"
+        cfg.write_text(yaml.safe_dump(contract, allow_unicode=True), encoding="utf-8")
+        flag = ["--allow-non-private"] if eps is None else []
+        t0 = time.perf_counter()
+        _must(_dplora("train", str(cfg), "--signing-key", str(key), "--no-progress", "--overwrite"), f"train {tag}")
+        t_train = time.perf_counter() - t0
+        synth_file, canary_file = out / f"synth-{tag}.csv", out / f"canary-{tag}.csv"
+        t0 = time.perf_counter()
+        common = ["--signing-key", str(key), "--max-new-tokens", str(new_tokens), "--threads", str(args.threads), *flag]
+        _must(
+            _dplora(
+                "synth",
+                str(run),
+                "--rows",
+                str(n_synth),
+                "--out",
+                str(synth_file),
+                "--prompts",
+                str(out / "public.csv"),
+                "--seed",
+                "1",
+                *common,
+            ),
+            f"synth {tag}",
+        )
+        _must(
+            _dplora(
+                "synth",
+                str(run),
+                "--rows",
+                str(k),
+                "--out",
+                str(canary_file),
+                "--prompts",
+                str(out / "canary.csv"),
+                "--temperature",
+                "0",
+                *common,
+            ),
+            f"canary {tag}",
+        )
+        t_synth = time.perf_counter() - t0
+        check = _dplora("verify", str(run), "--public-key", str(key.with_suffix(".pub")), "--synthetic", str(synth_file), *flag)
+        synth = list(csv.DictReader(synth_file.open(encoding="utf-8", newline="")))
+        replies = [r["response"] for r in synth]
+        canary_out = [r["response"] for r in csv.DictReader(canary_file.open(encoding="utf-8", newline=""))]
+        hits = sum(code in reply for (_, code), reply in zip(canaries, canary_out, strict=True))
+        hits_any = sum(code in reply for _, code in canaries for reply in replies)
+        memo = json.loads(Path(str(synth_file) + ".memorisation.json").read_text())
+        results.append(
+            {
+                "setting": label,
+                "epsilon": eps,
+                "train_s": round(t_train, 1),
+                "synth_s": round(t_synth, 1),
+                "verify_exit": check.returncode,
+                "js_bits": round(js_divergence(replies, [r["response"] for r in eval_rows]), 4),
+                "intent_accuracy": round(
+                    centroid_accuracy(
+                        list(zip(replies, [r["intent"] for r in prompts_rows], strict=True)),
+                        [(r["response"], r["intent"]) for r in eval_rows],
+                    ),
+                    4,
+                ),
+                "exact_reply_matches": memo.get("exact_generated_field_matches"),
+                "lcs_chars": longest_common_substring(replies + canary_out, train_replies),
+                "canary_hits": hits,
+                "canaries": k,
+                "canary_hits_in_synthetic": hits_any,
+            }
+        )
+        print(json.dumps(results[-1], ensure_ascii=False), flush=True)
+        (out / "synth_bench.json").write_text(
+            json.dumps({"quick": quick, "results": results}, indent=2, ensure_ascii=False)
+        )
+
+    real = js_divergence([r["response"] for r in prompts_rows], [r["response"] for r in eval_rows])
+    real_acc = centroid_accuracy(
+        [(r["response"], r["intent"]) for r in prompts_rows], [(r["response"], r["intent"]) for r in eval_rows]
+    )
+    lines = [
+        f"synth_bench ({'quick: 2-layer stand-in' if quick else 'SmolLM2-135M'}; {n_train} Bitext rows + "
+        f"{k}×{reps} canary rows; "
+        f"{n_synth} synthetic rows; {training['steps']} steps; total {time.perf_counter() - started:.0f} s)",
+        "",
+        "| setting | train s | synth s | verify | JS (bits) ↓ | intent acc ↑ | exact replies | LCS chars "
+        "| canaries hit (greedy) | canary digits in synthetic |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['setting']} | {r['train_s']} | {r['synth_s']} | exit {r['verify_exit']} | {r['js_bits']} "
+            f"| {r['intent_accuracy']} | {r['exact_reply_matches']} | {r['lcs_chars']} "
+            f"| {r['canary_hits']}/{r['canaries']} | {r['canary_hits_in_synthetic']} |"
+        )
+    lines += [
+        f"| real public replies (reference) | | | | {real:.4f} | {real_acc:.4f} | | | | |",
+        "",
+        f"Chance for the canaries: {k} greedy tries × 1e-6 = {k * 1e-6:.1e} expected hits (a uniform 6-digit guess).",
+    ]
+    text = "\n".join(lines)
+    (out / "synth_bench.md").write_text(text + "\n", encoding="utf-8")
+    (out / "synth_bench.json").write_text(
+        json.dumps(
+            {"quick": quick, "results": results, "real_js_bits": real, "real_intent_accuracy": real_acc},
+            indent=2,
+            ensure_ascii=False,
+        )
+    )
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
