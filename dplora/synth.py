@@ -147,11 +147,12 @@ def build_rows(contract, prompts: list[str], generated: list[str], *, private: b
 
 
 def serialize_rows(rows: list[dict], fmt: str) -> bytes:
-    """csv (header row, RFC 4180 quoting) or jsonl (one UTF-8 JSON object per line)."""
+    """csv (header row, every field quoted, RFC 4180) or jsonl (one UTF-8 JSON object per line)."""
     if fmt == ".jsonl":
         return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+    # every field quoted: a generated "\r" or "\n" stays inside its cell for any csv reader
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n", quoting=csv.QUOTE_ALL)
     writer.writeheader()
     writer.writerows(rows)
     return buf.getvalue().encode("utf-8")

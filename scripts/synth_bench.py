@@ -167,7 +167,7 @@ def main() -> None:
             "alpha": 32,
             "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         }
-        training = {"expected_batch_size": 32, "physical_batch_size": 32, "steps": 150, "lr": 0.02, "max_seq_len": 96}
+        training = {"expected_batch_size": 32, "physical_batch_size": 32, "steps": 150, "lr": 0.05, "max_seq_len": 96}
         new_tokens = 48
     else:
         model = {"name": "smollm2-135m"}
@@ -240,7 +240,9 @@ def main() -> None:
             f"canary {tag}",
         )
         t_synth = time.perf_counter() - t0
-        check = _dplora("verify", str(run), "--public-key", str(key.with_suffix(".pub")), "--synthetic", str(synth_file), *flag)
+        check = _dplora(
+            "verify", str(run), "--public-key", str(key.with_suffix(".pub")), "--synthetic", str(synth_file), *flag
+        )
         synth = list(csv.DictReader(synth_file.open(encoding="utf-8", newline="")))
         replies = [r["response"] for r in synth]
         canary_out = [r["response"] for r in csv.DictReader(canary_file.open(encoding="utf-8", newline=""))]

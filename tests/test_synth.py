@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import csv
 import hashlib
+import io
 import json
 from pathlib import Path
 
@@ -174,3 +175,13 @@ def test_a_text_contract_gets_a_text_column_that_starts_with_the_public_prompt(
         for r, p in zip(rows, ["Hello, I need help", "My invoice"] * 2 + ["Hello, I need help"], strict=True)
     ] == [True] * 5
     assert _verify(tmp_path / "text", out, signing_key[1]).exit_code == 0
+
+
+def test_csv_rows_round_trip_with_carriage_returns_and_quotes():
+    from dplora.synth import serialize_rows
+
+    rows = [{"message": 'a "quoted"\rline', "reply": "two\nlines\r\n, and a comma"}, {"message": "b", "reply": "\r"}]
+    text = serialize_rows(rows, ".csv").decode("utf-8")
+    assert list(csv.DictReader(io.StringIO(text, newline=""))) == rows
+    jsonl = serialize_rows(rows, ".jsonl").decode("utf-8").splitlines()
+    assert [json.loads(line) for line in jsonl] == rows
