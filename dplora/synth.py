@@ -260,6 +260,8 @@ def synthesize(
     if prompts_file is None:
         raise BadInputError("give --prompts FILE: public prompts or control codes (nothing private enters generation)")
     run = read_run(target)
+    if out.resolve().is_relative_to(run.folder.resolve()):
+        raise BadInputError(f"--out {out}: write outside the run folder (an unsigned file there fails verify)")
     if not run.differentially_private:
         if not allow_non_private:
             raise NotPrivateError(

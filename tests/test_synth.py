@@ -136,6 +136,8 @@ def test_synth_needs_public_prompts_and_a_csv_or_jsonl(runs, signing_key, tmp_pa
     assert no_prompts.exit_code == 2 and "--prompts" in no_prompts.output
     bad_fmt = _synth(dp, tmp_path / "s.txt", prompts, signing_key[0])
     assert bad_fmt.exit_code == 2 and ".csv or .jsonl" in bad_fmt.output
+    inside = _synth(dp, dp / "s.csv", prompts, signing_key[0])
+    assert inside.exit_code == 2 and "outside the run folder" in inside.output and not (dp / "s.csv").exists()
     assert list(tmp_path.iterdir()) == []
 
 
