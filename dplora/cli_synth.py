@@ -4,8 +4,6 @@ The command calls :func:`dplora.synth.synthesize`; ``verify`` calls :func:`check
 :func:`dplora.verify_synth.verify_synthetic` and shapes its result as verify's checks, claims and one line.
 """
 
-from __future__ import annotations
-
 import dataclasses
 from pathlib import Path
 from typing import Annotated
