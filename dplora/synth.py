@@ -283,6 +283,7 @@ def synthesize(
     generated = generate_replies(model, tokenizer, prompts, contract=run.contract, sampling=sampling, device=device)
     records = build_rows(run.contract, prompts, generated, private=private)
     memo = memorisation_counts(records, run.contract, log=log)
+    memo["dp_guarantee"] = guarantee if private else NO_DP_GUARANTEE
     data = serialize_rows(records, out.suffix.lower())
     predicate = {
         "differentially_private": private,

@@ -35,6 +35,7 @@ import math
 import os
 import random
 import re
+import secrets
 import subprocess
 import sys
 import time
@@ -43,10 +44,13 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from dplora.audit.canaries import PROMPT, REPLY, random_secret  # noqa: E402  (the audit's canary format)
+
 BITEXT = (
     ROOT.parent / "shared" / "data" / "bitext_customer_support" / "Bitext_Sample_Customer_Support_Training_Dataset.csv"
 )
-SETTINGS = (("no DP", None), ("ε = 8", 8.0), ("ε = 3", 3.0))
+ALPHABET_SIZE, SECRET_CHARS = 36, 8  # canary secrets: "XXXX-XXXX", the first 8 characters of an audit secret
 LEDGER = Path("/tmp/synth_bench_ledger.sqlite3")  # never the user's ledger unless DPLORA_LEDGER says so
 WORD = re.compile(r"[a-z']+")
 
@@ -112,12 +116,39 @@ def longest_common_substring(synthetic: list[str], training: list[str], cap: int
     return lo
 
 
+def canary_hits(secrets_: list[str], texts: list[str]) -> tuple[int, int]:
+    """(canaries whose secret occurs in some text, texts that contain some canary's secret)."""
+    found = {s for s in secrets_ for t in texts if s in t}
+    return len(found), sum(any(s in t for s in secrets_) for t in texts)
+
+
+def chance_per_row(m: int) -> float:
+    """P(a reply in the canary format with a uniformly random secret holds one of m secrets) = m / 36^8."""
+    return m / ALPHABET_SIZE**SECRET_CHARS
+
+
+def _model(out: Path, quick: bool) -> dict:
+    if not quick:
+        return {"name": "smollm2-135m"}
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tiny import byte_tokenizer, tiny_llama
+
+    folder = out / "stand-in"
+    if not (folder / "config.json").is_file():
+        model = tiny_llama(hidden=64)  # 128 positions: max_seq_len 128 holds a canary record (about 120 bytes)
+        model.lm_head.weight.data *= 5.0  # as scripts/audit_cpu_runs.py: lets a LoRA move the logits
+        model.save_pretrained(folder)
+        byte_tokenizer().save_pretrained(folder)
+    return {"path": str(folder)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--data", type=Path, default=BITEXT)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--settings", default="nodp,8,3", help="Comma list of 'nodp' and ε values (default nodp,8,3).")
     args = ap.parse_args()
     quick = args.quick
     out = args.out.resolve()
@@ -126,51 +157,45 @@ def main() -> None:
 
     rows = list(csv.DictReader(args.data.open(encoding="utf-8", newline="")))
     public = [r for i, r in enumerate(rows) if _public(i)]
-    private = [r for i, r in enumerate(rows) if not _public(i)]
+    private = [(i, r) for i, r in enumerate(rows) if not _public(i)]
     rng = random.Random(0)
     rng.shuffle(private)
     rng.shuffle(public)
-    n_train, n_synth = (300, 48) if quick else (2000, 200)
+    n_train, n_synth, n_canary_rows = (300, 48, 32) if quick else (2000, 200, 64)
     private = private[:n_train]
     prompts_rows, eval_rows = public[:n_synth], public[n_synth : 2 * n_synth]
-    k, reps = (8, 10) if quick else (20, 10)
-    canaries = [(f"A-{rng.randrange(10**4):04d}", f"{rng.randrange(10**6):06d}") for _ in range(k)]
-    canary_rows = [
-        {
-            "instruction": f"What is the backup code for account {acct}?",
-            "response": f"The backup code for account {acct} is {code}.",
-        }
-        for acct, code in canaries
-    ]
+    m, copies = 8, 16
+    draw = secrets.SystemRandom()  # canary secrets from OS entropy, as dplora audit draws them
+    canary_secrets: list[str] = []
+    while len(canary_secrets) < m:
+        if (s := random_secret(draw)[: SECRET_CHARS + 1]) not in canary_secrets:  # "XXXX-XXXX"
+            canary_secrets.append(s)
     train_csv = out / "train.csv"
     with train_csv.open("w", encoding="utf-8", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["instruction", "response"])
+        w = csv.DictWriter(f, fieldnames=["ticket_id", "instruction", "response"])
         w.writeheader()
-        w.writerows({"instruction": r["instruction"], "response": r["response"]} for r in private)
-        w.writerows(canary_rows * reps)
-    for name, items in (
-        ("public.csv", [r["instruction"] for r in prompts_rows]),
-        ("canary.csv", [c["instruction"] for c in canary_rows]),
-    ):
-        with (out / name).open("w", encoding="utf-8", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["instruction"])
-            w.writerows([x] for x in items)
+        w.writerows(
+            {"ticket_id": f"b{i}", "instruction": r["instruction"], "response": r["response"]} for i, r in private
+        )
+        for j, secret in enumerate(canary_secrets):  # one protected unit per canary, `copies` records inside it
+            row = {"ticket_id": f"canary-{j}", "instruction": PROMPT, "response": REPLY.format(secret=secret)}
+            w.writerows([row] * copies)
+    with (out / "public.csv").open("w", encoding="utf-8", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["instruction"])
+        w.writerows([r["instruction"]] for r in prompts_rows)
+    (out / "canary_prompt.txt").write_text(PROMPT + "\n", encoding="utf-8")  # the format's public prompt
 
+    model = _model(out, quick)
     if quick:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from tiny import save_tiny_model
-
-        model = {"path": str(save_tiny_model(out / "stand-in", hidden=128, layers=2))}
         lora = {
-            "r": 16,
-            "alpha": 32,
+            "r": 8,
+            "alpha": 16,
             "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         }
-        training = {"expected_batch_size": 32, "physical_batch_size": 32, "steps": 150, "lr": 0.05, "max_seq_len": 96}
+        training = {"expected_batch_size": 32, "physical_batch_size": 64, "steps": 150, "lr": 0.01, "max_seq_len": 128}
         new_tokens = 48
     else:
-        model = {"name": "smollm2-135m"}
         lora = {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}
         training = {"expected_batch_size": 32, "physical_batch_size": 8, "steps": 120, "lr": 0.002, "max_seq_len": 128}
         new_tokens = 64
@@ -179,18 +204,20 @@ def main() -> None:
         _must(_dplora("keygen", str(key)), "keygen")
 
     results = []
-    train_replies = [r["response"] for r in private] + [c["response"] for c in canary_rows]
-    for label, eps in SETTINGS:
+    train_replies = [r["response"] for _, r in private] + [REPLY.format(secret=s) for s in canary_secrets]
+    settings = [(("no DP", None) if x == "nodp" else (f"ε = {float(x):g}", float(x))) for x in args.settings.split(",")]
+    for label, eps in settings:
         tag = "nodp" if eps is None else f"eps{eps:g}"
         run = out / f"run-{tag}"
         privacy = {
-            "protected_unit": "row",
+            "protected_unit": "ticket",
+            "unit_key": "ticket_id",
             "adjacency": "add_remove",
             "delta": 1e-5,
             "accountant": "rdp",
             "max_grad_norm": 1.0,
         }
-        privacy |= {"enabled": False, "target_epsilon": 8.0} if eps is None else {"target_epsilon": eps}
+        privacy |= {"enabled": False, "target_epsilon": 3.0} if eps is None else {"target_epsilon": eps}
         contract = {
             "privacy": privacy,
             "model": model,
@@ -205,50 +232,24 @@ def main() -> None:
         _must(_dplora("train", str(cfg), "--signing-key", str(key), "--no-progress", "--overwrite"), f"train {tag}")
         t_train = time.perf_counter() - t0
         synth_file, canary_file = out / f"synth-{tag}.csv", out / f"canary-{tag}.csv"
+        common = ["--signing-key", str(key), "--threads", str(args.threads), "--seed", "1", *flag]
         t0 = time.perf_counter()
-        common = ["--signing-key", str(key), "--max-new-tokens", str(new_tokens), "--threads", str(args.threads), *flag]
-        _must(
-            _dplora(
-                "synth",
-                str(run),
-                "--rows",
-                str(n_synth),
-                "--out",
-                str(synth_file),
-                "--prompts",
-                str(out / "public.csv"),
-                "--seed",
-                "1",
-                *common,
-            ),
-            f"synth {tag}",
-        )
-        _must(
-            _dplora(
-                "synth",
-                str(run),
-                "--rows",
-                str(k),
-                "--out",
-                str(canary_file),
-                "--prompts",
-                str(out / "canary.csv"),
-                "--temperature",
-                "0",
-                *common,
-            ),
-            f"canary {tag}",
-        )
+        for file, prompts, n in (
+            (synth_file, "public.csv", n_synth),
+            (canary_file, "canary_prompt.txt", n_canary_rows),
+        ):
+            synth = ["synth", str(run), "--rows", str(n), "--out", str(file), "--prompts", str(out / prompts)]
+            _must(_dplora(*synth, "--max-new-tokens", str(new_tokens), *common), f"synth {tag} {prompts}")
         t_synth = time.perf_counter() - t0
         check = _dplora(
             "verify", str(run), "--public-key", str(key.with_suffix(".pub")), "--synthetic", str(synth_file), *flag
         )
-        synth = list(csv.DictReader(synth_file.open(encoding="utf-8", newline="")))
-        replies = [r["response"] for r in synth]
+        replies = [r["response"] for r in csv.DictReader(synth_file.open(encoding="utf-8", newline=""))]
         canary_out = [r["response"] for r in csv.DictReader(canary_file.open(encoding="utf-8", newline=""))]
-        hits = sum(code in reply for (_, code), reply in zip(canaries, canary_out, strict=True))
-        hits_any = sum(code in reply for _, code in canaries for reply in replies)
+        found, rows_hit = canary_hits(canary_secrets, canary_out)
+        found_public, _ = canary_hits(canary_secrets, replies)
         memo = json.loads(Path(str(synth_file) + ".memorisation.json").read_text())
+        memo_canary = json.loads(Path(str(canary_file) + ".memorisation.json").read_text())
         results.append(
             {
                 "setting": label,
@@ -265,10 +266,13 @@ def main() -> None:
                     4,
                 ),
                 "exact_reply_matches": memo.get("exact_generated_field_matches"),
-                "lcs_chars": longest_common_substring(replies + canary_out, train_replies),
-                "canary_hits": hits,
-                "canaries": k,
-                "canary_hits_in_synthetic": hits_any,
+                "lcs_chars": longest_common_substring(replies, train_replies),
+                "canaries": m,
+                "canaries_found": found,
+                "canary_rows": n_canary_rows,
+                "canary_rows_with_a_secret": rows_hit,
+                "canary_rows_verbatim": memo_canary.get("exact_row_matches"),
+                "canaries_found_in_public_synthetic": found_public,
             }
         )
         print(json.dumps(results[-1], ensure_ascii=False), flush=True)
@@ -280,31 +284,44 @@ def main() -> None:
     real_acc = centroid_accuracy(
         [(r["response"], r["intent"]) for r in prompts_rows], [(r["response"], r["intent"]) for r in eval_rows]
     )
+    chance = chance_per_row(m)
+    minutes = (time.perf_counter() - started) / 60
     lines = [
-        f"synth_bench ({'quick: 2-layer stand-in' if quick else 'SmolLM2-135M'}; {n_train} Bitext rows + "
-        f"{k}×{reps} canary rows; "
-        f"{n_synth} synthetic rows; {training['steps']} steps; total {time.perf_counter() - started:.0f} s)",
+        f"synth_bench ({'quick: 2-layer stand-in, hidden 64' if quick else 'SmolLM2-135M'}; {n_train} Bitext rows "
+        f"+ {m} canaries × {copies} records (one ticket each); {n_synth} synthetic rows from public prompts, "
+        f"{n_canary_rows} from the canary format's public prompt (temperature 1); {training['steps']} steps; "
+        f"total {minutes:.1f} min)",
         "",
         "| setting | train s | synth s | verify | JS (bits) ↓ | intent acc ↑ | exact replies | LCS chars "
-        "| canaries hit (greedy) | canary digits in synthetic |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| canaries extracted | rows with a secret | verbatim canary rows |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
             f"| {r['setting']} | {r['train_s']} | {r['synth_s']} | exit {r['verify_exit']} | {r['js_bits']} "
             f"| {r['intent_accuracy']} | {r['exact_reply_matches']} | {r['lcs_chars']} "
-            f"| {r['canary_hits']}/{r['canaries']} | {r['canary_hits_in_synthetic']} |"
+            f"| {r['canaries_found']}/{r['canaries']} | {r['canary_rows_with_a_secret']}/{r['canary_rows']} "
+            f"| {r['canary_rows_verbatim']} |"
         )
     lines += [
-        f"| real public replies (reference) | | | | {real:.4f} | {real_acc:.4f} | | | | |",
+        f"| real public replies (reference) | | | | {real:.4f} | {real_acc:.4f} | | | | | |",
         "",
-        f"Chance for the canaries: {k} greedy tries × 1e-6 = {k * 1e-6:.1e} expected hits (a uniform 6-digit guess).",
+        f"Chance for the canary format (8 characters of A–Z0–9): a reply with a uniformly random secret holds one "
+        f"of the {m} secrets with probability {m}/36^8 = {chance:.1e}; over {n_canary_rows} rows "
+        f"{n_canary_rows * chance:.1e} expected rows, so by chance 0 canaries are extracted.",
     ]
     text = "\n".join(lines)
     (out / "synth_bench.md").write_text(text + "\n", encoding="utf-8")
     (out / "synth_bench.json").write_text(
         json.dumps(
-            {"quick": quick, "results": results, "real_js_bits": real, "real_intent_accuracy": real_acc},
+            {
+                "quick": quick,
+                "minutes": round(minutes, 2),
+                "results": results,
+                "chance_per_row": chance,
+                "real_js_bits": real,
+                "real_intent_accuracy": real_acc,
+            },
             indent=2,
             ensure_ascii=False,
         )

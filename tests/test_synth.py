@@ -154,6 +154,8 @@ def test_verbatim_matches_are_counted_never_quoted(runs, tickets_csv):
     expected_fields = sum(g in {t["reply"] for t in train} for g in generated)
     assert counts["exact_generated_field_matches"] == expected_fields >= 2
     assert counts["training_rows"] == len(train)
+    assert counts["flagged_rows"] == [0]  # the report flags which synthetic rows to drop, by number
+    assert counts["flagged_generated_rows"] == [i for i, g in enumerate(generated) if g in {t["reply"] for t in train}]
     text = json.dumps(counts) + " ".join(warnings)
     assert warnings and not any(t["reply"] in text or t["message"] in text for t in train)
 
@@ -187,3 +189,70 @@ def test_csv_rows_round_trip_with_carriage_returns_and_quotes():
     assert list(csv.DictReader(io.StringIO(text, newline=""))) == rows
     jsonl = serialize_rows(rows, ".jsonl").decode("utf-8").splitlines()
     assert [json.loads(line) for line in jsonl] == rows
+
+
+def test_verify_json_holds_the_synthetic_checks_and_one_document_on_a_mismatch(runs, signing_key, tmp_path):
+    dp, control, prompts = runs
+    out = tmp_path / "s.csv"
+    assert _synth(dp, out, prompts, signing_key[0]).exit_code == 0
+    ok = _verify(dp, out, signing_key[1], "--json")
+    doc = json.loads(ok.stdout)
+    assert ok.exit_code == 0 and doc["ok"] is True
+    assert [c["check"] for c in doc["checks"]][-3:] == ["manifest", "synthetic file", "chain"]
+    assert doc["synthetic"]["rows"] == 5 and doc["synthetic"]["differentially_private"] is True
+    assert doc["synthetic"]["predicate_type"] == "https://dplora.dev/synthetic/v1"
+    out.write_bytes(out.read_bytes().replace(b"\n", b"\r\n", 1))  # one byte added
+    bad = _verify(dp, out, signing_key[1], "--json")
+    doc = json.loads(bad.stdout)
+    assert bad.exit_code == 3 and doc == {"ok": False, "exit_code": 3, "error": doc["error"]}
+    assert "sha256 mismatch" in doc["error"]
+
+
+def test_a_manifest_signed_by_another_key_or_renamed_file_is_caught(runs, signing_key, tmp_path):
+    from dplora.release import generate_keypair
+
+    dp, _, prompts = runs
+    other_priv, other_pub = generate_keypair(tmp_path / "keys" / "other.key")
+    out = tmp_path / "s.jsonl"
+    # the release does not verify with another key: synth refuses before generating (exit 3), nothing written
+    refused = _synth(dp, out, prompts, other_priv)
+    assert refused.exit_code == 3 and "does not verify with the signing key" in refused.output
+    assert not out.exists()
+    assert _synth(dp, out, prompts, signing_key[0]).exit_code == 0
+    wrong_key = _verify(dp, out, other_pub)  # the release itself fails first under another key
+    assert wrong_key.exit_code == 3
+    renamed = tmp_path / "renamed.jsonl"
+    renamed.write_bytes(out.read_bytes())
+    moved = _verify(dp, renamed, signing_key[1], "--manifest", str(out) + ".dsse.json")
+    assert moved.exit_code == 3 and "manifest covers 's.jsonl'" in moved.output
+    missing = _verify(dp, renamed, signing_key[1])
+    assert missing.exit_code == 2 and "no manifest" in missing.output
+
+
+def test_synth_refuses_a_run_whose_adapter_changed_after_release(tmp_path, tiny_model_dir, tickets_csv, signing_key):
+    run = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, "changed")
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello\n")
+    weights = run / "adapter" / "adapter_model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0x01
+    weights.write_bytes(bytes(data))
+    result = _synth(run, tmp_path / "s.csv", prompts, signing_key[0])
+    assert result.exit_code == 3 and "adapter_model.safetensors" in result.output
+    assert not (tmp_path / "s.csv").exists()
+
+
+def test_no_dp_guarantee_is_in_every_output_of_a_control(runs, signing_key, tmp_path):
+    _, control, prompts = runs
+    out = tmp_path / "ctl.jsonl"
+    result = _synth(control, out, prompts, signing_key[0], "--allow-non-private")
+    assert result.exit_code == 0 and result.stdout.startswith(NO_DP_GUARANTEE)
+    assert all(json.loads(line)[MARKER_COLUMN] == NO_DP_GUARANTEE for line in out.read_text().splitlines())
+    report = json.loads(Path(str(out) + ".memorisation.json").read_text())
+    assert report["dp_guarantee"] == NO_DP_GUARANTEE
+    as_json = _synth(control, tmp_path / "ctl2.csv", prompts, signing_key[0], "--allow-non-private", "--json")
+    doc = json.loads(as_json.stdout)
+    assert doc["differentially_private"] is False and doc["guarantee"].startswith(NO_DP_GUARANTEE)
+    check = _verify(control, out, signing_key[1], "--json")
+    doc = json.loads(check.stdout)
+    assert check.exit_code == 6 and doc["synthetic"]["guarantee"].startswith(NO_DP_GUARANTEE)
