@@ -13,9 +13,9 @@ guarantee in words. From a non-private control (``privacy.enabled: false``), onl
 every row gets a ``dp_guarantee`` column reading ``NO DP GUARANTEE``, and the manifest says so under its own
 predicate type.
 
-Verbatim check: when the training data file is readable, the synthetic rows are compared with the training rows
-and the counts (never the text) go to ``FILE.memorisation.json`` and the log. These counts are a function of
-the private data and NOT covered by DP, so they stay out of the signed manifest and should not be shared.
+Verbatim check: the synthetic rows are compared with the run's data file (``synthesize`` refuses to run without
+it); the counts and the flagged row numbers (never the text) go to ``FILE.memorisation.json`` and the log. They are
+a function of the private data and NOT covered by DP, so they stay out of the signed manifest: do not share them.
 """
 
 from __future__ import annotations
@@ -158,19 +158,20 @@ def serialize_rows(rows: list[dict], fmt: str) -> bytes:
     return buf.getvalue().encode("utf-8")
 
 
-def memorisation_counts(rows: list[dict], contract, log=print) -> dict:
+def memorisation_counts(rows: list[dict], contract, log=print, *, table=None) -> dict:
     """Synthetic rows equal to a training row (whole record) or whose generated field equals one: counts and
     the synthetic rows' 0-based indices (so the data owner can drop them), never text.
 
     Reads the run's data file (``data.path``, held-out rows included) only to compare. When the file cannot be
-    read, says so (``"checked": False``). Exact string equality (no normalisation).
+    read, says so (``"checked": False``); :func:`synthesize` refuses to run then. ``table``: the data already
+    loaded (:func:`dplora.data.load_table`). Exact string equality (no normalisation).
     """
     from dplora.data import load_table
 
     first, response = _columns(contract)
     generated = response or first
     try:
-        table = load_table(contract)
+        table = load_table(contract) if table is None else table
     except BadInputError:
         return {"checked": False, "note": "the training data file is not readable here: verbatim check not run"}
     cols = [first, response] if response else [first]
@@ -245,6 +246,7 @@ def synthesize(
         NotPrivateError: a non-private control without ``allow_non_private`` (exit 6).
     """
     from dplora.control import NOT_DP
+    from dplora.data import load_table
     from dplora.generate import generate_replies
     from dplora.release import RELEASE_FILENAME, STATEMENT_TYPE, _temp_json, sha256_file, sign_statement
     from dplora.released import load_adapter_model, read_run
@@ -279,10 +281,14 @@ def synthesize(
     payload, statement = release_payload(run.folder / RELEASE_FILENAME)
     private = run.differentially_private
     guarantee = guarantee_text(statement["predicate"], private=private)
+    try:  # the verbatim check runs on every file: no row equal to a training row goes unflagged
+        table = load_table(run.contract)
+    except BadInputError as err:
+        raise BadInputError(f"synth flags rows equal to a training row, so it needs the run's data: {err}") from None
     model, tokenizer, device = load_adapter_model(run, threads=threads, log=log)
     generated = generate_replies(model, tokenizer, prompts, contract=run.contract, sampling=sampling, device=device)
     records = build_rows(run.contract, prompts, generated, private=private)
-    memo = memorisation_counts(records, run.contract, log=log)
+    memo = memorisation_counts(records, run.contract, log=log, table=table)
     memo["dp_guarantee"] = guarantee if private else NO_DP_GUARANTEE
     data = serialize_rows(records, out.suffix.lower())
     predicate = {

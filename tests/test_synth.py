@@ -256,3 +256,15 @@ def test_no_dp_guarantee_is_in_every_output_of_a_control(runs, signing_key, tmp_
     check = _verify(control, out, signing_key[1], "--json")
     doc = json.loads(check.stdout)
     assert check.exit_code == 6 and doc["synthetic"]["guarantee"].startswith(NO_DP_GUARANTEE)
+
+
+def test_synth_refuses_to_run_without_the_data_for_the_verbatim_check(tmp_path, tiny_model_dir, signing_key):
+    data = tmp_path / "tickets.csv"
+    data.write_text("message,reply\n" + "".join(f"question {i},answer {i}\n" for i in range(40)))
+    run = _train(tmp_path, tiny_model_dir, data, signing_key, "gone")
+    data.unlink()  # the data owner moved the file: synth cannot flag verbatim rows, so it writes nothing
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello\n")
+    result = _synth(run, tmp_path / "s.csv", prompts, signing_key[0])
+    assert result.exit_code == 2 and "needs the run's data" in result.output
+    assert not (tmp_path / "s.csv").exists()
