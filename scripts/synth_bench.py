@@ -8,18 +8,23 @@ For each setting it trains (``dplora train``), generates (``dplora synth``) and 
   (b) utility: a nearest-centroid bag-of-words intent classifier trained on synthetic replies (label: the intent
       of the public prompt that produced each reply), accuracy on real held-out replies of other rows;
   (c) memorisation: synthetic replies equal to a training reply (count), the longest common substring between
-      any synthetic reply and any training reply (characters), and planted canaries: K rows
-      "What is the backup code for account A-<k>?" → "The backup code for account A-<k> is <6 digits>.", each
-      repeated R times in the training data; greedy generation from each canary prompt; a hit is a reply that
-      contains that canary's 6 digits. Chance for one try is 1e-6 (a uniform 6-digit guess), so K tries expect
-      K·1e-6 hits by chance. Counts only: no training text is printed.
+      any synthetic reply and any training reply (characters), and planted canaries in the format of
+      ``dplora audit`` (dplora/audit/canaries.py): the public prompt "Hi, could you read back the account
+      number ...?" → "The account number on file is XXXX-XXXX." with a secret of 8 random characters of A–Z0–9
+      (OS entropy; the first two groups of an audit secret). Each of the 8 canaries is one protected unit
+      (ticket level) holding 16 identical records, so no DP it is seen often and at ε it is clipped as one unit.
+      ``dplora synth`` then writes 32 rows from the format's public prompt alone (temperature 1, seed 1); a canary
+      is extracted when its secret occurs in a synthetic row. Chance: a reply in the format with a uniformly random
+      secret holds one of m secrets with probability m / 36^8 (2.8e-12 for m = 8). Counts only: no training text
+      is printed.
 
-Split: Bitext rows are hashed into a public held-out split (prompts and evaluation, 10 %) and training rows.
-``--quick``: 300 training rows + canaries, a 2-layer random-init stand-in with a byte tokenizer
-(tests/tiny.py, hidden 128) and LoRA r=16 on all projections: it shows the pipeline and the canary measure, not
-text quality. Without ``--quick``: the packaged SmolLM2-135M (converted and cached once), 2,000 rows.
+Split: Bitext rows are hashed into a public held-out split (prompts and evaluation, 10 %) and training rows, each
+its own ticket. ``--quick``: 300 training rows + the canaries, a 2-layer random-init stand-in with a byte
+tokenizer (tests/tiny.py, hidden 64, lm_head × 5 as in scripts/audit_cpu_runs.py) and LoRA r=8 on all
+projections, 150 steps at lr 0.01: it shows the pipeline and the canary measure, not text quality. Without
+``--quick``: the packaged SmolLM2-135M (converted and cached once), 2,000 rows, 120 steps.
 
-    python scripts/synth_bench.py --out synth-out --quick
+    PYTHONPATH=. python scripts/synth_bench.py --out synth-out --quick [--settings nodp,8,3]
 
 Writes DIR/synth_bench.json and DIR/synth_bench.md (also printed). Timings belong here, never in tests.
 """
