@@ -132,19 +132,56 @@ def chance_per_row(m: int) -> float:
     return m / ALPHABET_SIZE**SECRET_CHARS
 
 
-def _model(out: Path, quick: bool) -> dict:
+def pretrain_stand_in(model, tokenizer, texts: list[str], *, steps: int, threads: int, lr: float = 3e-3) -> float:
+    """Full-parameter next-byte training of the random-init stand-in on PUBLIC text (no DP needed: public data).
+
+    Records are formatted as dplora trains them ("prompt\\nresponse<eos>", at most 128 tokens); AdamW, batch 32,
+    seed 0. Gives the stand-in some English so that a LoRA on top can learn; returns the last loss (nats/token).
+    """
+    import torch
+
+    torch.manual_seed(0)
+    torch.set_num_threads(threads)
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    enc = [ids[:127] + [eos] for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    pick = random.Random(0)
+    model.train()
+    loss = float("nan")
+    for _ in range(steps):
+        batch = pick.sample(enc, min(32, len(enc)))
+        width = max(map(len, batch))
+        ids = torch.tensor([b + [pad] * (width - len(b)) for b in batch])
+        mask = torch.tensor([[1] * len(b) + [0] * (width - len(b)) for b in batch])
+        labels = ids.masked_fill(mask == 0, -100)
+        out = model(input_ids=ids, attention_mask=mask, labels=labels)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad()
+        loss = out.loss.item()
+    return loss
+
+
+def _model(out: Path, quick: bool, public_texts: list[str], pretrain_steps: int, threads: int) -> tuple[dict, dict]:
+    """The contract's model section, and what was done to build it (quick: the pretrained stand-in)."""
     if not quick:
-        return {"name": "smollm2-135m"}
+        return {"name": "smollm2-135m"}, {}
     sys.path.insert(0, str(ROOT / "tests"))
     from tiny import byte_tokenizer, tiny_llama
 
-    folder = out / "stand-in"
-    if not (folder / "config.json").is_file():
-        model = tiny_llama(hidden=64)  # 128 positions: max_seq_len 128 holds a canary record (about 120 bytes)
+    folder = out / f"stand-in-{pretrain_steps}"
+    info_file = out / f"stand-in-{pretrain_steps}.json"
+    if not info_file.is_file():
+        t0 = time.perf_counter()
+        model, tok = tiny_llama(hidden=64), byte_tokenizer()  # 128 positions: max_seq_len 128 holds a canary record
         model.lm_head.weight.data *= 5.0  # as scripts/audit_cpu_runs.py: lets a LoRA move the logits
+        loss = pretrain_stand_in(model, tok, public_texts, steps=pretrain_steps, threads=threads)
         model.save_pretrained(folder)
-        byte_tokenizer().save_pretrained(folder)
-    return {"path": str(folder)}
+        tok.save_pretrained(folder)
+        info = {"pretrain_steps": pretrain_steps, "pretrain_loss": round(loss, 3)}
+        info["pretrain_s"] = round(time.perf_counter() - t0, 1)
+        info_file.write_text(json.dumps(info))
+    return {"path": str(folder)}, json.loads(info_file.read_text())
 
 
 def main() -> None:
@@ -154,6 +191,9 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=BITEXT)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--settings", default="nodp,8,3", help="Comma list of 'nodp' and ε values (default nodp,8,3).")
+    ap.add_argument("--steps", type=int, default=None, help="Training steps (quick 300, full 120).")
+    ap.add_argument("--lr", type=float, default=None, help="LoRA learning rate (quick 0.05, full 0.002).")
+    ap.add_argument("--pretrain-steps", type=int, default=600, help="Quick: public pretraining of the stand-in.")
     args = ap.parse_args()
     quick = args.quick
     out = args.out.resolve()
@@ -191,19 +231,22 @@ def main() -> None:
         w.writerows([r["instruction"]] for r in prompts_rows)
     (out / "canary_prompt.txt").write_text(PROMPT + "\n", encoding="utf-8")  # the format's public prompt
 
-    model = _model(out, quick)
+    pretrain_texts = [f"{r['instruction']}\n{r['response']}" for r in public[2 * n_synth :]]  # public, not eval
+    model, stand_in = _model(out, quick, pretrain_texts, args.pretrain_steps, args.threads)
     if quick:
         lora = {
             "r": 8,
             "alpha": 16,
             "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         }
-        training = {"expected_batch_size": 32, "physical_batch_size": 64, "steps": 150, "lr": 0.01, "max_seq_len": 128}
+        training = {"expected_batch_size": 32, "physical_batch_size": 64, "steps": 300, "lr": 0.05, "max_seq_len": 128}
         new_tokens = 48
     else:
         lora = {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}
         training = {"expected_batch_size": 32, "physical_batch_size": 8, "steps": 120, "lr": 0.002, "max_seq_len": 128}
         new_tokens = 64
+    training["steps"] = args.steps or training["steps"]
+    training["lr"] = args.lr or training["lr"]
     key = out / "bench.key"
     if not key.exists():
         _must(_dplora("keygen", str(key)), "keygen")
@@ -290,12 +333,18 @@ def main() -> None:
         [(r["response"], r["intent"]) for r in prompts_rows], [(r["response"], r["intent"]) for r in eval_rows]
     )
     chance = chance_per_row(m)
+    model_note = "SmolLM2-135M"
+    if quick:
+        model_note = (
+            f"quick: 2-layer hidden-64 stand-in pretrained {stand_in['pretrain_steps']} steps on public Bitext rows, "
+            f"loss {stand_in['pretrain_loss']} nats/byte, {stand_in['pretrain_s']} s"
+        )
     minutes = (time.perf_counter() - started) / 60
     lines = [
-        f"synth_bench ({'quick: 2-layer stand-in, hidden 64' if quick else 'SmolLM2-135M'}; {n_train} Bitext rows "
-        f"+ {m} canaries × {copies} records (one ticket each); {n_synth} synthetic rows from public prompts, "
-        f"{n_canary_rows} from the canary format's public prompt (temperature 1); {training['steps']} steps; "
-        f"total {minutes:.1f} min)",
+        f"synth_bench ({model_note}; {n_train} Bitext rows "
+        f"+ {m} canaries × {copies} records (one ticket each); LoRA {training['steps']} steps at lr {training['lr']}; "
+        f"{n_synth} synthetic rows from public prompts, {n_canary_rows} from the canary format's public prompt "
+        f"(temperature 1); total {minutes:.1f} min)",
         "",
         "| setting | train s | synth s | verify | JS (bits) ↓ | intent acc ↑ | exact replies | LCS chars "
         "| canaries extracted | rows with a secret | verbatim canary rows |",
@@ -321,6 +370,8 @@ def main() -> None:
         json.dumps(
             {
                 "quick": quick,
+                "stand_in": stand_in,
+                "training": training,
                 "minutes": round(minutes, 2),
                 "results": results,
                 "chance_per_row": chance,
