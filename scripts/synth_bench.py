@@ -20,9 +20,10 @@ For each setting it trains (``dplora train``), generates (``dplora synth``) and 
 
 Split: Bitext rows are hashed into a public held-out split (prompts and evaluation, 10 %) and training rows, each
 its own ticket. ``--quick``: 300 training rows + the canaries, a 2-layer random-init stand-in with a byte
-tokenizer (tests/tiny.py, hidden 64, lm_head × 5 as in scripts/audit_cpu_runs.py) and LoRA r=8 on all
-projections, 150 steps at lr 0.01: it shows the pipeline and the canary measure, not text quality. Without
-``--quick``: the packaged SmolLM2-135M (converted and cached once), 2,000 rows, 120 steps.
+tokenizer (tests/tiny.py, hidden 64, lm_head × 5 as in scripts/audit_cpu_runs.py), first pretrained with full
+parameters on the PUBLIC split (600 steps, cached), then LoRA r=8 on all projections, 300 steps at lr 0.01 (lr 0.05
+diverged): it shows the pipeline and the canary measure, not text quality. Without ``--quick``: the packaged
+SmolLM2-135M (converted and cached once), 2,000 rows, 120 steps.
 
     PYTHONPATH=. python scripts/synth_bench.py --out synth-out --quick [--settings nodp,8,3]
 
@@ -192,7 +193,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--settings", default="nodp,8,3", help="Comma list of 'nodp' and ε values (default nodp,8,3).")
     ap.add_argument("--steps", type=int, default=None, help="Training steps (quick 300, full 120).")
-    ap.add_argument("--lr", type=float, default=None, help="LoRA learning rate (quick 0.05, full 0.002).")
+    ap.add_argument("--lr", type=float, default=None, help="LoRA learning rate (quick 0.01, full 0.002).")
     ap.add_argument("--pretrain-steps", type=int, default=600, help="Quick: public pretraining of the stand-in.")
     args = ap.parse_args()
     quick = args.quick
@@ -239,7 +240,7 @@ def main() -> None:
             "alpha": 16,
             "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         }
-        training = {"expected_batch_size": 32, "physical_batch_size": 64, "steps": 300, "lr": 0.05, "max_seq_len": 128}
+        training = {"expected_batch_size": 32, "physical_batch_size": 64, "steps": 300, "lr": 0.01, "max_seq_len": 128}
         new_tokens = 48
     else:
         lora = {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}
