@@ -3,9 +3,9 @@
 Exit codes (README "Exit codes"): 0 success; 2 bad input or a refused plan; 3 ``verify`` found a mismatch;
 4 training failed; 5 ``audit`` (and ``verify`` of a record whose attached audit says so): the empirical ε lower
 bound exceeds the claimed ε; 6 a non-private (``privacy.enabled: false``) run used without
-``--allow-non-private``; 130 interrupted; 1 an unexpected internal error. ``--json`` (train, budget, verify, eval)
-prints exactly one JSON document on stdout, also on a handled error (``{"ok": false, "exit_code": N, "error":
-"..."}``); progress and messages go to stderr.
+``--allow-non-private``; 130 interrupted; 1 an unexpected internal error. ``--json`` (train, budget, verify, eval,
+synth) prints exactly one JSON document on stdout, also on a handled error (``{"ok": false, "exit_code": N,
+"error": "..."}``); progress and messages go to stderr.
 """
 
 from __future__ import annotations
@@ -375,11 +375,20 @@ def verify(
         bool, typer.Option("--allow-non-private", help="Exit 0 for an intact non-private (control) record.")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document instead of lines.")] = False,
+    synthetic: Annotated[
+        Path | None,
+        typer.Option(metavar="FILE", help="Also check a synthetic file (dplora synth), its manifest and chain."),
+    ] = None,
+    manifest: Annotated[
+        Path | None, typer.Option(metavar="PATH", help="The synthetic file's manifest. Default: FILE.dsse.json.")
+    ] = None,
 ) -> None:
     """Check a release: signature, artifact digests, and optionally the keyed data digest and the base model.
 
     A non-private control run's record prints NOT DIFFERENTIALLY PRIVATE and exits 6 unless --allow-non-private.
+    --synthetic FILE also checks a dplora synth file: its signed manifest, its sha256 and that it names this release.
     """
+    from dplora.cli_synth import check_synthetic
     from dplora.release import load_data_key, load_public_key
     from dplora.verify import verify_release
 
@@ -390,17 +399,19 @@ def verify(
         key = load_data_key(data_key) if data else None
         public = load_public_key(public_key)
         result = verify_release(release_path, public_key, data_files=data or None, data_key=key, base_model=base_model)
+        synth = check_synthetic(synthetic, manifest, release_path, result, public) if synthetic else None  # issue 18
     except DploraError as err:
         raise _fail(err, as_json=as_json) from None
     from dplora.audit.attach import summary_line
 
-    checks = _verify_checks(result, public_key, public, data or [], base_model)
+    checks = _verify_checks(result, public_key, public, data or [], base_model) + (synth.checks if synth else [])
     code = 0 if result.differentially_private or allow_non_private else 6
     code = 5 if code == 0 and result.audit and result.audit.get("violation") else code  # the attached audit failed
     if as_json:
         doc = {"ok": code == 0, "release": str(release_path), "differentially_private": result.differentially_private}
         if code:
             doc |= {"exit_code": code, "error": summary_line(result.audit) if code == 5 else _claim_line(result)}
+        doc |= {"synthetic": synth.claims} if synth else {}
         _emit_json(doc | {"checks": checks, "claims": _claims(result.statement), "audit": result.audit})
         raise typer.Exit(code=code)
     for c in checks:
@@ -410,6 +421,8 @@ def verify(
         out.print(summary_line(result.audit), markup=False, soft_wrap=True)
     if tuning := _tuning_line(result.statement):
         out.print(tuning, markup=False, soft_wrap=True)
+    if synth:
+        out.print(synth.line, markup=False, soft_wrap=True)
     if code:
         raise typer.Exit(code=code)
 
@@ -643,6 +656,15 @@ def _mount_tuning() -> None:
 
 
 _mount_tuning()
+
+
+def _mount_synth() -> None:
+    from dplora.cli_synth import register
+
+    register(app, run_arg=RunArg, threads_opt=ThreadsOpt, fail=_fail, log=_log, out=out, emit_json=_emit_json)
+
+
+_mount_synth()
 
 
 def main() -> None:
