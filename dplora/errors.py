@@ -7,8 +7,8 @@
 | 3         | ``VerificationError``  | ``dplora verify`` found a mismatch             |
 | 4         | ``TrainingFailedError``| a sanity check or a non-finite loss in training |
 | 4         | ``UncoveredParameterError`` | a trainable tensor no per-example path covers |
-| 6         | ``NotPrivateError``    | a non-private run, used without ``--allow-non-private`` |
-| 5         | (``dplora audit``)     | an audit found a violation                     |
+| 5         | (``dplora audit``)     | an audit found a violation (``verify``: its attached audit did) |
+| 6         | ``NotPrivateError``    | a non-private run without ``--allow-non-private`` (verify, generate, synth) |
 | 130       | (``KeyboardInterrupt``) | interrupted: Ctrl-C or SIGTERM                |
 
 Exit code 1 is left to unexpected internal errors (a bug), which the CLI reports without a traceback.
