@@ -4,7 +4,7 @@ Exit codes (README "Exit codes"): 0 success; 2 bad input or a refused plan; 3 ``
 4 training failed; 5 ``audit`` (and ``verify`` of a record whose attached audit says so): the empirical ε lower
 bound exceeds the claimed ε; 6 a non-private (``privacy.enabled: false``) run used without
 ``--allow-non-private``; 130 interrupted; 1 an unexpected internal error. ``--json`` (train, budget, verify, eval,
-synth) prints exactly one JSON document on stdout, also on a handled error (``{"ok": false, "exit_code": N,
+synth, validate) prints exactly one JSON document on stdout, also on a handled error (``{"ok": false, "exit_code": N,
 "error": "..."}``); progress and messages go to stderr.
 """
 
@@ -570,7 +570,7 @@ def generate(
             run, texts, sampling=sampling, allow_non_private=allow_non_private, threads=threads, log=_log
         )
     except DploraError as err:
-        raise _fail(err) from None
+        raise _fail(err, as_json=as_json) from None  # --json: the error as one JSON line, like the replies
     for text, reply in zip(texts, replies, strict=True):
         if as_json:
             out.print(json.dumps({"prompt": text, "reply": reply}, ensure_ascii=False), markup=False, soft_wrap=True)
@@ -579,14 +579,21 @@ def generate(
 
 
 @app.command(short_help="Check a contract without reading data or a model.")
-def validate(config: ConfigArg, overrides: OverridesArg = None) -> None:
+def validate(
+    config: ConfigArg,
+    overrides: OverridesArg = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document instead of a line.")] = False,
+) -> None:
     """Check a contract (keys, values, allowed choices) without reading data or loading a model."""
     from dplora.contract import load_contract
 
     try:
         contract = load_contract(config, overrides or [])
     except DploraError as err:
-        raise _fail(err) from None
+        raise _fail(err, as_json=as_json) from None
+    if as_json:
+        _emit_json({"ok": True, "contract": str(config), "sha256": contract.sha256})
+        return
     out.print(f"OK: contract {config} is valid (sha256 {contract.sha256[:16]}…)", markup=False)
 
 

@@ -209,3 +209,26 @@ def test_progress_bar_on_a_tty_and_nothing_when_disabled():
         for step in (1, 2, 3):
             reporter.update(step, 0.1, 1.0)
     assert quiet.getvalue() == "" and reporter.mode == "off"
+
+
+def test_validate_json_is_one_document_on_success_and_on_error(tmp_path):
+    """validate --json: {"ok": true, "sha256": ...} for a valid contract; the error document (exit 2) otherwise."""
+    import json
+
+    cfg = ROOT / "configs" / "demo.yaml"
+    ok = runner.invoke(app, ["validate", str(cfg), "--json"])
+    doc = json.loads(ok.stdout)
+    assert ok.exit_code == 0 and doc["ok"] is True and len(doc["sha256"]) == 64
+    bad = runner.invoke(app, ["validate", str(cfg), "privacy.delta=2", "--json"])
+    doc = json.loads(bad.stdout)
+    assert bad.exit_code == 2 and doc["ok"] is False and doc["exit_code"] == 2 and "delta" in doc["error"]
+
+
+def test_generate_json_error_is_one_json_document(tmp_path):
+    """generate --json on a folder that is not a run: exit 2 and one error document on stdout, nothing else."""
+    import json
+
+    result = runner.invoke(app, ["generate", str(tmp_path / "no-run"), "--prompt", "hi", "--json"])
+    assert result.exit_code == 2
+    doc = json.loads(result.stdout)
+    assert doc["ok"] is False and doc["exit_code"] == 2 and doc["error"]
