@@ -205,11 +205,16 @@ def sigstore_bundle(envelope: dict) -> dict:
     return {"mediaType": BUNDLE_MEDIA_TYPE, "verificationMaterial": material, "dsseEnvelope": envelope}
 
 
-def _temp_json(folder: Path, name: str, obj) -> Path:
+def write_temp(folder: Path, name: str, data: bytes) -> Path:
+    """Write ``data`` to a new fsynced temp file ``folder/.name.*.tmp`` (mode 0644) and return its path.
+
+    The caller renames it over the real file (``os.replace``), so readers see the old or the new bytes, never a
+    mix. Raises: OSError (the temp file is removed first).
+    """
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write((json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+            f.write(data)
             f.flush()
             os.fchmod(f.fileno(), 0o644)
             os.fsync(f.fileno())
@@ -217,6 +222,10 @@ def _temp_json(folder: Path, name: str, obj) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return Path(tmp)
+
+
+def _temp_json(folder: Path, name: str, obj) -> Path:
+    return write_temp(folder, name, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"))
 
 
 def write_release(*, output_dir: Path, record: dict, artifact_files: list[Path], private_key) -> Path:
@@ -273,16 +282,13 @@ def write_release(*, output_dir: Path, record: dict, artifact_files: list[Path],
 
 def _restore(path: Path, data: bytes) -> None:
     """Put ``data`` back at ``path`` atomically (temp file + rename), best effort while handling an error."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".restore")
+    tmp = None
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fchmod(f.fileno(), 0o644)
-            os.fsync(f.fileno())
+        tmp = write_temp(path.parent, path.name, data)
         os.replace(tmp, path)
     except OSError:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
 
 
 def finish_adapter_dir(adapter_dir: Path, contract, record: dict) -> list[Path]:

@@ -28,7 +28,6 @@ import hashlib
 import io
 import json
 import os
-import tempfile
 from pathlib import Path
 
 from dplora.errors import BadInputError, NotPrivateError, VerificationError
@@ -199,20 +198,6 @@ def memorisation_counts(rows: list[dict], contract, log=print, *, table=None) ->
     return counts
 
 
-def _write_atomic(path: Path, data: bytes) -> Path:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fchmod(f.fileno(), 0o644)
-            os.fsync(f.fileno())
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return Path(tmp)
-
-
 def synthesize(
     target: Path,
     *,
@@ -248,7 +233,7 @@ def synthesize(
     from dplora.control import NOT_DP
     from dplora.data import load_table
     from dplora.generate import generate_replies
-    from dplora.release import RELEASE_FILENAME, STATEMENT_TYPE, _temp_json, sha256_file, sign_statement
+    from dplora.release import RELEASE_FILENAME, STATEMENT_TYPE, _temp_json, sha256_file, sign_statement, write_temp
     from dplora.released import load_adapter_model, read_run
     from dplora.verify import verify_release
 
@@ -314,14 +299,14 @@ def synthesize(
     }
     if not private:
         predicate["warning"] = NO_DP_GUARANTEE
-    tmp = _write_atomic(out, data)
+    tmp = write_temp(out.parent, out.name, data)
     try:
         subject = [{"name": out.name, "digest": {"sha256": sha256_file(tmp)}}]
         ptype = SYNTH_PREDICATE_TYPE if private else NON_PRIVATE_SYNTH_PREDICATE_TYPE
         manifest = {"_type": STATEMENT_TYPE, "subject": subject, "predicateType": ptype, "predicate": predicate}
         envelope = sign_statement(manifest, private_key)
         man_tmp = _temp_json(out.parent, manifest_path(out).name, envelope)
-        rep_tmp = _write_atomic(report_path(out), (json.dumps(memo, indent=2, sort_keys=True) + "\n").encode())
+        rep_tmp = _temp_json(out.parent, report_path(out).name, memo)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
