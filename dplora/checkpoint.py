@@ -36,7 +36,9 @@ FORMAT = "dplora-resume-checkpoint/1"
 DEFAULT_INTERVAL_S = 600.0  # without training.checkpoint_every: about every 10 minutes of work
 # Tests only: "<point>:<step>" makes the process SIGKILL itself there (points: after-step, checkpoint-write).
 FAULT_ENV = "DPLORA_TEST_FAULT"
-NOT_STORED = "noise generator and Poisson sampler state (never stored; reseeded from OS entropy on resume)"
+NOT_STORED = (
+    "noise key and Poisson sampler state (never stored; a fresh ChaCha20 key and sampler from OS entropy on resume)"
+)
 
 
 class CheckpointUnreadableError(BadInputError):
@@ -232,7 +234,7 @@ def restore(spec, state, info: CheckpointInfo) -> None:
     """Load the checkpoint's LoRA tensors, optimizer state, accountant history and step counts into ``state``.
 
     The noise generator and the sampler are not restored: the engine built for this process drew a fresh
-    OS-entropy seed, and :func:`dplora.run.run_steps` makes a fresh sampler.
+    256-bit ChaCha20 key from ``os.urandom``, and :func:`dplora.run.run_steps` makes a fresh sampler.
 
     Raises:
         CheckpointUnreadableError: the tensors do not match the model (every LoRA tensor must load exactly).

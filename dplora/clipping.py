@@ -13,10 +13,14 @@ public normalizer; :func:`assign_flat_grads` makes each parameter's ``.grad`` a 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from dplora.errors import TrainingFailedError
+
+if TYPE_CHECKING:
+    from dplora.noise import CsprngGaussian
 
 EPS = 1e-6  # clip factor min(1, C / (norm + EPS)), as Opacus
 
@@ -170,15 +174,16 @@ def privatize(
     noise_multiplier: float,
     max_grad_norm: float,
     expected_batch_size: float,
-    generator: torch.Generator,
+    generator: CsprngGaussian,
 ) -> torch.Tensor:
-    """(clipped_sum + N(0, (σC)² I)) / E, one noise draw of P values: the noisy mean gradient (P,).
+    """(clipped_sum + N(0, (σC)² I)) / E, one noise draw of P values: the noisy mean gradient (P,) fp32.
 
-    ``generator`` must be seeded from OS entropy (:func:`dplora.engine.os_entropy_generator`), never a recorded seed;
-    E is the public expected number of units per step, never the realised count (Abadi et al. 2016, Alg. 1).
+    ``generator`` is this process's :class:`dplora.noise.CsprngGaussian` (ChaCha20 keyed from ``os.urandom``;
+    :func:`dplora.engine.os_entropy_generator`), never a recorded seed; the noise is made on ``clipped_sum``'s
+    device. E is the public expected number of units per step, never the realised count (Abadi et al. 2016, Alg. 1).
     """
     std = noise_multiplier * max_grad_norm
-    noise = torch.normal(0.0, std, size=clipped_sum.shape, device=clipped_sum.device, generator=generator)
+    noise = generator.normal(clipped_sum.numel(), std, device=clipped_sum.device).view(clipped_sum.shape)
     return (clipped_sum + noise).div_(expected_batch_size)
 
 

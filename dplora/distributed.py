@@ -10,7 +10,8 @@ The mechanism is the single-process one (Abadi et al. 2016, Alg. 1; units as in 
   exactly one rank, so the union over ranks is one Poisson sample at rate q over all N units, as in one process.
 - **Clipping and reduction.** Each rank clips its units to C and sums; the sums are added by ONE all-reduce per
   logical step (:class:`StepReducer`), which also carries the step's unit, record and noise-draw counts.
-- **Noise.** N(0, σ²C²) is drawn once per logical step, on rank 0 only (its own OS-entropy generator), and added to
+- **Noise.** N(0, σ²C²) is drawn once per logical step, on rank 0 only (its own ChaCha20 key from ``os.urandom``,
+  :mod:`dplora.noise`), and added to
   rank 0's contribution before the reduction; the reduction counts the draws and the step fails unless exactly one
   was made.
 - **Normaliser.** Every rank divides the reduced sum by the public expected units per step E = q·N, whatever W.
@@ -42,7 +43,9 @@ SAMPLING = (
     "each rank Poisson-samples its shard at rate q from its own OS-entropy generator: "
     "the union is one Poisson sample at rate q over all units"
 )
-NOISE = "N(0, σ²C²) drawn once per logical step on rank 0 (OS entropy) and added before the all-reduce"
+NOISE = (
+    "N(0, σ²C²) drawn once per logical step on rank 0 (ChaCha20 keyed from os.urandom) and added before the all-reduce"
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -189,7 +192,7 @@ class StepReducer:
             accumulator: this rank's :class:`dplora.clipping.UnitClipAccumulator` for the step.
             noise_multiplier, max_grad_norm: σ and C; the noise std is σC.
             expected_batch_size: E, the public expected units per step over ALL ranks (never scaled by W).
-            generator: rank 0's OS-entropy generator (the only one that draws).
+            generator: rank 0's :class:`dplora.noise.CsprngGaussian` (the only one that draws).
 
         Raises:
             TrainingFailedError: a rank failed this step (every rank raises; the failing rank re-raises its own

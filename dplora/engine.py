@@ -5,7 +5,7 @@ One logical step (Abadi et al. 2016, Alg. 1, with units as in Charles et al. 202
   2. forward/backward every record of the sampled units in physical batches; Opacus hooks give each
      record's gradient; :meth:`UnitDPOptimizer.accumulate` sums them into one vector per unit;
   3. clip each unit's vector to C (flat L2 over all trainable LoRA tensors) and sum over units;
-  4. add N(0, σ²C²) once, from a generator seeded by OS entropy;
+  4. add N(0, σ²C²) once, from a ChaCha20 keystream keyed with 256 bits of OS entropy (:mod:`dplora.noise`);
   5. divide by the public normalizer (expected units per step), step the optimizer and the accountant.
 Empty batches skip 2 and still run 3–5. Only this module (with ``model``) imports torch, peft and opacus.
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 import enum
 import math
 import os
-import secrets
 import warnings
 
 import torch
@@ -26,15 +25,18 @@ from opacus.optimizers import DPOptimizer
 from dplora.clipping import UnitClipAccumulator, assign_flat_grads, opacus_flat, privatize
 from dplora.errors import TrainingFailedError
 from dplora.fastclip import FlatLoRAGrads
+from dplora.noise import CsprngGaussian, generator_name
 
 IGNORE_INDEX = -100
 
 
-def os_entropy_generator(device: torch.device | str = "cpu") -> torch.Generator:
-    """A torch Generator seeded with 64 bits from ``secrets`` (OS entropy); the seed is never stored."""
-    gen = torch.Generator(device=device)
-    gen.manual_seed(secrets.randbits(63))
-    return gen
+def os_entropy_generator() -> CsprngGaussian:
+    """This process's Gaussian noise source: ChaCha20 keyed with 256 bits from ``os.urandom``, never stored.
+
+    Device-agnostic: :meth:`dplora.noise.CsprngGaussian.normal` makes the stream on the host and transforms it on
+    the output's device (see :mod:`dplora.noise`). Replaces a torch ``Generator`` (mt19937 keeps 32 bits of its seed).
+    """
+    return CsprngGaussian()
 
 
 def _busy_cores(interval_s: float = 0.3) -> float | None:
@@ -100,13 +102,8 @@ def parameter_device(model: torch.nn.Module) -> torch.device:
 
 
 def noise_generator_name(device: torch.device | str) -> str:
-    """The Gaussian noise generator in words, for the release record (torch's generator per device type)."""
-    kind = torch.device(device).type
-    algorithm = "Philox4x32-10" if kind == "cuda" else "Mersenne Twister (mt19937)"
-    return (
-        f"torch.Generator(device={kind!r}) [{algorithm}], seeded with 63 bits from Python's secrets (OS entropy); "
-        "torch.normal (Box-Muller) in fp32"
-    )
+    """The Gaussian noise generator in words, for the release record (the same generator on every device)."""
+    return generator_name(device)
 
 
 def per_sequence_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -137,8 +134,9 @@ class UnitDPOptimizer(DPOptimizer):
     into a :class:`dplora.clipping.UnitClipAccumulator`, which sums each unit's records (contiguous, in unit
     order), clips the unit to C and keeps one running clipped sum plus at most one open unit: nothing scales with
     the number of units in a logical step. :meth:`pre_step` adds N(0, (σC)² I) once (one draw of P values from
-    ``generator``, OS entropy), divides by the public ``expected_batch_size`` (expected units per step, never the
-    realised count), writes each tensor's ``.grad`` and calls the step hook (the accountant).
+    ``generator``, a :class:`dplora.noise.CsprngGaussian`), divides by the public ``expected_batch_size``
+    (expected units per step, never the realised count), writes each tensor's ``.grad`` and calls the step hook
+    (the accountant).
     """
 
     def __init__(
@@ -301,7 +299,7 @@ def make_private(model: torch.nn.Module, optimizer, *, plan, unit_mean: bool, pe
         noise_multiplier=plan.noise_multiplier,
         max_grad_norm=plan.max_grad_norm,
         expected_batch_size=plan.expected_batch_size,
-        generator=os_entropy_generator(parameter_device(model)),
+        generator=os_entropy_generator(),
         unit_mean=unit_mean,
         flat=flat,
         reducer=reducer,

@@ -109,7 +109,7 @@ def build_record(
             "max_grad_norm": plan.max_grad_norm,
             "noise_std": plan.noise_multiplier * plan.max_grad_norm,
             "normalizer": {"expected_units_per_step": plan.expected_batch_size, "public": True},
-            "noise_source": "OS entropy (never seeded from the record)",
+            "noise_source": "ChaCha20 keyed with 256 bits from os.urandom (never seeded from the record)",
         },
         "accounting": {
             "accountant": plan.accountant.value,

@@ -781,7 +781,8 @@ def execution_entry(spec, *, reducer=None, ranks=None) -> dict:
 
 
 FLOATING_POINT_NOTE = (
-    "the Gaussian noise is sampled in floating point (torch.normal); the accountant assumes an ideal real-valued "
-    "Gaussian, and floating-point samplers can deviate from it in the low-order bits (Mironov 2012; Holohan & "
-    "Braghin 2021): the guarantee holds for the ideal mechanism, as in Opacus and every DP-SGD library"
+    "the Gaussian noise is sampled in floating point (Box-Muller in fp64, four draws summed as Opacus secure_mode, "
+    "rounded to fp32); the accountant assumes an ideal real-valued Gaussian, and floating-point samplers can deviate "
+    "from it in the low-order bits (Mironov 2012; Holohan & Braghin 2021): the guarantee holds for the ideal "
+    "mechanism, as in Opacus and every DP-SGD library"
 )

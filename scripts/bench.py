@@ -160,7 +160,7 @@ def _step_fn(mode: str, model, batch_size: int, device):
             max_grad_norm=clip,
             expected_batch_size=batch_size,
             loss_reduction="sum",
-            generator=engine.os_entropy_generator(device),
+            generator=None,  # Opacus's own baseline: torch's default generator (no release is made here)
         )
 
         def step(batch):

@@ -52,7 +52,7 @@ def _noise_only(world) -> tuple[np.ndarray, list[float], int, bool]:
     whether every rank got the same output."""
     reducer = distributed.StepReducer(world, NOISE_P, "cpu")
     acc = UnitClipAccumulator(NOISE_P, CLIP, "cpu")
-    gen = engine.os_entropy_generator("cpu")
+    gen = engine.os_entropy_generator()
     outputs, draws = [], []
     for _ in range(NOISE_STEPS):
         acc.begin_step()

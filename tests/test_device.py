@@ -233,7 +233,8 @@ def test_bf16_run_records_its_dtype(tmp_path, tiny_model_dir, tickets_csv, signi
     execution = record["execution"]
     assert execution["base_dtype"] == "bf16" and execution["lora_dtype"] == "fp32"
     assert execution["device_type"] == "cpu" and execution["allow_tf32"] is False
-    assert "secrets" in execution["noise_generator"] and "floating point" in execution["noise_floating_point_note"]
+    assert "ChaCha20" in execution["noise_generator"] and "os.urandom" in execution["noise_generator"]
+    assert "cpu device" in execution["noise_generator"] and "floating point" in execution["noise_floating_point_note"]
     assert record["model"]["dtype"] == "bf16"
     verify = CliRunner().invoke(app, ["verify", str(result.output_dir), "--public-key", str(signing_key[1])])
     assert verify.exit_code == 0, verify.output

@@ -1,0 +1,162 @@
+"""Cryptographically secure Gaussian noise for DP-SGD: ChaCha20 keystream → 53-bit uniforms → Box–Muller in fp64.
+
+What Opacus's ``secure_mode`` intends (a CSPRNG, torchcsprng, plus the floating-point mitigation of Holohan &
+Braghin 2021, arXiv 2107.10138, §5.1, n = 2: the sum of 2n = 4 Gaussian draws divided by 2), without torchcsprng:
+
+- **Stream.** The ChaCha20 keystream (RFC 8439; ``cryptography``'s OpenSSL binding) under a 256-bit key from
+  ``os.urandom``, drawn once per process and held only in memory: never stored, logged, pickled or printed. Draw
+  number d (one per logical step) uses nonce d (96 bits, little-endian) and block counter 0, so no (key, nonce,
+  counter) is reused and one draw may use up to 2³² blocks of 64 bytes.
+- **Uniforms.** Each 64-bit little-endian word of the stream gives the 53-bit integer m = word >> 11:
+  u₁ = (m + 1)·2⁻⁵³ ∈ (0, 1] for the radius (log u₁ is finite), u₂ = m·2⁻⁵³ ∈ [0, 1) for the angle; every value is
+  an exact fp64 number (Box & Muller 1958).
+- **Normals.** z = √(−2 ln u₁)·(cos 2πu₂, sin 2πu₂) in fp64; each output value is (z₁ + z₂ + z₃ + z₄)/2 ~ N(0, 1),
+  scaled by σC in fp64 and rounded once to fp32. 32 bytes of stream per output value.
+- **Devices.** The stream is made on the host and copied once per chunk as int64 words; the shifts, logs and
+  trigonometry run on the output's device (CPU or CUDA alike: the same torch ops, no device-specific code).
+
+The accountant still assumes an ideal real-valued Gaussian; fp64 → fp32 sampling is an approximation of it
+(Mironov 2012), as in every DP-SGD library (see ``execution.noise_floating_point_note`` in the release record).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import torch
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+KEY_BYTES = 32  # 256-bit ChaCha20 key
+# Holohan & Braghin 2021 §5.1 with n = 2, as Opacus secure_mode: (z₁ + z₂ + z₃ + z₄) / 2 (the sum is written for 4)
+SUMMED_DRAWS = 4
+BYTES_PER_VALUE = 8 * SUMMED_DRAWS  # one 64-bit word per normal (two words per Box–Muller pair)
+CHUNK_VALUES = 1 << 21  # output values per host → device copy: 64 MiB of stream
+MAX_VALUES_PER_DRAW = (2**32 * 64) // BYTES_PER_VALUE  # the 32-bit block counter of one nonce
+_MANTISSA = (1 << 53) - 1
+_TWO_POW_MINUS_53 = 2.0**-53
+
+GENERATOR_NAME = (
+    "ChaCha20 keystream (RFC 8439, the cryptography package) keyed with 256 bits from os.urandom per process, "
+    "never stored; nonce = draw number; 53-bit uniforms, Box-Muller in fp64 on the {device} device, "
+    "(z1 + z2 + z3 + z4) / 2 as Opacus secure_mode (Holohan & Braghin 2021), scaled by sigma*C, rounded to fp32"
+)
+
+
+def chacha20_keystream(key: bytes, nonce: bytes, nbytes: int, counter: int = 0) -> bytes:
+    """``nbytes`` bytes of the ChaCha20 keystream (RFC 8439 §2.4) from block ``counter`` on.
+
+    Args:
+        key: 32 bytes.
+        nonce: 12 bytes (RFC 8439's 96-bit nonce).
+        nbytes: bytes wanted, ≥ 0.
+        counter: the first 32-bit block counter (RFC 8439's test vectors start at 1; dplora uses 0).
+
+    Raises:
+        ValueError: a key that is not 32 bytes, a nonce that is not 12 bytes, a counter outside [0, 2³²).
+
+    Source: ``cryptography.hazmat.primitives.ciphers.algorithms.ChaCha20``, whose 16-byte nonce is the
+    little-endian counter followed by the 12-byte nonce; encrypting zeros yields the keystream.
+    """
+    if len(key) != KEY_BYTES or len(nonce) != 12 or not 0 <= counter < 2**32:
+        raise ValueError("ChaCha20 needs a 32-byte key, a 12-byte nonce and a 32-bit counter")
+    encryptor = Cipher(algorithms.ChaCha20(key, counter.to_bytes(4, "little") + nonce), mode=None).encryptor()
+    return encryptor.update(bytes(nbytes))
+
+
+def box_muller_fp64(words: torch.Tensor) -> torch.Tensor:
+    """Standard normals in fp64 from 64-bit stream words: shape (2m,) int64 → (2m,) fp64.
+
+    The first m words give the radii u₁ = (m₁ + 1)·2⁻⁵³, the last m the angles u₂ = m₂·2⁻⁵³ (53-bit m = word >> 11);
+    out[:m] = r·cos 2πu₂, out[m:] = r·sin 2πu₂ with r = √(−2 ln u₁) (Box & Muller 1958). Runs on ``words``' device.
+
+    Raises:
+        ValueError: an odd number of words.
+    """
+    if words.numel() % 2:
+        raise ValueError(f"Box-Muller needs an even number of words, got {words.numel()}")
+    m = words.numel() // 2
+    # word >> 11 (arithmetic) is the top 53 bits as a signed integer in [−2⁵², 2⁵²); + 2⁵² maps it onto [0, 2⁵³).
+    # Both steps are exact in fp64 (|values| ≤ 2⁵³).
+    mant = (words >> 11).to(torch.float64).add_(2.0**52)
+    radius = mant[:m].add_(1.0).mul_(_TWO_POW_MINUS_53).log_().mul_(-2.0).sqrt_()  # √(−2 ln u₁), u₁ ∈ (0, 1]
+    angle = mant[m:].mul_(2.0 * math.pi * _TWO_POW_MINUS_53)  # 2πu₂, u₂ ∈ [0, 1)
+    out = torch.empty_like(mant)
+    torch.mul(radius, torch.cos(angle), out=out[:m])
+    torch.mul(radius, angle.sin_(), out=out[m:])
+    return out
+
+
+class CsprngGaussian:
+    """Gaussian noise from a ChaCha20 keystream under a 256-bit key from ``os.urandom`` (see module docstring).
+
+    One instance per process; the key never leaves it (no ``repr``, no pickling, no copy).
+
+    Args:
+        key: 32 bytes; only for tests (known-answer and key-flip tests). Production passes None: ``os.urandom(32)``.
+
+    Raises:
+        ValueError: a key that is not 32 bytes.
+    """
+
+    __slots__ = ("_key", "_draws")
+
+    def __init__(self, key: bytes | None = None):
+        key = os.urandom(KEY_BYTES) if key is None else bytes(key)
+        if len(key) != KEY_BYTES:
+            raise ValueError(f"the noise key must be {KEY_BYTES} bytes, got {len(key)}")
+        self._key = key
+        self._draws = 0
+
+    @property
+    def draws(self) -> int:
+        """Draws made so far (each used one nonce)."""
+        return self._draws
+
+    def normal(self, size: int, std: float, *, device: torch.device | str = "cpu") -> torch.Tensor:
+        """One draw of ``size`` i.i.d. N(0, std²) values, shape (size,) fp32 on ``device`` (std in gradient units).
+
+        Uses nonce = this instance's draw number, so two draws never share keystream.
+
+        Raises:
+            ValueError: size < 0, a non-finite or negative std, or size > 2³²·64 / 32 bytes (one nonce's stream).
+        """
+        if size < 0 or size > MAX_VALUES_PER_DRAW:
+            raise ValueError(f"one noise draw holds 0..{MAX_VALUES_PER_DRAW} values, asked for {size}")
+        if not (math.isfinite(std) and std >= 0):
+            raise ValueError(f"noise std must be finite and ≥ 0, got {std}")
+        nonce = self._draws.to_bytes(12, "little")
+        self._draws += 1
+        encryptor = Cipher(algorithms.ChaCha20(self._key, bytes(4) + nonce), mode=None).encryptor()
+        out = torch.empty(size, dtype=torch.float32, device=device)
+        chunk = min(size, CHUNK_VALUES)
+        zeros = bytes(chunk * BYTES_PER_VALUE)
+        host = bytearray(chunk * BYTES_PER_VALUE + 64)  # + 64 bytes: update_into's slack
+        host_words = np.frombuffer(host, dtype="<i8")  # little-endian 64-bit words, a view (no copy)
+        for start in range(0, size, chunk):
+            k = min(chunk, size - start)
+            nbytes = k * BYTES_PER_VALUE
+            encryptor.update_into(memoryview(zeros)[:nbytes], host)
+            words = torch.from_numpy(host_words[: k * SUMMED_DRAWS]).to(device)
+            z = box_muller_fp64(words).view(SUMMED_DRAWS, k)
+            z = z[0].add_(z[1]).add_(z[2]).add_(z[3])
+            out[start : start + k] = z.mul_(0.5 * std)  # (z₁ + z₂ + z₃ + z₄) / 2 · σC, fp64, then one fp32 rounding
+        return out
+
+    def __repr__(self) -> str:
+        return f"CsprngGaussian(ChaCha20, 256-bit key from os.urandom, {self._draws} draws)"
+
+    def __reduce__(self):
+        raise TypeError("the noise generator holds a secret key and is never pickled, copied or stored")
+
+    def __deepcopy__(self, memo):
+        raise TypeError("the noise generator holds a secret key and is never pickled, copied or stored")
+
+    def __copy__(self):
+        raise TypeError("the noise generator holds a secret key and is never pickled, copied or stored")
+
+
+def generator_name(device: torch.device | str) -> str:
+    """The noise generator in words, for the release record's ``execution.noise_generator``."""
+    return GENERATOR_NAME.format(device=torch.device(device).type)
