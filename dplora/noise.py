@@ -7,11 +7,13 @@ Braghin 2021, arXiv 2107.10138, §5.1, n = 2: the sum of 2n = 4 Gaussian draws d
   ``os.urandom``, drawn once per process and held only in memory: never stored, logged, pickled or printed. Draw
   number d (one per logical step) uses nonce d (96 bits, little-endian) and block counter 0, so no (key, nonce,
   counter) is reused and one draw may use up to 2³² blocks of 64 bytes.
-- **Uniforms.** Each 64-bit little-endian word of the stream gives the 53-bit integer m = word >> 11:
+- **Uniforms.** Each 64-bit little-endian word of the stream gives a uniform 53-bit integer m (its top 53 bits in
+  offset binary: m = (word >> 11) XOR 2⁵², computed as the signed shift + 2⁵², exact in fp64):
   u₁ = (m + 1)·2⁻⁵³ ∈ (0, 1] for the radius (log u₁ is finite), u₂ = m·2⁻⁵³ ∈ [0, 1) for the angle; every value is
   an exact fp64 number (Box & Muller 1958).
-- **Normals.** z = √(−2 ln u₁)·(cos 2πu₂, sin 2πu₂) in fp64; each output value is (z₁ + z₂ + z₃ + z₄)/2 ~ N(0, 1),
-  scaled by σC in fp64 and rounded once to fp32. 32 bytes of stream per output value.
+- **Normals.** z = √(−2 ln u₁)·(cos 2πu₂, sin 2πu₂) in fp64; output value i uses words 4i … 4i + 3 (two pairs,
+  so the result does not depend on chunking) and is (z₁ + z₂ + z₃ + z₄)/2 ~ N(0, 1), scaled by σC in fp64 and
+  rounded once to fp32. 32 bytes of stream per output value.
 - **Devices.** The stream is made on the host and copied once per chunk as int64 words; the shifts, logs and
   trigonometry run on the output's device (CPU or CUDA alike: the same torch ops, no device-specific code).
 
@@ -65,27 +67,24 @@ def chacha20_keystream(key: bytes, nonce: bytes, nbytes: int, counter: int = 0) 
     return encryptor.update(bytes(nbytes))
 
 
-def box_muller_fp64(words: torch.Tensor) -> torch.Tensor:
-    """Standard normals in fp64 from 64-bit stream words: shape (2m,) int64 → (2m,) fp64.
+def box_muller_pair_sums_fp64(words: torch.Tensor) -> torch.Tensor:
+    """z₁ + z₂ of one Box–Muller pair per two 64-bit stream words, in fp64: (…, 2) int64 → (…), each ~ N(0, 2).
 
-    The first m words give the radii u₁ = (m₁ + 1)·2⁻⁵³, the last m the angles u₂ = m₂·2⁻⁵³ (53-bit m = word >> 11);
-    out[:m] = r·cos 2πu₂, out[m:] = r·sin 2πu₂ with r = √(−2 ln u₁) (Box & Muller 1958). Runs on ``words``' device.
+    Word 0 of a pair gives the radius u₁ = (m₀ + 1)·2⁻⁵³ ∈ (0, 1], word 1 the angle u₂ = m₁·2⁻⁵³ ∈ [0, 1) (53-bit m:
+    the word's top 53 bits, offset binary); (z₁, z₂) = r·(cos 2πu₂, sin 2πu₂), r = √(−2 ln u₁), two independent
+    N(0, 1) (Box & Muller 1958), returned summed as r·(cos 2πu₂ + sin 2πu₂). Runs on ``words``' device.
 
     Raises:
-        ValueError: an odd number of words.
+        ValueError: a last dimension that is not 2.
     """
-    if words.numel() % 2:
-        raise ValueError(f"Box-Muller needs an even number of words, got {words.numel()}")
-    m = words.numel() // 2
+    if words.shape[-1] != 2:
+        raise ValueError(f"Box-Muller takes words in pairs (…, 2), got shape {tuple(words.shape)}")
     # word >> 11 (arithmetic) is the top 53 bits as a signed integer in [−2⁵², 2⁵²); + 2⁵² maps it onto [0, 2⁵³).
-    # Both steps are exact in fp64 (|values| ≤ 2⁵³).
-    mant = (words >> 11).to(torch.float64).add_(2.0**52)
-    radius = mant[:m].add_(1.0).mul_(_TWO_POW_MINUS_53).log_().mul_(-2.0).sqrt_()  # √(−2 ln u₁), u₁ ∈ (0, 1]
-    angle = mant[m:].mul_(2.0 * math.pi * _TWO_POW_MINUS_53)  # 2πu₂, u₂ ∈ [0, 1)
-    out = torch.empty_like(mant)
-    torch.mul(radius, torch.cos(angle), out=out[:m])
-    torch.mul(radius, angle.sin_(), out=out[m:])
-    return out
+    # Every step below up to the log is exact in fp64 (|values| ≤ 2⁵³, scaling by a power of 2).
+    radius = (words[..., 0] >> 11).to(torch.float64).add_(2.0**52 + 1.0).mul_(_TWO_POW_MINUS_53)  # u₁
+    radius = radius.log_().mul_(-2.0).sqrt_()
+    angle = (words[..., 1] >> 11).to(torch.float64).add_(2.0**52).mul_(2.0 * math.pi * _TWO_POW_MINUS_53)
+    return torch.cos(angle).add_(angle.sin_()).mul_(radius)
 
 
 class CsprngGaussian:
@@ -139,9 +138,10 @@ class CsprngGaussian:
             nbytes = k * BYTES_PER_VALUE
             encryptor.update_into(memoryview(zeros)[:nbytes], host)
             words = torch.from_numpy(host_words[: k * SUMMED_DRAWS]).to(device)
-            z = box_muller_fp64(words).view(SUMMED_DRAWS, k)
-            z = z[0].add_(z[1]).add_(z[2]).add_(z[3])
-            out[start : start + k] = z.mul_(0.5 * std)  # (z₁ + z₂ + z₃ + z₄) / 2 · σC, fp64, then one fp32 rounding
+            pairs = box_muller_pair_sums_fp64(words.view(k, 2, 2))  # value i: words 4i … 4i + 3, two pairs
+            out[start : start + k] = (
+                pairs[:, 0].add_(pairs[:, 1]).mul_(0.5 * std)
+            )  # (z₁+z₂+z₃+z₄)/2 · σC → fp32  # (z₁ + z₂ + z₃ + z₄) / 2 · σC, fp64, then one fp32 rounding
         return out
 
     def __repr__(self) -> str:

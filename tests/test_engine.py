@@ -20,9 +20,10 @@ from opacus import GradSampleModule
 from peft import LoraConfig, get_peft_model
 from tiny import save_tiny_model, tiny_llama
 
-from dplora import clipping, engine, release
+from dplora import engine, release
 from dplora.contract import parse_contract
 from dplora.errors import TrainingFailedError
+from dplora.noise import CsprngGaussian
 from dplora.train import run_training
 
 pytestmark = pytest.mark.filterwarnings(
@@ -386,13 +387,13 @@ def test_noise_std_is_sigma_c_on_empty_batch():
 def test_noise_drawn_once_per_logical_step(pristine, monkeypatch):
     """One draw of P values per logical step (not per physical batch, not per tensor), std σC, OS-entropy generator."""
     calls = []
-    real = torch.normal
+    real = CsprngGaussian.normal
 
-    def counting(mean, std, *, size, device=None, generator=None):
-        calls.append((std, tuple(size), generator))
-        return real(mean, std, size=size, device=device, generator=generator)
+    def counting(self, size, std, *, device="cpu"):
+        calls.append((std, (size,), self))
+        return real(self, size, std, device=device)
 
-    monkeypatch.setattr(clipping.torch, "normal", counting)
+    monkeypatch.setattr(CsprngGaussian, "normal", counting)
     gsm, dp_opt, accountant, named = _private(copy.deepcopy(pristine), sigma=0.7, clip=2.0, batch=3)
     total = sum(p.numel() for _, p in named)
     records, units = _flatten_units(UNITS)
@@ -429,7 +430,7 @@ def test_noise_does_not_follow_the_global_seed():
     draws = []
     for _ in range(2):
         torch.manual_seed(0)
-        draws.append(torch.randn(8, generator=engine.os_entropy_generator()))
+        draws.append(engine.os_entropy_generator().normal(8, 1.0))
     torch.manual_seed(0)
     seeded = torch.randn(8)
     assert not torch.equal(draws[0], draws[1])
