@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -143,11 +144,26 @@ class UnitIndex:
         }
 
 
+CAP_PERSON = b"dplora-cap"  # blake2b personalisation (≤ 16 bytes): the record-cap ranking, used for nothing else
+
+
 def build_unit_index(table, privacy: PrivacySection, *, seed: int) -> UnitIndex:
     """Group records into protected units and apply ``max_records_per_unit``.
 
-    A row-level contract makes each record its own unit. Records beyond the cap are dropped by a seeded
-    uniform choice (``numpy.random.default_rng(seed)``): the cap bounds compute, privacy comes from the clip.
+    A row-level contract makes each record its own unit. A unit with more than ``cap`` records keeps the ``cap``
+    whose keyed hash (:func:`record_rank`: blake2b keyed by the public ``seed`` over the unit id, the record's
+    content digest and its occurrence number among identical records of that unit) is smallest, in file order.
+    The choice depends only on the unit's own records and the seed, never on global row indices or on other
+    units, so adding or removing one unit leaves every other unit's kept records unchanged (as the held-out split,
+    :func:`split_eval`). The cap bounds compute; privacy comes from the clip.
+
+    Args:
+        table: a ``datasets.Dataset`` (or anything with ``num_rows``, ``column_names`` and column access).
+        privacy: the contract's privacy section (unit, unit key, cap).
+        seed: the contract's public ``training.seed``, 0 ≤ seed < 2⁶³ (the hash key).
+
+    Returns:
+        :class:`UnitIndex`; each unit's kept row indices in file order.
 
     Raises:
         BadInputError: empty unit ids.
@@ -155,6 +171,7 @@ def build_unit_index(table, privacy: PrivacySection, *, seed: int) -> UnitIndex:
     n = table.num_rows
     if privacy.protected_unit is ProtectedUnit.ROW:
         groups = [np.array([i]) for i in range(n)]
+        unit_ids = None
     else:
         keys = table[privacy.unit_key]
         if any(k is None or (isinstance(k, str) and not k.strip()) for k in keys):
@@ -162,20 +179,56 @@ def build_unit_index(table, privacy: PrivacySection, *, seed: int) -> UnitIndex:
         order: dict = {}
         for i, k in enumerate(keys):
             order.setdefault(str(k), []).append(i)
+        unit_ids = list(order)
         groups = [np.array(v) for v in order.values()]
     before = tuple(len(g) for g in groups)
     dropped = 0
     cap = privacy.max_records_per_unit
-    if cap is not None:
-        rng = np.random.default_rng(seed)
+    if cap is not None and unit_ids is not None and any(len(g) > cap for g in groups):  # a row unit has 1 record
+        columns = [list(table[c]) for c in sorted(table.column_names)]
         capped = []
-        for g in groups:
+        for u, g in enumerate(groups):
             if len(g) > cap:
                 dropped += len(g) - cap
-                g = np.sort(rng.choice(g, size=cap, replace=False))
+                digests = [_record_digest([col[int(i)] for col in columns]) for i in g]
+                g = _keep_by_rank(g, digests, unit_ids[u], seed, cap)
             capped.append(g)
         groups = capped
     return UnitIndex(records_of_unit=tuple(groups), num_records=n, dropped=dropped, records_before_cap=before)
+
+
+def _record_digest(cells: list) -> bytes:
+    """sha256 of one record's cells (every column, by sorted column name), as canonical JSON."""
+    return hashlib.sha256(json.dumps(cells, ensure_ascii=False, default=str).encode("utf-8")).digest()
+
+
+def record_rank(unit_id: str, content_digest: bytes, occurrence: int, seed: int) -> bytes:
+    """The cap's ranking key of one record: blake2b-128 keyed by ``seed`` (8 bytes LE), personalised ``dplora-cap``.
+
+    Args:
+        unit_id: the protected unit's id (the unit key's value as text).
+        content_digest: 32-byte sha256 of the record's cells (:func:`_record_digest`).
+        occurrence: 0 for the first record of the unit with this content, 1 for the next identical one, …
+        seed: the contract's public seed, 0 ≤ seed < 2⁶⁴.
+
+    Returns:
+        16 bytes; a unit keeps its ``cap`` records with the smallest keys. Source: BLAKE2 (RFC 7693) keyed mode.
+    """
+    uid = unit_id.encode("utf-8")
+    message = len(uid).to_bytes(8, "little") + uid + content_digest + occurrence.to_bytes(8, "little")
+    return hashlib.blake2b(message, digest_size=16, key=seed.to_bytes(8, "little"), person=CAP_PERSON).digest()
+
+
+def _keep_by_rank(rows: np.ndarray, digests: list[bytes], unit_id: str, seed: int, cap: int) -> np.ndarray:
+    """The ``cap`` rows of one unit with the smallest :func:`record_rank`, in file order."""
+    seen: dict[bytes, int] = {}
+    ranks = []
+    for digest in digests:
+        occurrence = seen.get(digest, 0)
+        seen[digest] = occurrence + 1
+        ranks.append(record_rank(unit_id, digest, occurrence, seed))
+    keep = sorted(range(len(rows)), key=ranks.__getitem__)[:cap]
+    return np.sort(rows[keep])
 
 
 def count_units(contract: Contract) -> UnitIndex:

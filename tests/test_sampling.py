@@ -156,6 +156,72 @@ def test_cap_keeps_each_record_with_equal_probability():
     assert np.abs(kept / seeds - 0.5).max() < 4 * math.sqrt(0.25 / seeds)
 
 
+class _Table:
+    """The part of a ``datasets.Dataset`` that build_unit_index reads (fast for property tests)."""
+
+    def __init__(self, columns: dict[str, list]):
+        self.columns = columns
+        self.num_rows = len(next(iter(columns.values())))
+        self.column_names = list(columns)
+
+    def __getitem__(self, name):
+        return self.columns[name]
+
+
+def _kept_by_unit(rows: list[tuple[str, str]], cap: int, seed: int) -> dict[str, list[str]]:
+    """{unit id: its kept records' texts in file order} for rows of (unit id, text)."""
+    table = _Table({"tid": [u for u, _ in rows], "text": [t for _, t in rows]})
+    index = build_unit_index(table, _privacy(cap=cap), seed=seed)
+    return {rows[int(g[0])][0]: [rows[int(i)][1] for i in g] for g in index.records_of_unit}
+
+
+def test_cap_choice_of_a_unit_ignores_every_other_unit():
+    """Property, 150 random tables: removing any one unit, or adding one, leaves every other unit's kept records
+    (as contents, duplicates included) unchanged. Unit sizes 1–9, caps 1–4, texts from 3 letters (many identical
+    records), units interleaved in file order, the added unit's records at random positions."""
+    for trial in range(150):
+        rng = np.random.default_rng(trial)
+        units = [f"u{j}" for j in range(int(rng.integers(2, 7)))]
+        rows = [(u, "".join(rng.choice(list("abc"), size=int(rng.integers(1, 3))))) for u in units]
+        rows += [(str(rng.choice(units)), str(rng.choice(list("abcd")))) for _ in range(int(rng.integers(5, 30)))]
+        rows = [rows[i] for i in rng.permutation(len(rows))]
+        cap, seed = int(rng.integers(1, 5)), int(rng.integers(0, 2**63))
+        full = _kept_by_unit(rows, cap, seed)
+        assert all(len(k) == min(cap, sum(u == r[0] for r in rows)) for u, k in full.items())
+        for gone in units:
+            rest = _kept_by_unit([r for r in rows if r[0] != gone], cap, seed)
+            assert rest == {u: k for u, k in full.items() if u != gone}, (trial, gone)
+        added = list(rows)
+        for _ in range(int(rng.integers(1, 9))):
+            added.insert(int(rng.integers(0, len(added) + 1)), ("new", str(rng.choice(list("abc")))))
+        more = _kept_by_unit(added, cap, seed)
+        assert {u: k for u, k in more.items() if u != "new"} == full, trial
+
+
+def test_cap_issue_case_removing_one_user_moves_no_other():
+    """The reported case (datasets.Dataset): 4 users × 5 records, cap 2; removing user 0 changed the other three
+    users' kept records for 20 of 20 seeds. Now: for every seed, the other users keep the same records."""
+    tids = [f"user{u}" for _ in range(5) for u in range(4)]  # interleaved, as in a log file
+    texts = [f"{t} message {i}" for i, t in enumerate(tids)]
+    full_table = Dataset.from_dict({"text": texts, "tid": tids})
+    keep = [i for i, t in enumerate(tids) if t != "user0"]
+    less_table = Dataset.from_dict({"text": [texts[i] for i in keep], "tid": [tids[i] for i in keep]})
+    for seed in range(20):
+        full = build_unit_index(full_table, _privacy(cap=2), seed=seed)
+        less = build_unit_index(less_table, _privacy(cap=2), seed=seed)
+        kept_full = [sorted(texts[i] for i in g) for g in full.records_of_unit[1:]]
+        kept_less = [sorted(texts[keep[i]] for i in g) for g in less.records_of_unit]
+        assert kept_full == kept_less, seed
+
+
+def test_cap_choice_follows_the_records_not_their_rows():
+    """The same unit at other global rows, and its records in another order, keeps the same contents."""
+    rows = [("A", t) for t in "pqrstuv"]
+    kept = _kept_by_unit(rows, 3, 5)["A"]
+    shifted = _kept_by_unit([("B", "x")] * 4 + rows[::-1], 3, 5)["A"]
+    assert sorted(shifted) == sorted(kept)
+
+
 # ---------------------------------------------------------------------------------------- tokenization
 
 
