@@ -1,0 +1,70 @@
+"""Cost of dplora's cryptographic noise per logical step at 0.5M, 5M and 40M LoRA parameters (one run, ~1 min).
+
+For each size P it times, on the chosen device: the ChaCha20 keystream alone (32 bytes per value), one full
+:meth:`dplora.noise.CsprngGaussian.normal` draw (stream + copy + fp64 Box–Muller, 4 draws summed, → fp32), torch's
+non-cryptographic ``torch.normal`` (the old generator) for comparison, and a rough step time: one AdamW update
+of P fp32 parameters plus a (B, min(P, 5M)) per-sample gradient clip-and-sum with B = 8 (a lower bound on a real
+step, which also runs the base model's forward and backward). Prints one table; nothing is written.
+
+Usage: ``python scripts/bench_noise.py [--device cuda] [--sizes 500000,5000000,40000000]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from dplora.noise import BYTES_PER_VALUE, CsprngGaussian, chacha20_keystream
+
+
+def _timed(fn, device: torch.device, repeat: int = 1) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _rough_step(P: int, device: torch.device, batch: int = 8):
+    param = torch.nn.Parameter(torch.zeros(P, device=device))
+    opt = torch.optim.AdamW([param], lr=1e-3)
+    G = torch.randn(batch, min(P, 5_000_000), device=device)  # the clip's (B, P) work, capped in memory
+
+    def step():
+        norms = G.norm(dim=1, keepdim=True)
+        clipped = (G * (1.0 / norms).clamp(max=1.0)).sum(dim=0)
+        param.grad = torch.zeros(P, device=device)
+        param.grad[: clipped.numel()] = clipped
+        opt.step()
+
+    step()  # allocate the optimizer state
+    return step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--sizes", default="500000,5000000,40000000")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    gen = CsprngGaussian()
+    print(f"device {device}, torch threads {torch.get_num_threads()}, {BYTES_PER_VALUE} stream bytes per value")
+    print(f"{'P':>11} {'stream s':>9} {'noise s':>9} {'torch.normal s':>15} {'rough step s':>13} {'noise/step':>11}")
+    for P in (int(s) for s in args.sizes.split(",")):
+        repeat = 2 if P <= 500_000 else 1
+        stream = _timed(lambda P=P: chacha20_keystream(bytes(32), bytes(12), P * BYTES_PER_VALUE), device, repeat)
+        noise = _timed(lambda P=P: gen.normal(P, 1.0, device=device), device, repeat)
+        old = _timed(lambda P=P: torch.normal(0.0, 1.0, size=(P,), device=device), device, repeat)
+        rough = _timed(_rough_step(P, device), device, repeat)
+        print(f"{P:>11,} {stream:>9.3f} {noise:>9.3f} {old:>15.3f} {rough:>13.3f} {noise / rough:>10.1f}x")
+
+
+if __name__ == "__main__":
+    main()
