@@ -74,7 +74,11 @@ def _two_draws(world) -> str:
     acc = UnitClipAccumulator(8, 1.0, "cpu")
     try:
         reducer.privatize(
-            acc, noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=1.0, generator=torch.Generator()
+            acc,
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+            expected_batch_size=1.0,
+            generator=engine.os_entropy_generator(),
         )
     except TrainingFailedError as err:
         return str(err)
@@ -89,7 +93,13 @@ def _failures_reach_every_rank(world) -> dict:
     if world.rank == 1:
         reducer.fail(TrainingFailedError("non-finite loss at logical step 3: stopping without a release"))
     try:
-        reducer.privatize(acc, noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=1.0, generator=None)
+        reducer.privatize(
+            acc,
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+            expected_batch_size=1.0,
+            generator=engine.os_entropy_generator(),
+        )
         out["step"] = ["none", ""]
     except TrainingFailedError as err:
         out["step"] = [type(err).__name__, str(err)]
