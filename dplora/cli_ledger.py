@@ -49,13 +49,11 @@ def _user_errors() -> Iterator[None]:
         raise typer.Exit(code=err.exit_code) from None
 
 
-UnitOpt = Annotated[
-    str, typer.Option("--unit", metavar="UNIT", help="Protected unit of the population: row, ticket or user")
-]
+UnitOpt = Annotated[str, typer.Option("--unit", metavar="UNIT", help="Protected unit: row, ticket or user")]
 AdjOpt = Annotated[str, typer.Option("--adjacency", metavar="ADJ", help="add_remove or replace_one")]
 
 
-@ledger_app.command("set-cap")
+@ledger_app.command("set-cap", short_help="Set the (ε, δ) cap of a population, for one unit and adjacency.")
 def set_cap(
     population: PopArg, epsilon: EpsOpt, delta: DeltaOpt, unit: UnitOpt, adjacency: AdjOpt, db: DbOpt = None
 ) -> None:
