@@ -165,7 +165,7 @@ def show(
 
 def _show_lines(pops: list[dict], charges: list[dict], releases: list[dict]) -> list[str]:
     """Plain lines under 80 columns: full run ids, record digests and exact decimal numbers, never cut."""
-    lines = ["populations (totals at δ = Σδ: basic composition, and the charges' events composed)"]
+    lines = ["populations (totals at δ = Σδ: basic composition, and the events composed)"]
     for p in pops:
         flag = "  OVER CAP" if p["over_cap"] else ""
         composed = p["epsilon_composed"]
@@ -173,8 +173,8 @@ def _show_lines(pops: list[dict], charges: list[dict], releases: list[dict]) -> 
             f"  {p['name']}{flag}",
             f"    protected unit {p['protected_unit']}, adjacency {p['adjacency']}",
             f"    ε spent {p['epsilon_spent']} (basic) of cap {p['epsilon_max']}, left {p['epsilon_left']}",
-            f"    ε composed {'n/a' if composed is None else format(composed, '.4f')} at the same δ",
-            f"      ({p['composition'] or 'no events to compose'})",
+            f"    ε composed {'n/a' if composed is None else format(composed, '.4f')} at the same δ"
+            f" ({p['composed_by'] or 'no events to compose'})",
             f"    δ spent {p['delta_spent']} of cap {p['delta_max']}, left {p['delta_left']}",
         ]
     lines.append("charges")

@@ -750,6 +750,7 @@ class Ledger:
                     "adjacency": adj or UNKNOWN_UNIT,
                     "epsilon_composed": composed.get("epsilon"),
                     "composition": composed.get("method") or composed.get("skipped"),
+                    "composed_by": composed.get("method_short"),
                     "epsilon_tightest": total["epsilon"],
                 }
                 over = bool(cap) and (total["epsilon"] > float(cap[0]) or left[1] < 0)

@@ -363,6 +363,7 @@ def test_cli_set_cap_show_check(db: Path) -> None:
         "adjacency": "add_remove",
         "epsilon_composed": None,  # the charge has no events: basic composition only
         "composition": None,
+        "composed_by": None,
         "epsilon_tightest": 2.5,
     }
     assert [c["run_id"] for c in data["charges"]] == ["r1"] and data["releases"][0]["label"] == "final"
