@@ -1,7 +1,8 @@
 """``dplora ledger``: caps, spend, plan checks, settling killed runs, intermediate releases.
 
-Totals use basic composition (Dwork & Roth 2014, Thm 3.16): sums of ε (unitless) and of δ
-(probability) over every charge on a population, computed exactly. The logic lives in
+Totals are stated by basic composition (Dwork & Roth 2014, Thm 3.16: sums of ε and of δ, exact) and by
+composing the charges' stored events (dp_accounting PLD; Opacus RDP under add/remove) at the same total δ.
+The logic lives in
 :mod:`dplora.ledger`; this module only parses arguments and prints.
 """
 
@@ -19,7 +20,7 @@ from dplora.errors import BadInputError, DploraError, one_line
 from dplora.ledger import Ledger, default_ledger_path
 
 ledger_app = typer.Typer(
-    help="Privacy budget ledger: per-population (ε, δ) caps and charges, summed by basic composition.",
+    help="Privacy budget ledger: per-population (ε, δ) caps and charges, by basic composition and composed.",
     no_args_is_help=True,
     rich_markup_mode=None,
 )
@@ -48,12 +49,21 @@ def _user_errors() -> Iterator[None]:
         raise typer.Exit(code=err.exit_code) from None
 
 
-@ledger_app.command("set-cap")
-def set_cap(population: PopArg, epsilon: EpsOpt, delta: DeltaOpt, db: DbOpt = None) -> None:
-    """Set (or replace) the (ε, δ) cap of a population."""
+UnitOpt = Annotated[str, typer.Option("--unit", metavar="UNIT", help="Protected unit: row, ticket or user")]
+AdjOpt = Annotated[str, typer.Option("--adjacency", metavar="ADJ", help="add_remove or replace_one")]
+
+
+@ledger_app.command("set-cap", short_help="Set the (ε, δ) cap of a population, for one unit and adjacency.")
+def set_cap(
+    population: PopArg, epsilon: EpsOpt, delta: DeltaOpt, unit: UnitOpt, adjacency: AdjOpt, db: DbOpt = None
+) -> None:
+    """Set (or replace) the (ε, δ) cap of a population, pinned to one protected unit and adjacency."""
     with _user_errors(), Ledger(db or default_ledger_path()) as ledger:
-        ledger.set_cap(population, epsilon_max=epsilon, delta_max=delta)
-        typer.echo(f"cap of population {population!r} set to ε_max={epsilon}, δ_max={delta} in {ledger.path}")
+        ledger.set_cap(population, epsilon_max=epsilon, delta_max=delta, protected_unit=unit, adjacency=adjacency)
+        typer.echo(
+            f"cap of population {population!r} set to ε_max={epsilon}, δ_max={delta} for protected unit {unit}, "
+            f"adjacency {adjacency} in {ledger.path}"
+        )
 
 
 @ledger_app.command("check", short_help="Check a planned (ε, δ) against a population's cap.")
@@ -155,12 +165,16 @@ def show(
 
 def _show_lines(pops: list[dict], charges: list[dict], releases: list[dict]) -> list[str]:
     """Plain lines under 80 columns: full run ids, record digests and exact decimal numbers, never cut."""
-    lines = ["populations (basic composition: sums of ε and δ)"]
+    lines = ["populations (totals at δ = Σδ: basic composition, and the events composed)"]
     for p in pops:
         flag = "  OVER CAP" if p["over_cap"] else ""
+        composed = p["epsilon_composed"]
         lines += [
             f"  {p['name']}{flag}",
-            f"    ε spent {p['epsilon_spent']} of cap {p['epsilon_max']}, left {p['epsilon_left']}",
+            f"    protected unit {p['protected_unit']}, adjacency {p['adjacency']}",
+            f"    ε spent {p['epsilon_spent']} (basic) of cap {p['epsilon_max']}, left {p['epsilon_left']}",
+            f"    ε composed {'n/a' if composed is None else format(composed, '.4f')} at the same δ"
+            f" ({p['composed_by'] or 'no events to compose'})",
             f"    δ spent {p['delta_spent']} of cap {p['delta_max']}, left {p['delta_left']}",
         ]
     lines.append("charges")

@@ -12,10 +12,21 @@ reports when ``settled`` or ``failed`` (a failed run touched private data). Rele
 post-processing, not new charges: the charge is raised to the ε of its latest released checkpoint
 (ε grows with training steps, so that is the largest released ε) and never lowered below it.
 A non-private control run (``privacy.enabled: false``) is charged ε = ∞, δ = 0 (stored as ``Infinity``).
+
+Units compose only with like units (schema 2): a cap is pinned to one protected unit (row, ticket, user) and one
+adjacency, and a charge with another unit or adjacency is refused, naming both (by group privacy a row-level ε is
+worth up to k·ε per user of k rows, so the sum would understate it). Populations of a schema-1 ledger are
+migrated as "unit unknown": their old charges count by basic composition, and new charges wait until
+``set-cap`` pins the unit. Each charge stores the mechanisms composed into it as events (JSON: the DP-SGD event
+with q, σ, T, adjacency and accountant; a Gaussian or Laplace count). The population's total is stated twice
+at the same total δ = Σδ: basic composition, and the stored events composed by dp_accounting's PLD (and
+Opacus RDP under add/remove; :func:`dplora.accounting.composition.compose_events`), with charges without
+composable events added by basic composition. The cap is checked against the tighter of the two.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -30,7 +41,10 @@ from pathlib import Path
 from dplora.errors import BadInputError, PlanRefusedError
 
 LEDGER_ENV = "DPLORA_LEDGER"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+UNITS = ("row", "ticket", "user")
+ADJACENCIES = ("add_remove", "replace_one")
+UNKNOWN_UNIT = "unit unknown"
 PURPOSES = ("release", "tuning")
 INFINITE = Decimal("Infinity")  # the ε of a non-private run (privacy.enabled: false)
 NON_PRIVATE_ACCOUNTANT = "none (not differentially private)"
@@ -41,13 +55,15 @@ _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS populations (
-    name TEXT PRIMARY KEY, epsilon_max TEXT NOT NULL, delta_max TEXT NOT NULL, updated_at TEXT NOT NULL);
+    name TEXT PRIMARY KEY, epsilon_max TEXT NOT NULL, delta_max TEXT NOT NULL, updated_at TEXT NOT NULL,
+    protected_unit TEXT, adjacency TEXT);
 CREATE TABLE IF NOT EXISTS charges (
     run_id TEXT PRIMARY KEY, population TEXT NOT NULL, epsilon TEXT NOT NULL, delta TEXT NOT NULL,
     reserved_epsilon TEXT NOT NULL, spent_epsilon TEXT,
     status TEXT NOT NULL CHECK (status IN ('pending', 'settled', 'failed')),
     purpose TEXT NOT NULL CHECK (purpose IN ('release', 'tuning')),
-    accountant TEXT NOT NULL, adjacency TEXT NOT NULL, created_at TEXT NOT NULL, settled_at TEXT);
+    accountant TEXT NOT NULL, adjacency TEXT NOT NULL, created_at TEXT NOT NULL, settled_at TEXT,
+    protected_unit TEXT, events TEXT);
 CREATE INDEX IF NOT EXISTS charges_population ON charges (population);
 CREATE TABLE IF NOT EXISTS releases (
     id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL REFERENCES charges (run_id),
@@ -83,10 +99,14 @@ class Charge:
     created_at: str
     settled_at: str | None
     reserved_epsilon: Decimal | None = None
+    protected_unit: str | None = None  # None: a charge from a schema-1 ledger (unit unknown)
+    events: tuple | None = None  # the mechanisms composed into the charge (dicts); None: unknown
 
     def to_dict(self) -> dict:
         """Return a JSON-ready dict; Decimals become exact strings."""
-        return {k: str(v) if isinstance(v, Decimal) else v for k, v in asdict(self).items()}
+        out = {k: str(v) if isinstance(v, Decimal) else v for k, v in asdict(self).items()}
+        out["events"] = None if self.events is None else [dict(e) for e in self.events]
+        return out
 
 
 def _now() -> str:
@@ -145,13 +165,58 @@ def _over(pop: str, cap: tuple[Decimal, Decimal], spent: tuple[Decimal, Decimal]
 
 
 def _no_cap(pop: str) -> PlanRefusedError:
-    cmd = f"dplora ledger set-cap {shlex.quote(pop)} --epsilon E --delta D"
+    cmd = f"dplora ledger set-cap {shlex.quote(pop)} --epsilon E --delta D --unit U --adjacency A"
     return PlanRefusedError(f"population {pop!r} has no privacy cap: run `{cmd}` first")
 
 
 def _to_charge(row: sqlite3.Row) -> Charge:
     dec = ("epsilon", "delta", "reserved_epsilon")
-    return Charge(**{f.name: Decimal(row[f.name]) if f.name in dec else row[f.name] for f in fields(Charge)})
+    values = {f.name: Decimal(row[f.name]) if f.name in dec else row[f.name] for f in fields(Charge)}
+    values["events"] = None if row["events"] is None else tuple(json.loads(row["events"]))
+    return Charge(**values)
+
+
+def _unit(value: object) -> str:
+    if value not in UNITS:
+        raise BadInputError(f"protected unit must be one of {', '.join(UNITS)}, got {value!r}")
+    return str(value)
+
+
+def _adjacency(value: object) -> str:
+    value = str(value).replace("-", "_") if isinstance(value, str) else value
+    if value not in ADJACENCIES:
+        raise BadInputError(f"adjacency must be one of {', '.join(ADJACENCIES)}, got {value!r}")
+    return value
+
+
+def _events(events: object, adjacency: str) -> str | None:
+    """Validate the events of a charge (see :func:`dplora.accounting.composition.compose_events`) as JSON text."""
+    if events is None:
+        return None
+    from dplora.accounting.composition import validate_events
+
+    try:
+        return json.dumps(validate_events(list(events), adjacency), sort_keys=True)
+    except (TypeError, ValueError) as err:
+        raise BadInputError(f"bad ledger events: {err}") from None
+
+
+def _pin_problem(pop: str, pinned: tuple[str | None, str | None], unit: str, adjacency: str) -> str:
+    """Why a charge of (unit, adjacency) may not join population ``pop`` ('' when it may)."""
+    p_unit, p_adj = pinned
+    if p_unit is None or p_adj is None:
+        cmd = f"dplora ledger set-cap {shlex.quote(pop)} --epsilon E --delta D --unit {unit} --adjacency {adjacency}"
+        return (
+            f"population {pop!r} has {UNKNOWN_UNIT} (a ledger from before units were recorded; its old charges "
+            f"count by basic composition): pin it with `{cmd}` first"
+        )
+    if (p_unit, p_adj) != (unit, adjacency):
+        return (
+            f"population {pop!r} is capped for protected unit {p_unit}, adjacency {p_adj}; this charge is for "
+            f"protected unit {unit}, adjacency {adjacency}: ε of different units or adjacencies do not add "
+            "(use another population)"
+        )
+    return ""
 
 
 class Ledger:
@@ -202,8 +267,25 @@ class Ledger:
                 if c.execute("SELECT COUNT(*) FROM schema_version").fetchone()[0] == 0:
                     c.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
         version = self._conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0]
+        if version == 1:
+            self._migrate_1_to_2()
+            version = SCHEMA_VERSION
         if version != SCHEMA_VERSION:
             raise LedgerError(f"ledger {self.path} has schema {version}, dplora reads {SCHEMA_VERSION}: upgrade")
+
+    def _migrate_1_to_2(self) -> None:
+        """Schema 1 → 2 in one transaction: populations become "unit unknown", old charges have no events."""
+        with self._write() as c:
+            if c.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] != 1:
+                return  # another process migrated it first
+            for table, column in (
+                ("populations", "protected_unit"),
+                ("populations", "adjacency"),
+                ("charges", "protected_unit"),
+                ("charges", "events"),
+            ):
+                c.execute(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
+            c.execute("UPDATE schema_version SET version=2")
 
     def close(self) -> None:
         """Close the database connection."""
@@ -264,6 +346,40 @@ class Ledger:
         rows = c.execute("SELECT epsilon, delta FROM charges WHERE population=?", (pop,)).fetchall()
         return _sum(Decimal(r[0]) for r in rows), _sum(Decimal(r[1]) for r in rows)
 
+    @staticmethod
+    def _pinned(c: sqlite3.Connection, pop: str) -> tuple[str | None, str | None]:
+        row = c.execute("SELECT protected_unit, adjacency FROM populations WHERE name=?", (pop,)).fetchone()
+        return (row[0], row[1]) if row else (None, None)
+
+    @staticmethod
+    def _total(c: sqlite3.Connection, pop: str, planned: tuple[Decimal, Decimal, str | None] | None = None) -> dict:
+        """Basic and composed totals of a population's charges (plus ``planned`` = (ε, δ, events JSON))."""
+        from dplora.accounting.composition import ledger_total
+
+        rows = c.execute("SELECT epsilon, delta, events FROM charges WHERE population=?", (pop,)).fetchall()
+        items = [(Decimal(e), Decimal(d), None if ev is None else json.loads(ev)) for e, d, ev in rows]
+        if planned is not None:
+            items.append((planned[0], planned[1], None if planned[2] is None else json.loads(planned[2])))
+        adjacency = Ledger._pinned(c, pop)[1] or "add_remove"
+        return ledger_total(items, adjacency)
+
+    def _refusal(self, c, pop: str, cap, eps: Decimal, dlt: Decimal, events: str | None) -> str:
+        """Why spent + planned exceeds the cap under basic composition and under the composed total ('' if not)."""
+        reason = _over(pop, cap, self._spent(c, pop), eps, dlt)
+        if not reason or events is None:
+            return reason
+        total = self._total(c, pop, (eps, dlt, events))  # only when basic composition does not fit
+        composed = total["composed"]
+        if composed is None or composed["epsilon"] is None:
+            return reason
+        e, d = Decimal(repr(composed["epsilon"])), Decimal(total["basic"]["delta"])
+        if e <= cap[0] and d <= cap[1]:
+            return ""
+        return (
+            f"{reason}; composed ({composed['method_short']}) the total with the planned charge is "
+            f"ε={composed['epsilon']:.4f} at δ={d}, also over the cap"
+        )
+
     def _row(self, c: sqlite3.Connection, run_id: str) -> sqlite3.Row:
         cur = c.cursor()
         cur.row_factory = sqlite3.Row
@@ -272,25 +388,56 @@ class Ledger:
             raise BadInputError(f"run {run_id!r} has no charge in ledger {self.path}: reserve it first")
         return row
 
-    def set_cap(self, population: str, *, epsilon_max: object, delta_max: object) -> None:
-        """Set (or replace) a population's cap; lowering it below what is spent is allowed.
+    def set_cap(
+        self, population: str, *, epsilon_max: object, delta_max: object, protected_unit: str, adjacency: str
+    ) -> None:
+        """Set (or replace) a population's cap, pinned to one protected unit and adjacency.
+
+        Lowering a cap below what is spent is allowed; pinning a "unit unknown" population (schema 1) is allowed;
+        re-pinning to another unit or adjacency is refused once charges of the pinned one exist.
 
         Args:
             population: Name of the protected population, e.g. ``"support-tickets-eu"``.
             epsilon_max: Total ε allowed (unitless), finite and > 0.
             delta_max: Total δ allowed (probability), in (0, 1).
+            protected_unit: ``"row"``, ``"ticket"`` or ``"user"``: what one neighbour differs by.
+            adjacency: ``"add_remove"`` or ``"replace_one"``.
 
         Raises:
-            BadInputError: A bad name or value.
+            BadInputError: A bad name or value, or a re-pin over existing charges of another unit.
         """
         population = _name(population, "population")
         eps, delta = _dec(epsilon_max, "epsilon_max"), _dec(delta_max, "delta_max", below_one=True)
+        unit, adj = _unit(protected_unit), _adjacency(adjacency)
         with self._write() as c:
+            sql = "SELECT protected_unit, adjacency FROM charges WHERE population=? AND protected_unit IS NOT NULL"
+            for other in {tuple(r) for r in c.execute(sql, (population,))} - {(unit, adj)}:
+                raise BadInputError(
+                    f"population {population!r} has charges for protected unit {other[0]}, adjacency {other[1]}: "
+                    f"it cannot be re-pinned to protected unit {unit}, adjacency {adj} (use another population)"
+                )
             c.execute(
-                "INSERT INTO populations VALUES (?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET epsilon_max="
-                "excluded.epsilon_max, delta_max=excluded.delta_max, updated_at=excluded.updated_at",
-                (population, str(eps), str(delta), _now()),
+                "INSERT INTO populations (name, epsilon_max, delta_max, updated_at, protected_unit, adjacency) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET epsilon_max=excluded.epsilon_max, "
+                "delta_max=excluded.delta_max, updated_at=excluded.updated_at, "
+                "protected_unit=excluded.protected_unit, adjacency=excluded.adjacency",
+                (population, str(eps), str(delta), _now(), unit, adj),
             )
+
+    def pinned(self, population: str) -> tuple[str | None, str | None]:
+        """Return ``(protected_unit, adjacency)`` of a population; ``(None, None)`` when unit unknown or no cap."""
+        with self._read() as c:
+            return self._pinned(c, population)
+
+    def total(self, population: str) -> dict:
+        """The population's total at δ = Σδ, by basic composition and by composing the stored events.
+
+        Returns:
+            :func:`dplora.accounting.composition.ledger_total`'s dict: ``basic`` and ``composed`` (ε, δ, method),
+            and ``epsilon``: the tighter valid ε.
+        """
+        with self._read() as c:
+            return self._total(c, population)
 
     def cap(self, population: str) -> tuple[Decimal, Decimal] | None:
         """Return ``(epsilon_max, delta_max)`` of a population, or None if no cap is set."""
@@ -302,25 +449,43 @@ class Ledger:
         with self._read() as c:
             return self._spent(c, population)
 
-    def check(self, population: str, *, epsilon: object, delta: object) -> None:
-        """Refuse a planned (ε, δ) that would push the population over its cap (basic composition).
+    def check(
+        self,
+        population: str,
+        *,
+        epsilon: object,
+        delta: object,
+        protected_unit: str | None = None,
+        adjacency: str | None = None,
+        events: list[dict] | None = None,
+    ) -> None:
+        """Refuse a planned (ε, δ) that would push the population over its cap, or that is of another unit.
 
         Args:
             population: Name of the protected population.
             epsilon: Planned ε (unitless, > 0).
             delta: Planned δ (probability, in [0, 1)).
+            protected_unit, adjacency: the plan's; checked against the population's pin when given.
+            events: the plan's mechanisms (see :meth:`reserve`); with them the composed total is used too.
 
         Raises:
-            PlanRefusedError: No cap is set, or spent + planned exceeds it for ε or δ.
+            PlanRefusedError: No cap is set, another unit/adjacency, or spent + planned exceeds the cap both by
+                basic composition and composed.
             BadInputError: A bad name or value.
         """
         population = _name(population, "population")
         eps, dlt = _dec(epsilon, "epsilon"), _dec(delta, "delta", positive=False, below_one=True)
+        adj = None if adjacency is None else _adjacency(adjacency)
+        ev = None if events is None or adj is None else _events(events, adj)
         with self._read() as c:
-            cap, spent = self._cap(c, population), self._spent(c, population)
-        if cap is None:
-            raise _no_cap(population)
-        if reason := _over(population, cap, spent, eps, dlt):
+            cap = self._cap(c, population)
+            if cap is None:
+                raise _no_cap(population)
+            if protected_unit is not None and adj is not None:
+                if reason := _pin_problem(population, self._pinned(c, population), _unit(protected_unit), adj):
+                    raise PlanRefusedError(reason)
+            reason = self._refusal(c, population, cap, eps, dlt, ev)
+        if reason:
             raise PlanRefusedError(reason)
 
     def reserve(
@@ -332,9 +497,11 @@ class Ledger:
         delta: object,
         accountant: str,
         adjacency: str,
+        protected_unit: str,
+        events: list[dict] | None = None,
         purpose: str = "release",
     ) -> Charge:
-        """Atomically check the cap and record a pending charge for a run about to touch private data.
+        """Atomically check the cap and unit, and record a pending charge for a run about to touch private data.
 
         Args:
             population: Name of the protected population.
@@ -342,20 +509,27 @@ class Ledger:
             epsilon: ε to reserve (unitless, > 0): the run's planned total.
             delta: δ to reserve (probability, in [0, 1)).
             accountant: Accountant that computed ε, e.g. ``"rdp"`` or ``"prv"``.
-            adjacency: Neighbouring relation, e.g. ``"add-remove"`` or ``"replace-one"``.
+            adjacency: Neighbouring relation, ``"add_remove"`` or ``"replace_one"``; must be the population's.
+            protected_unit: ``"row"``, ``"ticket"`` or ``"user"``; must be the population's.
+            events: every mechanism composed into the charge, e.g. ``[{"mechanism": "dp_sgd", "sample_rate": q,
+                "noise_multiplier": σ, "steps": T, "adjacency": ..., "accountant": ...}]`` (also ``"gaussian"`` /
+                ``"laplace"`` counts with ``noise_multiplier`` = noise scale / sensitivity); None: counted by
+                basic composition only.
             purpose: ``"release"`` or ``"tuning"``; both count toward the cap alike.
 
         Returns:
             The pending charge.
 
         Raises:
-            PlanRefusedError: No cap, or the reservation would exceed it; nothing is written.
+            PlanRefusedError: No cap, another unit or adjacency (naming both), a "unit unknown" population, or
+                the reservation would exceed the cap; nothing is written.
             BadInputError: Duplicate run_id, or a bad name or value.
             LedgerError: The database is locked (after ``timeout_s``) or unreadable.
         """
         population, run_id = _name(population, "population"), _name(run_id, "run_id")
         eps, dlt = _dec(epsilon, "epsilon"), _dec(delta, "delta", positive=False, below_one=True)
-        accountant, adjacency = _name(accountant, "accountant"), _name(adjacency, "adjacency")
+        accountant, adjacency = _name(accountant, "accountant"), _adjacency(adjacency)
+        unit, ev = _unit(protected_unit), _events(events, adjacency)
         if purpose not in PURPOSES:
             raise BadInputError(f"purpose must be one of {', '.join(PURPOSES)}, got {purpose!r}")
         with self._write() as c:
@@ -363,12 +537,15 @@ class Ledger:
                 raise BadInputError(f"run {run_id!r} already has a charge in ledger {self.path}")
             if (cap := self._cap(c, population)) is None:
                 raise _no_cap(population)
-            if reason := _over(population, cap, self._spent(c, population), eps, dlt):
+            if reason := _pin_problem(population, self._pinned(c, population), unit, adjacency):
+                raise PlanRefusedError(reason)
+            if reason := self._refusal(c, population, cap, eps, dlt, ev):
                 raise PlanRefusedError(reason)
             c.execute(
                 "INSERT INTO charges (run_id, population, epsilon, delta, reserved_epsilon, status, purpose, "
-                "accountant, adjacency, created_at) VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?)",
-                (run_id, population, str(eps), str(dlt), str(eps), purpose, accountant, adjacency, _now()),
+                "accountant, adjacency, created_at, protected_unit, events) "
+                "VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?)",
+                (run_id, population, str(eps), str(dlt), str(eps), purpose, accountant, adjacency, _now(), unit, ev),
             )
             return _to_charge(self._row(c, run_id))
 
@@ -565,5 +742,17 @@ class Ledger:
                     "name": name,
                     **{k: None if v is None else str(v) for k, v in zip(keys, vals, strict=True)},
                 }
-                out.append(row | {"over_cap": bool(cap) and (left[0] < 0 or left[1] < 0)})
+                unit, adj = self._pinned(c, name)
+                total = self._total(c, name)
+                composed = total["composed"] or {}
+                row |= {
+                    "protected_unit": unit or UNKNOWN_UNIT,
+                    "adjacency": adj or UNKNOWN_UNIT,
+                    "epsilon_composed": composed.get("epsilon"),
+                    "composition": composed.get("method") or composed.get("skipped"),
+                    "composed_by": composed.get("method_short"),
+                    "epsilon_tightest": total["epsilon"],
+                }
+                over = bool(cap) and (total["epsilon"] > float(cap[0]) or left[1] < 0)
+                out.append(row | {"over_cap": over})
         return out

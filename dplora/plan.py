@@ -193,10 +193,11 @@ def _per_step(curve: CheckedCurve, event: DpSgdEvent, delta: float) -> tuple[tup
     return tuple((t, min(v, r)) for t, v, r in zip(grid, values, floor, strict=True))
 
 
-def _sigma(privacy, q: float, steps: int, chain) -> tuple[float, str]:
+def _sigma(privacy, q: float, steps: int, chain, notes: list[str] | None = None) -> tuple[float, str]:
     if privacy.noise_multiplier is not None:
         return float(privacy.noise_multiplier), "contract"
     sigma, _ = calibrate(
+        notes=notes,
         target_epsilon=privacy.target_epsilon,
         sample_rate=q,
         steps=steps,
@@ -216,7 +217,7 @@ def _account(contract: Contract, q: float, steps: int):
     notes: list[str] = []
     for _ in range(4):  # each pass drops at least one accountant from the chain
         try:
-            sigma, source = _sigma(privacy, q, steps, chain)
+            sigma, source = _sigma(privacy, q, steps, chain, notes)
         except AccountingNumericalError as err:
             if privacy.adjacency is Adjacency.REPLACE_ONE or not chain:
                 name = chain[0].value if chain else "rdp"

@@ -299,6 +299,18 @@ class _Stage:
         ) from err
 
 
+def ledger_event(plan: TrainingPlan) -> dict:
+    """The run's DP-SGD event for its ledger charge (q, σ, planned T, adjacency, accountant)."""
+    return {
+        "mechanism": "dp_sgd",
+        "sample_rate": plan.sample_rate,
+        "noise_multiplier": plan.noise_multiplier,
+        "steps": plan.steps,
+        "adjacency": plan.adjacency.value,
+        "accountant": plan.accountant.value,
+    }
+
+
 def _open_ledger(contract: Contract, plan: TrainingPlan, io: _RunIO, resumed_run: str | None = None):
     """The ledger with room for the plan; a resumed run instead needs its own charge still pending."""
     if not contract.privacy.population:
@@ -313,7 +325,14 @@ def _open_ledger(contract: Contract, plan: TrainingPlan, io: _RunIO, resumed_run
         )
     ledger = Ledger(io.ledger_path or default_ledger_path(), create=False)  # a missing ledger fails closed
     if resumed_run is None and not control.is_control(contract):
-        ledger.check(contract.privacy.population, epsilon=plan.epsilon, delta=plan.delta)
+        ledger.check(
+            contract.privacy.population,
+            epsilon=plan.epsilon,
+            delta=plan.delta,
+            protected_unit=contract.privacy.protected_unit.value,
+            adjacency=plan.adjacency.value,
+            events=[ledger_event(plan)],
+        )
     elif resumed_run is not None:
         try:
             status = ledger.charge(resumed_run).status
@@ -464,6 +483,8 @@ def _run_locked(
             delta=plan.delta,
             accountant=plan.accountant.value,
             adjacency=plan.adjacency.value,
+            protected_unit=contract.privacy.protected_unit.value,
+            events=[ledger_event(plan)],
             purpose="tuning" if io.tuning_trial else "release",
         )
     if ledger is not None:

@@ -273,7 +273,10 @@ def test_pld_estimate_covers_dp_accounting(q, sigma, steps, adjacency):
     # dplora's PLD value is the PLDAccountant's (which also composes with an identity PLD: rounding only)
     acc = pld_privacy_accountant.PLDAccountant(neighboring_relation=relation)
     acc.compose(event.to_dp_accounting())
-    assert backends.pld_epsilon(event, 1e-5) == pytest.approx(acc.get_epsilon(1e-5), abs=1e-9)
+    if backends.has_exact_route(event, steps):  # q = 1: the analytic Gaussian, which PLD's grid bounds from above
+        assert backends.pld_epsilon(event, 1e-5) <= acc.get_epsilon(1e-5) <= backends.pld_epsilon(event, 1e-5) + 0.01
+    else:
+        assert backends.pld_epsilon(event, 1e-5) == pytest.approx(acc.get_epsilon(1e-5), abs=1e-9)
 
 
 # --- properties -----------------------------------------------------------------------------------------------------

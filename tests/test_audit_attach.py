@@ -198,7 +198,9 @@ def test_audit_with_ledger_is_charged_like_train(tmp_path, tiny_model_dir, ticke
     from dplora.ledger import Ledger
 
     db = tmp_path / "ledger.sqlite3"
-    Ledger(db).set_cap("tickets", epsilon_max="17", delta_max="1e-3")  # a release and one audit at ε ≤ 8 fit
+    Ledger(db).set_cap(
+        "tickets", epsilon_max="17", delta_max="1e-3", protected_unit="row", adjacency="add_remove"
+    )  # a release and one audit at ε ≤ 8 fit
     raw = contract_dict(tiny_model_dir, tickets_csv, tmp_path / "rel", privacy={"num_units": 200})
     raw["privacy"]["population"] = "tickets"
     cfg = write_contract(tmp_path / "rel.yaml", raw)

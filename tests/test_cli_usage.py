@@ -114,8 +114,11 @@ def test_ledger_show_fits_80_columns_with_full_ids(tmp_path, monkeypatch):
     db = tmp_path / "l.sqlite3"
     run_id, sha = "b832f4677daa40699b3e7cd980a46a92", "ab" * 32
     with Ledger(db) as ledger:
-        ledger.set_cap("support-tickets-eu", epsilon_max="10", delta_max="1e-4")
+        ledger.set_cap(
+            "support-tickets-eu", epsilon_max="10", delta_max="1e-4", protected_unit="row", adjacency="add_remove"
+        )
         ledger.reserve(
+            protected_unit="row",
             population="support-tickets-eu",
             run_id=run_id,
             epsilon="3.1234567",

@@ -123,7 +123,24 @@ def test_ledger_refuses_the_control_on_a_population_unless_non_private(
     """Without --non-private: exit 2, nothing written, no charge. With it: a charge of ε = ∞, and the population
     is then over its cap, so a later DP run on it is refused."""
     db = tmp_path / "ledger.sqlite3"
-    cap = runner.invoke(app, ["ledger", "set-cap", "tickets", "--epsilon", "10", "--delta", "1e-4", "--db", str(db)])
+    cap = runner.invoke(
+        app,
+        [
+            "ledger",
+            "set-cap",
+            "tickets",
+            "--epsilon",
+            "10",
+            "--delta",
+            "1e-4",
+            "--unit",
+            "row",
+            "--adjacency",
+            "add_remove",
+            "--db",
+            str(db),
+        ],
+    )
     assert cap.exit_code == 0, cap.output
     privacy = {"population": "tickets"}
     refused, out = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, "--ledger", str(db), privacy=privacy)
@@ -153,8 +170,16 @@ def test_a_failed_control_stays_charged_infinite(tmp_path):
         ledger.reserve_non_private(population="p", run_id="r1", adjacency="add_remove")
         charge = ledger.settle("r1", epsilon_spent=float("inf"), status="failed")
         assert charge.epsilon == Decimal("Infinity") and charge.status == "failed"
-        ledger.set_cap("q", epsilon_max="5", delta_max="1e-5")
-        ledger.reserve(population="q", run_id="r2", epsilon="1", delta="1e-6", accountant="rdp", adjacency="add_remove")
+        ledger.set_cap("q", epsilon_max="5", delta_max="1e-5", protected_unit="row", adjacency="add_remove")
+        ledger.reserve(
+            protected_unit="row",
+            population="q",
+            run_id="r2",
+            epsilon="1",
+            delta="1e-6",
+            accountant="rdp",
+            adjacency="add_remove",
+        )
         with pytest.raises(PlanRefusedError):
             ledger.settle("r2", epsilon_spent=float("inf"))
 
@@ -181,7 +206,24 @@ def test_an_interrupted_control_resumes_and_has_no_intermediate_dp_release(
     from dplora import checkpoint
 
     db = tmp_path / "ledger.sqlite3"
-    cap = runner.invoke(app, ["ledger", "set-cap", "p", "--epsilon", "10", "--delta", "1e-4", "--db", str(db)])
+    cap = runner.invoke(
+        app,
+        [
+            "ledger",
+            "set-cap",
+            "p",
+            "--epsilon",
+            "10",
+            "--delta",
+            "1e-4",
+            "--unit",
+            "row",
+            "--adjacency",
+            "add_remove",
+            "--db",
+            str(db),
+        ],
+    )
     assert cap.exit_code == 0, cap.output
     real = checkpoint.fault_point
 

@@ -59,7 +59,7 @@ def interrupted(tmp_path_factory, tiny_model_dir, tickets_csv, signing_key):
 
     tmp = tmp_path_factory.mktemp("resume")
     db = tmp / "ledger.sqlite3"
-    Ledger(db).set_cap("tickets", epsilon_max="100", delta_max="1e-3")
+    Ledger(db).set_cap("tickets", epsilon_max="100", delta_max="1e-3", protected_unit="row", adjacency="add_remove")
     out = tmp / "run"
     training = {"steps": RESUME_T, "checkpoint_every": 4}
     cfg = write_contract(
@@ -234,7 +234,7 @@ def test_accelerate_launch_two_processes_one_verified_release(tmp_path, tiny_mod
     raw = contract_dict(tiny_model_dir, tickets_csv, out, privacy={"population": "tickets"}, training={"steps": steps})
     cfg = write_contract(tmp_path / "contract.yaml", raw)
     ledger = Ledger(Path(os.environ["DPLORA_LEDGER"]))
-    ledger.set_cap("tickets", epsilon_max=1000, delta_max=0.5)
+    ledger.set_cap("tickets", epsilon_max=1000, delta_max=0.5, protected_unit="row", adjacency="add_remove")
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
     launch += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
     launch += ["--main_process_port", str(_free_port())]

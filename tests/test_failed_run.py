@@ -25,7 +25,7 @@ def test_failure_before_step_one_charges_zero(tmp_path, monkeypatch, tiny_model_
 
     monkeypatch.setattr(TrainingPlan, "epsilon_at", refuse)
     db = tmp_path / "ledger.sqlite3"
-    Ledger(db).set_cap("tickets", epsilon_max="100", delta_max="1e-3")
+    Ledger(db).set_cap("tickets", epsilon_max="100", delta_max="1e-3", protected_unit="row", adjacency="add_remove")
     out = tmp_path / "run"
     cfg = write_contract(
         tmp_path / "c.yaml", contract_dict(tiny_model_dir, tickets_csv, out, privacy={"population": "tickets"})

@@ -23,7 +23,15 @@ SHA = [f"{i:064x}" for i in range(100)]
 
 def _reserve(ledger: Ledger, run_id: str, epsilon, delta="1e-6", **kw):
     kw.setdefault("population", POP)
-    return ledger.reserve(run_id=run_id, epsilon=epsilon, delta=delta, accountant="rdp", adjacency="add-remove", **kw)
+    return ledger.reserve(
+        protected_unit="row",
+        run_id=run_id,
+        epsilon=epsilon,
+        delta=delta,
+        accountant="rdp",
+        adjacency="add-remove",
+        **kw,
+    )
 
 
 @pytest.fixture
@@ -34,7 +42,7 @@ def db(tmp_path: Path) -> Path:
 @pytest.fixture
 def ledger(db: Path):
     with Ledger(db) as led:
-        led.set_cap(POP, epsilon_max="3.0", delta_max="1e-5")
+        led.set_cap(POP, epsilon_max="3.0", delta_max="1e-5", protected_unit="row", adjacency="add_remove")
         yield led
 
 
@@ -100,12 +108,14 @@ def test_exact_decimal_sums_at_the_cap(ledger: Ledger) -> None:
     for i in range(3):
         _reserve(ledger, f"a{i}", "1.0")
     assert ledger.spent(POP)[0] == Decimal("3.0")  # exactly at the cap: accepted
-    ledger.set_cap("other", epsilon_max=3.0, delta_max=1e-5)  # floats go through str()
+    ledger.set_cap(
+        "other", epsilon_max=3.0, delta_max=1e-5, protected_unit="row", adjacency="add_remove"
+    )  # floats go through str()
     _reserve(ledger, "b0", 1.1, population="other")
     _reserve(ledger, "b1", 1.1, population="other")
     with pytest.raises(PlanRefusedError, match=r"spent ε=2.2 \+ planned ε=1.0 = 3.2 exceeds the cap ε_max=3.0"):
         _reserve(ledger, "b2", "1.0", population="other")
-    ledger.set_cap("third", epsilon_max="0.3", delta_max="1e-5")
+    ledger.set_cap("third", epsilon_max="0.3", delta_max="1e-5", protected_unit="row", adjacency="add_remove")
     _reserve(ledger, "c0", 0.1, population="third")
     _reserve(ledger, "c1", 0.2, population="third")  # float 0.1 + 0.2 > 0.3; Decimal is exact
     assert 0.1 + 0.2 > 0.3 and ledger.spent("third")[0] == Decimal("0.3")
@@ -119,7 +129,9 @@ def test_check_and_caps(ledger: Ledger) -> None:
     ledger.check(POP, epsilon="3.0", delta="1e-5")
     with pytest.raises(PlanRefusedError, match="exceeds the cap ε_max=3.0"):
         ledger.check(POP, epsilon="3.01", delta=0)
-    with pytest.raises(PlanRefusedError, match=r"run `dplora ledger set-cap nobody --epsilon E --delta D` first"):
+    with pytest.raises(
+        PlanRefusedError, match=r"run `dplora ledger set-cap nobody --epsilon E --delta D --unit U --adjacency A` first"
+    ):
         ledger.check("nobody", epsilon=1, delta=0)
     with pytest.raises(PlanRefusedError, match="no privacy cap"):
         _reserve(ledger, "x", "1", population="nobody")
@@ -132,11 +144,13 @@ def test_check_and_caps(ledger: Ledger) -> None:
         ("x", "0.1"),
     ]:
         with pytest.raises(BadInputError):
-            ledger.set_cap(POP, epsilon_max=eps, delta_max=delta)
+            ledger.set_cap(POP, epsilon_max=eps, delta_max=delta, protected_unit="row", adjacency="add_remove")
     assert ledger.cap(POP) == (Decimal("3.0"), Decimal("1e-5"))
     assert ledger.cap("nobody") is None
     _reserve(ledger, "r1", "2")
-    ledger.set_cap(POP, epsilon_max="1.5", delta_max="1e-5")  # lowering below spent is allowed...
+    ledger.set_cap(
+        POP, epsilon_max="1.5", delta_max="1e-5", protected_unit="row", adjacency="add_remove"
+    )  # lowering below spent is allowed...
     [pop] = ledger.populations()  # ...and reported
     assert pop["epsilon_left"] == "-0.5" and pop["over_cap"] is True and pop["epsilon_spent"] == "2"
     with pytest.raises(BadInputError, match="already has a charge"):
@@ -227,7 +241,7 @@ def test_release_before_settle_keeps_the_reservation(ledger: Ledger) -> None:
 def test_concurrent_reservations_never_overspend(tmp_path: Path) -> None:
     db = tmp_path / "ledger.sqlite3"
     with Ledger(db) as led:
-        led.set_cap(POP, epsilon_max="5.0", delta_max="1e-3")
+        led.set_cap(POP, epsilon_max="5.0", delta_max="1e-3", protected_unit="row", adjacency="add_remove")
     results = dict(_run_workers(_reserve_worker, [(str(db), f"run-{i}") for i in range(8)]))
     assert not [v for v in results.values() if v.startswith("error")], results
     ok = sorted(k for k, v in results.items() if v == "ok")
@@ -240,7 +254,7 @@ def test_concurrent_reservations_never_overspend(tmp_path: Path) -> None:
 def test_concurrent_settle_and_release_lose_no_update(tmp_path: Path) -> None:
     db = tmp_path / "ledger.sqlite3"
     with Ledger(db) as led:
-        led.set_cap(POP, epsilon_max="100", delta_max="0.5")
+        led.set_cap(POP, epsilon_max="100", delta_max="0.5", protected_unit="row", adjacency="add_remove")
         _reserve(led, "shared", "5.0", delta="1e-6")
         led.settle("shared", epsilon_spent="1.0")
         for i in range(8):
@@ -315,7 +329,20 @@ def _cli(*args: str):
 def test_cli_set_cap_show_check(db: Path) -> None:
     res = _cli("show", "--db", str(db))
     assert res.exit_code == 2 and "no ledger" in res.stderr and not db.exists()
-    res = _cli("set-cap", POP, "--epsilon", "3.0", "--delta", "1e-5", "--db", str(db))
+    res = _cli(
+        "set-cap",
+        POP,
+        "--epsilon",
+        "3.0",
+        "--delta",
+        "1e-5",
+        "--unit",
+        "row",
+        "--adjacency",
+        "add_remove",
+        "--db",
+        str(db),
+    )
     assert res.exit_code == 0, res.output
     with Ledger(db) as led:
         _reserve(led, "r1", "2.5")
@@ -332,6 +359,12 @@ def test_cli_set_cap_show_check(db: Path) -> None:
         "epsilon_left": "0.5",
         "delta_left": "0.000009",
         "over_cap": False,
+        "protected_unit": "row",
+        "adjacency": "add_remove",
+        "epsilon_composed": None,  # the charge has no events: basic composition only
+        "composition": None,
+        "composed_by": None,
+        "epsilon_tightest": 2.5,
     }
     assert [c["run_id"] for c in data["charges"]] == ["r1"] and data["releases"][0]["label"] == "final"
     res = _cli("show", POP, "--db", str(db))
@@ -340,12 +373,30 @@ def test_cli_set_cap_show_check(db: Path) -> None:
     res = _cli("check", POP, "--epsilon", "0.7", "--delta", "1e-6", "--db", str(db))
     assert res.exit_code == 2
     assert res.stderr == (f"error: population {POP!r}: spent ε=2.5 + planned ε=0.7 = 3.2 exceeds the cap ε_max=3.0\n")
-    res = _cli("set-cap", POP, "--epsilon", "-1", "--delta", "1e-5", "--db", str(db))
+    res = _cli(
+        "set-cap",
+        POP,
+        "--epsilon",
+        "-1",
+        "--delta",
+        "1e-5",
+        "--unit",
+        "row",
+        "--adjacency",
+        "add_remove",
+        "--db",
+        str(db),
+    )
     assert res.exit_code == 2 and res.stderr.startswith("error: epsilon_max must be > 0")
 
 
 def test_cli_uses_the_env_ledger(monkeypatch: pytest.MonkeyPatch, db: Path) -> None:
     monkeypatch.setenv(LEDGER_ENV, str(db))
-    assert _cli("set-cap", "p", "--epsilon", "1", "--delta", "1e-6").exit_code == 0
+    assert (
+        _cli(
+            "set-cap", "p", "--epsilon", "1", "--delta", "1e-6", "--unit", "row", "--adjacency", "add_remove"
+        ).exit_code
+        == 0
+    )
     res = _cli("check", "p", "--epsilon", "2", "--delta", "1e-6")
     assert res.exit_code == 2 and len(res.stderr.splitlines()) == 1

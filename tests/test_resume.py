@@ -30,7 +30,7 @@ T = 8
 def _setup(tmp_path: Path, tiny_model_dir, data, name: str, **training) -> tuple[Path, Path, Path]:
     """A contract charged to population 'tickets' in its own ledger: (config, output folder, ledger)."""
     db = tmp_path / f"{name}.sqlite3"
-    Ledger(db).set_cap("tickets", epsilon_max="100", delta_max="1e-3")
+    Ledger(db).set_cap("tickets", epsilon_max="100", delta_max="1e-3", protected_unit="row", adjacency="add_remove")
     out = tmp_path / name
     raw = contract_dict(
         tiny_model_dir,
@@ -337,9 +337,15 @@ def test_settle_without_a_readable_checkpoint_charges_the_planned_epsilon(tmp_pa
     """A checkpoint that cannot be read (here: truncated) cannot be resumed: settle charges the reservation."""
     db = tmp_path / "l.sqlite3"
     ledger = Ledger(db)
-    ledger.set_cap("tickets", epsilon_max="10", delta_max="1e-3")
+    ledger.set_cap("tickets", epsilon_max="10", delta_max="1e-3", protected_unit="row", adjacency="add_remove")
     ledger.reserve(
-        population="tickets", run_id="r1", epsilon="3.5", delta="1e-5", accountant="rdp", adjacency="add_remove"
+        protected_unit="row",
+        population="tickets",
+        run_id="r1",
+        epsilon="3.5",
+        delta="1e-5",
+        accountant="rdp",
+        adjacency="add_remove",
     )
     staging = tmp_path / "run.partial"
     staging.mkdir()

@@ -218,7 +218,7 @@ def test_ledger_charges_runs_and_refuses_over_cap(tmp_path, tiny_model_dir, tick
     from dplora.ledger import Ledger
 
     db = tmp_path / "ledger.sqlite3"
-    Ledger(db).set_cap("tickets", epsilon_max="10", delta_max="1e-4")
+    Ledger(db).set_cap("tickets", epsilon_max="10", delta_max="1e-4", protected_unit="row", adjacency="add_remove")
     r1, out1 = _train(
         tmp_path,
         tiny_model_dir,
@@ -268,7 +268,7 @@ def test_failure_while_signing_leaves_no_release(tmp_path, monkeypatch, tiny_mod
     from dplora.ledger import Ledger
 
     db = tmp_path / "ledger.sqlite3"
-    Ledger(db).set_cap("tickets", epsilon_max="100", delta_max="1e-3")
+    Ledger(db).set_cap("tickets", epsilon_max="100", delta_max="1e-3", protected_unit="row", adjacency="add_remove")
     monkeypatch.setattr(release, "write_release", boom)
     result, out = _train(
         tmp_path, tiny_model_dir, tickets_csv, signing_key, "--ledger", str(db), privacy={"population": "tickets"}

@@ -90,7 +90,7 @@ def _payload(folder: Path) -> dict:
 def _sweep_contract(tmp_path, tiny_model_dir, tickets_csv, db):
     from dplora.ledger import Ledger
 
-    Ledger(db).set_cap("tickets", epsilon_max="100", delta_max="1e-3")
+    Ledger(db).set_cap("tickets", epsilon_max="100", delta_max="1e-3", protected_unit="row", adjacency="add_remove")
     raw = contract_dict(
         tiny_model_dir, tickets_csv, tmp_path / "unused", privacy={"population": "tickets"}, training={"steps": 2}
     )
@@ -181,7 +181,7 @@ def test_sweep_refuses_before_any_trial(tmp_path, tiny_model_dir, tickets_csv, s
 
     db = tmp_path / "ledger.sqlite3"
     cfg = _sweep_contract(tmp_path, tiny_model_dir, tickets_csv, db)
-    Ledger(db).set_cap("tickets", epsilon_max=cap, delta_max="1e-3")
+    Ledger(db).set_cap("tickets", epsilon_max=cap, delta_max="1e-3", protected_unit="row", adjacency="add_remove")
     out = tmp_path / "sweep"
     args = ["sweep", str(cfg), *extra, "--out", str(out), "--ledger", str(db), "--signing-key", str(signing_key[0])]
     result = runner.invoke(app, args)

@@ -151,12 +151,84 @@ def prv_epsilon(event: DpSgdEvent, delta: float, eps_error: float = 0.01) -> flo
     return eps
 
 
+def has_exact_route(event: DpSgdEvent, steps: int) -> bool:
+    """Whether ``steps`` steps of ``event`` have an exact ε(δ) (:func:`exact_epsilon`): q = 1, or a single step."""
+    return steps >= 0 and (event.sample_rate == 1.0 or steps <= 1)
+
+
+def exact_epsilon(event: DpSgdEvent, delta: float, steps: int) -> float:
+    """Exact ε(δ) of ``steps`` steps of ``event`` where a closed form exists (q = 1, or T = 1), via dp_accounting.
+
+    - q = 1: T Gaussian mechanisms with noise std σC and L2 sensitivity C (add/remove) or 2C (replace-one) compose
+      to one Gaussian mechanism with σ_eff = σ/(s·√T), s = 1 or 2; ε(δ) is the analytic Gaussian mechanism
+      (Balle & Wang 2018, Thm. 8; ``dp_accounting.get_epsilon_gaussian``).
+    - T = 1, q < 1: the hockey-stick divergence δ(ε) of one Poisson-subsampled Gaussian is exact in normal CDFs
+      (``dp_accounting.pld.privacy_loss_mechanism.GaussianPrivacyLoss.get_delta_for_epsilon``, the pairs ADD and
+      REMOVE under add/remove, REPLACE under replace-one, as PLD uses); ε is its root in ε (brentq), taken at
+      the upper end so that δ(ε) ≤ δ.
+
+    Args:
+        event: q, σ and adjacency (its ``steps`` is ignored).
+        delta: δ ∈ (0, 1).
+        steps: T ≥ 0 (any T when q = 1, else T ≤ 1).
+
+    Returns:
+        ε ≥ 0 (unitless, natural log); 0 at T = 0, ∞ at σ = 0.
+
+    Raises:
+        ValueError: no closed form for this (q, T).
+    """
+    if not has_exact_route(event, steps):
+        raise ValueError(f"no closed form for q={event.sample_rate}, T={steps}")
+    if steps == 0:
+        return 0.0
+    if event.noise_multiplier == 0.0:
+        return math.inf
+    import dp_accounting
+
+    if event.sample_rate == 1.0:
+        scale = 2.0 if event.adjacency is Adjacency.REPLACE_ONE else 1.0
+        return float(dp_accounting.get_epsilon_gaussian(event.noise_multiplier / (scale * math.sqrt(steps)), delta))
+    import scipy.optimize
+    from dp_accounting.pld import privacy_loss_mechanism as plm
+
+    kinds = (
+        [plm.AdjacencyType.REPLACE]
+        if event.adjacency is Adjacency.REPLACE_ONE
+        else [plm.AdjacencyType.REMOVE, plm.AdjacencyType.ADD]
+    )
+    out = 0.0
+    with np.errstate(all="ignore"):
+        for kind in kinds:
+            loss = plm.GaussianPrivacyLoss(event.noise_multiplier, sampling_prob=event.sample_rate, adjacency_type=kind)
+
+            def excess(eps: float, loss=loss) -> float:
+                return float(loss.get_delta_for_epsilon(eps)) - delta
+
+            if excess(0.0) <= 0:
+                continue
+            hi = 1.0
+            while excess(hi) > 0:
+                hi *= 2.0
+                if hi > 1e6:
+                    return math.inf
+            root = scipy.optimize.brentq(excess, hi / 2 if hi > 1 else 0.0, hi, xtol=1e-12, rtol=1e-12)
+            while excess(root) > 0:  # the upper end: δ(ε) ≤ δ holds at the returned ε
+                root = math.nextafter(root, math.inf) * (1 + 1e-12)
+            out = max(out, root)
+    return out
+
+
 def pld_epsilons(event: DpSgdEvent, delta: float, steps: list[int], interval: float = 1e-4) -> list[float]:
     """PLD ε after each step count (dp_accounting, pessimistic, connect-the-dots; Doroshenko et al. 2022).
 
     One step's PLD is built once (``from_gaussian_mechanism``, as ``PLDAccountant`` does for this event) and
-    self-composed for each count; ``interval`` is the value discretisation interval.
+    self-composed for each count; ``interval`` is the value discretisation interval. Step counts with a closed
+    form (q = 1, or T = 1: :func:`exact_epsilon`) take it instead: the exact value, which the discretised PLD
+    bounds from above, at no grid cost.
     """
+    if all(has_exact_route(event, t) for t in steps):
+        return [exact_epsilon(event, delta, t) for t in steps]
     import dp_accounting
     from dp_accounting.pld import privacy_loss_distribution
 

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 CACHE_ENV = "DPLORA_CACHE_DIR"
-RULE_VERSION = "checked-v1"  # bump when the rule that turns accountant answers into ε changes
+RULE_VERSION = "checked-v2"  # bump when the rule that turns accountant answers into ε changes
 
 
 def cache_dir() -> Path:

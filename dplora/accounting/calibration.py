@@ -37,8 +37,8 @@ def _cache_key(chain, adjacency, q, steps, delta, target) -> str:
     return "|".join([*parts, repr(target), tolerance_for(target).key()])
 
 
-def _cache_hit(key: str, target: float) -> tuple[float, float] | None:
-    """(σ, ε) cached under ``key`` if well formed and meeting ``target``; a damaged entry is ignored."""
+def _cache_hit(key: str, target: float) -> tuple[float, float, str | None] | None:
+    """(σ, ε, note) cached under ``key`` if well formed and meeting ``target``; a damaged entry is ignored."""
     hit = cache.load().get(key)
     if not isinstance(hit, dict):
         return None
@@ -47,11 +47,12 @@ def _cache_hit(key: str, target: float) -> tuple[float, float] | None:
         return None
     if not (math.isfinite(sigma) and sigma > 0 and math.isfinite(eps) and 0 <= eps <= target):
         return None
-    return float(sigma), float(eps)
+    note = hit.get("note")
+    return float(sigma), float(eps), note if isinstance(note, str) else None
 
 
-def _cache_store(key: str, sigma: float, eps: float) -> None:
-    cache.put(key, {"noise_multiplier": sigma, "epsilon": eps})
+def _cache_store(key: str, sigma: float, eps: float, note: str | None) -> None:
+    cache.put(key, {"noise_multiplier": sigma, "epsilon": eps} | ({"note": note} if note else {}))
 
 
 def _bisect(eps_of: Callable[[float], float], target: float, lo: float, hi: float, rtol: float) -> tuple[float, float]:
@@ -95,13 +96,20 @@ def calibrate(
     accountant: Accountant,
     adjacency: Adjacency,
     chain: tuple[Accountant, ...] | None = None,
+    notes: list[str] | None = None,
 ) -> tuple[float, float]:
     """Smallest σ (to the accountant's rtol) with checked ε(σ, T) ≤ target; returns (σ, ε(σ, T)).
+
+    When the bisection's lower end is a σ where the accountant is outside its checked range (replace-one: no
+    trusted ε there), the σ returned meets the target but is not within rtol of the root: the calibration did not
+    reach its tolerance, and a note saying so (with the reason) is appended to ``notes`` (the plan's
+    ``accountant_note``) instead of returning the loose σ silently.
 
     Args:
         target_epsilon, sample_rate, steps, delta, adjacency: the contract's numbers.
         accountant: the contract's accountant.
         chain: the numerical accountants to try (default :func:`numerical_chain`); ``()`` means RDP alone.
+        notes: a list that receives a note when the tolerance was not reached (also from the cache).
 
     Raises:
         PlanRefusedError: the target cannot be reached (e.g. ε < 0.1 with RDP).
@@ -115,11 +123,14 @@ def calibrate(
     key = _cache_key(chain, adjacency, sample_rate, steps, delta, target_epsilon)
     hit = _cache_hit(key, target_epsilon)
     if hit is not None:
-        return hit
+        if hit[2] and notes is not None:
+            notes.append(hit[2])
+        return hit[0], hit[1]
     tolerance = tolerance_for(target_epsilon)
     rtol = RTOL[chain[0] if chain else Accountant.RDP]
     memo: dict[float, float] = {}
     range_errors: list[OutOfRangeError] = []
+    out_of_range: dict[float, str] = {}  # σ → why no trusted ε there
 
     def eps_of(sigma: float) -> float:
         if sigma not in memo:
@@ -129,6 +140,7 @@ def calibrate(
             except OutOfRangeError as err:
                 memo[sigma] = math.inf  # replace-one: no trusted ε at this σ; look at larger σ
                 range_errors.append(err)
+                out_of_range[sigma] = str(err)
         return memo[sigma]
 
     desc = f"q={sample_rate:g}, T={steps}, δ={delta:g}"
@@ -165,5 +177,21 @@ def calibrate(
     problem = sigma_problem(list(memo.items()), tolerance.slack)
     if problem is not None:
         raise AccountingNumericalError(problem)
-    _cache_store(key, sigma, eps)
+    note = _loose_note(memo, out_of_range, sigma, eps, target_epsilon, rtol)
+    if note and notes is not None:
+        notes.append(note)
+    _cache_store(key, sigma, eps, note)
     return sigma, eps
+
+
+def _loose_note(memo, out_of_range, sigma: float, eps: float, target: float, rtol: float) -> str | None:
+    """The note for a σ whose lower neighbour had no trusted ε (None when the bracket closed on ε > target)."""
+    below = [s for s in memo if s < sigma]
+    if not below or max(below) not in out_of_range:
+        return None
+    lo = max(below)
+    return (
+        f"calibration did not reach its tolerance (rtol {rtol:g}): σ={sigma:.4g} gives ε={eps:.4g} for target "
+        f"{target:g}, but below σ={lo:.4g} the accountant has no trusted ε ({out_of_range[lo]}), so a smaller σ "
+        "may also meet the target"
+    )

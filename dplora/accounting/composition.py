@@ -113,3 +113,128 @@ def _pld_epsilon(history, delta: float, adjacency: str) -> float:
             DpSgdEvent(sample_rate=q, noise_multiplier=sigma, steps=steps, adjacency=adjacency).to_dp_accounting()
         )
     return accountant.get_epsilon(delta)
+
+
+MECHANISMS = ("dp_sgd", "gaussian", "laplace")
+
+
+def validate_events(events: list, adjacency: str) -> list[dict]:
+    """Check a ledger charge's events: each a dict naming a known ``mechanism`` with valid numbers.
+
+    ``dp_sgd``: ``sample_rate`` q ∈ (0, 1], ``noise_multiplier`` σ ≥ 0, integer ``steps`` T ≥ 0, ``adjacency``
+    (must equal the charge's) and ``accountant``. ``gaussian`` / ``laplace`` (a DP count): ``noise_multiplier``
+    = noise std (Gaussian) or scale b (Laplace) divided by the query's sensitivity under the adjacency.
+
+    Raises:
+        ValueError: a malformed event (the message names it).
+    """
+    from dplora.accounting.events import DpSgdEvent
+
+    out = []
+    for event in events:
+        if not isinstance(event, dict) or event.get("mechanism") not in MECHANISMS:
+            raise ValueError(f"each event must be a dict with mechanism in {MECHANISMS}, got {event!r}")
+        if event["mechanism"] == "dp_sgd":
+            if event.get("adjacency") != adjacency:
+                raise ValueError(f"a dp_sgd event of adjacency {event.get('adjacency')!r} in a {adjacency} charge")
+            DpSgdEvent(
+                sample_rate=event.get("sample_rate"),
+                noise_multiplier=float(event.get("noise_multiplier")),
+                steps=event.get("steps"),
+                adjacency=adjacency,
+            )
+        else:
+            sigma = event.get("noise_multiplier")
+            if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not math.isfinite(sigma) or sigma < 0:
+                raise ValueError(f"a {event['mechanism']} event needs a finite noise_multiplier >= 0, got {sigma!r}")
+        out.append(dict(event))
+    return out
+
+
+def _dp_event(event: dict):
+    import dp_accounting
+
+    from dplora.accounting import DpSgdEvent
+
+    if event["mechanism"] == "dp_sgd":
+        return DpSgdEvent(
+            sample_rate=event["sample_rate"],
+            noise_multiplier=float(event["noise_multiplier"]),
+            steps=event["steps"],
+            adjacency=event["adjacency"],
+        ).to_dp_accounting()
+    if event["mechanism"] == "gaussian":
+        return dp_accounting.GaussianDpEvent(event["noise_multiplier"])
+    return dp_accounting.LaplaceDpEvent(event["noise_multiplier"])
+
+
+def compose_events(events: list[dict], delta: float, adjacency: str) -> dict:
+    """ε at ``delta`` of all ``events`` composed: dp_accounting PLD, and Opacus RDP under add/remove (DP-SGD only).
+
+    Returns:
+        ``{name: {"method", "epsilon"} or {"method", "skipped"}}`` for ``pld`` and (add/remove, DP-SGD only)
+        ``rdp``; each computed value is a valid ε at ``delta`` for the composition.
+    """
+    import dp_accounting
+    from dp_accounting.pld import PLDAccountant
+
+    out = {}
+    sgd = [e for e in events if e["mechanism"] == "dp_sgd"]
+    history = [(float(e["noise_multiplier"]), e["sample_rate"], e["steps"]) for e in sgd]
+    relation = (
+        dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+        if adjacency == "add_remove"
+        else dp_accounting.NeighboringRelation.REPLACE_ONE
+    )
+
+    def pld() -> float:
+        accountant = PLDAccountant(neighboring_relation=relation)
+        for event in events:
+            accountant.compose(_dp_event(event))
+        return accountant.get_epsilon(delta)
+
+    laplace_replace = adjacency != "add_remove" and any(e["mechanism"] == "laplace" for e in events)
+    reason = "dp_accounting's PLD has no Laplace event under replace-one" if laplace_replace else None
+    out["pld"] = _guarded(PLD, pld, reason or (_range("pld", history, delta, adjacency) if history else None))
+    if adjacency == "add_remove" and len(sgd) == len(events):
+        out["rdp"] = _guarded(RDP, lambda: _opacus_epsilon("rdp", history, delta))
+    return out
+
+
+SHORT = {"pld": "PLD", "rdp": "RDP"}
+
+
+def ledger_total(items: list[tuple[Decimal, Decimal, list | None]], adjacency: str) -> dict:
+    """A ledger population's total at the same δ = Σδ: basic composition, and the stored events composed.
+
+    Args:
+        items: each charge's (ε, δ, events or None). Charges without events (schema-1 charges, non-private
+            runs) are added by basic composition to the composed total of the others.
+        adjacency: the population's.
+
+    Returns:
+        ``{"basic": {"epsilon", "delta"} (exact strings), "composed": {"epsilon", "delta", "method",
+        "method_short"} or None (nothing to compose) or {"epsilon": None, "skipped"}, "epsilon": the tighter
+        valid ε (float)}``.
+    """
+    eps = sum((e for e, _, _ in items), Decimal(0))
+    dlt = sum((d for _, d, _ in items), Decimal(0))
+    out = {"basic": {"epsilon": str(eps), "delta": str(dlt), "method": BASIC}, "composed": None, "epsilon": float(eps)}
+    with_events = [(e, d, ev) for e, d, ev in items if ev]
+    if not with_events or not eps.is_finite():
+        return out
+    rest = sum((e for e, _, ev in items if not ev), Decimal(0))
+    part_delta = float(sum((d for _, d, _ in with_events), Decimal(0)))
+    events = [x for _, _, ev in with_events for x in ev]
+    options = compose_events(events, part_delta, adjacency)
+    done = {k: v for k, v in options.items() if "epsilon" in v}
+    if not done:
+        skipped = "; ".join(f"{k}: {v['skipped']}" for k, v in options.items())
+        out["composed"] = {"epsilon": None, "delta": str(dlt), "skipped": skipped}
+        return out
+    best = min(done, key=lambda k: done[k]["epsilon"])
+    value = done[best]["epsilon"] + float(rest)
+    label = SHORT[best] + (" + basic for charges without events" if rest else "")
+    out["composed"] = {"epsilon": value, "delta": str(dlt), "method": done[best]["method"], "method_short": label}
+    out["epsilon"] = min(float(eps), value)
+    return out

@@ -19,6 +19,11 @@ Costs are in work units of about one PRV grid point each (~1 µs and ~80 bytes):
 machine, a one-step PLD point costs about 10 (one privacy-loss evaluation each) and a composed PLD point about
 0.5 of the estimate. Past ``MAX_GRID_POINTS`` units the accountant is not called: the plan uses RDP (add/remove)
 or refuses (replace-one). The rule is deterministic: σ never depends on how fast the machine is.
+
+Events with a closed form take the exact route and have no grid cost: q = 1 (the Gaussian mechanism, sensitivity C
+under add/remove and 2C under replace-one: the analytic Gaussian mechanism of Balle & Wang 2018) and a single step
+(T = 1: the exact hockey-stick divergence of one subsampled Gaussian); see ``backends.exact_epsilon``. The grid
+estimate above is for PLD's T-fold composition only, and the limit applies to nothing else.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import math
 
 import numpy as np
 
-from dplora.accounting.backends import prv_domain, rdp_epsilons
+from dplora.accounting.backends import has_exact_route, prv_domain, rdp_epsilons
 from dplora.accounting.events import Accountant, Adjacency, DpSgdEvent
 
 # One accountant evaluation may cost at most this many work units: about 2-4 s on one core of the reference
@@ -132,6 +137,8 @@ def out_of_range(accountant: Accountant, event: DpSgdEvent, delta: float, tolera
         if LONGDOUBLE_EPS * points > delta * 0.999:
             return f"δ={delta:g} is too small for PRV's floating point on {points:.3g} grid points"
         return None
+    if has_exact_route(event, event.steps):
+        return None  # q = 1 or T = 1: dp_accounting's closed form, no grid (backends.exact_epsilon)
     if delta < PLD_MIN_DELTA:
         return f"δ={delta:g} is below PLD's range (δ ≥ {PLD_MIN_DELTA:g}; it truncates mass {PLD_TAIL_MASS:g})"
     points = pld_grid_points(event, tolerance.pld_interval)
