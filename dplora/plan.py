@@ -306,3 +306,18 @@ def make_plan(contract: Contract, *, num_units: int, num_units_source: str) -> T
         epsilon_curve=epsilon_curve,
         warnings=tuple(warnings),
     )
+
+
+def ledger_event(plan: TrainingPlan) -> dict:
+    """The plan's DP-SGD event for a ledger charge: q (per unit), σ, planned T, adjacency, accountant.
+
+    The ledger composes stored events (dplora.accounting.composition.compose_events) instead of only summing ε.
+    """
+    return {
+        "mechanism": "dp_sgd",
+        "sample_rate": plan.sample_rate,
+        "noise_multiplier": plan.noise_multiplier,
+        "steps": plan.steps,
+        "adjacency": plan.adjacency.value,
+        "accountant": plan.accountant.value,
+    }

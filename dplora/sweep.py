@@ -196,6 +196,7 @@ def _check_budget(contracts, options: SweepOptions) -> list:
     """Plan every trial (as train plans) and check that the ledger cap holds all of them together."""
     from dplora.data import count_units
     from dplora.ledger import Ledger, default_ledger_path
+    from dplora.plan import ledger_event
     from dplora.train import plan_for
 
     plans = [plan_for(c, count_units(c)) for c in contracts]
@@ -203,7 +204,14 @@ def _check_budget(contracts, options: SweepOptions) -> list:
     delta = sum((exact(p.delta) for p in plans), Decimal(0))
     with Ledger(options.ledger_path or default_ledger_path(), create=False) as ledger:
         try:
-            ledger.check(contracts[0].privacy.population, epsilon=eps, delta=delta)
+            ledger.check(
+                contracts[0].privacy.population,
+                epsilon=eps,
+                delta=delta,
+                protected_unit=contracts[0].privacy.protected_unit.value,
+                adjacency=plans[0].adjacency.value,
+                events=[ledger_event(p) for p in plans],
+            )
         except PlanRefusedError as err:
             raise PlanRefusedError(f"the sweep's {len(plans)} trials together: {err}") from None
     return plans

@@ -23,7 +23,7 @@ from dplora import control, distributed, outputs, release
 from dplora import data as data_mod
 from dplora.contract import Contract, ProtectedUnit, UnitClipping
 from dplora.errors import BadInputError, DploraError, PlanRefusedError, TrainingFailedError, excerpt
-from dplora.plan import TrainingPlan, make_plan
+from dplora.plan import TrainingPlan, ledger_event, make_plan
 from dplora.record import build_record, unit_statement
 
 
@@ -297,18 +297,6 @@ class _Stage:
         raise TrainingFailedError(
             f"{self.what} failed on {self.device}: {err.__class__.__name__}" + (f": {detail}" if detail else "")
         ) from err
-
-
-def ledger_event(plan: TrainingPlan) -> dict:
-    """The run's DP-SGD event for its ledger charge (q, σ, planned T, adjacency, accountant)."""
-    return {
-        "mechanism": "dp_sgd",
-        "sample_rate": plan.sample_rate,
-        "noise_multiplier": plan.noise_multiplier,
-        "steps": plan.steps,
-        "adjacency": plan.adjacency.value,
-        "accountant": plan.accountant.value,
-    }
 
 
 def _open_ledger(contract: Contract, plan: TrainingPlan, io: _RunIO, resumed_run: str | None = None):
