@@ -322,6 +322,11 @@ def check_per_example_gradients(model: torch.nn.Module, named_trainable, dp_opt,
 
 def _compare(row: torch.Tensor, ref: torch.Tensor, params, names, rtol: float, i: int, size: int, width: int) -> float:
     """Largest relative difference of record i's blocks; raises naming the first tensor beyond rtol."""
+    if not (bool(torch.isfinite(row).all()) and bool(torch.isfinite(ref).all())):
+        raise TrainingFailedError(
+            f"per-example check: non-finite gradient for record {i} of a synthetic batch of {size} records padded "
+            f"to {width} tokens; refusing the run"
+        )
     scale = 0.01 * float(ref.norm())
     worst, offset = 0.0, 0
     for p in params:
