@@ -149,6 +149,7 @@ def unit_norms(contract: Contract, table, *, sample: int = DEFAULT_SAMPLE, threa
         unit_mean=contract.privacy.unit_clipping is UnitClipping.MEAN,
         per_sample=contract.privacy.per_sample.value,
     )
+    engine.probe_per_sample_gradients(wrapped, named, dp_opt)  # as train: norms of a wrong per-example path mislead
     spec = RunSpec(
         contract=contract,
         plan=None,

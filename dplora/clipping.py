@@ -198,13 +198,23 @@ def assign_flat_grads(params: Sequence[torch.nn.Parameter], flat: torch.Tensor) 
         raise ValueError(f"flat gradient has {flat.numel()} values, the parameters {offset}")
 
 
-def opacus_flat(params: Sequence[torch.nn.Parameter], out: torch.Tensor | None = None) -> torch.Tensor:
+def opacus_flat(
+    params: Sequence[torch.nn.Parameter], out: torch.Tensor | None = None, *, expected_rows: int | None = None
+) -> torch.Tensor:
     """Copy Opacus ``p.grad_sample`` (B, *p.shape) of each parameter into one (B, P) fp32 buffer; clears them.
 
     Columns follow ``params`` order (use :attr:`FlatLoRAGrads.named_params` order for the same layout).
 
+    Args:
+        params: the trainable tensors, in column order.
+        out: a (B, P) fp32 buffer to fill, or None (allocated).
+        expected_rows: B, the physical batch's records (the engine passes it): every ``grad_sample`` must have
+            exactly B rows. Opacus takes its rows from dimension 0 of each layer's input, so a layer that sees
+            (tokens, batch, features) gives one row per position (issue 22); None: rows from the first tensor.
+
     Raises:
-        TrainingFailedError: a parameter has no per-sample gradient (names its shape).
+        TrainingFailedError: a parameter has no per-sample gradient (names its shape), or a parameter's rows are
+            not ``expected_rows`` (nor those of ``out``).
     """
     samples = []
     for p in params:
@@ -214,6 +224,16 @@ def opacus_flat(params: Sequence[torch.nn.Parameter], out: torch.Tensor | None =
         samples.append(torch.cat(gs, dim=0) if isinstance(gs, list) else gs)
         p.grad_sample = None
     rows = samples[0].shape[0] if samples else 0
+    if expected_rows is None and out is not None:
+        expected_rows = out.shape[0]
+    if expected_rows is not None:
+        for p, gs in zip(params, samples, strict=True):
+            if gs.shape[0] != expected_rows:
+                raise TrainingFailedError(
+                    f"a trainable tensor of shape {tuple(p.shape)} got {gs.shape[0]} per-sample gradient rows for a "
+                    f"physical batch of {expected_rows} records: a layer does not keep the batch in dimension 0"
+                )
+        rows = expected_rows
     total = sum(p.numel() for p in params)
     if out is None:
         out = torch.empty((rows, total), dtype=torch.float32, device=samples[0].device if samples else "cpu")

@@ -430,6 +430,102 @@ def check_agreement(world: World, *, steps: int, digest: str) -> list[dict]:
     return ranks
 
 
+INPUT_FIELDS = (
+    ("data_sha256", "data digest (the training rows' text, in order)"),
+    ("num_units", "protected unit count"),
+    ("unit_index_sha256", "unit index digest (the records of each unit, in order)"),
+    ("contract_sha256", "contract digest"),
+    ("plan_sha256", "plan digest"),
+)
+
+
+def table_digest(table, columns) -> str:
+    """sha256 of the training rows as loaded: each of ``columns`` (sorted by name), every row's value in order.
+
+    ``table`` is the ``datasets.Dataset`` the run trains on (after the held-out split and any appended records);
+    read through Arrow (one ``to_pylist`` per column), so 10⁵ rows take well under a second.
+    """
+    import json
+
+    arrow = table.with_format("arrow")[:]
+    h = hashlib.sha256()
+    for name in sorted(set(columns)):
+        h.update(name.encode("utf-8") + b"\0")
+        values = arrow.column(name).to_pylist()
+        h.update(json.dumps(values, ensure_ascii=False, default=str).encode("utf-8", "surrogatepass") + b"\0")
+    return h.hexdigest()
+
+
+def unit_index_digest(unit_index) -> str:
+    """sha256 over every unit's record indices (int64, little-endian), each prefixed by its length, unit 0..N-1."""
+    h = hashlib.sha256()
+    for records in unit_index.records_of_unit:
+        rows = np.asarray(records, dtype="<i8")
+        h.update(len(rows).to_bytes(8, "little") + rows.tobytes())
+    return h.hexdigest()
+
+
+def input_digests(contract, plan, table, unit_index) -> dict:
+    """What every rank must hold alike before step 1 (one short dict; digests only, no private value).
+
+    Returns:
+        ``{"data_sha256", "num_units", "unit_index_sha256", "contract_sha256", "plan_sha256"}``.
+    """
+    import json
+
+    from dplora.data import required_columns
+
+    plan_json = json.dumps(plan.to_dict(), sort_keys=True, default=str)
+    return {
+        "data_sha256": table_digest(table, required_columns(contract)),
+        "num_units": int(unit_index.num_units),
+        "unit_index_sha256": unit_index_digest(unit_index),
+        "contract_sha256": contract.sha256,
+        "plan_sha256": hashlib.sha256(plan_json.encode("utf-8")).hexdigest(),
+    }
+
+
+def disagreement(gathered: list[dict]) -> str | None:
+    """One line naming the first rank whose inputs differ from rank 0's and every field that differs, or None."""
+    for rank, mine in enumerate(gathered[1:], start=1):
+        differ = [words for key, words in INPUT_FIELDS if mine.get(key) != gathered[0].get(key)]
+        if differ:
+            counts = ""
+            if mine.get("num_units") != gathered[0].get("num_units"):
+                counts = f" ({mine.get('num_units')} units on rank {rank}, {gathered[0].get('num_units')} on rank 0)"
+            return (
+                f"the ranks disagree before step 1: rank {rank}'s {', '.join(differ)} differ from rank 0's{counts}; "
+                "every process must read the same data (the same rows in the same order) with the same contract; "
+                "no run, no release"
+            )
+    return None
+
+
+def check_same_inputs(world: World, digests: dict) -> None:
+    """All-gather every rank's :func:`input_digests` and stop every rank unless all equal rank 0's.
+
+    Each rank loads and indexes its own copy of ``data.path`` and owns the units u mod W of its own order: a rank
+    that read other rows, or the same rows in another order, would share units with another rank and leave others
+    unsampled (sensitivity 2C; issue 22). One ``all_gather_object`` before step 1; with one process, nothing.
+
+    Raises:
+        BadInputError: on every rank, the same line naming the first differing rank and fields (exit 2: the data or
+            contract given to the processes differ; found before the model loads, the ledger is charged or
+            anything is written).
+    """
+    if not world.distributed:
+        return
+    import torch.distributed as dist
+
+    from dplora.errors import BadInputError
+
+    gathered: list = [None] * world.world_size
+    dist.all_gather_object(gathered, digests)
+    message = disagreement(gathered)
+    if message is not None:
+        raise BadInputError(message)
+
+
 def execution_entry(world: World, reducer: StepReducer | None, ranks: list[dict] | None) -> dict:
     """The release record's world size and launcher, and with W processes ``distributed`` (public): backend,
     sharding, sampling, reduction, noise, the run's total noise draws over all ranks, each rank's steps and digest.

@@ -202,7 +202,7 @@ class UnitDPOptimizer(DPOptimizer):
                 device = self.params[0].device
                 self._rows = None
                 self._rows = torch.empty((rows, self.num_params), dtype=torch.float32, device=device)
-            G = opacus_flat(self.params, self._rows[:rows])
+            G = opacus_flat(self.params, self._rows[:rows], expected_rows=rows)
         if self.unit_mean and row_weight is None:
             raise ValueError("unit_clipping=mean needs row_weight (1 / records of each record's unit)")
         self.accumulator.add(
@@ -331,15 +331,25 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 def probe_per_sample_gradients(
     model: torch.nn.Module, named_trainable: list[tuple[str, torch.nn.Parameter]], dp_opt=None
-) -> None:
-    """Backward one synthetic batch (no private data) and name every trainable tensor without a per-sample gradient.
+) -> list[dict]:
+    """Before step 1, on synthetic batches (no private data): every trainable tensor gets a per-sample gradient,
+    and (with ``dp_opt``) the active path's per-example rows equal a one-record-at-a-time backward.
 
-    The batch is built on the parameters' device. With the fast path (``dp_opt.flat``) the check is that every
-    LoRA layer wrote its slice of G; with Opacus, that every tensor got ``grad_sample``.
+    The batch is built on the parameters' device. With the fast path (``dp_opt.flat``) the first check is that every
+    LoRA layer wrote its slice of G; with Opacus, that every tensor got ``grad_sample``. The second is
+    :func:`dplora.gradcheck.check_per_example_gradients` (a batch with padded length ≠ batch size and one with
+    padded length = batch size; dropout masks held fixed; the model restored exactly; no noise, no accountant step).
+
+    Returns:
+        The comparison's report per synthetic batch (records, padded tokens, largest relative difference, rtol);
+        [] without ``dp_opt``.
 
     Raises:
-        TrainingFailedError: naming the first tensor that got none (cases T2).
+        TrainingFailedError: naming the first tensor that got none (cases T2), or the first layer and tensor whose
+            per-example gradient differs from the one-record backward (issue 22).
     """
+    from dplora.gradcheck import check_per_example_gradients
+
     device = next((p.device for _, p in named_trainable), torch.device("cpu"))
     batch = collate([([1, 2, 3, 4], [1, 2, 3, 4]), ([5, 6, 7], [5, 6, 7])], pad_id=0, device=device)
     flat = getattr(dp_opt, "flat", None)
@@ -356,6 +366,9 @@ def probe_per_sample_gradients(
         p.grad = None
     if missing:
         raise TrainingFailedError(f"trainable parameter {missing[0]} gets no per-sample gradient; freeze or remove it")
+    if dp_opt is None:
+        return []
+    return check_per_example_gradients(model, named_trainable, dp_opt)
 
 
 def check_all_moved(before: dict[str, torch.Tensor], named_trainable) -> None:

@@ -20,6 +20,7 @@ to the LoRA dtype (fp32) inside the Function, as peft does; per-example gradient
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import warnings
 from collections.abc import Iterator
@@ -231,6 +232,18 @@ class FlatLoRAGrads:
                 raise TrainingFailedError(f"trainable tensor {slot.name_a} got no per-example gradient")
         G, self._armed = self._armed, None
         return G
+
+    @contextlib.contextmanager
+    def suspended(self):
+        """Within the block every layer runs peft's own forward (plain autograd ``.grad`` for A and B, no writes
+        into G); the per-example forwards are put back on exit. Used by :mod:`dplora.gradcheck`'s reference."""
+        saved = [(layer, layer.__dict__.pop("forward", None)) for layer in self._layers]
+        try:
+            yield
+        finally:
+            for layer, forward in saved:
+                if forward is not None:
+                    layer.forward = forward
 
     def remove(self) -> None:
         """Restore peft's own forward on every layer and free the buffer."""

@@ -230,6 +230,8 @@ def run_training(
                 # re-check under the lock: another run may have finished meanwhile
                 _prepare_output(contract, overwrite, protected)
         plan = distributed.broadcast(world, plan)  # one plan (q, T, σ, ε curve), computed on rank 0
+        if world.distributed:  # every rank read the same rows in the same order, the same contract and plan
+            distributed.check_same_inputs(world, distributed.input_digests(contract, plan, table, unit_index))
         io = _RunIO(
             private_key=private_key,
             data_key=key,

@@ -620,9 +620,11 @@ def test_run_training_steps_accountant_on_empty_batches(tmp_path, tiny_model_dir
     assert spy["accountant"].history == [(1.0, 0.001, 8)]
     assert len(spy["units"]) == 8 and result.empty_steps == spy["units"].count(0) >= 1
     assert len(spy["moved"]) == 8 and all(m > 0 for m in spy["moved"])  # noise on empty steps too
-    assert spy["batch_sizes"][0] == 2  # the probe's synthetic batch
+    # the probe's synthetic batch, then the per-example check's two batches of 3, each followed by 3 one-record passes
+    probe = [2, 3, 1, 1, 1, 3, 1, 1, 1]
+    assert spy["batch_sizes"][: len(probe)] == probe
     assert all(b > 0 for b in spy["batch_sizes"])
-    assert len(spy["batch_sizes"]) - 1 == sum(1 for u in spy["units"] if u)  # one forward per non-empty step
+    assert len(spy["batch_sizes"]) - len(probe) == sum(1 for u in spy["units"] if u)  # one forward per non-empty step
     lines = [json.loads(line) for line in (result.output_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["not_covered_by_dp"]["units"] for m in lines[1:]] == spy["units"]
     assert result.release_path.is_file()
@@ -631,9 +633,14 @@ def test_run_training_steps_accountant_on_empty_batches(tmp_path, tiny_model_dir
 def test_non_finite_loss_fails_without_release(tmp_path, tiny_model_dir, signing_key, monkeypatch):
     """T7: a NaN loss raises TrainingFailedError (exit 4), leaves .partial/FAILED.json and no release."""
     contract = _contract(tmp_path, tiny_model_dir, rows=4, privacy={}, training={"expected_batch_size": 4, "steps": 2})
-    real_loss = engine.per_sequence_loss
-    monkeypatch.setattr(engine, "per_sequence_loss", lambda model, batch: real_loss(model, batch) * float("nan"))
-    with pytest.raises(TrainingFailedError, match="non-finite") as info:
+    real_loss, calls = engine.per_sequence_loss, []
+
+    def nan_in_training(model, batch):  # the probe and the per-example check (9 forwards) see finite losses
+        calls.append(1)
+        return real_loss(model, batch) * (float("nan") if len(calls) > 9 else 1.0)
+
+    monkeypatch.setattr(engine, "per_sequence_loss", nan_in_training)
+    with pytest.raises(TrainingFailedError, match="non-finite loss at logical step 1") as info:
         run_training(contract, signing_key=signing_key, data_key=None, progress=False, threads=1, log=lambda *_: None)
     assert info.value.exit_code == 4
     out = tmp_path / "run"

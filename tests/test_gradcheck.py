@@ -1,0 +1,184 @@
+"""The per-example path checked against a one-record backward before step 1 (issue 22, item 3).
+
+The XLNet-style fault: a model whose LoRA-wrapped linear layers see (tokens, batch, features) tensors. Here a
+tiny Llama's MLP is run on transposed activations (the same function, but gate/up/down_proj see (T, B, F)).
+With ``per_sample: opacus`` Opacus then returns one "per-sample" gradient per *position*; when the padded length
+equals the physical batch the rows even have the right count, and on main ``dplora train`` released it as DP.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import release_statement, train_tiny
+from peft import LoraConfig, get_peft_model
+from tiny import tiny_llama
+
+from dplora import clipping, engine, gradcheck
+from dplora.errors import TrainingFailedError
+
+TARGETS = ["q_proj", "v_proj", "down_proj"]
+DOWN_PROJ = "base_model.model.model.layers.0.mlp.down_proj"
+
+
+def _transposed_mlp(monkeypatch) -> None:
+    """Every LlamaMLP runs on (tokens, batch, features): same outputs, per-position Opacus rows."""
+    from transformers.models.llama import modeling_llama
+
+    original = modeling_llama.LlamaMLP.forward
+    monkeypatch.setattr(
+        modeling_llama.LlamaMLP, "forward", lambda self, x: original(self, x.transpose(0, 1)).transpose(0, 1)
+    )
+
+
+def _private(per_sample: str, *, dropout: float = 0.1, dtype=torch.float32):
+    model = tiny_llama(seed=0).to(dtype)
+    config = LoraConfig(r=2, lora_alpha=4, lora_dropout=dropout, target_modules=TARGETS)
+    peft_model = get_peft_model(model, config, autocast_adapter_dtype=True)
+    for _, p in peft_model.named_parameters():
+        if p.requires_grad:
+            p.data = p.data.float()
+    peft_model.train()
+    named = [(n, p) for n, p in peft_model.named_parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD([p for _, p in named], lr=0.1)
+    plan = SimpleNamespace(noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=4, sample_rate=0.1)
+    wrapped, dp_opt, accountant = engine.make_private(
+        peft_model, optimizer, plan=plan, unit_mean=False, per_sample=per_sample
+    )
+    return wrapped, dp_opt, accountant, named
+
+
+def _snapshot(model, named, dp_opt):
+    return {
+        "values": {n: p.detach().clone() for n, p in named},
+        "buffers": [b.detach().clone() for b in model.buffers()],
+        "modules": [(n, m) for n, m in model.named_modules()],
+        "training": [m.training for m in model.modules()],
+        "noise": dp_opt.generator.get_state().clone(),
+        "global_rng": torch.get_rng_state().clone(),
+    }
+
+
+@pytest.mark.parametrize("per_sample", ["fast", "opacus"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_check_passes_on_a_correct_path_and_restores_everything(per_sample, dtype):
+    """Both synthetic batches (L ≠ B and L = B) agree with the one-record backward within rtol; afterwards the
+    model, its dropout modules, modes and buffers, the noise generator, the global RNG and the accountant are
+    exactly as before."""
+    wrapped, dp_opt, accountant, named = _private(per_sample, dtype=dtype)
+    before = _snapshot(wrapped, named, dp_opt)
+    report = gradcheck.check_per_example_gradients(wrapped, named, dp_opt)
+    assert [(r["records"], r["padded_tokens"]) for r in report] == [(3, 5), (3, 3)]
+    rtol = 1e-4 if dtype is torch.float32 else 0.1
+    assert all(r["rtol"] == rtol and 0 <= r["max_relative_difference"] <= rtol for r in report), report
+    after = _snapshot(wrapped, named, dp_opt)
+    assert all(torch.equal(before["values"][n], after["values"][n]) for n, _ in named)  # lora_B still 0
+    assert all(float(p.detach().abs().max()) == 0.0 for n, p in named if "lora_B" in n)
+    assert all(torch.equal(a, b) for a, b in zip(before["buffers"], after["buffers"], strict=True))
+    assert [(n, id(m)) for n, m in before["modules"]] == [(n, id(m)) for n, m in after["modules"]]
+    assert before["training"] == after["training"]
+    assert torch.equal(before["noise"], after["noise"]) and torch.equal(before["global_rng"], after["global_rng"])
+    assert accountant.steps == 0 and dp_opt.accumulator.units == 0
+    assert all(p.grad is None and getattr(p, "grad_sample", None) is None for _, p in named)
+    assert engine.probe_per_sample_gradients(wrapped, named, dp_opt) == report  # the run's call site
+
+
+@pytest.mark.parametrize("per_sample", ["fast", "opacus"])
+def test_transposed_layer_is_refused_when_padded_length_equals_batch(per_sample, monkeypatch):
+    """L = B = 3: the row count is right, only the comparison with a one-record backward sees the fault."""
+    _transposed_mlp(monkeypatch)
+    wrapped, dp_opt, _, named = _private(per_sample)
+    equal = [gradcheck.synthetic_batches(258)[1]]
+    assert engine.collate(equal[0], 0)["input_ids"].shape == (3, 3)
+    with pytest.raises(TrainingFailedError, match=re.escape(f"layer {DOWN_PROJ} (tensor {DOWN_PROJ}.lora_A")) as info:
+        gradcheck.check_per_example_gradients(wrapped, named, dp_opt, batches=equal)
+    message = str(info.value)
+    assert info.value.exit_code == 4 and "\n" not in message
+    assert "differs from a one-record backward" in message and "padded to 3 tokens" in message
+    rel = float(re.search(r"relative difference ([0-9.e+-]+)", message).group(1))
+    assert rel > 0.1  # a wrong path is off by O(1), far beyond any rounding tolerance
+    assert all(p.grad is None for _, p in named)  # restored on the refusal too
+
+
+def test_transposed_layer_with_other_padded_length_is_refused_by_row_count(monkeypatch):
+    """L = 5 ≠ B = 3 with Opacus: 5 rows for 3 records, named before any value is compared."""
+    _transposed_mlp(monkeypatch)
+    wrapped, dp_opt, _, named = _private("opacus")
+    with pytest.raises(TrainingFailedError, match=re.escape(f"{DOWN_PROJ}.lora_A.default.weight) got 5 per-sample")):
+        engine.probe_per_sample_gradients(wrapped, named, dp_opt)
+
+
+def test_dropout_must_be_held_fixed_for_the_comparison(monkeypatch):
+    """With LoRA dropout 0.5 the check passes because the masks are held fixed; with the model's own (random)
+    dropout in both passes the same comparison refuses: the hold is needed and the check is sensitive to it."""
+    wrapped, dp_opt, _, named = _private("fast", dropout=0.5)
+    report = gradcheck.check_per_example_gradients(wrapped, named, dp_opt)
+    assert max(r["max_relative_difference"] for r in report) <= 1e-4
+    import contextlib
+
+    monkeypatch.setattr(gradcheck, "_held_dropout", lambda model: contextlib.nullcontext([]))
+    with pytest.raises(TrainingFailedError, match="differs from a one-record backward"):
+        gradcheck.check_per_example_gradients(wrapped, named, dp_opt)
+
+
+def test_fast_path_that_ignores_dropout_is_caught(monkeypatch):
+    """A per-example formula that used the input before LoRA dropout (not the one the forward used) differs."""
+    from dplora import fastclip
+
+    def undropped(layer, slot, adapter, x, *args, **kwargs):
+        result = layer.base_layer(x, *args, **kwargs)
+        _ = layer.lora_dropout[adapter](x)  # the forward drops out, the gradient formula sees x
+        lora = fastclip._LoRAPerExample.apply(x, layer.lora_A[adapter].weight, layer.lora_B[adapter].weight, slot)
+        return result + lora
+
+    monkeypatch.setattr(fastclip, "_fast_forward", undropped)
+    wrapped, dp_opt, _, named = _private("fast", dropout=0.5)
+    with pytest.raises(TrainingFailedError, match="differs from a one-record backward"):
+        gradcheck.check_per_example_gradients(wrapped, named, dp_opt)
+
+
+def test_opacus_flat_refuses_rows_that_are_not_the_physical_batch():
+    """grad_sample with 5 rows (positions) for a physical batch of 3 records: refused, not copied or cropped."""
+    p = torch.nn.Parameter(torch.zeros(2, 4))
+    p.grad_sample = torch.ones(5, 2, 4)
+    with pytest.raises(TrainingFailedError, match=r"got 5 per-sample gradient rows for a physical batch of 3"):
+        clipping.opacus_flat([p], expected_rows=3)
+    p.grad_sample = torch.arange(24.0).view(3, 2, 4)
+    out = clipping.opacus_flat([p], expected_rows=3)
+    assert out.shape == (3, 8) and torch.equal(out[2], torch.arange(16.0, 24.0))
+
+
+def _equal_length_data(path, rows: int = 12):
+    """Records of exactly 6 tokens each ("ab\\n" + "cd" + EOS with the byte tokenizer)."""
+    with path.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["message", "reply"])
+        for i in range(rows):
+            writer.writerow([chr(97 + i % 26) + chr(98 + i % 25), chr(99 + i % 24) + chr(100 + i % 23)])
+    return path
+
+
+def test_train_refuses_a_layer_that_sees_tokens_batch_features(tmp_path, tiny_model_dir, signing_key, monkeypatch):
+    """End to end: per_sample opacus, every physical batch padded to 6 tokens = 6 records (q = 1, N = 12). On
+    main this trained and released a record that verifies as DP; now exit 4 naming the layer, and no release."""
+    _transposed_mlp(monkeypatch)
+    data = _equal_length_data(tmp_path / "equal.csv")
+    result, out = train_tiny(
+        tmp_path,
+        tiny_model_dir,
+        data,
+        signing_key,
+        privacy={"per_sample": "opacus"},
+        lora={"target_modules": TARGETS},
+        training={"expected_batch_size": 12, "physical_batch_size": 6, "steps": 2},
+    )
+    released = (out / "release.dsse.json").exists()
+    record = release_statement(out)["predicate"] if released else None
+    assert result.exit_code == 4, (result.exit_code, result.output[-800:], record and record["accounting"])
+    assert not released and not out.exists()
+    assert f"layer {DOWN_PROJ}" in result.output and "got 5 per-sample gradient rows" in result.output
+    assert "Traceback" not in result.output
