@@ -172,7 +172,7 @@ def test_sweep_chosen_on_private_data_is_marked_not_covered(tmp_path, tiny_model
     [
         (["privacy.population=other,tickets"], "100", "cannot vary in a sweep"),
         (["training.output_dir=x"], "100", "set by the sweep"),
-        (["privacy.target_epsilon=8,8,8"], "20", "the sweep's 3 trials together"),
+        (["privacy.target_epsilon=8,8,8"], "9", "the sweep's 3 trials together"),
     ],
 )
 def test_sweep_refuses_before_any_trial(tmp_path, tiny_model_dir, tickets_csv, signing_key, extra, cap, needle):
