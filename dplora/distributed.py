@@ -436,6 +436,10 @@ INPUT_FIELDS = (
     ("unit_index_sha256", "unit index digest (the records of each unit, in order)"),
     ("contract_sha256", "contract digest"),
     ("plan_sha256", "plan digest"),
+    ("base_model_sha256", "base model digest (the sha256 of its config, weight and tokenizer files)"),
+    ("examples_sha256", "tokenized examples digest (token ids and loss mask of every record, in order)"),
+    ("trainable_sha256", "digest of the trainable LoRA tensors at initialisation"),
+    ("versions", "library versions (torch, transformers, peft, opacus, dplora)"),
 )
 
 
@@ -485,6 +489,45 @@ def input_digests(contract, plan, table, unit_index) -> dict:
     }
 
 
+def model_digests(base_model: dict, examples, named_trainable) -> dict:
+    """What every rank must hold alike once the model is loaded and the records tokenized (before step 1).
+
+    A rank with other weights, another tokenizer, another LoRA initialisation or other library versions computes
+    other per-unit gradients for the units it owns (u mod W), so removing one unit would change how every later
+    unit is computed (issue 22, red-team finding): the adapters still agree at the end, only the inputs tell.
+
+    Args:
+        base_model: the record's ``base_model`` entry on this rank (:func:`dplora.model.base_model_entry`).
+        examples: the tokenized records, a list of (token ids, labels) pairs (tokens).
+        named_trainable: [(name, tensor)] of the trainable LoRA tensors, before step 1.
+
+    Returns:
+        ``{"base_model_sha256", "examples_sha256", "trainable_sha256", "versions"}`` (digests only).
+    """
+    import importlib.metadata
+    import json
+
+    h = hashlib.sha256()
+    for ids, labels in examples:
+        h.update(np.asarray(ids, dtype="<i8").tobytes() + b"|" + np.asarray(labels, dtype="<i8").tobytes() + b"\n")
+    t = hashlib.sha256()
+    for name, p in named_trainable:
+        t.update(name.encode("utf-8") + b"\0" + p.detach().float().cpu().numpy().astype("<f4").tobytes())
+    versions = {}
+    for dist in ("torch", "transformers", "peft", "opacus", "dplora"):
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            versions[dist] = None
+    base = json.dumps({"files": base_model.get("files"), "package": base_model.get("package")}, sort_keys=True)
+    return {
+        "base_model_sha256": hashlib.sha256(base.encode("utf-8")).hexdigest(),
+        "examples_sha256": h.hexdigest(),
+        "trainable_sha256": t.hexdigest(),
+        "versions": versions,
+    }
+
+
 def disagreement(gathered: list[dict]) -> str | None:
     """One line naming the first rank whose inputs differ from rank 0's and every field that differs, or None."""
     for rank, mine in enumerate(gathered[1:], start=1):
@@ -495,8 +538,8 @@ def disagreement(gathered: list[dict]) -> str | None:
                 counts = f" ({mine.get('num_units')} units on rank {rank}, {gathered[0].get('num_units')} on rank 0)"
             return (
                 f"the ranks disagree before step 1: rank {rank}'s {', '.join(differ)} differ from rank 0's{counts}; "
-                "every process must read the same data (the same rows in the same order) with the same contract; "
-                "no run, no release"
+                "every process must read the same data (the same rows in the same order) with the same contract, "
+                "model files and library versions; no run, no release"
             )
     return None
 

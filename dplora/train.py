@@ -356,11 +356,16 @@ def _build(
     with _Stage("loading the model", device):
         model, tokenizer = _setup_model(contract, device, dtype, allow_tf32, io.log)
     examples = data_mod.tokenize_records(table, tokenizer, contract)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if io.world.distributed:  # the same weights, tokenizer, tokens, LoRA init and library versions on every rank
+        from dplora.model import base_model_entry
+
+        entry = base_model_entry(contract.model, io.log)
+        distributed.check_same_inputs(io.world, distributed.model_digests(entry, examples, named))
     if held_out is not None:  # before training, not after it
         from dplora.evaluate import check_held_out
 
         check_held_out(held_out, tokenizer, contract)
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
         raise BadInputError("no trainable parameters: check lora.target_modules")
     with _Stage("setting up per-sample gradients", device):

@@ -94,3 +94,32 @@ def test_two_ranks_reading_a_reordered_copy_stop_before_step_1(tmp_path, tiny_mo
     assert len(lines) == 2 and lines[0] == lines[1], proc.stderr[-1500:]
     assert "rank 1's data digest (the training rows' text, in order) differ from rank 0's" in lines[0]
     assert "Traceback" not in proc.stderr
+
+
+def test_two_ranks_with_other_model_weights_stop_before_step_1(tmp_path, tickets_csv, signing_key):
+    """Red-team case: the same data and contract, but rank r's relative ``model.path`` holds a tiny Llama with
+    other random weights. On the first fix both ranks exited 0 with a release (the adapters agree: every rank applies
+    the same noisy mean), though a unit's clipped gradient depended on which rank owned it. Now the base-model
+    digest is all-gathered after loading: both ranks exit 2, nothing written."""
+    from tiny import save_tiny_model
+
+    dirs = [tmp_path / "rank0", tmp_path / "rank1"]
+    for r, d in enumerate(dirs):
+        d.mkdir()
+        (d / "tickets.csv").write_bytes(tickets_csv.read_bytes())
+        save_tiny_model(d / "model", seed=100 + r)
+    out = tmp_path / "run"
+    raw = contract_dict(Path("model"), Path("tickets.csv"), out, training={"steps": 2})
+    cfg = write_contract(tmp_path / "contract.yaml", raw)
+    results = tmp_path / "results"
+    results.mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    worker = [str(ROOT / "tests" / "dist_train_worker.py"), str(results), *map(str, dirs)]
+    args = ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress"]
+    proc = subprocess.run([*cmd, *worker, *args], env=_env(), capture_output=True, text=True, timeout=600)
+    codes = [json.loads((results / f"rank{r}.json").read_text())["exit_code"] for r in (0, 1)]
+    assert codes == [2, 2], (codes, proc.stderr[-1500:])
+    assert not out.exists() and not out.with_name("run.partial").exists()
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(lines) == 2 and "rank 1's base model digest" in lines[0], proc.stderr[-1500:]
+    assert "Traceback" not in proc.stderr
