@@ -73,7 +73,28 @@ def contract_dict(model_dir: Path, data_path: Path, out_dir: Path, **sections) -
     }
     for name, values in sections.items():
         raw.setdefault(name, {}).update(values)
+    if "num_units" not in raw["privacy"]:
+        _declare_num_units(raw)
     return raw
+
+
+def _declare_num_units(raw: dict) -> None:
+    """Declare the test data's count as the public N where it is private (add/remove, or a held-out split).
+
+    Test data is synthetic and public, so its count may be declared; a release under add/remove needs a declared
+    N. Pass ``privacy={"num_units": None}`` to leave it undeclared. Data that cannot be read is left to the test.
+    """
+    from dplora.contract import parse_contract
+    from dplora.data import count_units
+    from dplora.errors import DploraError
+    from dplora.train import private_count_reason
+
+    try:
+        contract = parse_contract(raw)
+        if private_count_reason(contract) is not None:
+            raw["privacy"]["num_units"] = count_units(contract).num_units
+    except (DploraError, ValueError, OSError):
+        pass
 
 
 def write_contract(path: Path, raw: dict) -> Path:

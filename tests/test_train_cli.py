@@ -47,7 +47,7 @@ def test_train_writes_adapters_and_a_verifiable_release(finished_run, signing_ke
     assert acc["steps_done"] == acc["steps_planned"] == 3
     assert 0 < acc["epsilon_spent"] <= acc["target_epsilon"]
     assert acc["accountant"] == "rdp" and acc["accountant_version"].startswith("opacus ")
-    assert acc["num_units"] == 120 and acc["num_units_source"] == "data"
+    assert acc["num_units"] == 120 and acc["num_units_source"] == "contract"
     assert acc["sample_rate"] == pytest.approx(8 / 120)
     assert rec["data"]["digest"]["keyed"] is False and rec["data"]["digest"]["files"] == {}
     assert {"torch", "opacus", "peft", "transformers"} <= set(rec["versions"])
