@@ -426,6 +426,7 @@ def verify(
         raise typer.Exit(code=code)
     for c in checks:
         out.print(f"{'OK' if c['ok'] else '--'}  {c['check']}: {c['detail']}", markup=False, soft_wrap=True)
+    out.print(shipping, markup=False, soft_wrap=True)
     out.print(_claim_line(result), markup=False, soft_wrap=True)
     if result.audit is not None:
         out.print(summary_line(result.audit), markup=False, soft_wrap=True)
@@ -433,7 +434,6 @@ def verify(
         out.print(tuning, markup=False, soft_wrap=True)
     if synth:
         out.print(synth.line, markup=False, soft_wrap=True)
-    out.print(shipping, markup=False, soft_wrap=True)
     if code:
         raise typer.Exit(code=code)
 

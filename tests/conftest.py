@@ -84,17 +84,28 @@ def _declare_num_units(raw: dict) -> None:
     Test data is synthetic and public, so its count may be declared; a release under add/remove needs a declared
     N. Pass ``privacy={"num_units": None}`` to leave it undeclared. Data that cannot be read is left to the test.
     """
+    from dplora import data
     from dplora.contract import parse_contract
-    from dplora.data import count_units
     from dplora.errors import DploraError
     from dplora.train import private_count_reason
 
     try:
         contract = parse_contract(raw)
         if private_count_reason(contract) is not None:
-            raw["privacy"]["num_units"] = count_units(contract).num_units
+            table, _ = data.split_eval(_LOAD_TABLE(contract), contract)  # the reader a test may monkeypatch
+            index = data.build_unit_index(table, contract.privacy, seed=contract.training.seed)
+            raw["privacy"]["num_units"] = index.num_units
     except (DploraError, ValueError, OSError):
         pass
+
+
+def _original_load_table():
+    from dplora.data import load_table
+
+    return load_table
+
+
+_LOAD_TABLE = _original_load_table()
 
 
 def write_contract(path: Path, raw: dict) -> Path:

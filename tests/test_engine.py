@@ -622,7 +622,12 @@ def test_run_training_steps_accountant_on_empty_batches(tmp_path, tiny_model_dir
     assert spy["batch_sizes"][0] == 2  # the probe's synthetic batch
     assert all(b > 0 for b in spy["batch_sizes"])
     assert len(spy["batch_sizes"]) - 1 == sum(1 for u in spy["units"] if u)  # one forward per non-empty step
-    lines = [json.loads(line) for line in (result.output_dir / "metrics.jsonl").read_text().splitlines()]
+    lines = [
+        json.loads(line)
+        for line in (result.output_dir.with_name(result.output_dir.name + ".private") / "metrics.jsonl")
+        .read_text()
+        .splitlines()
+    ]
     assert [m["not_covered_by_dp"]["units"] for m in lines[1:]] == spy["units"]
     assert result.release_path.is_file()
 
