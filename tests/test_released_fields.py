@@ -110,3 +110,21 @@ def test_release_folder_holds_only_covered_files(tmp_path, tiny_model_dir, ticke
     assert [x["step"] for x in steps] == [1, 2, 3]
     assert all(x["seconds"] >= 0 and x["not_covered_by_dp"]["units"] >= 0 for x in steps)
     assert all("train_loss" in x["not_covered_by_dp"] for x in steps)
+
+
+def test_private_folder_is_replaced_only_when_dplora_wrote_it(tmp_path, monkeypatch):
+    """``<output_dir>.private``: a foreign one is refused always; a previous run's one only with --overwrite."""
+    from dplora import outputs
+    from dplora.errors import BadInputError
+
+    monkeypatch.chdir(tmp_path)
+    private = tmp_path / "run.private"
+    private.mkdir()
+    (private / "notes.txt").write_text("mine")
+    with pytest.raises(BadInputError, match="was not written by dplora"):
+        outputs.check_output_dir("run", overwrite=True, protected=())
+    (private / "notes.txt").unlink()
+    (private / outputs.PRIVATE_NOTICE).write_text(outputs.PRIVATE_NOTICE_TEXT)
+    with pytest.raises(BadInputError, match="pass --overwrite"):
+        outputs.check_output_dir("run", overwrite=False, protected=())
+    assert outputs.check_output_dir("run", overwrite=True, protected=()) == Path("run")
