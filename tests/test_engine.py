@@ -555,6 +555,7 @@ def _contract(tmp_path, model_dir, *, rows: int, privacy: dict, training: dict):
             "accountant": "rdp",
             "max_grad_norm": 1.0,
             "noise_multiplier": 1.0,
+            "num_units": rows,  # a public N: add/remove releases need it declared (issue 23)
             **privacy,
         },
         "model": {"path": str(model_dir)},
