@@ -39,13 +39,21 @@ def budget_report(
         BadInputError, PlanRefusedError: bad contract, data or plan (exit 2), as ``train`` refuses them.
     """
     from dplora.data import count_units
-    from dplora.train import plan_for
+    from dplora.train import plan_for, private_count_reason
 
     contract = load_contract(config, overrides)
     # Always read the data (header, cells, units), so the dry run refuses what train refuses; with
-    # privacy.num_units declared the count is only a check (more units than declared is refused).
+    # privacy.num_units declared the count is only a local check (more units than declared: a warning). A local
+    # dry run may show the exact count where train would refuse it (N private and not declared).
     unit_index = count_units(contract)
-    plan = plan_for(contract, unit_index)
+    local: list[str] = []
+    plan = plan_for(contract, unit_index, release=False, log=lambda m: local.append(m.removeprefix("warning: ")))
+    why = private_count_reason(contract) if contract.privacy.num_units is None else None
+    if why is not None:
+        local.append(
+            f"privacy.num_units is not declared and {why}: dplora train refuses to release on a counted N; "
+            "declare a public (rounded) N"
+        )
     report = {
         "num_units": plan.num_units,
         "num_units_source": plan.num_units_source,
@@ -66,7 +74,7 @@ def budget_report(
         "accountant_version": plan.accountant_version,
         "accountant_note": plan.accountant_note,
         "adjacency": plan.adjacency.value,
-        "warnings": list(plan.warnings),
+        "warnings": [*local, *plan.warnings],
         "unit_note": f"{plan.protected_unit.value}-level: {unit_statement(plan.protected_unit)}",
         "epsilon_curve": [list(p) for p in plan.epsilon_curve],
         "units_per_rank": _units_per_rank(plan, world_size),

@@ -57,7 +57,11 @@ def _guarantee(record: dict) -> str:
     privacy, acc, mech = record["privacy"], record["accounting"], record["mechanism"]
     unit = UNIT_WORDS.get(privacy["protected_unit"], privacy["protected_unit"])
     adjacency = ADJACENCY_WORDS.get(privacy["adjacency"], privacy["adjacency"]).format(unit=unit)
-    n_source = "declared in the contract" if acc["num_units_source"] == "contract" else "counted in the data"
+    n_source = (
+        "declared in the contract as a public number"
+        if acc["num_units_source"] == "contract"
+        else "counted in the data (public under replace-one adjacency)"
+    )
     key = f" (unit key column `{privacy['unit_key']}`)" if privacy.get("unit_key") else ""
     return (
         "## Privacy guarantee\n\n"
@@ -116,7 +120,10 @@ def _data(record: dict, contract: Contract) -> str:
     return (
         "## Training data\n\n"
         f"Described, never shown: {files}, trained on {columns}; "
-        f"{record['accounting']['num_units']} protected units. {keyed[0].upper()}{keyed[1:]}.\n"
+        f"{record['accounting']['num_units']} protected units (the public N of the record). "
+        f"{keyed[0].upper()}{keyed[1:]}.\n\n"
+        "Per-step losses, realised batch sizes, step times and any held-out evaluation on private data are in the "
+        "`<release folder>.private/` folder beside the release, outside the DP guarantee: never ship that folder.\n"
     )
 
 

@@ -280,14 +280,19 @@ def train(
         _emit_json(_train_summary(result))
     else:
         out.print(f"release: {result.release_path}", markup=False)
+    from dplora.outputs import private_path
+
+    _log(f"private (not covered by DP; keep local, never ship): {private_path(result.output_dir)}")
 
 
 def _train_summary(result) -> dict:
     """``train --json``: the run id, the plan's public numbers, ε spent, the paths written and the seconds."""
+    from dplora import outputs
     from dplora.release import SIGSTORE_FILENAME
 
     p, folder = result.plan, result.output_dir.absolute()
     bundle = folder / SIGSTORE_FILENAME
+    private = outputs.private_path(folder)
     return {
         "ok": True,
         "run_id": result.run_id,
@@ -314,7 +319,8 @@ def _train_summary(result) -> dict:
             "adapter": str(folder / "adapter"),
             "release": str(folder / result.release_path.name),
             "sigstore_bundle": str(bundle) if bundle.is_file() else None,
-            "metrics": str(folder / "metrics.jsonl"),
+            "private_dir": str(private),
+            "metrics": str(private / outputs.METRICS_FILENAME),
         },
         "threads": result.threads,
         "seconds": round(result.seconds, 3),
@@ -405,6 +411,9 @@ def verify(
     from dplora.audit.attach import summary_line
 
     checks = _verify_checks(result, public_key, public, data or [], base_model) + (synth.checks if synth else [])
+    from dplora.verify import shipping_note
+
+    shipping = shipping_note(release_path if release_path.is_dir() else release_path.parent)
     code = 0 if result.differentially_private or allow_non_private else 6
     code = 5 if code == 0 and result.audit and result.audit.get("violation") else code  # the attached audit failed
     if as_json:
@@ -412,10 +421,12 @@ def verify(
         if code:
             doc |= {"exit_code": code, "error": summary_line(result.audit) if code == 5 else _claim_line(result)}
         doc |= {"synthetic": synth.claims} if synth else {}
+        doc |= {"shipping": shipping}
         _emit_json(doc | {"checks": checks, "claims": _claims(result.statement), "audit": result.audit})
         raise typer.Exit(code=code)
     for c in checks:
         out.print(f"{'OK' if c['ok'] else '--'}  {c['check']}: {c['detail']}", markup=False, soft_wrap=True)
+    out.print(shipping, markup=False, soft_wrap=True)
     out.print(_claim_line(result), markup=False, soft_wrap=True)
     if result.audit is not None:
         out.print(summary_line(result.audit), markup=False, soft_wrap=True)

@@ -113,14 +113,6 @@ def register(app: typer.Typer, *, config_arg, overrides_arg, fail, log, out) -> 
                 section = attaching.audit_section(report, sha256_file(folder / REPORT_FILENAME), data_files)
                 envelope = attaching.attach(target, section)
                 attaching.record_in_ledger(target, envelope, ledger, log)
-        except BadInputError as err:
-            if pinned and str(err).startswith("privacy.num_units="):  # train's count check, under the pinned N
-                err = BadInputError(
-                    f"--attach: the audit's data plus its inserted canaries hold more units than the release's "
-                    f"N ({pinned[0]}); audit on smaller public or surrogate data, or declare privacy.num_units with "
-                    "room for the canaries when training the release"
-                )
-            raise fail(err) from None
         except DploraError as err:
             raise fail(err) from None
         out.print(summary_markdown(report), markup=False, soft_wrap=True)

@@ -14,7 +14,8 @@ groups most, and the overall mean hides it.
 
 Privacy: the numbers are a query on the held-out records. Unless ``data.eval_public: true`` declares the
 held-out file public, they are NOT covered by DP: printed to the operator so labelled, written to
-``metrics.jsonl`` under ``not_covered_by_dp``, never into the signed record, and never printed with held-out
+``<output_dir>.private/metrics.jsonl`` under ``not_covered_by_dp`` (beside the release, never in it), never into
+the signed record, and never printed with held-out
 text. Only a declared-public set's numbers may enter the record (``Evaluation.to_dict``). Group names are printed:
 the group column must hold **public labels** (the category names of a published schema, never free text), and
 a group with fewer than :data:`MIN_GROUP_RECORDS` held-out records is not shown by name, only counted, so that

@@ -1,7 +1,11 @@
 """The output folder of ``dplora train``: which folders a run may write, replace or delete.
 
 A run writes ``<output_dir>.partial/`` (marked with :data:`PARTIAL_MARKER` from its first byte), renames it to
-``<output_dir>`` only when the release is signed, and holds ``<output_dir>.lock`` meanwhile. ``--overwrite``
+``<output_dir>`` only when the release is signed, and holds ``<output_dir>.lock`` meanwhile. Numbers computed on
+the private data and not covered by ε (per-step realised batch sizes, losses, step times, a private held-out
+evaluation) are written to ``<output_dir>.partial/private/`` and published beside the release as
+``<output_dir>.private/``, never inside it: the release folder holds only the adapters, the card, the contract
+and the signed files. ``--overwrite``
 replaces only a folder that a previous dplora run wrote; nothing here ever deletes a folder dplora did not
 write. Every refusal is a :class:`~dplora.errors.BadInputError` (exit 2) raised before any work.
 """
@@ -20,10 +24,21 @@ RELEASE_FILENAME = "release.dsse.json"  # same names as in dplora.release (no im
 SIGSTORE_FILENAME = "release.sigstore.json"
 PARTIAL_MARKER = ".dplora-partial"
 FAILED_FILENAME = "FAILED.json"
-# Top-level entries a finished run's folder may hold; anything else was put there by someone else.
+# Top-level entries a finished run's folder may hold; anything else was put there by someone else. A release
+# written before the private folder existed also held metrics.jsonl: --overwrite still replaces it.
 RUN_ENTRIES = frozenset({"adapter", "contract.yaml", "metrics.jsonl", RELEASE_FILENAME, SIGSTORE_FILENAME})
 CHECKPOINT_FILENAME = "resume.safetensors"  # same name as dplora.checkpoint.CHECKPOINT_FILENAME
-PARTIAL_ENTRIES = RUN_ENTRIES | {PARTIAL_MARKER, FAILED_FILENAME, CHECKPOINT_FILENAME}
+PRIVATE_SUBDIR = "private"  # inside <output_dir>.partial while the run writes; <output_dir>.private once published
+METRICS_FILENAME = "metrics.jsonl"  # the per-step log, in the private folder
+PRIVATE_NOTICE = "DO_NOT_SHIP.txt"  # marks a private folder dplora wrote, and says what it is
+PRIVATE_NOTICE_TEXT = (
+    "Written by dplora train. This folder holds numbers computed on the private training data that the DP\n"
+    "guarantee does NOT cover: each step's realised number of sampled units and records, training loss and\n"
+    "wall time, and any evaluation on a private held-out set. Keep it local: never ship or publish it with the\n"
+    "release folder beside it.\n"
+)
+PRIVATE_ENTRIES = frozenset({PRIVATE_NOTICE, METRICS_FILENAME})
+PARTIAL_ENTRIES = RUN_ENTRIES | {PARTIAL_MARKER, FAILED_FILENAME, CHECKPOINT_FILENAME, PRIVATE_SUBDIR}
 
 
 def output_path(output_dir: str | Path) -> Path:
@@ -34,6 +49,20 @@ def output_path(output_dir: str | Path) -> Path:
 def staging_path(out: Path) -> Path:
     """``<output_dir>.partial``: where a run writes until its release is signed."""
     return out.with_name(out.name + ".partial")
+
+
+def private_path(out: Path) -> Path:
+    """``<output_dir>.private``: the published run's private, not-covered numbers (never part of the release)."""
+    return out.with_name(out.name + ".private")
+
+
+def private_staging(staging: Path) -> Path:
+    """``<output_dir>.partial/private``: where the run writes its private numbers (created with its notice)."""
+    folder = Path(staging) / PRIVATE_SUBDIR
+    if not folder.is_dir():
+        folder.mkdir()
+        (folder / PRIVATE_NOTICE).write_text(PRIVATE_NOTICE_TEXT)
+    return folder
 
 
 def lock_path(out: Path) -> Path:
@@ -68,7 +97,8 @@ def check_output_dir(output_dir: str | Path, *, overwrite: bool, protected: Sequ
     where = f"training.output_dir={os.fspath(output_dir)!r}"
     real = out.resolve()
     inputs = [("the working directory", Path.cwd()), *protected]
-    for folder in (real, staging_path(real) if real.name else real):  # "/" holds the working directory: refused
+    siblings = (staging_path(real), private_path(real)) if real.name else ()  # "/" holds the working directory
+    for folder in (real, *siblings):
         for what, path in inputs:
             if _is_within(Path(path).resolve(), folder):
                 detail = "" if what == "the working directory" else f" ({path})"
@@ -87,6 +117,7 @@ def check_output_dir(output_dir: str | Path, *, overwrite: bool, protected: Sequ
             f"--overwrite only replaces a folder a previous dplora run wrote; {out} {why}; choose another output_dir"
         )
     _check_staging(staging_path(out))
+    _check_private(private_path(out), overwrite)
     lock = lock_path(out)
     if lock.exists() and not (lock.is_file() and lock.stat().st_size == 0):
         raise BadInputError(f"{lock} exists and was not written by dplora; move it away or choose another output_dir")
@@ -123,6 +154,20 @@ def _check_staging(staging: Path) -> None:
         raise BadInputError(f"{staging} was not written by dplora ({why}); move it away or choose another output_dir")
 
 
+def _check_private(private: Path, overwrite: bool) -> None:
+    """``<output_dir>.private`` may be replaced only if dplora wrote it, and only with ``--overwrite``."""
+    if private.exists() and not private.is_dir():
+        raise BadInputError(f"{private} exists and is not a folder; move it away or choose another output_dir")
+    entries = _entries(private)
+    if entries and not _written_by_dplora(entries, PRIVATE_NOTICE, PRIVATE_ENTRIES):
+        why = _why_foreign(entries, PRIVATE_NOTICE, PRIVATE_ENTRIES)
+        raise BadInputError(f"{private} was not written by dplora ({why}); move it away or choose another output_dir")
+    if entries and not overwrite:
+        raise BadInputError(
+            f"{private} holds a previous run's private numbers; move it away, or pass --overwrite to replace it"
+        )
+
+
 def missing_parents(out: Path) -> list[Path]:
     """The folders above ``out`` that do not exist yet, deepest first (a run that ends in exit 2 removes them)."""
     missing, parent = [], out.absolute().parent
@@ -157,12 +202,14 @@ def fresh_staging(out: Path) -> Path:
 
 
 def publish(staging: Path, out: Path) -> Path | None:
-    """Move a finished run into place: ``<output_dir>.partial`` → ``<output_dir>``.
+    """Move a finished run into place: ``<output_dir>.partial`` → ``<output_dir>``, and its private numbers
+    ``<output_dir>.partial/private`` → ``<output_dir>.private`` (first, so the release never holds them).
 
     An empty folder or a previous run's folder is renamed aside and deleted. If something else appeared in it
     during the run, it is kept, renamed ``<output_dir>.previous-<id>``, and that path is returned (else None).
     """
     (staging / PARTIAL_MARKER).unlink(missing_ok=True)
+    _publish_private(staging / PRIVATE_SUBDIR, private_path(out))
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         staging.rename(out)
@@ -179,6 +226,20 @@ def publish(staging: Path, out: Path) -> Path | None:
     out.rename(kept)
     staging.rename(out)
     return kept
+
+
+def _publish_private(folder: Path, private: Path) -> None:
+    """Rename the run's private folder to ``<output_dir>.private`` (a previous run's one, dplora's, is replaced)."""
+    if not folder.is_dir():
+        return
+    if private.exists():
+        old = private.with_name(f".{private.name}.replaced-{uuid.uuid4().hex[:12]}")
+        private.rename(old)
+        folder.rename(private)
+        shutil.rmtree(old, ignore_errors=True)
+        return
+    private.parent.mkdir(parents=True, exist_ok=True)
+    folder.rename(private)
 
 
 def protected_inputs(contract, *, contract_path, signing_key, data_key, ledger_path) -> list[tuple[str, Path]]:

@@ -125,12 +125,26 @@ def build_record(
             "steps_done": steps_done,
             "num_units": plan.num_units,
             "num_units_source": plan.num_units_source,
+            "num_units_note": num_units_note(plan.num_units_source),
             "composition": "single run; see `dplora ledger` for releases on the same population",
         },
         "population": contract.privacy.population,
         **run_provenance(contract, base_model=base_model, data_digest=data_digest, execution=execution),
         "not_included": "training losses and per-unit record counts (computed on private data, not covered by ε)",
     }
+
+
+def num_units_note(source: str) -> str:
+    """Why the record's N is public: declared in the contract, or counted where neighbours share N."""
+    if source == "contract":
+        return (
+            "declared in the contract as a public number; q, T, σ and the δ < 1/N check use it (the data's count "
+            "is compared with it locally and never written here)"
+        )
+    return (
+        "counted in the data; public under replace-one adjacency: neighbouring datasets hold the same number of "
+        "units and no held-out split or drop rule moves a unit out of the training side"
+    )
 
 
 def run_provenance(contract: Contract, *, base_model: dict, data_digest: dict, execution: dict | None) -> dict:

@@ -299,12 +299,14 @@ def run_sweep(config: Path, args: list[str], options: SweepOptions, *, log=print
     except BaseException:
         for folder in done:  # finished trials are not releases; their charges stay in the ledger
             shutil.rmtree(folder, ignore_errors=True)
+            shutil.rmtree(outputs.private_path(folder), ignore_errors=True)
         raise
     finally:
         shutil.rmtree(keys, ignore_errors=True)
     for k, folder in enumerate(done):
         if k != chosen:
             shutil.rmtree(folder, ignore_errors=True)
+            shutil.rmtree(outputs.private_path(folder), ignore_errors=True)
     summary = _summary(results, chosen, tuning, release_dir)
     (out_dir / SUMMARY_FILENAME).write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
     return SweepResult(release_dir=release_dir, tuning=tuning, summary=summary)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from dplora import control, distributed, outputs, release
 from dplora import data as data_mod
+from dplora.accounting import Adjacency
 from dplora.contract import Contract, ProtectedUnit, UnitClipping
 from dplora.errors import BadInputError, DploraError, PlanRefusedError, TrainingFailedError, excerpt
 from dplora.plan import TrainingPlan, ledger_event, make_plan
@@ -49,23 +50,67 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def plan_for(contract: Contract, unit_index: data_mod.UnitIndex | None) -> TrainingPlan:
-    """Plan with N from ``privacy.num_units`` if declared (the data count is then only a check), else counted.
+def plan_for(
+    contract: Contract, unit_index: data_mod.UnitIndex | None, *, release: bool = True, log=None
+) -> TrainingPlan:
+    """Plan with a public N: ``privacy.num_units`` if declared, else (where N is public) the data's count.
 
+    N is private under add/remove adjacency: the neighbouring dataset has one unit more or less, so a counted N
+    (and the q = B/N, T = ⌈E·N/B⌉ and σ that follow from it) would tell the neighbours apart. A run that writes a
+    release (``release``) must then declare N as a public number; the data's count is only compared with it, as
+    a local warning through ``log`` (refusing would make "release or no release" depend on one unit). Under
+    replace-one adjacency N is public (neighbours hold the same number of units) unless ``data.eval_fraction``
+    can move the replaced unit across the held-out split; then N must be declared too. ``release=False``
+    (``dplora budget``, a local dry run) plans with the exact count and never refuses for want of a declared N.
+
+    Args:
+        contract: the validated contract.
+        unit_index: the training side's units (None: no data read; N must be declared).
+        release: the plan feeds a release (record, card, manifest): N must be public.
+        log: one-line local message sink for the count check (never written into a release).
+    Returns:
+        :class:`dplora.plan.TrainingPlan`; ``num_units_source`` is ``"contract"`` or ``"data"`` (public count).
     Raises:
-        BadInputError: the data holds more units than the contract declares.
+        BadInputError: N not declared where it is private, or not declared and no data given (exit 2).
         PlanRefusedError: see :func:`dplora.plan.make_plan`.
     """
     declared = contract.privacy.num_units
     if declared is not None:
-        if unit_index is not None and unit_index.num_units > declared:
-            raise BadInputError(
-                f"privacy.num_units={declared} but the data holds more protected units; declare the true N"
+        if unit_index is not None and unit_index.num_units > declared and log is not None:
+            log(
+                f"warning: the data holds more protected units than privacy.num_units={declared} (local check, "
+                "not written into the release); q, T and σ use the declared N"
             )
         return make_plan(contract, num_units=declared, num_units_source="contract")
     if unit_index is None:
         raise BadInputError("privacy.num_units is not declared: the data is needed to count protected units")
+    why = private_count_reason(contract)
+    if why is not None and release:
+        raise BadInputError(
+            f"privacy.num_units: declare N as a public number ({why}; the data has about "
+            f"{_rounded(unit_index.num_units)} units: do not copy the exact count if it is private, round it)"
+        )
     return make_plan(contract, num_units=unit_index.num_units, num_units_source="data")
+
+
+def private_count_reason(contract: Contract) -> str | None:
+    """Why the data's count of units is private under ``contract`` (None: it is public).
+
+    Add/remove: neighbouring datasets differ in N. Replace-one with ``data.eval_fraction``: the keyed split can
+    put the replaced unit on the other side, so the training side's N differs by one.
+    """
+    privacy = contract.privacy
+    if privacy.adjacency is Adjacency.ADD_REMOVE:
+        return "under add_remove adjacency the counted N differs between neighbouring datasets"
+    if contract.data.eval_fraction is not None:
+        return "under replace_one, data.eval_fraction can move the replaced unit out of the training side"
+    return None
+
+
+def _rounded(n: int) -> int:
+    """``n`` to two significant figures (a hint for the operator's error line, not a count to copy)."""
+    digits = max(len(str(n)) - 2, 0)
+    return int(round(n, -digits))
 
 
 def _prepare_output(contract: Contract, overwrite: bool, protected=()) -> tuple[Path, Path]:
@@ -222,7 +267,7 @@ def run_training(
                 table = data_mod.append_records(table, extra_records)
             unit_index = data_mod.build_unit_index(table, contract.privacy, seed=contract.training.seed)
             if main:
-                plan = plan_for(contract, unit_index)
+                plan = plan_for(contract, unit_index, log=log)
                 if control.is_control(contract):  # the DP twin's N, q and T; σ = 0, ε = ∞
                     plan = control.control_plan(plan)
                 created = outputs.missing_parents(out)  # removed again if the run ends in exit 2
@@ -558,7 +603,8 @@ def _train_and_release(spec, state, *, io: _RunIO, started: str, checkpointer):
 def _evaluate_held_out(spec, state, io: _RunIO):
     """Base vs adapters on the held-out set (None without one); logs the numbers labelled, never held-out text.
 
-    Private held-out numbers go to ``metrics.jsonl`` under ``not_covered_by_dp`` only; the caller puts them in the
+    Private held-out numbers go to the private ``metrics.jsonl`` (:func:`metrics_path`) under ``not_covered_by_dp``
+    only, never into the release folder; the caller puts them in the
     record only when the set is declared public. With W processes rank 0 evaluates alone, after the last step.
     """
     if spec.held_out is None:
@@ -579,7 +625,7 @@ def _evaluate_held_out(spec, state, io: _RunIO):
     )
     for line in report_lines(evaluation):
         io.log(line)
-    with (spec.staging / "metrics.jsonl").open("a") as metrics:
+    with metrics_path(spec.staging).open("a") as metrics:
         entry = {"eval": evaluation.to_dict()}
         metrics.write(json.dumps(entry if public else {"not_covered_by_dp": entry}) + "\n")
     return evaluation
@@ -664,9 +710,23 @@ def _follow(contract: Contract, plan: TrainingPlan, table, unit_index, *, out: P
     )
 
 
+def metrics_path(staging: Path) -> Path:
+    """The run's per-step log, ``<output_dir>.partial/private/metrics.jsonl`` (published as
+    ``<output_dir>.private/metrics.jsonl``, beside the release and never in it): realised units and records,
+    losses and step times are computed on private data and not covered by ε. A ``.partial`` folder from before
+    the private folder existed has its ``metrics.jsonl`` moved there."""
+    private = outputs.private_staging(staging)
+    path = private / outputs.METRICS_FILENAME
+    legacy = Path(staging) / outputs.METRICS_FILENAME
+    if legacy.is_file() and not path.is_file():
+        legacy.rename(path)
+    return path
+
+
 def _open_metrics(staging: Path, resume_step: int, header: dict):
-    """``metrics.jsonl`` for appending: new with ``header``, or, when resuming, cut back to the checkpoint's step."""
-    path = staging / "metrics.jsonl"
+    """The private ``metrics.jsonl`` for appending: new with ``header``, or, when resuming, cut back to the
+    checkpoint's step."""
+    path = metrics_path(staging)
     if resume_step == 0 or not path.is_file():
         handle = path.open("w")
         handle.write(json.dumps(header) + "\n")

@@ -176,7 +176,27 @@ def _check_base_model(predicate, path: Path) -> tuple[str, ...]:
     return tuple(sorted(files))
 
 
-UNSIGNED_BY_DESIGN = ("metrics.jsonl",)  # per-step training log beside the release; never part of it
+# A release written before the private folder existed held its per-step log here; accepted, with a warning.
+UNSIGNED_BY_DESIGN = ("metrics.jsonl",)
+
+
+def shipping_note(folder: Path) -> str:
+    """What to ship: this folder only, never ``<folder>.private``; warns about a legacy ``metrics.jsonl`` inside.
+
+    Args:
+        folder: the release folder (holding ``release.dsse.json``).
+    Returns:
+        One line for ``dplora verify`` (starts with ``warning:`` when the folder holds private numbers).
+    """
+    private = f"{folder.name}.private"
+    legacy = [name for name in UNSIGNED_BY_DESIGN if (folder / name).is_file()]
+    if legacy:
+        return (
+            f"warning: {', '.join(legacy)} in the release folder holds per-step losses, realised batch sizes and "
+            f"step times computed on private data (not covered by DP; written by an older dplora): delete it "
+            f"before shipping; never ship {private}/ either"
+        )
+    return f"ship this folder only; never ship {private}/ beside it (private numbers, not covered by DP)"
 
 
 def _check_no_unsigned_files(folder: Path, signed: set[str], envelope_name: str) -> None:

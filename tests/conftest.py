@@ -73,7 +73,39 @@ def contract_dict(model_dir: Path, data_path: Path, out_dir: Path, **sections) -
     }
     for name, values in sections.items():
         raw.setdefault(name, {}).update(values)
+    if "num_units" not in raw["privacy"]:
+        _declare_num_units(raw)
     return raw
+
+
+def _declare_num_units(raw: dict) -> None:
+    """Declare the test data's count as the public N where it is private (add/remove, or a held-out split).
+
+    Test data is synthetic and public, so its count may be declared; a release under add/remove needs a declared
+    N. Pass ``privacy={"num_units": None}`` to leave it undeclared. Data that cannot be read is left to the test.
+    """
+    from dplora import data
+    from dplora.contract import parse_contract
+    from dplora.errors import DploraError
+    from dplora.train import private_count_reason
+
+    try:
+        contract = parse_contract(raw)
+        if private_count_reason(contract) is not None:
+            table, _ = data.split_eval(_LOAD_TABLE(contract), contract)  # the reader a test may monkeypatch
+            index = data.build_unit_index(table, contract.privacy, seed=contract.training.seed)
+            raw["privacy"]["num_units"] = index.num_units
+    except (DploraError, ValueError, OSError):
+        pass
+
+
+def _original_load_table():
+    from dplora.data import load_table
+
+    return load_table
+
+
+_LOAD_TABLE = _original_load_table()
 
 
 def write_contract(path: Path, raw: dict) -> Path:

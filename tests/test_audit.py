@@ -78,8 +78,11 @@ def test_audit_trains_through_the_engine_and_reports(tmp_path, tiny_model_dir, t
     assert (report["guesses"], report["correct"]) == (r, v) == (6, v)
     assert report["epsilon_lower_bound"] == bound.epsilon_lower_bound(m=12, r=r, v=v, delta=1e-5)
     assert report["claimed_epsilon"] <= 8.0 and report["violation"] == (result.exit_code == 5)
-    # each inserted canary is one more protected unit: N = 120 data rows + inserted canaries
-    assert f"N={120 + report['inserted']} units" in result.output
+    # each inserted canary is one more protected unit; N stays the declared public 120 (issue 23): more units than
+    # declared is a local warning on the terminal only
+    assert "N=120 units" in result.output
+    if report["inserted"]:
+        assert "more protected units than privacy.num_units=120" in result.output
 
 
 @pytest.mark.slow
@@ -105,7 +108,8 @@ def test_planted_bug_no_noise_is_flagged_with_exit_5(tmp_path, monkeypatch):
         tmp_path / "model",
         tmp_path / "t.csv",
         tmp_path / "o",
-        privacy={"protected_unit": "ticket", "unit_key": "ticket_id", "target_epsilon": 1.0},
+        # N declared public: 8 tickets + about half of the 32 canaries inserted
+        privacy={"protected_unit": "ticket", "unit_key": "ticket_id", "target_epsilon": 1.0, "num_units": 24},
         lora={"r": 8, "alpha": 16, "target_modules": modules},
         training={"expected_batch_size": 16, "physical_batch_size": 32, "steps": 120, "lr": 0.01, "max_seq_len": 128},
     )

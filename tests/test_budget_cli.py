@@ -145,6 +145,7 @@ def test_budget_counts_units_from_data(config):
     report = budget_json(config, "privacy.num_units=null", "privacy.noise_multiplier=1", "privacy.target_epsilon=50")
     assert report["num_units"] == len(rows) and report["num_units_source"] == "data"
     assert report["not_covered_by_dp"]["unit_stats"]["num_units"] == len(rows)
+    assert any("dplora train refuses to release on a counted N" in w for w in report["warnings"])  # add/remove
     assert report["sample_rate"] == pytest.approx(32 / len(rows))
 
     user = budget_json(
@@ -169,7 +170,9 @@ def test_budget_declared_units_still_checks_the_data(config):
     assert report["num_units"] == 1000 and report["num_units_source"] == "contract"
     assert report["sample_rate"] == 32 / 1000  # N stays the declared public number, not the count (100)
     _write_csv(Path("data.csv"), [(f"u{i}", f"question {i}", f"answer {i}") for i in range(50)])
-    assert_one_line_error(budget(config, "privacy.num_units=8", "training.expected_batch_size=4"), "num_units=8")
+    fewer = budget_json(config, "privacy.num_units=8", "training.expected_batch_size=4", "privacy.noise_multiplier=5")
+    assert fewer["num_units"] == 8  # more units than declared: a local warning, not a refusal (issue 23)
+    assert any("more protected units than privacy.num_units=8" in w for w in fewer["warnings"])
     assert_one_line_error(budget(config, "data.prompt_column=question"), "no column 'question'")
     ok = budget_json(config, "privacy.num_units=50", "training.expected_batch_size=4", "privacy.noise_multiplier=1")
     assert ok["num_units"] == 50 and ok["not_covered_by_dp"]["unit_stats"]["num_records"] == 50
@@ -214,7 +217,7 @@ DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 
 
 def test_small_population_warning_for_10_units_not_for_the_demo(config):
-    """10 units (q = 0.2): one warning line saying what ε means there; the demo contract (N≈900): none."""
+    """10 units (q = 0.2): one warning line saying what ε means there; the demo contract (N=1000 declared): none."""
     _write_csv(Path("data.csv"), [(f"u{i}", f"question {i}", f"answer {i}") for i in range(10)])
     small = budget(config, "privacy.num_units=10", "training.expected_batch_size=2", "privacy.delta=1e-3")
     assert small.exit_code == 0, small.output
@@ -224,7 +227,8 @@ def test_small_population_warning_for_10_units_not_for_the_demo(config):
     Path("demo").mkdir()
     _write_csv(Path("demo/tickets.csv"), [(f"c{i}", f"question {i}", f"answer {i}") for i in range(1000)])
     demo = budget_json(DEMO, "privacy.accountant=rdp")  # N rows counted as train counts them: the demo holds out
-    assert 850 < demo["num_units"] < 950 and demo["sample_rate"] == 32 / demo["num_units"]  # ~10 % (eval_fraction)
+    assert demo["num_units"] == 1000 and demo["sample_rate"] == 32 / 1000  # the declared public N (issue 23)
+    assert 850 < demo["not_covered_by_dp"]["unit_stats"]["num_units"] < 950  # ~10 % held out (eval_fraction)
     assert demo["warnings"] == []
 
 

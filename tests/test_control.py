@@ -77,7 +77,7 @@ def test_control_run_signs_a_non_private_record(control_run, tickets_csv):
     assert "# NOT DIFFERENTIALLY PRIVATE" in card and "- not-differentially-private" in card
     assert "- differential-privacy" not in card and "Privacy guarantee" not in card
     assert "adapter/README.md" in {s["name"] for s in statement["subject"]}
-    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(x) for x in (out.with_name(out.name + ".private") / "metrics.jsonl").read_text().splitlines()]
     assert "NOT DIFFERENTIALLY PRIVATE" in lines[0]["non_private"]
     assert [x["epsilon_upper"] for x in lines if "step" in x] == [None, None, None]
     from safetensors.torch import load_file

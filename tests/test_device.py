@@ -79,6 +79,7 @@ def _contract(tmp_path, model_dir, data_csv, **model):
                 "accountant": "rdp",
                 "max_grad_norm": 1.0,
                 "noise_multiplier": 1.0,
+                "num_units": 40,  # a public N (add/remove releases need it declared): the fixture's ~40 customers
             },
             "model": {"path": str(model_dir), **model},
             "data": {"path": str(data_csv), "prompt_column": "message", "response_column": "reply"},

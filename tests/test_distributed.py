@@ -211,7 +211,9 @@ def test_two_processes_resume_a_one_process_checkpoint(worker, interrupted, sign
     released = distributed.state_dict_digest(load_file(out / "adapter" / "adapter_model.safetensors"))
     # Same adapters on both ranks: rank 1 had AdamW's moments from rank 0 (fresh moments would differ).
     assert [(r["accountant_steps"], r["adapter_sha256"]) for r in info["ranks"]] == [(RESUME_T, released)] * 2
-    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()[1:]]
+    lines = [
+        json.loads(x) for x in (out.with_name(out.name + ".private") / "metrics.jsonl").read_text().splitlines()[1:]
+    ]
     steps = [x.get("step", f"resumed@{x.get('resumed_at_step')}") for x in lines]
     assert steps == [1, 2, 3, "resumed@3", 4, 5, 6]
     assert [x["noise_draws"] for x in lines[4:]] == [1, 1, 1]  # the two-process steps
@@ -261,7 +263,9 @@ def test_accelerate_launch_two_processes_one_verified_release(tmp_path, tiny_mod
     assert [r["rank"] for r in info["ranks"]] == [0, 1]
     for rank in info["ranks"]:  # every rank's accountant stepped T times and holds the released adapters
         assert rank["accountant_steps"] == steps and rank["adapter_sha256"] == released
-    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()[1:]]
+    lines = [
+        json.loads(x) for x in (out.with_name(out.name + ".private") / "metrics.jsonl").read_text().splitlines()[1:]
+    ]
     assert [x["step"] for x in lines] == list(range(1, steps + 1))
     assert all(x["noise_draws"] == 1 for x in lines)
     charges = ledger.charges("tickets")

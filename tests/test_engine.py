@@ -556,6 +556,7 @@ def _contract(tmp_path, model_dir, *, rows: int, privacy: dict, training: dict):
             "accountant": "rdp",
             "max_grad_norm": 1.0,
             "noise_multiplier": 1.0,
+            "num_units": rows,  # a public N: add/remove releases need it declared (issue 23)
             **privacy,
         },
         "model": {"path": str(model_dir)},
@@ -625,7 +626,12 @@ def test_run_training_steps_accountant_on_empty_batches(tmp_path, tiny_model_dir
     assert spy["batch_sizes"][: len(probe)] == probe
     assert all(b > 0 for b in spy["batch_sizes"])
     assert len(spy["batch_sizes"]) - len(probe) == sum(1 for u in spy["units"] if u)  # one forward per non-empty step
-    lines = [json.loads(line) for line in (result.output_dir / "metrics.jsonl").read_text().splitlines()]
+    lines = [
+        json.loads(line)
+        for line in (result.output_dir.with_name(result.output_dir.name + ".private") / "metrics.jsonl")
+        .read_text()
+        .splitlines()
+    ]
     assert [m["not_covered_by_dp"]["units"] for m in lines[1:]] == spy["units"]
     assert result.release_path.is_file()
 

@@ -35,7 +35,7 @@ def _payload(out: Path) -> dict:
 
 
 def _metrics_eval(out: Path) -> dict:
-    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(x) for x in (out.with_name(out.name + ".private") / "metrics.jsonl").read_text().splitlines()]
     found = [x.get("not_covered_by_dp", x).get("eval") for x in lines if "eval" in x.get("not_covered_by_dp", x)]
     assert len(found) == 1
     return found[0]

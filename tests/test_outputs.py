@@ -120,7 +120,8 @@ def test_overwrite_replaces_a_previous_run_and_nothing_else(
     again = _train(cfg, "--overwrite")
     assert again.exit_code == 0, again.output
     assert json.loads((work / "run" / "release.dsse.json").read_text()) != first
-    assert sorted(p.name for p in work.iterdir()) == ["c.yaml", "run", "signing.key", "signing.pub", "tickets.csv"]
+    names = ["c.yaml", "run", "run.private", "signing.key", "signing.pub", "tickets.csv"]  # one private folder
+    assert sorted(p.name for p in work.iterdir()) == names
     check = runner.invoke(app, ["verify", "run", "--public-key", "signing.pub"])
     assert check.exit_code == 0, check.output
 

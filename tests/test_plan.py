@@ -194,7 +194,7 @@ def test_t8_user_level_q_and_delta_over_users(users_csv):
     c = _user_contract(users_csv)
     index = count_units(c)
     assert index.num_units == 1000 and index.num_records == 10000
-    p = plan_for(c, index)
+    p = plan_for(c, index, release=False)  # a dry run may count N
     assert p.num_units == 1000 and p.num_units_source == "data"
     assert p.sample_rate == 0.01  # 10 users / 1000 users, not 10 / 10000 rows
     assert p.protected_unit.value == "user" and p.unit_key == "user_id"
@@ -205,10 +205,10 @@ def test_t8_user_level_q_and_delta_over_users(users_csv):
 
     # δ is checked against the 1000 users: 5e-4 < 1/1000 is allowed with a warning (against the 10000 rows
     # it would be refused), 2e-3 is refused.
-    warned = plan_for(_user_contract(users_csv, delta=5e-4), index)
+    warned = plan_for(_user_contract(users_csv, delta=5e-4), index, release=False)
     assert len(warned.warnings) == 1 and "NIST SP 800-226" in warned.warnings[0]
     with pytest.raises(PlanRefusedError) as info:
-        plan_for(_user_contract(users_csv, delta=2e-3), index)
+        plan_for(_user_contract(users_csv, delta=2e-3), index, release=False)
     assert "N=1000" in str(info.value) and info.value.exit_code == 2
 
 
@@ -218,7 +218,7 @@ def test_t8_user_level_pld_plan(users_csv):
     from dplora.train import plan_for
 
     c = _user_contract(users_csv, accountant="pld", target_epsilon=3.0)
-    p = plan_for(c, count_units(c))
+    p = plan_for(c, count_units(c), release=False)
     assert p.accountant is Accountant.PLD and p.sample_rate == 0.01
     assert p.epsilon == pytest.approx(1.83, abs=TOL)
 

@@ -22,8 +22,10 @@ needs_smollm2 = pytest.mark.skipif(
 runner = CliRunner()
 
 
-def _bitext_contract(tmp_path, model: dict, **training) -> Path:
+def _bitext_contract(tmp_path, model: dict, *, declare: bool = True, **training) -> Path:
+    """The Bitext sample (a public dataset: its 4,514 rows are a public N, declared as add/remove needs)."""
     raw = contract_dict(Path("/unused"), BITEXT, tmp_path / "run", training=training)
+    raw["privacy"]["num_units"] = 4514 if declare else None
     raw["model"] = model
     raw["data"] = {"path": str(BITEXT), "prompt_column": "instruction", "response_column": "response"}
     return write_contract(tmp_path / "bitext.yaml", raw)
@@ -32,7 +34,7 @@ def _bitext_contract(tmp_path, model: dict, **training) -> Path:
 @needs_bitext
 def test_budget_counts_bitext_rows(tmp_path):
     """4,514 instruction → response rows (embedded CRLF newlines parse as one row each) give N = 4514."""
-    cfg = _bitext_contract(tmp_path, {"path": "/unused"})
+    cfg = _bitext_contract(tmp_path, {"path": "/unused"}, declare=False)
     result = runner.invoke(app, ["budget", str(cfg), "--json", "training.expected_batch_size=45"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)

@@ -56,7 +56,7 @@ def _record(out: Path) -> dict:
 
 
 def _metric_steps(out: Path) -> list:
-    lines = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(ln) for ln in (out.with_name(out.name + ".private") / "metrics.jsonl").read_text().splitlines()]
     return [m.get("step", m.get("resumed_at_step") and f"resumed@{m['resumed_at_step']}") for m in lines[1:]]
 
 
@@ -316,7 +316,7 @@ def test_settle_refuses_a_resumable_run_and_abandon_charges_its_checkpoint(
 
     abandoned = runner.invoke(app, ["ledger", "settle", run_id, "--db", str(db), "--abandon"])
     assert abandoned.exit_code == 0, abandoned.output
-    metrics = [json.loads(ln) for ln in (_partial(out) / "metrics.jsonl").read_text().splitlines()]
+    metrics = [json.loads(ln) for ln in (_partial(out) / "private" / "metrics.jsonl").read_text().splitlines()]
     eps3 = next(m["epsilon_upper"] for m in metrics if m.get("step") == 3)  # the plan's ε after 3 steps
     settled = Ledger(db).charge(run_id)
     assert settled.status == "failed" and float(settled.epsilon) == eps3 < float(settled.reserved_epsilon)

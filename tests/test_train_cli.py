@@ -47,7 +47,7 @@ def test_train_writes_adapters_and_a_verifiable_release(finished_run, signing_ke
     assert acc["steps_done"] == acc["steps_planned"] == 3
     assert 0 < acc["epsilon_spent"] <= acc["target_epsilon"]
     assert acc["accountant"] == "rdp" and acc["accountant_version"].startswith("opacus ")
-    assert acc["num_units"] == 120 and acc["num_units_source"] == "data"
+    assert acc["num_units"] == 120 and acc["num_units_source"] == "contract"
     assert acc["sample_rate"] == pytest.approx(8 / 120)
     assert rec["data"]["digest"]["keyed"] is False and rec["data"]["digest"]["files"] == {}
     assert {"torch", "opacus", "peft", "transformers"} <= set(rec["versions"])
@@ -91,7 +91,7 @@ def test_no_raw_text_in_outputs(finished_run, tickets_csv):
     pieces = {r[c][:24] for r in rows for c in ("message", "reply") if len(r[c]) >= 24}
     blobs = [
         json.dumps(_payload(out)),
-        (out / "metrics.jsonl").read_text(),
+        (out.with_name(out.name + ".private") / "metrics.jsonl").read_text(),
         (out / "contract.yaml").read_text(),
         result.output,
     ]
@@ -102,7 +102,7 @@ def test_no_raw_text_in_outputs(finished_run, tickets_csv):
 def test_metrics_label_losses_as_not_covered(finished_run):
     """Losses sit under not_covered_by_dp, one line per logical step."""
     _, out = finished_run
-    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(x) for x in (out.with_name(out.name + ".private") / "metrics.jsonl").read_text().splitlines()]
     assert "not covered by ε" in lines[0]["note"]
     steps = [x for x in lines if "step" in x]
     assert [x["step"] for x in steps] == [1, 2, 3]

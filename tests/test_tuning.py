@@ -118,7 +118,8 @@ def test_sweep_charges_three_trials_and_states_their_composed_epsilon(
         len(charges) == 3 and {c.purpose for c in charges} == {"tuning"} and {c.status for c in charges} == {"settled"}
     )
     release_dir = Path(json.loads(result.stdout)["release"])
-    assert [p.name for p in out.iterdir() if p.is_dir()] == [release_dir.name]  # the others' adapters are deleted
+    kept = sorted(p.name for p in out.iterdir() if p.is_dir())  # the others' adapters and private logs are deleted
+    assert kept == [release_dir.name, f"{release_dir.name}.private"]
     predicate = _payload(release_dir)["predicate"]
     tuning = predicate["tuning"]
     assert "total over all trials" in predicate["accounting"]["composition"]

@@ -7,9 +7,10 @@ Design (README "Attaching an audit to a release"):
   replace a worse one).
 - The audit must run the release's mechanism: the same accountant, q, σ, T, C, protected unit, adjacency, δ,
   sampler and unit clipping. q = B/N, so the audit declares the release's N (``privacy.num_units``) when its
-  contract declares none; the canaries are then units within that N (the audit's data plus its inserted
-  canaries must not exceed it, or training refuses, exit 2). The plan is compared before training (exit 2 with
-  the first mismatch, nothing written to the release) and again from the finished audit's report.
+  contract declares none (a release's N is public: declared, or counted under replace-one); more units in the
+  audit's data plus its canaries than that N is a local warning only, as in training. The plan is compared
+  before training (exit 2 with the first mismatch, nothing written to the release) and again from the finished
+  audit's report.
 - A non-private baseline (``privacy.enabled: false``) is never attached: its numbers never go into a signed record.
 - The section holds the audit's numbers, the data it trained on and its ledger charge, the sha256 of
   ``audit.json``, the dplora version and the UTC time. The record is the release's predicate plus that section,
