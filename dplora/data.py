@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +76,48 @@ def load_table(contract: Contract):
         raise BadInputError(f"data file {path} has no column {missing[0]!r}; columns are: {columns}")
     for column in required_columns(contract):
         _check_cells(table[column], column, path)
+    return _as_text(table, required_columns(contract), path)
+
+
+MAX_EXACT_FLOAT_INT = 2**53  # integers above this are not exact in fp64
+
+
+def cell_text(value, column: str = "?") -> str:
+    """One used cell as text that depends only on the cell's own value, never on the other rows' JSON types.
+
+    jsonl and parquet columns take one type for the whole file: one decimal anywhere turns a column of integers into
+    floats (``2`` reads as ``2.0``), so ``str()`` of a cell would depend on other units' records (issue 22,
+    red-team). An integral float is written as the integer (``2.0`` → ``"2"``), any other float by ``repr``.
+
+    Raises:
+        BadInputError: a non-finite number, or an integral float beyond 2⁵³ (its digits are already lost).
+    """
+    if isinstance(value, str):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise BadInputError(f"column {excerpt(column)} holds a non-finite number; quote it as a string")
+        if value.is_integer():
+            if abs(value) > MAX_EXACT_FLOAT_INT:
+                raise BadInputError(
+                    f"column {excerpt(column)} holds integers beyond 2^53 read as decimals (digits are lost): quote "
+                    "them as strings"
+                )
+            return str(int(value))
+        return repr(value)
+    return str(value)
+
+
+def _as_text(table, columns: list[str], path: Path):
+    """``table`` with every used column as text (:func:`cell_text`): csv columns already are."""
+    import datasets
+
+    for column in dict.fromkeys(columns):
+        if table.features[column] == datasets.Value("string"):
+            continue
+        texts = [cell_text(v, column) for v in table[column]]
+        table = table.remove_columns(column).add_column(column, texts)
+        table = table.cast_column(column, datasets.Value("string"))
     return table
 
 
@@ -178,28 +221,45 @@ def build_unit_index(table, privacy: PrivacySection, *, seed: int) -> UnitIndex:
             raise BadInputError(f"column {excerpt(privacy.unit_key)} has empty unit ids")
         order: dict = {}
         for i, k in enumerate(keys):
-            order.setdefault(str(k), []).append(i)
+            order.setdefault(cell_text(k, privacy.unit_key), []).append(i)
         unit_ids = list(order)
         groups = [np.array(v) for v in order.values()]
     before = tuple(len(g) for g in groups)
     dropped = 0
     cap = privacy.max_records_per_unit
     if cap is not None and unit_ids is not None and any(len(g) > cap for g in groups):  # a row unit has 1 record
-        columns = [list(table[c]) for c in sorted(table.column_names)]
+        names = sorted(table.column_names)
+        columns = [list(table[c]) for c in names]
         capped = []
         for u, g in enumerate(groups):
             if len(g) > cap:
                 dropped += len(g) - cap
-                digests = [_record_digest([col[int(i)] for col in columns]) for i in g]
+                digests = [_record_digest(dict(zip(names, (col[int(i)] for col in columns), strict=True))) for i in g]
                 g = _keep_by_rank(g, digests, unit_ids[u], seed, cap)
             capped.append(g)
         groups = capped
     return UnitIndex(records_of_unit=tuple(groups), num_records=n, dropped=dropped, records_before_cap=before)
 
 
-def _record_digest(cells: list) -> bytes:
-    """sha256 of one record's cells (every column, by sorted column name), as canonical JSON."""
-    return hashlib.sha256(json.dumps(cells, ensure_ascii=False, default=str).encode("utf-8")).digest()
+def _canonical(value):
+    """A cell with what other rows can change about it removed: None fields of structs dropped (a key that only
+    another record has), integral floats as integers (a decimal elsewhere in the column)."""
+    if isinstance(value, dict):
+        return {k: _canonical(v) for k, v in sorted(value.items()) if v is not None}
+    if isinstance(value, list | tuple):
+        return [_canonical(v) for v in value]
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer() and abs(value) <= 2**53:
+        return int(value)
+    return value
+
+
+def _record_digest(cells: dict) -> bytes:
+    """sha256 of one record's non-empty cells {column: value} as canonical JSON (:func:`_canonical`).
+
+    Empty (None) cells are left out, so a column that only another unit's records have changes nothing here.
+    """
+    payload = json.dumps(_canonical(cells), ensure_ascii=False, default=str, sort_keys=True)
+    return hashlib.sha256(payload.encode("utf-8")).digest()
 
 
 def record_rank(unit_id: str, content_digest: bytes, occurrence: int, seed: int) -> bytes:
@@ -301,9 +361,9 @@ EVAL_SPLIT_PERSON = b"dplora-eval"  # blake2b personalisation (≤ 16 bytes): th
 def _unit_ids(table, contract: Contract) -> list[str]:
     """Each record's protected-unit id: the unit key, or for row-level units the record's used text."""
     if contract.privacy.unit_key:
-        return [str(k) for k in table[contract.privacy.unit_key]]
+        return [cell_text(k, contract.privacy.unit_key) for k in table[contract.privacy.unit_key]]
     columns = [table[c] for c in required_columns(contract)]
-    return ["\x1f".join(str(v) for v in values) for values in zip(*columns, strict=True)]
+    return ["\x1f".join(cell_text(v) for v in values) for values in zip(*columns, strict=True)]
 
 
 def _held_out_unit(unit_id: str, seed: int, fraction: float) -> bool:
