@@ -410,11 +410,16 @@ class Ledger:
         eps, delta = _dec(epsilon_max, "epsilon_max"), _dec(delta_max, "delta_max", below_one=True)
         unit, adj = _unit(protected_unit), _adjacency(adjacency)
         with self._write() as c:
-            sql = "SELECT protected_unit, adjacency FROM charges WHERE population=? AND protected_unit IS NOT NULL"
-            for other in {tuple(r) for r in c.execute(sql, (population,))} - {(unit, adj)}:
+            sql = "SELECT protected_unit, adjacency FROM charges WHERE population=?"
+            rows = {tuple(r) for r in c.execute(sql, (population,))}
+            # schema-1 charges stored the adjacency but no unit: their adjacency still binds the pin
+            others = {r for r in rows if r[0] is not None and r != (unit, adj)}
+            others |= {r for r in rows if r[0] is None and r[1] is not None and r[1] != adj}
+            for other in sorted(others, key=str):
                 raise BadInputError(
-                    f"population {population!r} has charges for protected unit {other[0]}, adjacency {other[1]}: "
-                    f"it cannot be re-pinned to protected unit {unit}, adjacency {adj} (use another population)"
+                    f"population {population!r} has charges for protected unit {other[0] or 'unknown'}, adjacency "
+                    f"{other[1]}: it cannot be re-pinned to protected unit {unit}, adjacency {adj} (use another "
+                    "population)"
                 )
             c.execute(
                 "INSERT INTO populations (name, epsilon_max, delta_max, updated_at, protected_unit, adjacency) "

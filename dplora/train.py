@@ -109,7 +109,7 @@ def private_count_reason(contract: Contract) -> str | None:
 
 def _rounded(n: int) -> int:
     """``n`` to two significant figures (a hint for the operator's error line, not a count to copy)."""
-    digits = max(len(str(n)) - 2, 0)
+    digits = max(len(str(n)) - 2, 1)  # at least to tens: below 100 two figures would be the exact count
     return int(round(n, -digits))
 
 

@@ -128,6 +128,24 @@ def test_schema_1_ledger_is_migrated_as_unit_unknown(tmp_path):
     assert sqlite3.connect(path).execute("SELECT version FROM schema_version").fetchone()[0] == 2
 
 
+def test_schema_1_charges_keep_their_adjacency_when_pinned(tmp_path):
+    """Red-team case: schema-1 charges store the adjacency (not the unit); pinning the population to the other
+    adjacency was accepted (the check skipped charges without a unit) and a new charge was summed with them."""
+    from dplora.errors import BadInputError
+
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.executescript(OLD_SCHEMA.replace("'pld',\n    'add_remove'", "'pld',\n    'replace_one'"))
+    conn.close()
+    ledger = Ledger(path)
+    assert ledger.charges("p")[0].adjacency == "replace_one"
+    with pytest.raises(BadInputError, match="protected unit unknown, adjacency replace_one"):
+        ledger.set_cap("p", epsilon_max="4", delta_max="1e-4", protected_unit="row", adjacency="add_remove")
+    assert Ledger(path).pinned("p") == (None, None)
+    ledger.set_cap("p", epsilon_max="4", delta_max="1e-4", protected_unit="row", adjacency="replace_one")
+    assert Ledger(path).pinned("p") == ("row", "replace_one")
+
+
 def test_cli_set_cap_requires_unit_and_show_prints_both(tmp_path):
     from typer.testing import CliRunner
 
