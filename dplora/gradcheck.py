@@ -26,8 +26,9 @@ Everything is restored exactly afterwards (parameters, ``.grad``, ``grad_sample`
 modes, Opacus's per-module state, the fast path's buffer); the optimizer, its noise generator and the accountant
 are never touched, and torch's global generator is not drawn from.
 
-Tolerance: rtol 1e-4 when the model computes in fp32, 1e-2 with TF32 matmuls on CUDA, 0.1 with bf16/fp16 base
-weights (measured on a tiny Llama on CPU: ≤ 1.4e-2 fast, 0 Opacus). A wrong per-example path differs by O(1).
+Tolerance: rtol 5e-3 when the model computes in fp32, 1e-2 with TF32 matmuls on CUDA, 0.1 with bf16/fp16 base
+weights (measured on CPU: tiny Llama fp32 1.3e-6, bf16 ≤ 1.4e-2 fast, 0 Opacus; the packaged SmolLM2-135M in fp32
+2.8e-4, in layer 0's lora_A). A wrong per-example path differs by O(1) (0.31 for a (tokens, batch, features) layer).
 
 Sources: Goodfellow 2015 (per-example gradients); Opacus ``GradSampleModule`` (batch_first hooks); the brute-force
 references of the Opacus test suite (``opacus/tests/grad_samples``).
@@ -41,7 +42,7 @@ import torch
 
 from dplora.errors import TrainingFailedError
 
-RTOL_FP32 = 1e-4
+RTOL_FP32 = 5e-3  # 2.8e-4 measured on the packaged SmolLM2-135M (fp32, CPU); a wrong path differs by O(1)
 RTOL_TF32 = 1e-2
 RTOL_HALF = 1e-1
 PERTURB_STD = 0.05
@@ -299,7 +300,7 @@ def check_per_example_gradients(model: torch.nn.Module, named_trainable, dp_opt,
         with torch.no_grad():
             for p in params:
                 if not bool(p.detach().any()):
-                    p.copy_(torch.randn(p.shape, generator=gen).to(p.device, p.dtype) * PERTURB_STD)
+                    p.copy_(torch.randn(p.shape, generator=gen, device="cpu").to(p.device, p.dtype) * PERTURB_STD)
         with _held_dropout(model) as held:
             for records in batches if batches is not None else synthetic_batches(_vocab_size(model)):
                 batch = collate(records, pad_id=0, device=device)

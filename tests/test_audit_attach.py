@@ -230,6 +230,16 @@ def test_audit_with_ledger_is_charged_like_train(tmp_path, tiny_model_dir, ticke
     assert listed[1]["record_sha256"] == hashlib.sha256(envelope.read_bytes()).hexdigest()
     assert float(Ledger(db).charge(release_charge.run_id).epsilon) == pytest.approx(float(release_charge.epsilon))
 
+    # the ledger composes the stored events: lower the cap to just above the two charges' composed total, which
+    # a third charge at ε ≤ 8 cannot fit (by basic composition 17 would still hold 2 of the 3, not all 3)
+    composed = Ledger(db).total("tickets")["epsilon"]
+    Ledger(db).set_cap(
+        "tickets",
+        epsilon_max=f"{float(composed) + 0.01:.4f}",
+        delta_max="1e-3",
+        protected_unit="row",
+        adjacency="add_remove",
+    )
     second = runner.invoke(app, ["audit", str(cfg), *AUDIT, "--out", str(tmp_path / "a2"), *ledger])
     assert second.exit_code == 2 and "exceeds the cap" in second.output  # as train: refused before training
     assert len(Ledger(db).charges("tickets")) == 2

@@ -78,7 +78,7 @@ def test_two_ranks_reading_a_reordered_copy_stop_before_step_1(tmp_path, tiny_mo
     (dirs[0] / "tickets.csv").write_bytes(tickets_csv.read_bytes())
     _reordered_copy(tickets_csv, dirs[1] / "tickets.csv")
     out = tmp_path / "run"
-    raw = contract_dict(tiny_model_dir, Path("tickets.csv"), out, training={"steps": 2})
+    raw = contract_dict(tiny_model_dir, Path("tickets.csv"), out, training={"steps": 2}, privacy={"num_units": 120})
     cfg = write_contract(tmp_path / "contract.yaml", raw)
     results = tmp_path / "results"
     results.mkdir()
@@ -109,7 +109,7 @@ def test_two_ranks_with_other_model_weights_stop_before_step_1(tmp_path, tickets
         (d / "tickets.csv").write_bytes(tickets_csv.read_bytes())
         save_tiny_model(d / "model", seed=100 + r)
     out = tmp_path / "run"
-    raw = contract_dict(Path("model"), Path("tickets.csv"), out, training={"steps": 2})
+    raw = contract_dict(Path("model"), Path("tickets.csv"), out, training={"steps": 2}, privacy={"num_units": 120})
     cfg = write_contract(tmp_path / "contract.yaml", raw)
     results = tmp_path / "results"
     results.mkdir()

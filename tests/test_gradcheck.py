@@ -73,8 +73,10 @@ def test_check_passes_on_a_correct_path_and_restores_everything(per_sample, dtyp
     before = _snapshot(wrapped, named, dp_opt)
     report = gradcheck.check_per_example_gradients(wrapped, named, dp_opt)
     assert [(r["records"], r["padded_tokens"]) for r in report] == [(3, 5), (3, 3)]
-    rtol = 1e-4 if dtype is torch.float32 else 0.1
+    rtol = gradcheck.RTOL_FP32 if dtype is torch.float32 else gradcheck.RTOL_HALF
     assert all(r["rtol"] == rtol and 0 <= r["max_relative_difference"] <= rtol for r in report), report
+    if dtype is torch.float32:  # the tiny model agrees far inside the fp32 tolerance
+        assert max(r["max_relative_difference"] for r in report) <= 1e-4, report
     after = _snapshot(wrapped, named, dp_opt)
     assert all(torch.equal(before["values"][n], after["values"][n]) for n, _ in named)  # lora_B still 0
     assert all(float(p.detach().abs().max()) == 0.0 for n, p in named if "lora_B" in n)

@@ -218,7 +218,8 @@ def test_ledger_charges_runs_and_refuses_over_cap(tmp_path, tiny_model_dir, tick
     from dplora.ledger import Ledger
 
     db = tmp_path / "ledger.sqlite3"
-    Ledger(db).set_cap("tickets", epsilon_max="10", delta_max="1e-4", protected_unit="row", adjacency="add_remove")
+    # one run at ε ≤ 8 fits; two compose (PLD/RDP over the stored events) to well above 8.5
+    Ledger(db).set_cap("tickets", epsilon_max="8.5", delta_max="1e-4", protected_unit="row", adjacency="add_remove")
     r1, out1 = _train(
         tmp_path,
         tiny_model_dir,
