@@ -1,6 +1,6 @@
 """``python -m dplora …``: the same CLI as the ``dplora`` command (an entry point for torchrun/accelerate)."""
 
-from dplora.cli import main
+from dplora.cli.app import main
 
 if __name__ == "__main__":
     main()

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 def main(work: Path) -> None:
     from tiny import byte_tokenizer, tiny_llama
 
-    from dplora.demo import write_tickets
+    from dplora.data.demo import write_tickets
 
     work.mkdir(parents=True, exist_ok=True)
     model = tiny_llama(hidden=64)

@@ -98,7 +98,7 @@ def _batches(n: int, batch: int, seq: int, vocab: int, device):
     """n right-padded batches: lengths in [seq/2, seq], the first 8 tokens a masked prompt (same for every mode)."""
     import torch
 
-    from dplora import engine
+    from dplora.engine import step as engine
 
     gen = torch.Generator().manual_seed(1234)
     out = []
@@ -136,7 +136,7 @@ def _step_fn(mode: str, model, batch_size: int, device):
     """A function(batch) running one full logical step of this mode."""
     import torch
 
-    from dplora import engine
+    from dplora.engine import step as engine
 
     sigma, clip = 1.0, 1.0
     params = [p for p in model.parameters() if p.requires_grad]
@@ -311,7 +311,7 @@ def budget_times(accountants: list[str]) -> list[dict]:
                 [
                     sys.executable,
                     "-c",
-                    "from dplora.cli import main; main()",
+                    "from dplora.cli.app import main; main()",
                     "budget",
                     str(path),
                     "--json",
@@ -450,7 +450,7 @@ def main() -> None:
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cpu":
-        from dplora.engine import free_threads
+        from dplora.engine.step import free_threads
 
         threads = args.threads or free_threads()
     else:

@@ -32,7 +32,7 @@ training: {expected_batch_size: 100, steps: 1000}
 
 def _command() -> list[str]:
     exe = Path(sys.executable).with_name("dplora")
-    return [str(exe)] if exe.exists() else [sys.executable, "-c", "from dplora.cli import main; main()"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-c", "from dplora.cli.app import main; main()"]
 
 
 def run_once(config: Path, accountant: str, cache: Path) -> tuple[float, dict]:

@@ -1,8 +1,8 @@
 """Benchmark: cost of a resume checkpoint on the demo setup (SmolLM2-135M, LoRA r=8 on q_proj/v_proj, AdamW).
 
 Builds the run as ``dplora train configs/demo.yaml`` does (packaged model, generated tickets), takes two real
-logical steps (small batches, so the optimizer state exists), then times :func:`dplora.checkpoint.write` (tensors
-to the host, safetensors, fsync, rename) and :func:`dplora.checkpoint.restore`, and reports the file size.
+logical steps (small batches, so the optimizer state exists), then times :func:`dplora.run.checkpoint.write` (tensors
+to the host, safetensors, fsync, rename) and :func:`dplora.run.checkpoint.restore`, and reports the file size.
 Writes only into a temporary folder.
 
     .venv/bin/python scripts/bench_checkpoint.py [--repeat 5] [--threads N]
@@ -27,10 +27,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
 
-    from dplora import checkpoint, data, train
-    from dplora.contract import load_contract
-    from dplora.demo import write_tickets
-    from dplora.run import run_steps
+    from dplora.contract.spec import load_contract
+    from dplora.data import units as data
+    from dplora.data.demo import write_tickets
+    from dplora.recipe import train
+    from dplora.run import checkpoint
+    from dplora.run.loop import run_steps
 
     with tempfile.TemporaryDirectory(prefix="dplora-bench-ckpt-") as tmp:
         tmp = Path(tmp)

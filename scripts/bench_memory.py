@@ -3,7 +3,7 @@
 Wide LoRA (r=16 on all 7 projections) on a small-but-wide random Llama (hidden 128, 2 layers), sequence 32,
 physical batch 32, units of 1–5 records (ticket-like) plus one unit of 45 records that spans two physical
 batches. Both per-sample paths run through the engine (``engine.make_private``, ``UnitDPOptimizer``, whose
-:class:`dplora.clipping.UnitClipAccumulator` keeps one running clipped sum and at most one open unit):
+:class:`dplora.engine.clipping.UnitClipAccumulator` keeps one running clipped sum and at most one open unit):
   fast    FlatLoRAGrads writes each record's LoRA gradient into one (B, P) buffer
   opacus  Opacus hooks' grad_sample, copied into the same (B, P) layout
 Each process builds the model, runs a warm-up logical step of 32 records, then the measured step, and reports its
@@ -71,7 +71,7 @@ def _model():
 def _batch(unit_rows: list[int], gen):
     import torch
 
-    from dplora import engine
+    from dplora.engine import step as engine
 
     records = []
     for _ in unit_rows:
@@ -85,7 +85,7 @@ def _step(model, dp_opt, unit_of_row, gen):
     """One logical step through the engine: records of each unit contiguous, cut into physical batches."""
     import torch
 
-    from dplora import engine
+    from dplora.engine import step as engine
 
     dp_opt.begin_logical_step()
     for start in range(0, len(unit_of_row), PHYSICAL):
@@ -112,7 +112,7 @@ def worker(path: str, rows: int, threads: int) -> dict:
     optimizer = torch.optim.AdamW(params, lr=1e-4)
     warm = list(range(PHYSICAL))
     measured = [u + 10**6 for u in _units(rows)]
-    from dplora import engine
+    from dplora.engine import step as engine
 
     plan = SimpleNamespace(noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=100, sample_rate=0.01)
     forward, dp_opt, _ = engine.make_private(model, optimizer, plan=plan, unit_mean=False, per_sample=path)

@@ -17,10 +17,10 @@ import warnings
 
 import torch
 
-from dplora import engine
-from dplora.contract import ModelSection
-from dplora.demo import generate_tickets
-from dplora.model import load_model_and_tokenizer
+from dplora.contract.spec import ModelSection
+from dplora.data.demo import generate_tickets
+from dplora.engine import step as engine
+from dplora.engine.model import load_model_and_tokenizer
 
 
 def _lora(model_section, r):

@@ -21,9 +21,9 @@ import warnings
 
 import torch
 
-from dplora import engine
-from dplora.clipping import UnitClipAccumulator
-from dplora.fastclip import FlatLoRAGrads
+from dplora.engine import step as engine
+from dplora.engine.clipping import UnitClipAccumulator
+from dplora.engine.fastclip import FlatLoRAGrads
 
 ALL_7 = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 GROUPS, PHYSICAL = [[0, 1, 2], [3], [4, 5, 6, 7]], 3

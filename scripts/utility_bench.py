@@ -13,8 +13,8 @@ nothing is copied into the repository):
 Rows: the base model (floor), the non-private control (``privacy.enabled: false``), DP at ε ∈ {1, 3, 8}, all at
 the same epochs (so the same steps), learning rate, LoRA and seed; then a sweep of the logical batch size at
 ε = 3 and equal epochs (Banking77 only in ``--quick``; both tasks in ``--full``). Every run goes through
-dplora's own training path (:func:`dplora.train.run_training`: Poisson sampling, per-unit clipping, noise,
-accountant, signed release); evaluation uses :mod:`dplora.evaluate` (``record_nll``, ``group_stats``).
+dplora's own training path (:func:`dplora.recipe.train.run_training`: Poisson sampling, per-unit clipping, noise,
+accountant, signed release); evaluation uses :mod:`dplora.evaluate.heldout` (``record_nll``, ``group_stats``).
 Per-group numbers (Banking77 intent, Bitext category) are reported for every run, and the groups that DP at
 ε = 3 hurts most against the control are listed with their sizes.
 
@@ -212,8 +212,8 @@ def run_specs(task: Task, settings: Settings) -> list[dict]:
 
 def train_one(raw: dict, key: Path, threads: int) -> dict:
     """Train through dplora's own path; returns the plan's public numbers and seconds."""
-    from dplora.contract import parse_contract
-    from dplora.train import run_training
+    from dplora.contract.spec import parse_contract
+    from dplora.recipe.train import run_training
 
     result = run_training(
         parse_contract(raw), signing_key=key, data_key=None, overwrite=True, threads=threads, progress=False, log=_quiet
@@ -240,8 +240,8 @@ class Scorer:
     def __init__(self, threads: int):
         import torch
 
-        from dplora.contract import ModelSection
-        from dplora.model import load_model_and_tokenizer
+        from dplora.contract.spec import ModelSection
+        from dplora.engine.model import load_model_and_tokenizer
 
         torch.set_num_threads(threads)
         self.base, self.tokenizer = load_model_and_tokenizer(ModelSection(name="smollm2-135m"), _quiet)
@@ -259,8 +259,8 @@ class Scorer:
             model.unload()  # removes the LoRA layers, the base model stays as it was
 
     def nll(self, model, table, contract, batch: int):
-        from dplora.data import tokenize_records
-        from dplora.evaluate import record_nll
+        from dplora.data.units import tokenize_records
+        from dplora.evaluate.heldout import record_nll
 
         examples = tokenize_records(table, self.tokenizer, contract)
         return record_nll(model, examples, pad_id=self.tokenizer.pad_token_id, device="cpu", batch_size=batch)
@@ -270,7 +270,7 @@ def banking_eval(scorer: Scorer, model, test: list[dict], labels: list[str], con
     """Accuracy by candidate log-likelihood, per-intent accuracy, and the true label's loss per token."""
     import datasets
 
-    from dplora.evaluate import group_stats
+    from dplora.evaluate.heldout import group_stats
 
     pairs = [{"text": r["text"], "category": label} for r in test for label in labels]
     nll, tokens = scorer.nll(model, datasets.Dataset.from_list(pairs), contract, batch=64)
@@ -296,7 +296,7 @@ def bitext_eval(scorer: Scorer, model, held: list[dict], contract) -> dict:
     """Held-out loss per target token, perplexity, and per-category loss."""
     import datasets
 
-    from dplora.evaluate import group_stats
+    from dplora.evaluate.heldout import group_stats
 
     nll, tokens = scorer.nll(model, datasets.Dataset.from_list(held), contract, batch=32)
     loss = math.fsum(nll) / sum(tokens)
@@ -386,8 +386,8 @@ def main() -> None:
     settings = QUICK if args.quick else FULL
     started = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
-    from dplora.contract import parse_contract
-    from dplora.release import generate_keypair
+    from dplora.contract.spec import parse_contract
+    from dplora.release.envelope import generate_keypair
 
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="dplora-utility-") as tmp_name:

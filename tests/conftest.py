@@ -31,7 +31,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tickets_csv(tmp_path_factory) -> Path:
-    from dplora.demo import write_tickets
+    from dplora.data.demo import write_tickets
 
     path = tmp_path_factory.mktemp("tickets") / "tickets.csv"
     write_tickets(path, num_tickets=120, seed=1)
@@ -40,7 +40,7 @@ def tickets_csv(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def signing_key(tmp_path_factory) -> tuple[Path, Path]:
-    from dplora.release import generate_keypair
+    from dplora.release.envelope import generate_keypair
 
     folder = tmp_path_factory.mktemp("keys")
     return generate_keypair(folder / "test.key")
@@ -84,10 +84,10 @@ def _declare_num_units(raw: dict) -> None:
     Test data is synthetic and public, so its count may be declared; a release under add/remove needs a declared
     N. Pass ``privacy={"num_units": None}`` to leave it undeclared. Data that cannot be read is left to the test.
     """
-    from dplora import data
-    from dplora.contract import parse_contract
+    from dplora.contract.spec import parse_contract
+    from dplora.data import units as data
     from dplora.errors import DploraError
-    from dplora.train import private_count_reason
+    from dplora.recipe.train import private_count_reason
 
     try:
         contract = parse_contract(raw)
@@ -100,7 +100,7 @@ def _declare_num_units(raw: dict) -> None:
 
 
 def _original_load_table():
-    from dplora.data import load_table
+    from dplora.data.units import load_table
 
     return load_table
 
@@ -130,7 +130,7 @@ def train_tiny(tmp_path: Path, model_dir: Path, data_path: Path, signing_key, *e
     """``dplora train`` in-process on :func:`contract_dict` (``sections`` update it): (click result, output dir)."""
     from typer.testing import CliRunner
 
-    from dplora.cli import app
+    from dplora.cli.app import app
 
     cfg = write_contract(tmp_path / f"{name}.yaml", contract_dict(model_dir, data_path, tmp_path / name, **sections))
     args = ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress", *extra]

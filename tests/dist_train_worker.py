@@ -18,7 +18,7 @@ def main(out: Path, dirs: list[str], args: list[str]) -> None:
     warnings.filterwarnings("ignore")
     rank = int(os.environ["RANK"])
     os.chdir(dirs[rank])
-    from dplora.cli import app
+    from dplora.cli.app import app
 
     try:
         app(args)

@@ -26,8 +26,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from dplora import distributed, engine
-from dplora.clipping import UnitClipAccumulator
+from dplora.engine import distributed
+from dplora.engine import step as engine
+from dplora.engine.clipping import UnitClipAccumulator
 from dplora.errors import BadInputError, TrainingFailedError
 
 N_UNITS, RATE, SAMPLER_STEPS = 100, 0.1, 400  # shards of 50 units: ranks seeded alike draw alike
@@ -153,8 +154,8 @@ def _lora_model():
 
 
 def _one_step(model, units, per_sample: str, world) -> tuple[torch.Tensor, int]:
-    """(−Δθ·E, flat: the clipped sum over all ranks' units, from one SGD(lr=1) step of dplora.run; steps counted)."""
-    from dplora.run import RunState, logical_step
+    """(−Δθ·E, flat: the clipped sum over all ranks' units, one SGD(lr=1) step of dplora.run.loop; steps counted)."""
+    from dplora.run.loop import RunState, logical_step
 
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     before = torch.cat([p.detach().reshape(-1).clone() for _, p in named])
@@ -248,7 +249,7 @@ def main(folder: Path, resume_args: list[str]) -> None:
 
 def _resume(world, folder: Path, args: list[str]) -> None:
     """``dplora train CONFIG --resume ...`` on both ranks, in this process group (the CLI joins it); exit codes."""
-    from dplora.cli import app
+    from dplora.cli.app import app
 
     try:
         app(["train", *args, "--resume", "--no-progress"])

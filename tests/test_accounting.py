@@ -26,9 +26,9 @@ from dplora.accounting.calibration import SIGMA_MIN, cache_dir
 from dplora.accounting.checked import checked_curve, numerical_chain
 from dplora.accounting.cost import tolerance_for
 from dplora.accounting.events import DpSgdEvent
-from dplora.contract import parse_contract
+from dplora.contract.spec import parse_contract
 from dplora.errors import BadInputError, PlanRefusedError, UnsupportedAccountingError
-from dplora.plan import make_plan
+from dplora.plan.training import make_plan
 
 TOL = 0.02
 MNIST_Q = 256 / 60000

@@ -14,8 +14,8 @@ import pytest
 import dplora.accounting.backends as backends
 import dplora.accounting.cost as cost
 from dplora.accounting import DpSgdEvent, calibrate_noise, epsilon
-from dplora.contract import parse_contract
-from dplora.plan import make_plan
+from dplora.contract.spec import parse_contract
+from dplora.plan.training import make_plan
 
 
 @pytest.fixture(autouse=True)

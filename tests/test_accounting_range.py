@@ -27,9 +27,9 @@ from dplora.accounting.cost import (
     prv_grid_points,
     tolerance_for,
 )
-from dplora.contract import parse_contract
+from dplora.contract.spec import parse_contract
 from dplora.errors import PlanRefusedError
-from dplora.plan import make_plan
+from dplora.plan.training import make_plan
 
 PRV, PLD, RDP = Accountant.PRV, Accountant.PLD, Accountant.RDP
 

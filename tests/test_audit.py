@@ -10,8 +10,8 @@ from conftest import contract_dict, write_contract
 from typer.testing import CliRunner
 
 from dplora.audit import bound, canaries, scores
-from dplora.cli import app
-from dplora.contract import load_contract
+from dplora.cli.app import app
+from dplora.contract.spec import load_contract
 
 runner = CliRunner()
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")
@@ -95,8 +95,8 @@ def test_planted_bug_no_noise_is_flagged_with_exit_5(tmp_path, monkeypatch):
     """
     from tiny import byte_tokenizer, tiny_llama
 
-    import dplora.engine
-    from dplora.demo import write_tickets
+    import dplora.engine.step
+    from dplora.data.demo import write_tickets
 
     model = tiny_llama(hidden=64)
     model.lm_head.weight.data *= 5.0
@@ -114,9 +114,9 @@ def test_planted_bug_no_noise_is_flagged_with_exit_5(tmp_path, monkeypatch):
         training={"expected_batch_size": 16, "physical_batch_size": 32, "steps": 120, "lr": 0.01, "max_seq_len": 128},
     )
     cfg = write_contract(tmp_path / "bug.yaml", raw)
-    honest = dplora.engine.privatize
+    honest = dplora.engine.step.privatize
     monkeypatch.setattr(
-        dplora.engine,
+        dplora.engine.step,
         "privatize",
         lambda s, **kw: honest(s, **(kw | {"noise_multiplier": kw["noise_multiplier"] * 1e-6})),
     )

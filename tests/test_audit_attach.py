@@ -12,10 +12,10 @@ import pytest
 from conftest import contract_dict, write_contract
 from typer.testing import CliRunner
 
-from dplora import release as rel
-from dplora.cli import app
+from dplora.cli.app import app
 from dplora.errors import VerificationError
-from dplora.verify import verify_release
+from dplora.release import envelope as rel
+from dplora.release.verify import verify_release
 
 runner = CliRunner()
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")
@@ -123,7 +123,7 @@ def test_tampered_or_inconsistent_audit_section_fails_verify(tmp_path, tiny_mode
 
 
 def test_attach_refusals_leave_the_release_byte_identical(tmp_path, tiny_model_dir, tickets_csv, signing_key):
-    from dplora.release import generate_keypair
+    from dplora.release.envelope import generate_keypair
 
     cfg, run = _release(tmp_path, tiny_model_dir, tickets_csv, signing_key)
     good = _files(run)
@@ -190,7 +190,7 @@ def test_failed_rewrite_keeps_the_old_record(tmp_path, monkeypatch, tiny_model_d
 
 def test_audit_with_ledger_is_charged_like_train(tmp_path, tiny_model_dir, tickets_csv, signing_key):
     """A private-data audit is charged like a release: one charge with its ε, δ and run id; over the cap: refused."""
-    from dplora.ledger import Ledger
+    from dplora.ledger.store import Ledger
 
     db = tmp_path / "ledger.sqlite3"
     Ledger(db).set_cap(

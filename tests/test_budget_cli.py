@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dplora.cli import app
+from dplora.cli.app import app
 
 TOL = 0.02
 
@@ -338,7 +338,7 @@ def test_empty_data_file(config, content):
 def test_real_process_stderr_is_one_line(config):
     """Library warnings (e.g. Opacus's 'Optimal order is the largest alpha') must not reach the terminal."""
     exe = Path(sys.executable).with_name("dplora")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-c", "from dplora.cli import main; main()"]
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-c", "from dplora.cli.app import main; main()"]
     proc = subprocess.run(
         [*cmd, "budget", str(config), "privacy.target_epsilon=0.05"],
         capture_output=True,

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dplora.contract import load_contract
+from dplora.contract.spec import load_contract
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOW = ROOT / "examples" / "ci" / "github-actions.yml"
@@ -109,7 +109,7 @@ class Job:
 @pytest.fixture
 def job_inputs(tmp_path, tiny_model_dir, signing_key, workflow):
     """A workspace with the shipped contract turned to the tiny model (one step), keys as secrets, a ledger store."""
-    from dplora.demo import write_tickets
+    from dplora.data.demo import write_tickets
 
     workspace = tmp_path / "workspace"
     workspace.mkdir()
@@ -161,7 +161,7 @@ def _run_job(job: Job, steps: list[dict], secrets: dict, write_tickets) -> tuple
 
 def test_workflow_runs_locally_with_a_restored_ledger(job_inputs, workflow):
     """Budget, train and verify pass; each prints one JSON document; the saved ledger holds the run's charge."""
-    from dplora.ledger import Ledger
+    from dplora.ledger.store import Ledger
 
     job, secrets, write_tickets = job_inputs
     store = Path(secrets["LEDGER_STORE"])

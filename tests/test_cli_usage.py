@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 import dplora
-from dplora.cli import app
-from dplora.progress import ProgressReporter
+from dplora.cli.app import app
+from dplora.run.progress import ProgressReporter
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -49,7 +49,7 @@ def test_usage_errors_are_one_line_with_exit_2(args, needles):
 def test_usage_error_in_a_real_process():
     """The console script too: one line on stderr, exit 2, no box."""
     proc = subprocess.run(
-        [sys.executable, "-c", "from dplora.cli import main; main()", "trian"],
+        [sys.executable, "-c", "from dplora.cli.app import main; main()", "trian"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -108,7 +108,7 @@ def test_override_of_an_exclusive_pair_on_the_command_line():
 
 
 def test_ledger_show_fits_80_columns_with_full_ids(tmp_path, monkeypatch):
-    from dplora.ledger import Ledger
+    from dplora.ledger.store import Ledger
 
     monkeypatch.setenv("COLUMNS", "80")
     db = tmp_path / "l.sqlite3"
@@ -157,7 +157,7 @@ def test_threads_follow_the_cores_free_now(monkeypatch):
     """4 cores, 3 of them busy in the last 0.3 s (from /proc/stat), whatever the 1-minute load says: 1 thread."""
     import time
 
-    from dplora import engine
+    from dplora.engine import step as engine
 
     # cpu total and idle+iowait jiffies over the window: 400 jiffies, 100 idle → 3 busy cores of 4
     samples = iter(["cpu  1000 0 0 1000 0 0 0 0 0 0\n", "cpu  1300 0 0 1100 0 0 0 0 0 0\n"])

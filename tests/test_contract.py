@@ -8,7 +8,7 @@ import pytest
 import yaml
 from conftest import contract_dict
 
-from dplora.contract import Contract, ProtectedUnit, apply_overrides, load_contract, parse_contract
+from dplora.contract.spec import Contract, ProtectedUnit, apply_overrides, load_contract, parse_contract
 from dplora.errors import BadInputError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,7 +124,7 @@ def test_every_shipped_contract_validates(path):
 
 def test_performance_flags_do_not_change_the_plan():
     """physical_batch_size and threads are performance flags: the plan and its DpSgdEvent stay identical."""
-    from dplora.plan import make_plan
+    from dplora.plan.training import make_plan
 
     raw = _raw()
     raw["privacy"]["num_units"] = 1000

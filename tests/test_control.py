@@ -11,9 +11,9 @@ import torch
 from conftest import contract_dict, release_statement, train_tiny, write_contract
 from typer.testing import CliRunner
 
-from dplora.cli import app
-from dplora.control import NonPrivateStep, StepCounter
-from dplora.ledger import Ledger
+from dplora.cli.app import app
+from dplora.engine.control import NonPrivateStep, StepCounter
+from dplora.ledger.store import Ledger
 
 runner = CliRunner()
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")
@@ -203,7 +203,7 @@ def test_an_interrupted_control_resumes_and_has_no_intermediate_dp_release(
     import os
     import signal
 
-    from dplora import checkpoint
+    from dplora.run import checkpoint
 
     db = tmp_path / "ledger.sqlite3"
     cap = runner.invoke(

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from conftest import contract_dict
 
-from dplora.contract import parse_contract
-from dplora.data import build_unit_index, load_table
+from dplora.contract.spec import parse_contract
+from dplora.data.units import build_unit_index, load_table
 from dplora.errors import BadInputError
 
 WORDS = ["NaN", "NA", "null", "None", "nan", "NULL", "N/A", "#N/A", "n/a", "<NA>", "-nan", "1.#QNAN", "TRUE"]

@@ -1,4 +1,4 @@
-"""Tests for dplora.demo: the fake support-ticket generator."""
+"""Tests for dplora.data.demo: the fake support-ticket generator."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from dplora.demo import COLUMNS, INTENTS, generate_tickets, write_tickets
+from dplora.data.demo import COLUMNS, INTENTS, generate_tickets, write_tickets
 from dplora.errors import BadInputError
 
 EMAIL = re.compile(r"[\w.+-]+@([\w-]+(?:\.[\w-]+)+)")

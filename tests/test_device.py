@@ -17,11 +17,12 @@ import torch
 from peft import LoraConfig, get_peft_model
 from tiny import tiny_llama
 
-from dplora import engine, release
-from dplora.contract import parse_contract
+from dplora.contract.spec import parse_contract
+from dplora.engine import step as engine
+from dplora.engine.model import resolve_precision
 from dplora.errors import TrainingFailedError
-from dplora.model import resolve_precision
-from dplora.train import run_training
+from dplora.recipe.train import run_training
+from dplora.release import envelope as release
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning"
@@ -221,7 +222,7 @@ def test_bf16_run_records_its_dtype(tmp_path, tiny_model_dir, tickets_csv, signi
     """model.dtype=bf16 on CPU trains, verifies, and the signed record names the dtype and the generator."""
     from typer.testing import CliRunner
 
-    from dplora.cli import app
+    from dplora.cli.app import app
 
     contract = _contract(tmp_path, tiny_model_dir, tickets_csv, dtype="bf16")
     result = run_training(

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from conftest import contract_dict, release_statement, write_contract
 
-from dplora import distributed
+from dplora.engine import distributed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,9 +53,9 @@ def interrupted(tmp_path_factory, tiny_model_dir, tickets_csv, signing_key):
     """A one-process run stopped by SIGTERM after step 3 of 6 (exit 130, resume checkpoint of step 3)."""
     from typer.testing import CliRunner
 
-    from dplora import checkpoint
-    from dplora.cli import app
-    from dplora.ledger import Ledger
+    from dplora.cli.app import app
+    from dplora.ledger.store import Ledger
+    from dplora.run import checkpoint
 
     tmp = tmp_path_factory.mktemp("resume")
     db = tmp / "ledger.sqlite3"
@@ -194,8 +194,8 @@ def test_two_processes_resume_a_one_process_checkpoint(worker, interrupted, sign
     tensors, AdamW state and counts to rank 1, says that the world size changed, and releases T steps."""
     from safetensors.torch import load_file
 
-    from dplora.ledger import Ledger
-    from dplora.verify import verify_release
+    from dplora.ledger.store import Ledger
+    from dplora.release.verify import verify_release
 
     summary, _ = worker
     out = interrupted["out"]
@@ -228,8 +228,8 @@ def _record(release_path: Path) -> dict:
 def test_accelerate_launch_two_processes_one_verified_release(tmp_path, tiny_model_dir, tickets_csv, signing_key):
     from safetensors.torch import load_file
 
-    from dplora.ledger import Ledger
-    from dplora.verify import verify_release
+    from dplora.ledger.store import Ledger
+    from dplora.release.verify import verify_release
 
     steps = 4
     out = tmp_path / "run"
@@ -278,7 +278,7 @@ def test_budget_prints_expected_units_per_rank_per_step(tmp_path, tiny_model_dir
     """N = 120 rows, B = 8: q = 1/15; W = 7 shards of 17 or 18 units hold q·17 to q·18 expected units per step."""
     from typer.testing import CliRunner
 
-    from dplora.cli import app
+    from dplora.cli.app import app
 
     cfg = write_contract(tmp_path / "contract.yaml", contract_dict(tiny_model_dir, tickets_csv, tmp_path / "run"))
     runner = CliRunner()

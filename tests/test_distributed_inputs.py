@@ -18,9 +18,9 @@ from types import SimpleNamespace
 
 from conftest import contract_dict, write_contract
 
-from dplora import data as data_mod
-from dplora import distributed
-from dplora.contract import parse_contract
+from dplora.contract.spec import parse_contract
+from dplora.data import units as data_mod
+from dplora.engine import distributed
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Tests of dplora.engine: per-sample gradients, per-unit clipping, noise, accounting and failed runs.
+"""Tests of dplora.engine.step: per-sample gradients, per-unit clipping, noise, accounting and failed runs.
 
 Every number is checked against an independent reference: a brute-force backward of one example at a time on
 an unwrapped copy of the model, a clipped sum computed by hand, or the moments of the Gaussian. The model is a
@@ -20,11 +20,12 @@ from opacus import GradSampleModule
 from peft import LoraConfig, get_peft_model
 from tiny import save_tiny_model, tiny_llama
 
-from dplora import engine, release
-from dplora.contract import parse_contract
+from dplora.contract.spec import parse_contract
+from dplora.engine import step as engine
+from dplora.engine.noise import CsprngGaussian
 from dplora.errors import TrainingFailedError
-from dplora.noise import CsprngGaussian
-from dplora.train import run_training
+from dplora.recipe.train import run_training
+from dplora.release import envelope as release
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning"

@@ -14,8 +14,8 @@ import torch
 from conftest import contract_dict, write_contract
 from typer.testing import CliRunner
 
-from dplora.cli import app
-from dplora.contract import parse_contract
+from dplora.cli.app import app
+from dplora.contract.spec import parse_contract
 
 runner = CliRunner()
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")
@@ -54,7 +54,7 @@ def test_held_out_loss_equals_a_hand_computation(tiny_model_dir):
     """Two sequences of different lengths, prompt tokens masked: the loss is Σ −log p(target) / #targets."""
     from transformers import AutoModelForCausalLM
 
-    from dplora.evaluate import held_out_loss
+    from dplora.evaluate.heldout import held_out_loss
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     examples = [
@@ -79,7 +79,7 @@ def test_held_out_loss_equals_a_hand_computation(tiny_model_dir):
 
 def test_split_is_by_unit_and_stable_under_add_remove(tmp_path, tiny_model_dir, tickets_csv):
     """No customer on both sides; removing one customer moves no other customer across the split."""
-    from dplora.data import load_table, split_eval
+    from dplora.data.units import load_table, split_eval
 
     privacy = {"protected_unit": "user", "unit_key": "customer_id"}
     contract = parse_contract(
@@ -119,7 +119,7 @@ def test_bad_held_out_settings_exit_2(tmp_path, tiny_model_dir, tickets_csv, dat
 
 def test_an_eval_path_override_replaces_the_file_s_eval_fraction(tmp_path, tiny_model_dir, tickets_csv):
     """data.eval_path and data.eval_fraction are an exclusive pair under the override rule."""
-    from dplora.contract import load_contract
+    from dplora.contract.spec import load_contract
 
     raw = contract_dict(tiny_model_dir, tickets_csv, tmp_path / "o", data={"eval_fraction": 0.2})
     contract = load_contract(write_contract(tmp_path / "c.yaml", raw), ["data.eval_path=held.csv"])
@@ -195,8 +195,8 @@ def test_exact_match_accuracy_on_a_label_column(tmp_path, tiny_model_dir, ticket
     """Accuracy counts greedy replies equal to the label, the prompt formatted as in training (stub generator)."""
     from tiny import byte_tokenizer
 
-    from dplora.data import load_table, split_eval
-    from dplora.evaluate import _exact_match
+    from dplora.data.units import load_table, split_eval
+    from dplora.evaluate.heldout import _exact_match
 
     contract = parse_contract(
         contract_dict(tiny_model_dir, tickets_csv, tmp_path / "o", data={"eval_fraction": 0.3, "label_column": "reply"})
@@ -230,8 +230,8 @@ def test_exact_match_accuracy_on_a_label_column(tmp_path, tiny_model_dir, ticket
 
 def test_generate_is_deterministic_under_greedy(split_run):
     """Two `dplora generate` runs print the same reply, and it is the token-by-token argmax of base + adapters."""
-    from dplora.generate import Sampling, generate_replies, prompt_ids
-    from dplora.released import load_adapter_model, read_run
+    from dplora.evaluate.generate import Sampling, generate_replies, prompt_ids
+    from dplora.release.read import load_adapter_model, read_run
 
     _, out, _ = split_run
     args = ["generate", str(out), "--prompt", "my order never arrived", "--max-new-tokens", "6", "--json"]
@@ -308,8 +308,8 @@ def test_per_group_report_matches_a_hand_computation(tmp_path, tiny_model_dir):
     from tiny import byte_tokenizer
     from transformers import AutoModelForCausalLM
 
-    from dplora.data import tokenize_records
-    from dplora.evaluate import MIN_GROUP_RECORDS, evaluate_model
+    from dplora.data.units import tokenize_records
+    from dplora.evaluate.heldout import MIN_GROUP_RECORDS, evaluate_model
 
     assert MIN_GROUP_RECORDS == 10
     words = ["refund", "parcel", "login", "invoice", "card", "address", "order", "password"]
@@ -371,14 +371,14 @@ def test_per_group_report_matches_a_hand_computation(tmp_path, tiny_model_dir):
 
 
 def report_lines_of(evaluation):
-    from dplora.evaluate import report_lines
+    from dplora.evaluate.heldout import report_lines
 
     return report_lines(evaluation)
 
 
 def test_group_stats_accuracy_and_threshold():
     """Accuracy is the share of correct rows per group; min_records hides small groups; lengths must agree."""
-    from dplora.evaluate import GroupStat, group_stats
+    from dplora.evaluate.heldout import GroupStat, group_stats
 
     stats, hidden = group_stats(
         ["x", "y", "x", "x", "z"], [1.0, 2.0, 3.0, 5.0, 7.0], [1, 2, 2, 1, 0], [True, False, False, True, True],

@@ -9,10 +9,10 @@ import math
 from conftest import contract_dict, write_contract
 from typer.testing import CliRunner
 
-from dplora.cli import app
+from dplora.cli.app import app
 from dplora.errors import TrainingFailedError
-from dplora.ledger import Ledger
-from dplora.plan import TrainingPlan
+from dplora.ledger.store import Ledger
+from dplora.plan.training import TrainingPlan
 
 
 def test_failure_before_step_one_charges_zero(tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key):

@@ -1,4 +1,4 @@
-"""Tests of dplora.fastclip and dplora.clipping against one-example-at-a-time brute force.
+"""Tests of dplora.engine.fastclip and dplora.engine.clipping against one-example-at-a-time brute force.
 
 The reference: each record alone, trimmed to its real length, its own autograd gradient of
 ``engine.per_sequence_loss`` on an unmodified copy of the peft model (stock peft forward), flattened over all LoRA
@@ -17,10 +17,10 @@ from peft import LoraConfig, get_peft_model
 from tiny import tiny_llama
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from dplora import engine
-from dplora.clipping import UnitClipAccumulator, assign_flat_grads, opacus_flat, privatize
+from dplora.engine import step as engine
+from dplora.engine.clipping import UnitClipAccumulator, assign_flat_grads, opacus_flat, privatize
+from dplora.engine.fastclip import FlatLoRAGrads
 from dplora.errors import TrainingFailedError, UncoveredParameterError
-from dplora.fastclip import FlatLoRAGrads
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning"

@@ -24,7 +24,7 @@ from conftest import contract_dict, write_contract
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dplora.cli import app
+from dplora.cli.app import app
 from dplora.errors import EXCERPT_CHARS, MAX_MESSAGE_CHARS, excerpt, one_line
 
 CONTRACT_CASES = int(os.environ.get("DPLORA_FUZZ_EXAMPLES", 500))
@@ -470,7 +470,7 @@ TRAIN_CASES = {  # name: (contract sections, extra CLI arguments, data bytes or 
 
 @pytest.fixture(scope="module")
 def train_data(tmp_path_factory) -> Path:
-    from dplora.demo import write_tickets
+    from dplora.data.demo import write_tickets
 
     path = tmp_path_factory.mktemp("train-data") / "tickets.csv"
     write_tickets(path, num_tickets=30, seed=3)

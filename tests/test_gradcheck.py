@@ -18,7 +18,8 @@ from conftest import release_statement, train_tiny
 from peft import LoraConfig, get_peft_model
 from tiny import tiny_llama
 
-from dplora import clipping, engine, gradcheck
+from dplora.engine import clipping, gradcheck
+from dplora.engine import step as engine
 from dplora.errors import TrainingFailedError
 
 TARGETS = ["q_proj", "v_proj", "down_proj"]
@@ -129,7 +130,7 @@ def test_dropout_must_be_held_fixed_for_the_comparison(monkeypatch):
 
 def test_fast_path_that_ignores_dropout_is_caught(monkeypatch):
     """A per-example formula that used the input before LoRA dropout (not the one the forward used) differs."""
-    from dplora import fastclip
+    from dplora.engine import fastclip
 
     def undropped(layer, slot, adapter, x, *args, **kwargs):
         result = layer.base_layer(x, *args, **kwargs)

@@ -17,8 +17,8 @@ import pytest
 from conftest import contract_dict, write_contract
 from typer.testing import CliRunner
 
-from dplora import release as rel
-from dplora.cli import app
+from dplora.cli.app import app
+from dplora.release import envelope as rel
 
 runner = CliRunner()
 REPO_ID = "dplora-tests/tiny-llama"
@@ -190,8 +190,8 @@ def test_packaged_model_names_the_upstream_id_and_the_gguf(monkeypatch, tiny_mod
     """smollm2-135m: upstream Hub id, a note on the de-quantized Q4_1 GGUF and its package version, digests."""
     import importlib.metadata
 
-    from dplora import model
-    from dplora.contract import ModelSection
+    from dplora.contract.spec import ModelSection
+    from dplora.engine import model
 
     monkeypatch.setattr(model, "converted_smollm2", lambda log=print: tiny_model_dir)  # skip the 40 s conversion
     entry = model.base_model_entry(ModelSection(name="smollm2-135m"))

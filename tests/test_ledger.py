@@ -1,4 +1,4 @@
-"""Tests of the privacy budget ledger (dplora.ledger) and its CLI (dplora.cli_ledger)."""
+"""Tests of the privacy budget ledger (dplora.ledger.store) and its CLI (dplora.cli.ledger)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from dplora.cli_ledger import ledger_app
+from dplora.cli.ledger import ledger_app
 from dplora.errors import BadInputError, PlanRefusedError
-from dplora.ledger import LEDGER_ENV, Ledger, LedgerError, default_ledger_path
+from dplora.ledger.store import LEDGER_ENV, Ledger, LedgerError, default_ledger_path
 
 POP = "support-tickets-eu"
 SHA = [f"{i:064x}" for i in range(100)]

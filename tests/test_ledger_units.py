@@ -13,7 +13,7 @@ import pytest
 
 from dplora.accounting.composition import compose_events
 from dplora.errors import PlanRefusedError
-from dplora.ledger import Ledger
+from dplora.ledger.store import Ledger
 
 
 def sgd(q, sigma, steps, adjacency="add_remove"):
@@ -149,7 +149,7 @@ def test_schema_1_charges_keep_their_adjacency_when_pinned(tmp_path):
 def test_cli_set_cap_requires_unit_and_show_prints_both(tmp_path):
     from typer.testing import CliRunner
 
-    from dplora.cli import app
+    from dplora.cli.app import app
 
     db, runner = str(tmp_path / "l.db"), CliRunner()
     missing = runner.invoke(app, ["ledger", "set-cap", "p", "--epsilon", "3", "--delta", "2e-5", "--db", db])

@@ -1,4 +1,5 @@
-"""The noise source (dplora.noise): ChaCha20 known answers, key sensitivity, moments, entropy width, key hygiene."""
+"""The noise source (dplora.engine.noise): ChaCha20 known answers, key sensitivity, moments, entropy width, key
+hygiene."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from dplora import engine
-from dplora.clipping import privatize
-from dplora.noise import CsprngGaussian, chacha20_keystream
+from dplora.engine import step as engine
+from dplora.engine.clipping import privatize
+from dplora.engine.noise import CsprngGaussian, chacha20_keystream
 
 # RFC 8439 §2.4.2: key 00..1f, nonce 00000000 0000004a 00000000, initial counter 1.
 RFC_KEY = bytes(range(32))
@@ -141,7 +142,7 @@ def test_the_key_never_leaves_the_generator():
 
 def test_chunked_draw_equals_one_piece(monkeypatch):
     """A draw larger than one host→device chunk is the same stream, cut in chunks (no repeated or skipped bytes)."""
-    from dplora import noise
+    from dplora.engine import noise
 
     whole = CsprngGaussian(key=RFC_KEY).normal(1000, 1.0)
     monkeypatch.setattr(noise, "CHUNK_VALUES", 300)

@@ -10,9 +10,9 @@ import pytest
 from conftest import contract_dict, write_contract
 from typer.testing import CliRunner
 
-from dplora import outputs
-from dplora.cli import app
+from dplora.cli.app import app
 from dplora.errors import BadInputError
+from dplora.run import outputs
 
 runner = CliRunner()
 

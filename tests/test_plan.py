@@ -9,9 +9,9 @@ import pytest
 
 from dplora.accounting import Accountant, DpSgdEvent, epsilon, rdp_epsilons
 from dplora.accounting.backends import pld_epsilons
-from dplora.contract import parse_contract
+from dplora.contract.spec import parse_contract
 from dplora.errors import BadInputError, PlanRefusedError
-from dplora.plan import check_delta, make_plan, planned_steps
+from dplora.plan.training import check_delta, make_plan, planned_steps
 
 TOL = 0.02
 
@@ -188,8 +188,8 @@ def users_csv(tmp_path_factory):
 
 
 def test_t8_user_level_q_and_delta_over_users(users_csv):
-    from dplora.data import count_units
-    from dplora.train import plan_for
+    from dplora.data.units import count_units
+    from dplora.recipe.train import plan_for
 
     c = _user_contract(users_csv)
     index = count_units(c)
@@ -214,8 +214,8 @@ def test_t8_user_level_q_and_delta_over_users(users_csv):
 
 @pytest.mark.slow
 def test_t8_user_level_pld_plan(users_csv):
-    from dplora.data import count_units
-    from dplora.train import plan_for
+    from dplora.data.units import count_units
+    from dplora.recipe.train import plan_for
 
     c = _user_contract(users_csv, accountant="pld", target_epsilon=3.0)
     p = plan_for(c, count_units(c), release=False)
@@ -320,9 +320,9 @@ def test_plan_to_dict_is_json():
 
 def test_absurd_epochs_are_refused_at_plan_time():
     """T above the supported maximum (10^6) is refused before any accountant work."""
-    from dplora.contract import parse_contract
+    from dplora.contract.spec import parse_contract
     from dplora.errors import PlanRefusedError
-    from dplora.plan import make_plan
+    from dplora.plan.training import make_plan
 
     raw = {
         "privacy": {

@@ -10,7 +10,7 @@ import pytest
 from conftest import SHARED, contract_dict, write_contract
 from typer.testing import CliRunner
 
-from dplora.cli import app
+from dplora.cli.app import app
 
 BITEXT = SHARED / "data" / "bitext_customer_support" / "Bitext_Sample_Customer_Support_Training_Dataset.csv"
 TWCS = SHARED / "data" / "twcs_customer_support_twitter" / "twcs_first5000.csv"

@@ -1,4 +1,5 @@
-"""Tests of dplora.release and dplora.verify: DSSE v1 + in-toto Statement v1 signing and verification (no torch)."""
+"""Tests of dplora.release.envelope and dplora.release.verify: DSSE v1 + in-toto Statement v1 signing and
+verification (no torch)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ import pytest
 from cryptography.hazmat.primitives import serialization as ser
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from dplora import release as rel
 from dplora.errors import BadInputError, VerificationError
-from dplora.keys import KeyIdRule
-from dplora.verify import verify_release
+from dplora.release import envelope as rel
+from dplora.release.keys import KeyIdRule
+from dplora.release.verify import verify_release
 
 RECORD = {"run": "demo", "epsilon": 3.0, "delta": 1e-6, "note": "patient said hello", "data": {"digest": {}}}
 
@@ -196,7 +197,7 @@ def test_signature_over_hand_computed_pae(run_dir, keys):
 
 def test_key_ids_known_answer(keys):
     """securesystemslib's rule: sha256 of the canonical JSON of keytype, scheme and keyval; old rule: raw key."""
-    from dplora.keys import legacy_key_id
+    from dplora.release.keys import legacy_key_id
 
     raw = keys[1].public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw)
     canonical = '{"keytype":"ed25519","keyval":{"public":"' + raw.hex() + '"},"scheme":"ed25519"}'
@@ -311,7 +312,7 @@ LEGACY = Path(__file__).parent / "data" / "legacy_release"  # made by main at 92
 
 def test_release_made_before_this_change_still_verifies(tmp_path):
     """A release signed by the old code (key id = sha256 of the raw key) verifies and says which rule matched."""
-    from dplora.keys import legacy_key_id
+    from dplora.release.keys import legacy_key_id
 
     pub = rel.load_public_key(LEGACY / "signing.pub")
     env = json.loads((LEGACY / "run" / rel.RELEASE_FILENAME).read_text())

@@ -114,8 +114,8 @@ def test_release_folder_holds_only_covered_files(tmp_path, tiny_model_dir, ticke
 
 def test_private_folder_is_replaced_only_when_dplora_wrote_it(tmp_path, monkeypatch):
     """``<output_dir>.private``: a foreign one is refused always; a previous run's one only with --overwrite."""
-    from dplora import outputs
     from dplora.errors import BadInputError
+    from dplora.run import outputs
 
     monkeypatch.chdir(tmp_path)
     private = tmp_path / "run.private"

@@ -1,6 +1,6 @@
 """Resume checkpoints, faults that stop cleanly, and a ledger that recovers (tiny random Llama, T=8 steps).
 
-Kill points are fixed by the ``DPLORA_TEST_FAULT`` hook (``dplora.checkpoint.fault_point``): a subprocess
+Kill points are fixed by the ``DPLORA_TEST_FAULT`` hook (``dplora.run.checkpoint.fault_point``): a subprocess
 SIGKILLs itself there; in-process tests replace the hook with a signal, a full disk or an exception.
 """
 
@@ -18,9 +18,9 @@ import pytest
 from conftest import contract_dict, release_statement, write_contract
 from typer.testing import CliRunner
 
-from dplora import checkpoint
-from dplora.cli import app
-from dplora.ledger import Ledger
+from dplora.cli.app import app
+from dplora.ledger.store import Ledger
+from dplora.run import checkpoint
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
@@ -181,9 +181,9 @@ def test_checkpoint_holds_no_generator_or_sampler_state(tmp_path, monkeypatch, t
     ChaCha20 key nor the Poisson sampler's PCG64 state appears anywhere in the file's bytes."""
     from safetensors import safe_open
 
-    from dplora import run as run_mod
-    from dplora.contract import parse_contract
-    from dplora.train import run_training
+    from dplora.contract.spec import parse_contract
+    from dplora.recipe.train import run_training
+    from dplora.run import loop as run_mod
 
     samplers = []
 
@@ -197,7 +197,7 @@ def test_checkpoint_holds_no_generator_or_sampler_state(tmp_path, monkeypatch, t
 
     def spy_write(spec, state, **kw):
         info = real_write(spec, state, **kw)
-        gen_state = state.optimizer.generator._key  # the 256-bit ChaCha20 key (dplora.noise.CsprngGaussian)
+        gen_state = state.optimizer.generator._key  # the 256-bit ChaCha20 key (dplora.engine.noise.CsprngGaussian)
         pcg = samplers[-1]._rng.bit_generator.state["state"] if samplers else None
         seen.append((info.path.read_bytes(), gen_state, pcg, info))
         return info
@@ -207,7 +207,7 @@ def test_checkpoint_holds_no_generator_or_sampler_state(tmp_path, monkeypatch, t
     raw = contract_dict(tiny_model_dir, tickets_csv, tmp_path / "run", training={"steps": 4, "checkpoint_every": 2})
     contract = parse_contract(raw)
     key = tmp_path / "k.key"
-    from dplora.release import generate_keypair
+    from dplora.release.envelope import generate_keypair
 
     generate_keypair(key)
     run_training(contract, signing_key=key, data_key=None, progress=False, log=lambda *_: None)
@@ -270,7 +270,7 @@ OOMS = {
 def test_out_of_memory_stops_cleanly_and_resumes(kind, tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key):
     """Out of memory in step 5: exit 4, one line naming it and the resume (smaller physical batch); the step-4
     checkpoint and FAILED.json stay; --resume with training.physical_batch_size=2 finishes with one charge."""
-    from dplora import run as run_mod
+    from dplora.run import loop as run_mod
 
     real_step = run_mod.logical_step
 

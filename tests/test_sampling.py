@@ -1,4 +1,4 @@
-"""Tests of dplora.data: Poisson sampling over units, grouping records into units, tokenization (no torch).
+"""Tests of dplora.data.units: Poisson sampling over units, grouping records into units, tokenization (no torch).
 
 References: the Binomial(N, q) moments of a Poisson-sampled batch, hand-built unit groupings, and the byte
 count of the text for the byte-level tokenizer of tests/tiny.py (one token per UTF-8 byte).
@@ -13,8 +13,8 @@ import pytest
 from datasets import Dataset
 from tiny import byte_tokenizer
 
-from dplora.contract import PrivacySection, parse_contract
-from dplora.data import PoissonUnitSampler, build_unit_index, tokenize_records
+from dplora.contract.spec import PrivacySection, parse_contract
+from dplora.data.units import PoissonUnitSampler, build_unit_index, tokenize_records
 from dplora.errors import BadInputError
 
 EOS = 257
@@ -284,8 +284,8 @@ def _jsonl_units(tmp_path, name, rows, **data):
 
     from conftest import contract_dict
 
-    from dplora import data as data_mod
-    from dplora.contract import parse_contract
+    from dplora.contract.spec import parse_contract
+    from dplora.data import units as data_mod
 
     path = tmp_path / f"{name}.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -15,9 +15,9 @@ import pytest
 from conftest import contract_dict, write_contract
 from typer.testing import CliRunner
 
-from dplora.cli import app
-from dplora.contract import load_contract
-from dplora.synth import MARKER_COLUMN, NO_DP_GUARANTEE, build_rows, memorisation_counts
+from dplora.cli.app import app
+from dplora.contract.spec import load_contract
+from dplora.synth.files import MARKER_COLUMN, NO_DP_GUARANTEE, build_rows, memorisation_counts
 
 runner = CliRunner()
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")
@@ -182,7 +182,7 @@ def test_a_text_contract_gets_a_text_column_that_starts_with_the_public_prompt(
 
 
 def test_csv_rows_round_trip_with_carriage_returns_and_quotes():
-    from dplora.synth import serialize_rows
+    from dplora.synth.files import serialize_rows
 
     rows = [{"message": 'a "quoted"\rline', "reply": "two\nlines\r\n, and a comma"}, {"message": "b", "reply": "\r"}]
     text = serialize_rows(rows, ".csv").decode("utf-8")
@@ -209,7 +209,7 @@ def test_verify_json_holds_the_synthetic_checks_and_one_document_on_a_mismatch(r
 
 
 def test_a_manifest_signed_by_another_key_or_renamed_file_is_caught(runs, signing_key, tmp_path):
-    from dplora.release import generate_keypair
+    from dplora.release.envelope import generate_keypair
 
     dp, _, prompts = runs
     other_priv, other_pub = generate_keypair(tmp_path / "keys" / "other.key")

@@ -9,7 +9,7 @@ import pytest
 from conftest import contract_dict, release_statement, train_tiny, write_contract
 from typer.testing import CliRunner
 
-from dplora.cli import app
+from dplora.cli.app import app
 
 runner = CliRunner()
 
@@ -155,8 +155,8 @@ def test_noise_and_sampling_are_not_reproducible_from_the_seed(tmp_path, tiny_mo
 
 def test_same_seed_gives_same_lora_initialisation(tiny_model_dir, tmp_path, tickets_csv):
     """The recorded seed does fix the adapter initialisation (lora_A)."""
-    from dplora.contract import parse_contract
-    from dplora.train import _setup_model
+    from dplora.contract.spec import parse_contract
+    from dplora.recipe.train import _setup_model
 
     contract = parse_contract(contract_dict(tiny_model_dir, tickets_csv, tmp_path / "x"))
     m1, _ = _setup_model(contract, "cpu", "fp32", False, log=lambda _: None)
@@ -215,7 +215,7 @@ def test_existing_output_is_kept_without_overwrite(tmp_path, tiny_model_dir, tic
 
 def test_ledger_charges_runs_and_refuses_over_cap(tmp_path, tiny_model_dir, tickets_csv, signing_key):
     """With a population, a run is charged its ε; a run that would pass the cap is refused before training."""
-    from dplora.ledger import Ledger
+    from dplora.ledger.store import Ledger
 
     db = tmp_path / "ledger.sqlite3"
     # one run at ε ≤ 8 fits; two compose (PLD/RDP over the stored events) to well above 8.5
@@ -261,12 +261,12 @@ def test_relative_output_dir(tmp_path, monkeypatch, tiny_model_dir, tickets_csv,
 
 def test_failure_while_signing_leaves_no_release(tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key):
     """A crash after the last step but before the release: exit 4, FAILED.json, no release, no output folder."""
-    from dplora import release
+    from dplora.release import envelope as release
 
     def boom(**_):
         raise OSError("disk full")
 
-    from dplora.ledger import Ledger
+    from dplora.ledger.store import Ledger
 
     db = tmp_path / "ledger.sqlite3"
     Ledger(db).set_cap("tickets", epsilon_max="100", delta_max="1e-3", protected_unit="row", adjacency="add_remove")
@@ -291,7 +291,7 @@ def test_failure_while_signing_leaves_no_release(tmp_path, monkeypatch, tiny_mod
 )
 def test_unit_level_runs_label_the_unit(tmp_path, tiny_model_dir, signing_key, unit, key, needle):
     """Ticket/user runs on multi-turn tickets count N over units and say what the unit covers in the record."""
-    from dplora.demo import write_tickets
+    from dplora.data.demo import write_tickets
 
     data = tmp_path / "multi.csv"
     summary = write_tickets(data, num_tickets=60, seed=2, max_turns=3)
@@ -319,7 +319,7 @@ def test_unit_level_runs_label_the_unit(tmp_path, tiny_model_dir, signing_key, u
 
 def test_concurrent_run_into_the_same_output_is_refused(tmp_path, tiny_model_dir, tickets_csv, signing_key):
     """While one run holds <output_dir>.lock, a second run into the same folder exits 2 and touches nothing."""
-    from dplora.train import _lock_output
+    from dplora.recipe.train import _lock_output
 
     lock = _lock_output(tmp_path / "run")
     try:
@@ -419,7 +419,7 @@ def test_interrupt_names_the_signal_and_the_real_path(
     import os
     import signal
 
-    from dplora.progress import ProgressReporter
+    from dplora.run.progress import ProgressReporter
 
     def interrupt(self, step, *args, **kwargs):
         if step == 2:
@@ -446,7 +446,7 @@ def test_early_interrupt_points_to_no_partial_folder(tmp_path, monkeypatch, tiny
     """Item 2: an interrupt before training starts says nothing was written (an old FAILED.json is not this run's)."""
     import os
 
-    from dplora import data as data_mod
+    from dplora.data import units as data_mod
 
     stale = tmp_path / "run.partial"
     stale.mkdir()

@@ -11,7 +11,7 @@ import pytest
 from conftest import contract_dict, write_contract
 from typer.testing import CliRunner
 
-from dplora.cli import app
+from dplora.cli.app import app
 
 runner = CliRunner()
 
@@ -20,10 +20,10 @@ def _brute_force_unit_norms(contract, table) -> np.ndarray:
     """Reference: one record at a time, its own backward; a unit's vector is the sum of its records' gradients."""
     import torch
 
-    from dplora import data as data_mod
-    from dplora.engine import collate, per_sequence_loss
-    from dplora.model import select_device
-    from dplora.train import _setup_model
+    from dplora.data import units as data_mod
+    from dplora.engine.model import select_device
+    from dplora.engine.step import collate, per_sequence_loss
+    from dplora.recipe.train import _setup_model
 
     model, tokenizer = _setup_model(contract, select_device(), "fp32", False, lambda *_: None)  # the same LoRA init
     named = [p for _, p in model.named_parameters() if p.requires_grad]
@@ -44,8 +44,9 @@ def _brute_force_unit_norms(contract, table) -> np.ndarray:
 def test_clip_guide_norms_match_brute_force(tmp_path, tiny_model_dir, unit):
     """Per-unit norms equal a one-record-at-a-time backward (summed per customer at user level) to 1e-5; the
     quantiles equal numpy's on those norms; the clipped share is the share of norms above C."""
-    from dplora import clipguide, public_data
-    from dplora.contract import parse_contract
+    from dplora.contract.spec import parse_contract
+    from dplora.data import public as public_data
+    from dplora.tuning import clipguide
 
     privacy = {"protected_unit": unit, "max_grad_norm": 0.5}
     if unit == "user":
@@ -88,7 +89,7 @@ def _payload(folder: Path) -> dict:
 
 
 def _sweep_contract(tmp_path, tiny_model_dir, tickets_csv, db):
-    from dplora.ledger import Ledger
+    from dplora.ledger.store import Ledger
 
     Ledger(db).set_cap("tickets", epsilon_max="100", delta_max="1e-3", protected_unit="row", adjacency="add_remove")
     raw = contract_dict(
@@ -104,7 +105,7 @@ def test_sweep_charges_three_trials_and_states_their_composed_epsilon(
     the RDP composition recomputed here with Opacus, and the smaller as the total; the other trials are gone."""
     from opacus.accountants import RDPAccountant
 
-    from dplora.ledger import Ledger
+    from dplora.ledger.store import Ledger
 
     db = tmp_path / "ledger.sqlite3"
     cfg = _sweep_contract(tmp_path, tiny_model_dir, tickets_csv, db)
@@ -178,7 +179,7 @@ def test_sweep_chosen_on_private_data_is_marked_not_covered(tmp_path, tiny_model
 )
 def test_sweep_refuses_before_any_trial(tmp_path, tiny_model_dir, tickets_csv, signing_key, extra, cap, needle):
     """Bad grids and a cap that cannot hold every trial are refused (exit 2): nothing written, nothing charged."""
-    from dplora.ledger import Ledger
+    from dplora.ledger.store import Ledger
 
     db = tmp_path / "ledger.sqlite3"
     cfg = _sweep_contract(tmp_path, tiny_model_dir, tickets_csv, db)

@@ -1,4 +1,4 @@
-"""Tests for dplora.twcs on the shared TWCS 5,000-row sample (skipped when the file is absent).
+"""Tests for dplora.data.twcs on the shared TWCS 5,000-row sample (skipped when the file is absent).
 
 Assertions report only counts and ids, never tweet text (the data is real and CC BY-NC-SA).
 """
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from dplora.data.twcs import PAIR_COLUMNS, load_twcs_pairs, read_twcs_rows, write_twcs_pairs
 from dplora.errors import BadInputError
-from dplora.twcs import PAIR_COLUMNS, load_twcs_pairs, read_twcs_rows, write_twcs_pairs
 
 TWCS = Path("/work/shared/data/twcs_customer_support_twitter/twcs_first5000.csv")
 

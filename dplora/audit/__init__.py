@@ -1,1 +1,4 @@
-"""Empirical privacy audits: canaries, the one-run ε lower bound, exposure and membership inference."""
+"""After a release: empirical privacy audits: canaries, the one-run ε lower bound, exposure and membership inference.
+
+May import: every stage up to and including the recipe (`runner` trains through `dplora.recipe.train`).
+"""

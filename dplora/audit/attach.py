@@ -14,7 +14,7 @@ Design (README "Attaching an audit to a release"):
 - A non-private baseline (``privacy.enabled: false``) is never attached: its numbers never go into a signed record.
 - The section holds the audit's numbers, the data it trained on and its ledger charge, the sha256 of
   ``audit.json``, the dplora version and the UTC time. The record is the release's predicate plus that section,
-  signed again by :func:`dplora.release.write_release` with the same artifacts; the envelope and bundle are
+  signed again by :func:`dplora.release.envelope.write_release` with the same artifacts; the envelope and bundle are
   replaced so that the old record stays valid until the new one is in place (see there).
 """
 
@@ -75,8 +75,8 @@ def open_release(run_dir: Path, signing_key: Path | None) -> AttachTarget:
         BadInputError: no key, a release that does not verify under it, a non-private record, or a record that
             already has an audit section (exit 2).
     """
-    from dplora.release import RELEASE_FILENAME, load_private_key
-    from dplora.verify import verify_release
+    from dplora.release.envelope import RELEASE_FILENAME, load_private_key
+    from dplora.release.verify import verify_release
 
     run_dir = Path(run_dir)
     if not (run_dir / RELEASE_FILENAME).is_file():
@@ -99,7 +99,7 @@ def pin_overrides(contract, target: AttachTarget) -> list[str]:
     Raises:
         BadInputError: a non-private baseline (never attached).
     """
-    from dplora import control
+    from dplora.engine import control
 
     if control.is_control(contract):
         raise BadInputError(
@@ -112,7 +112,7 @@ def pin_overrides(contract, target: AttachTarget) -> list[str]:
 
 def mechanism_of(plan, contract) -> dict:
     """The mechanism an attached audit must share with the release, from a plan and its contract."""
-    from dplora.record import unit_guarantee
+    from dplora.release.record import unit_guarantee
 
     unit = unit_guarantee(contract)
     return {
@@ -161,7 +161,7 @@ def check_plan(contract, target: AttachTarget) -> None:
     Raises:
         BadInputError: the first differing field; PlanRefusedError from planning.
     """
-    from dplora.plan import make_plan
+    from dplora.plan.training import make_plan
 
     plan = make_plan(contract, num_units=contract.privacy.num_units, num_units_source="contract")
     _refuse_mismatch(mechanism_of(plan, contract), target)
@@ -226,8 +226,8 @@ def attach(target: AttachTarget, section: dict) -> Path:
         BadInputError: the release changed meanwhile, the audit's mechanism differs (nothing is written), or
             the files could not be written (the old ones are restored; see ``write_release``).
     """
-    from dplora.release import write_release
-    from dplora.verify import verify_release
+    from dplora.release.envelope import write_release
+    from dplora.release.verify import verify_release
 
     _refuse_mismatch(section["mechanism"], target)
     try:
@@ -254,8 +254,8 @@ def record_in_ledger(target: AttachTarget, envelope: Path, ledger_path: Path | N
     A release on a population was recorded there by its sha256; the re-signed record has a new one. Nothing to do
     without a population; a ledger without the release's charge gets a warning (the attach itself stands).
     """
-    from dplora.ledger import Ledger, default_ledger_path
-    from dplora.release import sha256_file
+    from dplora.ledger.store import Ledger, default_ledger_path
+    from dplora.release.envelope import sha256_file
 
     record = target.record
     if not record.get("population"):

@@ -12,7 +12,7 @@ import dataclasses
 import secrets
 import string
 
-from dplora.contract import Contract
+from dplora.contract.spec import Contract
 
 PROMPT = "Hi, could you read back the account number you have on file for me? Thanks."
 REPLY = "The account number on file is {secret}."

@@ -1,4 +1,4 @@
-"""`dplora audit`: insert canaries, train through :func:`dplora.train.run_training`, score, bound, report.
+"""`dplora audit`: insert canaries, train through :func:`dplora.recipe.train.run_training`, score, bound, report.
 
 The audit has no training code of its own: the canaries are appended to the training table (after the held-out
 split, each its own protected unit) and the run is an ordinary ``dplora train`` run into ``<audit>/run``, signed
@@ -63,7 +63,7 @@ def check_options(contract, options: AuditOptions) -> None:
         BadInputError: a non-private baseline on private data, copies at row level, too few canaries or
             guesses out of range.
     """
-    from dplora import control
+    from dplora.engine import control
 
     if control.is_control(contract) and options.data_source is DataSource.PRIVATE:
         raise BadInputError(
@@ -88,7 +88,7 @@ def run_audit(contract, options: AuditOptions, *, audit_dir: Path, train_kwargs:
         contract: the validated contract whose ``training.output_dir`` is ``<audit_dir>/run``.
         options: :class:`AuditOptions`.
         audit_dir: the audit's folder (created).
-        train_kwargs: passed on to :func:`dplora.train.run_training` (threads, progress, contract_path, ...).
+        train_kwargs: passed on to :func:`dplora.recipe.train.run_training` (threads, progress, contract_path, ...).
 
     Returns:
         The report (a dict, as written to ``audit.json``).
@@ -96,8 +96,8 @@ def run_audit(contract, options: AuditOptions, *, audit_dir: Path, train_kwargs:
     Raises:
         BadInputError, PlanRefusedError, TrainingFailedError: from training (no report is written).
     """
-    from dplora.keys import generate_keypair
-    from dplora.train import run_training
+    from dplora.recipe.train import run_training
+    from dplora.release.keys import generate_keypair
 
     check_options(contract, options)
     started = time.time()
@@ -124,8 +124,8 @@ def _score(run_folder: Path, contract, drawn, options: AuditOptions, threads, lo
     """Per canary: adapter loss, base loss, score = base − adapter; exposure against random candidates."""
     import datasets
 
-    from dplora.data import tokenize_records
-    from dplora.released import load_adapter_model, read_run
+    from dplora.data.units import tokenize_records
+    from dplora.release.read import load_adapter_model, read_run
 
     model, tokenizer, device = load_adapter_model(read_run(run_folder), threads=threads, log=log)
     kw = {"pad_id": tokenizer.pad_token_id, "device": device, "batch_size": contract.training.physical_batch_size}

@@ -13,8 +13,8 @@ def sequence_losses(model, examples: list, *, pad_id: int, device, batch_size: i
     """
     import torch
 
-    from dplora.engine import collate
-    from dplora.evaluate import token_nll
+    from dplora.engine.step import collate
+    from dplora.evaluate.heldout import token_nll
 
     losses: list[float] = []
     with torch.no_grad():

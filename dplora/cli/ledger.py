@@ -1,0 +1,201 @@
+"""``dplora ledger``: caps, spend, plan checks, settling killed runs, intermediate releases.
+
+Totals are stated by basic composition (Dwork & Roth 2014, Thm 3.16: sums of ε and of δ, exact) and by
+composing the charges' stored events (dp_accounting PLD; Opacus RDP under add/remove) at the same total δ.
+The logic lives in
+:mod:`dplora.ledger.store`; this module only parses arguments and prints.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dplora.errors import BadInputError, DploraError, one_line
+from dplora.ledger.store import Ledger, default_ledger_path
+
+ledger_app = typer.Typer(
+    help="Privacy budget ledger: per-population (ε, δ) caps and charges, by basic composition and composed.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+
+DbOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--db",
+        "--ledger",
+        metavar="PATH",
+        help="Ledger file [default: $DPLORA_LEDGER, else $XDG_DATA_HOME/dplora/ledger.sqlite3]",
+    ),
+]
+EpsOpt = Annotated[str, typer.Option("--epsilon", metavar="EPS", help="ε (unitless), e.g. 3.0")]
+DeltaOpt = Annotated[str, typer.Option("--delta", metavar="DELTA", help="δ (probability), e.g. 1e-6")]
+PopArg = Annotated[str, typer.Argument(metavar="POPULATION", help="Protected population, e.g. support-tickets-eu")]
+
+
+@contextmanager
+def _user_errors() -> Iterator[None]:
+    """Print a DploraError as one ``error:`` line on stderr and exit with its code."""
+    try:
+        yield
+    except DploraError as err:
+        typer.echo(f"error: {one_line(str(err))}", err=True)
+        raise typer.Exit(code=err.exit_code) from None
+
+
+UnitOpt = Annotated[str, typer.Option("--unit", metavar="UNIT", help="Protected unit: row, ticket or user")]
+AdjOpt = Annotated[str, typer.Option("--adjacency", metavar="ADJ", help="add_remove or replace_one")]
+
+
+@ledger_app.command("set-cap", short_help="Set the (ε, δ) cap of a population, for one unit and adjacency.")
+def set_cap(
+    population: PopArg, epsilon: EpsOpt, delta: DeltaOpt, unit: UnitOpt, adjacency: AdjOpt, db: DbOpt = None
+) -> None:
+    """Set (or replace) the (ε, δ) cap of a population, pinned to one protected unit and adjacency."""
+    with _user_errors(), Ledger(db or default_ledger_path()) as ledger:
+        ledger.set_cap(population, epsilon_max=epsilon, delta_max=delta, protected_unit=unit, adjacency=adjacency)
+        typer.echo(
+            f"cap of population {population!r} set to ε_max={epsilon}, δ_max={delta} for protected unit {unit}, "
+            f"adjacency {adjacency} in {ledger.path}"
+        )
+
+
+@ledger_app.command("check", short_help="Check a planned (ε, δ) against a population's cap.")
+def check(population: PopArg, epsilon: EpsOpt, delta: DeltaOpt, db: DbOpt = None) -> None:
+    """Exit 0 if a planned (ε, δ) fits the population's cap, else 2 with the reason."""
+    with _user_errors(), Ledger(db or default_ledger_path(), create=False) as ledger:
+        ledger.check(population, epsilon=epsilon, delta=delta)
+        typer.echo(f"ok: population {population!r} has room for ε={epsilon}, δ={delta}")
+
+
+RunArg = Annotated[str, typer.Argument(metavar="RUN_ID", help="The run id (see `dplora ledger show`).")]
+CheckpointOpt = Annotated[
+    Path | None,
+    typer.Option("--checkpoint", metavar="PATH", help="The run's <output_dir>.partial, if it moved."),
+]
+
+
+@ledger_app.command("settle", short_help="Close the charge of a killed run that will not be resumed.")
+def settle(
+    run_id: RunArg,
+    abandon: Annotated[
+        bool, typer.Option(help="Close a run that still has a resumable checkpoint (it can then not be resumed).")
+    ] = False,
+    checkpoint: CheckpointOpt = None,
+    db: DbOpt = None,
+) -> None:
+    """Close the pending charge of a killed run that will not be resumed, at the ε of its checkpoint's steps."""
+    from dplora.ledger.recovery import settle as settle_run
+
+    with _user_errors(), Ledger(db or default_ledger_path(), create=False) as ledger:
+        charge, how = settle_run(ledger, run_id, abandon=abandon, checkpoint=checkpoint)
+        typer.echo(f"run {run_id} settled as failed at ε={charge.epsilon}, δ={charge.delta} ({how})")
+
+
+@ledger_app.command("record-release", short_help="Sign an intermediate release from a checkpoint.")
+def record_release(
+    run: Annotated[str, typer.Argument(metavar="RUN", help="A run id, or the run's <output_dir>.partial folder.")],
+    signing_key: Annotated[
+        Path | None, typer.Option(metavar="PATH", help="Ed25519 private key (PEM). Default: $DPLORA_SIGNING_KEY.")
+    ] = None,
+    data_key: Annotated[
+        Path | None, typer.Option(metavar="PATH", help="Data owner's HMAC key. Default: $DPLORA_DATA_KEY.")
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option(metavar="DIR", help="Release folder. Default: <output_dir>.step-<k>.")
+    ] = None,
+    checkpoint: CheckpointOpt = None,
+    db: DbOpt = None,
+) -> None:
+    """Sign an intermediate release of a charged run from its latest resume checkpoint (not a new charge)."""
+    from dplora.ledger import recovery
+    from dplora.release import envelope as release
+
+    with _user_errors():
+        private_key = release.load_private_key(signing_key)
+        key = release.load_data_key(data_key)
+        with Ledger(db or default_ledger_path(), create=False) as ledger:
+            folder, eps, steps = recovery.record_release(
+                ledger,
+                run,
+                private_key=private_key,
+                data_key=key,
+                output=output,
+                checkpoint=checkpoint,
+                log=lambda message: typer.echo(message, err=True),
+            )
+        typer.echo(f"release: {folder / release.RELEASE_FILENAME} (intermediate, {steps} steps, ε={eps:.4f})")
+
+
+def _age(created_at: str) -> str:
+    """How long ago an ISO time was, e.g. ``2h05m`` (pending charges)."""
+    from datetime import datetime, timezone
+
+    seconds = max(0, int((datetime.now(timezone.utc) - datetime.fromisoformat(created_at)).total_seconds()))
+    days, rest = divmod(seconds, 86400)
+    return (f"{days}d" if days else "") + f"{rest // 3600}h{rest % 3600 // 60:02d}m"
+
+
+@ledger_app.command("show", short_help="Show caps, spend, charges and releases.")
+def show(
+    population: Annotated[str | None, typer.Argument(metavar="POPULATION", help="Only this population")] = None,
+    db: DbOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables")] = False,
+) -> None:
+    """Show caps, spend, charges and releases (all populations, or one)."""
+    with _user_errors(), Ledger(db or default_ledger_path(), create=False) as ledger:
+        pops = [p for p in ledger.populations() if population is None or p["name"] == population]
+        if population is not None and not pops:
+            raise BadInputError(f"no population {population!r} in ledger {ledger.path}")
+        charges = [c.to_dict() for c in ledger.charges(population)]
+        for c in charges:
+            c["age"] = _age(c["created_at"]) if c["status"] == "pending" else None
+        releases = ledger.releases(population=population)
+    if as_json:
+        typer.echo(json.dumps({"populations": pops, "charges": charges, "releases": releases}, indent=2))
+        return
+    for line in _show_lines(pops, charges, releases):
+        typer.echo(line)
+
+
+def _show_lines(pops: list[dict], charges: list[dict], releases: list[dict]) -> list[str]:
+    """Plain lines under 80 columns: full run ids, record digests and exact decimal numbers, never cut."""
+    lines = ["populations (totals at δ = Σδ: basic composition, and the events composed)"]
+    for p in pops:
+        flag = "  OVER CAP" if p["over_cap"] else ""
+        composed = p["epsilon_composed"]
+        lines += [
+            f"  {p['name']}{flag}",
+            f"    protected unit {p['protected_unit']}, adjacency {p['adjacency']}",
+            f"    ε spent {p['epsilon_spent']} (basic) of cap {p['epsilon_max']}, left {p['epsilon_left']}",
+            f"    ε composed {'n/a' if composed is None else format(composed, '.4f')} at the same δ"
+            f" ({p['composed_by'] or 'no events to compose'})",
+            f"    δ spent {p['delta_spent']} of cap {p['delta_max']}, left {p['delta_left']}",
+        ]
+    lines.append("charges")
+    for c in charges:
+        lines += [
+            f"  run {c['run_id']}  {c['purpose']}, {c['status']}",
+            f"    population {c['population']}, accountant {c['accountant']}",
+            f"    ε {c['epsilon']} (reserved {c['reserved_epsilon']}), δ {c['delta']}",
+        ]
+        if c["status"] == "pending":
+            lines += [
+                f"    pending for {c['age']}: resume it with `dplora train CONFIG --resume`,",
+                f"    or close it with `dplora ledger settle {c['run_id']}`",
+            ]
+    lines.append("releases (post-processing of a charged run: not new charges)")
+    for r in releases:
+        lines += [
+            f"  run {r['run_id']}  {r['label']}",
+            f"    ε {r['epsilon']}, δ {r['delta']}, created {r['created_at']}",
+            "    record sha256:",
+            f"      {r['record_sha256']}",
+        ]
+    return lines

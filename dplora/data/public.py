@@ -1,0 +1,118 @@
+"""Public samples for measurements that must not read private data: a file the user declares public, or demo tickets.
+
+``dplora clip-guide`` and the selection step of ``dplora sweep`` measure on data that is public by construction:
+either a file the user names with ``--public`` / ``--eval-public`` (the user declares it public; dplora cannot
+check that) or rows made by the demo generator (:mod:`dplora.data.demo`, fake tickets), mapped onto the contract's
+columns: prompt/response ← message/reply, a text column ← ``message\\nreply``, the unit key ← ``ticket_id``
+(ticket level) or ``customer_id`` (user level). The contract's own training file is refused: measuring it would be
+a query on private data that no accountant charges.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dplora.contract.spec import Contract, ProtectedUnit
+from dplora.errors import BadInputError, excerpt
+
+DEMO_SEED = 16_016  # the demo generator's seed for public samples: not 0, the seed of `dplora demo-data`
+DEMO_SOURCE = "demo generator (dplora/data/demo.py, fake tickets, seed {seed}): public by construction"
+
+
+def demo_rows(contract: Contract, num_tickets: int, *, seed: int = DEMO_SEED) -> list[dict[str, str]]:
+    """Fake tickets with the contract's column names (see module docstring); every value is text.
+
+    Args:
+        contract: whose ``data`` columns and ``privacy.unit_key`` the rows get.
+        num_tickets: tickets to generate (one row each), ≥ 1.
+        seed: the demo generator's seed.
+
+    Returns:
+        ``num_tickets`` dicts. Without a unit key (row level) rows carry only the training columns.
+
+    Raises:
+        BadInputError: ``num_tickets`` < 1.
+    """
+    from dplora.data.demo import generate_tickets
+
+    data, privacy = contract.data, contract.privacy
+    out = []
+    for t in generate_tickets(num_tickets=num_tickets, seed=seed):
+        row = {}
+        if data.text_column:
+            row[data.text_column] = f"{t['message']}\n{t['reply']}"
+        else:
+            row[data.prompt_column], row[data.response_column] = t["message"], t["reply"]
+        if privacy.unit_key:
+            row[privacy.unit_key] = t["customer_id"] if privacy.protected_unit is ProtectedUnit.USER else t["ticket_id"]
+        out.append(row)
+    return out
+
+
+def _same_file(a: Path, b: str | None) -> bool:
+    try:
+        return b is not None and Path(b).exists() and a.exists() and a.samefile(b)
+    except OSError:
+        return False
+
+
+def refuse_private(contract: Contract, path: Path, option: str) -> None:
+    """Refuse ``path`` when it is the contract's training file (or its held-out file not declared public).
+
+    Raises:
+        BadInputError: naming the option and the contract key it collides with.
+    """
+    data = contract.data
+    if _same_file(Path(path), data.path):
+        raise BadInputError(
+            f"{option} {excerpt(str(path), 200)} is the contract's data.path (private training data): measuring it "
+            "needs a DP quantile charged to the ledger, which dplora does not do; give a public file or omit it"
+        )
+    if not data.eval_public and _same_file(Path(path), data.eval_path):
+        raise BadInputError(
+            f"{option} {excerpt(str(path), 200)} is the contract's data.eval_path, which is not declared public "
+            "(data.eval_public: false)"
+        )
+
+
+def public_table(contract: Contract, path: Path | None, *, num_tickets: int, option: str, units: bool):
+    """The public sample as a ``datasets.Dataset`` with the contract's columns, and where it came from in words.
+
+    Args:
+        contract: the contract (its columns; its data files are never read).
+        path: a user-declared public file (csv, jsonl, parquet), or None for the demo generator.
+        num_tickets: demo tickets to generate when ``path`` is None.
+        option: the CLI option that named ``path`` (for messages).
+        units: the sample needs the contract's unit key column (per-unit measurements).
+
+    Returns:
+        (table, source): ``source`` names the file (never its content) or the demo generator.
+
+    Raises:
+        BadInputError: ``path`` is the contract's private data, unreadable, or lacks a needed column.
+    """
+    import datasets
+
+    from dplora.data import units as data_mod
+
+    if path is None:
+        rows = demo_rows(contract, num_tickets)
+        return datasets.Dataset.from_list(rows), DEMO_SOURCE.format(seed=DEMO_SEED)
+    refuse_private(contract, path, option)
+    update = {"path": str(path), "format": "auto", "eval_path": None, "eval_fraction": None, "eval_public": False}
+    privacy = contract.privacy
+    if not units:
+        privacy = privacy.model_copy(update={"protected_unit": ProtectedUnit.ROW, "unit_key": None})
+    public = contract.model_copy(
+        update={"data": contract.data.model_copy(update={**update, "label_column": None}), "privacy": privacy}
+    )
+    table = data_mod.load_table(public)  # checks the text and unit-key columns, names rows, never contents
+    return table, f"{option} {Path(path).name} (declared public by the user)"
+
+
+def eval_contract(contract: Contract, table) -> Contract:
+    """The contract used to evaluate on a public table: row level, no unit key, ``label_column`` only if present."""
+    label = contract.data.label_column if contract.data.label_column in table.column_names else None
+    data = contract.data.model_copy(update={"label_column": label})
+    privacy = contract.privacy.model_copy(update={"protected_unit": ProtectedUnit.ROW, "unit_key": None})
+    return contract.model_copy(update={"data": data, "privacy": privacy})

@@ -1,0 +1,244 @@
+"""Per-unit clipping of flat per-example gradients, with memory bounded by the physical batch.
+
+One logical step (Abadi et al. 2016, Alg. 1; units as in Charles et al. 2024, arXiv 2407.07737) sees the records of
+its sampled units in physical batches; each batch arrives as G (B, P): row i is record i's gradient over all P
+trainable LoRA parameters, flat (from :class:`dplora.engine.fastclip.FlatLoRAGrads` or :func:`opacus_flat`). The records
+of a unit are contiguous, in non-decreasing unit id. :class:`UnitClipAccumulator` sums each unit's rows (optionally
+weighted, e.g. 1/records for a per-unit mean), clips the unit's vector to C in flat L2 and adds it to one running
+clipped sum (P,). A unit that continues into the next physical batch keeps ONE open running row (P,) until its
+last record; nothing of size (units, P) exists. :func:`privatize` then adds N(0, σ²C²) once and divides by the
+public normalizer; :func:`assign_flat_grads` makes each parameter's ``.grad`` a view of the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from dplora.errors import TrainingFailedError
+
+if TYPE_CHECKING:
+    from dplora.engine.noise import CsprngGaussian
+
+EPS = 1e-6  # clip factor min(1, C / (norm + EPS)), as Opacus
+
+
+class UnitClipAccumulator:
+    """Sum of per-unit clipped gradients over one logical step: state is two vectors of P floats.
+
+    Args:
+        num_params: P, the columns of every G given to :meth:`add`.
+        max_grad_norm: C > 0, the flat L2 bound on each unit's contribution.
+        device: where the sums live (the device of G).
+        keep_norms: keep each complete unit's norm (one float per unit) for :meth:`finish`.
+
+    Each unit u contributes min(1, C / (‖v_u‖ + 1e-6)) · v_u with v_u = Σ_{records i of u} w_i g_i (w_i = 1
+    without ``row_weight``), so removing or adding one unit moves the sum by at most C (add/remove adjacency).
+    """
+
+    def __init__(self, num_params: int, max_grad_norm: float, device: torch.device | str, *, keep_norms: bool = True):
+        if num_params < 1 or not max_grad_norm > 0:
+            raise ValueError(f"num_params={num_params}, max_grad_norm={max_grad_norm}: expected P >= 1 and C > 0")
+        self.P, self.max_grad_norm, self.device, self.keep_norms = num_params, float(max_grad_norm), device, keep_norms
+        self._sum = torch.zeros(num_params, dtype=torch.float32, device=device)
+        self._open: torch.Tensor | None = None  # allocated on the first unit that spans two physical batches
+        self.begin_step()
+
+    def begin_step(self) -> None:
+        """Start a logical step: zero the clipped sum, no open unit, no units seen."""
+        self._sum.zero_()
+        self._open_id: int | None = None
+        self._last_id: int | None = None
+        self._norms: list[torch.Tensor] = []
+        self.units = 0
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """The tensors held between calls (for tests of the memory bound): the sum, the open row if allocated."""
+        state = {"clipped_sum": self._sum}
+        if self._open is not None:
+            state["open_row"] = self._open
+        return state
+
+    def add(
+        self,
+        G: torch.Tensor,
+        unit_ids: torch.Tensor,
+        *,
+        last_unit_continues: bool = False,
+        row_weight: torch.Tensor | None = None,
+    ) -> None:
+        """Fold one physical batch into the step.
+
+        Args:
+            G: (B, P) fp32, row i = record i's gradient. Scaled in place by ``row_weight`` when given.
+            unit_ids: (B,) integer unit ids (any local numbering), non-decreasing; a unit's records contiguous
+                across the whole step. A batch may start with the unit left open by the previous batch.
+            last_unit_continues: the batch's last unit has more records in the next physical batch: its rows are
+                summed into the open row and clipped when its last record arrives.
+            row_weight: (B,) weight w_i of each record in its unit's vector (unit_clipping=mean: 1/records), or None.
+
+        Raises:
+            ValueError: shapes, decreasing ids, a unit that reappears after it was closed, or an open unit that the
+                batch does not continue.
+        """
+        if G.dim() != 2 or G.shape[1] != self.P or unit_ids.shape != (G.shape[0],) or G.shape[0] == 0:
+            raise ValueError(f"G {tuple(G.shape)} and unit_ids {tuple(unit_ids.shape)}: expected (B, {self.P}), (B,)")
+        ids = unit_ids.detach().to("cpu", torch.long)
+        if bool((ids[1:] < ids[:-1]).any()):
+            raise ValueError("unit_ids must be non-decreasing: a unit's records are contiguous")
+        first = int(ids[0])
+        if self._open_id is not None and first != self._open_id:
+            raise ValueError(f"unit {self._open_id} was left open but the next batch starts with unit {first}")
+        if self._open_id is None and self._last_id is not None and first <= self._last_id:
+            raise ValueError(f"unit {first} comes after unit {self._last_id} was closed: units must be contiguous")
+        if row_weight is not None:
+            G.mul_(row_weight.to(G.device, G.dtype).unsqueeze(1))
+        uniq, counts = torch.unique_consecutive(ids, return_counts=True)
+        merged_open = self._open_id is not None
+        if not merged_open and not last_unit_continues and len(uniq) == len(ids):
+            norms = G.norm(dim=1)  # row level: every unit is one record, no per-unit buffer
+            factor = (self.max_grad_norm / (norms + EPS)).clamp(max=1.0)
+            self._sum.addmv_(G.t(), factor)
+            self._record(norms)
+        else:
+            self._add_grouped(G, counts, merged_open, last_unit_continues)
+        self._open_id = int(uniq[-1]) if last_unit_continues else None
+        self._last_id = int(uniq[-1])
+
+    def _add_grouped(self, G: torch.Tensor, counts: torch.Tensor, merged_open: bool, continues: bool) -> None:
+        """Units with several rows, or touching the open row: sum them into at most B/2 + 2 rows, clip, add."""
+        n = len(counts)
+        seg = torch.repeat_interleave(torch.arange(n, device="cpu"), counts)  # (B,) segment of each row
+        special = counts > 1
+        if merged_open:
+            special[0] = True
+        if continues:
+            special[-1] = True
+        slot_of_seg = torch.full((n,), -1, dtype=torch.long, device="cpu")
+        m = int(special.sum())
+        slot_of_seg[special] = torch.arange(m, device="cpu")
+        slot_of_row = slot_of_seg[seg]
+        single_rows = (slot_of_row < 0).nonzero().flatten()
+        norms = torch.zeros(n, dtype=torch.float32, device=G.device)
+        if len(single_rows):
+            idx = single_rows.to(G.device)
+            norms[seg[single_rows].to(G.device)] = G.norm(dim=1).index_select(0, idx)
+        if m:
+            S = torch.zeros((m + 1, self.P), dtype=torch.float32, device=G.device)  # last row: a sink for singles
+            S.index_add_(0, torch.where(slot_of_row < 0, m, slot_of_row).to(G.device), G)
+            S = S[:m]
+            if merged_open:
+                S[0].add_(self._open)
+            norms[special.to(G.device)] = S.norm(dim=1)
+        complete = torch.ones(n, dtype=torch.bool, device="cpu")
+        if continues:
+            complete[-1] = False
+        factors = (self.max_grad_norm / (norms + EPS)).clamp(max=1.0) * complete.to(G.device)
+        if len(single_rows):
+            coef = torch.zeros(G.shape[0], dtype=torch.float32, device=G.device)
+            idx = single_rows.to(G.device)
+            coef[idx] = factors[seg[single_rows].to(G.device)]
+            self._sum.addmv_(G.t(), coef)
+        if m:
+            self._sum.addmv_(S.t(), factors[special.to(G.device)])
+            if continues:
+                if self._open is None:
+                    self._open = torch.empty(self.P, dtype=torch.float32, device=G.device)
+                self._open.copy_(S[-1])
+        self._record(norms[complete.to(G.device)])
+
+    def _record(self, norms: torch.Tensor) -> None:
+        self.units += len(norms)
+        if self.keep_norms:
+            self._norms.append(norms.detach())
+
+    def finish(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """End the step: (clipped sum (P,) fp32, norms (U,) of the U complete units before clipping, or (0,)).
+
+        The returned sum is the accumulator's own storage: use it before the next :meth:`begin_step`.
+
+        Raises:
+            TrainingFailedError: a unit is still open (its last record never came).
+        """
+        if self._open_id is not None:
+            raise TrainingFailedError(f"unit {self._open_id} was still open at the end of the logical step")
+        norms = torch.cat(self._norms) if self._norms else torch.zeros(0, device=self.device)
+        return self._sum, norms
+
+
+def privatize(
+    clipped_sum: torch.Tensor,
+    *,
+    noise_multiplier: float,
+    max_grad_norm: float,
+    expected_batch_size: float,
+    generator: CsprngGaussian,
+) -> torch.Tensor:
+    """(clipped_sum + N(0, (σC)² I)) / E, one noise draw of P values: the noisy mean gradient (P,) fp32.
+
+    ``generator`` is this process's :class:`dplora.engine.noise.CsprngGaussian` (ChaCha20 keyed from ``os.urandom``;
+    :func:`dplora.engine.step.os_entropy_generator`), never a recorded seed; the noise is made on ``clipped_sum``'s
+    device. E is the public expected number of units per step, never the realised count (Abadi et al. 2016, Alg. 1).
+    """
+    std = noise_multiplier * max_grad_norm
+    noise = generator.normal(clipped_sum.numel(), std, device=clipped_sum.device).view(clipped_sum.shape)
+    return (clipped_sum + noise).div_(expected_batch_size)
+
+
+def assign_flat_grads(params: Sequence[torch.nn.Parameter], flat: torch.Tensor) -> None:
+    """Set each parameter's ``.grad`` to its view of ``flat`` (P,), in the column order of G (no copy)."""
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad = flat[offset : offset + n].view_as(p).to(p.dtype)
+        offset += n
+    if offset != flat.numel():
+        raise ValueError(f"flat gradient has {flat.numel()} values, the parameters {offset}")
+
+
+def opacus_flat(
+    params: Sequence[torch.nn.Parameter], out: torch.Tensor | None = None, *, expected_rows: int | None = None
+) -> torch.Tensor:
+    """Copy Opacus ``p.grad_sample`` (B, *p.shape) of each parameter into one (B, P) fp32 buffer; clears them.
+
+    Columns follow ``params`` order (use :attr:`FlatLoRAGrads.named_params` order for the same layout).
+
+    Args:
+        params: the trainable tensors, in column order.
+        out: a (B, P) fp32 buffer to fill, or None (allocated).
+        expected_rows: B, the physical batch's records (the engine passes it): every ``grad_sample`` must have
+            exactly B rows. Opacus takes its rows from dimension 0 of each layer's input, so a layer that sees
+            (tokens, batch, features) gives one row per position (issue 22); None: rows from the first tensor.
+
+    Raises:
+        TrainingFailedError: a parameter has no per-sample gradient (names its shape), or a parameter's rows are
+            not ``expected_rows`` (nor those of ``out``).
+    """
+    samples = []
+    for p in params:
+        gs = getattr(p, "grad_sample", None)
+        if gs is None:
+            raise TrainingFailedError(f"a trainable tensor of shape {tuple(p.shape)} got no per-sample gradient")
+        samples.append(torch.cat(gs, dim=0) if isinstance(gs, list) else gs)
+        p.grad_sample = None
+    rows = samples[0].shape[0] if samples else 0
+    if expected_rows is None and out is not None:
+        expected_rows = out.shape[0]
+    if expected_rows is not None:
+        for p, gs in zip(params, samples, strict=True):
+            if gs.shape[0] != expected_rows:
+                raise TrainingFailedError(
+                    f"a trainable tensor of shape {tuple(p.shape)} got {gs.shape[0]} per-sample gradient rows for a "
+                    f"physical batch of {expected_rows} records: a layer does not keep the batch in dimension 0"
+                )
+        rows = expected_rows
+    total = sum(p.numel() for p in params)
+    if out is None:
+        out = torch.empty((rows, total), dtype=torch.float32, device=samples[0].device if samples else "cpu")
+    offset = 0
+    for p, gs in zip(params, samples, strict=True):
+        out[:, offset : offset + p.numel()].copy_(gs.reshape(rows, -1))
+        offset += p.numel()
+    return out

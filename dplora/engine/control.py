@@ -1,0 +1,189 @@
+"""The non-private control run (``privacy.enabled: false``): the same run without clipping or noise.
+
+A control trains the same contract with the same data, model, LoRA, steps T, learning rate, Poisson sampling
+of protected units (rate q) and physical batching as its DP twin, so that the held-out loss of the two
+measures what privacy cost. Only the step differs: :class:`NonPrivateStep` has the interface of
+:class:`dplora.engine.step.UnitDPOptimizer` (``begin_logical_step`` / ``prepare_batch`` / ``accumulate`` /
+``step``) but sums the records' gradients with no per-unit clip and no noise, then divides by the same public
+normaliser (expected units per step). No accountant runs; :class:`StepCounter` only counts steps, so the
+"every planned step was taken" check still holds.
+
+A control carries **no DP guarantee** (ε = ∞). It never writes a DP release record: its record uses its own
+predicate type (:data:`dplora.release.envelope.NON_PRIVATE_PREDICATE_TYPE`), which ``dplora verify`` reports as NOT
+DIFFERENTIALLY PRIVATE (exit 6) and which an older verifier refuses outright; in the budget ledger it is a
+charge of ε = ∞ on its population.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from dplora.contract.spec import Contract
+from dplora.plan.training import TrainingPlan
+from dplora.release.record import run_provenance
+
+NOT_DP = "NOT DIFFERENTIALLY PRIVATE"
+NO_DP_STATEMENT = (
+    f"{NOT_DP}: privacy.enabled=false trained without clipping or noise; these adapters carry no DP guarantee "
+    "(ε = ∞) and may reveal their training records"
+)
+ADAPTER_CONFIG_KEY = "dplora_privacy"  # written into adapter_config.json of a control (peft ignores it)
+RECORD_VERSION = 1
+
+
+def is_control(contract: Contract) -> bool:
+    """True for a non-private control contract (``privacy.enabled: false``)."""
+    return not contract.privacy.enabled
+
+
+def control_plan(plan: TrainingPlan) -> TrainingPlan:
+    """The DP twin's plan with privacy switched off: same N, q, T and normaliser; σ = 0 and ε = ∞ at every step.
+
+    The loop's budget check (ε after the step ≤ target) then passes trivially, and every ε the run reports,
+    the ledger charge included, is ∞.
+    """
+    return dataclasses.replace(
+        plan,
+        noise_multiplier=0.0,
+        noise_source="none (non-private control)",
+        target_epsilon=math.inf,
+        epsilon=math.inf,
+        epsilon_curve=((plan.steps, math.inf),),
+        accountant_note="non-private control: no accountant, ε = ∞",
+    )
+
+
+class StepCounter:
+    """Counts logical steps, standing in for the accountant of a DP run; computes no ε.
+
+    ``history`` has the accountant's form [(σ, q, steps)] with σ = 0 (no noise), so resume checkpoints
+    (:mod:`dplora.run.checkpoint`) save and restore a control's step count like a DP run's.
+    """
+
+    def __init__(self, sample_rate: float = 0.0) -> None:
+        self.sample_rate = sample_rate
+        self.history: list[tuple[float, float, int]] = []
+
+    @property
+    def steps(self) -> int:
+        """Logical steps taken."""
+        return sum(n for _, _, n in self.history)
+
+    def step(self) -> None:
+        """Count one logical step."""
+        if self.history:
+            sigma, q, n = self.history[-1]
+            self.history[-1] = (sigma, q, n + 1)
+        else:
+            self.history.append((0.0, self.sample_rate, 1))
+
+
+class NonPrivateStep:
+    """Plain mini-batch step with the interface of ``UnitDPOptimizer``: no clipping, no noise.
+
+    Each physical batch's ``losses.sum().backward()`` adds its records' gradients into ``p.grad``, so after
+    the last physical batch ``p.grad`` is the sum of every sampled record's gradient (shape ``p.shape``, fp32).
+    :meth:`step` divides it by the public ``expected_batch_size`` (the DP run's normaliser) and steps the
+    optimizer; an empty Poisson batch steps with a zero gradient, as the DP run steps with noise alone.
+
+    Args:
+        optimizer: the torch optimizer over the trainable LoRA tensors.
+        expected_batch_size: expected protected units per logical step (the public normaliser).
+        counter: the :class:`StepCounter` of the run.
+    """
+
+    def __init__(self, optimizer, *, expected_batch_size: int, counter: StepCounter):
+        self.optimizer = self.original_optimizer = optimizer  # original_optimizer: as Opacus names it (checkpoints)
+        self.expected_batch_size = expected_batch_size
+        self.counter = counter
+        self.params = [p for group in optimizer.param_groups for p in group["params"]]
+
+    def begin_logical_step(self, num_units: int) -> None:
+        """Start a logical step of ``num_units`` sampled units: clear the summed gradients."""
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def prepare_batch(self, batch_size: int) -> None:
+        """Nothing to arm: no per-example buffer."""
+
+    def accumulate(self, unit_of_row, *, continues: bool = False, row_weight=None) -> None:
+        """Nothing to do: ``backward`` already summed this physical batch's gradients into ``p.grad``.
+
+        ``row_weight`` (``unit_clipping: mean``) is not applied: the control sums its records' gradients.
+        """
+
+    def step(self) -> None:
+        """Divide the summed gradient by the public normaliser, step the optimizer, count the step."""
+        import torch
+
+        for p in self.params:
+            p.grad = torch.zeros_like(p) if p.grad is None else p.grad / self.expected_batch_size
+        self.optimizer.step()
+        self.counter.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the gradients."""
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+
+def make_non_private(model, optimizer, *, plan: TrainingPlan):
+    """The control's engine parts: (the plain peft model, :class:`NonPrivateStep`, :class:`StepCounter`).
+
+    No Opacus wrapper: gradients come from one ordinary backward per physical batch.
+    """
+    counter = StepCounter(plan.sample_rate)
+    return model, NonPrivateStep(optimizer, expected_batch_size=plan.expected_batch_size, counter=counter), counter
+
+
+def non_private_record(
+    *,
+    contract: Contract,
+    plan: TrainingPlan,
+    run_id: str,
+    steps_done: int,
+    started_at: str,
+    finished_at: str,
+    data_digest: dict,
+    base_model: dict,
+    execution: dict | None = None,
+) -> dict:
+    """The signed record of a control run (predicate type ``NON_PRIVATE_PREDICATE_TYPE``, never the DP one).
+
+    It says in words and as a field that the run is not differentially private, and records what the control
+    shares with its DP twin (unit, q, T, normaliser) so the two can be compared. No losses, no record counts.
+    ``differentially_private: false`` makes :func:`dplora.release.envelope.predicate_type_of` sign it as
+    ``NON_PRIVATE_PREDICATE_TYPE``; the ``artifacts`` list is added when the release is finished.
+
+    Returns:
+        A dict ready for canonical JSON.
+    """
+    privacy = contract.privacy
+    return {
+        "record_version": RECORD_VERSION,
+        "run_id": run_id,
+        "started_at": started_at,
+        "finished_at": finished_at,
+        "differentially_private": False,
+        "statement": NO_DP_STATEMENT,
+        "epsilon": "infinite",
+        "control_of": {
+            "protected_unit": privacy.protected_unit.value,
+            "unit_key": privacy.unit_key,
+            "adjacency": privacy.adjacency.value,
+            "population": privacy.population,
+            "note": "the DP contract this run is the non-private control of (same sampling and steps)",
+        },
+        "training": {
+            "sampler": privacy.sampling.value,
+            "sample_rate": plan.sample_rate,
+            "steps_planned": plan.steps,
+            "steps_done": steps_done,
+            "num_units": plan.num_units,
+            "num_units_source": plan.num_units_source,
+            "normalizer": {"expected_units_per_step": plan.expected_batch_size, "public": True},
+            "clipping": "none",
+            "noise": "none",
+        },
+        **run_provenance(contract, base_model=base_model, data_digest=data_digest, execution=execution),
+        "not_included": "training losses and per-unit record counts",
+    }

@@ -1,0 +1,599 @@
+"""Multi-process DP-LoRA (``torchrun`` / ``accelerate launch``): one logical DP-SGD step across W processes.
+
+The mechanism is the single-process one (Abadi et al. 2016, Alg. 1; units as in Charles et al. 2024, arXiv
+2407.07737); only where its parts run changes:
+
+- **Sharding.** Unit u (0..N-1) belongs to rank u mod W: the shards are disjoint and cover every unit, and every
+  record of a unit stays on that unit's rank, so per-unit clipping needs no cross-rank traffic.
+- **Sampling.** Each rank Poisson-samples its own shard at rate q with its own OS-entropy generator
+  (``numpy.random.default_rng()``, never seeded). Every unit is then included independently with probability q by
+  exactly one rank, so the union over ranks is one Poisson sample at rate q over all N units, as in one process.
+- **Clipping and reduction.** Each rank clips its units to C and sums; the sums are added by ONE all-reduce per
+  logical step (:class:`StepReducer`), which also carries the step's unit, record and noise-draw counts.
+- **Noise.** N(0, σ²C²) is drawn once per logical step, on rank 0 only (its own ChaCha20 key from ``os.urandom``,
+  :mod:`dplora.engine.noise`), and added to
+  rank 0's contribution before the reduction; the reduction counts the draws and the step fails unless exactly one
+  was made.
+- **Normaliser.** Every rank divides the reduced sum by the public expected units per step E = q·N, whatever W.
+- **One run.** Every rank applies the same reduced gradient to the same initial adapters (broadcast from rank 0),
+  so the adapters stay identical; :func:`check_agreement` compares their digests and step counts before rank 0
+  alone writes the release, charges the ledger and holds the output lock.
+
+All ranks are one trusted party (one operator's processes): a rank sees its peers' partial sums in the
+reduction; what is protected is the release. Process setup uses ``accelerate``'s :class:`PartialState` (gloo on
+CPU, nccl on CUDA, one GPU per local rank); the collectives are ``torch.distributed``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import os
+from collections.abc import Mapping
+
+import numpy as np
+
+from dplora.data.units import PoissonUnitSampler
+from dplora.errors import DploraError, TrainingFailedError
+from dplora.signals import GracefulStop
+
+SHARDING = "unit u belongs to rank u mod W (disjoint shards; all records of a unit on its rank)"
+SAMPLING = (
+    "each rank Poisson-samples its shard at rate q from its own OS-entropy generator: "
+    "the union is one Poisson sample at rate q over all units"
+)
+NOISE = (
+    "N(0, σ²C²) drawn once per logical step on rank 0 (ChaCha20 keyed from os.urandom) and added before the all-reduce"
+)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class World:
+    """The processes of one run.
+
+    Attributes:
+        rank: this process, 0..world_size-1 (rank 0 writes, locks, charges and reports).
+        world_size: W, processes in the run (1: the single-process path, no collective is ever called).
+        local_rank: this process on its node (its GPU index).
+        local_world_size: processes on this node (they share its CPU cores).
+        launcher: how the processes were started, in words (recorded in the release).
+        backend: the torch.distributed backend (``gloo`` | ``nccl``), None for one process.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    launcher: str = "single process"
+    backend: str | None = None
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the process that reads the keys, holds the lock, charges the ledger and writes the release."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        """More than one process."""
+        return self.world_size > 1
+
+
+SINGLE = World()
+
+
+def launcher_name(env: Mapping[str, str] = os.environ) -> str:
+    """How this process was started, from the launchers' environment variables (for the release record)."""
+    if int(env.get("WORLD_SIZE", "1") or 1) <= 1:
+        return "single process"
+    if any(k.startswith("ACCELERATE_") for k in env):
+        return "accelerate launch (torchrun)"
+    if "TORCHELASTIC_RUN_ID" in env:
+        return "torchrun"
+    return "environment (RANK, WORLD_SIZE, MASTER_ADDR)"
+
+
+def init_world(env: Mapping[str, str] = os.environ) -> World:
+    """The run's processes: :data:`SINGLE` unless a launcher set ``WORLD_SIZE`` > 1, else join the process group.
+
+    ``accelerate``'s :class:`PartialState` initialises ``torch.distributed`` from the launcher's environment
+    (gloo on CPU; nccl with this process's GPU selected on CUDA).
+
+    Raises:
+        TrainingFailedError: the process group could not be formed (names the backend error's class).
+    """
+    if int(env.get("WORLD_SIZE", "1") or 1) <= 1:
+        return SINGLE
+    import torch
+    from accelerate import PartialState
+
+    try:
+        state = PartialState(cpu=not torch.cuda.is_available())
+    except (RuntimeError, ValueError) as err:
+        raise TrainingFailedError(f"cannot join the process group: {err.__class__.__name__}") from err
+    return World(
+        rank=state.process_index,
+        world_size=state.num_processes,
+        local_rank=state.local_process_index,
+        local_world_size=int(env.get("LOCAL_WORLD_SIZE", "1") or 1),
+        launcher=launcher_name(env),
+        backend=str(state.backend),
+    )
+
+
+def shard_units(num_units: int, world: World) -> np.ndarray:
+    """The global unit indices of ``world.rank``'s shard, shape (⌈(N - rank)/W⌉,): u with u mod W == rank."""
+    return np.arange(world.rank, num_units, world.world_size, dtype=np.int64)
+
+
+class ShardedPoissonSampler:
+    """Poisson sampling of this rank's shard at rate q, from this rank's own OS-entropy generator.
+
+    Args:
+        num_units: N, units over all ranks.
+        sample_rate: q ∈ (0, 1].
+        world: this process and W.
+        rng: only for tests; production passes None (a fresh unseeded ``numpy`` generator per process).
+    """
+
+    def __init__(self, num_units: int, sample_rate: float, world: World, rng: np.random.Generator | None = None):
+        self.shard = shard_units(num_units, world)
+        self._sampler = PoissonUnitSampler(len(self.shard), sample_rate, rng)
+
+    def sample(self) -> np.ndarray:
+        """Global unit indices this rank holds in one logical batch, increasing, shape (k,) (k = 0 happens)."""
+        return self.shard[self._sampler.sample()]
+
+
+def expected_units_per_rank(sample_rate: float, num_units: int, world_size: int) -> tuple[float, float]:
+    """(smallest, largest) expected units per rank per logical step: q·⌊N/W⌋ and q·⌈N/W⌉ (round-robin shards)."""
+    return sample_rate * (num_units // world_size), sample_rate * -(-num_units // world_size)
+
+
+class StepReducer:
+    """One all-reduce per logical step: the clipped sums, rank 0's single noise draw, and the step's counts.
+
+    The buffer is (P + 6,) fp32 on the parameters' device: [clipped sum (P,) | units, records, loss sum,
+    noise draws, failed ranks, ranks asked to stop]. Rank 0 adds N(0, (σC)² I) to its part before the reduction;
+    every rank reads the same reduced buffer, so every rank also learns in the same step that a rank failed or
+    was asked to stop (SIGTERM/SIGINT: all ranks then stop after that step, rank 0 with a resume checkpoint).
+
+    Args:
+        world: the run's processes (W > 1).
+        num_params: P, trainable LoRA parameters.
+        device: where the buffer lives (CPU for gloo, the rank's GPU for nccl).
+    """
+
+    EXTRA = 6
+
+    def __init__(self, world: World, num_params: int, device):
+        import torch
+
+        self.world, self.P = world, num_params
+        self.buffer = torch.zeros(num_params + self.EXTRA, dtype=torch.float32, device=device)
+        self.local = (0, 0, 0.0)  # units, records, loss sum of this rank's step
+        self.failure: BaseException | None = None
+        self.totals: dict[str, float] = {}
+        self.noise_draws = 0  # over the run, all ranks (a resumed run starts from the checkpoint's steps)
+        self.stop_requested = lambda: False  # this rank was asked to stop (a signal), read at each reduction
+
+    def set_local(self, units: int, records: int, loss_sum: float) -> None:
+        """This rank's counts for the step being reduced (units, records, loss sum in nats)."""
+        self.local = (units, records, loss_sum)
+
+    def fail(self, err: BaseException) -> None:
+        """This rank's step failed: it still joins the reduction, which makes every rank raise."""
+        self.failure = err
+
+    def privatize(self, accumulator, *, noise_multiplier, max_grad_norm, expected_batch_size, generator):
+        """Reduced (Σ_ranks clipped sums + one N(0, (σC)² I) draw) / E, shape (P,): the noisy mean gradient.
+
+        Args:
+            accumulator: this rank's :class:`dplora.engine.clipping.UnitClipAccumulator` for the step.
+            noise_multiplier, max_grad_norm: σ and C; the noise std is σC.
+            expected_batch_size: E, the public expected units per step over ALL ranks (never scaled by W).
+            generator: rank 0's :class:`dplora.engine.noise.CsprngGaussian` (the only one that draws).
+
+        Raises:
+            TrainingFailedError: a rank failed this step (every rank raises; the failing rank re-raises its own
+                error), or the noise was not drawn exactly once across ranks.
+        """
+        import torch
+        import torch.distributed as dist
+
+        from dplora.engine.clipping import privatize
+
+        part = self.buffer[: self.P]
+        draws = 0
+        if self.failure is None:
+            try:
+                clipped_sum, _ = accumulator.finish()
+            except Exception as err:  # noqa: BLE001 - raised on every rank after the reduction
+                self.failure = err
+        if self.failure is not None:
+            part.zero_()
+        elif self.world.is_main:  # the one draw of the step, from rank 0's OS-entropy generator
+            part.copy_(
+                privatize(
+                    clipped_sum,
+                    noise_multiplier=noise_multiplier,
+                    max_grad_norm=max_grad_norm,
+                    expected_batch_size=1.0,
+                    generator=generator,
+                )
+            )
+            draws = 1
+        else:
+            part.copy_(clipped_sum)
+        units, records, loss_sum = self.local
+        extra = [units, records, loss_sum, draws, int(self.failure is not None), int(bool(self.stop_requested()))]
+        self.buffer[self.P :].copy_(torch.tensor(extra, dtype=torch.float32))
+        dist.all_reduce(self.buffer, op=dist.ReduceOp.SUM)
+        values = self.buffer[self.P :].tolist()  # one host read of the step's totals
+        names = ("units", "records", "loss_sum", "noise_draws", "failed_ranks", "stop")
+        self.totals = dict(zip(names, values, strict=True))
+        self.noise_draws += int(values[3])
+        if values[4]:
+            self._raise_failure()
+        if values[3] != 1:
+            raise TrainingFailedError(f"the noise was drawn {values[3]:g} times in one logical step, not once")
+        return part / expected_batch_size
+
+    def _raise_failure(self) -> None:
+        """Every rank raises: the failing rank its own error, the others one naming the first failing rank."""
+        import torch.distributed as dist
+
+        mine = self.failure
+        described = None if mine is None else (str(mine) if isinstance(mine, DploraError) else type(mine).__name__)
+        messages: list[str | None] = [None] * self.world.world_size
+        dist.all_gather_object(messages, described)
+        self.failure = None
+        if mine is not None:
+            raise mine
+        rank, message = next((r, m) for r, m in enumerate(messages) if m is not None)
+        raise TrainingFailedError(f"rank {rank} failed: {message}")
+
+
+@contextlib.contextmanager
+def gate(world: World):
+    """Run a setup stage on every rank, then make every rank raise if any rank failed in it.
+
+    One ``all_gather_object`` after the stage; with one process it does nothing. A rank that failed re-raises its
+    own error; the others raise the first failing rank's error class (same exit code) naming that rank.
+    """
+    if not world.distributed:
+        yield
+        return
+    import torch.distributed as dist
+
+    from dplora import errors
+
+    failure = None
+    try:
+        yield
+    except Exception as err:  # noqa: BLE001 - re-raised below, after the other ranks learn of it
+        failure = err
+    described = None
+    if failure is not None:
+        kind = type(failure).__name__ if isinstance(failure, DploraError) else "TrainingFailedError"
+        described = (kind, str(failure) if isinstance(failure, DploraError) else type(failure).__name__)
+    outcomes: list = [None] * world.world_size
+    dist.all_gather_object(outcomes, described)
+    if failure is not None:
+        raise failure
+    failed = next(((r, o) for r, o in enumerate(outcomes) if o is not None), None)
+    if failed is not None:
+        rank, (kind, message) = failed
+        raise getattr(errors, kind, TrainingFailedError)(f"rank {rank}: {message}")
+
+
+def broadcast(world: World, obj):
+    """Rank 0's ``obj`` on every rank (picklable; the plan); with one process, ``obj`` itself."""
+    if not world.distributed:
+        return obj
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def broadcast_parameters(world: World, params) -> None:
+    """Copy rank 0's values of ``params`` (the trainable LoRA tensors) to every rank, in place."""
+    if not world.distributed:
+        return
+    import torch
+    import torch.distributed as dist
+
+    with torch.no_grad():
+        for p in params:
+            dist.broadcast(p.data, src=0)
+
+
+def sync_state(world: World, state) -> None:
+    """Rank 0's run state on every rank before the first step: LoRA tensors, optimizer state, step counts and
+    accountant history (a fresh run's or a restored resume checkpoint's). A no-op for one process.
+
+    The reducer's noise-draw count starts at the steps already taken (each was checked to hold one draw).
+    """
+    if not world.distributed:
+        return
+    import torch
+    import torch.distributed as dist
+
+    broadcast_parameters(world, [p for _, p in state.named])
+    optimizer = state.optimizer.original_optimizer
+    box = [None]
+    if world.is_main:
+        cpu = {
+            k: {n: v.detach().cpu() if torch.is_tensor(v) else v for n, v in entry.items()}
+            for k, entry in optimizer.state_dict()["state"].items()
+        }
+        history = list(state.accountant.history)
+        box = [{"optimizer": cpu, "step": state.step, "empty_steps": state.empty_steps, "history": history}]
+    dist.broadcast_object_list(box, src=0)
+    if not world.is_main:
+        saved = box[0]
+        optimizer.load_state_dict({"state": saved["optimizer"], "param_groups": optimizer.state_dict()["param_groups"]})
+        state.step, state.empty_steps = saved["step"], saved["empty_steps"]
+        state.accountant.history = [tuple(h) for h in saved["history"]]
+    reducer = getattr(state.optimizer, "reducer", None)
+    if reducer is not None:
+        reducer.noise_draws = state.step
+
+
+def resume_note(saved_execution: dict, world: World) -> str | None:
+    """One line when a resume checkpoint was written by a run on another number of processes, else None."""
+    before = int(saved_execution.get("world_size", 1))
+    if before == world.world_size:
+        return None
+    return (
+        f"note: the checkpoint was written by a run on {before} process(es); this run uses {world.world_size}. "
+        "The mechanism does not depend on it (one Poisson sample at rate q, one noise draw per step, the public "
+        f"normaliser); the record states world_size={world.world_size}"
+    )
+
+
+class FollowerSignals(GracefulStop):
+    """On a rank other than 0: SIGTERM/SIGINT ask every rank to stop after the current step (through the step's
+    reduction, where rank 0 writes a resume checkpoint); a second signal stops at once.
+
+    Use as a context manager around the steps; :meth:`after_step` is ``run_steps``'s hook.
+    """
+
+    def __init__(self, reducer: StepReducer):
+        super().__init__()
+        self.reducer = reducer
+        reducer.stop_requested = lambda: self.signal_name is not None
+
+    @property
+    def name(self) -> str | None:
+        """The first signal's name (``SIGTERM``/``SIGINT``), or None."""
+        return self.signal_name
+
+    def on_again(self, name: str) -> None:
+        rank = self.reducer.world.rank
+        raise KeyboardInterrupt(f"interrupted ({name}) on rank {rank} during a step; no release was written")
+
+    def after_step(self, spec, state) -> None:
+        """Stop after this step when any rank was asked to (every rank saw the same reduced flag)."""
+        if self.reducer.totals.get("stop"):
+            raise KeyboardInterrupt(
+                f"interrupted ({self.name or 'a signal on another rank'}) on rank {self.reducer.world.rank}: every "
+                f"rank stopped after step {state.step}; no release was written; rank 0 reports the resume checkpoint"
+            )
+
+
+def adapter_digest(model) -> str:
+    """sha256 over the adapter state dict peft saves (sorted names, fp32 values): equal iff the adapters are.
+
+    The same function of ``adapter_model.safetensors`` (its tensors by name) gives the same digest.
+    """
+    from peft import get_peft_model_state_dict
+
+    return state_dict_digest(get_peft_model_state_dict(model))
+
+
+def state_dict_digest(state: Mapping) -> str:
+    """sha256 over (name, little-endian fp32 bytes) of each tensor, names sorted."""
+    h = hashlib.sha256()
+    for name in sorted(state):
+        h.update(name.encode() + b"\0")
+        h.update(state[name].detach().float().cpu().contiguous().numpy().astype("<f4").tobytes())
+    return h.hexdigest()
+
+
+def check_agreement(world: World, *, steps: int, digest: str) -> list[dict]:
+    """Gather every rank's (accountant steps, adapter digest); all must equal rank 0's.
+
+    Returns:
+        One dict per rank: ``{"rank", "accountant_steps", "adapter_sha256"}`` (public: the adapters are released).
+
+    Raises:
+        TrainingFailedError: a rank took another number of steps or holds other adapters (no release).
+    """
+    mine = {"rank": world.rank, "accountant_steps": steps, "adapter_sha256": digest}
+    if not world.distributed:
+        return [mine]
+    import torch.distributed as dist
+
+    ranks: list = [None] * world.world_size
+    dist.all_gather_object(ranks, mine)
+    for other in ranks[1:]:
+        if other["accountant_steps"] != ranks[0]["accountant_steps"]:
+            raise TrainingFailedError(
+                f"rank {other['rank']} accounted {other['accountant_steps']} steps, rank 0 "
+                f"{ranks[0]['accountant_steps']}: no release"
+            )
+        if other["adapter_sha256"] != ranks[0]["adapter_sha256"]:
+            raise TrainingFailedError(f"rank {other['rank']} holds other adapters than rank 0: no release")
+    return ranks
+
+
+INPUT_FIELDS = (
+    ("data_sha256", "data digest (the training rows' text, in order)"),
+    ("num_units", "protected unit count"),
+    ("unit_index_sha256", "unit index digest (the records of each unit, in order)"),
+    ("contract_sha256", "contract digest"),
+    ("plan_sha256", "plan digest"),
+    ("base_model_sha256", "base model digest (the sha256 of its config, weight and tokenizer files)"),
+    ("examples_sha256", "tokenized examples digest (token ids and loss mask of every record, in order)"),
+    ("trainable_sha256", "digest of the trainable LoRA tensors at initialisation"),
+    ("versions", "library versions (torch, transformers, peft, opacus, dplora)"),
+)
+
+
+def table_digest(table, columns) -> str:
+    """sha256 of the training rows as loaded: each of ``columns`` (sorted by name), every row's value in order.
+
+    ``table`` is the ``datasets.Dataset`` the run trains on (after the held-out split and any appended records);
+    read through Arrow (one ``to_pylist`` per column), so 10⁵ rows take well under a second.
+    """
+    import json
+
+    arrow = table.with_format("arrow")[:]
+    h = hashlib.sha256()
+    for name in sorted(set(columns)):
+        h.update(name.encode("utf-8") + b"\0")
+        values = arrow.column(name).to_pylist()
+        h.update(json.dumps(values, ensure_ascii=False, default=str).encode("utf-8", "surrogatepass") + b"\0")
+    return h.hexdigest()
+
+
+def unit_index_digest(unit_index) -> str:
+    """sha256 over every unit's record indices (int64, little-endian), each prefixed by its length, unit 0..N-1."""
+    h = hashlib.sha256()
+    for records in unit_index.records_of_unit:
+        rows = np.asarray(records, dtype="<i8")
+        h.update(len(rows).to_bytes(8, "little") + rows.tobytes())
+    return h.hexdigest()
+
+
+def input_digests(contract, plan, table, unit_index) -> dict:
+    """What every rank must hold alike before step 1 (one short dict; digests only, no private value).
+
+    Returns:
+        ``{"data_sha256", "num_units", "unit_index_sha256", "contract_sha256", "plan_sha256"}``.
+    """
+    import json
+
+    from dplora.data.units import required_columns
+
+    plan_json = json.dumps(plan.to_dict(), sort_keys=True, default=str)
+    return {
+        "data_sha256": table_digest(table, required_columns(contract)),
+        "num_units": int(unit_index.num_units),
+        "unit_index_sha256": unit_index_digest(unit_index),
+        "contract_sha256": contract.sha256,
+        "plan_sha256": hashlib.sha256(plan_json.encode("utf-8")).hexdigest(),
+    }
+
+
+def model_digests(base_model: dict, examples, named_trainable) -> dict:
+    """What every rank must hold alike once the model is loaded and the records tokenized (before step 1).
+
+    A rank with other weights, another tokenizer, another LoRA initialisation or other library versions computes
+    other per-unit gradients for the units it owns (u mod W), so removing one unit would change how every later
+    unit is computed (issue 22, red-team finding): the adapters still agree at the end, only the inputs tell.
+
+    Args:
+        base_model: the record's ``base_model`` entry on this rank (:func:`dplora.engine.model.base_model_entry`).
+        examples: the tokenized records, a list of (token ids, labels) pairs (tokens).
+        named_trainable: [(name, tensor)] of the trainable LoRA tensors, before step 1.
+
+    Returns:
+        ``{"base_model_sha256", "examples_sha256", "trainable_sha256", "versions"}`` (digests only).
+    """
+    import importlib.metadata
+    import json
+
+    h = hashlib.sha256()
+    for ids, labels in examples:
+        h.update(np.asarray(ids, dtype="<i8").tobytes() + b"|" + np.asarray(labels, dtype="<i8").tobytes() + b"\n")
+    t = hashlib.sha256()
+    for name, p in named_trainable:
+        t.update(name.encode("utf-8") + b"\0" + p.detach().float().cpu().numpy().astype("<f4").tobytes())
+    versions = {}
+    for dist in ("torch", "transformers", "peft", "opacus", "dplora"):
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            versions[dist] = None
+    base = json.dumps({"files": base_model.get("files"), "package": base_model.get("package")}, sort_keys=True)
+    return {
+        "base_model_sha256": hashlib.sha256(base.encode("utf-8")).hexdigest(),
+        "examples_sha256": h.hexdigest(),
+        "trainable_sha256": t.hexdigest(),
+        "versions": versions,
+    }
+
+
+def disagreement(gathered: list[dict]) -> str | None:
+    """One line naming the first rank whose inputs differ from rank 0's and every field that differs, or None."""
+    for rank, mine in enumerate(gathered[1:], start=1):
+        differ = [words for key, words in INPUT_FIELDS if mine.get(key) != gathered[0].get(key)]
+        if differ:
+            counts = ""
+            if mine.get("num_units") != gathered[0].get("num_units"):
+                counts = f" ({mine.get('num_units')} units on rank {rank}, {gathered[0].get('num_units')} on rank 0)"
+            return (
+                f"the ranks disagree before step 1: rank {rank}'s {', '.join(differ)} differ from rank 0's{counts}; "
+                "every process must read the same data (the same rows in the same order) with the same contract, "
+                "model files and library versions; no run, no release"
+            )
+    return None
+
+
+def check_same_inputs(world: World, digests: dict) -> None:
+    """All-gather every rank's :func:`input_digests` and stop every rank unless all equal rank 0's.
+
+    Each rank loads and indexes its own copy of ``data.path`` and owns the units u mod W of its own order: a rank
+    that read other rows, or the same rows in another order, would share units with another rank and leave others
+    unsampled (sensitivity 2C; issue 22). One ``all_gather_object`` before step 1; with one process, nothing.
+
+    Raises:
+        BadInputError: on every rank, the same line naming the first differing rank and fields (exit 2: the data or
+            contract given to the processes differ; found before the model loads, the ledger is charged or
+            anything is written).
+    """
+    if not world.distributed:
+        return
+    import torch.distributed as dist
+
+    from dplora.errors import BadInputError
+
+    gathered: list = [None] * world.world_size
+    dist.all_gather_object(gathered, digests)
+    message = disagreement(gathered)
+    if message is not None:
+        raise BadInputError(message)
+
+
+def execution_entry(world: World, reducer: StepReducer | None, ranks: list[dict] | None) -> dict:
+    """The release record's world size and launcher, and with W processes ``distributed`` (public): backend,
+    sharding, sampling, reduction, noise, the run's total noise draws over all ranks, each rank's steps and digest.
+    """
+    entry: dict = {"world_size": world.world_size, "launcher": world.launcher}
+    if not world.distributed:
+        return entry
+    entry["distributed"] = {
+        "backend": world.backend,
+        "sharding": SHARDING,
+        "sampling": SAMPLING,
+        "reduction": "one all-reduce (sum) of the per-rank clipped sums per logical step",
+        "noise": NOISE,
+        "noise_draws": reducer.noise_draws if reducer is not None else None,
+        "normalizer": "the public expected units per step over all ranks (unchanged by the world size)",
+        "ranks": ranks or [],
+    }
+    return entry
+
+
+def finish(world: World) -> None:
+    """Leave the process group (a no-op for one process)."""
+    if not world.distributed:
+        return
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()

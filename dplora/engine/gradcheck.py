@@ -1,0 +1,348 @@
+"""Before step 1: the active per-example gradient path against a one-record-at-a-time backward.
+
+A per-example path can be wrong in ways that leave every shape plausible: a layer that sees (tokens, batch,
+features) tensors (XLNet's feed-forward layers) gets Opacus "per-sample" gradients per *position*, and when the
+padded length equals the batch size the row count is even right (issue 22). Only a comparison with the gradient
+of each record's own loss catches it. :func:`check_per_example_gradients` runs that comparison on synthetic token
+batches (no private data), one whose padded length L differs from its batch size B and one where L = B, each
+record with a repeated token (cross-token terms, cases F1):
+
+1. the batched pass through the active path gives G (B, P): :class:`dplora.engine.fastclip.FlatLoRAGrads` rows (fast) or
+   Opacus ``grad_sample`` (opacus), checked first to have exactly B rows;
+2. each record alone, padded to the same width L (right padding: the real tokens see the same context), through
+   plain autograd (the fast path's forwards suspended, Opacus hooks disabled) gives the reference row;
+3. every trainable tensor's block of each row must match: ‖g − r‖₂ ≤ rtol·(‖r‖₂ + 0.01·‖r_record‖₂).
+
+Randomness is held fixed between the batched and the one-record passes: every torch dropout module (LoRA dropout
+and the base model's) is replaced, for the check only, by :class:`_HeldDropout`, which draws one mask per call of
+the batched pass from its own seeded generator and gives record i row i of that mask in the one-record pass (the
+batch dimension is the one whose size went from B to 1). Its ``p`` reads 0, so attention code that hands
+``dropout.p`` to a fused kernel draws nothing. Dropout that a model takes from a config float in a functional call
+is not held fixed: the check then refuses (set that dropout to 0).
+
+LoRA B is zero at initialisation, which makes every LoRA A gradient zero; the check therefore runs at a point
+where each all-zero trainable tensor holds small values from a fixed-seed generator, so both A and B are checked.
+Everything is restored exactly afterwards (parameters, ``.grad``, ``grad_sample``, buffers, dropout modules, train
+modes, Opacus's per-module state, the fast path's buffer); the optimizer, its noise generator and the accountant
+are never touched, and torch's global generator is not drawn from.
+
+Tolerance: rtol 5e-3 when the model computes in fp32, 1e-2 with TF32 matmuls on CUDA, 0.1 with bf16/fp16 base
+weights (measured on CPU: tiny Llama fp32 1.3e-6, bf16 ≤ 1.4e-2 fast, 0 Opacus; the packaged SmolLM2-135M in fp32
+2.8e-4, in layer 0's lora_A). A wrong per-example path differs by O(1) (0.31 for a (tokens, batch, features) layer).
+
+Sources: Goodfellow 2015 (per-example gradients); Opacus ``GradSampleModule`` (batch_first hooks); the brute-force
+references of the Opacus test suite (``opacus/tests/grad_samples``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from dplora.errors import TrainingFailedError
+
+RTOL_FP32 = 5e-3  # 2.8e-4 measured on the packaged SmolLM2-135M (fp32, CPU); a wrong path differs by O(1)
+RTOL_TF32 = 1e-2
+RTOL_HALF = 1e-1
+PERTURB_STD = 0.05
+MASK_SEED = 20221
+
+# (input_ids) of the synthetic records; labels equal ids except where a prompt token is masked (-100).
+# Batch "L != B": 3 records padded to 5 tokens; batch "L == B": 3 records padded to 3 tokens.
+_BATCHES = (
+    ([7, 7, 7, 9, 11], [3, 5, 3], [12, 13, 14, 14]),
+    ([4, 4, 6], [8, 10], [9, 9, 9]),
+)
+
+
+def synthetic_batches(vocab_size: int) -> list[list[tuple[list[int], list[int]]]]:
+    """The check's two batches of (input_ids, labels) records, token ids in [1, vocab_size).
+
+    Returns:
+        Two batches of 3 records each: the first padded to 5 tokens (L ≠ B), the second to 3 (L = B). Each
+        batch has a record of one repeated token and one record whose first token is a masked prompt (−100).
+    """
+    if vocab_size < 3:
+        raise ValueError(f"vocab_size={vocab_size}: expected >= 3")
+    out = []
+    for records in _BATCHES:
+        batch = []
+        for j, ids in enumerate(records):
+            ids = [1 + (t - 1) % (vocab_size - 1) for t in ids]
+            labels = list(ids)
+            if j == 1:
+                labels[0] = -100
+            batch.append((ids, labels))
+        out.append(batch)
+    return out
+
+
+class _HeldDropout(torch.nn.Module):
+    """Stand-in for a dropout module during the check: fixed masks, replayed row by row (see the module doc)."""
+
+    def __init__(self, name: str, rate: float):
+        super().__init__()
+        self.name, self.rate = name, float(rate)
+        self.p = 0.0  # what fused attention kernels read: no draw outside this module's own masks
+        self.masks: list[torch.Tensor] = []
+        self.calls = 0
+        self.row: int | None = None  # None: the batched pass draws; i: the one-record pass of record i
+        self._generators: dict[torch.device, torch.Generator] = {}
+
+    def _generator(self, device: torch.device) -> torch.Generator:
+        if device not in self._generators:
+            self._generators[device] = torch.Generator(device=device).manual_seed(MASK_SEED)
+        return self._generators[device]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k, self.calls = self.calls, self.calls + 1
+        if self.rate <= 0.0:
+            return x
+        if self.rate >= 1.0:
+            return x * 0.0
+        if self.row is None:
+            keep = torch.rand(x.shape, generator=self._generator(x.device), device=x.device) >= self.rate
+            mask = keep.to(x.dtype) / (1.0 - self.rate)
+            self.masks.append(mask)
+            return x * mask
+        if k >= len(self.masks):
+            raise TrainingFailedError(f"per-example check: dropout {self.name} ran more often for one record")
+        return x * _row_of(self.masks[k], tuple(x.shape), self.row, self.name)
+
+
+def _row_of(mask: torch.Tensor, shape: tuple[int, ...], row: int, name: str) -> torch.Tensor:
+    """Record ``row``'s slice of a batched mask for an input of ``shape``: along the one dimension that went B → 1."""
+    if tuple(mask.shape) == shape:
+        return mask
+    differ = [d for d in range(mask.dim()) if mask.dim() == len(shape) and mask.shape[d] != shape[d]]
+    if len(differ) != 1 or shape[differ[0]] != 1:
+        raise TrainingFailedError(
+            f"per-example check: dropout {name} sees {tuple(mask.shape)} in a batch and {shape} for one record: "
+            "no batch dimension to hold its mask fixed"
+        )
+    return mask.narrow(differ[0], row, 1)
+
+
+@contextlib.contextmanager
+def _held_dropout(model: torch.nn.Module):
+    """Replace every torch dropout module by a :class:`_HeldDropout`; yields them; puts the originals back."""
+    swapped = []
+    for parent_name, parent in list(model.named_modules()):
+        for child_name, child in list(parent._modules.items()):
+            if isinstance(child, torch.nn.modules.dropout._DropoutNd):
+                held = _HeldDropout(f"{parent_name}.{child_name}".lstrip("."), child.p)
+                parent._modules[child_name] = held
+                swapped.append((parent, child_name, child, held))
+    try:
+        yield [held for *_, held in swapped]
+    finally:
+        for parent, child_name, child, _ in swapped:
+            parent._modules[child_name] = child
+
+
+class _Saved:
+    """What the check may change, saved so that it can be put back exactly."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.params = list(model.parameters())
+        self.values = {id(p): p.detach().clone() for p in self.params if p.requires_grad}
+        self.grads = {id(p): p.grad for p in self.params}
+        self.grad_samples = {id(p): (hasattr(p, "grad_sample"), getattr(p, "grad_sample", None)) for p in self.params}
+        self.counters = {id(p): getattr(p, "_forward_counter", None) for p in self.params}
+        self.buffers = [(b, b.detach().clone()) for b in model.buffers()]
+        self.modules = list(model.modules())
+        self.training = [m.training for m in self.modules]
+        self.activations = {id(m): list(m.activations) for m in self.modules if hasattr(m, "activations")}
+        self.batch_lens = {id(m): m.max_batch_len for m in self.modules if hasattr(m, "max_batch_len")}
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for p in self.params:
+                if id(p) in self.values:
+                    p.copy_(self.values[id(p)])
+                p.grad = self.grads[id(p)]
+                had, value = self.grad_samples[id(p)]
+                if had:
+                    p.grad_sample = value
+                elif hasattr(p, "grad_sample"):
+                    del p.grad_sample
+                if self.counters[id(p)] is not None:
+                    p._forward_counter = self.counters[id(p)]
+                if hasattr(p, "_current_grad_sample"):
+                    del p._current_grad_sample
+            for b, value in self.buffers:
+                b.copy_(value)
+        for m, mode in zip(self.modules, self.training, strict=True):
+            m.training = mode
+            if id(m) in self.activations:
+                m.activations = self.activations[id(m)]
+            elif hasattr(m, "activations"):
+                del m.activations
+            if id(m) in self.batch_lens:
+                m.max_batch_len = self.batch_lens[id(m)]
+            elif hasattr(m, "max_batch_len"):
+                del m.max_batch_len
+
+
+def _tolerance(model: torch.nn.Module) -> float:
+    """rtol for the model's arithmetic: bf16/fp16 weights anywhere, TF32 matmuls on CUDA, else fp32."""
+    params = list(model.parameters())
+    if any(p.dtype in (torch.bfloat16, torch.float16) for p in params):
+        return RTOL_HALF
+    on_cuda = any(p.device.type == "cuda" for p in params)
+    if on_cuda and torch.backends.cuda.matmul.allow_tf32:
+        return RTOL_TF32
+    return RTOL_FP32
+
+
+def _vocab_size(model: torch.nn.Module) -> int:
+    inner = model._module if hasattr(model, "_module") else model
+    try:
+        return int(inner.get_input_embeddings().num_embeddings)
+    except (AttributeError, NotImplementedError):
+        return 16
+
+
+def _layer_of(name: str) -> str:
+    """The layer of a trainable tensor's name (peft: ``<layer>.lora_A.<adapter>.weight``)."""
+    for marker in (".lora_A.", ".lora_B."):
+        if marker in name:
+            return name.split(marker)[0]
+    return name.rsplit(".", 1)[0]
+
+
+def _plain_reference(model, flat, params, batch) -> torch.Tensor:
+    """One record's gradient by plain autograd (fast forwards suspended / Opacus hooks disabled): flat (P,) fp32."""
+    from dplora.engine.step import per_sequence_loss
+
+    for p in params:
+        p.grad = None
+    hooks = model if hasattr(model, "disable_hooks") else None
+    suspend = flat.suspended() if flat is not None else contextlib.nullcontext()
+    with suspend:
+        if hooks is not None:
+            hooks.disable_hooks()
+        try:
+            per_sequence_loss(model, batch).sum().backward()
+        finally:
+            if hooks is not None:
+                hooks.enable_hooks()
+    parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).float() for p in params]
+    for p in params:
+        p.grad = None
+    return torch.cat(parts)
+
+
+def _batched_rows(model, flat, params, names, batch, size: int) -> torch.Tensor:
+    """The active path's per-example rows for the batch: (B, P) fp32. Raises when a tensor's rows are not B."""
+    from dplora.engine.clipping import opacus_flat
+    from dplora.engine.step import per_sequence_loss
+
+    if flat is not None:
+        flat.buffer(size)
+    try:
+        per_sequence_loss(model, batch).sum().backward()
+    except BaseException:
+        if flat is not None:
+            flat._armed = None
+        raise
+    if flat is not None:
+        G = flat.gradients().clone()
+    else:
+        for p in params:
+            gs = getattr(p, "grad_sample", None)
+            rows = gs.shape[0] if torch.is_tensor(gs) else None
+            if rows is not None and rows != size:
+                raise TrainingFailedError(
+                    f"per-example check: layer {_layer_of(names[id(p)])} (tensor {names[id(p)]}) got {rows} "
+                    f"per-sample gradient rows for a batch of {size} records: its input does not keep the batch "
+                    "in dimension 0; refusing the run"
+                )
+        G = opacus_flat(params, expected_rows=size)
+    for p in params:
+        p.grad = None
+    return G
+
+
+def check_per_example_gradients(model: torch.nn.Module, named_trainable, dp_opt, *, batches=None) -> list[dict]:
+    """Compare the active per-example path with a one-record backward on synthetic batches; restore the model.
+
+    Args:
+        model: what the run forwards: the peft model (fast path, ``dp_opt.flat`` set) or its Opacus
+            ``GradSampleModule``; in train mode, on its device.
+        named_trainable: (name, parameter) of every trainable tensor (names for the error).
+        dp_opt: the run's :class:`dplora.engine.step.UnitDPOptimizer` (only ``flat`` and ``params`` are read: no step,
+            no noise draw, no accountant step).
+        batches: lists of (input_ids, labels) records to check on (tests); None: :func:`synthetic_batches`.
+
+    Returns:
+        One entry per synthetic batch: ``{"records": B, "padded_tokens": L, "max_relative_difference": float,
+        "rtol": float}`` (public: synthetic data only).
+
+    Raises:
+        TrainingFailedError: a tensor's per-example rows are not B, or differ from the one-record backward beyond
+            the tolerance; the message names the first layer and tensor (exit 4).
+    """
+    from dplora.engine.step import collate
+
+    flat = getattr(dp_opt, "flat", None)
+    params = list(flat.parameters) if flat is not None else list(dp_opt.params)
+    names = {id(p): n for n, p in named_trainable}
+    for p in params:
+        names.setdefault(id(p), f"tensor of shape {tuple(p.shape)}")
+    device = params[0].device if params else torch.device("cpu")
+    rtol = _tolerance(model)
+    saved = _Saved(model)
+    report = []
+    try:
+        gen = torch.Generator(device="cpu").manual_seed(MASK_SEED)
+        with torch.no_grad():
+            for p in params:
+                if not bool(p.detach().any()):
+                    p.copy_(torch.randn(p.shape, generator=gen, device="cpu").to(p.device, p.dtype) * PERTURB_STD)
+        with _held_dropout(model) as held:
+            for records in batches if batches is not None else synthetic_batches(_vocab_size(model)):
+                batch = collate(records, pad_id=0, device=device)
+                size, width = batch["input_ids"].shape
+                for d in held:
+                    d.masks, d.calls, d.row = [], 0, None
+                G = _batched_rows(model, flat, params, names, batch, size)
+                worst = 0.0
+                for i in range(size):
+                    for d in held:
+                        d.calls, d.row = 0, i
+                    one = {k: v[i : i + 1] for k, v in batch.items()}
+                    ref = _plain_reference(model, flat, params, one)
+                    worst = max(worst, _compare(G[i], ref, params, names, rtol, i, size, width))
+                report.append({"records": size, "padded_tokens": width, "max_relative_difference": worst, "rtol": rtol})
+    finally:
+        saved.restore()
+    return report
+
+
+def _compare(row: torch.Tensor, ref: torch.Tensor, params, names, rtol: float, i: int, size: int, width: int) -> float:
+    """Largest relative difference of record i's blocks; raises naming the first tensor beyond rtol."""
+    if not (bool(torch.isfinite(row).all()) and bool(torch.isfinite(ref).all())):
+        raise TrainingFailedError(
+            f"per-example check: non-finite gradient for record {i} of a synthetic batch of {size} records padded "
+            f"to {width} tokens; refusing the run"
+        )
+    scale = 0.01 * float(ref.norm())
+    worst, offset = 0.0, 0
+    for p in params:
+        n = p.numel()
+        g, r = row[offset : offset + n].double(), ref[offset : offset + n].double()
+        offset += n
+        diff, ref_norm = float((g - r).norm()), float(r.norm())
+        rel = diff / max(ref_norm + scale, 1e-30)
+        if not rel <= rtol:  # NaN fails too
+            name = names[id(p)]
+            raise TrainingFailedError(
+                f"per-example check: layer {_layer_of(name)} (tensor {name}) differs from a one-record backward "
+                f"(record {i} of a synthetic batch of {size} records padded to {width} tokens: relative difference "
+                f"{rel:.3g} > {rtol:g}); the per-example path does not give each record its own gradient "
+                "(e.g. a layer that sees (tokens, batch, features)); refusing the run"
+            )
+        worst = max(worst, rel)
+    return worst

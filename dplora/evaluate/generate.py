@@ -1,0 +1,155 @@
+"""Replies from base + adapters (``dplora generate``): post-processing of a release, no privacy budget.
+
+A prompt is formatted and truncated as in training: for a prompt/response contract the tokens of
+``f"{prompt}\\n"`` (the reply follows), for a text contract the prompt's tokens, without special tokens
+(``dplora.data.units``). Decoding is greedy by default (deterministic); ``temperature > 0`` samples with nucleus
+(top-p) filtering (Holtzman et al. 2020) through transformers' ``generate``. Sampling draws from OS entropy
+unless a seed is given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+from dplora.contract.spec import Contract
+from dplora.errors import BadInputError, NotPrivateError
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Sampling:
+    """Decoding settings: greedy when ``temperature`` is 0.
+
+    Attributes:
+        max_new_tokens: tokens generated at most per reply (EOS stops earlier).
+        temperature: 0 for greedy; > 0 divides the logits before sampling.
+        top_p: nucleus mass kept when sampling, in (0, 1].
+        seed: seeds sampling (torch.manual_seed); None draws from OS entropy. Unused when greedy.
+    """
+
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise BadInputError(f"--max-new-tokens={self.max_new_tokens}: must be at least 1")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise BadInputError(f"--temperature={self.temperature}: must be ≥ 0 (0 is greedy)")
+        if not (0 < self.top_p <= 1):
+            raise BadInputError(f"--top-p={self.top_p}: must be in (0, 1]")
+
+    @property
+    def greedy(self) -> bool:
+        """True when decoding takes the most likely token at every step."""
+        return self.temperature == 0
+
+
+def prompt_ids(contract: Contract, tokenizer, prompt: str, max_new_tokens: int) -> list[int]:
+    """Token ids of ``prompt`` formatted and truncated as in training (:func:`dplora.data.units.tokenize_records`).
+
+    For a prompt/response contract a prompt whose reply (here up to ``max_new_tokens``) would not fit in
+    ``training.max_seq_len`` keeps its first max_seq_len // 2 tokens, as training did; a text prompt keeps at
+    most max_seq_len tokens.
+    """
+    max_len = contract.training.max_seq_len
+    text = f"{prompt}\n" if contract.data.prompt_column else prompt
+    ids = tokenizer([text], add_special_tokens=False)["input_ids"][0]
+    if contract.data.prompt_column and len(ids) + max_new_tokens > max_len:
+        return ids[: max_len // 2]
+    return ids[:max_len]
+
+
+def generate_replies(model, tokenizer, prompts: list[str], *, contract: Contract, sampling: Sampling, device) -> list:
+    """One reply per prompt (one prompt per forward: no padding, so a reply never depends on the others).
+
+    Args:
+        model: a causal LM (a peft model with adapters, or a base model), in eval mode.
+        prompts: the prompts, as the user wrote them.
+
+    Returns:
+        The replies as text, special tokens removed, without the prompt.
+    """
+    import torch
+    from transformers import GenerationConfig
+
+    if not sampling.greedy:
+        if sampling.seed is None:
+            torch.seed()  # OS entropy; torch's default generator otherwise starts from a fixed seed
+        else:
+            torch.manual_seed(sampling.seed)
+    settings = {"do_sample": False} if sampling.greedy else {"do_sample": True, "temperature": sampling.temperature}
+    if not sampling.greedy:
+        settings.update(top_p=sampling.top_p, top_k=0)
+    config = GenerationConfig(
+        max_new_tokens=sampling.max_new_tokens,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **settings,
+    )
+    replies = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = prompt_ids(contract, tokenizer, prompt, sampling.max_new_tokens)
+            if not ids:
+                raise BadInputError("an empty prompt: every prompt needs at least one token")
+            input_ids = torch.tensor([ids], device=device)
+            out = model.generate(
+                input_ids=input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config
+            )
+            replies.append(tokenizer.decode(out[0, len(ids) :].tolist(), skip_special_tokens=True))
+    return replies
+
+
+def read_prompts(prompt: str | None, prompts_file: Path | None) -> list[str]:
+    """The prompts: ``--prompt TEXT`` or ``--prompts FILE`` (one per non-empty line, UTF-8), exactly one.
+
+    Raises:
+        BadInputError: both or neither given, an unreadable or empty file.
+    """
+    if (prompt is None) == (prompts_file is None):
+        raise BadInputError("give exactly one of --prompt TEXT or --prompts FILE")
+    if prompt is not None:
+        if not prompt.strip():
+            raise BadInputError("--prompt is empty")
+        return [prompt]
+    try:
+        lines = Path(prompts_file).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise BadInputError(f"cannot read --prompts {prompts_file}: {err.__class__.__name__}") from None
+    prompts = [line for line in lines if line.strip()]
+    if not prompts:
+        raise BadInputError(f"--prompts {prompts_file} has no non-empty line")
+    return prompts
+
+
+def generate_from_run(
+    target: Path,
+    prompts: list[str],
+    *,
+    sampling: Sampling,
+    allow_non_private: bool = False,
+    threads: int | None = None,
+    log=print,
+) -> list[str]:
+    """Replies from the released adapters of the run ``target`` (a run folder or its contract).
+
+    Raises:
+        BadInputError: no release, unloadable model or adapters, bad settings.
+        NotPrivateError: the run is a non-private control and ``allow_non_private`` is False (exit 6).
+    """
+    from dplora.engine.control import NOT_DP
+    from dplora.release.read import load_adapter_model, read_run
+
+    run = read_run(target)
+    if not run.differentially_private:
+        if not allow_non_private:
+            raise NotPrivateError(
+                f"{run.folder} is {NOT_DP} (a privacy.enabled=false control): "
+                "pass --allow-non-private to generate from it anyway"
+            )
+        log(f"warning: {run.folder} is {NOT_DP}: these adapters carry no DP guarantee")
+    model, tokenizer, device = load_adapter_model(run, threads=threads, log=log)
+    return generate_replies(model, tokenizer, prompts, contract=run.contract, sampling=sampling, device=device)

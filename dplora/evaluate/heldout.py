@@ -1,0 +1,472 @@
+"""Held-out evaluation: per-token loss and perplexity of the base model and of base + adapters.
+
+The held-out records are tokenized and masked exactly as in training (:func:`dplora.data.units.tokenize_records`,
+:func:`dplora.engine.step.collate`): prompt and padding tokens carry label −100 and count for nothing, EOS is a
+target. The loss is the mean negative log-likelihood per target token over the whole set, in nats::
+
+    loss = Σ_records Σ_targets −log p(token | prefix) / (number of target tokens),   perplexity = exp(loss)
+
+(token-weighted, unlike the per-sequence mean the training step uses). With ``data.label_column`` the
+evaluation also generates a reply greedily for each held-out prompt and reports exact-match accuracy against
+the label (both stripped of surrounding whitespace). With ``data.group_column`` (or ``dplora eval
+--group-column``) it also reports the same numbers per group (:func:`group_stats`): DP is known to hurt rare
+groups most, and the overall mean hides it.
+
+Privacy: the numbers are a query on the held-out records. Unless ``data.eval_public: true`` declares the
+held-out file public, they are NOT covered by DP: printed to the operator so labelled, written to
+``<output_dir>.private/metrics.jsonl`` under ``not_covered_by_dp`` (beside the release, never in it), never into
+the signed record, and never printed with held-out
+text. Only a declared-public set's numbers may enter the record (``Evaluation.to_dict``). Group names are printed:
+the group column must hold **public labels** (the category names of a published schema, never free text), and
+a group with fewer than :data:`MIN_GROUP_RECORDS` held-out records is not shown by name, only counted, so that
+a rare value (which may be a private string) and numbers about a handful of people stay out of the report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+from dplora.contract.spec import Contract
+from dplora.errors import BadInputError, excerpt, one_line
+
+MIN_GROUP_RECORDS = 10  # smaller groups are counted, never named (see the module docstring)
+NOT_COVERED = "NOT COVERED BY DP: computed on private held-out data; never in the signed record"
+PUBLIC = "held-out set declared public (data.eval_public: true)"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HeldOutLoss:
+    """Loss of one model on the held-out set.
+
+    Attributes:
+        loss: mean negative log-likelihood per target token, nats.
+        perplexity: exp(loss) (∞ above exp(700)).
+        tokens: target tokens counted.
+        records: held-out records.
+    """
+
+    loss: float
+    perplexity: float
+    tokens: int
+    records: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GroupStat:
+    """Held-out numbers of one group (one value of the group column).
+
+    Attributes:
+        group: the group's value, as text.
+        records: held-out records in the group.
+        tokens: their target tokens.
+        loss: Σ NLL / Σ target tokens over the group's records, nats per token (None without a target token).
+        accuracy: share of the group's records answered correctly (None when no correctness was given).
+    """
+
+    group: str
+    records: int
+    tokens: int
+    loss: float | None
+    accuracy: float | None = None
+
+
+def group_stats(
+    groups, nll, tokens, correct=None, *, min_records: int = MIN_GROUP_RECORDS
+) -> tuple[list[GroupStat], dict]:
+    """Aggregate per-record numbers by group: the token-weighted loss (and accuracy) of each group.
+
+    A pure function (no model): ``dplora eval`` and ``scripts/utility_bench.py`` both call it.
+
+    Args:
+        groups: the group value of each record, length R (any value; compared as ``str``).
+        nll: summed negative log-likelihood of each record's target tokens, nats, length R.
+        tokens: target tokens of each record, length R.
+        correct: optional, whether each record was answered correctly (bools), length R.
+        min_records: groups with fewer records are not named: they are left out of the list and counted in the
+            second return value (their records still count in the overall numbers).
+
+    Returns:
+        (stats, hidden): one :class:`GroupStat` per group with at least ``min_records`` records, sorted by group;
+        ``hidden`` = {"groups": groups left out, "records": their records, "min_records": the threshold}.
+
+    Raises:
+        ValueError: the sequences differ in length, or ``min_records`` < 1.
+
+    >>> stats, hidden = group_stats(["a", "b", "a"], [2.0, 9.0, 4.0], [1, 3, 2], min_records=2)
+    >>> stats
+    [GroupStat(group='a', records=2, tokens=3, loss=2.0, accuracy=None)]
+    >>> hidden
+    {'groups': 1, 'records': 1, 'min_records': 2}
+    """
+    groups = [str(g) for g in groups]
+    columns = [nll, tokens] + ([] if correct is None else [correct])
+    if any(len(c) != len(groups) for c in columns):
+        raise ValueError(f"group_stats: {len(groups)} groups but {[len(c) for c in columns]} values")
+    if min_records < 1:
+        raise ValueError(f"Expected min_records >= 1, got {min_records}")
+    members: dict[str, list[int]] = {}
+    for i, g in enumerate(groups):
+        members.setdefault(g, []).append(i)
+    stats, hidden_groups, hidden_records = [], 0, 0
+    for g in sorted(members):
+        rows = members[g]
+        if len(rows) < min_records:
+            hidden_groups, hidden_records = hidden_groups + 1, hidden_records + len(rows)
+            continue
+        count = sum(int(tokens[i]) for i in rows)
+        loss = sum(float(nll[i]) for i in rows) / count if count else None
+        accuracy = None if correct is None else sum(bool(correct[i]) for i in rows) / len(rows)
+        stats.append(GroupStat(group=g, records=len(rows), tokens=count, loss=loss, accuracy=accuracy))
+    return stats, {"groups": hidden_groups, "records": hidden_records, "min_records": min_records}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Evaluation:
+    """Base vs adapters on one held-out set.
+
+    Attributes:
+        base, adapter: :class:`HeldOutLoss` without and with the adapters.
+        source: where the held-out set came from, in words (file names only, never text).
+        public: the held-out set is declared public (its numbers may enter the record).
+        differentially_private: the adapters come from a DP run (False for a control).
+        accuracy: with ``data.label_column``: {"column", "records", "base", "adapter"} exact-match accuracy.
+        groups: with a group column: {"column", "base", "adapter" (lists of :class:`GroupStat`), "hidden"}.
+    """
+
+    base: HeldOutLoss
+    adapter: HeldOutLoss
+    source: str
+    public: bool
+    differentially_private: bool
+    accuracy: dict | None = None
+    groups: dict | None = None
+
+    @property
+    def label(self) -> str:
+        """How the numbers may be used, in words."""
+        return PUBLIC if self.public else NOT_COVERED
+
+    def to_dict(self) -> dict:
+        """JSON-ready numbers (∞ becomes None, so the dict is canonical JSON)."""
+
+        def finite(x):
+            return x if isinstance(x, float) and math.isfinite(x) else (None if isinstance(x, float) else x)
+
+        out = {
+            "held_out": self.source,
+            "public": self.public,
+            "label": self.label,
+            "metric": "mean negative log-likelihood per target token (nats), same masking as training",
+            "base": {k: finite(v) for k, v in dataclasses.asdict(self.base).items()},
+            "adapter": {k: finite(v) for k, v in dataclasses.asdict(self.adapter).items()},
+        }
+        if self.accuracy is not None:
+            out["exact_match"] = self.accuracy
+        if self.groups is not None:
+            g = self.groups
+            out["groups"] = {
+                "column": g["column"],
+                "hidden": g["hidden"],
+                **{
+                    m: [{k: finite(v) for k, v in dataclasses.asdict(x).items()} for x in g[m]]
+                    for m in ("base", "adapter")
+                },
+            }
+        return out
+
+
+def token_nll(model, batch: dict):
+    """Per-sequence summed token NLL and target-token count, masked as in training.
+
+    Args:
+        model: a causal LM; ``batch`` from :func:`dplora.engine.step.collate` (shapes (B, L)).
+
+    Returns:
+        (nll_sum, tokens): tensors of shape (B,), nats and counts.
+    """
+    import torch.nn.functional as F
+
+    from dplora.engine.step import IGNORE_INDEX
+
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    logits, targets = logits[:, :-1, :].float(), batch["labels"][:, 1:]
+    tok = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none"
+    ).view(targets.shape)
+    mask = targets != IGNORE_INDEX
+    return (tok * mask).sum(dim=1), mask.sum(dim=1)
+
+
+def record_nll(model, examples: list, *, pad_id: int, device, batch_size: int) -> tuple[list[float], list[int]]:
+    """Summed target-token NLL (nats) and target-token count of each record, in batches (no gradient).
+
+    Args:
+        examples: R (input_ids, labels) pairs as :func:`dplora.data.units.tokenize_records` makes them.
+
+    Returns:
+        (nll, tokens): two lists of length R.
+    """
+    import torch
+
+    from dplora.engine.step import collate
+
+    nll, tokens = [], []
+    with torch.no_grad():
+        for start in range(0, len(examples), batch_size):
+            batch = collate(examples[start : start + batch_size], pad_id, device=device)
+            s, n = token_nll(model, batch)
+            nll += s.double().tolist()
+            tokens += [int(x) for x in n.tolist()]
+    return nll, tokens
+
+
+def held_out_loss(model, examples: list, *, pad_id: int, device, batch_size: int, per_record=None) -> HeldOutLoss:
+    """Mean per-token loss of ``model`` over ``examples`` ((input_ids, labels) pairs), in batches.
+
+    Args:
+        per_record: the (nll, tokens) of :func:`record_nll` if already computed (then no model call).
+
+    Raises:
+        BadInputError: the held-out set has no target token.
+    """
+    nll, tokens = per_record or record_nll(model, examples, pad_id=pad_id, device=device, batch_size=batch_size)
+    total, count = math.fsum(nll), sum(tokens)
+    if count == 0:
+        raise BadInputError("the held-out set has no target token (every reply was truncated away?)")
+    loss = total / count
+    return HeldOutLoss(
+        loss=loss, perplexity=math.exp(loss) if loss < 700 else math.inf, tokens=count, records=len(examples)
+    )
+
+
+def _exact_match(model, tokenizer, table, contract: Contract, device) -> float:
+    """Share of held-out prompts whose greedy reply equals the label (stripped)."""
+    right = _exact_match_rows(model, tokenizer, table, contract, device)
+    return sum(right) / len(right)
+
+
+def _exact_match_rows(model, tokenizer, table, contract: Contract, device) -> list[bool]:
+    """Whether each held-out prompt's greedy reply equals its label (both stripped)."""
+    from dplora.evaluate.generate import Sampling, generate_replies
+
+    prompts = [str(p) for p in table[contract.data.prompt_column]]
+    labels = [str(x).strip() for x in table[contract.data.label_column]]
+    longest = max(len(ids) for ids in tokenizer(labels, add_special_tokens=False)["input_ids"])
+    sampling = Sampling(max_new_tokens=longest + 2)
+    replies = generate_replies(model, tokenizer, prompts, contract=contract, sampling=sampling, device=device)
+    return [r.strip() == y for r, y in zip(replies, labels, strict=True)]
+
+
+def check_held_out(table, tokenizer, contract: Contract, group_column: str | None = None) -> None:
+    """Refuse a held-out set that cannot be evaluated, before any training: no target token, no label column,
+    no group column (``group_column``, else ``data.group_column``).
+
+    Raises:
+        BadInputError: naming the problem (never a record's text).
+    """
+    from dplora.data.units import tokenize_records
+
+    if not any(y != -100 for _, labels in tokenize_records(table, tokenizer, contract) for y in labels):
+        raise BadInputError("the held-out set has no target token (every reply was truncated away?)")
+    label = contract.data.label_column
+    if label is not None and label not in table.column_names:
+        raise BadInputError(f"the held-out data has no column {label!r} (data.label_column)")
+    group = group_column or contract.data.group_column
+    if group is not None and group not in table.column_names:
+        raise BadInputError(f"the held-out data has no column {excerpt(group)} (the group column)")
+    if group is not None and any(v is None for v in table[group]):
+        raise BadInputError(f"the held-out data's group column {excerpt(group)} has empty cells")
+
+
+def evaluate_model(
+    peft_model,
+    tokenizer,
+    table,
+    contract: Contract,
+    *,
+    device,
+    source: str,
+    public: bool,
+    private_run: bool,
+    group_column: str | None = None,
+) -> Evaluation:
+    """Base (adapters disabled) vs adapters on the held-out ``table``; restores the model's train/eval mode.
+
+    Args:
+        peft_model: the peft model holding the adapters (trained in memory, or loaded from a release).
+        table: the held-out records (``datasets.Dataset`` with the contract's columns).
+        source: where ``table`` came from, in words.
+        public: the held-out set is declared public.
+        private_run: the adapters come from a DP run.
+        group_column: report per group of this column (default ``data.group_column``; None: no groups).
+
+    Returns:
+        :class:`Evaluation`.
+
+    Raises:
+        BadInputError: no target token in the held-out set, or a missing label or group column.
+    """
+    from dplora.data.units import tokenize_records
+
+    group_column = group_column or contract.data.group_column
+    check_held_out(table, tokenizer, contract, group_column)
+    examples = tokenize_records(table, tokenizer, contract)
+    batch = contract.training.physical_batch_size
+    was_training = peft_model.training
+    peft_model.eval()
+    rows: dict[str, tuple] = {}
+
+    def measure(name: str) -> HeldOutLoss:
+        nll, tokens = record_nll(peft_model, examples, pad_id=tokenizer.pad_token_id, device=device, batch_size=batch)
+        right = (
+            _exact_match_rows(peft_model, tokenizer, table, contract, device) if contract.data.label_column else None
+        )
+        rows[name] = (nll, tokens, right)
+        return held_out_loss(peft_model, examples, pad_id=0, device=device, batch_size=batch, per_record=(nll, tokens))
+
+    try:
+        adapter = measure("adapter")
+        with peft_model.disable_adapter():
+            base = measure("base")
+    finally:
+        peft_model.train(was_training)
+    accuracy = groups = None
+    if contract.data.label_column:
+        accuracy = {"column": contract.data.label_column, "records": table.num_rows}
+        accuracy |= {m: sum(rows[m][2]) / len(rows[m][2]) for m in ("base", "adapter")}
+    if group_column is not None:
+        values = table[group_column]
+        groups = {"column": group_column}
+        for m in ("base", "adapter"):
+            groups[m], groups["hidden"] = group_stats(values, *rows[m])
+    return Evaluation(
+        base=base,
+        adapter=adapter,
+        source=source,
+        public=public,
+        differentially_private=private_run,
+        accuracy=accuracy,
+        groups=groups,
+    )
+
+
+def held_out_source(contract: Contract, eval_path: Path | None = None) -> tuple[str, bool]:
+    """(the held-out set in words, declared public) for the contract's set or an explicit file."""
+    data = contract.data
+    if eval_path is not None:
+        return f"--eval-path {Path(eval_path).name} (not declared public)", False
+    if data.eval_path is not None:
+        return f"data.eval_path {Path(data.eval_path).name}", data.eval_public
+    return f"data.eval_fraction={data.eval_fraction:g} of {Path(data.path).name}, split by protected unit", False
+
+
+def held_out_table(contract: Contract, eval_path: Path | None = None):
+    """The held-out records: ``eval_path`` if given, else the contract's ``data.eval_path`` or split.
+
+    Raises:
+        BadInputError: no held-out set configured, or unreadable data.
+    """
+    from dplora.data import units as data_mod
+
+    if eval_path is not None:
+        update = contract.data.model_copy(update={"eval_path": str(eval_path), "eval_fraction": None})
+        return data_mod.load_table(data_mod.eval_contract(contract.model_copy(update={"data": update})))
+    if not contract.data.has_eval_set:
+        raise BadInputError(
+            "no held-out set: the run's contract has no data.eval_path or data.eval_fraction; pass --eval-path FILE"
+        )
+    _, table = data_mod.split_eval(data_mod.load_table(contract), contract)
+    return table
+
+
+def evaluate_run(
+    target: Path,
+    *,
+    eval_path: Path | None = None,
+    threads: int | None = None,
+    log=print,
+    group_column: str | None = None,
+) -> Evaluation:
+    """Evaluate the released adapters of ``target`` (a run folder or its contract) on the held-out set.
+
+    The run's own ``contract.yaml`` decides the data, the split and the masking, so a ``data.eval_fraction``
+    split is the same one training held out. ``group_column`` (default ``data.group_column``) adds per-group
+    numbers.
+
+    Raises:
+        BadInputError: no release, no held-out set, unreadable data or model, a missing group column.
+    """
+    from dplora.release.read import load_adapter_model, read_run
+
+    run = read_run(target)
+    table = held_out_table(run.contract, eval_path)
+    source, public = held_out_source(run.contract, eval_path)
+    model, tokenizer, device = load_adapter_model(run, threads=threads, log=log)
+    return evaluate_model(
+        model,
+        tokenizer,
+        table,
+        run.contract,
+        device=device,
+        source=source,
+        public=public,
+        private_run=run.differentially_private,
+        group_column=group_column,
+    )
+
+
+def report_lines(evaluation: Evaluation) -> list[str]:
+    """The evaluation as a few lines of text for the operator (numbers only, never held-out text)."""
+    from dplora.engine.control import NOT_DP
+
+    b, a = evaluation.base, evaluation.adapter
+    lines = [
+        f"held-out: {evaluation.source}; {b.records} records, {b.tokens} target tokens",
+        f"  {evaluation.label}",
+    ]
+    if not evaluation.differentially_private:
+        lines.append(f"  adapters: {NOT_DP} (privacy.enabled=false control)")
+    lines += [
+        f"  {'':8} {'loss/token':>10} {'perplexity':>11}",
+        f"  {'base':8} {b.loss:10.4f} {b.perplexity:11.3f}",
+        f"  {'adapter':8} {a.loss:10.4f} {a.perplexity:11.3f}   (Δ loss {a.loss - b.loss:+.4f})",
+    ]
+    if evaluation.accuracy is not None:
+        acc = evaluation.accuracy
+        lines.append(
+            f"  exact match on {acc['column']!r}: base {acc['base']:.3f}, adapter {acc['adapter']:.3f} "
+            f"({acc['records']} records)"
+        )
+    if evaluation.groups is not None:
+        lines += _group_lines(evaluation.groups)
+    return lines
+
+
+def _group_lines(groups: dict) -> list[str]:
+    """Per-group table: records, tokens, loss base → adapter (and accuracy); group names bounded and escaped."""
+    with_acc = any(g.accuracy is not None for g in groups["adapter"])
+    head = f"  per group of {excerpt(groups['column'])}:"
+    lines = [head, f"    {'group':28} {'records':>7} {'tokens':>7} {'base':>8} {'adapter':>8} {'Δ loss':>8}"]
+    if with_acc:
+        lines[-1] += f" {'acc base':>8} {'adapter':>8}"
+
+    def num(x, fmt):
+        return format(x, fmt) if x is not None else "-"
+
+    for b, a in zip(groups["base"], groups["adapter"], strict=True):
+        name = one_line(b.group, limit=28)
+        delta = a.loss - b.loss if a.loss is not None and b.loss is not None else None
+        line = f"    {name:28} {b.records:7d} {b.tokens:7d} {num(b.loss, '8.4f')} {num(a.loss, '8.4f')}"
+        line += f" {num(delta, '+8.4f')}"
+        if with_acc:
+            line += f" {num(b.accuracy, '8.3f')} {num(a.accuracy, '8.3f')}"
+        lines.append(line)
+    hidden = groups["hidden"]
+    if hidden["groups"]:
+        lines.append(
+            f"    ({hidden['groups']} groups with fewer than {hidden['min_records']} records, {hidden['records']} "
+            "records in all, are not shown by name)"
+        )
+    return lines

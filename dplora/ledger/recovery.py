@@ -1,0 +1,206 @@
+"""What the ledger does with a run's resume checkpoint: settle a killed run, sign an intermediate release.
+
+``dplora ledger settle RUN_ID`` closes a run that will not be resumed. A run with a resumable checkpoint is
+refused unless ``--abandon`` is given; the charge is then the ε of the steps in the checkpoint's accountant
+history (the accountant's ε after those steps, never less), or the planned (reserved) ε when no checkpoint
+can be read. ``dplora ledger record-release RUN`` signs the adapters of a charged run's latest checkpoint as
+an intermediate release at the ε of its steps: post-processing of an already charged run, not a new charge
+(Dwork & Roth 2014, Prop. 2.1). Neither command loads a model into memory; ``settle`` never imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import uuid
+from decimal import Decimal
+from pathlib import Path
+
+import yaml
+
+from dplora.errors import BadInputError
+from dplora.ledger.store import Charge, Ledger
+from dplora.run.checkpoint import CheckpointInfo, CheckpointUnreadableError, read_info
+
+
+def plan_from_checkpoint(info: CheckpointInfo):
+    """The run's :class:`dplora.plan.training.TrainingPlan`, rebuilt from the checkpoint header (no data, no model).
+
+    Raises:
+        CheckpointUnreadableError: the header was written by a dplora whose plan had other fields.
+    """
+    from dplora.accounting import Accountant, Adjacency
+    from dplora.contract.spec import ProtectedUnit
+    from dplora.plan.training import TrainingPlan
+
+    saved = info.meta["plan"]
+    enums = {"protected_unit": ProtectedUnit, "adjacency": Adjacency, "accountant": Accountant}
+    try:
+        values = {f.name: saved[f.name] for f in dataclasses.fields(TrainingPlan) if f.name in saved}
+        values |= {k: enums[k](values[k]) for k in enums}
+        values["epsilon_curve"] = tuple((int(s), float(e)) for s, e in values["epsilon_curve"])
+        values["warnings"] = tuple(values.get("warnings", ()))
+        return TrainingPlan(**values)
+    except (KeyError, TypeError, ValueError) as err:
+        raise CheckpointUnreadableError(f"checkpoint {info.path}: its plan cannot be read ({err})") from None
+
+
+def epsilon_of(info: CheckpointInfo) -> float:
+    """ε after the steps in the checkpoint's accountant history, from the run's own plan (an upper bound)."""
+    return plan_from_checkpoint(info).epsilon_at(info.accounted_steps)
+
+
+def locate(ledger: Ledger, run: str, checkpoint: Path | None = None) -> tuple[str, CheckpointInfo | None, str]:
+    """Find a run's checkpoint: (run id, checkpoint or None, why none was read).
+
+    Args:
+        ledger: the ledger holding the run's charge.
+        run: a run id, or a ``<output_dir>.partial`` folder / checkpoint file.
+        checkpoint: where to look instead of the folder the ledger recorded.
+
+    Raises:
+        BadInputError: ``run`` is a folder without a checkpoint.
+    """
+    if checkpoint is None and Path(run).exists():
+        info = read_info(Path(run))
+        if info is None:
+            raise BadInputError(f"no resume checkpoint in {run}")
+        return info.run_id, info, ""
+    where = checkpoint or ledger.checkpoint_path(run)
+    if where is None:
+        return run, None, "the ledger records no checkpoint folder for this run"
+    try:
+        info = read_info(Path(where))
+    except CheckpointUnreadableError as err:
+        return run, None, str(err)
+    if info is None:
+        return run, None, f"no checkpoint in {where}"
+    if info.run_id != run:
+        return run, None, f"{where} holds the checkpoint of another run ({info.run_id})"
+    return run, info, ""
+
+
+def _still_running(staging: Path) -> bool:
+    """True while a ``dplora train`` holds ``<output_dir>.lock`` (flock) for this folder."""
+    import fcntl
+
+    lock = staging.with_name(staging.name.removesuffix(".partial") + ".lock")
+    if not lock.is_file():
+        return False
+    with open(lock, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return False
+
+
+def settle(ledger: Ledger, run_id: str, *, abandon: bool, checkpoint: Path | None = None) -> tuple[Charge, str]:
+    """Close a pending charge of a run that will not be resumed: (the settled charge, how ε was found).
+
+    Raises:
+        BadInputError: no such charge, not pending, or a resumable checkpoint without ``abandon``.
+    """
+    charge = ledger.charge(run_id)
+    if charge.status != "pending":
+        raise BadInputError(f"run {run_id} is already {charge.status} at ε={charge.epsilon}: nothing to settle")
+    _, info, why = locate(ledger, run_id, checkpoint)
+    if info is not None and _still_running(info.path.parent):
+        raise BadInputError(f"run {run_id} is still running (it holds the lock next to {info.path.parent})")
+    if info is not None:
+        eps = epsilon_of(info)
+        if not abandon:
+            raise BadInputError(
+                f"run {run_id} has a resumable checkpoint at step {info.step}/{info.steps_planned} in "
+                f"{info.path.parent}: finish it with `dplora train CONFIG --resume`, or pass --abandon to close "
+                f"it at ε={eps:.4f}"
+            )
+        how = f"ε of the {info.accounted_steps} steps in the checkpoint's accountant history"
+    else:
+        eps = charge.reserved_epsilon or charge.epsilon
+        how = f"the planned ε (no checkpoint could be read: {why})"
+    settled = ledger.settle(run_id, epsilon_spent=Decimal(str(eps)), status="failed")
+    return settled, how
+
+
+def record_release(
+    ledger: Ledger,
+    run: str,
+    *,
+    private_key,
+    data_key: bytes | None = None,
+    output: Path | None = None,
+    checkpoint: Path | None = None,
+    log=print,
+) -> tuple[Path, float, int]:
+    """Sign the adapters of a charged run's latest checkpoint as an intermediate release: (folder, ε, steps).
+
+    The folder (default ``<output_dir>.step-<k>``) holds ``adapter/``, ``contract.yaml`` and a signed
+    ``release.dsse.json`` whose record says ``steps_done=k`` and ``epsilon_spent`` = ε after k steps; the
+    ledger records it as a release of the run (its charge never drops below that ε). The base model must be
+    where the contract says (the record lists its files' digests, as a final release does).
+
+    Raises:
+        BadInputError: no charge or no readable checkpoint, no step taken yet, the folder exists, or the base
+            model cannot be found.
+    """
+    from safetensors.numpy import load_file, save_file
+
+    from dplora.contract.spec import parse_contract
+    from dplora.engine.model import base_model_entry
+    from dplora.release import envelope as release
+    from dplora.release.record import build_record
+
+    run_id, info, why = locate(ledger, run, checkpoint)
+    if info is None:
+        raise BadInputError(f"run {run_id}: no checkpoint to release ({why})")
+    ledger.charge(run_id)  # must be charged already
+    if info.step == 0:
+        raise BadInputError(f"run {run_id}: its checkpoint holds no step yet; nothing to release")
+    if not parse_contract(yaml.safe_load(info.meta["contract_yaml"])).privacy.enabled:
+        raise BadInputError(f"run {run_id} is a non-private control (privacy.enabled=false): it has no DP release")
+    plan = plan_from_checkpoint(info)
+    eps = plan.epsilon_at(info.accounted_steps)
+    staging = info.path.parent
+    dest = output or staging.with_name(f"{staging.name.removesuffix('.partial')}.step-{info.step}")
+    if dest.exists():
+        raise BadInputError(f"{dest} exists; choose another --output")
+    contract = parse_contract(yaml.safe_load(info.meta["contract_yaml"]))
+    tmp = dest.with_name(f".{dest.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        (tmp / "adapter").mkdir(parents=True)
+        tensors = load_file(info.path)
+        adapter = {k.removeprefix("adapter."): v for k, v in tensors.items() if k.startswith("adapter.")}
+        save_file(adapter, tmp / "adapter" / "adapter_model.safetensors", metadata={"format": "pt"})
+        config = json.dumps(info.meta["adapter_config"], indent=2, sort_keys=True) + "\n"
+        (tmp / "adapter" / "adapter_config.json").write_text(config)
+        (tmp / "contract.yaml").write_text(info.meta["contract_yaml"])
+        record = build_record(
+            contract=contract,
+            plan=plan,
+            run_id=run_id,
+            steps_done=info.step,
+            epsilon_spent=eps,
+            started_at=info.meta["started_at"],
+            finished_at=info.meta["written_at"],
+            data_digest=release.data_digest_entry([Path(contract.data.path)], data_key),
+            base_model=base_model_entry(contract.model, log),
+            execution=info.meta["execution"],
+        )
+        record["intermediate"] = {
+            "steps_done": info.step,
+            "steps_planned": plan.steps,
+            "note": "adapters after steps_done of steps_planned logical steps, signed from the run's resume "
+            "checkpoint; post-processing of the run, charged with it in the ledger (not a new charge)",
+        }
+        release.finish_release(tmp, contract, record, private_key=private_key)
+        sha = release.sha256_file(tmp / release.RELEASE_FILENAME)
+        ledger.record_release(
+            run_id=run_id, record_sha256=sha, epsilon=str(eps), delta=str(plan.delta), label=f"step-{info.step}"
+        )
+        tmp.rename(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest, eps, info.step

@@ -1,0 +1,5 @@
+"""The release stage: the record (`record`), model card (`card`), keys (`keys`), the signed DSSE envelope and
+Sigstore bundle (`envelope`), `dplora verify` (`verify`) and reading a released run folder (`read`).
+
+May import: the stages below it (contract, accounting, plan, data, engine, run) and `dplora.errors`.
+"""

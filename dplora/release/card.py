@@ -1,0 +1,202 @@
+"""The adapter's model card (``adapter/README.md``): the signed release record in words, Hugging Face format.
+
+Format: YAML front matter from ``huggingface_hub.ModelCardData`` (``library_name: peft``, ``base_model``,
+``tags``) and a Markdown body (https://huggingface.co/docs/hub/model-cards). The card is written before the
+release is signed and is one of its artifacts, so ``dplora verify`` catches any edit. Everything in it comes
+from the record or the contract's public settings: no local path, no training text, no per-unit counts.
+"""
+
+from __future__ import annotations
+
+from dplora.contract.spec import Contract
+
+TAGS = ("differential-privacy", "dp-sgd", "lora", "peft", "dplora")
+UNIT_WORDS = {"row": "data row", "ticket": "ticket (all of its rows)", "user": "customer (all of their rows)"}
+ADJACENCY_WORDS = {
+    "add_remove": "two training sets are neighbours when one holds one more {unit} than the other (add/remove)",
+    "replace_one": "two training sets are neighbours when one {unit} is replaced by another (replace-one)",
+}
+
+
+def model_card(record: dict, contract: Contract) -> str:
+    """The model card text for one release.
+
+    Args:
+        record: The release record (predicate) of :func:`dplora.release.record.build_record`, with ``base_model``.
+        contract: The run's contract (only its public data-column names and file format are used).
+    Returns:
+        UTF-8 text: ``---`` YAML front matter ``---`` then Markdown, readable by ``huggingface_hub.ModelCard``.
+    Raises:
+        KeyError: If the record lacks a section the card states (privacy, accounting, base_model, ...).
+    """
+    from huggingface_hub import ModelCardData
+
+    if record.get("differentially_private") is False:
+        return _non_private_card(record, contract)
+    base = record["base_model"]
+    data = ModelCardData(
+        library_name="peft", base_model=base["name_or_path"], tags=list(TAGS), pipeline_tag="text-generation"
+    )
+    sections = (_intro(record), _guarantee(record), _not_covered(record), _data(record, contract))
+    body = "\n".join((*sections, _base_model(base), _verify(record)))
+    return f"---\n{data.to_yaml()}\n---\n\n{body}"
+
+
+def _intro(record: dict) -> str:
+    lora, base = record["lora"], record["base_model"]["name_or_path"]
+    targets = ", ".join(f"`{m}`" for m in lora["target_modules"])
+    return (
+        f"# DP-LoRA adapter for {base}\n\n"
+        f"A LoRA adapter (r={lora['r']}, alpha={lora['alpha']:g}, on {targets}) fine-tuned with differentially "
+        f"private SGD by dplora {record['versions'].get('dplora', '?')}. This card restates the signed release "
+        "record (`release.dsse.json` beside this folder); the record is the authority.\n"
+    )
+
+
+def _guarantee(record: dict) -> str:
+    privacy, acc, mech = record["privacy"], record["accounting"], record["mechanism"]
+    unit = UNIT_WORDS.get(privacy["protected_unit"], privacy["protected_unit"])
+    adjacency = ADJACENCY_WORDS.get(privacy["adjacency"], privacy["adjacency"]).format(unit=unit)
+    n_source = (
+        "declared in the contract as a public number"
+        if acc["num_units_source"] == "contract"
+        else "counted in the data (public under replace-one adjacency)"
+    )
+    key = f" (unit key column `{privacy['unit_key']}`)" if privacy.get("unit_key") else ""
+    return (
+        "## Privacy guarantee\n\n"
+        f"(ε = {acc['epsilon_spent']:.4f}, δ = {acc['delta']:g})-differential privacy for one **{unit}**{key}: "
+        f"{privacy['statement']}.\n\n"
+        f"- Adjacency: {adjacency}.\n"
+        f"- Accountant: `{acc['accountant']}` ({acc['accountant_version']}), target ε = {acc['target_epsilon']:g}, "
+        f"{acc['steps_done']} of {acc['steps_planned']} planned steps done.\n"
+        f"- Mechanism: Poisson sampling of units at q = {acc['sample_rate']:.6g}, {privacy['clipping']} "
+        f"with C = {mech['max_grad_norm']:g}, Gaussian noise σ = {acc['noise_multiplier']:.6g} (std σ·C) once per "
+        f"step from OS entropy.\n"
+        f"- N = {acc['num_units']} protected units, {n_source}.\n"
+    ) + _tuning(record)
+
+
+def _tuning(record: dict) -> str:
+    """A ``dplora sweep`` release: the total over all its charged trials, and whether the choice is covered."""
+    t = record.get("tuning")
+    if not t:
+        return ""
+    return (
+        f"- Tuning: chosen among {t['trials']} trials (`dplora sweep`), each charged; all trials together spend "
+        f"ε = {t['total_epsilon']:.4f}, δ = {t['total_delta']:g} ({t['composition']}). {t['statement']}.\n"
+    )
+
+
+def _not_covered(record: dict) -> str:
+    population = record.get("population")
+    ledger = f"the `dplora ledger` for population `{population}`" if population else "`dplora ledger`"
+    return (
+        "### What it does not cover\n\n"
+        f"- Anything larger than one {UNIT_WORDS.get(record['privacy']['protected_unit'], 'unit')}: "
+        "several units of one person are protected only by group privacy (about k·ε for k units).\n"
+        "- The base model and its own training data, and any data outside the training file.\n"
+        f"- Other runs on the same people: this ε is for this run alone; see {ledger} for the total.\n"
+        f"- Not released: {record['not_included']}.\n"
+        f"- The seed {record['seed']['scope']}.\n"
+        "- Noise is sampled in floating point; the guarantee is for the ideal Gaussian mechanism.\n"
+    )
+
+
+def _data(record: dict, contract: Contract) -> str:
+    d = contract.data
+    if d.text_column is not None:
+        columns = f"every token of column `{d.text_column}`"
+    else:
+        columns = f"the responses in column `{d.response_column}` given the prompts in `{d.prompt_column}`"
+    files = ", ".join(f"`{name}`" for name in record["data"]["files"])
+    files += "" if d.format == "auto" else f" ({d.format})"
+    digest = record["data"]["digest"]
+    keyed = (
+        "a keyed HMAC-SHA256 digest of each file is in the record; only the data owner, who holds the key, can check it"
+        if digest.get("keyed")
+        else "no digest of the data is released (a plain hash would let anyone confirm a guess about it)"
+    )
+    return (
+        "## Training data\n\n"
+        f"Described, never shown: {files}, trained on {columns}; "
+        f"{record['accounting']['num_units']} protected units (the public N of the record). "
+        f"{keyed[0].upper()}{keyed[1:]}.\n\n"
+        "Per-step losses, realised batch sizes, step times and any held-out evaluation on private data are in the "
+        "`<release folder>.private/` folder beside the release, outside the DP guarantee: never ship that folder.\n"
+    )
+
+
+def _base_model(base: dict) -> str:
+    rows = "\n".join(f"| `{name}` | `{digest}` |" for name, digest in sorted(base["files"].items()))
+    package = base.get("package")
+    source = f"{base['note']}\n\n" if base.get("note") else ""
+    if package:
+        source += f"Source file: `{package['file']}` from {package['name']} {package['version']}, "
+        source += f"sha256 `{package['sha256']}`.\n\n"
+    load = (
+        "```python\nfrom peft import AutoPeftModelForCausalLM\n\n"
+        'model = AutoPeftModelForCausalLM.from_pretrained("path/to/adapter")\n```\n'
+    )
+    if not base.get("resolvable", False):
+        load = (
+            f"`{base['name_or_path']}` is a local name, not a Hub id: load that base model yourself "
+            "(and check it with `dplora verify --base-model`), then\n\n```python\nfrom peft import PeftModel\n\n"
+            'model = PeftModel.from_pretrained(base_model, "path/to/adapter")\n```\n'
+        )
+    return (
+        "## Base model\n\n"
+        f"`{base['name_or_path']}`. {source}"
+        f"The adapter was trained on these exact files (sha256, also in the signed record):\n\n"
+        f"| file | sha256 |\n|---|---|\n{rows}\n\n{load}"
+    )
+
+
+def _verify(record: dict) -> str:
+    return (
+        "## How to verify\n\n"
+        "With the signer's Ed25519 public key, from the release folder's parent:\n\n"
+        "```bash\ndplora verify RELEASE_DIR --public-key signing.pub            # signature, every file's sha256\n"
+        "dplora verify RELEASE_DIR --public-key signing.pub --base-model BASE_DIR_OR_GGUF\n```\n\n"
+        "`release.dsse.json` is a DSSE envelope (in-toto Statement v1, predicate "
+        "`https://dplora.dev/release/v1`) that securesystemslib's `Envelope.verify` accepts; "
+        "`release.sigstore.json` holds the same envelope as a Sigstore bundle v0.3 with a public-key hint.\n"
+    )
+
+
+NON_PRIVATE_TAGS = ("not-differentially-private", "lora", "peft", "dplora")
+
+
+def _non_private_card(record: dict, contract: Contract) -> str:
+    """The card of a non-private control run (:mod:`dplora.engine.control`): it says so first, and states no ε."""
+    from huggingface_hub import ModelCardData
+
+    base, training = record["base_model"], record["training"]
+    data = ModelCardData(
+        library_name="peft",
+        base_model=base["name_or_path"],
+        tags=list(NON_PRIVATE_TAGS),
+        pipeline_tag="text-generation",
+    )
+    d = contract.data
+    columns = (
+        f"every token of column `{d.text_column}`"
+        if d.text_column is not None
+        else f"the responses in column `{d.response_column}` given the prompts in `{d.prompt_column}`"
+    )
+    files = ", ".join(f"`{name}`" for name in record["data"]["files"])
+    body = (
+        f"# NOT DIFFERENTIALLY PRIVATE: LoRA adapter (control run) for {base['name_or_path']}\n\n"
+        f"**{record['statement']}.**\n\n"
+        "This adapter is the non-private control of a DP contract (`privacy.enabled: false`): the same data, "
+        f"model, steps and Poisson sampling (q = {training['sample_rate']:.6g}, {training['steps_done']} steps, "
+        f"{training['num_units']} units) with no clipping and no noise, to measure what privacy costs. Do not "
+        "publish it as a private model.\n\n"
+        f"## Training data\n\nDescribed, never shown: {files}, trained on {columns}.\n\n"
+        + _base_model(base)
+        + "\n## How to verify\n\n"
+        "`release.dsse.json` is signed under the predicate type `https://dplora.dev/non-private/v1`; "
+        "`dplora verify RELEASE_DIR --public-key signing.pub` prints NOT DIFFERENTIALLY PRIVATE and exits 6 "
+        "(0 with `--allow-non-private`).\n"
+    )
+    return f"---\n{data.to_yaml()}\n---\n\n{body}"

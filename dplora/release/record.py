@@ -1,0 +1,175 @@
+"""The release record: the JSON predicate signed into the DSSE envelope (see ``release.py``).
+
+Everything here is public by construction: the contract's privacy settings, the mechanism as data (the
+``DpSgdEvent``), the accountant and its version, library versions, digests. Never raw text, never losses on
+private data, never per-unit record counts (the maximum is one person's count). An optional ``audit`` section
+is added after training by ``dplora audit --attach`` (:mod:`dplora.audit.attach`): an audit's summary numbers
+on fake canaries, no secrets and no scores.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+
+import dplora
+from dplora.contract.spec import Contract, ProtectedUnit
+from dplora.plan.training import TrainingPlan
+
+RECORD_VERSION = 2  # 2: base_model (name and file digests); artifacts filled by the release
+SEED_SCOPE = (
+    "seeds the data-cap choice, the held-out split and the LoRA initialisation only; Poisson sampling and the "
+    "Gaussian noise draw from OS entropy and cannot be reproduced from this record"
+)
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the libraries whose code computed the adapters and ε."""
+    names = ("torch", "opacus", "peft", "transformers", "dp-accounting", "datasets")
+    out = {"dplora": dplora.__version__, "python": platform.python_version()}
+    for name in names:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def unit_guarantee(contract: Contract) -> dict:
+    """What the protected unit covers, in words and as fields (Charles et al. 2024 construction for units)."""
+    privacy = contract.privacy
+    unit = privacy.protected_unit
+    out = {
+        "protected_unit": unit.value,
+        "unit_key": privacy.unit_key,
+        "adjacency": privacy.adjacency.value,
+        "sampler": privacy.sampling.value,
+        "clipping": (
+            "per-record gradient clipped to C (each record is one unit)"
+            if unit is ProtectedUnit.ROW
+            else f"per-unit: {privacy.unit_clipping.value} of the unit's per-record gradients, clipped to C"
+        ),
+        "contribution_bound": {
+            "max_records_per_unit": privacy.max_records_per_unit,
+            "note": "compute bound only; privacy comes from the per-unit clip",
+        },
+    }
+    out["statement"] = unit_statement(unit)
+    return out
+
+
+def unit_statement(unit: ProtectedUnit) -> str:
+    """The guarantee in words, as the release record, ``budget`` and ``train`` all state it."""
+    match ProtectedUnit(unit):
+        case ProtectedUnit.ROW:
+            return (
+                "bounds what one data row reveals, not a ticket or a customer: "
+                "NOT a ticket-level or customer-level guarantee"
+            )
+        case ProtectedUnit.TICKET:
+            return (
+                "bounds what one whole ticket reveals; a customer with k tickets is protected only by group "
+                "privacy, about k·ε; use protected_unit: user for customer-level protection"
+            )
+        case ProtectedUnit.USER:
+            return "bounds what one whole customer (all of their records) reveals"
+    raise ValueError(f"unknown protected_unit={unit!r}")  # pragma: no cover
+
+
+def build_record(
+    *,
+    contract: Contract,
+    plan: TrainingPlan,
+    run_id: str,
+    steps_done: int,
+    epsilon_spent: float,
+    started_at: str,
+    finished_at: str,
+    data_digest: dict,
+    base_model: dict,
+    execution: dict | None = None,
+) -> dict:
+    """The JSON record of one fully accounted run (steps_done == plan.steps).
+
+    The ``artifacts`` list is added when the release is finished (:func:`dplora.release.envelope.finish_release`).
+
+    Args:
+        base_model: :func:`dplora.engine.model.base_model_entry`: a loadable name and the sha256 of the files trained
+            on.
+    Returns:
+        A dict ready for canonical JSON (str/int/float/bool/None/list/dict only).
+    """
+    return {
+        "record_version": RECORD_VERSION,
+        "run_id": run_id,
+        "started_at": started_at,
+        "finished_at": finished_at,
+        "privacy": unit_guarantee(contract),
+        "mechanism": {
+            **plan.event.to_dict(),
+            "max_grad_norm": plan.max_grad_norm,
+            "noise_std": plan.noise_multiplier * plan.max_grad_norm,
+            "normalizer": {"expected_units_per_step": plan.expected_batch_size, "public": True},
+            "noise_source": "ChaCha20 keyed with 256 bits from os.urandom (never seeded from the record)",
+        },
+        "accounting": {
+            "accountant": plan.accountant.value,
+            "accountant_version": plan.accountant_version,
+            "accountant_note": plan.accountant_note,
+            "delta": plan.delta,
+            "target_epsilon": plan.target_epsilon,
+            "epsilon_spent": epsilon_spent,
+            "sample_rate": plan.sample_rate,
+            "noise_multiplier": plan.noise_multiplier,
+            "noise_multiplier_source": plan.noise_source,
+            "steps_planned": plan.steps,
+            "steps_done": steps_done,
+            "num_units": plan.num_units,
+            "num_units_source": plan.num_units_source,
+            "num_units_note": num_units_note(plan.num_units_source),
+            "composition": "single run; see `dplora ledger` for releases on the same population",
+        },
+        "population": contract.privacy.population,
+        **run_provenance(contract, base_model=base_model, data_digest=data_digest, execution=execution),
+        "not_included": "training losses and per-unit record counts (computed on private data, not covered by ε)",
+    }
+
+
+def num_units_note(source: str) -> str:
+    """Why the record's N is public: declared in the contract, or counted where neighbours share N."""
+    if source == "contract":
+        return (
+            "declared in the contract as a public number; q, T, σ and the δ < 1/N check use it (the data's count "
+            "is compared with it locally and never written here)"
+        )
+    return (
+        "counted in the data; public under replace-one adjacency: neighbouring datasets hold the same number of "
+        "units and no held-out split or drop rule moves a unit out of the training side"
+    )
+
+
+def run_provenance(contract: Contract, *, base_model: dict, data_digest: dict, execution: dict | None) -> dict:
+    """The record entries a DP run and its non-private control share: what was trained, on what, with what.
+
+    LoRA and model settings, the base model's digests, library versions, the contract and data digests, the seed
+    and its scope, and the execution entry (device, dtypes, noise generator). Public by construction.
+
+    Args:
+        contract: The validated contract.
+        base_model: :func:`dplora.engine.model.base_model_entry`.
+        data_digest: :func:`dplora.release.envelope.data_digest_entry` (sha256 or keyed HMAC of the data files).
+        execution: :func:`dplora.recipe.train.execution_entry`, or None for ``{}``.
+    Returns:
+        A dict of JSON values, merged into :func:`build_record` and
+        :func:`dplora.engine.control.non_private_record`.
+    """
+    return {
+        "lora": contract.lora.model_dump(mode="json"),
+        "model": contract.model.model_dump(mode="json"),
+        "base_model": base_model,
+        "versions": library_versions(),
+        "contract": {"file": "contract.yaml", "sha256": contract.sha256},
+        "data": {"files": [contract.data.path.rsplit("/", 1)[-1]], "digest": data_digest},
+        "seed": {"value": contract.training.seed, "scope": SEED_SCOPE},
+        "execution": execution or {},
+    }

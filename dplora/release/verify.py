@@ -1,0 +1,285 @@
+"""Checking a release as a reviewer would: the signature, every file, and optionally the data and the base model.
+
+The DSSE envelope is opened by securesystemslib (``dsse.Envelope.from_dict`` and ``Envelope.verify`` with an
+``SSlibKey``): first under securesystemslib's key id rule, then the older raw-key rule, then an empty key
+id (DSSE makes keyid optional); :class:`VerifiedRelease` says which matched. See :mod:`dplora.release.envelope` for
+the format.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import copy
+import dataclasses
+import hmac
+import json
+from pathlib import Path, PurePosixPath
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from securesystemslib import exceptions as sslib_errors
+from securesystemslib.dsse import Envelope
+
+from dplora.errors import BadInputError, VerificationError
+from dplora.release.envelope import (
+    BUNDLE_MEDIA_TYPES,
+    NON_PRIVATE_PREDICATE_TYPE,
+    PAYLOAD_TYPE,
+    PREDICATE_TYPE,
+    RELEASE_FILENAME,
+    SIGSTORE_FILENAME,
+    STATEMENT_TYPE,
+    hmac_sha256_file,
+    sha256_file,
+)
+from dplora.release.keys import KeyIdRule, key_id, legacy_key_id, load_public_key, sslib_keys
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class VerifiedRelease:
+    """What :func:`verify_release` checked: the statement, which key id rule matched, bundle and base model."""
+
+    statement: dict
+    key_id_rule: KeyIdRule
+    bundle: bool  # release.sigstore.json was present and holds the same envelope
+    base_model_files: tuple[str, ...] = ()  # base-model files whose sha256 matched (empty: not checked)
+
+    @property
+    def audit(self) -> dict | None:
+        """The record's attached ``audit`` section (``dplora audit --attach``), or None."""
+        predicate = self.statement.get("predicate")
+        return predicate.get("audit") if isinstance(predicate, dict) else None
+
+    @property
+    def differentially_private(self) -> bool:
+        """False for a non-private control run's record (predicate type ``NON_PRIVATE_PREDICATE_TYPE``)."""
+        return self.statement.get("predicateType") == PREDICATE_TYPE
+
+
+def _short(hex_digest: str) -> str:
+    return hex_digest[:12] + "…" if len(hex_digest) > 12 else hex_digest
+
+
+def _read_envelope(path: Path) -> dict:
+    try:
+        env = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInputError(f"cannot read release file {path}: {exc}") from None
+    except json.JSONDecodeError:
+        raise VerificationError(f"{path.name} is not JSON") from None
+    if not isinstance(env, dict) or env.get("payloadType") != PAYLOAD_TYPE:
+        got = env.get("payloadType") if isinstance(env, dict) else None
+        raise VerificationError(f"payloadType is {got!r}, expected {PAYLOAD_TYPE!r}")
+    return env
+
+
+def _open_envelope(env: dict, public_key: Ed25519PublicKey) -> tuple[bytes, KeyIdRule]:
+    """(payload, key id rule) once securesystemslib's ``Envelope.verify`` accepts a signature by the key."""
+    sigs = env.get("signatures")
+    if not isinstance(sigs, list) or not sigs or not all(isinstance(s, dict) for s in sigs):
+        raise VerificationError("envelope has no signatures")
+    try:
+        base64.b64decode(env.get("payload", ""), validate=True)
+        # DSSE makes keyid optional; securesystemslib needs the field, so a missing one reads as empty.
+        plain = {**env, "signatures": [{**s, "keyid": s.get("keyid") or ""} for s in sigs]}
+        envelope = Envelope.from_dict(copy.deepcopy(plain))
+    except (binascii.Error, KeyError, TypeError, ValueError, sslib_errors.Error) as exc:
+        raise VerificationError(f"not a DSSE envelope: {str(exc) or exc.__class__.__name__}") from None
+    candidates = [(rule, key) for rule, key in sslib_keys(public_key) if key.keyid in envelope.signatures]
+    if not candidates:
+        ids = f"{_short(key_id(public_key))}, or {_short(legacy_key_id(public_key))} by the older raw-key rule"
+        raise VerificationError(f"no signature by this public key (keyid {ids})")
+    for rule, key in candidates:
+        try:
+            envelope.verify([key], 1)
+            return envelope.payload, rule
+        except sslib_errors.Error:
+            continue
+    raise VerificationError("signature does not verify with this public key")
+
+
+def _check_bundle(folder: Path, env: dict) -> bool:
+    """False without ``release.sigstore.json``; True if it is a v0.3 bundle around the very same envelope."""
+    path = folder / SIGSTORE_FILENAME
+    if not path.exists():
+        return False
+    try:
+        bundle = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        raise VerificationError(f"{SIGSTORE_FILENAME} is not readable JSON") from None
+    if not isinstance(bundle, dict) or bundle.get("mediaType") not in BUNDLE_MEDIA_TYPES:
+        raise VerificationError(f"{SIGSTORE_FILENAME} is not a Sigstore bundle v0.3")
+    if bundle.get("dsseEnvelope") != env:
+        raise VerificationError(f"{SIGSTORE_FILENAME} does not hold the envelope of {RELEASE_FILENAME}")
+    return True
+
+
+def _check_subject(folder: Path, subject) -> None:
+    ok = isinstance(subject, dict) and isinstance(subject.get("digest"), dict)
+    name, digest = (subject.get("name"), subject["digest"].get("sha256")) if ok else (None, None)
+    if not isinstance(name, str) or not name or not isinstance(digest, str):
+        raise VerificationError(f"malformed subject in statement: {str(subject)[:80]}")
+    if PurePosixPath(name).is_absolute() or ".." in PurePosixPath(name).parts:
+        raise VerificationError(f"subject name {name!r} is not a relative path inside the release folder")
+    path = (folder / name).resolve()
+    if not path.is_relative_to(folder.resolve()):
+        raise VerificationError(f"subject name {name!r} escapes the release folder")
+    if not path.is_file():
+        raise VerificationError(f"{name}: file is missing")
+    if not hmac.compare_digest(found := sha256_file(path), digest.lower()):
+        raise VerificationError(f"{name}: sha256 mismatch (expected {_short(digest)}, found {_short(found)})")
+
+
+def _check_data(predicate, data_files: list[Path], data_key: bytes) -> None:
+    data = predicate.get("data") if isinstance(predicate, dict) else None
+    digest = data.get("digest") if isinstance(data, dict) else None
+    files = digest.get("files") if isinstance(digest, dict) and digest.get("keyed") is True else None
+    if not isinstance(files, dict):
+        raise VerificationError("the release has no keyed data digest to check the data files against")
+    for p in map(Path, data_files):
+        if p.name not in files:
+            raise VerificationError(f"{p.name}: not in the release's data digest")
+        try:
+            found = hmac_sha256_file(p, data_key)
+        except OSError as exc:
+            raise BadInputError(f"cannot read data file {p}: {exc.strerror or exc}") from None
+        if not hmac.compare_digest(found, str(files[p.name]).lower()):
+            raise VerificationError(f"{p.name}: data HMAC mismatch (wrong data file or wrong data key)")
+
+
+def _check_base_model(predicate, path: Path) -> tuple[str, ...]:
+    """Names of the recorded base-model files that ``path`` (a folder, or one file such as a .gguf) matches."""
+    base = predicate.get("base_model") if isinstance(predicate, dict) else None
+    files = base.get("files") if isinstance(base, dict) else None
+    if not isinstance(files, dict) or not files:
+        raise VerificationError("the release records no base-model digests (an older release)")
+    package = base.get("package") if isinstance(base.get("package"), dict) else {}
+    hint = f" (trained on the de-quantized {package['file']}: pass that file)" if package.get("file") else ""
+    if path.is_file():
+        found = sha256_file(path)
+        known = {**files, **({package["file"]: package.get("sha256")} if package.get("file") else {})}
+        matched = tuple(n for n, d in known.items() if isinstance(d, str) and hmac.compare_digest(found, d.lower()))
+        if not matched:
+            raise VerificationError(f"base model: {path.name} (sha256 {_short(found)}) matches no recorded file")
+        return matched
+    if not path.is_dir():
+        raise BadInputError(f"--base-model {path}: no such file or folder")
+    for name, digest in sorted(files.items()):
+        if PurePosixPath(name).name != name or not isinstance(digest, str):
+            raise VerificationError(f"malformed base-model file entry {name!r} in the record")
+        if not (path / name).is_file():
+            raise VerificationError(f"base model: {name} is missing in {path}{hint}")
+        if not hmac.compare_digest(found := sha256_file(path / name), digest.lower()):
+            raise VerificationError(
+                f"base model: {name}: sha256 mismatch (expected {_short(digest)}, found {_short(found)}){hint}"
+            )
+    return tuple(sorted(files))
+
+
+# A release written before the private folder existed held its per-step log here; accepted, with a warning.
+UNSIGNED_BY_DESIGN = ("metrics.jsonl",)
+
+
+def shipping_note(folder: Path) -> str:
+    """What to ship: this folder only, never ``<folder>.private``; warns about a legacy ``metrics.jsonl`` inside.
+
+    Args:
+        folder: the release folder (holding ``release.dsse.json``).
+    Returns:
+        One line for ``dplora verify`` (starts with ``warning:`` when the folder holds private numbers).
+    """
+    private = f"{folder.name}.private"
+    legacy = [name for name in UNSIGNED_BY_DESIGN if (folder / name).is_file()]
+    if legacy:
+        return (
+            f"warning: {', '.join(legacy)} in the release folder holds per-step losses, realised batch sizes and "
+            f"step times computed on private data (not covered by DP; written by an older dplora): delete it "
+            f"before shipping; never ship {private}/ either"
+        )
+    return f"ship this folder only; never ship {private}/ beside it (private numbers, not covered by DP)"
+
+
+def _check_no_unsigned_files(folder: Path, signed: set[str], envelope_name: str) -> None:
+    """Refuse files the signature does not cover (an extra file in adapter/ would be loaded by peft)."""
+    allowed = signed | {envelope_name, SIGSTORE_FILENAME, *UNSIGNED_BY_DESIGN}
+    for p in sorted(folder.rglob("*")):
+        name = p.relative_to(folder).as_posix()
+        if p.is_file() and name not in allowed:
+            raise VerificationError(f"{name}: file is not covered by the signature (remove it or re-release)")
+
+
+def _check_audit(predicate) -> None:
+    """An attached audit section must describe an audit of this record's mechanism (signed or not, it must agree)."""
+    from dplora.audit.attach import first_mismatch, record_mechanism, same_value
+
+    section = predicate.get("audit") if isinstance(predicate, dict) else None
+    if section is None:
+        return
+    if not isinstance(section, dict) or not isinstance(section.get("mechanism"), dict):
+        raise VerificationError("the audit section is malformed (no mechanism)")
+    if (what := first_mismatch(section["mechanism"], record_mechanism(predicate))) is not None:
+        raise VerificationError(f"the audit section is not an audit of this record's mechanism ({what})")
+    claimed, spent = section.get("claimed_epsilon"), (predicate.get("accounting") or {}).get("epsilon_spent")
+    if not same_value(claimed, spent):
+        raise VerificationError(f"the audit's claimed ε={claimed!r} is not the record's ε={spent!r}")
+
+
+def verify_release(
+    release_path: Path,
+    public_key,
+    *,
+    data_files: list[Path] | None = None,
+    data_key: bytes | None = None,
+    base_model: Path | None = None,
+) -> VerifiedRelease:
+    """Verify a release: DSSE v1 envelope, Ed25519 (RFC 8032) signature, in-toto Statement v1, files.
+
+    Checks, in order: envelope and payloadType; a signature by ``public_key`` over the DSSE PAE, through
+    securesystemslib's ``Envelope.verify``, under its key id rule, else the older raw-key rule, else an
+    empty key id; the statement and predicate type; each subject file's sha256 (names must stay inside the
+    folder); no file the signature does not cover; ``release.sigstore.json``, when present, holds the same
+    envelope; with ``data_files`` and ``data_key``, each data file's HMAC-SHA256 (RFC 2104) by basename; with
+    ``base_model``, the sha256 of every recorded base-model file in that folder (or of that one file). An
+    ``audit`` section (``dplora audit --attach``) is covered by the signature like the rest of the record and
+    must name this record's mechanism and ε.
+
+    Args:
+        release_path: The envelope file, or the folder holding ``release.dsse.json``.
+        public_key: An Ed25519 public key, or a path to a PEM public key.
+        data_files: Data files to check against the record's keyed ``data.digest``.
+        data_key: The data owner's HMAC key; required with ``data_files``.
+        base_model: A base-model folder or file to check against the record's ``base_model.files``.
+    Returns:
+        :class:`VerifiedRelease`; for a non-private control run's record (``NON_PRIVATE_PREDICATE_TYPE``) its
+        ``differentially_private`` is False and the caller must say so.
+    Raises:
+        BadInputError: If the release file, key or base model cannot be read, or ``data_files`` come without a key.
+        VerificationError: On the first mismatch, with a one-line reason naming it.
+    """
+    path = Path(release_path)
+    path = path / RELEASE_FILENAME if path.is_dir() else path
+    if not isinstance(public_key, Ed25519PublicKey):
+        public_key = load_public_key(Path(public_key))
+    if data_files and data_key is None:
+        raise BadInputError("data files were given without a data key: pass --data-key or set DPLORA_DATA_KEY")
+    env = _read_envelope(path)
+    payload, rule = _open_envelope(env, public_key)
+    try:
+        statement = json.loads(payload.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise VerificationError("payload is not JSON") from None
+    if not isinstance(statement, dict) or statement.get("_type") != STATEMENT_TYPE:
+        raise VerificationError(f"payload is not an in-toto Statement v1 ({STATEMENT_TYPE})")
+    if (ptype := statement.get("predicateType")) not in (PREDICATE_TYPE, NON_PRIVATE_PREDICATE_TYPE):
+        raise VerificationError(f"predicateType is {ptype!r}, expected {PREDICATE_TYPE!r}")
+    if not isinstance(statement.get("subject"), list) or not statement["subject"]:
+        raise VerificationError("statement has no subjects")
+    for subject in statement["subject"]:
+        _check_subject(path.parent, subject)
+    _check_no_unsigned_files(path.parent, {s["name"] for s in statement["subject"]}, path.name)
+    bundle = _check_bundle(path.parent, env)
+    _check_audit(statement.get("predicate"))
+    if data_files:
+        _check_data(statement.get("predicate"), data_files, data_key)
+    matched = _check_base_model(statement.get("predicate"), Path(base_model)) if base_model is not None else ()
+    return VerifiedRelease(statement=statement, key_id_rule=rule, bundle=bundle, base_model_files=matched)

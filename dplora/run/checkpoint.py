@@ -1,0 +1,317 @@
+"""Resume checkpoints: one file in ``<output_dir>.partial/``, written atomically, that a killed run resumes from.
+
+``resume.safetensors`` holds the LoRA tensors (peft's adapter keys, fp32), the optimizer state tensors, and in
+its header (JSON) the accountant history, the step count, the run id, the plan, the resolved contract, a digest
+of the data file, the adapter config and the execution entry. It never holds the noise generator's or the
+Poisson sampler's state: with them anyone could regenerate the noise and the batches; a resumed run reseeds
+both from OS entropy (a fresh engine and sampler). A checkpoint is not a release: it is never signed as one,
+and it is deleted before a finished run's folder is published.
+
+Accounting errs towards counting (Opacus users lost accountant state on restart and counted ε from zero):
+the accountant history and the tensors it accounts for are one atomic file, and the accountant is stepped
+before the update is applied, so a checkpoint never holds an update its history does not count. A crash
+loses the steps since the last checkpoint; a resume redoes them with fresh noise and a fresh sample and
+never applies a saved step twice. Writes go to a temporary file in the same folder, are fsynced, then
+renamed over the previous checkpoint (POSIX ``rename`` is atomic), so a crash mid-write leaves the last one.
+
+The data digest is a plain sha256 of the data file: it stays in the private ``.partial`` folder (which also
+holds unreleased adapters) and never enters a release record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+from dplora.errors import BadInputError, TrainingFailedError
+from dplora.signals import GracefulStop
+
+CHECKPOINT_FILENAME = "resume.safetensors"  # dplora.run.outputs accepts it in a .partial folder
+FORMAT = "dplora-resume-checkpoint/1"
+DEFAULT_INTERVAL_S = 600.0  # without training.checkpoint_every: about every 10 minutes of work
+# Tests only: "<point>:<step>" makes the process SIGKILL itself there (points: after-step, checkpoint-write).
+FAULT_ENV = "DPLORA_TEST_FAULT"
+NOT_STORED = (
+    "noise key and Poisson sampler state (never stored; a fresh ChaCha20 key and sampler from OS entropy on resume)"
+)
+
+
+class CheckpointUnreadableError(BadInputError):
+    """A checkpoint file exists but cannot be read (truncated, foreign, other format)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointInfo:
+    """A checkpoint's header, read without torch.
+
+    Attributes:
+        path: the checkpoint file.
+        meta: the JSON header (see :func:`write`).
+    """
+
+    path: Path
+    meta: dict
+
+    @property
+    def run_id(self) -> str:
+        return self.meta["run_id"]
+
+    @property
+    def step(self) -> int:
+        """Logical steps applied to the saved tensors (= steps in the accountant history)."""
+        return int(self.meta["step"])
+
+    @property
+    def steps_planned(self) -> int:
+        return int(self.meta["plan"]["steps"])
+
+    @property
+    def accounted_steps(self) -> int:
+        """Steps in the saved accountant history [(σ, q, steps)]."""
+        return sum(int(n) for _, _, n in self.meta["accountant_history"])
+
+
+def checkpoint_file(staging: Path) -> Path:
+    """``<output_dir>.partial/resume.safetensors``."""
+    return Path(staging) / CHECKPOINT_FILENAME
+
+
+def fault_point(point: str, step: int) -> None:
+    """Test hook: SIGKILL this process at ``point`` of ``step`` when ``$DPLORA_TEST_FAULT`` names it."""
+    if os.environ.get(FAULT_ENV) == f"{point}:{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def read_info(where: Path) -> CheckpointInfo | None:
+    """The checkpoint header in ``where`` (a ``.partial`` folder or the file), or None if there is none.
+
+    Raises:
+        CheckpointUnreadableError: a file is there but is not a readable dplora checkpoint.
+    """
+    path = Path(where)
+    path = checkpoint_file(path) if path.is_dir() else path
+    if not path.is_file():
+        return None
+    try:
+        with open(path, "rb") as fh:
+            size = int.from_bytes(fh.read(8), "little")
+            if not 2 <= size <= 64 << 20:
+                raise ValueError("bad header size")
+            header = json.loads(fh.read(size))
+        meta = json.loads(header["__metadata__"]["dplora"])
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"format {meta.get('format')!r}")
+        info = CheckpointInfo(path=path, meta=meta)
+        if info.accounted_steps != info.step:
+            raise ValueError("accountant history and step count disagree")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise CheckpointUnreadableError(f"checkpoint {path} cannot be read ({err.__class__.__name__})") from None
+    return info
+
+
+def data_sha256(contract) -> str:
+    """sha256 of the data file (kept in the private checkpoint only; see the module docstring)."""
+    from dplora.release.envelope import sha256_file
+
+    return sha256_file(Path(contract.data.path))
+
+
+def _adapter_config(spec, state) -> dict:
+    """The adapter_config.json a release of these tensors needs (base model named, never a local path)."""
+    from dplora.engine.step import unwrap
+
+    config = unwrap(state.model).peft_config["default"].to_dict()
+    config["base_model_name_or_path"] = spec.contract.model.name or Path(spec.contract.model.path).name
+    return json.loads(json.dumps(config, default=lambda o: sorted(o) if isinstance(o, set) else str(o)))
+
+
+def write(spec, state, *, started_at: str, data_digest: str) -> CheckpointInfo:
+    """Write the run's resume checkpoint atomically (temporary file, fsync, rename) into ``spec.staging``.
+
+    Tensors: ``adapter.<peft key>`` (LoRA, fp32) and ``optimizer.<param index>.<key>``. Header: the rest.
+
+    Raises:
+        TrainingFailedError: the accountant history does not count exactly the steps taken (never saved).
+        OSError: the write failed (the previous checkpoint is left as it was); ``filename`` names the file.
+    """
+    import torch
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save
+
+    from dplora.engine.step import unwrap
+    from dplora.recipe.train import _now, execution_entry
+    from dplora.run.loop import _finite_flag
+
+    if state.accountant.steps != state.step:
+        raise TrainingFailedError(f"accountant counted {state.accountant.steps} steps, run took {state.step}")
+    if float(_finite_flag(state.named)) != 1.0:  # never checkpoint a NaN: resuming from it could not recover
+        raise TrainingFailedError(f"non-finite parameter after step {state.step}")
+    tensors = {
+        f"adapter.{k}": v.detach().to("cpu", copy=True).contiguous()
+        for k, v in get_peft_model_state_dict(unwrap(state.model)).items()
+    }
+    scalars: dict[str, dict] = {}
+    for idx, entry in state.optimizer.original_optimizer.state_dict()["state"].items():
+        for key, value in entry.items():
+            if torch.is_tensor(value):
+                tensors[f"optimizer.{idx}.{key}"] = value.detach().to("cpu", copy=True).contiguous()
+            else:
+                scalars.setdefault(str(idx), {})[key] = value
+    plan = spec.plan
+    meta = {
+        "format": FORMAT,
+        "run_id": spec.run_id,
+        "step": state.step,
+        "empty_steps": state.empty_steps,
+        "accountant_history": [list(h) for h in state.accountant.history],
+        "epsilon_upper": plan.epsilon_at(state.step),
+        "plan": plan.to_dict(),
+        "contract_yaml": spec.contract.to_yaml(),
+        "contract_sha256": spec.contract.sha256,
+        "data": {
+            "file": Path(spec.contract.data.path).name,
+            "sha256": data_digest,
+            "num_records": spec.unit_index.num_records,
+            "num_units": spec.unit_index.num_units,
+        },
+        "optimizer": {"class": type(state.optimizer.original_optimizer).__name__, "scalars": scalars},
+        "adapter_config": _adapter_config(spec, state),
+        "execution": execution_entry(spec),
+        "started_at": started_at,
+        "written_at": _now(),
+        "not_stored": NOT_STORED,
+    }
+    payload = save(tensors, metadata={"dplora": json.dumps(meta, sort_keys=True)})
+    path = checkpoint_file(spec.staging)
+    _atomic_write(path, payload, state.step)
+    return CheckpointInfo(path=path, meta=meta)
+
+
+def _atomic_write(path: Path, payload: bytes, step: int) -> None:
+    """Temporary file in the same folder, fsync, ``os.replace``, fsync the folder; nothing left on failure."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".resume.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            half = len(payload) // 2
+            fh.write(payload[:half])
+            fh.flush()
+            fault_point("checkpoint-write", step)
+            fh.write(payload[half:])
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except BaseException as err:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError) and err.filename is None:
+            raise OSError(err.errno, err.strerror or str(err), str(path)) from err
+        raise
+
+
+def remove_stale(staging: Path) -> None:
+    """Delete temporary files a killed checkpoint write left behind (never the checkpoint itself)."""
+    for tmp in Path(staging).glob(".resume.*.tmp"):
+        tmp.unlink(missing_ok=True)
+
+
+def discard(staging: Path) -> None:
+    """Before publishing a finished run: the checkpoint and an earlier attempt's FAILED.json never leave."""
+    checkpoint_file(staging).unlink(missing_ok=True)
+    (Path(staging) / "FAILED.json").unlink(missing_ok=True)
+    remove_stale(staging)
+
+
+def restore(spec, state, info: CheckpointInfo) -> None:
+    """Load the checkpoint's LoRA tensors, optimizer state, accountant history and step counts into ``state``.
+
+    The noise generator and the sampler are not restored: the engine built for this process drew a fresh
+    256-bit ChaCha20 key from ``os.urandom``, and :func:`dplora.run.loop.run_steps` makes a fresh sampler.
+
+    Raises:
+        CheckpointUnreadableError: the tensors do not match the model (every LoRA tensor must load exactly).
+    """
+    import torch
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    tensors = load_file(info.path, device="cpu")
+    adapter = {k.removeprefix("adapter."): v for k, v in tensors.items() if k.startswith("adapter.")}
+    from dplora.engine.step import unwrap
+
+    peft_model = unwrap(state.model)
+    set_peft_model_state_dict(peft_model, adapter)
+    loaded = get_peft_model_state_dict(peft_model)
+    if loaded.keys() != adapter.keys() or not all(torch.equal(loaded[k].cpu(), adapter[k]) for k in adapter):
+        raise CheckpointUnreadableError(f"checkpoint {info.path}: its LoRA tensors do not match the model")
+    optimizer = state.optimizer.original_optimizer
+    saved: dict[int, dict] = {}
+    for key, value in tensors.items():
+        if key.startswith("optimizer."):
+            _, idx, name = key.split(".", 2)
+            saved.setdefault(int(idx), {})[name] = value
+    for idx, values in info.meta["optimizer"]["scalars"].items():
+        saved.setdefault(int(idx), {}).update(values)
+    optimizer.load_state_dict({"state": saved, "param_groups": optimizer.state_dict()["param_groups"]})
+    state.accountant.history = [(float(s), float(q), int(n)) for s, q, n in info.meta["accountant_history"]]
+    state.step = info.step
+    state.empty_steps = int(info.meta["empty_steps"])
+
+
+class Checkpointer(GracefulStop):
+    """Writes resume checkpoints during :func:`dplora.run.loop.run_steps` and turns SIGTERM/SIGINT into a clean stop.
+
+    A checkpoint is written before step 1 (or not, when resuming from one), every ``training.checkpoint_every``
+    logical steps (default: when ``DEFAULT_INTERVAL_S`` seconds passed since the last one), after the last
+    step, and at the first step boundary after SIGTERM or SIGINT; then ``KeyboardInterrupt(signal name)`` is
+    raised. A second signal stops at once (no checkpoint of a half-applied step is ever written).
+    """
+
+    def __init__(self, spec, state, *, started_at: str, data_digest: str, log, last: CheckpointInfo | None = None):
+        self.spec, self.state, self.log = spec, state, log
+        self.started_at, self.data_digest = started_at, data_digest
+        self.every = spec.contract.training.checkpoint_every
+        self.last = last
+        self._t_last = time.monotonic()
+        super().__init__()
+
+    def on_first(self, name: str) -> None:
+        self.log(f"{name}: stopping after the current step with a resume checkpoint (send it again to stop at once)")
+
+    @property
+    def stopping(self) -> bool:
+        """A signal asked the run to stop at the next step boundary."""
+        return self.signal_name is not None
+
+    def request_stop(self, name: str) -> None:
+        """Stop at the next step boundary with a checkpoint, as after a signal (another rank got one)."""
+        if self.signal_name is None:
+            self.signal_name = name
+
+    def write(self) -> None:
+        """Write a checkpoint of the current step (skipped if the last one already holds it)."""
+        if self.last is not None and self.last.step == self.state.step:
+            return
+        self.last = write(self.spec, self.state, started_at=self.started_at, data_digest=self.data_digest)
+        self._t_last = time.monotonic()
+
+    def after_step(self, spec, state) -> None:
+        """Called by ``run_steps`` after each logical step: checkpoint when due; stop cleanly after a signal."""
+        fault_point("after-step", state.step)
+        due = state.step == spec.plan.steps or self.signal_name is not None
+        if self.every is not None:
+            due = due or state.step % self.every == 0
+        else:
+            due = due or time.monotonic() - self._t_last >= DEFAULT_INTERVAL_S
+        if due:
+            self.write()
+        if self.signal_name is not None:
+            raise KeyboardInterrupt(self.signal_name)

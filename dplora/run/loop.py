@@ -1,0 +1,261 @@
+"""The state of one DP-LoRA run and its loop: exactly T logical steps, each one DP-SGD step.
+
+:class:`RunSpec` is the frozen description of the run (contract, plan, protected units, tokens, device, dtype,
+paths); :class:`RunState` is what changes as it runs (step count, empty steps, the engine's model, optimizer and
+accountant). :func:`run_steps` reads as the step it is (Abadi et al. 2016, Alg. 1, over protected units as in
+Charles et al. 2024, arXiv 2407.07737):
+
+    check ε after this step ≤ target → Poisson-sample units → per-record gradients in physical batches,
+    summed per unit → clip per unit, sum, add N(0, σ²C²) once, divide by the public normaliser → optimizer
+    step → accountant step.
+
+On a GPU the loop reads one value pair back to the host per logical step (the loss sum, for progress and the
+non-finite check, and a flag that every trainable tensor is finite), never one per physical batch or tensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from dplora.contract.spec import Contract
+from dplora.data.units import PoissonUnitSampler, UnitIndex
+from dplora.engine import distributed
+from dplora.errors import TrainingFailedError
+from dplora.plan.training import TrainingPlan
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunSpec:
+    """What one run is, fixed before its first step.
+
+    Attributes:
+        contract: the validated contract (overrides applied).
+        plan: q, T, σ, C and the ε curve (no model).
+        unit_index: protected units → record indices (records of a unit are contiguous in a batch).
+        examples: (input_ids, labels) per record, token ids; private, never logged.
+        pad_id: the tokenizer's pad token id.
+        device: where the trainable parameters and every engine tensor live.
+        dtype: base-weight dtype, "bf16" | "fp32" (LoRA tensors and the DP arithmetic are always fp32).
+        allow_tf32: TF32 for fp32 matmuls (CUDA only).
+        threads: CPU threads used.
+        run_id: 32 hex characters, the ledger and record id.
+        out: the final output folder; staging: ``<out>.partial`` where the run writes meanwhile.
+        world: the run's processes (:data:`dplora.engine.distributed.SINGLE` unless launched by torchrun/accelerate);
+            ``unit_index`` then lists all N units and this rank samples and reads only its shard.
+        tokenizer: the tokenizer (for the held-out evaluation).
+        held_out: the held-out records (``datasets.Dataset``; private unless declared public), or None.
+    """
+
+    contract: Contract
+    plan: TrainingPlan
+    unit_index: UnitIndex
+    examples: list[tuple[list[int], list[int]]]
+    pad_id: int
+    device: Any
+    dtype: str
+    allow_tf32: bool
+    threads: int
+    run_id: str
+    out: Path
+    staging: Path
+    world: distributed.World = distributed.SINGLE
+    tokenizer: Any = None
+    held_out: Any = None
+
+    @property
+    def physical_batch_size(self) -> int:
+        """Records per forward pass (memory only; not a privacy setting)."""
+        return self.contract.training.physical_batch_size
+
+
+@dataclasses.dataclass(kw_only=True)
+class RunState:
+    """What changes during a run: the engine's parts and the step counters.
+
+    Attributes:
+        model: the per-sample-gradient wrapper around the peft model (Opacus ``GradSampleModule``).
+        optimizer: the :class:`dplora.engine.step.UnitDPOptimizer` (clip per unit, noise, normalise, step hook).
+        accountant: the :class:`dplora.engine.step.StepAccountant`, stepped by the optimizer on every logical step.
+        named: (name, parameter) of every trainable LoRA tensor.
+        step: logical steps done (equals ``accountant.steps`` between steps).
+        empty_steps: logical steps whose Poisson batch was empty.
+    """
+
+    model: Any
+    optimizer: Any
+    accountant: Any
+    named: list
+    step: int = 0
+    empty_steps: int = 0
+
+
+METRICS_HEADER = {
+    "note": "fields under not_covered_by_dp are computed on private data and are not covered by ε; "
+    "they never enter the release record"
+}
+
+
+def _batches(spec: RunSpec, units) -> tuple[list[int], Any, Any]:
+    """Rows of the sampled units in unit order, each row's local unit index (0..U-1), shape (R,), and each row's
+    weight in its unit's vector, shape (R,) (1 / records of its unit; used by ``unit_clipping: mean``)."""
+    import numpy as np
+
+    records = spec.unit_index.records_of_unit
+    rows = [r for u in units for r in records[u]]
+    if not len(units):
+        return rows, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+    sizes = np.array([len(records[u]) for u in units], dtype=np.int64)
+    local = np.repeat(np.arange(len(units), dtype=np.int64), sizes)
+    return rows, local, np.repeat(1.0 / sizes, sizes).astype(np.float32)
+
+
+def _finite_flag(named):
+    """A 0-d bool tensor on the parameters' device: every trainable tensor is finite (no host sync)."""
+    import torch
+
+    norms = torch._foreach_norm([p.detach() for _, p in named])
+    return torch.isfinite(torch.stack(norms).sum())
+
+
+def _forward_backward(spec: RunSpec, state: RunState, units) -> tuple[float, int]:
+    """This process's records of ``units``: per-record gradients, summed and clipped per unit into the optimizer.
+
+    Returns:
+        (summed per-sequence loss in nats, 0.0 for no records; records used).
+
+    Raises:
+        TrainingFailedError: a non-finite loss, or a trainable tensor that became non-finite in the previous step.
+    """
+    import torch
+
+    from dplora.engine import step as engine
+
+    rows, local, weight = _batches(spec, units)
+    model, optimizer = state.model, state.optimizer
+    optimizer.begin_logical_step(len(units))
+    loss_sum = torch.zeros((), device=spec.device)
+    physical = spec.physical_batch_size
+    for start in range(0, len(rows), physical):
+        end = min(start + physical, len(rows))
+        batch = engine.collate([spec.examples[r] for r in rows[start:end]], spec.pad_id, device=spec.device)
+        optimizer.prepare_batch(end - start)
+        losses = engine.per_sequence_loss(model, batch)
+        losses.sum().backward()
+        optimizer.accumulate(
+            torch.as_tensor(local[start:end], device="cpu"),  # host-side bookkeeping: no device sync
+            continues=bool(end < len(rows) and local[end] == local[end - 1]),
+            row_weight=torch.as_tensor(weight[start:end], device="cpu"),
+        )
+        loss_sum += losses.detach().sum()
+    # The one host read per logical step: the loss sum and "all parameters finite after the last step".
+    loss_value, params_ok = torch.stack([loss_sum.float(), _finite_flag(state.named).float()]).tolist()
+    if params_ok != 1.0:
+        raise TrainingFailedError(f"non-finite parameter after step {state.step}")
+    engine.check_finite(loss_value, state.step + 1)
+    return loss_value, len(rows)
+
+
+def logical_step(spec: RunSpec, state: RunState, units) -> tuple[float | None, int]:
+    """One DP-SGD step over the sampled ``units`` (shape (U,) unit indices; U = 0 happens).
+
+    With W processes ``units`` are this rank's; the step's one all-reduce adds the ranks' clipped sums, and the
+    returned loss and record count are totals over all ranks. A failure in this rank's part does not leave the
+    others waiting: the rank still joins the reduction with a failure flag, and every rank raises there.
+
+    Returns:
+        (summed per-sequence loss over the step's records in nats, or None for an empty batch; records used).
+
+    Raises:
+        TrainingFailedError: a non-finite loss (the step is not taken and not counted), a trainable tensor
+            that became non-finite in the previous step, or (W processes) another rank's failure.
+    """
+    reducer = getattr(state.optimizer, "reducer", None)
+    try:
+        loss_value, records = _forward_backward(spec, state, units)
+    except Exception as err:
+        if reducer is None:
+            raise
+        reducer.fail(err)
+        loss_value, records = 0.0, 0
+    if reducer is not None:
+        reducer.set_local(len(units), records, loss_value)
+    state.optimizer.step()  # clip per unit, noise once, normalise, optimizer step, accountant step
+    state.optimizer.zero_grad(set_to_none=True)
+    if reducer is not None:
+        loss_value, records = reducer.totals["loss_sum"], int(reducer.totals["records"])
+    return (loss_value if records else None), records
+
+
+def run_steps(spec: RunSpec, state: RunState, *, metrics, progress, after_step=None) -> None:
+    """Run logical steps ``state.step + 1 .. plan.T``; stop before any step whose ε would pass the target.
+
+    Args:
+        spec, state: the run.
+        metrics: a text file for one JSON line per step (``metrics.jsonl``).
+        progress: a :class:`dplora.run.progress.ProgressReporter` (``update(step, epsilon, seconds_per_step, loss)``).
+        after_step: called as ``after_step(spec, state)`` after each step is applied and logged (resume
+            checkpoints, :class:`dplora.run.checkpoint.Checkpointer`); it may raise to stop between steps.
+
+    Raises:
+        TrainingFailedError: the budget check, a non-finite value, or a LoRA tensor that did not move at step 1.
+    """
+    from dplora.engine import step as engine
+
+    plan = spec.plan
+    sampler = PoissonUnitSampler(spec.unit_index.num_units, plan.sample_rate)  # OS entropy, never the seed
+    if spec.world.distributed:  # W processes: each rank samples its own shard of the units at rate q
+        sampler = distributed.ShardedPoissonSampler(spec.unit_index.num_units, plan.sample_rate, spec.world)
+    # Every LoRA tensor must move at step 1 (noise moves them all). A non-private control is exempt: lora_B starts
+    # at zero, so lora_A's gradient is exactly zero at step 1 (Hu et al. 2021) and only noise would move it.
+    check_moved = state.step == 0 and spec.contract.privacy.enabled
+    before = {n: p.detach().clone() for n, p in state.named} if check_moved else None
+    while state.step < plan.steps:
+        step = state.step + 1
+        eps_next = plan.epsilon_at(step)  # raises beyond T: the budget stop
+        if eps_next > plan.target_epsilon:
+            raise TrainingFailedError(f"step {step} would spend ε={eps_next:.4f} > target")
+        t_step = time.perf_counter()
+        units = sampler.sample()
+        loss_sum, records = logical_step(spec, state, units)
+        state.step = step
+        state.empty_steps += records == 0
+        if before is not None:
+            engine.check_all_moved(before, state.named)
+            before = None
+        seconds = time.perf_counter() - t_step
+        mean_loss = loss_sum / records if records else None
+        progress.update(step, eps_next, seconds, mean_loss)
+        metrics.write(
+            json.dumps(
+                {
+                    "step": step,
+                    "epsilon_upper": eps_next if math.isfinite(eps_next) else None,  # None: a non-private control
+                    "seconds": round(seconds, 3),
+                    "not_covered_by_dp": {"train_loss": mean_loss, "units": _units(state, units), "records": records},
+                    **_noise_draws(state),
+                }
+            )
+            + "\n"
+        )
+        metrics.flush()
+        if after_step is not None:
+            after_step(spec, state)
+    if float(_finite_flag(state.named)) != 1.0:
+        raise TrainingFailedError(f"non-finite parameter after step {state.step}")
+
+
+def _units(state: RunState, units) -> int:
+    """Units in the step: this process's sample, or with W processes the total over all ranks."""
+    reducer = getattr(state.optimizer, "reducer", None)
+    return len(units) if reducer is None else int(reducer.totals["units"])
+
+
+def _noise_draws(state: RunState) -> dict:
+    """With W processes, the step's noise draws over all ranks (public; the reduction checked it is 1)."""
+    reducer = getattr(state.optimizer, "reducer", None)
+    return {} if reducer is None else {"noise_draws": int(reducer.totals["noise_draws"])}

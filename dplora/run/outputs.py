@@ -1,0 +1,265 @@
+"""The output folder of ``dplora train``: which folders a run may write, replace or delete.
+
+A run writes ``<output_dir>.partial/`` (marked with :data:`PARTIAL_MARKER` from its first byte), renames it to
+``<output_dir>`` only when the release is signed, and holds ``<output_dir>.lock`` meanwhile. Numbers computed on
+the private data and not covered by ε (per-step realised batch sizes, losses, step times, a private held-out
+evaluation) are written to ``<output_dir>.partial/private/`` and published beside the release as
+``<output_dir>.private/``, never inside it: the release folder holds only the adapters, the card, the contract
+and the signed files. ``--overwrite``
+replaces only a folder that a previous dplora run wrote; nothing here ever deletes a folder dplora did not
+write. Every refusal is a :class:`~dplora.errors.BadInputError` (exit 2) raised before any work.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+from dplora.errors import BadInputError
+
+RELEASE_FILENAME = "release.dsse.json"  # same names as in dplora.release.envelope (no import: leaf module)
+SIGSTORE_FILENAME = "release.sigstore.json"
+PARTIAL_MARKER = ".dplora-partial"
+FAILED_FILENAME = "FAILED.json"
+# Top-level entries a finished run's folder may hold; anything else was put there by someone else. A release
+# written before the private folder existed also held metrics.jsonl: --overwrite still replaces it.
+RUN_ENTRIES = frozenset({"adapter", "contract.yaml", "metrics.jsonl", RELEASE_FILENAME, SIGSTORE_FILENAME})
+CHECKPOINT_FILENAME = "resume.safetensors"  # same name as dplora.run.checkpoint.CHECKPOINT_FILENAME
+PRIVATE_SUBDIR = "private"  # inside <output_dir>.partial while the run writes; <output_dir>.private once published
+METRICS_FILENAME = "metrics.jsonl"  # the per-step log, in the private folder
+PRIVATE_NOTICE = "DO_NOT_SHIP.txt"  # marks a private folder dplora wrote, and says what it is
+PRIVATE_NOTICE_TEXT = (
+    "Written by dplora train. This folder holds numbers computed on the private training data that the DP\n"
+    "guarantee does NOT cover: each step's realised number of sampled units and records, training loss and\n"
+    "wall time, and any evaluation on a private held-out set. Keep it local: never ship or publish it with the\n"
+    "release folder beside it.\n"
+)
+PRIVATE_ENTRIES = frozenset({PRIVATE_NOTICE, METRICS_FILENAME})
+PARTIAL_ENTRIES = RUN_ENTRIES | {PARTIAL_MARKER, FAILED_FILENAME, CHECKPOINT_FILENAME, PRIVATE_SUBDIR}
+
+
+def output_path(output_dir: str | Path) -> Path:
+    """``training.output_dir`` normalised lexically (``a/..`` → ``.``), so sibling names are well defined."""
+    return Path(os.path.normpath(os.fspath(output_dir)))
+
+
+def staging_path(out: Path) -> Path:
+    """``<output_dir>.partial``: where a run writes until its release is signed."""
+    return out.with_name(out.name + ".partial")
+
+
+def private_path(out: Path) -> Path:
+    """``<output_dir>.private``: the published run's private, not-covered numbers (never part of the release)."""
+    return out.with_name(out.name + ".private")
+
+
+def private_staging(staging: Path) -> Path:
+    """``<output_dir>.partial/private``: where the run writes its private numbers (created with its notice)."""
+    folder = Path(staging) / PRIVATE_SUBDIR
+    if not folder.is_dir():
+        folder.mkdir()
+        (folder / PRIVATE_NOTICE).write_text(PRIVATE_NOTICE_TEXT)
+    return folder
+
+
+def lock_path(out: Path) -> Path:
+    """``<output_dir>.lock``: held (flock) for the whole run."""
+    return out.with_name(out.name + ".lock")
+
+
+def _is_within(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def check_output_dir(output_dir: str | Path, *, overwrite: bool, protected: Sequence[tuple[str, Path]]) -> Path:
+    """Refuse an output folder that a run must not write, replace or delete; return it normalised.
+
+    Refused, whatever ``overwrite`` says: a path that is a file; a folder that is or contains the working
+    directory or any ``protected`` path (the contract, the data, the model, a key, the ledger); a
+    ``<output_dir>.partial`` or ``<output_dir>.lock`` that dplora did not write. Without ``overwrite`` a
+    non-empty folder is refused; with it, only a folder holding a previous run's release and nothing else.
+
+    Args:
+        output_dir: ``training.output_dir`` as written (relative paths resolve against the working directory).
+        overwrite: ``--overwrite`` was given.
+        protected: ``(what, path)`` pairs the output folder must not hold, e.g. ``("the contract", cfg)``.
+
+    Returns:
+        The normalised output folder path (see :func:`output_path`).
+
+    Raises:
+        BadInputError: one line naming the folder and the reason (exit 2).
+    """
+    out = output_path(output_dir)
+    where = f"training.output_dir={os.fspath(output_dir)!r}"
+    real = out.resolve()
+    inputs = [("the working directory", Path.cwd()), *protected]
+    siblings = (staging_path(real), private_path(real)) if real.name else ()  # "/" holds the working directory
+    for folder in (real, *siblings):
+        for what, path in inputs:
+            if _is_within(Path(path).resolve(), folder):
+                detail = "" if what == "the working directory" else f" ({path})"
+                raise BadInputError(f"{where} is or contains {what}{detail}; give the run a folder of its own")
+    if out.exists() and not out.is_dir():
+        raise BadInputError(f"output path {out} exists and is not a folder")
+    entries = _entries(out)
+    if entries and not overwrite:
+        raise BadInputError(
+            f"output folder {out} exists and is not empty; choose another folder, or pass --overwrite to replace "
+            "a previous dplora run's output"
+        )
+    if entries and not _written_by_dplora(entries, RELEASE_FILENAME, RUN_ENTRIES):
+        why = _why_foreign(entries, RELEASE_FILENAME, RUN_ENTRIES)
+        raise BadInputError(
+            f"--overwrite only replaces a folder a previous dplora run wrote; {out} {why}; choose another output_dir"
+        )
+    _check_staging(staging_path(out))
+    _check_private(private_path(out), overwrite)
+    lock = lock_path(out)
+    if lock.exists() and not (lock.is_file() and lock.stat().st_size == 0):
+        raise BadInputError(f"{lock} exists and was not written by dplora; move it away or choose another output_dir")
+    parent = real.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise BadInputError(f"cannot create output folder {out}: {parent} is not a writable folder")
+    return out
+
+
+def _entries(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+
+def _written_by_dplora(entries: list[str], sign: str, allowed: frozenset) -> bool:
+    """A folder dplora wrote: it holds ``sign`` (the release or the marker) and nothing dplora does not write."""
+    return sign in entries and all(e in allowed for e in entries)
+
+
+def _why_foreign(entries: list[str], sign: str, allowed: frozenset) -> str:
+    if sign not in entries:
+        return f"has no {sign}"
+    return f"also holds {next(e for e in entries if e not in allowed)!r}"
+
+
+def _check_staging(staging: Path) -> None:
+    if staging.exists() and not staging.is_dir():
+        raise BadInputError(f"{staging} exists and is not a folder; move it away or choose another output_dir")
+    entries = [e for e in _entries(staging) if not (e.startswith(".resume.") and e.endswith(".tmp"))]  # killed writes
+    sign = PARTIAL_MARKER if PARTIAL_MARKER in entries else FAILED_FILENAME  # FAILED.json: runs before the marker
+    if entries and not _written_by_dplora(entries, sign, PARTIAL_ENTRIES):
+        why = _why_foreign(entries, sign, PARTIAL_ENTRIES)
+        raise BadInputError(f"{staging} was not written by dplora ({why}); move it away or choose another output_dir")
+
+
+def _check_private(private: Path, overwrite: bool) -> None:
+    """``<output_dir>.private`` may be replaced only if dplora wrote it, and only with ``--overwrite``."""
+    if private.exists() and not private.is_dir():
+        raise BadInputError(f"{private} exists and is not a folder; move it away or choose another output_dir")
+    entries = _entries(private)
+    if entries and not _written_by_dplora(entries, PRIVATE_NOTICE, PRIVATE_ENTRIES):
+        why = _why_foreign(entries, PRIVATE_NOTICE, PRIVATE_ENTRIES)
+        raise BadInputError(f"{private} was not written by dplora ({why}); move it away or choose another output_dir")
+    if entries and not overwrite:
+        raise BadInputError(
+            f"{private} holds a previous run's private numbers; move it away, or pass --overwrite to replace it"
+        )
+
+
+def missing_parents(out: Path) -> list[Path]:
+    """The folders above ``out`` that do not exist yet, deepest first (a run that ends in exit 2 removes them)."""
+    missing, parent = [], out.absolute().parent
+    while not parent.exists():
+        missing.append(parent)
+        parent = parent.parent
+    return missing
+
+
+def remove_empty_folders(folders: list[Path]) -> None:
+    """Remove each folder if it is empty, deepest first; never a folder that holds anything."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
+def fresh_staging(out: Path) -> Path:
+    """Create an empty, marked ``<output_dir>.partial`` (replacing a previous run's); returns its path.
+
+    Raises:
+        BadInputError: the folder exists and was not written by dplora.
+    """
+    staging = staging_path(out)
+    _check_staging(staging)
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    (staging / PARTIAL_MARKER).write_text("written by dplora train; replaced by the next run into this folder\n")
+    return staging
+
+
+def publish(staging: Path, out: Path) -> Path | None:
+    """Move a finished run into place: ``<output_dir>.partial`` → ``<output_dir>``, and its private numbers
+    ``<output_dir>.partial/private`` → ``<output_dir>.private`` (first, so the release never holds them).
+
+    An empty folder or a previous run's folder is renamed aside and deleted. If something else appeared in it
+    during the run, it is kept, renamed ``<output_dir>.previous-<id>``, and that path is returned (else None).
+    """
+    (staging / PARTIAL_MARKER).unlink(missing_ok=True)
+    _publish_private(staging / PRIVATE_SUBDIR, private_path(out))
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging.rename(out)
+        return None
+    tag = uuid.uuid4().hex[:12]
+    entries = _entries(out)
+    if not entries or _written_by_dplora(entries, RELEASE_FILENAME, RUN_ENTRIES):
+        old = out.with_name(f".{out.name}.replaced-{tag}")
+        out.rename(old)
+        staging.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+        return None
+    kept = out.with_name(f"{out.name}.previous-{tag}")
+    out.rename(kept)
+    staging.rename(out)
+    return kept
+
+
+def _publish_private(folder: Path, private: Path) -> None:
+    """Rename the run's private folder to ``<output_dir>.private`` (a previous run's one, dplora's, is replaced)."""
+    if not folder.is_dir():
+        return
+    if private.exists():
+        old = private.with_name(f".{private.name}.replaced-{uuid.uuid4().hex[:12]}")
+        private.rename(old)
+        folder.rename(private)
+        shutil.rmtree(old, ignore_errors=True)
+        return
+    private.parent.mkdir(parents=True, exist_ok=True)
+    folder.rename(private)
+
+
+def protected_inputs(contract, *, contract_path, signing_key, data_key, ledger_path) -> list[tuple[str, Path]]:
+    """The run's inputs that its output folder must not hold: contract, data, model, keys, ledger.
+
+    Keys and the ledger given through the environment (``$DPLORA_SIGNING_KEY``, ``$DPLORA_DATA_KEY``,
+    ``$DPLORA_LEDGER`` or the default ledger path) are included.
+    """
+    from dplora.ledger.store import default_ledger_path
+    from dplora.release.envelope import DATA_KEY_ENV, SIGNING_KEY_ENV
+
+    signing = signing_key or os.environ.get(SIGNING_KEY_ENV, "").strip() or None
+    data_k = data_key or os.environ.get(DATA_KEY_ENV, "").strip() or None
+    items = [
+        ("the contract", contract_path),
+        ("the data file", contract.data.path),
+        ("the model", contract.model.path),
+        ("the signing key", signing),
+        ("the public key", Path(signing).with_suffix(".pub") if signing else None),
+        ("the data key", data_k),
+        ("the ledger", ledger_path or default_ledger_path()),
+    ]
+    return [(what, Path(p)) for what, p in items if p]

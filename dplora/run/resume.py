@@ -1,0 +1,196 @@
+"""Resuming a run, and stopping one cleanly: what ``--resume`` checks, which ``.partial`` folders a new run may
+replace, and the one-line messages of a failed or interrupted run (what happened, how to resume).
+
+A resume must continue the same DP mechanism: the contract (except performance settings), the data and the plan
+must be the ones the checkpoint was written under, or the accountant history would describe another mechanism.
+A ``.partial`` folder that holds a resume checkpoint or a FAILED.json is never deleted without ``--overwrite``.
+"""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import yaml
+
+from dplora.errors import BadInputError, TrainingFailedError
+from dplora.run.checkpoint import (
+    CheckpointInfo,
+    CheckpointUnreadableError,
+    data_sha256,
+    read_info,
+    remove_stale,
+)
+
+# Settings that may change on --resume: they change neither the DP mechanism nor the accounting.
+RESUMABLE_CHANGES = ("training.threads", "training.physical_batch_size", "training.checkpoint_every")
+
+
+def _flat(node, prefix: str = "") -> dict:
+    if isinstance(node, dict):
+        out = {}
+        for key, value in node.items():
+            out |= _flat(value, f"{prefix}{key}.")
+        return out
+    return {prefix[:-1]: node}
+
+
+def check_resumable(info: CheckpointInfo, contract, plan, unit_index, digest: str) -> None:
+    """Refuse to resume a checkpoint under another contract, other data or another plan, naming what changed.
+
+    Raises:
+        BadInputError: one line naming the changed keys, the data file, or the plan values.
+    """
+    before = _flat(yaml.safe_load(info.meta["contract_yaml"]))
+    now = _flat(yaml.safe_load(contract.to_yaml()))
+    changed = [k for k in sorted(before.keys() | now.keys()) if before.get(k) != now.get(k)]
+    changed = [k for k in changed if k not in RESUMABLE_CHANGES]
+    if changed:
+        shown = ", ".join(f"{k} ({before.get(k)!r} → {now.get(k)!r})" for k in changed[:4])
+        raise BadInputError(
+            f"--resume: the contract changed since the checkpoint: {shown}; resume needs the same contract "
+            f"(only {', '.join(RESUMABLE_CHANGES)} may change)"
+        )
+    data = info.meta["data"]
+    if data["sha256"] != digest or (data["num_records"], data["num_units"]) != (
+        unit_index.num_records,
+        unit_index.num_units,
+    ):
+        raise BadInputError(
+            f"--resume: the data changed since the checkpoint: {contract.data.path} differs from the file the run "
+            f"started on ({data['num_records']} records then, {unit_index.num_records} now); resume needs the same data"
+        )
+    saved = info.meta["plan"]
+    keys = ("steps", "sample_rate", "noise_multiplier", "accountant", "delta", "max_grad_norm", "num_units")
+    now_plan = plan.to_dict()
+    diff = [f"{k} ({saved.get(k)!r} → {now_plan[k]!r})" for k in keys if saved.get(k) != now_plan[k]]
+    if diff:
+        raise BadInputError(f"--resume: the plan changed since the checkpoint: {', '.join(diff)}")
+    history = info.meta["accountant_history"]
+    if any((float(s), float(q)) != (plan.noise_multiplier, plan.sample_rate) for s, q, _ in history):
+        raise BadInputError(f"--resume: checkpoint {info.path} accounts steps at another (σ, q) than the plan")
+    if info.step > plan.steps:
+        raise BadInputError(f"--resume: checkpoint {info.path} holds {info.step} steps, above the planned T")
+
+
+def resume_point(staging: Path, contract, plan, unit_index) -> tuple[CheckpointInfo, str]:
+    """For ``--resume``: the checkpoint to continue from and the data digest, after every check.
+
+    Raises:
+        BadInputError: no checkpoint, an unreadable one, or a changed contract, data or plan (exit 2).
+    """
+    try:
+        info = read_info(staging)
+    except CheckpointUnreadableError as err:
+        raise BadInputError(f"--resume: {err}; it cannot be resumed") from None
+    if info is None:
+        raise BadInputError(f"--resume: no resume checkpoint in {staging}; run without --resume to start a new run")
+    digest = data_sha256(contract)
+    check_resumable(info, contract, plan, unit_index, digest)
+    return info, digest
+
+
+def prepare_staging(out: Path, *, resuming: bool, overwrite: bool, ledger, log) -> Path:
+    """Make ``<output_dir>.partial`` ready and return it: kept when resuming, else a fresh one, never silently.
+
+    A folder holding a resume checkpoint or a FAILED.json is replaced only with ``--overwrite``; its run's
+    pending ledger charge (if in ``ledger``) is then settled as failed at the ε of the checkpoint's steps.
+
+    Raises:
+        BadInputError: such a folder without ``--overwrite`` (exit 2; nothing is touched), or see
+            :func:`dplora.run.outputs.fresh_staging`.
+    """
+    from dplora.run import outputs
+
+    staging = outputs.staging_path(out)
+    if resuming:
+        remove_stale(staging)
+        return staging
+    if staging.is_dir():
+        try:
+            info, unreadable = read_info(staging), None
+        except CheckpointUnreadableError as err:
+            info, unreadable = None, str(err)
+        failed = (staging / "FAILED.json").is_file()
+        if (info is not None or unreadable or failed) and not overwrite:
+            what = (
+                f"a resume checkpoint of run {info.run_id} at step {info.step}/{info.steps_planned}: finish it with "
+                "--resume, or pass --overwrite to discard it"
+                if info is not None
+                else "an earlier run's FAILED.json and checkpoint files: read them, then pass --overwrite to replace "
+                "them"
+            )
+            raise BadInputError(f"{staging} holds {what}")
+        if info is not None:
+            _settle_discarded(info, ledger, log)
+    return outputs.fresh_staging(out)
+
+
+def _settle_discarded(info: CheckpointInfo, ledger, log) -> None:
+    """--overwrite discards a resumable run: close its pending charge at the ε of its checkpoint's steps."""
+    if ledger is None:
+        return
+    try:
+        charge = ledger.charge(info.run_id)
+    except BadInputError:
+        return
+    if charge.status == "pending":
+        ledger.settle(info.run_id, epsilon_spent=str(info.meta["epsilon_upper"]), status="failed")
+        log(
+            f"note: run {info.run_id} discarded at step {info.step}: its ledger charge is settled at "
+            f"ε={info.meta['epsilon_upper']:.4f}"
+        )
+
+
+def _what_happened(err: BaseException, step: int) -> tuple[str, str]:
+    """(what happened, extra resume advice) in one line, never with training text."""
+    import torch
+
+    cuda_oom = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+    if isinstance(err, cuda_oom | MemoryError):
+        kind = "accelerator" if isinstance(err, cuda_oom) else "host"
+        return f"out of {kind} memory at step {step + 1}", " with a smaller training.physical_batch_size"
+    if isinstance(err, OSError):
+        where = f" ({err.filename})" if err.filename else ""
+        if err.errno == errno.ENOSPC:
+            return f"disk full{where} at step {step}", " once there is free space"
+        return f"{err.strerror or err.__class__.__name__}{where} at step {step}", ""
+    if isinstance(err, TrainingFailedError):
+        return str(err), ""
+    return f"training failed at step {step}: {err.__class__.__name__}", ""
+
+
+def failure_line(err: BaseException, spec, state, last: CheckpointInfo | None) -> str:
+    """The one-line exit-4 message: what happened, where the last checkpoint is, and how to resume."""
+    what, advice = _what_happened(err, state.step)
+    return f"{what}; no release was written; {resume_hint(spec, last, advice)}"
+
+
+def resume_hint(spec, last: CheckpointInfo | None, advice: str = "") -> str:
+    """How to go on from here, in words (the ledger charge of a resumable run stays pending)."""
+    if last is None:
+        return f"no resume checkpoint was written: see {spec.staging / 'FAILED.json'}"
+    charge = f"; its ledger charge stays pending until then (or `dplora ledger settle {spec.run_id}`)"
+    return (
+        f"the resume checkpoint holds step {last.step}/{spec.plan.steps} in {spec.staging}: rerun the same command "
+        f"with --resume{advice}" + (charge if spec.contract.privacy.population else "")
+    )
+
+
+def failure_fields(spec, state, err: BaseException, last: CheckpointInfo | None) -> dict:
+    """Extra FAILED.json fields: what happened in one line, the resume checkpoint's step and ε, how to resume."""
+    if isinstance(err, KeyboardInterrupt):
+        what = f"interrupted ({err.args[0] if err.args else 'Ctrl-C'}) after step {state.step}"
+    else:
+        what = _what_happened(err, state.step)[0]
+    if last is None:
+        return {"what_happened": what, "resume_checkpoint": None}
+    return {
+        "what_happened": what,
+        "resume_checkpoint": {
+            "file": last.path.name,
+            "step": last.step,
+            "epsilon_upper": last.meta["epsilon_upper"],
+        },
+        "resume": "rerun the same `dplora train` command with --resume",
+    }

@@ -1,0 +1,332 @@
+"""Synthetic records from a release (``dplora synth``), with a signed manifest chaining them to that release.
+
+Generation uses the base model + the released adapters only (:mod:`dplora.evaluate.generate`), prompted from a public
+file the user declares public (``--prompts``); nothing from the private data enters generation. The output is
+post-processing of the release, so it carries the release's (ε, δ) at its protected unit and no more
+(Dwork & Roth 2014, Proposition 2.1; the recipe of Yue et al. 2023, arXiv 2210.14348).
+
+Output: ``FILE`` (csv or jsonl, the training data's columns: prompt and response, or text) and beside it
+``FILE.dsse.json``, a DSSE v1 envelope (same envelope and key handling as
+:mod:`dplora.release.envelope`) over an in-toto
+Statement v1 whose subject is ``FILE`` (sha256) and whose predicate names the source release by its record
+digest (sha256 of the release's DSSE payload), the generation settings, the row count and the inherited
+guarantee in words. From a non-private control (``privacy.enabled: false``), only with ``allow_non_private``:
+every row gets a ``dp_guarantee`` column reading ``NO DP GUARANTEE``, and the manifest says so under its own
+predicate type.
+
+Verbatim check: the synthetic rows are compared with the run's data file (``synthesize`` refuses to run without
+it); the counts and the flagged row numbers (never the text) go to ``FILE.memorisation.json`` and the log. They are
+a function of the private data and NOT covered by DP, so they stay out of the signed manifest: do not share them.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import csv
+import dataclasses
+import hashlib
+import io
+import json
+import os
+from pathlib import Path
+
+from dplora.errors import BadInputError, NotPrivateError, VerificationError
+from dplora.evaluate.generate import Sampling
+
+SYNTH_PREDICATE_TYPE = "https://dplora.dev/synthetic/v1"
+NON_PRIVATE_SYNTH_PREDICATE_TYPE = "https://dplora.dev/synthetic-non-private/v1"
+SYNTH_PREDICATE_TYPES = (SYNTH_PREDICATE_TYPE, NON_PRIVATE_SYNTH_PREDICATE_TYPE)
+NO_DP_GUARANTEE = "NO DP GUARANTEE"
+MARKER_COLUMN = "dp_guarantee"  # added to every row of a file drawn from a non-private control
+MANIFEST_SUFFIX = ".dsse.json"
+REPORT_SUFFIX = ".memorisation.json"
+FORMATS = (".csv", ".jsonl")
+
+
+def manifest_path(out: Path) -> Path:
+    """The manifest beside a synthetic file: ``FILE.dsse.json``."""
+    return Path(out).with_name(Path(out).name + MANIFEST_SUFFIX)
+
+
+def report_path(out: Path) -> Path:
+    """The local memorisation report beside a synthetic file: ``FILE.memorisation.json`` (not signed)."""
+    return Path(out).with_name(Path(out).name + REPORT_SUFFIX)
+
+
+def release_payload(release_file: Path) -> tuple[bytes, dict]:
+    """(payload bytes, statement) of a release envelope, read without checking the signature.
+
+    Raises:
+        BadInputError: unreadable envelope or payload.
+    """
+    try:
+        envelope = json.loads(Path(release_file).read_text(encoding="utf-8"))
+        payload = base64.b64decode(envelope["payload"], validate=True)
+        statement = json.loads(payload)
+    except (OSError, ValueError, KeyError, TypeError, binascii.Error):
+        raise BadInputError(f"cannot read the release {release_file}: not a DSSE envelope") from None
+    if not isinstance(statement, dict) or not isinstance(statement.get("predicate"), dict):
+        raise BadInputError(f"the release {release_file} holds no predicate")
+    return payload, statement
+
+
+def record_digest(payload: bytes) -> str:
+    """The release's record digest: hex sha256 (FIPS 180-4) of its DSSE payload (the signed statement bytes)."""
+    return hashlib.sha256(payload).hexdigest()
+
+
+def guarantee_text(predicate: dict, *, private: bool) -> str:
+    """The inherited guarantee in words, from the release's predicate (``privacy`` and ``accounting``)."""
+    if not private:
+        return (
+            f"{NO_DP_GUARANTEE}: generated from a non-private control run (privacy.enabled=false, ε = ∞); "
+            "this file may reveal the training records"
+        )
+    acc, unit = predicate.get("accounting", {}), predicate.get("privacy", {})
+    return (
+        f"post-processing of a release with ε={acc.get('epsilon_spent'):.4g}, δ={acc.get('delta'):g} "
+        f"({acc.get('accountant')}) at the protected unit {unit.get('protected_unit')} "
+        f"({unit.get('adjacency')}); the synthetic file carries the same guarantee and no more"
+    )
+
+
+def read_public_prompts(path: Path, column: str) -> list[str]:
+    """Public prompts: a csv's ``column`` (else its ``prompt`` column), or one prompt per non-empty line.
+
+    Raises:
+        BadInputError: unreadable file, no such column, no prompt.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise BadInputError(f"cannot read --prompts {path}: {err.__class__.__name__}") from None
+    if Path(path).suffix.lower() == ".csv":
+        reader = csv.DictReader(io.StringIO(text))
+        names = reader.fieldnames or []
+        col = column if column in names else "prompt" if "prompt" in names else None
+        if col is None:
+            raise BadInputError(f"--prompts {path} has no column {column!r} or 'prompt'; columns: {', '.join(names)}")
+        prompts = [row[col] for row in reader if (row.get(col) or "").strip()]
+    else:
+        prompts = [line for line in text.splitlines() if line.strip()]
+    if not prompts:
+        raise BadInputError(f"--prompts {path} holds no prompt")
+    return prompts
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SynthResult:
+    """What :func:`synthesize` wrote: the file, its manifest and report, rows, and the verbatim counts."""
+
+    out: Path
+    manifest: Path
+    report: Path
+    rows: int
+    differentially_private: bool
+    guarantee: str
+    memorisation: dict
+
+
+def _columns(contract) -> tuple[str, str | None]:
+    """(prompt-or-text column, response column or None)."""
+    data = contract.data
+    return (data.text_column, None) if data.text_column else (data.prompt_column, data.response_column)
+
+
+def build_rows(contract, prompts: list[str], generated: list[str], *, private: bool) -> list[dict]:
+    """Rows in the training schema: {prompt, response} or {text: prompt + continuation}; plus the marker if not DP."""
+    first, response = _columns(contract)
+    rows = []
+    for prompt, gen in zip(prompts, generated, strict=True):
+        row = {first: prompt + gen} if response is None else {first: prompt, response: gen}
+        if not private:
+            row[MARKER_COLUMN] = NO_DP_GUARANTEE
+        rows.append(row)
+    return rows
+
+
+def serialize_rows(rows: list[dict], fmt: str) -> bytes:
+    """csv (header row, every field quoted, RFC 4180) or jsonl (one UTF-8 JSON object per line)."""
+    if fmt == ".jsonl":
+        return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
+    buf = io.StringIO()
+    # every field quoted: a generated "\r" or "\n" stays inside its cell for any csv reader
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n", quoting=csv.QUOTE_ALL)
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue().encode("utf-8")
+
+
+def memorisation_counts(rows: list[dict], contract, log=print, *, table=None) -> dict:
+    """Synthetic rows equal to a training row (whole record) or whose generated field equals one: counts and
+    the synthetic rows' 0-based indices (so the data owner can drop them), never text.
+
+    Reads the run's data file (``data.path``, held-out rows included) only to compare. When the file cannot be
+    read, says so (``"checked": False``); :func:`synthesize` refuses to run then. ``table``: the data already
+    loaded (:func:`dplora.data.units.load_table`). Exact string equality (no normalisation).
+    """
+    from dplora.data.units import load_table
+
+    first, response = _columns(contract)
+    generated = response or first
+    try:
+        table = load_table(contract) if table is None else table
+    except BadInputError:
+        return {"checked": False, "note": "the training data file is not readable here: verbatim check not run"}
+    cols = [first, response] if response else [first]
+    train_rows = set(zip(*(table[c] for c in cols), strict=True))
+    train_generated = set(table[generated])
+    row_hits = [i for i, r in enumerate(rows) if tuple(r[c] for c in cols) in train_rows]
+    field_hits = [i for i, r in enumerate(rows) if r[generated] in train_generated]
+    exact_rows, exact_generated = len(row_hits), len(field_hits)
+    counts = {
+        "checked": True,
+        "rows": len(rows),
+        "training_rows": table.num_rows,
+        "exact_row_matches": exact_rows,
+        "exact_generated_field_matches": exact_generated,
+        "generated_field": generated,
+        "flagged_rows": row_hits,  # synthetic row indices (0-based) equal to a training row as a whole
+        "flagged_generated_rows": field_hits,  # synthetic row indices whose generated field equals a training row's
+        "note": "counts of the private data, not covered by DP: keep this file with the data owner",
+    }
+    if exact_rows or exact_generated:
+        log(
+            f"warning: {exact_rows} synthetic rows equal a training row verbatim and {exact_generated} have a "
+            f"{generated!r} equal to a training row's (flagged by row number in the {REPORT_SUFFIX} report)"
+        )
+    return counts
+
+
+def synthesize(
+    target: Path,
+    *,
+    rows: int,
+    out: Path,
+    prompts_file: Path | None,
+    sampling: Sampling,
+    private_key,
+    allow_non_private: bool = False,
+    threads: int | None = None,
+    log=print,
+) -> SynthResult:
+    """Generate ``rows`` synthetic records from the run ``target``'s release and sign their manifest.
+
+    Args:
+        target: a finished run folder or its contract.
+        rows: records to write (≥ 1); prompt i is the public prompt i mod (number of prompts).
+        out: the synthetic file, ``.csv`` or ``.jsonl``; ``out.dsse.json`` and ``out.memorisation.json`` beside it.
+        prompts_file: public prompts (csv column named as the training prompt/text column, or ``prompt``; or
+            one per line).
+        sampling: decoding settings (:class:`dplora.evaluate.generate.Sampling`).
+        private_key: the Ed25519 signing key (:func:`dplora.release.keys.load_private_key`).
+
+    Returns:
+        :class:`SynthResult`.
+
+    Raises:
+        BadInputError: bad settings, no prompts, no release, unloadable model (exit 2); nothing is written.
+        VerificationError: the release does not verify with the signing key's public half (exit 3): the
+            manifest would chain to adapters nobody signed.
+        NotPrivateError: a non-private control without ``allow_non_private`` (exit 6).
+    """
+    from dplora.data.units import load_table
+    from dplora.engine.control import NOT_DP
+    from dplora.evaluate.generate import generate_replies
+    from dplora.release.envelope import (
+        RELEASE_FILENAME,
+        STATEMENT_TYPE,
+        _temp_json,
+        sha256_file,
+        sign_statement,
+        write_temp,
+    )
+    from dplora.release.read import load_adapter_model, read_run
+    from dplora.release.verify import verify_release
+
+    out = Path(out)
+    if rows < 1:
+        raise BadInputError(f"--rows={rows}: must be at least 1")
+    if out.suffix.lower() not in FORMATS:
+        raise BadInputError(f"--out {out}: give a .csv or .jsonl file")
+    if not out.parent.is_dir():
+        raise BadInputError(f"--out {out}: folder {out.parent} does not exist")
+    if prompts_file is None:
+        raise BadInputError("give --prompts FILE: public prompts or control codes (nothing private enters generation)")
+    run = read_run(target)
+    if out.resolve().is_relative_to(run.folder.resolve()):
+        raise BadInputError(f"--out {out}: write outside the run folder (an unsigned file there fails verify)")
+    if not run.differentially_private:
+        if not allow_non_private:
+            raise NotPrivateError(
+                f"{run.folder} is {NOT_DP} (a privacy.enabled=false control): "
+                "pass --allow-non-private to synthesize from it anyway (marked NO DP GUARANTEE)"
+            )
+        log(f"warning: {run.folder} is {NOT_DP}: the synthetic file is marked {NO_DP_GUARANTEE}")
+    try:  # the adapters used must be the signed ones: the manifest chains to this release
+        verify_release(run.folder, private_key.public_key())
+    except VerificationError as err:
+        raise VerificationError(f"the release in {run.folder} does not verify with the signing key: {err}") from None
+    first, _ = _columns(run.contract)
+    public = read_public_prompts(prompts_file, first)
+    prompts = [public[i % len(public)] for i in range(rows)]
+    payload, statement = release_payload(run.folder / RELEASE_FILENAME)
+    private = run.differentially_private
+    guarantee = guarantee_text(statement["predicate"], private=private)
+    try:  # the verbatim check runs on every file: no row equal to a training row goes unflagged
+        table = load_table(run.contract)
+    except BadInputError as err:
+        raise BadInputError(f"synth flags rows equal to a training row, so it needs the run's data: {err}") from None
+    model, tokenizer, device = load_adapter_model(run, threads=threads, log=log)
+    generated = generate_replies(model, tokenizer, prompts, contract=run.contract, sampling=sampling, device=device)
+    records = build_rows(run.contract, prompts, generated, private=private)
+    memo = memorisation_counts(records, run.contract, log=log, table=table)
+    memo["dp_guarantee"] = guarantee if private else NO_DP_GUARANTEE
+    data = serialize_rows(records, out.suffix.lower())
+    predicate = {
+        "differentially_private": private,
+        "guarantee": guarantee,
+        "source_release": {
+            "record_digest": {"sha256": record_digest(payload)},
+            "predicate_type": statement.get("predicateType"),
+            "run": run.folder.name,
+        },
+        "rows": rows,
+        "format": out.suffix.lower().lstrip("."),
+        "columns": list(records[0]),
+        "generation": {
+            "max_new_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "seed": sampling.seed,
+            "prompts_file": {"name": Path(prompts_file).name, "sha256": sha256_file(Path(prompts_file))},
+            "prompts": len(public),
+            "base_model": (statement["predicate"].get("base_model") or {}).get("name_or_path"),
+        },
+    }
+    if not private:
+        predicate["warning"] = NO_DP_GUARANTEE
+    tmp = write_temp(out.parent, out.name, data)
+    try:
+        subject = [{"name": out.name, "digest": {"sha256": sha256_file(tmp)}}]
+        ptype = SYNTH_PREDICATE_TYPE if private else NON_PRIVATE_SYNTH_PREDICATE_TYPE
+        manifest = {"_type": STATEMENT_TYPE, "subject": subject, "predicateType": ptype, "predicate": predicate}
+        envelope = sign_statement(manifest, private_key)
+        man_tmp = _temp_json(out.parent, manifest_path(out).name, envelope)
+        rep_tmp = _temp_json(out.parent, report_path(out).name, memo)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(rep_tmp, report_path(out))
+    os.replace(tmp, out)
+    os.replace(man_tmp, manifest_path(out))  # the manifest last: no manifest over a half-written file
+    return SynthResult(
+        out=out,
+        manifest=manifest_path(out),
+        report=report_path(out),
+        rows=rows,
+        differentially_private=private,
+        guarantee=guarantee,
+        memorisation=memo,
+    )

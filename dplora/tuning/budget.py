@@ -1,0 +1,264 @@
+"""``dplora budget``: the dry run. Plans q, T and σ, reports ε, and loads no model (no torch for RDP)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from dplora.contract.spec import load_contract
+from dplora.errors import BadInputError
+from dplora.plan.training import TrainingPlan, ledger_event
+from dplora.release.record import unit_statement
+
+SWEEP_BATCH_FACTORS = (0.5, 1, 2, 4)
+# Same label as metrics.jsonl: statistics computed on private data, outside the DP guarantee.
+PRIVATE_STATS_NOTE = "computed on private data and not covered by DP (ε); for the operator only, never released"
+SWEEP_EPOCH_FACTORS = (0.5, 1, 2)
+
+
+def _eps_at_fraction(plan: TrainingPlan, frac: float) -> dict:
+    step = max(1, math.ceil(plan.steps * frac)) if plan.steps else 0
+    return {"step": step, "epsilon": plan.epsilon_at(step)}
+
+
+def budget_report(
+    config: Path, overrides: list[str], *, ledger_path: Path | None = None, sweep: bool = False, world_size: int = 1
+) -> dict:
+    """Plan a run and describe it as one JSON-ready dict.
+
+    ``world_size`` is W, the processes a multi-process run (torchrun / accelerate launch) would use: the report's
+    ``units_per_rank`` gives the expected units each rank samples per logical step (q·⌊N/W⌋ to q·⌈N/W⌉; the plan,
+    q, σ and ε do not depend on W).
+
+    Returns:
+        Keys include num_units, sample_rate, steps, noise_multiplier, epsilon, delta, accountant, adjacency,
+        accountant_version, epsilon_at (25/50/75 % of T), and ``not_covered_by_dp.unit_stats`` (records per
+        unit, computed on private data: not covered by DP). The data is always read, as ``train`` reads it.
+
+    Raises:
+        BadInputError, PlanRefusedError: bad contract, data or plan (exit 2), as ``train`` refuses them.
+    """
+    from dplora.data.units import count_units
+    from dplora.recipe.train import plan_for, private_count_reason
+
+    contract = load_contract(config, overrides)
+    # Always read the data (header, cells, units), so the dry run refuses what train refuses; with
+    # privacy.num_units declared the count is only a local check (more units than declared: a warning). A local
+    # dry run may show the exact count where train would refuse it (N private and not declared).
+    unit_index = count_units(contract)
+    local: list[str] = []
+    plan = plan_for(contract, unit_index, release=False, log=lambda m: local.append(m.removeprefix("warning: ")))
+    why = private_count_reason(contract) if contract.privacy.num_units is None else None
+    if why is not None:
+        local.append(
+            f"privacy.num_units is not declared and {why}: dplora train refuses to release on a counted N; "
+            "declare a public (rounded) N"
+        )
+    report = {
+        "num_units": plan.num_units,
+        "num_units_source": plan.num_units_source,
+        "protected_unit": plan.protected_unit.value,
+        "unit_key": plan.unit_key,
+        "sample_rate": plan.sample_rate,
+        "expected_batch_size": plan.expected_batch_size,
+        "steps": plan.steps,
+        "noise_multiplier": plan.noise_multiplier,
+        "noise_source": plan.noise_source,
+        "max_grad_norm": plan.max_grad_norm,
+        "delta": plan.delta,
+        "one_over_n": 1.0 / plan.num_units,
+        "target_epsilon": plan.target_epsilon,
+        "epsilon": plan.epsilon,
+        "epsilon_at": {f"{int(f * 100)}%": _eps_at_fraction(plan, f) for f in (0.25, 0.5, 0.75)},
+        "accountant": plan.accountant.value,
+        "accountant_version": plan.accountant_version,
+        "accountant_note": plan.accountant_note,
+        "adjacency": plan.adjacency.value,
+        "warnings": [*local, *plan.warnings],
+        "unit_note": f"{plan.protected_unit.value}-level: {unit_statement(plan.protected_unit)}",
+        "epsilon_curve": [list(p) for p in plan.epsilon_curve],
+        "units_per_rank": _units_per_rank(plan, world_size),
+    }
+    report["not_covered_by_dp"] = {"note": PRIVATE_STATS_NOTE, "unit_stats": unit_index.stats()}
+    if not contract.privacy.enabled:  # the non-private control: report its DP twin's plan, check no cap
+        report["warnings"].append(
+            "privacy.enabled=false: a NOT DIFFERENTIALLY PRIVATE control (no clipping, no noise, ε = ∞); the "
+            "numbers above are its DP twin's, with which it shares N, q and T"
+        )
+    if contract.privacy.population and contract.privacy.enabled:
+        from dplora.ledger.store import Ledger, default_ledger_path
+
+        ledger = Ledger(ledger_path or default_ledger_path(), create=False)  # a dry run never creates a ledger
+        ledger.check(
+            contract.privacy.population,
+            epsilon=plan.epsilon,
+            delta=plan.delta,
+            protected_unit=contract.privacy.protected_unit.value,
+            adjacency=plan.adjacency.value,
+            events=[ledger_event(plan)],
+        )
+        spent = ledger.spent(contract.privacy.population)
+        report["ledger"] = {
+            "population": contract.privacy.population,
+            "epsilon_spent_before": str(spent[0]),
+            "delta_spent_before": str(spent[1]),
+            "fits_cap": True,
+        }
+    if sweep:
+        report["sweep"] = sweep_table(contract, plan)
+    return report
+
+
+def _units_per_rank(plan: TrainingPlan, world_size: int) -> dict:
+    """Expected units per rank per logical step with W processes (round-robin shards of the N units)."""
+    from dplora.engine.distributed import expected_units_per_rank
+
+    if world_size < 1:
+        raise BadInputError(f"--world-size {world_size}: expected an integer ≥ 1")
+    low, high = expected_units_per_rank(plan.sample_rate, plan.num_units, world_size)
+    return {"world_size": world_size, "expected_min": low, "expected_max": high}
+
+
+def sweep_table(contract, plan: TrainingPlan) -> dict:
+    """σ calibrated to the target for a few batch sizes and epoch counts around the contract (RDP, for speed).
+
+    Larger batches at the same ε need less noise per example: maximise the batch, set σ just high enough.
+    """
+    from dplora.accounting import Accountant, calibrate_noise
+    from dplora.errors import PlanRefusedError
+
+    n = plan.num_units
+    epochs = plan.steps * plan.expected_batch_size / n
+    rows = []
+    for bf in SWEEP_BATCH_FACTORS:
+        batch = max(1, int(plan.expected_batch_size * bf))
+        if batch > n:
+            continue
+        for ef in SWEEP_EPOCH_FACTORS:
+            steps = max(1, math.ceil(epochs * ef * n / batch))
+            try:
+                sigma = calibrate_noise(
+                    target_epsilon=plan.target_epsilon,
+                    sample_rate=batch / n,
+                    steps=steps,
+                    delta=plan.delta,
+                    accountant="rdp",
+                    adjacency="add_remove",
+                )
+            except PlanRefusedError:
+                sigma = None
+            rows.append(
+                {
+                    "expected_batch_size": batch,
+                    "epochs": round(epochs * ef, 3),
+                    "steps": steps,
+                    "noise_multiplier": sigma,
+                    "noise_per_unit": None if sigma is None else sigma / batch,
+                }
+            )
+    note = "RDP add/remove for speed (PLD/PRV need at most these σ)"
+    if plan.accountant is not Accountant.RDP or plan.adjacency.value != "add_remove":
+        note += f"; the plan itself uses {plan.accountant.value} with {plan.adjacency.value}"
+    return {"accountant": "rdp", "note": note, "rows": rows}
+
+
+def plot_curve(report: dict, path: Path) -> None:
+    """Draw the plan's checked ε against logical steps (from step 1), with the target line, to a PNG (matplotlib).
+
+    Raises:
+        BadInputError: the file cannot be written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps, eps = zip(*report["epsilon_curve"], strict=True) if report["epsilon_curve"] else ((), ())
+    fig, ax = plt.subplots(figsize=(6, 4))
+    # The plan's per-step bound: ε at each step is the value at the next curve point (every step up to 20,000),
+    # which is what "steps-pre" draws; the training loop reads the same values.
+    ax.plot(
+        (0, *steps),
+        (0.0, *eps),
+        drawstyle="steps-pre",
+        marker="." if len(steps) < 50 else None,
+        label=f"ε ({report['accountant']})",
+    )
+    ax.axhline(report["target_epsilon"], color="red", linestyle="--", label="target ε")
+    ax.set_xlabel("logical steps T")
+    ax.set_ylabel(f"ε at δ={report['delta']:g}")
+    ax.set_title(f"q={report['sample_rate']:.4g}, σ={report['noise_multiplier']:.4f}, {report['adjacency']}")
+    ax.legend()
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=100)
+    except OSError as err:
+        raise BadInputError(f"cannot write plot {path}: {err.strerror}") from None
+    finally:
+        plt.close(fig)
+
+
+def print_report(report: dict, console) -> None:
+    """Render the report as rich tables."""
+    from rich.table import Table
+
+    t = Table(title="dplora budget", show_header=False)
+    t.add_column("quantity")
+    t.add_column("value")
+    t.add_row(
+        "protected unit", f"{report['protected_unit']}" + (f" (key {report['unit_key']})" if report["unit_key"] else "")
+    )
+    t.add_row("N (protected units)", f"{report['num_units']} (from {report['num_units_source']})")
+    t.add_row("q = B/N", f"{report['sample_rate']:.6g} (B={report['expected_batch_size']})")
+    ranks = report["units_per_rank"]
+    low, high = ranks["expected_min"], ranks["expected_max"]
+    per_rank = f"{low:.4g}" if low == high else f"{low:.4g} to {high:.4g}"
+    t.add_row("units per rank per step", f"{per_rank} expected, W={ranks['world_size']} processes")
+    t.add_row("T (logical steps)", str(report["steps"]))
+    t.add_row("σ (noise multiplier)", f"{report['noise_multiplier']:.4f} ({report['noise_source']})")
+    t.add_row("C (max_grad_norm)", f"{report['max_grad_norm']:g}")
+    t.add_row("δ vs 1/N", f"{report['delta']:.3g} vs {report['one_over_n']:.3g}")
+    t.add_row("adjacency", report["adjacency"])
+    for k, v in report["epsilon_at"].items():
+        t.add_row(f"ε at {k} of T (step {v['step']})", f"≤ {v['epsilon']:.4f}")
+    t.add_row("ε at T", f"{report['epsilon']:.4f} (target {report['target_epsilon']:g})")
+    t.add_row("accountant", f"{report['accountant']} ({report['accountant_version']})")
+    if report.get("accountant_note"):
+        t.add_row("accountant note", report["accountant_note"])
+    private = report.get("not_covered_by_dp")
+    if private:
+        stats = private["unit_stats"]
+        r = stats["records_per_unit"]
+        t.add_row(
+            "records per unit (not covered by DP)",
+            f"min {r['min']}, median {r['median']:g}, p95 {r['p95']:g}, max {r['max']}",
+        )
+        t.add_row(
+            "records dropped by cap (not covered by DP)",
+            f"{stats['dropped_by_cap']} (max per unit after cap: {stats['max_records_per_unit_after_cap']})",
+        )
+    if "ledger" in report:
+        t.add_row(
+            "ledger", f"{report['ledger']['population']}: ε spent before {report['ledger']['epsilon_spent_before']}"
+        )
+    t.add_row("planning time", f"{report.get('seconds', 0):.2f} s")
+    console.print(t)
+    console.print(f"note: {report['unit_note']}", markup=False, soft_wrap=True)
+    if private:
+        console.print(f"note: rows marked 'not covered by DP' are {private['note']}", markup=False, soft_wrap=True)
+    for w in report["warnings"]:
+        console.print(f"warning: {w}", markup=False, soft_wrap=True)  # one line each, never wrapped
+    if "sweep" in report:
+        s = Table(title=f"σ for target ε={report['target_epsilon']:g} ({report['sweep']['note']})")
+        for col in ("batch B", "epochs", "T", "σ", "σ/B"):
+            s.add_column(col)
+        for row in report["sweep"]["rows"]:
+            sig = row["noise_multiplier"]
+            s.add_row(
+                str(row["expected_batch_size"]),
+                f"{row['epochs']:g}",
+                str(row["steps"]),
+                "unreachable" if sig is None else f"{sig:.3f}",
+                "-" if sig is None else f"{row['noise_per_unit']:.4f}",
+            )
+        console.print(s)
