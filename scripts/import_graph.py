@@ -134,13 +134,29 @@ def depth(graph: dict[str, set[str]]) -> int:
     return max((longest(v) for v in cgraph), default=0)
 
 
+def longest_chain(graph: dict[str, set[str]]) -> list[str]:
+    """One longest import chain (importer first), for an acyclic graph; ``[]`` when the graph has a cycle."""
+    if cycles(graph):
+        return []
+    memo: dict[str, list[str]] = {}
+
+    def chain(v: str) -> list[str]:
+        if v not in memo:
+            memo[v] = [v, *max((chain(w) for w in sorted(graph.get(v, ()))), key=len, default=[])]
+        return memo[v]
+
+    return max((chain(v) for v in sorted(graph)), key=len, default=[])
+
+
 def main(argv: list[str]) -> int:
     root = Path(argv[1]) if len(argv) > 1 else Path(__file__).resolve().parents[1] / "dplora"
     graph = module_imports(root)
     found = cycles(graph)
     print(f"modules: {len(graph)}")
     print(f"edges: {sum(len(v) for v in graph.values())}")
-    print(f"depth: {depth(graph)}")
+    print(f"depth: {depth(graph)} modules ({depth(graph) - 1} import edges)")
+    if chain := longest_chain(graph):
+        print("  " + " -> ".join(chain))
     print(f"cycles: {len(found)}")
     for comp in found:
         print("  " + " <-> ".join(comp))

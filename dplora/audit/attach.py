@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import math
 from pathlib import Path
 
 from dplora.errors import BadInputError, DploraError
+from dplora.release.audit_section import first_mismatch, record_mechanism, same_value  # noqa: F401 - re-exported
 
 SECTION = "audit"
 DATA_NOTES = {
@@ -33,20 +33,6 @@ DATA_NOTES = {
     "public": "a file declared public, plus the canaries",
     "surrogate": "surrogate data (e.g. the dplora demo-data generator), plus the canaries",
 }
-# (name in the section and in messages, (section, key) in the release record); the inputs before σ, which follows
-# from them, so that the first mismatch named is the cause
-_MECHANISM = (
-    ("accountant", ("accounting", "accountant")),
-    ("protected_unit", ("privacy", "protected_unit")),
-    ("adjacency", ("privacy", "adjacency")),
-    ("sampler", ("privacy", "sampler")),
-    ("clipping", ("privacy", "clipping")),
-    ("delta", ("accounting", "delta")),
-    ("max_grad_norm", ("mechanism", "max_grad_norm")),
-    ("sample_rate", ("accounting", "sample_rate")),
-    ("steps", ("accounting", "steps_planned")),
-    ("noise_multiplier", ("accounting", "noise_multiplier")),
-)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -127,30 +113,6 @@ def mechanism_of(plan, contract) -> dict:
         "sampler": unit["sampler"],
         "clipping": unit["clipping"],
     }
-
-
-def record_mechanism(record: dict) -> dict:
-    """The same fields read from a release record (None where the record lacks one)."""
-    out = {}
-    for name, (section, key) in _MECHANISM:
-        part = record.get(section)
-        out[name] = part.get(key) if isinstance(part, dict) else None
-    return out
-
-
-def same_value(a, b) -> bool:
-    """Equal, with numbers compared to 1e-9 relative (a JSON round trip or a recalibration may move the last bit)."""
-    if isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool):
-        return not isinstance(b, bool) and math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0)
-    return a == b
-
-
-def first_mismatch(audit: dict, release: dict) -> str | None:
-    """``"name: audit X, release Y"`` for the first mechanism field that differs (:func:`same_value`), else None."""
-    for name, _ in _MECHANISM:
-        if not same_value(a := audit.get(name), r := release.get(name)):
-            return f"{name}: audit {a!r}, release {r!r}"
-    return None
 
 
 def check_plan(contract, target: AttachTarget) -> None:

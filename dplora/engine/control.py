@@ -21,7 +21,6 @@ import math
 
 from dplora.contract.spec import Contract
 from dplora.plan.training import TrainingPlan
-from dplora.release.record import run_provenance
 
 NOT_DP = "NOT DIFFERENTIALLY PRIVATE"
 NO_DP_STATEMENT = (
@@ -29,7 +28,6 @@ NO_DP_STATEMENT = (
     "(ε = ∞) and may reveal their training records"
 )
 ADAPTER_CONFIG_KEY = "dplora_privacy"  # written into adapter_config.json of a control (peft ignores it)
-RECORD_VERSION = 1
 
 
 def is_control(contract: Contract) -> bool:
@@ -133,57 +131,3 @@ def make_non_private(model, optimizer, *, plan: TrainingPlan):
     """
     counter = StepCounter(plan.sample_rate)
     return model, NonPrivateStep(optimizer, expected_batch_size=plan.expected_batch_size, counter=counter), counter
-
-
-def non_private_record(
-    *,
-    contract: Contract,
-    plan: TrainingPlan,
-    run_id: str,
-    steps_done: int,
-    started_at: str,
-    finished_at: str,
-    data_digest: dict,
-    base_model: dict,
-    execution: dict | None = None,
-) -> dict:
-    """The signed record of a control run (predicate type ``NON_PRIVATE_PREDICATE_TYPE``, never the DP one).
-
-    It says in words and as a field that the run is not differentially private, and records what the control
-    shares with its DP twin (unit, q, T, normaliser) so the two can be compared. No losses, no record counts.
-    ``differentially_private: false`` makes :func:`dplora.release.envelope.predicate_type_of` sign it as
-    ``NON_PRIVATE_PREDICATE_TYPE``; the ``artifacts`` list is added when the release is finished.
-
-    Returns:
-        A dict ready for canonical JSON.
-    """
-    privacy = contract.privacy
-    return {
-        "record_version": RECORD_VERSION,
-        "run_id": run_id,
-        "started_at": started_at,
-        "finished_at": finished_at,
-        "differentially_private": False,
-        "statement": NO_DP_STATEMENT,
-        "epsilon": "infinite",
-        "control_of": {
-            "protected_unit": privacy.protected_unit.value,
-            "unit_key": privacy.unit_key,
-            "adjacency": privacy.adjacency.value,
-            "population": privacy.population,
-            "note": "the DP contract this run is the non-private control of (same sampling and steps)",
-        },
-        "training": {
-            "sampler": privacy.sampling.value,
-            "sample_rate": plan.sample_rate,
-            "steps_planned": plan.steps,
-            "steps_done": steps_done,
-            "num_units": plan.num_units,
-            "num_units_source": plan.num_units_source,
-            "normalizer": {"expected_units_per_step": plan.expected_batch_size, "public": True},
-            "clipping": "none",
-            "noise": "none",
-        },
-        **run_provenance(contract, base_model=base_model, data_digest=data_digest, execution=execution),
-        "not_included": "training losses and per-unit record counts",
-    }

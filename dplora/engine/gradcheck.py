@@ -212,10 +212,8 @@ def _layer_of(name: str) -> str:
     return name.rsplit(".", 1)[0]
 
 
-def _plain_reference(model, flat, params, batch) -> torch.Tensor:
+def _plain_reference(model, flat, params, batch, per_sequence_loss) -> torch.Tensor:
     """One record's gradient by plain autograd (fast forwards suspended / Opacus hooks disabled): flat (P,) fp32."""
-    from dplora.engine.step import per_sequence_loss
-
     for p in params:
         p.grad = None
     hooks = model if hasattr(model, "disable_hooks") else None
@@ -234,10 +232,9 @@ def _plain_reference(model, flat, params, batch) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def _batched_rows(model, flat, params, names, batch, size: int) -> torch.Tensor:
+def _batched_rows(model, flat, params, names, batch, size: int, per_sequence_loss) -> torch.Tensor:
     """The active path's per-example rows for the batch: (B, P) fp32. Raises when a tensor's rows are not B."""
     from dplora.engine.clipping import opacus_flat
-    from dplora.engine.step import per_sequence_loss
 
     if flat is not None:
         flat.buffer(size)
@@ -265,7 +262,9 @@ def _batched_rows(model, flat, params, names, batch, size: int) -> torch.Tensor:
     return G
 
 
-def check_per_example_gradients(model: torch.nn.Module, named_trainable, dp_opt, *, batches=None) -> list[dict]:
+def check_per_example_gradients(
+    model: torch.nn.Module, named_trainable, dp_opt, *, batches=None, loss=None, collate=None
+) -> list[dict]:
     """Compare the active per-example path with a one-record backward on synthetic batches; restore the model.
 
     Args:
@@ -275,6 +274,9 @@ def check_per_example_gradients(model: torch.nn.Module, named_trainable, dp_opt,
         dp_opt: the run's :class:`dplora.engine.step.UnitDPOptimizer` (only ``flat`` and ``params`` are read: no step,
             no noise draw, no accountant step).
         batches: lists of (input_ids, labels) records to check on (tests); None: :func:`synthetic_batches`.
+        loss, collate: the step's per-sequence loss ((B, L) batch → (B,) nats) and batch builder, as the step module
+            holds them (:func:`dplora.engine.step.probe_per_sample_gradients` passes its own); None: those of
+            :mod:`dplora.engine.batch`.
 
     Returns:
         One entry per synthetic batch: ``{"records": B, "padded_tokens": L, "max_relative_difference": float,
@@ -284,8 +286,10 @@ def check_per_example_gradients(model: torch.nn.Module, named_trainable, dp_opt,
         TrainingFailedError: a tensor's per-example rows are not B, or differ from the one-record backward beyond
             the tolerance; the message names the first layer and tensor (exit 4).
     """
-    from dplora.engine.step import collate
+    from dplora.engine import batch as batch_mod
 
+    loss = loss or batch_mod.per_sequence_loss
+    collate = collate or batch_mod.collate
     flat = getattr(dp_opt, "flat", None)
     params = list(flat.parameters) if flat is not None else list(dp_opt.params)
     names = {id(p): n for n, p in named_trainable}
@@ -307,13 +311,13 @@ def check_per_example_gradients(model: torch.nn.Module, named_trainable, dp_opt,
                 size, width = batch["input_ids"].shape
                 for d in held:
                     d.masks, d.calls, d.row = [], 0, None
-                G = _batched_rows(model, flat, params, names, batch, size)
+                G = _batched_rows(model, flat, params, names, batch, size, loss)
                 worst = 0.0
                 for i in range(size):
                     for d in held:
                         d.calls, d.row = 0, i
                     one = {k: v[i : i + 1] for k, v in batch.items()}
-                    ref = _plain_reference(model, flat, params, one)
+                    ref = _plain_reference(model, flat, params, one, loss)
                     worst = max(worst, _compare(G[i], ref, params, names, rtol, i, size, width))
                 report.append({"records": size, "padded_tokens": width, "max_relative_difference": worst, "rtol": rtol})
     finally:

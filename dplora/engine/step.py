@@ -18,16 +18,14 @@ import os
 import warnings
 
 import torch
-import torch.nn.functional as F
 from opacus import GradSampleModule
 from opacus.optimizers import DPOptimizer
 
+from dplora.engine.batch import IGNORE_INDEX, collate, per_sequence_loss  # noqa: F401 - re-exported
 from dplora.engine.clipping import UnitClipAccumulator, assign_flat_grads, opacus_flat, privatize
 from dplora.engine.fastclip import FlatLoRAGrads
 from dplora.engine.noise import CsprngGaussian, generator_name
 from dplora.errors import TrainingFailedError
-
-IGNORE_INDEX = -100
 
 
 def os_entropy_generator() -> CsprngGaussian:
@@ -73,30 +71,6 @@ def free_threads() -> int:
     return max(1, cores - int(busy + 0.5))
 
 
-def collate(
-    examples: list[tuple[list[int], list[int]]], pad_id: int, device: torch.device | str = "cpu"
-) -> dict[str, torch.Tensor]:
-    """Right-pad (input_ids, labels) pairs into tensors of shape (B, L) tokens on ``device``; pad labels are −100.
-
-    Built in numpy and copied to ``device`` once per tensor (one host-to-device copy, no per-row copies).
-    """
-    import numpy as np
-
-    width = max(len(ids) for ids, _ in examples)
-    ids = np.full((len(examples), width), pad_id, dtype=np.int64)
-    labels = np.full((len(examples), width), IGNORE_INDEX, dtype=np.int64)
-    mask = np.zeros((len(examples), width), dtype=np.int64)
-    for i, (x, y) in enumerate(examples):
-        ids[i, : len(x)] = x
-        labels[i, : len(y)] = y
-        mask[i, : len(x)] = 1
-    return {
-        "input_ids": torch.as_tensor(ids, device=device),
-        "attention_mask": torch.as_tensor(mask, device=device),
-        "labels": torch.as_tensor(labels, device=device),
-    }
-
-
 def parameter_device(model: torch.nn.Module) -> torch.device:
     """The device of the first trainable parameter (every tensor the engine creates goes there)."""
     return next((p.device for p in model.parameters() if p.requires_grad), torch.device("cpu"))
@@ -105,25 +79,6 @@ def parameter_device(model: torch.nn.Module) -> torch.device:
 def noise_generator_name(device: torch.device | str) -> str:
     """The Gaussian noise generator in words, for the release record (the same generator on every device)."""
     return generator_name(device)
-
-
-def per_sequence_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """One loss per sequence: the mean token cross entropy over its real target tokens.
-
-    Padding and prompt tokens (label −100) are masked, so the padding width changes nothing (cases T3); a
-    sequence with no target token has loss 0 and zero gradient. The model's own ``labels=`` loss is not used:
-    it averages over the whole batch and couples the examples' gradients.
-
-    Returns:
-        Tensor of shape (B,), nats per token.
-    """
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    logits, targets = logits[:, :-1, :], batch["labels"][:, 1:]
-    tok = F.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none"
-    ).view(targets.shape)
-    mask = (targets != IGNORE_INDEX).to(tok.dtype)
-    return (tok * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
 
 
 class UnitDPOptimizer(DPOptimizer):
@@ -370,7 +325,7 @@ def probe_per_sample_gradients(
         raise TrainingFailedError(f"trainable parameter {missing[0]} gets no per-sample gradient; freeze or remove it")
     if dp_opt is None:
         return []
-    return check_per_example_gradients(model, named_trainable, dp_opt)
+    return check_per_example_gradients(model, named_trainable, dp_opt, loss=per_sequence_loss, collate=collate)
 
 
 def check_all_moved(before: dict[str, torch.Tensor], named_trainable) -> None:

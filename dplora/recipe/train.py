@@ -10,7 +10,6 @@ metrics, never a release.
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import json
 import math
 import shutil
@@ -25,9 +24,11 @@ from dplora.data import units as data_mod
 from dplora.engine import control, distributed
 from dplora.errors import BadInputError, DploraError, PlanRefusedError, TrainingFailedError, excerpt
 from dplora.plan.training import TrainingPlan, ledger_event, make_plan
+from dplora.recipe.inputs import protected_inputs
 from dplora.release import envelope as release
-from dplora.release.record import build_record, unit_statement
+from dplora.release.record import build_record, non_private_record, unit_statement
 from dplora.run import outputs
+from dplora.run.execution import execution_entry, utc_now
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -46,10 +47,6 @@ class RunResult:
     differentially_private: bool = True
     evaluation: object = None  # dplora.evaluate.heldout.Evaluation when a held-out set is configured
     run_id: str = ""
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def plan_for(
@@ -254,7 +251,7 @@ def run_training(
             if main:
                 private_key = release.load_private_key(signing_key)
                 key = release.load_data_key(data_key)
-                protected = outputs.protected_inputs(
+                protected = protected_inputs(
                     contract,
                     contract_path=contract_path,
                     signing_key=signing_key,
@@ -531,7 +528,7 @@ def _run_locked(
         )
     if ledger is not None:
         ledger.set_checkpoint_path(spec.run_id, str(staging.resolve()))
-    started = resumed.meta["started_at"] if resumed is not None else _now()
+    started = resumed.meta["started_at"] if resumed is not None else utc_now()
     checkpointer = ckpt.Checkpointer(
         spec, state, started_at=started, data_digest=digest or ckpt.data_sha256(contract), log=log, last=resumed
     )
@@ -735,7 +732,7 @@ def _open_metrics(staging: Path, resume_step: int, header: dict):
         return handle
     kept = [ln for ln in path.read_text().splitlines() if _metrics_step(ln) <= resume_step]
     handle = path.open("w")
-    kept.append(json.dumps({"resumed_at_step": resume_step, "time": _now()}))
+    kept.append(json.dumps({"resumed_at_step": resume_step, "time": utc_now()}))
     handle.write("".join(ln + "\n" for ln in kept))
     return handle
 
@@ -792,7 +789,7 @@ def _failure_entry(run_id: str | None, done: int, planned: int, spent: float, er
         "steps_planned": planned,
         "epsilon_charged_upper_bound": spent if math.isfinite(spent) else "infinite (non-private control)",
         "reason": _failure_reason(err),
-        "time": _now(),
+        "time": utc_now(),
         "release": "none (run failed)",
     }
 
@@ -826,41 +823,15 @@ def _write_outputs(spec, state, *, started: str, epsilon_spent: float, io: _RunI
         "run_id": spec.run_id,
         "steps_done": state.step,
         "started_at": started,
-        "finished_at": _now(),
+        "finished_at": utc_now(),
         "data_digest": release.data_digest_entry([Path(contract.data.path)], io.data_key),
         "base_model": base_model_entry(contract.model, io.log),
         "execution": execution_entry(spec, reducer=getattr(state.optimizer, "reducer", None), ranks=ranks),
     }
     if control.is_control(contract):  # its own predicate type (release.predicate_type_of), no ε
-        record = control.non_private_record(**common)
+        record = non_private_record(**common)
     else:
         record = build_record(**common, epsilon_spent=epsilon_spent)
     if evaluation is not None and evaluation.public:
         record["evaluation"] = evaluation.to_dict()
     release.finish_release(staging, contract, record, private_key=io.private_key)
-
-
-def execution_entry(spec, *, reducer=None, ranks=None) -> dict:
-    """How the run executed (public, performance only): device type, base dtype, TF32, the noise generator,
-    the world size and launcher (with W processes: backend, sharding, noise draws, each rank's steps and digest).
-    """
-    from dplora.engine.step import noise_generator_name
-
-    return {
-        "device_type": spec.device.type,
-        "base_dtype": spec.dtype,
-        "lora_dtype": "fp32",
-        "dp_arithmetic_dtype": "fp32 (per-sample gradients, norms, clipping, noise, optimizer state)",
-        "allow_tf32": spec.allow_tf32,
-        "noise_generator": noise_generator_name(spec.device),
-        "noise_floating_point_note": FLOATING_POINT_NOTE,
-        **distributed.execution_entry(spec.world, reducer, ranks),
-    }
-
-
-FLOATING_POINT_NOTE = (
-    "the Gaussian noise is sampled in floating point (Box-Muller in fp64, four draws summed as Opacus secure_mode, "
-    "rounded to fp32); the accountant assumes an ideal real-valued Gaussian, and floating-point samplers can deviate "
-    "from it in the low-order bits (Mironov 2012; Holohan & Braghin 2021): the guarantee holds for the ideal "
-    "mechanism, as in Opacus and every DP-SGD library"
-)

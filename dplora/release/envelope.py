@@ -18,8 +18,6 @@ never a plain hash, since a plain hash of private data would let anyone confirm 
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import os
 import tempfile
@@ -29,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from securesystemslib.dsse import Envelope
 from securesystemslib.signer import CryptoSigner
 
+from dplora.data.digest import hmac_sha256_file, sha256_file  # noqa: F401 - re-exported for callers of this module
 from dplora.errors import BadInputError
 from dplora.release.keys import (  # noqa: F401 - re-exported: the key functions lived here before dplora.release.keys
     NO_SIGNING_KEY,
@@ -70,40 +69,6 @@ def canonical_json(obj) -> bytes:
     except (ValueError, TypeError) as exc:
         raise BadInputError(f"release record is not canonical JSON: {exc}") from None
     return text.encode("utf-8")
-
-
-def _stream(path: Path, h):
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def sha256_file(path: Path) -> str:
-    """Hex SHA-256 (FIPS 180-4) of a file, streamed in 1 MiB chunks.
-
-    Args:
-        path: The file to hash.
-    Returns:
-        The lowercase hex digest.
-    Raises:
-        OSError: If the file cannot be read.
-    """
-    return _stream(path, hashlib.sha256())
-
-
-def hmac_sha256_file(path: Path, key: bytes) -> str:
-    """Hex HMAC-SHA256 (RFC 2104) of a file, streamed in 1 MiB chunks.
-
-    Args:
-        path: The file to digest.
-        key: The data owner's secret key.
-    Returns:
-        The lowercase hex MAC.
-    Raises:
-        OSError: If the file cannot be read.
-    """
-    return _stream(path, hmac.new(key, digestmod=hashlib.sha256))
 
 
 def load_data_key(path: Path | None) -> bytes | None:

@@ -14,8 +14,10 @@ import platform
 
 import dplora
 from dplora.contract.spec import Contract, ProtectedUnit
+from dplora.engine.control import NO_DP_STATEMENT
 from dplora.plan.training import TrainingPlan
 
+CONTROL_RECORD_VERSION = 1  # the non-private control's record (non_private_record)
 RECORD_VERSION = 2  # 2: base_model (name and file digests); artifacts filled by the release
 SEED_SCOPE = (
     "seeds the data-cap choice, the held-out split and the LoRA initialisation only; Poisson sampling and the "
@@ -158,10 +160,10 @@ def run_provenance(contract: Contract, *, base_model: dict, data_digest: dict, e
         contract: The validated contract.
         base_model: :func:`dplora.engine.model.base_model_entry`.
         data_digest: :func:`dplora.release.envelope.data_digest_entry` (sha256 or keyed HMAC of the data files).
-        execution: :func:`dplora.recipe.train.execution_entry`, or None for ``{}``.
+        execution: :func:`dplora.run.execution.execution_entry`, or None for ``{}``.
     Returns:
         A dict of JSON values, merged into :func:`build_record` and
-        :func:`dplora.engine.control.non_private_record`.
+        :func:`non_private_record`.
     """
     return {
         "lora": contract.lora.model_dump(mode="json"),
@@ -172,4 +174,58 @@ def run_provenance(contract: Contract, *, base_model: dict, data_digest: dict, e
         "data": {"files": [contract.data.path.rsplit("/", 1)[-1]], "digest": data_digest},
         "seed": {"value": contract.training.seed, "scope": SEED_SCOPE},
         "execution": execution or {},
+    }
+
+
+def non_private_record(
+    *,
+    contract: Contract,
+    plan: TrainingPlan,
+    run_id: str,
+    steps_done: int,
+    started_at: str,
+    finished_at: str,
+    data_digest: dict,
+    base_model: dict,
+    execution: dict | None = None,
+) -> dict:
+    """The signed record of a control run (predicate type ``NON_PRIVATE_PREDICATE_TYPE``, never the DP one).
+
+    It says in words and as a field that the run is not differentially private, and records what the control
+    shares with its DP twin (unit, q, T, normaliser) so the two can be compared. No losses, no record counts.
+    ``differentially_private: false`` makes :func:`dplora.release.envelope.predicate_type_of` sign it as
+    ``NON_PRIVATE_PREDICATE_TYPE``; the ``artifacts`` list is added when the release is finished.
+
+    Returns:
+        A dict ready for canonical JSON.
+    """
+    privacy = contract.privacy
+    return {
+        "record_version": CONTROL_RECORD_VERSION,
+        "run_id": run_id,
+        "started_at": started_at,
+        "finished_at": finished_at,
+        "differentially_private": False,
+        "statement": NO_DP_STATEMENT,
+        "epsilon": "infinite",
+        "control_of": {
+            "protected_unit": privacy.protected_unit.value,
+            "unit_key": privacy.unit_key,
+            "adjacency": privacy.adjacency.value,
+            "population": privacy.population,
+            "note": "the DP contract this run is the non-private control of (same sampling and steps)",
+        },
+        "training": {
+            "sampler": privacy.sampling.value,
+            "sample_rate": plan.sample_rate,
+            "steps_planned": plan.steps,
+            "steps_done": steps_done,
+            "num_units": plan.num_units,
+            "num_units_source": plan.num_units_source,
+            "normalizer": {"expected_units_per_step": plan.expected_batch_size, "public": True},
+            "clipping": "none",
+            "noise": "none",
+        },
+        **run_provenance(contract, base_model=base_model, data_digest=data_digest, execution=execution),
+        "not_included": "training losses and per-unit record counts",
     }

@@ -21,6 +21,7 @@ from securesystemslib import exceptions as sslib_errors
 from securesystemslib.dsse import Envelope
 
 from dplora.errors import BadInputError, VerificationError
+from dplora.release.audit_section import first_mismatch, record_mechanism, same_value
 from dplora.release.envelope import (
     BUNDLE_MEDIA_TYPES,
     NON_PRIVATE_PREDICATE_TYPE,
@@ -210,8 +211,6 @@ def _check_no_unsigned_files(folder: Path, signed: set[str], envelope_name: str)
 
 def _check_audit(predicate) -> None:
     """An attached audit section must describe an audit of this record's mechanism (signed or not, it must agree)."""
-    from dplora.audit.attach import first_mismatch, record_mechanism, same_value
-
     section = predicate.get("audit") if isinstance(predicate, dict) else None
     if section is None:
         return

@@ -116,7 +116,7 @@ def read_info(where: Path) -> CheckpointInfo | None:
 
 def data_sha256(contract) -> str:
     """sha256 of the data file (kept in the private checkpoint only; see the module docstring)."""
-    from dplora.release.envelope import sha256_file
+    from dplora.data.digest import sha256_file
 
     return sha256_file(Path(contract.data.path))
 
@@ -144,7 +144,7 @@ def write(spec, state, *, started_at: str, data_digest: str) -> CheckpointInfo:
     from safetensors.torch import save
 
     from dplora.engine.step import unwrap
-    from dplora.recipe.train import _now, execution_entry
+    from dplora.run.execution import execution_entry, utc_now
     from dplora.run.loop import _finite_flag
 
     if state.accountant.steps != state.step:
@@ -183,7 +183,7 @@ def write(spec, state, *, started_at: str, data_digest: str) -> CheckpointInfo:
         "adapter_config": _adapter_config(spec, state),
         "execution": execution_entry(spec),
         "started_at": started_at,
-        "written_at": _now(),
+        "written_at": utc_now(),
         "not_stored": NOT_STORED,
     }
     payload = save(tensors, metadata={"dplora": json.dumps(meta, sort_keys=True)})

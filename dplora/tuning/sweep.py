@@ -248,6 +248,7 @@ def run_sweep(config: Path, args: list[str], options: SweepOptions, *, log=print
         BadInputError, PlanRefusedError: before any trial runs (nothing written, nothing charged).
         TrainingFailedError: a trial failed (its charge stays; no release; finished trials are deleted).
     """
+    from dplora.recipe.inputs import protected_inputs
     from dplora.recipe.train import run_training
     from dplora.release import envelope as release
     from dplora.release.keys import generate_keypair
@@ -259,7 +260,7 @@ def run_sweep(config: Path, args: list[str], options: SweepOptions, *, log=print
     contracts = _contracts(config, fixed, grid, out_dir)
     private_key = release.load_private_key(options.signing_key)
     release.load_data_key(options.data_key)
-    protected = outputs.protected_inputs(
+    protected = protected_inputs(
         contracts[0],
         contract_path=config,
         signing_key=options.signing_key,

@@ -1,0 +1,40 @@
+"""What a run records about how it executed (public, performance only) and when: shared by the run's checkpoints
+and the recipe's release record, so it sits in the run stage, below both.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from dplora.engine.distributed import execution_entry as world_entry
+
+
+def utc_now() -> str:
+    """The current UTC time as ISO 8601 to the second (``2026-12-01T20:31:53+00:00``), for records and checkpoints."""
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def execution_entry(spec, *, reducer=None, ranks=None) -> dict:
+    """How the run executed (public, performance only): device type, base dtype, TF32, the noise generator,
+    the world size and launcher (with W processes: backend, sharding, noise draws, each rank's steps and digest).
+    """
+    from dplora.engine.step import noise_generator_name  # torch: imported only when a run records its execution
+
+    return {
+        "device_type": spec.device.type,
+        "base_dtype": spec.dtype,
+        "lora_dtype": "fp32",
+        "dp_arithmetic_dtype": "fp32 (per-sample gradients, norms, clipping, noise, optimizer state)",
+        "allow_tf32": spec.allow_tf32,
+        "noise_generator": noise_generator_name(spec.device),
+        "noise_floating_point_note": FLOATING_POINT_NOTE,
+        **world_entry(spec.world, reducer, ranks),
+    }
+
+
+FLOATING_POINT_NOTE = (
+    "the Gaussian noise is sampled in floating point (Box-Muller in fp64, four draws summed as Opacus secure_mode, "
+    "rounded to fp32); the accountant assumes an ideal real-valued Gaussian, and floating-point samplers can deviate "
+    "from it in the low-order bits (Mironov 2012; Holohan & Braghin 2021): the guarantee holds for the ideal "
+    "mechanism, as in Opacus and every DP-SGD library"
+)
