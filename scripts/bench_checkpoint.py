@@ -30,7 +30,7 @@ def main() -> None:
     from dplora.contract.spec import load_contract
     from dplora.data import units as data
     from dplora.data.demo import write_tickets
-    from dplora.recipe import train
+    from dplora.recipe import build, planning, setup
     from dplora.run import checkpoint
     from dplora.run.loop import run_steps
 
@@ -44,14 +44,14 @@ def main() -> None:
         )
         table = data.load_table(contract)
         unit_index = data.build_unit_index(table, contract.privacy, seed=contract.training.seed)
-        plan = train.plan_for(contract, unit_index)
-        io_ = train._RunIO(
+        plan = planning.plan_for(contract, unit_index)
+        io_ = setup._RunIO(
             private_key=None, data_key=None, ledger_path=None, threads=args.threads, progress=False,
             tuning_trial=False, log=lambda *_: None,
         )  # fmt: skip
         staging = tmp / "run.partial"
         staging.mkdir()
-        spec, state = train._build(contract, plan, table, unit_index, out=tmp / "run", staging=staging, io=io_)
+        spec, state = build._build(contract, plan, table, unit_index, out=tmp / "run", staging=staging, io=io_)
         run_steps(spec, state, metrics=io.StringIO(), progress=type("P", (), {"update": lambda *a: None})())
         digest = checkpoint.data_sha256(contract)
         writes, restores = [], []

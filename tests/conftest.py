@@ -87,7 +87,7 @@ def _declare_num_units(raw: dict) -> None:
     from dplora.contract.spec import parse_contract
     from dplora.data import units as data
     from dplora.errors import DploraError
-    from dplora.recipe.train import private_count_reason
+    from dplora.recipe.planning import private_count_reason
 
     try:
         contract = parse_contract(raw)

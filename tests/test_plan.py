@@ -189,7 +189,7 @@ def users_csv(tmp_path_factory):
 
 def test_t8_user_level_q_and_delta_over_users(users_csv):
     from dplora.data.units import count_units
-    from dplora.recipe.train import plan_for
+    from dplora.recipe.planning import plan_for
 
     c = _user_contract(users_csv)
     index = count_units(c)
@@ -215,7 +215,7 @@ def test_t8_user_level_q_and_delta_over_users(users_csv):
 @pytest.mark.slow
 def test_t8_user_level_pld_plan(users_csv):
     from dplora.data.units import count_units
-    from dplora.recipe.train import plan_for
+    from dplora.recipe.planning import plan_for
 
     c = _user_contract(users_csv, accountant="pld", target_epsilon=3.0)
     p = plan_for(c, count_units(c), release=False)

@@ -156,7 +156,7 @@ def test_noise_and_sampling_are_not_reproducible_from_the_seed(tmp_path, tiny_mo
 def test_same_seed_gives_same_lora_initialisation(tiny_model_dir, tmp_path, tickets_csv):
     """The recorded seed does fix the adapter initialisation (lora_A)."""
     from dplora.contract.spec import parse_contract
-    from dplora.recipe.train import _setup_model
+    from dplora.recipe.setup import _setup_model
 
     contract = parse_contract(contract_dict(tiny_model_dir, tickets_csv, tmp_path / "x"))
     m1, _ = _setup_model(contract, "cpu", "fp32", False, log=lambda _: None)
@@ -319,7 +319,7 @@ def test_unit_level_runs_label_the_unit(tmp_path, tiny_model_dir, signing_key, u
 
 def test_concurrent_run_into_the_same_output_is_refused(tmp_path, tiny_model_dir, tickets_csv, signing_key):
     """While one run holds <output_dir>.lock, a second run into the same folder exits 2 and touches nothing."""
-    from dplora.recipe.train import _lock_output
+    from dplora.recipe.setup import _lock_output
 
     lock = _lock_output(tmp_path / "run")
     try:

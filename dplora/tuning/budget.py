@@ -39,7 +39,7 @@ def budget_report(
         BadInputError, PlanRefusedError: bad contract, data or plan (exit 2), as ``train`` refuses them.
     """
     from dplora.data.units import count_units
-    from dplora.recipe.train import plan_for, private_count_reason
+    from dplora.recipe.planning import plan_for, private_count_reason
 
     contract = load_contract(config, overrides)
     # Always read the data (header, cells, units), so the dry run refuses what train refuses; with

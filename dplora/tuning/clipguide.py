@@ -4,7 +4,7 @@ A clip bound C near the median per-example gradient norm works well (Andrew et a
 Learning with Adaptive Clipping", NeurIPS, which tracks the median norm privately): a C far below the typical norm
 clips almost every unit and biases the update towards the clipped direction; a C far above it adds noise σC that
 the gradients never use. This module measures the norms the engine would clip, exactly as it clips them: the
-contract's model and LoRA initialisation (:func:`dplora.recipe.train._setup_model`, the same seed), the engine's
+contract's model and LoRA initialisation (:func:`dplora.recipe.setup._setup_model`, the same seed), the engine's
 per-sample path (:func:`dplora.engine.step.make_private`: ``privacy.per_sample`` fast or Opacus), and one logical step's
 forward/backward over the sample (:func:`dplora.run.loop._forward_backward`), whose
 :class:`dplora.engine.clipping.UnitClipAccumulator` returns each unit's norm before clipping (a unit's vector is the
@@ -127,7 +127,7 @@ def unit_norms(contract: Contract, table, *, sample: int = DEFAULT_SAMPLE, threa
     from dplora.data import units as data_mod
     from dplora.engine import step as engine
     from dplora.engine.model import resolve_precision, select_device
-    from dplora.recipe.train import _setup_model
+    from dplora.recipe.setup import _setup_model
     from dplora.run.loop import RunSpec, RunState, _forward_backward
 
     warnings.filterwarnings("ignore", message="Full backward hook is firing")  # as train: Opacus on a frozen base

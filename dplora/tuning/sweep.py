@@ -197,7 +197,7 @@ def _check_budget(contracts, options: SweepOptions) -> list:
     from dplora.data.units import count_units
     from dplora.ledger.store import Ledger, default_ledger_path
     from dplora.plan.training import ledger_event
-    from dplora.recipe.train import plan_for
+    from dplora.recipe.planning import plan_for
 
     plans = [plan_for(c, count_units(c)) for c in contracts]
     eps = sum((exact(p.epsilon) for p in plans), Decimal(0))

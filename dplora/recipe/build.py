@@ -1,0 +1,143 @@
+"""Building a run before step 1: the ledger reservation, the model and its per-sample gradient path, the frozen
+``RunSpec`` and the mutable ``RunState`` (each stage named in a failure's message).
+"""
+
+from __future__ import annotations
+
+import uuid
+import warnings
+from pathlib import Path
+
+from dplora.contract.spec import Contract, UnitClipping
+from dplora.data import units as data_mod
+from dplora.engine import control, distributed
+from dplora.errors import BadInputError, DploraError, PlanRefusedError, TrainingFailedError
+from dplora.plan.training import TrainingPlan, ledger_event
+from dplora.recipe.setup import (
+    _make_optimizer,
+    _RunIO,
+    _setup_model,
+)
+
+
+class _Stage:
+    """Turn an unexpected exception in a setup stage into a one-line TrainingFailedError naming the stage."""
+
+    def __init__(self, what: str, device):
+        self.what, self.device = what, device
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, err, tb):
+        if err is None or isinstance(err, DploraError) or not isinstance(err, Exception):
+            return False
+        detail = (str(err).strip().splitlines() or [""])[0][:160]
+        raise TrainingFailedError(
+            f"{self.what} failed on {self.device}: {err.__class__.__name__}" + (f": {detail}" if detail else "")
+        ) from err
+
+
+def _open_ledger(contract: Contract, plan: TrainingPlan, io: _RunIO, resumed_run: str | None = None):
+    """The ledger with room for the plan; a resumed run instead needs its own charge still pending."""
+    if not contract.privacy.population:
+        return None
+    from dplora.ledger.store import Ledger, default_ledger_path
+
+    if control.is_control(contract) and not io.non_private:
+        pop = contract.privacy.population
+        raise PlanRefusedError(
+            f"privacy.enabled=false on population {pop!r}: a non-private run is charged ε=∞ in the ledger, over "
+            f"any cap, and every later DP run on {pop!r} is then refused; pass --non-private to run it anyway"
+        )
+    ledger = Ledger(io.ledger_path or default_ledger_path(), create=False)  # a missing ledger fails closed
+    if resumed_run is None and not control.is_control(contract):
+        ledger.check(
+            contract.privacy.population,
+            epsilon=plan.epsilon,
+            delta=plan.delta,
+            protected_unit=contract.privacy.protected_unit.value,
+            adjacency=plan.adjacency.value,
+            events=[ledger_event(plan)],
+        )
+    elif resumed_run is not None:
+        try:
+            status = ledger.charge(resumed_run).status
+        except BadInputError:
+            raise BadInputError(
+                f"--resume: run {resumed_run} has no charge in ledger {ledger.path}: pass the ledger it was charged in"
+            ) from None
+        if status != "pending":
+            raise BadInputError(f"--resume: run {resumed_run} is already {status} in ledger {ledger.path}: start anew")
+    return ledger
+
+
+def _build(
+    contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Path, staging: Path, io: _RunIO, held_out=None
+):
+    """Model, tokens and the private engine on the chosen device: (RunSpec, RunState). Writes nothing."""
+    import torch
+
+    from dplora.engine import step as engine
+    from dplora.engine.model import resolve_precision, select_device
+    from dplora.run.loop import RunSpec, RunState
+
+    # Opacus hooks on a frozen base: inputs need no grad, which is expected here.
+    warnings.filterwarnings("ignore", message="Full backward hook is firing")
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
+    # W processes on one node share its free cores
+    n_threads = io.threads or contract.training.threads or max(1, engine.free_threads() // io.world.local_world_size)
+    torch.set_num_threads(n_threads)
+    device = select_device()
+    dtype, allow_tf32 = resolve_precision(contract.model, device)
+    with _Stage("loading the model", device):
+        model, tokenizer = _setup_model(contract, device, dtype, allow_tf32, io.log)
+    examples = data_mod.tokenize_records(table, tokenizer, contract)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if io.world.distributed:  # the same weights, tokenizer, tokens, LoRA init and library versions on every rank
+        from dplora.engine.model import base_model_entry
+
+        entry = base_model_entry(contract.model, io.log)
+        distributed.check_same_inputs(io.world, distributed.model_digests(entry, examples, named))
+    if held_out is not None:  # before training, not after it
+        from dplora.evaluate.heldout import check_held_out
+
+        check_held_out(held_out, tokenizer, contract)
+    if not named:
+        raise BadInputError("no trainable parameters: check lora.target_modules")
+    with _Stage("setting up per-sample gradients", device):
+        reducer = None
+        if io.world.distributed:
+            num_params = sum(p.numel() for _, p in named)
+            reducer = distributed.StepReducer(io.world, num_params, engine.parameter_device(model))
+        optimizer = _make_optimizer(contract, [p for _, p in named])
+        if control.is_control(contract):  # no clipping, no noise, no accountant (one process only)
+            gsm, dp_opt, accountant = control.make_non_private(model, optimizer, plan=plan)
+        else:
+            gsm, dp_opt, accountant = engine.make_private(
+                model,
+                optimizer,
+                plan=plan,
+                unit_mean=contract.privacy.unit_clipping is UnitClipping.MEAN,
+                per_sample=contract.privacy.per_sample.value,
+                reducer=reducer,
+            )
+            engine.probe_per_sample_gradients(gsm, named, dp_opt)
+    spec = RunSpec(
+        contract=contract,
+        plan=plan,
+        unit_index=unit_index,
+        examples=examples,
+        pad_id=tokenizer.pad_token_id,
+        device=device,
+        dtype=dtype,
+        allow_tf32=allow_tf32,
+        threads=n_threads,
+        run_id=uuid.uuid4().hex,
+        out=out,
+        staging=staging,
+        world=io.world,
+        tokenizer=tokenizer,
+        held_out=held_out,
+    )
+    return spec, RunState(model=gsm, optimizer=dp_opt, accountant=accountant, named=named)

@@ -1,0 +1,145 @@
+"""How a run ends: its metrics file, the failure record (FAILED.json, the ledger entry) and the outputs of a finished
+run (adapters, record, card, signed release).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from dplora.engine import control
+from dplora.errors import DploraError
+from dplora.recipe.setup import _RunIO, _write_json
+from dplora.release import envelope as release
+from dplora.release.record import build_record, non_private_record
+from dplora.run import outputs
+from dplora.run.execution import execution_entry, utc_now
+
+
+def metrics_path(staging: Path) -> Path:
+    """The run's per-step log, ``<output_dir>.partial/private/metrics.jsonl`` (published as
+    ``<output_dir>.private/metrics.jsonl``, beside the release and never in it): realised units and records,
+    losses and step times are computed on private data and not covered by ε. A ``.partial`` folder from before
+    the private folder existed has its ``metrics.jsonl`` moved there."""
+    private = outputs.private_staging(staging)
+    path = private / outputs.METRICS_FILENAME
+    legacy = Path(staging) / outputs.METRICS_FILENAME
+    if legacy.is_file() and not path.is_file():
+        legacy.rename(path)
+    return path
+
+
+def _open_metrics(staging: Path, resume_step: int, header: dict):
+    """The private ``metrics.jsonl`` for appending: new with ``header``, or, when resuming, cut back to the
+    checkpoint's step."""
+    path = metrics_path(staging)
+    if resume_step == 0 or not path.is_file():
+        handle = path.open("w")
+        handle.write(json.dumps(header) + "\n")
+        return handle
+    kept = [ln for ln in path.read_text().splitlines() if _metrics_step(ln) <= resume_step]
+    handle = path.open("w")
+    kept.append(json.dumps({"resumed_at_step": resume_step, "time": utc_now()}))
+    handle.write("".join(ln + "\n" for ln in kept))
+    return handle
+
+
+def _metrics_step(line: str) -> float:
+    """The step of one metrics line (0 for the header); a line cut by a kill is dropped (inf)."""
+    try:
+        return json.loads(line).get("step", 0)
+    except (json.JSONDecodeError, AttributeError):
+        return float("inf")
+
+
+def _record_failure(spec, state, err: BaseException, ledger, last_checkpoint=None) -> None:
+    """FAILED.json with the steps done and ε charged (never a release); settle the ledger charge as failed.
+
+    With a resume checkpoint the charge stays pending at its reservation (≥ what was spent) until the run is
+    resumed or ``dplora ledger settle`` closes it.
+    """
+    from dplora.run.resume import failure_fields
+
+    plan, done = spec.plan, state.accountant.steps
+    spent = plan.epsilon_spent(done)  # 0.0 at 0 steps; finite (the plan's checked curve)
+    entry = _failure_entry(spec.run_id, done, plan.steps, spent, err)
+    entry |= failure_fields(spec, state, err, last_checkpoint)
+    try:
+        _write_json(spec.staging / "FAILED.json", entry)
+    except OSError:  # a full disk must not hide the original error
+        pass
+    (spec.staging / release.RELEASE_FILENAME).unlink(missing_ok=True)
+    if ledger is not None and last_checkpoint is None:
+        ledger.settle(spec.run_id, epsilon_spent=spent, status="failed")
+
+
+def _memory_kind(device) -> str:
+    return "torch.cuda.max_memory_allocated" if device.type == "cuda" else "process peak RSS"
+
+
+def peak_memory_gib(device) -> float:
+    """Peak memory of this process in GiB: ``torch.cuda.max_memory_allocated`` on CUDA, peak RSS on CPU."""
+    import resource
+
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
+
+
+def _failure_entry(run_id: str | None, done: int, planned: int, spent: float, err: BaseException) -> dict:
+    """The content of FAILED.json: steps done, ε charged, the one-line reason (never training text)."""
+    return {
+        "run_id": run_id,
+        "steps_done": done,
+        "steps_planned": planned,
+        "epsilon_charged_upper_bound": spent if math.isfinite(spent) else "infinite (non-private control)",
+        "reason": _failure_reason(err),
+        "time": utc_now(),
+        "release": "none (run failed)",
+    }
+
+
+def _failure_reason(err: BaseException) -> str:
+    """One line for FAILED.json: a DploraError's message, "SIGTERM" (the CLI's handler names it), or the class."""
+    if isinstance(err, DploraError):
+        return str(err)
+    if isinstance(err, KeyboardInterrupt) and err.args:
+        return str(err.args[0])
+    return err.__class__.__name__
+
+
+def _write_outputs(spec, state, *, started: str, epsilon_spent: float, io: _RunIO, ranks=None, evaluation=None) -> None:
+    """Save the adapters and the resolved contract, then finish and sign the release (inside ``staging``).
+
+    A control run signs its own non-private record (:mod:`dplora.engine.control`), never the DP one. A held-out
+    evaluation enters the record only when its set is declared public.
+    """
+    from dplora.engine.model import base_model_entry
+
+    contract, plan = spec.contract, spec.plan
+    staging = spec.staging.resolve()
+    from dplora.engine.step import unwrap
+
+    unwrap(state.model).save_pretrained(staging / "adapter")
+    (staging / "contract.yaml").write_text(contract.to_yaml())
+    common = {
+        "contract": contract,
+        "plan": plan,
+        "run_id": spec.run_id,
+        "steps_done": state.step,
+        "started_at": started,
+        "finished_at": utc_now(),
+        "data_digest": release.data_digest_entry([Path(contract.data.path)], io.data_key),
+        "base_model": base_model_entry(contract.model, io.log),
+        "execution": execution_entry(spec, reducer=getattr(state.optimizer, "reducer", None), ranks=ranks),
+    }
+    if control.is_control(contract):  # its own predicate type (release.predicate_type_of), no ε
+        record = non_private_record(**common)
+    else:
+        record = build_record(**common, epsilon_spent=epsilon_spent)
+    if evaluation is not None and evaluation.public:
+        record["evaluation"] = evaluation.to_dict()
+    release.finish_release(staging, contract, record, private_key=io.private_key)

@@ -1,0 +1,115 @@
+"""A run's set-up before step 1: the output folder and its lock, the model with its LoRA adapters, the optimizer."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from dplora.contract.spec import Contract
+from dplora.engine import distributed
+from dplora.errors import BadInputError, excerpt
+from dplora.run import outputs
+
+
+def _prepare_output(contract: Contract, overwrite: bool, protected=()) -> tuple[Path, Path]:
+    """The output folder and its ``.partial`` sibling; refusals follow :func:`dplora.run.outputs.check_output_dir`."""
+    try:
+        out = outputs.check_output_dir(contract.training.output_dir, overwrite=overwrite, protected=protected)
+    except OSError as err:  # a name too long for the file system, a permission denied on a parent
+        where = f"training.output_dir={excerpt(contract.training.output_dir, 200)}"
+        raise BadInputError(f"{where}: {err.strerror or err.__class__.__name__}") from None
+    return out, outputs.staging_path(out)
+
+
+def _lock_output(out: Path):
+    """Hold an exclusive lock on ``<output_dir>.lock`` for the run (released when the process ends).
+
+    Raises:
+        BadInputError: another run is writing to the same output folder.
+    """
+    import fcntl
+
+    lock_path = outputs.lock_path(out)
+    try:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(lock_path, "a")  # noqa: SIM115 - held open for the whole run
+    except OSError as err:
+        raise BadInputError(f"cannot create {lock_path}: {err.strerror}") from None
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise BadInputError(
+            f"another dplora train is writing to {out}; wait for it or choose another output_dir"
+        ) from None
+    return handle
+
+
+def _write_json(path: Path, obj) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def _setup_model(contract: Contract, device, dtype: str, allow_tf32: bool, log):
+    """Load the base model in ``dtype`` on ``device``, then wrap it with fp32 LoRA adapters (peft)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from dplora.engine.model import load_model_and_tokenizer, place_model
+
+    model, tokenizer = load_model_and_tokenizer(contract.model, log)
+    model = place_model(model, device, dtype, allow_tf32)  # on its device BEFORE get_peft_model (cases T1)
+    lora = contract.lora
+    torch.manual_seed(contract.training.seed)  # the recorded seed: LoRA initialisation only
+    config = LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    try:
+        peft_model = get_peft_model(model, config, autocast_adapter_dtype=True)  # LoRA tensors in fp32
+    except ValueError as err:
+        raise BadInputError(f"lora.target_modules={list(lora.target_modules)}: {str(err).splitlines()[0]}") from None
+    for _, p in peft_model.named_parameters():
+        if p.requires_grad and p.dtype != torch.float32:
+            p.data = p.data.float()
+    torch.seed()  # everything random from here on (dropout) draws from OS entropy, not the recorded seed
+    peft_model.train()
+    return peft_model, tokenizer
+
+
+def _make_optimizer(contract: Contract, params):
+    import torch
+
+    lr = contract.training.lr
+    name = contract.training.optimizer.value
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+
+
+def _quiet(message: str) -> None:
+    """The log of ranks other than 0: rank 0 reports for the run."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _RunIO:
+    """The run's inputs that are not the contract: keys, ledger, threads and how to report."""
+
+    private_key: object
+    data_key: bytes | None
+    ledger_path: Path | None
+    threads: int | None
+    progress: bool
+    tuning_trial: bool
+    log: object
+    overwrite: bool = False
+    resume: bool = False
+    world: distributed.World = distributed.SINGLE
+    non_private: bool = False
+    ledger_release: bool = True

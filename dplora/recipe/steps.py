@@ -1,0 +1,114 @@
+"""Running the built run: the loop of T logical steps (:func:`dplora.run.loop.run_steps`, where the DP step reads top
+to bottom), the checks after it (every planned step taken and accounted), the held-out evaluation and the release.
+"""
+
+from __future__ import annotations
+
+import json
+
+from dplora.engine import control, distributed
+from dplora.errors import TrainingFailedError
+from dplora.recipe.finish import (
+    _open_metrics,
+    _write_outputs,
+    metrics_path,
+)
+from dplora.recipe.setup import (
+    _RunIO,
+)
+
+
+def _train_and_release(spec, state, *, io: _RunIO, started: str, checkpointer):
+    """Run every planned step, check the accounting, evaluate on the held-out set if any, then write the adapters
+    and the signed release. Returns the :class:`dplora.evaluate.heldout.Evaluation` or None."""
+    from dplora.run.loop import run_steps
+    from dplora.run.progress import ProgressReporter
+
+    with (
+        _open_metrics(spec.staging, state.step, _metrics_header(spec)) as metrics,
+        ProgressReporter(enabled=io.progress) as bar,
+        checkpointer,
+    ):
+        bar.start(spec.plan.steps)
+        checkpointer.write()  # before step 1 (skipped when resuming from this step)
+        run_steps(spec, state, metrics=metrics, progress=bar, after_step=_after_step(state, checkpointer))
+    ranks = _check_accounted(spec, state)
+    evaluation = _evaluate_held_out(spec, state, io)
+    epsilon_spent = spec.plan.epsilon_at(state.step)
+    _write_outputs(spec, state, started=started, epsilon_spent=epsilon_spent, io=io, ranks=ranks, evaluation=evaluation)
+    return evaluation
+
+
+def _evaluate_held_out(spec, state, io: _RunIO):
+    """Base vs adapters on the held-out set (None without one); logs the numbers labelled, never held-out text.
+
+    Private held-out numbers go to the private ``metrics.jsonl`` (:func:`metrics_path`) under ``not_covered_by_dp``
+    only, never into the release folder; the caller puts them in the
+    record only when the set is declared public. With W processes rank 0 evaluates alone, after the last step.
+    """
+    if spec.held_out is None:
+        return None
+    from dplora.engine.step import unwrap
+    from dplora.evaluate.heldout import evaluate_model, held_out_source, report_lines
+
+    source, public = held_out_source(spec.contract)
+    evaluation = evaluate_model(
+        unwrap(state.model),
+        spec.tokenizer,
+        spec.held_out,
+        spec.contract,
+        device=spec.device,
+        source=source,
+        public=public,
+        private_run=not control.is_control(spec.contract),
+    )
+    for line in report_lines(evaluation):
+        io.log(line)
+    with metrics_path(spec.staging).open("a") as metrics:
+        entry = {"eval": evaluation.to_dict()}
+        metrics.write(json.dumps(entry if public else {"not_covered_by_dp": entry}) + "\n")
+    return evaluation
+
+
+def _metrics_header(spec) -> dict:
+    """The first line of ``metrics.jsonl``; a non-private control's also says it carries no DP guarantee."""
+    from dplora.run.loop import METRICS_HEADER
+
+    if control.is_control(spec.contract):
+        return {**METRICS_HEADER, "non_private": control.NO_DP_STATEMENT}
+    return METRICS_HEADER
+
+
+def _after_step(state, checkpointer):
+    """Rank 0's hook after each step: the checkpointer's; with W processes a signal on any rank (seen in the
+    step's reduction) stops every rank after the same step, rank 0 with a resume checkpoint."""
+    reducer = getattr(state.optimizer, "reducer", None)
+    if reducer is None:
+        return checkpointer.after_step
+    reducer.stop_requested = lambda: checkpointer.stopping
+
+    def after_step(spec, state) -> None:
+        if reducer.totals.get("stop"):
+            checkpointer.request_stop("SIGTERM or SIGINT on another rank")
+        checkpointer.after_step(spec, state)
+
+    return after_step
+
+
+def _check_accounted(spec, state) -> list[dict] | None:
+    """Every planned step taken and accounted; with W processes, on every rank, with identical adapters.
+
+    Returns:
+        With W processes, each rank's accountant steps and adapter digest (for the record); else None.
+
+    Raises:
+        TrainingFailedError: a step count differs from the plan, or the ranks disagree (no release).
+    """
+    if state.accountant.steps != spec.plan.steps or state.step != spec.plan.steps:  # never release unaccounted
+        raise TrainingFailedError(f"accounted {state.accountant.steps} steps, planned {spec.plan.steps}: no release")
+    if not spec.world.distributed:
+        return None
+    from dplora.engine.step import unwrap
+
+    digest = distributed.adapter_digest(unwrap(state.model))
+    return distributed.check_agreement(spec.world, steps=state.accountant.steps, digest=digest)
