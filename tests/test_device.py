@@ -17,6 +17,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from tiny import tiny_llama
 
+import dplora
 from dplora.contract.spec import parse_contract
 from dplora.engine import step as engine
 from dplora.engine.model import resolve_precision
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.filterwarnings(
     "ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning"
 )
 
-PACKAGE = str(Path(engine.__file__).parent)
+PACKAGE = str(Path(dplora.__file__).parent)  # every dplora module (the package root, not one stage)
 FACTORIES = {
     torch.zeros,
     torch.ones,

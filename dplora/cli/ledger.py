@@ -16,6 +16,7 @@ from typing import Annotated
 
 import typer
 
+from dplora.cli.options import PemSigningKeyOpt
 from dplora.errors import BadInputError, DploraError, one_line
 from dplora.ledger.store import Ledger, default_ledger_path
 
@@ -74,19 +75,22 @@ def check(population: PopArg, epsilon: EpsOpt, delta: DeltaOpt, db: DbOpt = None
         typer.echo(f"ok: population {population!r} has room for ε={epsilon}, δ={delta}")
 
 
-RunArg = Annotated[str, typer.Argument(metavar="RUN_ID", help="The run id (see `dplora ledger show`).")]
+RunIdArg = Annotated[str, typer.Argument(metavar="RUN_ID", help="The run id (see `dplora ledger show`).")]
 CheckpointOpt = Annotated[
     Path | None,
     typer.Option("--checkpoint", metavar="PATH", help="The run's <output_dir>.partial, if it moved."),
 ]
 
 
+AbandonOpt = Annotated[
+    bool, typer.Option(help="Close a run that still has a resumable checkpoint (it can then not be resumed).")
+]
+
+
 @ledger_app.command("settle", short_help="Close the charge of a killed run that will not be resumed.")
 def settle(
-    run_id: RunArg,
-    abandon: Annotated[
-        bool, typer.Option(help="Close a run that still has a resumable checkpoint (it can then not be resumed).")
-    ] = False,
+    run_id: RunIdArg,
+    abandon: AbandonOpt = False,
     checkpoint: CheckpointOpt = None,
     db: DbOpt = None,
 ) -> None:
@@ -98,18 +102,21 @@ def settle(
         typer.echo(f"run {run_id} settled as failed at ε={charge.epsilon}, δ={charge.delta} ({how})")
 
 
+ReleaseRunArg = Annotated[
+    str, typer.Argument(metavar="RUN", help="A run id, or the run's <output_dir>.partial folder.")
+]
+DataKeyOpt = Annotated[
+    Path | None, typer.Option(metavar="PATH", help="Data owner's HMAC key. Default: $DPLORA_DATA_KEY.")
+]
+OutputOpt = Annotated[Path | None, typer.Option(metavar="DIR", help="Release folder. Default: <output_dir>.step-<k>.")]
+
+
 @ledger_app.command("record-release", short_help="Sign an intermediate release from a checkpoint.")
 def record_release(
-    run: Annotated[str, typer.Argument(metavar="RUN", help="A run id, or the run's <output_dir>.partial folder.")],
-    signing_key: Annotated[
-        Path | None, typer.Option(metavar="PATH", help="Ed25519 private key (PEM). Default: $DPLORA_SIGNING_KEY.")
-    ] = None,
-    data_key: Annotated[
-        Path | None, typer.Option(metavar="PATH", help="Data owner's HMAC key. Default: $DPLORA_DATA_KEY.")
-    ] = None,
-    output: Annotated[
-        Path | None, typer.Option(metavar="DIR", help="Release folder. Default: <output_dir>.step-<k>.")
-    ] = None,
+    run: ReleaseRunArg,
+    signing_key: PemSigningKeyOpt = None,
+    data_key: DataKeyOpt = None,
+    output: OutputOpt = None,
     checkpoint: CheckpointOpt = None,
     db: DbOpt = None,
 ) -> None:
@@ -142,11 +149,15 @@ def _age(created_at: str) -> str:
     return (f"{days}d" if days else "") + f"{rest // 3600}h{rest % 3600 // 60:02d}m"
 
 
+PopulationArg = Annotated[str | None, typer.Argument(metavar="POPULATION", help="Only this population")]
+ShowJsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables")]
+
+
 @ledger_app.command("show", short_help="Show caps, spend, charges and releases.")
 def show(
-    population: Annotated[str | None, typer.Argument(metavar="POPULATION", help="Only this population")] = None,
+    population: PopulationArg = None,
     db: DbOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables")] = False,
+    as_json: ShowJsonOpt = False,
 ) -> None:
     """Show caps, spend, charges and releases (all populations, or one)."""
     with _user_errors(), Ledger(db or default_ledger_path(), create=False) as ledger:

@@ -10,6 +10,9 @@ from typing import Annotated
 
 import typer
 
+from dplora.cli.common import emit_json, fail, log, out
+from dplora.cli.options import JsonLineOpt, PemSigningKeyOpt, RunArg, SeedOpt, ThreadsOpt, TopPOpt
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SyntheticPart:
@@ -55,79 +58,93 @@ def check_synthetic(synthetic: Path, manifest: Path | None, release_path: Path, 
     return SyntheticPart(checks=[{"check": c, "ok": True, "detail": d} for c, d in checks], claims=claims, line=line)
 
 
-def register(app: typer.Typer, *, run_arg, threads_opt, fail, log, out, emit_json) -> None:
-    """Add the ``synth`` command to ``app`` (the CLI's argument types, error handling and JSON printer passed in)."""
+RowsOpt = Annotated[int, typer.Option(min=1, metavar="N", help="Records to generate.")]
+OutFileOpt = Annotated[Path, typer.Option("--out", metavar="FILE", help="The synthetic file (.csv or .jsonl).")]
+PromptsOpt = Annotated[
+    Path | None,
+    typer.Option(metavar="FILE", help="Public prompts: a csv column (training's name or 'prompt'), or lines."),
+]
+TemperatureOpt = Annotated[float, typer.Option(min=0.0, help="0 is greedy; > 0 samples.")]
+MaxNewTokensOpt = Annotated[int, typer.Option(min=1, metavar="N", help="Tokens generated at most per row.")]
+AllowNonPrivateOpt = Annotated[
+    bool, typer.Option("--allow-non-private", help="Synthesize from a control run, marked NO DP GUARANTEE.")
+]
 
-    @app.command(short_help="Synthetic records from the run's release, with a signed manifest.")
-    def synth(
-        run: run_arg,
-        rows: Annotated[int, typer.Option(min=1, metavar="N", help="Records to generate.")],
-        out_file: Annotated[Path, typer.Option("--out", metavar="FILE", help="The synthetic file (.csv or .jsonl).")],
-        prompts: Annotated[
-            Path | None,
-            typer.Option(metavar="FILE", help="Public prompts: a csv column (training's name or 'prompt'), or lines."),
-        ] = None,
-        temperature: Annotated[float, typer.Option(min=0.0, help="0 is greedy; > 0 samples.")] = 1.0,
-        top_p: Annotated[float, typer.Option(help="Nucleus mass kept when sampling, in (0, 1].")] = 1.0,
-        max_new_tokens: Annotated[int, typer.Option(min=1, metavar="N", help="Tokens generated at most per row.")] = 64,
-        seed: Annotated[int | None, typer.Option(metavar="N", help="Seed for sampling. Default: OS entropy.")] = None,
-        signing_key: Annotated[
-            Path | None, typer.Option(metavar="PATH", help="Ed25519 private key (PEM). Default: $DPLORA_SIGNING_KEY.")
-        ] = None,
-        allow_non_private: Annotated[
-            bool, typer.Option("--allow-non-private", help="Synthesize from a control run, marked NO DP GUARANTEE.")
-        ] = False,
-        as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document instead of a line.")] = False,
-        threads: threads_opt = None,
-    ) -> None:
-        """Synthetic records in the training schema from base + released adapters (post-processing: no budget).
 
-        Writes FILE, its signed manifest FILE.dsse.json and a local FILE.memorisation.json (verbatim-match counts,
-        computed on the private data and not covered by DP).
-        """
-        from dplora.errors import DploraError
-        from dplora.evaluate.generate import Sampling
-        from dplora.release.keys import load_private_key
-        from dplora.synth.files import NO_DP_GUARANTEE, synthesize
+def synth(
+    run: RunArg,
+    rows: RowsOpt,
+    out_file: OutFileOpt,
+    prompts: PromptsOpt = None,
+    temperature: TemperatureOpt = 1.0,
+    top_p: TopPOpt = 1.0,
+    max_new_tokens: MaxNewTokensOpt = 64,
+    seed: SeedOpt = None,
+    signing_key: PemSigningKeyOpt = None,
+    allow_non_private: AllowNonPrivateOpt = False,
+    as_json: JsonLineOpt = False,
+    threads: ThreadsOpt = None,
+) -> None:
+    """Synthetic records in the training schema from base + released adapters (post-processing: no budget).
 
-        try:
-            key = load_private_key(signing_key)
-            sampling = Sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
-            result = synthesize(
-                run,
-                rows=rows,
-                out=out_file,
-                prompts_file=prompts,
-                sampling=sampling,
-                private_key=key,
-                allow_non_private=allow_non_private,
-                threads=threads,
-                log=log,
-            )
-        except DploraError as err:
-            raise fail(err, as_json=as_json) from None
-        memo = result.memorisation
-        if as_json:
-            emit_json(
-                {
-                    "ok": True,
-                    "file": str(result.out),
-                    "manifest": str(result.manifest),
-                    "report": str(result.report),
-                    "rows": result.rows,
-                    "differentially_private": result.differentially_private,
-                    "guarantee": result.guarantee,
-                    "verbatim": memo,
-                }
-            )
-            return
-        if memo.get("checked"):
-            check = (
-                f"{memo['exact_row_matches']} rows equal a training row verbatim, "
-                f"{memo['exact_generated_field_matches']} generated fields equal a training row's"
-            )
-        else:
-            check = memo["note"]
-        mark = f"{NO_DP_GUARANTEE}: " if not result.differentially_private else ""
-        out.print(f"{mark}wrote {result.rows} rows to {result.out}; manifest {result.manifest}", markup=False)
-        out.print(f"verbatim check (not covered by DP): {check}; counts in {result.report}", markup=False)
+    Writes FILE, its signed manifest FILE.dsse.json and a local FILE.memorisation.json (verbatim-match counts,
+    computed on the private data and not covered by DP).
+    """
+    from dplora.errors import DploraError
+    from dplora.evaluate.generate import Sampling
+    from dplora.release.keys import load_private_key
+    from dplora.synth.files import synthesize
+
+    try:
+        key = load_private_key(signing_key)
+        sampling = Sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+        result = synthesize(
+            run,
+            rows=rows,
+            out=out_file,
+            prompts_file=prompts,
+            sampling=sampling,
+            private_key=key,
+            allow_non_private=allow_non_private,
+            threads=threads,
+            log=log,
+        )
+    except DploraError as err:
+        raise fail(err, as_json=as_json) from None
+    _report(result, as_json=as_json)
+
+
+def _report(result, *, as_json: bool) -> None:
+    """The written file, its manifest and the verbatim check (or the ``--json`` document)."""
+    from dplora.synth.files import NO_DP_GUARANTEE
+
+    memo = result.memorisation
+    if as_json:
+        emit_json(
+            {
+                "ok": True,
+                "file": str(result.out),
+                "manifest": str(result.manifest),
+                "report": str(result.report),
+                "rows": result.rows,
+                "differentially_private": result.differentially_private,
+                "guarantee": result.guarantee,
+                "verbatim": memo,
+            }
+        )
+        return
+    if memo.get("checked"):
+        check = (
+            f"{memo['exact_row_matches']} rows equal a training row verbatim, "
+            f"{memo['exact_generated_field_matches']} generated fields equal a training row's"
+        )
+    else:
+        check = memo["note"]
+    mark = f"{NO_DP_GUARANTEE}: " if not result.differentially_private else ""
+    out.print(f"{mark}wrote {result.rows} rows to {result.out}; manifest {result.manifest}", markup=False)
+    out.print(f"verbatim check (not covered by DP): {check}; counts in {result.report}", markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``synth`` to ``app``, in this order."""
+    app.command(short_help="Synthetic records from the run's release, with a signed manifest.")(synth)

@@ -1,0 +1,245 @@
+"""``dplora budget`` and ``dplora train``: parse the contract and options, call the library, report."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dplora.cli.common import emit_json, error_doc, fail, log, out
+from dplora.cli.options import ConfigArg, LedgerOpt, OverridesArg
+from dplora.errors import BadInputError, DploraError, one_line
+
+BudgetAsJsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
+BudgetPlotOpt = Annotated[
+    Path | None, typer.Option(metavar="PNG", help="Write ε against steps to this PNG (matplotlib).")
+]
+BudgetSweepOpt = Annotated[bool, typer.Option(help="Also show σ for a few batch sizes and epochs (RDP).")]
+BudgetWorldSizeOpt = Annotated[
+    int, typer.Option(min=1, metavar="W", help="Processes of a multi-process run: units per rank per step.")
+]
+
+
+def budget(
+    config: ConfigArg,
+    overrides: OverridesArg = None,
+    as_json: BudgetAsJsonOpt = False,
+    plot: BudgetPlotOpt = None,
+    sweep: BudgetSweepOpt = False,
+    ledger: LedgerOpt = None,
+    world_size: BudgetWorldSizeOpt = 1,
+) -> None:
+    """Dry run: plan N, q, T and σ and report ε, without loading a model.
+
+    N comes from privacy.num_units if declared, else from counting protected units in the data.
+    """
+    from dplora.tuning import budget as budget_mod
+
+    t0 = time.perf_counter()
+    if plot is not None and plot.suffix.lower() != ".png":
+        raise fail(BadInputError(f"--plot {plot}: the plot is a PNG file; use a name ending in .png"), as_json=as_json)
+    try:
+        report = budget_mod.budget_report(
+            config, overrides or [], ledger_path=ledger, sweep=sweep, world_size=world_size
+        )
+        if plot is not None:
+            budget_mod.plot_curve(report, plot)
+    except DploraError as err:
+        raise fail(err, as_json=as_json) from None
+    report["seconds"] = round(time.perf_counter() - t0, 3)
+    if as_json:
+        emit_json({"ok": True, **report})
+    else:
+        budget_mod.print_report(report, out)
+
+
+SigningKeyOpt = Annotated[
+    Path | None,
+    typer.Option(
+        metavar="PATH", help="Ed25519 private key (PEM) that signs the release. Default: $DPLORA_SIGNING_KEY."
+    ),
+]
+DataKeyOpt = Annotated[
+    Path | None,
+    typer.Option(
+        metavar="PATH", help="Data owner's key for the keyed data digest (HMAC-SHA256). Default: $DPLORA_DATA_KEY."
+    ),
+]
+OverwriteOpt = Annotated[
+    bool,
+    typer.Option(help="Replace a previous dplora run's output folder (never another folder) once the run succeeds."),
+]
+TrainThreadsOpt = Annotated[
+    int | None, typer.Option(min=1, max=1024, metavar="N", help="CPU threads. Default: the cores free right now.")
+]
+ProgressOpt = Annotated[
+    bool, typer.Option(help="Report progress on stderr: a bar on a terminal, a plain line every 30 s otherwise.")
+]
+TuningTrialOpt = Annotated[
+    bool, typer.Option(help="Charge the ledger as a hyperparameter-tuning trial: it spends budget like a release.")
+]
+ResumeOpt = Annotated[
+    bool, typer.Option(help="Continue from the resume checkpoint in <output_dir>.partial (same contract and data).")
+]
+NonPrivateOpt = Annotated[
+    bool,
+    typer.Option(
+        "--non-private",
+        help="Allow a privacy.enabled=false control on a ledger population; the ledger records it as ε=∞.",
+    ),
+]
+AsJsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print one JSON summary on stdout (progress and messages stay on stderr).")
+]
+
+
+def train(
+    config: ConfigArg,
+    overrides: OverridesArg = None,
+    signing_key: SigningKeyOpt = None,
+    data_key: DataKeyOpt = None,
+    overwrite: OverwriteOpt = False,
+    ledger: LedgerOpt = None,
+    threads: TrainThreadsOpt = None,
+    progress: ProgressOpt = True,
+    tuning_trial: TuningTrialOpt = False,
+    resume: ResumeOpt = False,
+    non_private: NonPrivateOpt = False,
+    as_json: AsJsonOpt = False,
+) -> None:
+    """Fine-tune LoRA adapters with DP-SGD under the contract and write a signed release."""
+    options = dict(
+        signing_key=signing_key,
+        data_key=data_key,
+        overwrite=overwrite,
+        ledger_path=ledger,
+        threads=threads,
+        progress=progress,
+        tuning_trial=tuning_trial,
+        non_private=non_private,
+        contract_path=config,
+        resume=resume,
+    )
+    result = _run(config, overrides or [], options, as_json=as_json)
+    if result.release_path is not None:  # None on a rank other than 0 of a multi-process run: rank 0 reports
+        _report(result, as_json=as_json)
+
+
+def _run(config: Path, overrides: list[str], options: dict, *, as_json: bool):
+    """Load the contract and run :func:`dplora.recipe.train.run_training`; errors and Ctrl-C/SIGTERM as exits."""
+    import contextlib
+    import signal
+
+    from dplora.contract.spec import load_contract
+    from dplora.recipe.train import run_training
+
+    def _terminate(signum, _frame):  # SIGTERM (CI cancel) is handled like Ctrl-C: FAILED.json, ledger settled
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, _terminate)
+    started = time.time()
+    output_dir = None
+    try:
+        # stdout is kept for the final line or JSON document: anything a library prints during the run goes to stderr
+        with contextlib.redirect_stdout(sys.stderr):
+            contract = load_contract(config, overrides)
+            output_dir = contract.training.output_dir
+            return run_training(contract, **options, log=log)
+    except DploraError as err:
+        raise fail(err, as_json=as_json) from None
+    except KeyboardInterrupt as err:
+        message = _interrupted_message(err, output_dir, since=started)
+        log(message)
+        if as_json:
+            emit_json(error_doc(130, one_line(message.removeprefix("error: "))))
+        raise typer.Exit(code=130) from None
+
+
+def _report(result, *, as_json: bool) -> None:
+    """The finished run's lines on stderr and its release path (or ``--json`` summary) on stdout."""
+    p = result.plan
+    if not result.differentially_private:
+        from dplora.engine.control import NO_DP_STATEMENT
+
+        log(
+            f"done: {result.steps_done}/{p.steps} steps ({result.empty_steps} empty), {result.seconds_per_step:.2f} "
+            f"s/step, {result.threads} threads; {NO_DP_STATEMENT}"
+        )
+        if as_json:
+            emit_json(_train_summary(result))
+        else:
+            out.print(f"non-private record (no DP guarantee): {result.release_path}", markup=False)
+        return
+    log(
+        f"done: {result.steps_done}/{p.steps} steps ({result.empty_steps} empty), ε={result.epsilon_spent:.4f} "
+        f"≤ {p.target_epsilon:g} at δ={p.delta:g} ({p.accountant.value}), {result.seconds_per_step:.2f} s/step, "
+        f"{result.threads} threads"
+    )
+    if as_json:
+        emit_json(_train_summary(result))
+    else:
+        out.print(f"release: {result.release_path}", markup=False)
+    from dplora.run.outputs import private_path
+
+    log(f"private (not covered by DP; keep local, never ship): {private_path(result.output_dir)}")
+
+
+def _train_summary(result) -> dict:
+    """``train --json``: the run id, the plan's public numbers, ε spent, the paths written and the seconds."""
+    from dplora.release.envelope import SIGSTORE_FILENAME
+    from dplora.run import outputs
+
+    p, folder = result.plan, result.output_dir.absolute()
+    bundle = folder / SIGSTORE_FILENAME
+    private = outputs.private_path(folder)
+    return {
+        "ok": True,
+        "run_id": result.run_id,
+        "differentially_private": result.differentially_private,
+        "protected_unit": p.protected_unit.value,
+        "unit_key": p.unit_key,
+        "adjacency": p.adjacency.value,
+        "num_units": p.num_units,
+        "num_units_source": p.num_units_source,
+        "expected_batch_size": p.expected_batch_size,
+        "sample_rate": p.sample_rate,
+        "steps": p.steps,
+        "steps_done": result.steps_done,
+        "empty_steps": result.empty_steps,
+        "noise_multiplier": p.noise_multiplier,
+        "max_grad_norm": p.max_grad_norm,
+        "epsilon_spent": result.epsilon_spent,
+        "target_epsilon": p.target_epsilon,
+        "delta": p.delta,
+        "accountant": p.accountant.value,
+        "accountant_version": p.accountant_version,
+        "paths": {
+            "output_dir": str(folder),
+            "adapter": str(folder / "adapter"),
+            "release": str(folder / result.release_path.name),
+            "sigstore_bundle": str(bundle) if bundle.is_file() else None,
+            "private_dir": str(private),
+            "metrics": str(private / outputs.METRICS_FILENAME),
+        },
+        "threads": result.threads,
+        "seconds": round(result.seconds, 3),
+        "seconds_per_step": round(result.seconds_per_step, 3),
+    }
+
+
+def _interrupted_message(err: KeyboardInterrupt, output_dir: str | None, *, since: float) -> str:
+    """One line for Ctrl-C / SIGTERM: the signal, and this run's FAILED.json if the run got that far."""
+    from dplora.run import outputs
+
+    what = str(err.args[0]) if err.args else "Ctrl-C"
+    if what.startswith("interrupted ("):  # the run's own line: the signal, FAILED.json, how to resume
+        return f"error: {what}"
+    message = f"error: interrupted ({what}); no release was written"
+    if output_dir is not None:
+        failed = outputs.staging_path(outputs.output_path(output_dir)) / outputs.FAILED_FILENAME
+        if failed.is_file() and failed.stat().st_mtime >= since - 1:
+            return f"{message}; see {failed}"
+    return f"{message}; training had not started, nothing was written"

@@ -1,0 +1,187 @@
+"""``dplora verify``: check a release (and optionally a synthetic file chained to it), print what it claims."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dplora.cli.common import emit_json, fail, out
+from dplora.errors import BadInputError, DploraError
+
+ReleasePathArg = Annotated[Path, typer.Argument(metavar="RELEASE", help="release.dsse.json or its folder.")]
+PublicKeyOpt = Annotated[Path, typer.Option(metavar="PATH", help="The signer's Ed25519 public key (PEM).")]
+DataOpt = Annotated[
+    list[Path] | None, typer.Option(metavar="FILE", help="Data file(s) to check against the keyed digest.")
+]
+DataKeyOpt = Annotated[Path | None, typer.Option(metavar="PATH", help="The data owner's HMAC key (with --data).")]
+BaseModelOpt = Annotated[
+    Path | None,
+    typer.Option(metavar="PATH", help="Base model folder or .gguf file to check against the recorded digests."),
+]
+AllowNonPrivateOpt = Annotated[
+    bool, typer.Option("--allow-non-private", help="Exit 0 for an intact non-private (control) record.")
+]
+AsJsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of lines.")]
+SyntheticOpt = Annotated[
+    Path | None,
+    typer.Option(metavar="FILE", help="Also check a synthetic file (dplora synth), its manifest and chain."),
+]
+ManifestOpt = Annotated[
+    Path | None, typer.Option(metavar="PATH", help="The synthetic file's manifest. Default: FILE.dsse.json.")
+]
+
+
+def verify(
+    release_path: ReleasePathArg,
+    public_key: PublicKeyOpt,
+    data: DataOpt = None,
+    data_key: DataKeyOpt = None,
+    base_model: BaseModelOpt = None,
+    allow_non_private: AllowNonPrivateOpt = False,
+    as_json: AsJsonOpt = False,
+    synthetic: SyntheticOpt = None,
+    manifest: ManifestOpt = None,
+) -> None:
+    """Check a release: signature, artifact digests, and optionally the keyed data digest and the base model.
+
+    A non-private control run's record prints NOT DIFFERENTIALLY PRIVATE and exits 6 unless --allow-non-private.
+    --synthetic FILE also checks a dplora synth file: its signed manifest, its sha256 and that it names this release.
+    """
+    from dplora.release.verify import shipping_note
+
+    result, public, synth = _verified(
+        release_path, public_key, data, data_key, base_model, synthetic, manifest, as_json
+    )
+    checks = _verify_checks(result, public_key, public, data or [], base_model) + (synth.checks if synth else [])
+    shipping = shipping_note(release_path if release_path.is_dir() else release_path.parent)
+    code = 0 if result.differentially_private or allow_non_private else 6
+    code = 5 if code == 0 and result.audit and result.audit.get("violation") else code  # the attached audit failed
+    if as_json:
+        _emit(result, synth, checks, shipping, code, release_path)
+    else:
+        _print(result, synth, checks, shipping)
+    if code:
+        raise typer.Exit(code=code)
+
+
+def _verified(release_path, public_key, data, data_key, base_model, synthetic, manifest, *, as_json: bool):
+    """Verify the release (and the synthetic file): (result, the public key, the synthetic check or None)."""
+    from dplora.cli.synth import check_synthetic
+    from dplora.release.envelope import load_data_key, load_public_key
+    from dplora.release.verify import verify_release
+
+    if data_key is not None and not data:
+        no_data = BadInputError("--data-key needs --data FILE: the data file(s) whose keyed digest to check")
+        raise fail(no_data, as_json=as_json)
+    try:
+        key = load_data_key(data_key) if data else None
+        public = load_public_key(public_key)
+        result = verify_release(release_path, public_key, data_files=data or None, data_key=key, base_model=base_model)
+        synth = check_synthetic(synthetic, manifest, release_path, result, public) if synthetic else None  # issue 18
+    except DploraError as err:
+        raise fail(err, as_json=as_json) from None
+    return result, public, synth
+
+
+def _emit(result, synth, checks: list[dict], shipping: str, code: int, release_path: Path) -> None:
+    """``verify --json``: one document with the checks, the claims, the audit and the exit code's reason."""
+    from dplora.audit.attach import summary_line
+
+    doc = {"ok": code == 0, "release": str(release_path), "differentially_private": result.differentially_private}
+    if code:
+        doc |= {"exit_code": code, "error": summary_line(result.audit) if code == 5 else _claim_line(result)}
+    doc |= {"synthetic": synth.claims} if synth else {}
+    doc |= {"shipping": shipping}
+    emit_json(doc | {"checks": checks, "claims": _claims(result.statement), "audit": result.audit})
+
+
+def _print(result, synth, checks: list[dict], shipping: str) -> None:
+    """``verify``'s lines: one per check, the shipping note, the claim, the audit, the tuning and synthetic lines."""
+    from dplora.audit.attach import summary_line
+
+    for c in checks:
+        out.print(f"{'OK' if c['ok'] else '--'}  {c['check']}: {c['detail']}", markup=False, soft_wrap=True)
+    out.print(shipping, markup=False, soft_wrap=True)
+    out.print(_claim_line(result), markup=False, soft_wrap=True)
+    if result.audit is not None:
+        out.print(summary_line(result.audit), markup=False, soft_wrap=True)
+    if tuning := _tuning_line(result.statement):
+        out.print(tuning, markup=False, soft_wrap=True)
+    if synth:
+        out.print(synth.line, markup=False, soft_wrap=True)
+
+
+def _verify_checks(result, key_path: Path, public, data: list[Path], base_model: Path | None) -> list[dict]:
+    """One entry per check that ran (``ok`` false: not checked), as ``verify`` prints them."""
+    import hashlib
+
+    from cryptography.hazmat.primitives import serialization as ser
+
+    statement = result.statement
+    raw = public.public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw)
+    fingerprint = hashlib.sha256(raw).hexdigest()[:16]
+    names = [s["name"] for s in statement["subject"]]
+    rule = {"securesystemslib": "securesystemslib", "raw-key": "raw-key (an older release)", "none": "empty"}
+    bundle = "; release.sigstore.json holds the same envelope" if result.bundle else "; no release.sigstore.json"
+    checks = [
+        ("key", True, f"{key_path} is an Ed25519 public key (sha256 of its raw bytes {fingerprint}…)"),
+        (
+            "signature",
+            True,
+            "the DSSE envelope (in-toto Statement v1) is signed by this key; "
+            f"key id rule {rule[result.key_id_rule.value]}{bundle}",
+        ),
+        ("artifacts", True, f"{len(names)} files match their signed sha256 digests; no unsigned files"),
+    ]
+    if data:
+        files = ", ".join(p.name for p in data)
+        checks.append(("data digest", True, f"keyed HMAC-SHA256 of {files} matches the record"))
+    else:
+        checks.append(("data digest", False, "not checked (pass --data FILE --data-key KEY)"))
+    if base_model is not None:
+        checks.append(("base model", True, f"sha256 of {', '.join(result.base_model_files)} matches the record"))
+    if result.audit is not None:
+        checks.append(("audit", True, "the attached audit section is signed with the record and names its mechanism"))
+    return [{"check": name, "ok": ok, "detail": detail} for name, ok, detail in checks]
+
+
+def _claim_line(result) -> str:
+    """What the release claims, in one line (a non-private control says so)."""
+    statement = result.statement
+    if not result.differentially_private:
+        from dplora.engine.control import NOT_DP
+
+        return (
+            f"{NOT_DP}: the record is a non-private control run (privacy.enabled=false): no clipping, no noise, "
+            "no DP guarantee (ε = ∞)"
+        )
+    acc = statement["predicate"]["accounting"]
+    unit = statement["predicate"]["privacy"]
+    return (
+        f"release: {unit['protected_unit']}-level ({unit['adjacency']}) ε={acc['epsilon_spent']:.4f}, "
+        f"δ={acc['delta']:g}, {acc['accountant']} ({acc['accountant_version']})"
+    )
+
+
+def _tuning_line(statement: dict) -> str | None:
+    """A sweep's release: its trials' total ε and whether the choice is covered (``dplora sweep``); else None."""
+    from dplora.tuning.sweep import tuning_claim
+
+    return tuning_claim(statement.get("predicate"))
+
+
+def _claims(statement: dict) -> dict:
+    """What a verified release claims (``verify --json``): the unit, the accounting, the run id and the files."""
+    predicate = statement["predicate"]
+    acc, unit = predicate.get("accounting") or {}, predicate.get("privacy") or {}
+    keys = ("epsilon_spent", "target_epsilon", "delta", "accountant", "accountant_version", "steps_done")
+    return {
+        "run_id": predicate.get("run_id"),
+        "protected_unit": unit.get("protected_unit"),
+        "adjacency": unit.get("adjacency"),
+        **{k: acc.get(k) for k in keys},
+        "artifacts": [s["name"] for s in statement["subject"]],
+        **({"tuning": predicate["tuning"]} if "tuning" in predicate else {}),
+    }
