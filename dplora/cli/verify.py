@@ -51,9 +51,8 @@ def verify(
     """
     from dplora.release.verify import shipping_note
 
-    result, public, synth = _verified(
-        release_path, public_key, data, data_key, base_model, synthetic, manifest, as_json
-    )
+    inputs = (release_path, public_key, data, data_key, base_model, synthetic, manifest)
+    result, public, synth = _verified(*inputs, as_json=as_json)
     checks = _verify_checks(result, public_key, public, data or [], base_model) + (synth.checks if synth else [])
     shipping = shipping_note(release_path if release_path.is_dir() else release_path.parent)
     code = 0 if result.differentially_private or allow_non_private else 6
