@@ -27,7 +27,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
 
-    from dplora.contract.spec import load_contract
+    from dplora.contract.loader import load_contract
     from dplora.data import units as data
     from dplora.data.demo import write_tickets
     from dplora.recipe import build, planning, setup

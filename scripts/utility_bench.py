@@ -212,7 +212,7 @@ def run_specs(task: Task, settings: Settings) -> list[dict]:
 
 def train_one(raw: dict, key: Path, threads: int) -> dict:
     """Train through dplora's own path; returns the plan's public numbers and seconds."""
-    from dplora.contract.spec import parse_contract
+    from dplora.contract.loader import parse_contract
     from dplora.recipe.train import run_training
 
     result = run_training(
@@ -270,7 +270,7 @@ def banking_eval(scorer: Scorer, model, test: list[dict], labels: list[str], con
     """Accuracy by candidate log-likelihood, per-intent accuracy, and the true label's loss per token."""
     import datasets
 
-    from dplora.evaluate.heldout import group_stats
+    from dplora.evaluate.report import group_stats
 
     pairs = [{"text": r["text"], "category": label} for r in test for label in labels]
     nll, tokens = scorer.nll(model, datasets.Dataset.from_list(pairs), contract, batch=64)
@@ -296,7 +296,7 @@ def bitext_eval(scorer: Scorer, model, held: list[dict], contract) -> dict:
     """Held-out loss per target token, perplexity, and per-category loss."""
     import datasets
 
-    from dplora.evaluate.heldout import group_stats
+    from dplora.evaluate.report import group_stats
 
     nll, tokens = scorer.nll(model, datasets.Dataset.from_list(held), contract, batch=32)
     loss = math.fsum(nll) / sum(tokens)
@@ -386,7 +386,7 @@ def main() -> None:
     settings = QUICK if args.quick else FULL
     started = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
-    from dplora.contract.spec import parse_contract
+    from dplora.contract.loader import parse_contract
     from dplora.release.envelope import generate_keypair
 
     rows: list[dict] = []

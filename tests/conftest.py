@@ -84,7 +84,7 @@ def _declare_num_units(raw: dict) -> None:
     Test data is synthetic and public, so its count may be declared; a release under add/remove needs a declared
     N. Pass ``privacy={"num_units": None}`` to leave it undeclared. Data that cannot be read is left to the test.
     """
-    from dplora.contract.spec import parse_contract
+    from dplora.contract.loader import parse_contract
     from dplora.data import units as data
     from dplora.errors import DploraError
     from dplora.recipe.planning import private_count_reason

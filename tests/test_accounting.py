@@ -26,7 +26,7 @@ from dplora.accounting.calibration import SIGMA_MIN, cache_dir
 from dplora.accounting.checked import checked_curve, numerical_chain
 from dplora.accounting.cost import tolerance_for
 from dplora.accounting.events import DpSgdEvent
-from dplora.contract.spec import parse_contract
+from dplora.contract.loader import parse_contract
 from dplora.errors import BadInputError, PlanRefusedError, UnsupportedAccountingError
 from dplora.plan.training import make_plan
 

@@ -14,7 +14,7 @@ import pytest
 import dplora.accounting.backends as backends
 import dplora.accounting.cost as cost
 from dplora.accounting import DpSgdEvent, calibrate_noise, epsilon
-from dplora.contract.spec import parse_contract
+from dplora.contract.loader import parse_contract
 from dplora.plan.training import make_plan
 
 

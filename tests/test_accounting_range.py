@@ -27,7 +27,7 @@ from dplora.accounting.cost import (
     prv_grid_points,
     tolerance_for,
 )
-from dplora.contract.spec import parse_contract
+from dplora.contract.loader import parse_contract
 from dplora.errors import PlanRefusedError
 from dplora.plan.training import make_plan
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from dplora.audit import bound, canaries, scores
 from dplora.cli.app import app
-from dplora.contract.spec import load_contract
+from dplora.contract.loader import load_contract
 
 runner = CliRunner()
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")

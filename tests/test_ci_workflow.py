@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dplora.contract.spec import load_contract
+from dplora.contract.loader import load_contract
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOW = ROOT / "examples" / "ci" / "github-actions.yml"

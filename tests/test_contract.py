@@ -8,7 +8,8 @@ import pytest
 import yaml
 from conftest import contract_dict
 
-from dplora.contract.spec import Contract, ProtectedUnit, apply_overrides, load_contract, parse_contract
+from dplora.contract.loader import apply_overrides, load_contract, parse_contract
+from dplora.contract.spec import Contract, ProtectedUnit
 from dplora.errors import BadInputError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import contract_dict
 
-from dplora.contract.spec import parse_contract
+from dplora.contract.loader import parse_contract
 from dplora.data.units import build_unit_index, load_table
 from dplora.errors import BadInputError
 

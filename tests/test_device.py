@@ -18,7 +18,7 @@ from peft import LoraConfig, get_peft_model
 from tiny import tiny_llama
 
 import dplora
-from dplora.contract.spec import parse_contract
+from dplora.contract.loader import parse_contract
 from dplora.engine import step as engine
 from dplora.engine.model import resolve_precision
 from dplora.errors import TrainingFailedError

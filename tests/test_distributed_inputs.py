@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 from conftest import contract_dict, write_contract
 
-from dplora.contract.spec import parse_contract
+from dplora.contract.loader import parse_contract
 from dplora.data import units as data_mod
 from dplora.engine import distributed
 

@@ -20,7 +20,7 @@ from opacus import GradSampleModule
 from peft import LoraConfig, get_peft_model
 from tiny import save_tiny_model, tiny_llama
 
-from dplora.contract.spec import parse_contract
+from dplora.contract.loader import parse_contract
 from dplora.engine import step as engine
 from dplora.engine.noise import CsprngGaussian
 from dplora.errors import TrainingFailedError

@@ -15,7 +15,7 @@ from conftest import contract_dict, write_contract
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
-from dplora.contract.spec import parse_contract
+from dplora.contract.loader import parse_contract
 
 runner = CliRunner()
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")
@@ -119,7 +119,7 @@ def test_bad_held_out_settings_exit_2(tmp_path, tiny_model_dir, tickets_csv, dat
 
 def test_an_eval_path_override_replaces_the_file_s_eval_fraction(tmp_path, tiny_model_dir, tickets_csv):
     """data.eval_path and data.eval_fraction are an exclusive pair under the override rule."""
-    from dplora.contract.spec import load_contract
+    from dplora.contract.loader import load_contract
 
     raw = contract_dict(tiny_model_dir, tickets_csv, tmp_path / "o", data={"eval_fraction": 0.2})
     contract = load_contract(write_contract(tmp_path / "c.yaml", raw), ["data.eval_path=held.csv"])
@@ -309,7 +309,8 @@ def test_per_group_report_matches_a_hand_computation(tmp_path, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     from dplora.data.units import tokenize_records
-    from dplora.evaluate.heldout import MIN_GROUP_RECORDS, evaluate_model
+    from dplora.evaluate.heldout import evaluate_model
+    from dplora.evaluate.report import MIN_GROUP_RECORDS
 
     assert MIN_GROUP_RECORDS == 10
     words = ["refund", "parcel", "login", "invoice", "card", "address", "order", "password"]
@@ -371,14 +372,14 @@ def test_per_group_report_matches_a_hand_computation(tmp_path, tiny_model_dir):
 
 
 def report_lines_of(evaluation):
-    from dplora.evaluate.heldout import report_lines
+    from dplora.evaluate.report import report_lines
 
     return report_lines(evaluation)
 
 
 def test_group_stats_accuracy_and_threshold():
     """Accuracy is the share of correct rows per group; min_records hides small groups; lengths must agree."""
-    from dplora.evaluate.heldout import GroupStat, group_stats
+    from dplora.evaluate.report import GroupStat, group_stats
 
     stats, hidden = group_stats(
         ["x", "y", "x", "x", "z"], [1.0, 2.0, 3.0, 5.0, 7.0], [1, 2, 2, 1, 0], [True, False, False, True, True],

@@ -9,7 +9,7 @@ import pytest
 
 from dplora.accounting import Accountant, DpSgdEvent, epsilon, rdp_epsilons
 from dplora.accounting.backends import pld_epsilons
-from dplora.contract.spec import parse_contract
+from dplora.contract.loader import parse_contract
 from dplora.errors import BadInputError, PlanRefusedError
 from dplora.plan.training import check_delta, make_plan, planned_steps
 
@@ -320,7 +320,7 @@ def test_plan_to_dict_is_json():
 
 def test_absurd_epochs_are_refused_at_plan_time():
     """T above the supported maximum (10^6) is refused before any accountant work."""
-    from dplora.contract.spec import parse_contract
+    from dplora.contract.loader import parse_contract
     from dplora.errors import PlanRefusedError
     from dplora.plan.training import make_plan
 

@@ -181,7 +181,7 @@ def test_checkpoint_holds_no_generator_or_sampler_state(tmp_path, monkeypatch, t
     ChaCha20 key nor the Poisson sampler's PCG64 state appears anywhere in the file's bytes."""
     from safetensors import safe_open
 
-    from dplora.contract.spec import parse_contract
+    from dplora.contract.loader import parse_contract
     from dplora.recipe.train import run_training
     from dplora.run import loop as run_mod
 

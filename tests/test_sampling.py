@@ -13,7 +13,8 @@ import pytest
 from datasets import Dataset
 from tiny import byte_tokenizer
 
-from dplora.contract.spec import PrivacySection, parse_contract
+from dplora.contract.loader import parse_contract
+from dplora.contract.spec import PrivacySection
 from dplora.data.units import PoissonUnitSampler, build_unit_index, tokenize_records
 from dplora.errors import BadInputError
 
@@ -284,7 +285,7 @@ def _jsonl_units(tmp_path, name, rows, **data):
 
     from conftest import contract_dict
 
-    from dplora.contract.spec import parse_contract
+    from dplora.contract.loader import parse_contract
     from dplora.data import units as data_mod
 
     path = tmp_path / f"{name}.jsonl"

@@ -16,7 +16,7 @@ from conftest import contract_dict, write_contract
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
-from dplora.contract.spec import load_contract
+from dplora.contract.loader import load_contract
 from dplora.synth.files import MARKER_COLUMN, NO_DP_GUARANTEE, build_rows, memorisation_counts
 
 runner = CliRunner()

@@ -155,7 +155,7 @@ def test_noise_and_sampling_are_not_reproducible_from_the_seed(tmp_path, tiny_mo
 
 def test_same_seed_gives_same_lora_initialisation(tiny_model_dir, tmp_path, tickets_csv):
     """The recorded seed does fix the adapter initialisation (lora_A)."""
-    from dplora.contract.spec import parse_contract
+    from dplora.contract.loader import parse_contract
     from dplora.recipe.setup import _setup_model
 
     contract = parse_contract(contract_dict(tiny_model_dir, tickets_csv, tmp_path / "x"))

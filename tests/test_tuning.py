@@ -44,7 +44,7 @@ def _brute_force_unit_norms(contract, table) -> np.ndarray:
 def test_clip_guide_norms_match_brute_force(tmp_path, tiny_model_dir, unit):
     """Per-unit norms equal a one-record-at-a-time backward (summed per customer at user level) to 1e-5; the
     quantiles equal numpy's on those norms; the clipped share is the share of norms above C."""
-    from dplora.contract.spec import parse_contract
+    from dplora.contract.loader import parse_contract
     from dplora.data import public as public_data
     from dplora.tuning import clipguide
 

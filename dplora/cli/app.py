@@ -149,7 +149,8 @@ def eval_(
     The held-out set is the run's data.eval_path or data.eval_fraction split (from its contract.yaml), or
     --eval-path. Numbers on private held-out data are NOT covered by DP; this command never changes a release.
     """
-    from dplora.evaluate.heldout import evaluate_run, report_lines
+    from dplora.evaluate.heldout import evaluate_run
+    from dplora.evaluate.report import report_lines
 
     try:
         evaluation = evaluate_run(run, eval_path=eval_path, threads=threads, log=log, group_column=group_column)
@@ -210,7 +211,7 @@ def validate(
     as_json: JsonLineOpt = False,
 ) -> None:
     """Check a contract (keys, values, allowed choices) without reading data or loading a model."""
-    from dplora.contract.spec import load_contract
+    from dplora.contract.loader import load_contract
 
     try:
         contract = load_contract(config, overrides or [])

@@ -107,7 +107,7 @@ def _prepare(config: Path, overrides: list[str], data_source: str, audit_dir, at
     training: with --attach the release verifies and the audit's plan is the release's mechanism."""
     from dplora.audit import attach as attaching
     from dplora.audit.runner import DataSource
-    from dplora.contract.spec import load_contract
+    from dplora.contract.loader import load_contract
     from dplora.errors import BadInputError
 
     pinned: list[str] = []

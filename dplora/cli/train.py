@@ -133,7 +133,7 @@ def _run(config: Path, overrides: list[str], options: dict, *, as_json: bool):
     import contextlib
     import signal
 
-    from dplora.contract.spec import load_contract
+    from dplora.contract.loader import load_contract
     from dplora.recipe.train import run_training
 
     def _terminate(signum, _frame):  # SIGTERM (CI cancel) is handled like Ctrl-C: FAILED.json, ledger settled

@@ -1,4 +1,5 @@
-"""The contract stage: the validated YAML contract (`spec`: pydantic model, loader, overrides, hashes).
+"""The contract stage: the validated contract (`spec`: the frozen pydantic model and its bounds) and its loader
+(`loader`: bounded YAML, command-line overrides, one-line validation errors).
 
 May import: `dplora.errors`, `dplora.accounting`. No torch.
 """

@@ -1,4 +1,5 @@
-"""After a release: held-out loss and perplexity (`heldout`) and generated replies (`generate`).
+"""After a release: held-out loss and perplexity (`heldout`), its per-group numbers and report lines (`report`) and
+generated replies (`generate`).
 
 May import: the stages below it (contract … release, ledger) and `dplora.errors`.
 """

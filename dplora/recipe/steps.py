@@ -49,7 +49,8 @@ def _evaluate_held_out(spec, state, io: _RunIO):
     if spec.held_out is None:
         return None
     from dplora.engine.step import unwrap
-    from dplora.evaluate.heldout import evaluate_model, held_out_source, report_lines
+    from dplora.evaluate.heldout import evaluate_model, held_out_source
+    from dplora.evaluate.report import report_lines
 
     source, public = held_out_source(spec.contract)
     evaluation = evaluate_model(

@@ -16,7 +16,8 @@ import json
 import warnings
 from pathlib import Path
 
-from dplora.contract.spec import Contract, load_contract
+from dplora.contract.loader import load_contract
+from dplora.contract.spec import Contract
 from dplora.errors import BadInputError
 
 ADAPTER_DIR = "adapter"

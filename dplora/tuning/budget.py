@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from dplora.contract.spec import load_contract
+from dplora.contract.loader import load_contract
 from dplora.errors import BadInputError
 from dplora.plan.training import TrainingPlan, ledger_event
 from dplora.release.record import unit_statement

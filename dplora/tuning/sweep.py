@@ -146,7 +146,7 @@ class SweepResult:
 
 def _contracts(config: Path, fixed: list[str], grid: list[list[str]], out_dir: Path) -> list:
     """Every trial's validated contract (output folder ``DIR/trial-NN``); all must be DP on one population."""
-    from dplora.contract.spec import load_contract
+    from dplora.contract.loader import load_contract
 
     if len(grid) > MAX_TRIALS:
         raise BadInputError(f"the grid has {len(grid)} trials; a sweep runs at most {MAX_TRIALS}")
@@ -354,7 +354,7 @@ def tuning_entry(results, chosen: int, *, source: str, public: bool, adjacency) 
 
 def _release(result, tuning: dict, private_key, options: SweepOptions, trial_pub: Path) -> Path:
     """Re-sign the chosen trial: its record (checked under the throw-away key) plus ``tuning``, by the user's key."""
-    from dplora.contract.spec import load_contract
+    from dplora.contract.loader import load_contract
     from dplora.ledger.store import Ledger, default_ledger_path
     from dplora.release import envelope as release
     from dplora.release.verify import verify_release

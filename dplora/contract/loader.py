@@ -1,0 +1,278 @@
+"""Loading a contract: YAML read within bounds (no aliases, tags, non-name or duplicate keys, deep nesting),
+command-line overrides (``training.lr=1e-3 privacy.target_epsilon=8``, as in torchtune and LLaMA-Factory) and
+validation errors as one line that names the key and the allowed values. The model is :mod:`dplora.contract.spec`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from dplora.contract.spec import MAX_CONTRACT_BYTES, MAX_NESTING, Contract
+from dplora.errors import BadInputError, excerpt
+
+
+class YamlRefusedError(BadInputError):
+    """YAML that a contract may not use: an alias, a tag, a non-name key, a duplicate key, nesting too deep, or a
+    scalar that cannot be built (an impossible date, an integer of thousands of digits). ``reason`` names it,
+    ``line`` is 1-based."""
+
+    def __init__(self, reason: str, line: int):
+        super().__init__(f"contract: line {line}: {reason}")
+        self.reason, self.line = reason, line
+
+
+def _line(node_or_event) -> int:
+    return node_or_event.start_mark.line + 1
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader for contracts: refuses aliases (no expansion), explicit tags, nesting deeper than
+    ``MAX_NESTING``, keys that are not plain names, and duplicate keys (YAML would silently keep the last one)."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            raise YamlRefusedError("a YAML alias (*name) is not allowed; write the value out", _line(event))
+        if getattr(event, "tag", None) is not None:
+            tag = excerpt(event.tag.replace("tag:yaml.org,2002:", "!!"))
+            raise YamlRefusedError(f"the YAML tag {tag} is not allowed; write plain values", _line(event))
+        if not isinstance(event, yaml.CollectionStartEvent):
+            return super().compose_node(parent, index)
+        if self._depth >= MAX_NESTING:
+            raise YamlRefusedError(f"values nest more than {MAX_NESTING} levels deep", _line(event))
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_object(self, node, deep=False):
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as err:
+            raise YamlRefusedError(f"a value cannot be read ({err.__class__.__name__})", _line(node)) from None
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise YamlRefusedError(
+                    "a key that is a list or a mapping is not allowed; keys are names", _line(key_node)
+                )
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, str):
+                raise YamlRefusedError(f"the key {_show(key)} is not a name; keys are text", _line(key_node))
+            if key in seen:
+                raise YamlRefusedError(f"duplicate key {excerpt(key)}; each key may appear once", _line(key_node))
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.1 reads 1e-3 (no dot) as a string; accept it as a float, as users write learning rates and deltas.
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)"
+        r"|\.[0-9_]+(?:[eE][-+][0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+0123456789."),
+)
+
+
+# Keys of which the contract holds exactly one (or one group): an override of one replaces the others from the file.
+EXCLUSIVE: dict[tuple[str, str], tuple[str, ...]] = {
+    ("training", "epochs"): ("steps",),
+    ("training", "steps"): ("epochs",),
+    ("model", "name"): ("path",),
+    ("model", "path"): ("name",),
+    ("data", "text_column"): ("prompt_column", "response_column"),
+    ("data", "prompt_column"): ("text_column",),
+    ("data", "response_column"): ("text_column",),
+    ("data", "eval_path"): ("eval_fraction",),
+    ("data", "eval_fraction"): ("eval_path",),
+}
+
+
+def _parse_value(key: str, text: str) -> Any:
+    """An override's value as a YAML scalar (or flow list), under the contract's YAML rules; text if not YAML.
+
+    Raises:
+        BadInputError: an alias, a tag or nesting that a contract may not use.
+    """
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError:
+        return text
+    except YamlRefusedError as err:
+        if err.reason.startswith("a value cannot be read"):
+            return text
+        raise BadInputError(f"override {excerpt(key)}: {err.reason}") from None
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Apply ``section.key=value`` overrides (values parsed as YAML scalars) to a raw contract dict.
+
+    An override of one key of a mutually exclusive pair (:data:`EXCLUSIVE`, e.g. ``training.steps`` on a
+    contract with ``training.epochs``) removes the other from the file; two overrides of one pair stay an error.
+
+    Raises:
+        BadInputError: an override without ``=`` or with an empty key.
+    """
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    overridden: set[tuple[str, ...]] = set()
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or any(not p for p in key.split(".")):
+            raise BadInputError(
+                f"override {excerpt(item)}: expected KEY=VALUE with a dotted key, e.g. training.lr=1e-3"
+            )
+        parts = key.strip().split(".")
+        node = out
+        for part in parts[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = {} if child is None else child
+                if not isinstance(child, dict):
+                    raise BadInputError(f"override {excerpt(key)}: {excerpt(part)} is not a section")
+                node[part] = child
+            node = child
+        node[parts[-1]] = _parse_value(key, value)
+        overridden.add(tuple(parts))
+        if node[parts[-1]] is not None:
+            for other in EXCLUSIVE.get(tuple(parts), ()):
+                if (parts[0], other) not in overridden:
+                    node.pop(other, None)
+    return out
+
+
+_SECTION = "must be a section of keys (a YAML mapping)"
+
+
+_WHOLE = "must be a whole number (no quotes, no decimal point)"
+
+
+_PHRASES = {
+    "model_type": _SECTION,
+    "model_attributes_type": _SECTION,
+    "dict_type": _SECTION,
+    "tuple_type": "must be a list, e.g. [q_proj, v_proj]",
+    "list_type": "must be a list, e.g. [q_proj, v_proj]",
+    "int_type": _WHOLE,
+    "int_from_float": _WHOLE,
+    "float_type": "must be a number (no quotes)",
+    "string_type": "must be text",
+    "bool_type": "must be true or false",
+    "string_too_short": "must not be empty",
+    "string_too_long": "must be at most {max_length} characters",
+    "too_long": "must have at most {max_length} items",
+    "finite_number": "must be a finite number",
+    "greater_than": "must be > {gt}",
+    "greater_than_equal": "must be ≥ {ge}",
+    "less_than": "must be < {lt}",
+    "less_than_equal": "must be ≤ {le}",
+    "literal_error": "allowed values are {expected}",
+    "enum": "allowed values are {expected}",
+}
+
+
+def _show(value: Any) -> str:
+    """A contract value as YAML would write it (short; long values are cut, sections never echoed)."""
+    if value is None or isinstance(value, bool):
+        return yaml.safe_dump(value).split("\n")[0]
+    return excerpt(value)
+
+
+def _loc_part(part: str | int) -> str:
+    if isinstance(part, int):
+        return f"[{part}]"
+    return "." + (part if len(part) <= 40 and part.isprintable() else excerpt(part, 40))
+
+
+def _format_error(err: ValidationError) -> str:
+    """The first validation error in the contract's own terms: the dotted key, the value, what is allowed."""
+    first = err.errors()[0]
+    loc = "".join(_loc_part(p) for p in first["loc"]).lstrip(".") or "contract"
+    kind, ctx = first["type"], first.get("ctx", {})
+    if kind == "extra_forbidden":
+        return f"unknown key {loc!r}: see the README's contract reference for the allowed keys"
+    if kind == "missing":
+        return f"missing key {loc!r}"
+    if kind == "value_error":  # our own validators: the message already names the keys
+        return str(ctx.get("error", first["msg"].removeprefix("Value error, ")))
+    phrase = _PHRASES.get(kind)
+    if phrase is not None:
+        phrase = phrase.format(**{k: ctx.get(k, "") for k in ("gt", "ge", "lt", "le", "expected", "max_length")})
+    else:
+        phrase = first["msg"].replace("Input should be", "must be")
+    if "input" in first and not isinstance(first["input"], dict):
+        return f"{loc}={_show(first['input'])}: {phrase}"
+    return f"{loc}: {phrase}"
+
+
+def parse_contract(raw: Any) -> Contract:
+    """Validate a raw mapping into a :class:`Contract`.
+
+    Raises:
+        BadInputError: one line naming the first offending key and what is allowed.
+    """
+    if not isinstance(raw, dict):
+        raise BadInputError("the contract must be a YAML mapping with sections privacy, model, data, lora, training")
+    try:
+        contract = Contract.model_validate(raw)
+    except ValidationError as err:
+        raise BadInputError(f"contract: {_format_error(err)}") from None
+    for name in ("target_epsilon", "max_grad_norm", "delta"):
+        value = getattr(contract.privacy, name)
+        if not math.isfinite(value):  # pragma: no cover - pydantic already rejects inf/nan
+            raise BadInputError(f"contract: privacy.{name}={value!r} must be finite")
+    return contract
+
+
+def load_contract(path: str | Path, overrides: list[str] | None = None) -> Contract:
+    """Read a YAML contract, apply overrides and validate it.
+
+    Args:
+        path: the YAML file.
+        overrides: ``KEY=VALUE`` strings with dotted keys.
+
+    Returns:
+        The frozen :class:`Contract`. Relative ``data.path`` / ``model.path`` stay as written (relative to the
+        working directory).
+
+    Raises:
+        BadInputError: missing file, bad YAML, unknown key, bad value.
+    """
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(MAX_CONTRACT_BYTES + 1)
+    except FileNotFoundError:
+        raise BadInputError(f"contract file not found: {path}") from None
+    except OSError as err:
+        raise BadInputError(f"cannot read contract {path}: {err.strerror or err.__class__.__name__}") from None
+    if len(data) > MAX_CONTRACT_BYTES:
+        raise BadInputError(f"contract {path} is larger than {MAX_CONTRACT_BYTES // 1024} KiB: not a contract")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise BadInputError(f"contract {path} is not UTF-8 (line {line}); save it as UTF-8") from None
+    try:
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise BadInputError(f"contract {path} is not valid YAML{where}") from None
+    if raw is None:
+        raw = {}
+    if isinstance(raw, dict) and overrides:
+        raw = apply_overrides(raw, overrides)
+    return parse_contract(raw)
