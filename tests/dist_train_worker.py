@@ -1,4 +1,4 @@
-"""One rank of tests/test_distributed_inputs.py, started by ``torchrun --nproc-per-node 2``.
+"""One rank of tests/engine/test_distributed_inputs.py, started by ``torchrun --nproc-per-node 2``.
 
 ``python dist_train_worker.py OUT DIR0 DIR1 ARGS...``: rank r works in DIR r, which holds its own copy of the
 contract's relative ``data.path`` (as on two machines), runs ``dplora ARGS`` in the process group, and writes its

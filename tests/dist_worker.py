@@ -1,4 +1,4 @@
-"""One rank of the 2-process checks in tests/test_distributed.py, started by ``torchrun --nproc-per-node 2``.
+"""One rank of the 2-process checks in tests/engine/test_distributed.py, started by ``torchrun --nproc-per-node 2``.
 
 ``python dist_worker.py OUT [CONFIG --signing-key KEY --ledger DB]`` runs, on every rank, over gloo:
   1. the sharded Poisson sampler for many steps (no model): every rank's inclusion indicators, gathered;

@@ -12,7 +12,7 @@ is the grid size, and it can be known before the call from q, σ, T, δ and the 
   (``connect_dots_bounds``, exact and cheap), point by point, then self-composes it T times by FFT over a range
   it truncates with a Chernoff bound at tail mass 1e-15. :func:`pld_grid_points` counts the one-step points
   (exact) and an estimate of the composed range, ``3 · (one-step range + ε_RDP(T, 1e-15))``, which covered
-  the composed range (1.4-20x over) on every setting measured (``tests/test_accounting_range.py``). Its
+  the composed range (1.4-20x over) on every setting measured (``tests/accounting/test_accounting_range.py``). Its
   truncated mass (1e-15) makes ε = ∞ for δ near 1e-15: PLD is used only for δ ≥ ``PLD_MIN_DELTA``.
 
 Costs are in work units of about one PRV grid point each (~1 µs and ~80 bytes): measured on the 2-core reference

@@ -63,7 +63,7 @@ class Optimizer(str, enum.Enum):
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)]
 PositiveInt = Annotated[int, Field(gt=0, strict=True)]
 MAX_STEPS = 1_000_000
-# --- bounds of the YAML boundary and of each number (README "The contract"; tests/test_fuzz_boundary.py) ---
+# --- bounds of the YAML boundary and of each number (README "The contract"; tests/contract/test_fuzz_boundary.py) ---
 MAX_CONTRACT_BYTES = 64 * 1024  # a contract is a few hundred bytes; a bigger file is not a contract
 MAX_NESTING = 6  # collections inside collections (a contract needs 3: contract → section → list)
 MAX_TARGET_EPSILON = 1e6  # far beyond any meaningful guarantee; keeps calibration and its messages finite

@@ -23,7 +23,7 @@ from dplora.ledger.store import Ledger
 from dplora.run import checkpoint
 
 runner = CliRunner()
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 T = 8
 
 

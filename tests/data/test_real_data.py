@@ -58,7 +58,7 @@ def test_twcs_user_level_budget_counts_customers(tmp_path):
     """Customer-level contract on real tweets: N counts customers (1,334), not pairs (2,083)."""
     pairs = tmp_path / "pairs.csv"
     assert runner.invoke(app, ["prepare-twcs", str(TWCS), str(pairs)]).exit_code == 0
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     result = runner.invoke(
         app,
         [

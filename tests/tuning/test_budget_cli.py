@@ -213,7 +213,7 @@ def test_budget_plot_unwritable(config, tmp_path):
 
 # --- accountants only where their numbers hold (issue 7) -----------------------------------------------------------
 
-DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
 
 
 def test_small_population_warning_for_10_units_not_for_the_demo(config):

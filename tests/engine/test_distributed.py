@@ -28,7 +28,7 @@ from conftest import contract_dict, release_statement, write_contract
 
 from dplora.engine import distributed
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _env(**extra) -> dict:

@@ -21,7 +21,7 @@ import yaml
 
 from dplora.contract.loader import load_contract
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / "examples" / "ci" / "github-actions.yml"
 STAND_INS = {"install", "fetch", "restore-ledger", "save-ledger"}  # replaced here: setup, network, the store
 

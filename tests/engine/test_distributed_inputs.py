@@ -22,7 +22,7 @@ from dplora.contract.loader import parse_contract
 from dplora.data import units as data_mod
 from dplora.engine import distributed
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _env() -> dict:

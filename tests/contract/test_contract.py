@@ -12,7 +12,7 @@ from dplora.contract.loader import apply_overrides, load_contract, parse_contrac
 from dplora.contract.spec import Contract, ProtectedUnit
 from dplora.errors import BadInputError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _raw():

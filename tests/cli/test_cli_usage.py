@@ -16,7 +16,7 @@ import dplora
 from dplora.cli.app import app
 from dplora.run.progress import ProgressReporter
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
 
