@@ -165,7 +165,9 @@ def eval_(
 
 PromptOpt = Annotated[str | None, typer.Option(metavar="TEXT", help="One prompt.")]
 PromptsOpt = Annotated[Path | None, typer.Option(metavar="FILE", help="A UTF-8 file with one prompt per line.")]
-MaxNewTokensOpt = Annotated[int, typer.Option(min=1, metavar="N", help="Tokens generated at most per reply.")]
+MaxNewTokensOpt = Annotated[
+    int, typer.Option(min=1, metavar="N", help="Tokens generated at most per reply (1 … 4096).")
+]
 TemperatureOpt = Annotated[float, typer.Option(min=0.0, help="0 is greedy (deterministic); > 0 samples.")]
 GenerateAllowNonPrivateOpt = Annotated[
     bool, typer.Option("--allow-non-private", help="Generate from a non-private control run (no DP guarantee).")

@@ -107,7 +107,7 @@ def _prepare(config: Path, overrides: list[str], data_source: str, audit_dir, at
     training: with --attach the release verifies and the audit's plan is the release's mechanism."""
     from dplora.audit import attach as attaching
     from dplora.audit.runner import DataSource
-    from dplora.contract.loader import load_contract
+    from dplora.contract.loader import load_contract, replace_overrides
     from dplora.errors import BadInputError
 
     pinned: list[str] = []
@@ -124,7 +124,7 @@ def _prepare(config: Path, overrides: list[str], data_source: str, audit_dir, at
         pinned = attaching.pin_overrides(first, target)
     elif signing_key is not None:
         raise BadInputError("--signing-key signs an attached audit: give --attach RUN_DIR too")
-    contract = load_contract(config, [*overrides, *pinned, f"training.output_dir={folder / 'run'}"])
+    contract = load_contract(config, replace_overrides(overrides, [*pinned, f"training.output_dir={folder / 'run'}"]))
     if target is not None:
         attaching.check_plan(contract, target)
         if pinned:

@@ -65,7 +65,7 @@ PromptsOpt = Annotated[
     typer.Option(metavar="FILE", help="Public prompts: a csv column (training's name or 'prompt'), or lines."),
 ]
 TemperatureOpt = Annotated[float, typer.Option(min=0.0, help="0 is greedy; > 0 samples.")]
-MaxNewTokensOpt = Annotated[int, typer.Option(min=1, metavar="N", help="Tokens generated at most per row.")]
+MaxNewTokensOpt = Annotated[int, typer.Option(min=1, metavar="N", help="Tokens generated at most per row (1 … 4096).")]
 AllowNonPrivateOpt = Annotated[
     bool, typer.Option("--allow-non-private", help="Synthesize from a control run, marked NO DP GUARANTEE.")
 ]

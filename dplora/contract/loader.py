@@ -117,14 +117,49 @@ def _parse_value(key: str, text: str) -> Any:
         raise BadInputError(f"override {excerpt(key)}: {err.reason}") from None
 
 
+def _dotted_leaves(prefix: str, value: Any) -> list[str]:
+    """``prefix.key=value`` for each scalar or list leaf of a mapping (what to write instead of a mapping)."""
+    if isinstance(value, dict):
+        return [leaf for k, v in value.items() for leaf in _dotted_leaves(f"{prefix}.{k}", v)]
+    shown = yaml.safe_dump(value, default_flow_style=True, width=10**6).split("\n")[0]
+    return [f"{prefix}={shown}"]
+
+
+def _refuse_mapping(key: str, value: Any) -> None:
+    """Refuse a mapping value (or a list holding one): overrides are scalars or lists of scalars."""
+    if isinstance(value, dict):
+        use = " ".join(_dotted_leaves(key, value)[:4]) or f"{key}.KEY=VALUE"
+        raise BadInputError(
+            f"override {excerpt(key)}: a mapping value is not allowed (it would replace the whole section); "
+            f"give one dotted key per override, e.g. {excerpt(use, 200)}"
+        )
+    if isinstance(value, list) and any(isinstance(v, dict | list) for v in value):
+        raise BadInputError(f"override {excerpt(key)}: a list may hold only scalars (no lists or mappings)")
+
+
+def replace_overrides(user: list[str], pinned: list[str]) -> list[str]:
+    """The user's overrides less those whose key ``pinned`` sets, then ``pinned`` (for internal, derived overrides).
+
+    :func:`apply_overrides` refuses a key given twice; a command that derives overrides of its own (an audit's
+    pinned keys, a sweep trial's output folder) replaces the user's value of the same key through here.
+
+    Returns:
+        ``KEY=VALUE`` strings, each key once when each list has each key once.
+    """
+    keys = {item.partition("=")[0].strip() for item in pinned}
+    return [item for item in user if item.partition("=")[0].strip() not in keys] + list(pinned)
+
+
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
-    """Apply ``section.key=value`` overrides (values parsed as YAML scalars) to a raw contract dict.
+    """Apply ``section.key=value`` overrides (values parsed as YAML scalars or flow lists) to a raw contract dict.
 
     An override of one key of a mutually exclusive pair (:data:`EXCLUSIVE`, e.g. ``training.steps`` on a
     contract with ``training.epochs``) removes the other from the file; two overrides of one pair stay an error.
+    A value is a scalar or a list of scalars: a mapping (``lora={r: 2}``) would replace the whole section and is
+    refused, naming the dotted keys to use (``lora.r=2``). Each key may appear once, as in the file.
 
     Raises:
-        BadInputError: an override without ``=`` or with an empty key.
+        BadInputError: an override without ``=`` or with an empty key, a mapping value, a key given twice.
     """
     out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
     overridden: set[tuple[str, ...]] = set()
@@ -135,6 +170,10 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
                 f"override {excerpt(item)}: expected KEY=VALUE with a dotted key, e.g. training.lr=1e-3"
             )
         parts = key.strip().split(".")
+        if tuple(parts) in overridden:
+            raise BadInputError(f"override {excerpt(key.strip())} given twice; each key may appear once")
+        parsed = _parse_value(key, value)
+        _refuse_mapping(key.strip(), parsed)
         node = out
         for part in parts[:-1]:
             child = node.get(part)
@@ -144,7 +183,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
                     raise BadInputError(f"override {excerpt(key)}: {excerpt(part)} is not a section")
                 node[part] = child
             node = child
-        node[parts[-1]] = _parse_value(key, value)
+        node[parts[-1]] = parsed
         overridden.add(tuple(parts))
         if node[parts[-1]] is not None:
             for other in EXCLUSIVE.get(tuple(parts), ()):

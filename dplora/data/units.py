@@ -322,11 +322,52 @@ class PoissonUnitSampler:
         return np.flatnonzero(self._rng.random(self.num_units) < self.sample_rate)
 
 
+CHARS_PER_TOKEN_BOUND = 32  # characters kept per token of max_seq_len: a token is rarely more than ~10 characters
+
+
+def cell_char_bound(max_seq_len: int) -> int:
+    """Characters of one cell that are tokenized at most: ``max_seq_len × CHARS_PER_TOKEN_BOUND``.
+
+    Args:
+        max_seq_len: ``training.max_seq_len``, tokens per record.
+
+    Returns:
+        The bound in characters (Unicode code points), e.g. 2,048 for max_seq_len 64.
+    """
+    return max_seq_len * CHARS_PER_TOKEN_BOUND
+
+
+def tokenize_cells(tokenizer, texts, max_seq_len: int) -> list[list[int]]:
+    """Token ids of each cell, cut to :func:`cell_char_bound` characters BEFORE tokenizing.
+
+    Every text path that tokenizes data cells or prompts goes through here, so memory and time do not grow with a
+    cell's size (a 30 MB cell is cut to its first max_seq_len × 32 characters). Only a cell's beginning is ever
+    kept (records keep their first max_seq_len tokens), and a tokenizer's tokens span far fewer than 32
+    characters each on average, so the first max_seq_len tokens are the same as from the whole cell.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer (called as ``tokenizer(list_of_str, add_special_tokens=False)``).
+        texts: the cells (any values; ``str()`` is applied), length R.
+        max_seq_len: ``training.max_seq_len``, tokens.
+
+    Returns:
+        R lists of token ids (no special tokens added), each of any length ≥ 0.
+
+    Source: bounded-input practice (truncate before tokenizing); HF ``PreTrainedTokenizer.__call__``.
+    """
+    bound = cell_char_bound(max_seq_len)
+    cut = [str(t)[:bound] for t in texts]
+    if not cut:
+        return []
+    return tokenizer(cut, add_special_tokens=False)["input_ids"]
+
+
 def tokenize_records(table, tokenizer, contract: Contract) -> list[tuple[list[int], list[int]]]:
     """Token ids and labels for every record (labels −100 on the prompt; EOS appended to the target).
 
     Prompt/response records train only on the response; when the pair is longer than ``max_seq_len`` the
-    prompt keeps at most half of it. Text records train on every token.
+    prompt keeps at most half of it. Text records train on every token. Each cell is cut to
+    :func:`cell_char_bound` characters before tokenizing (:func:`tokenize_cells`).
 
     Returns:
         One (input_ids, labels) pair per record, each of length ≤ max_seq_len tokens.
@@ -335,7 +376,7 @@ def tokenize_records(table, tokenizer, contract: Contract) -> list[tuple[list[in
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
 
     def enc(texts):
-        return tokenizer([str(t) for t in texts], add_special_tokens=False)["input_ids"]
+        return tokenize_cells(tokenizer, texts, max_len)
 
     out = []
     if data.text_column:

@@ -16,13 +16,15 @@ from pathlib import Path
 from dplora.contract.spec import Contract
 from dplora.errors import BadInputError, NotPrivateError
 
+MAX_NEW_TOKENS = 4096  # tokens generated at most per reply (--max-new-tokens upper bound)
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Sampling:
     """Decoding settings: greedy when ``temperature`` is 0.
 
     Attributes:
-        max_new_tokens: tokens generated at most per reply (EOS stops earlier).
+        max_new_tokens: tokens generated at most per reply (EOS stops earlier), 1 … :data:`MAX_NEW_TOKENS`.
         temperature: 0 for greedy; > 0 divides the logits before sampling.
         top_p: nucleus mass kept when sampling, in (0, 1].
         seed: seeds sampling (torch.manual_seed); None draws from OS entropy. Unused when greedy.
@@ -34,8 +36,8 @@ class Sampling:
     seed: int | None = None
 
     def __post_init__(self):
-        if self.max_new_tokens < 1:
-            raise BadInputError(f"--max-new-tokens={self.max_new_tokens}: must be at least 1")
+        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
+            raise BadInputError(f"--max-new-tokens={self.max_new_tokens}: must be in 1 … {MAX_NEW_TOKENS}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise BadInputError(f"--temperature={self.temperature}: must be ≥ 0 (0 is greedy)")
         if not (0 < self.top_p <= 1):
@@ -56,7 +58,9 @@ def prompt_ids(contract: Contract, tokenizer, prompt: str, max_new_tokens: int) 
     """
     max_len = contract.training.max_seq_len
     text = f"{prompt}\n" if contract.data.prompt_column else prompt
-    ids = tokenizer([text], add_special_tokens=False)["input_ids"][0]
+    from dplora.data.units import tokenize_cells
+
+    ids = tokenize_cells(tokenizer, [text], max_len)[0]  # cut to max_seq_len × 32 characters first
     if contract.data.prompt_column and len(ids) + max_new_tokens > max_len:
         return ids[: max_len // 2]
     return ids[:max_len]

@@ -180,12 +180,13 @@ def _exact_match(model, tokenizer, table, contract: Contract, device) -> float:
 
 def _exact_match_rows(model, tokenizer, table, contract: Contract, device) -> list[bool]:
     """Whether each held-out prompt's greedy reply equals its label (both stripped)."""
-    from dplora.evaluate.generate import Sampling, generate_replies
+    from dplora.data.units import tokenize_cells
+    from dplora.evaluate.generate import MAX_NEW_TOKENS, Sampling, generate_replies
 
     prompts = [str(p) for p in table[contract.data.prompt_column]]
     labels = [str(x).strip() for x in table[contract.data.label_column]]
-    longest = max(len(ids) for ids in tokenizer(labels, add_special_tokens=False)["input_ids"])
-    sampling = Sampling(max_new_tokens=longest + 2)
+    longest = max(len(ids) for ids in tokenize_cells(tokenizer, labels, contract.training.max_seq_len))
+    sampling = Sampling(max_new_tokens=min(longest + 2, MAX_NEW_TOKENS))
     replies = generate_replies(model, tokenizer, prompts, contract=contract, sampling=sampling, device=device)
     return [r.strip() == y for r, y in zip(replies, labels, strict=True)]
 

@@ -146,12 +146,14 @@ class SweepResult:
 
 def _contracts(config: Path, fixed: list[str], grid: list[list[str]], out_dir: Path) -> list:
     """Every trial's validated contract (output folder ``DIR/trial-NN``); all must be DP on one population."""
-    from dplora.contract.loader import load_contract
+    from dplora.contract.loader import load_contract, replace_overrides
 
     if len(grid) > MAX_TRIALS:
         raise BadInputError(f"the grid has {len(grid)} trials; a sweep runs at most {MAX_TRIALS}")
     contracts = [
-        load_contract(config, [*fixed, *trial, f"training.output_dir={out_dir / f'trial-{i:02d}'}"])
+        load_contract(
+            config, replace_overrides([*fixed, *trial], [f"training.output_dir={out_dir / f'trial-{i:02d}'}"])
+        )
         for i, trial in enumerate(grid, start=1)
     ]
     first = contracts[0].privacy
