@@ -1,0 +1,113 @@
+"""Bounded text inputs (issue 26.4): a cell is cut to max_seq_len × 32 characters before it is tokenized, so
+memory does not grow with a cell's size, and records of normal-length cells are unchanged."""
+
+from __future__ import annotations
+
+from datasets import Dataset
+from tiny import byte_tokenizer
+
+from dplora.contract.loader import parse_contract
+from dplora.data.units import CHARS_PER_TOKEN_BOUND, cell_char_bound, tokenize_cells, tokenize_records
+from dplora.evaluate.generate import prompt_ids
+
+MB3 = 3 * 1024 * 1024
+
+
+class SpyTokenizer:
+    """Delegates to a real tokenizer and records the length (characters) of every text it is asked to encode."""
+
+    def __init__(self, inner):
+        self.inner, self.lengths = inner, []
+
+    def __call__(self, texts, **kw):
+        self.lengths.extend(len(t) for t in texts)
+        return self.inner(texts, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def _contract(*, max_len: int, text: bool = False):
+    data = {"path": "unused.csv"}
+    data.update({"text_column": "text"} if text else {"prompt_column": "message", "response_column": "reply"})
+    return parse_contract(
+        {
+            "privacy": {
+                "protected_unit": "row",
+                "adjacency": "add_remove",
+                "target_epsilon": 3.0,
+                "delta": 1e-5,
+                "max_grad_norm": 1.0,
+            },
+            "model": {"path": "unused"},
+            "data": data,
+            "training": {"expected_batch_size": 1, "steps": 1, "max_seq_len": max_len},
+        }
+    )
+
+
+def _uncut_records(table, tok, contract):
+    """The records as tokenizing whole cells gives them (the reference: today's rule without the cut)."""
+    data, max_len, eos = contract.data, contract.training.max_seq_len, [tok.eos_token_id]
+
+    def enc(texts):
+        return tok([str(t) for t in texts], add_special_tokens=False)["input_ids"]
+
+    if data.text_column:
+        return [((ids + eos)[:max_len], (ids + eos)[:max_len]) for ids in enc(table[data.text_column])]
+    out = []
+    for p, r in zip(enc([f"{p}\n" for p in table["message"]]), enc(table["reply"]), strict=True):
+        r = r + eos
+        p = p[: max_len // 2] if len(p) + len(r) > max_len else p
+        out.append(((p + r)[:max_len], ([-100] * len(p) + r)[:max_len]))
+    return out
+
+
+def test_the_bound_is_max_seq_len_times_32():
+    assert CHARS_PER_TOKEN_BOUND == 32
+    assert cell_char_bound(64) == 2048 and cell_char_bound(8192) == 262_144
+
+
+def test_a_3mb_cell_is_cut_before_tokenizing():
+    """A 3 MB cell: the tokenizer never sees more than max_seq_len × 32 characters; the record has ≤ max_seq_len
+    tokens and they are the cell's first bytes."""
+    spy = SpyTokenizer(byte_tokenizer())
+    table = Dataset.from_dict({"text": ["x" * MB3, "short"]})
+    (ids, labels), (ids2, _) = tokenize_records(table, spy, _contract(max_len=64, text=True))
+    assert max(spy.lengths) == 64 * 32 and len(spy.lengths) == 2
+    assert len(ids) == 64 and ids == labels and spy.decode(ids) == "x" * 64
+    assert spy.decode(ids2[:-1]) == "short" and ids2[-1] == spy.eos_token_id
+
+    spy.lengths.clear()
+    table = Dataset.from_dict({"message": ["p" * MB3, "q"], "reply": ["r" * MB3, "s"]})
+    (ids, labels), _ = tokenize_records(table, spy, _contract(max_len=32))
+    assert max(spy.lengths) == 32 * 32
+    assert len(ids) == len(labels) == 32
+    assert spy.decode(ids[:16]) == "p" * 16 and spy.decode(ids[16:]) == "r" * 16 and labels[:16] == [-100] * 16
+
+
+def test_normal_cells_keep_their_token_ids():
+    """Cells up to and past the bound (but whose first max_seq_len tokens lie inside it): ids as uncut."""
+    tok = byte_tokenizer()
+    texts = ["abc", "héllo wörld " * 20, "z" * 40, "ü" * 600, "a b " * 300]
+    table = Dataset.from_dict({"text": texts})
+    contract = _contract(max_len=16, text=True)
+    assert tokenize_records(table, tok, contract) == _uncut_records(table, tok, contract)
+    pairs = Dataset.from_dict({"message": texts, "reply": list(reversed(texts))})
+    for max_len in (8, 16, 64):
+        contract = _contract(max_len=max_len)
+        assert tokenize_records(pairs, tok, contract) == _uncut_records(pairs, tok, contract)
+
+
+def test_generate_prompts_go_through_the_same_bound():
+    """`dplora generate`'s prompt path cuts a 3 MB prompt to the same bound and keeps training's truncation."""
+    spy = SpyTokenizer(byte_tokenizer())
+    ids = prompt_ids(_contract(max_len=32), spy, "p" * MB3, 8)
+    assert spy.lengths == [32 * 32] and spy.decode(ids) == "p" * 16
+    spy.lengths.clear()
+    assert prompt_ids(_contract(max_len=32, text=True), spy, "t" * MB3, 8) == spy.inner("t" * 32)["input_ids"]
+    assert spy.lengths == [32 * 32]
+
+
+def test_tokenize_cells_of_no_cells():
+    assert tokenize_cells(byte_tokenizer(), [], 64) == []
