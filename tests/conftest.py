@@ -135,3 +135,25 @@ def train_tiny(tmp_path: Path, model_dir: Path, data_path: Path, signing_key, *e
     cfg = write_contract(tmp_path / f"{name}.yaml", contract_dict(model_dir, data_path, tmp_path / name, **sections))
     args = ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress", *extra]
     return CliRunner().invoke(app, args), tmp_path / name
+
+
+def minimal_contract(*, max_len: int, text: bool = False):
+    """A parsed row-level contract with no data or model behind it (paths unused), for tokenizing tests."""
+    from dplora.contract.loader import parse_contract
+
+    data = {"path": "unused.csv"}
+    data.update({"text_column": "text"} if text else {"prompt_column": "message", "response_column": "reply"})
+    return parse_contract(
+        {
+            "privacy": {
+                "protected_unit": "row",
+                "adjacency": "add_remove",
+                "target_epsilon": 3.0,
+                "delta": 1e-5,
+                "max_grad_norm": 1.0,
+            },
+            "model": {"path": "unused"},
+            "data": data,
+            "training": {"expected_batch_size": 1, "steps": 1, "max_seq_len": max_len},
+        }
+    )

@@ -3,10 +3,10 @@ memory does not grow with a cell's size, and records of normal-length cells are 
 
 from __future__ import annotations
 
+from conftest import minimal_contract as _contract
 from datasets import Dataset
 from tiny import byte_tokenizer
 
-from dplora.contract.loader import parse_contract
 from dplora.data.units import CHARS_PER_TOKEN_BOUND, cell_char_bound, tokenize_cells, tokenize_records
 from dplora.evaluate.generate import prompt_ids
 
@@ -25,25 +25,6 @@ class SpyTokenizer:
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
-
-
-def _contract(*, max_len: int, text: bool = False):
-    data = {"path": "unused.csv"}
-    data.update({"text_column": "text"} if text else {"prompt_column": "message", "response_column": "reply"})
-    return parse_contract(
-        {
-            "privacy": {
-                "protected_unit": "row",
-                "adjacency": "add_remove",
-                "target_epsilon": 3.0,
-                "delta": 1e-5,
-                "max_grad_norm": 1.0,
-            },
-            "model": {"path": "unused"},
-            "data": data,
-            "training": {"expected_batch_size": 1, "steps": 1, "max_seq_len": max_len},
-        }
-    )
 
 
 def _uncut_records(table, tok, contract):

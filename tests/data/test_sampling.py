@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 import pytest
+from conftest import minimal_contract as _contract
 from datasets import Dataset
 from tiny import byte_tokenizer
 
@@ -226,25 +227,6 @@ def test_cap_choice_follows_the_records_not_their_rows():
 # ---------------------------------------------------------------------------------------- tokenization
 
 
-def _contract(*, max_len: int, text: bool = False):
-    data = {"path": "unused.csv"}
-    data.update({"text_column": "text"} if text else {"prompt_column": "message", "response_column": "reply"})
-    return parse_contract(
-        {
-            "privacy": {
-                "protected_unit": "row",
-                "adjacency": "add_remove",
-                "target_epsilon": 3.0,
-                "delta": 1e-5,
-                "max_grad_norm": 1.0,
-            },
-            "model": {"path": "unused"},
-            "data": data,
-            "training": {"expected_batch_size": 1, "steps": 1, "max_seq_len": max_len},
-        }
-    )
-
-
 def test_prompt_masked_and_eos_appended():
     """Prompt "hi\\n" (3 bytes) is masked with −100; the response bytes and EOS are the targets."""
     tok = byte_tokenizer()
@@ -285,7 +267,6 @@ def _jsonl_units(tmp_path, name, rows, **data):
 
     from conftest import contract_dict
 
-    from dplora.contract.loader import parse_contract
     from dplora.data import units as data_mod
 
     path = tmp_path / f"{name}.jsonl"
