@@ -8,4 +8,4 @@ $D demo-data demo/tickets.csv --tickets 1000 --overwrite
 $D budget configs/demo.yaml
 $D train configs/demo.yaml --signing-key demo/signing.key --overwrite
 $D verify demo/run --public-key demo/signing.pub
-$D generate demo/run --prompt "I was charged twice for my last order, can you refund one of the charges?" --max-new-tokens 48
+$D generate demo/run --public-key demo/signing.pub --prompt "I was charged twice for my last order, can you refund one of the charges?" --max-new-tokens 48

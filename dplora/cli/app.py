@@ -172,6 +172,13 @@ TemperatureOpt = Annotated[float, typer.Option(min=0.0, help="0 is greedy (deter
 GenerateAllowNonPrivateOpt = Annotated[
     bool, typer.Option("--allow-non-private", help="Generate from a non-private control run (no DP guarantee).")
 ]
+GeneratePublicKeyOpt = Annotated[
+    Path | None,
+    typer.Option(metavar="PATH", help="The signer's Ed25519 public key (PEM): the release is verified first."),
+]
+NoVerifyOpt = Annotated[
+    bool, typer.Option("--no-verify", help="Generate without verifying the release (the output says unverified).")
+]
 GenerateJsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON line per prompt.")]
 
 
@@ -185,17 +192,29 @@ def generate(
     top_p: TopPOpt = 1.0,
     seed: SeedOpt = None,
     allow_non_private: GenerateAllowNonPrivateOpt = False,
+    public_key: GeneratePublicKeyOpt = None,
+    no_verify: NoVerifyOpt = False,
     as_json: GenerateJsonOpt = False,
     threads: ThreadsOpt = None,
 ) -> None:
-    """Replies from the base model + the run's adapters (post-processing of the release: no budget spent)."""
+    """Replies from the base model + the run's adapters (post-processing of the release: no budget spent).
+
+    The release is verified with ``--public-key`` first (exit 3 on a mismatch); ``--no-verify`` skips that.
+    """
     from dplora.evaluate.generate import Sampling, generate_from_run, read_prompts
 
     try:
         texts = read_prompts(prompt, prompts)
         sampling = Sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
         replies = generate_from_run(
-            run, texts, sampling=sampling, allow_non_private=allow_non_private, threads=threads, log=log
+            run,
+            texts,
+            sampling=sampling,
+            allow_non_private=allow_non_private,
+            public_key=public_key,
+            verify=not no_verify,
+            threads=threads,
+            log=log,
         )
     except DploraError as err:
         raise fail(err, as_json=as_json) from None  # --json: the error as one JSON line, like the replies

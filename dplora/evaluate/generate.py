@@ -135,19 +135,47 @@ def generate_from_run(
     *,
     sampling: Sampling,
     allow_non_private: bool = False,
+    public_key: Path | None = None,
+    verify: bool = True,
     threads: int | None = None,
     log=print,
 ) -> list[str]:
     """Replies from the released adapters of the run ``target`` (a run folder or its contract).
 
+    The release is verified first, as ``dplora synth`` does (:func:`dplora.release.verify.verify_release`: DSSE
+    envelope, Ed25519 signature, every adapter file's sha256), so a tampered adapter never generates. Only with
+    ``verify=False`` (``--no-verify``) is that skipped, and then one line saying ``unverified`` is logged.
+
+    Args:
+        prompts: P prompts (text); the result is P replies, in order.
+        public_key: the signer's Ed25519 public key (PEM path); required unless ``verify`` is False.
+        verify: False skips verification (``--no-verify``); then ``public_key`` must be None.
+
     Raises:
-        BadInputError: no release, unloadable model or adapters, bad settings.
+        BadInputError: no key and no ``--no-verify``, both, no release, unloadable model or adapters, bad settings.
+        VerificationError: the release does not verify with ``public_key`` (exit 3), before any privacy verdict.
         NotPrivateError: the run is a non-private control and ``allow_non_private`` is False (exit 6).
     """
     from dplora.engine.control import NOT_DP
+    from dplora.errors import VerificationError
     from dplora.release.read import load_adapter_model, read_run
+    from dplora.release.verify import verify_release
 
+    if verify and public_key is None:
+        raise BadInputError(
+            "generate verifies the release first: pass --public-key PATH (the signer's Ed25519 public key), "
+            "or --no-verify to generate from unverified adapters"
+        )
+    if not verify and public_key is not None:
+        raise BadInputError("give --public-key PATH or --no-verify, not both")
     run = read_run(target)
+    if verify:
+        try:  # the adapters loaded below must be the signed ones
+            verify_release(run.folder, public_key)
+        except VerificationError as err:
+            raise VerificationError(f"the release in {run.folder} does not verify: {err}") from None
+    else:
+        log(f"unverified: the release in {run.folder} was not checked against a public key (--no-verify)")
     if not run.differentially_private:
         if not allow_non_private:
             raise NotPrivateError(

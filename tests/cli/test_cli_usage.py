@@ -231,7 +231,7 @@ def test_generate_json_error_is_one_json_document(tmp_path):
     """generate --json on a folder that is not a run: exit 2 and one error document on stdout, nothing else."""
     import json
 
-    result = runner.invoke(app, ["generate", str(tmp_path / "no-run"), "--prompt", "hi", "--json"])
+    result = runner.invoke(app, ["generate", str(tmp_path / "no-run"), "--prompt", "hi", "--no-verify", "--json"])
     assert result.exit_code == 2
     doc = json.loads(result.stdout)
     assert doc["ok"] is False and doc["exit_code"] == 2 and doc["error"]

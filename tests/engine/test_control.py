@@ -106,12 +106,13 @@ def test_verify_marks_the_control_not_private_with_exit_6(control_run, signing_k
         weights.write_bytes(bytes(data))
 
 
-def test_generate_refuses_the_control_without_the_flag(control_run):
+def test_generate_refuses_the_control_without_the_flag(control_run, signing_key):
     _, out = control_run
-    refused = runner.invoke(app, ["generate", str(out), "--prompt", "hello", "--max-new-tokens", "3"])
+    key = ["--public-key", str(signing_key[1])]
+    refused = runner.invoke(app, ["generate", str(out), "--prompt", "hello", "--max-new-tokens", "3", *key])
     assert refused.exit_code == 6 and "NOT DIFFERENTIALLY PRIVATE" in refused.output
     allowed = runner.invoke(
-        app, ["generate", str(out), "--prompt", "hello", "--max-new-tokens", "3", "--allow-non-private"]
+        app, ["generate", str(out), "--prompt", "hello", "--max-new-tokens", "3", "--allow-non-private", *key]
     )
     assert allowed.exit_code == 0, allowed.output
     assert "no DP guarantee" in allowed.output

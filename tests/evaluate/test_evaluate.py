@@ -228,13 +228,14 @@ def test_exact_match_accuracy_on_a_label_column(tmp_path, tiny_model_dir, ticket
         assert prompt == (f"{message}\n" if len(message) + 1 + longest + 2 <= 48 else message[:24])
 
 
-def test_generate_is_deterministic_under_greedy(split_run):
+def test_generate_is_deterministic_under_greedy(split_run, signing_key):
     """Two `dplora generate` runs print the same reply, and it is the token-by-token argmax of base + adapters."""
     from dplora.evaluate.generate import Sampling, generate_replies, prompt_ids
     from dplora.release.read import load_adapter_model, read_run
 
     _, out, _ = split_run
-    args = ["generate", str(out), "--prompt", "my order never arrived", "--max-new-tokens", "6", "--json"]
+    key = ["--public-key", str(signing_key[1])]
+    args = ["generate", str(out), "--prompt", "my order never arrived", "--max-new-tokens", "6", "--json", *key]
     first, second = runner.invoke(app, args), runner.invoke(app, args)
     assert first.exit_code == 0, first.output
     assert first.output == second.output
@@ -260,7 +261,7 @@ def test_generate_is_deterministic_under_greedy(split_run):
         device=device,
     )
     assert direct == [reply]
-    seeded = ["generate", str(out), "--prompt", "hi", "--temperature", "1.0", "--top-p", "0.9", "--seed", "3"]
+    seeded = ["generate", str(out), "--prompt", "hi", "--temperature", "1.0", "--top-p", "0.9", "--seed", "3", *key]
     assert runner.invoke(app, seeded).output == runner.invoke(app, seeded).output
 
 
@@ -270,7 +271,7 @@ def test_generate_is_deterministic_under_greedy(split_run):
 )
 def test_generate_needs_exactly_one_prompt_source(split_run, extra, needle):
     _, out, _ = split_run
-    result = runner.invoke(app, ["generate", str(out), *extra])
+    result = runner.invoke(app, ["generate", str(out), *extra, "--no-verify"])
     assert result.exit_code == 2 and needle in result.output
 
 
