@@ -166,7 +166,7 @@ def _report(result, *, as_json: bool) -> None:
 
         log(
             f"done: {result.steps_done}/{p.steps} steps ({result.empty_steps} empty), {result.seconds_per_step:.2f} "
-            f"s/step, {result.threads} threads; {NO_DP_STATEMENT}"
+            f"s/step, {result.threads} threads{_eval_time(result)}; {NO_DP_STATEMENT}"
         )
         if as_json:
             emit_json(_train_summary(result))
@@ -176,7 +176,7 @@ def _report(result, *, as_json: bool) -> None:
     log(
         f"done: {result.steps_done}/{p.steps} steps ({result.empty_steps} empty), ε={result.epsilon_spent:.4f} "
         f"≤ {p.target_epsilon:g} at δ={p.delta:g} ({p.accountant.value}), {result.seconds_per_step:.2f} s/step, "
-        f"{result.threads} threads"
+        f"{result.threads} threads{_eval_time(result)}"
     )
     if as_json:
         emit_json(_train_summary(result))
@@ -185,6 +185,15 @@ def _report(result, *, as_json: bool) -> None:
     from dplora.run.outputs import private_path
 
     log(f"private (not covered by DP; keep local, never ship): {private_path(result.output_dir)}")
+
+
+def _eval_time(result) -> str:
+    """The held-out evaluation's wall time for the ``done:`` line (the s/step there is training alone)."""
+    if result.evaluation is None:
+        return ""
+    from dplora.run.progress import duration
+
+    return f", held-out eval {duration(result.eval_seconds)}"
 
 
 def _train_summary(result) -> dict:
@@ -227,6 +236,7 @@ def _train_summary(result) -> dict:
         "threads": result.threads,
         "seconds": round(result.seconds, 3),
         "seconds_per_step": round(result.seconds_per_step, 3),
+        "eval_seconds": round(result.eval_seconds, 3),
     }
 
 

@@ -130,11 +130,14 @@ def token_nll(model, batch: dict):
     return (tok * mask).sum(dim=1), mask.sum(dim=1)
 
 
-def record_nll(model, examples: list, *, pad_id: int, device, batch_size: int) -> tuple[list[float], list[int]]:
+def record_nll(
+    model, examples: list, *, pad_id: int, device, batch_size: int, on_batch=None
+) -> tuple[list[float], list[int]]:
     """Summed target-token NLL (nats) and target-token count of each record, in batches (no gradient).
 
     Args:
         examples: R (input_ids, labels) pairs as :func:`dplora.data.units.tokenize_records` makes them.
+        on_batch: called with no argument after each of the ceil(R / batch_size) batches (progress).
 
     Returns:
         (nll, tokens): two lists of length R.
@@ -150,6 +153,8 @@ def record_nll(model, examples: list, *, pad_id: int, device, batch_size: int) -
             s, n = token_nll(model, batch)
             nll += s.double().tolist()
             tokens += [int(x) for x in n.tolist()]
+            if on_batch is not None:
+                on_batch()
     return nll, tokens
 
 
@@ -223,6 +228,7 @@ def evaluate_model(
     public: bool,
     private_run: bool,
     group_column: str | None = None,
+    progress=None,
 ) -> Evaluation:
     """Base (adapters disabled) vs adapters on the held-out ``table``; restores the model's train/eval mode.
 
@@ -233,6 +239,8 @@ def evaluate_model(
         public: the held-out set is declared public.
         private_run: the adapters come from a DP run.
         group_column: report per group of this column (default ``data.group_column``; None: no groups).
+        progress: a :class:`dplora.run.progress.BatchReporter` (``start(total)``, ``advance(count)``) or None;
+            it counts 2 · (ceil(R / physical_batch_size) loss batches + R greedy replies with a label column).
 
     Returns:
         :class:`Evaluation`.
@@ -249,12 +257,20 @@ def evaluate_model(
     was_training = peft_model.training
     peft_model.eval()
     rows: dict[str, tuple] = {}
+    replies = len(examples) if contract.data.label_column else 0
+    tick = progress.advance if progress is not None else None
+    if progress is not None:
+        progress.start(2 * (math.ceil(len(examples) / batch) + replies))
 
     def measure(name: str) -> HeldOutLoss:
-        nll, tokens = record_nll(peft_model, examples, pad_id=tokenizer.pad_token_id, device=device, batch_size=batch)
+        nll, tokens = record_nll(
+            peft_model, examples, pad_id=tokenizer.pad_token_id, device=device, batch_size=batch, on_batch=tick
+        )
         right = (
             _exact_match_rows(peft_model, tokenizer, table, contract, device) if contract.data.label_column else None
         )
+        if tick is not None and replies:
+            tick(replies)
         rows[name] = (nll, tokens, right)
         return held_out_loss(peft_model, examples, pad_id=0, device=device, batch_size=batch, per_record=(nll, tokens))
 

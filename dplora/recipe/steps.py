@@ -5,6 +5,7 @@ to bottom), the checks after it (every planned step taken and accounted), the he
 from __future__ import annotations
 
 import json
+import time
 
 from dplora.engine import control, distributed
 from dplora.errors import TrainingFailedError
@@ -20,7 +21,12 @@ from dplora.recipe.setup import (
 
 def _train_and_release(spec, state, *, io: _RunIO, started: str, checkpointer):
     """Run every planned step, check the accounting, evaluate on the held-out set if any, then write the adapters
-    and the signed release. Returns the :class:`dplora.evaluate.heldout.Evaluation` or None."""
+    and the signed release.
+
+    Returns:
+        (evaluation, train_seconds, eval_seconds): the :class:`dplora.evaluate.heldout.Evaluation` or None, the
+        wall seconds of the loop of steps alone and of the held-out evaluation alone (0.0 without one).
+    """
     from dplora.run.loop import run_steps
     from dplora.run.progress import ProgressReporter
 
@@ -31,12 +37,16 @@ def _train_and_release(spec, state, *, io: _RunIO, started: str, checkpointer):
     ):
         bar.start(spec.plan.steps)
         checkpointer.write()  # before step 1 (skipped when resuming from this step)
+        t0 = time.perf_counter()
         run_steps(spec, state, metrics=metrics, progress=bar, after_step=_after_step(state, checkpointer))
+        train_seconds = time.perf_counter() - t0
     ranks = _check_accounted(spec, state)
+    t0 = time.perf_counter()
     evaluation = _evaluate_held_out(spec, state, io)
+    eval_seconds = time.perf_counter() - t0 if evaluation is not None else 0.0
     epsilon_spent = spec.plan.epsilon_at(state.step)
     _write_outputs(spec, state, started=started, epsilon_spent=epsilon_spent, io=io, ranks=ranks, evaluation=evaluation)
-    return evaluation
+    return evaluation, train_seconds, eval_seconds
 
 
 def _evaluate_held_out(spec, state, io: _RunIO):
@@ -51,18 +61,21 @@ def _evaluate_held_out(spec, state, io: _RunIO):
     from dplora.engine.step import unwrap
     from dplora.evaluate.heldout import evaluate_model, held_out_source
     from dplora.evaluate.report import report_lines
+    from dplora.run.progress import BatchReporter
 
     source, public = held_out_source(spec.contract)
-    evaluation = evaluate_model(
-        unwrap(state.model),
-        spec.tokenizer,
-        spec.held_out,
-        spec.contract,
-        device=spec.device,
-        source=source,
-        public=public,
-        private_run=not control.is_control(spec.contract),
-    )
+    with BatchReporter("held-out eval", enabled=io.progress) as progress:  # operator's stderr only, never released
+        evaluation = evaluate_model(
+            unwrap(state.model),
+            spec.tokenizer,
+            spec.held_out,
+            spec.contract,
+            device=spec.device,
+            source=source,
+            public=public,
+            private_run=not control.is_control(spec.contract),
+            progress=progress,
+        )
     for line in report_lines(evaluation):
         io.log(line)
     with metrics_path(spec.staging).open("a") as metrics:

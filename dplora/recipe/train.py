@@ -44,7 +44,11 @@ from dplora.run.execution import utc_now
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunResult:
-    """What a finished run produced (seconds are wall-clock); ``release_path`` is None on ranks other than 0."""
+    """What a finished run produced (seconds are wall-clock); ``release_path`` is None on ranks other than 0.
+
+    ``seconds`` is the whole run after setup; ``seconds_per_step`` the loop of steps alone over the steps taken;
+    ``eval_seconds`` the held-out evaluation alone (0.0 without one). Printed to the operator, never released.
+    """
 
     output_dir: Path
     release_path: Path | None
@@ -57,6 +61,7 @@ class RunResult:
     threads: int
     differentially_private: bool = True
     evaluation: object = None  # dplora.evaluate.heldout.Evaluation when a held-out set is configured
+    eval_seconds: float = 0.0
     run_id: str = ""
 
 
@@ -256,7 +261,9 @@ def _run_locked(
     )
     t0, first_step = time.perf_counter(), state.step
     try:
-        evaluation = _train_and_release(spec, state, io=io, started=started, checkpointer=checkpointer)
+        evaluation, train_seconds, eval_seconds = _train_and_release(
+            spec, state, io=io, started=started, checkpointer=checkpointer
+        )
         seconds = time.perf_counter() - t0
     except BaseException as err:
         _record_failure(spec, state, err, ledger, checkpointer.last)
@@ -292,7 +299,8 @@ def _run_locked(
         empty_steps=state.empty_steps,
         epsilon_spent=epsilon_spent,
         seconds=seconds,
-        seconds_per_step=seconds / max(plan.steps - first_step, 1),
+        seconds_per_step=train_seconds / max(plan.steps - first_step, 1),  # the loop alone, not the evaluation
+        eval_seconds=eval_seconds,
         threads=spec.threads,
         differentially_private=not control.is_control(contract),
         evaluation=evaluation,

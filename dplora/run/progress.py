@@ -13,7 +13,8 @@ from typing import TextIO
 LINE_INTERVAL_S = 30.0
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """``seconds`` (wall, ≥ 0 after rounding) in words: "42 s", "3 min 07 s", "2 h 05 min"."""
     seconds = max(0, round(seconds))
     if seconds < 60:
         return f"{seconds} s"
@@ -83,7 +84,7 @@ class ProgressReporter:
             if due:
                 self._last_line = now
                 mean = self._seconds / self._updates
-                eta = _duration(mean * (self._total - step))
+                eta = duration(mean * (self._total - step))
                 print(
                     f"progress: step {step}/{self._total}, ε spent {epsilon:.4f}, {mean:.2f} s/step, ETA {eta}",
                     file=self.stream,
@@ -91,6 +92,83 @@ class ProgressReporter:
                 )
 
     def __enter__(self) -> ProgressReporter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the bar (if any); safe to call more than once."""
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+class BatchReporter:
+    """Progress of a count of work items after training (the held-out evaluation's batches), like training's:
+    a rich bar on a TTY, else plain lines at most every ``interval_s`` (the first and the last always get one).
+
+    Lines read ``<label>: batch d/total, X s/batch, ETA …``; the mean is wall time since :meth:`start` over the
+    items done. They go to the operator's terminal (stderr) only, never into a released file. Call :meth:`start`,
+    then :meth:`advance` after each item (or group of items), then :meth:`close` (or use it as a context manager).
+
+    Args:
+        label: what is being done, e.g. ``"held-out eval"``.
+        enabled, stream, interval_s, clock: as :class:`ProgressReporter`.
+    """
+
+    def __init__(
+        self,
+        label: str,
+        *,
+        enabled: bool = True,
+        stream: TextIO | None = None,
+        interval_s: float = LINE_INTERVAL_S,
+        clock=None,
+    ):
+        self.label = label
+        self.stream = stream if stream is not None else sys.stderr
+        self.interval_s = interval_s
+        self._clock = clock or time.monotonic
+        isatty = getattr(self.stream, "isatty", None)
+        self.mode = "off" if not enabled else ("bar" if isatty is not None and isatty() else "lines")
+        self._bar = self._task = None
+        self.total = self.done = 0
+        self._t0 = self._last_line = None
+
+    def start(self, total: int) -> None:
+        """Begin ``total`` items (≥ 0)."""
+        self.total, self.done, self._t0, self._last_line = total, 0, self._clock(), None
+        if self.mode == "bar":
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            columns = [TextColumn(f"[bold]{self.label}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()]
+            self._bar = Progress(*columns, console=Console(file=self.stream), transient=False)
+            self._bar.start()
+            self._task = self._bar.add_task(self.label, total=total)
+
+    def advance(self, count: int = 1) -> None:
+        """``count`` more items are done."""
+        if self._t0 is None:
+            return
+        self.done = min(self.done + count, self.total)
+        if self.mode == "bar":
+            self._bar.update(self._task, completed=self.done)
+        elif self.mode == "lines":
+            now = self._clock()
+            due = self._last_line is None or now - self._last_line >= self.interval_s or self.done >= self.total
+            if due:
+                self._last_line = now
+                mean = (now - self._t0) / max(self.done, 1)
+                eta = duration(mean * (self.total - self.done))
+                print(
+                    f"{self.label}: batch {self.done}/{self.total}, {mean:.2f} s/batch, ETA {eta}",
+                    file=self.stream,
+                    flush=True,
+                )
+
+    def __enter__(self) -> BatchReporter:
         return self
 
     def __exit__(self, *exc) -> None:

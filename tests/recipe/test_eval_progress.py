@@ -1,0 +1,88 @@
+"""Progress to the end (issue 26.7): the held-out evaluation prints progress lines like training, and the
+``done:`` line's s/step is the loop of steps alone, the evaluation's time reported beside it."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import time
+
+import pytest
+from conftest import train_tiny
+
+from dplora.run.progress import BatchReporter
+
+pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")
+SLOW_EVAL_S = 1.5
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_batch_lines_are_rate_limited_with_an_eta():
+    """Not a TTY: a line after item 1, then one per interval, and at the last item; mean and ETA from the clock."""
+    stream, clock = io.StringIO(), _Clock()
+    with BatchReporter("held-out eval", stream=stream, interval_s=30, clock=clock) as reporter:
+        assert reporter.mode == "lines"
+        reporter.start(10)
+        for done in range(1, 11):
+            clock.now = 4.0 * done  # 4 s per batch
+            reporter.advance()
+    lines = stream.getvalue().splitlines()
+    assert [int(re.search(r"batch (\d+)/10", ln).group(1)) for ln in lines] == [1, 9, 10]
+    assert lines[0] == "held-out eval: batch 1/10, 4.00 s/batch, ETA 36 s"
+    assert lines[-1] == "held-out eval: batch 10/10, 4.00 s/batch, ETA 0 s"
+
+
+def test_disabled_reporter_prints_nothing():
+    stream = io.StringIO()
+    with BatchReporter("held-out eval", enabled=False, stream=stream) as reporter:
+        reporter.start(3)
+        reporter.advance(3)
+    assert stream.getvalue() == ""
+
+
+def test_eval_prints_progress_and_done_excludes_a_slow_eval(
+    tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key
+):
+    """A train with a held-out split prints `held-out eval: batch n/n`; with an evaluation made 1.5 s slower,
+    `done:`'s s/step is the loop's measured time over T and the evaluation's seconds are reported separately."""
+    import dplora.evaluate.heldout as heldout
+    import dplora.run.loop as loop
+
+    loop_seconds = []
+    real_steps, real_eval = loop.run_steps, heldout.evaluate_model
+
+    def timed_steps(*args, **kwargs):
+        t0 = time.perf_counter()
+        real_steps(*args, **kwargs)
+        loop_seconds.append(time.perf_counter() - t0)
+
+    def slow_eval(*args, **kwargs):
+        time.sleep(SLOW_EVAL_S)
+        return real_eval(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "run_steps", timed_steps)
+    monkeypatch.setattr(heldout, "evaluate_model", slow_eval)
+    result, _ = train_tiny(
+        tmp_path, tiny_model_dir, tickets_csv, signing_key, "--progress", "--json", data={"eval_fraction": 0.25}
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    lines = result.stderr.splitlines()
+    evals = [ln for ln in lines if ln.startswith("held-out eval: batch ")]
+    total = re.search(r"batch \d+/(\d+)", evals[-1]).group(1)
+    assert evals and evals[-1].startswith(f"held-out eval: batch {total}/{total},") and "ETA 0 s" in evals[-1]
+    steps = doc["steps_done"]
+    assert len(loop_seconds) == 1
+    assert doc["seconds_per_step"] == pytest.approx(loop_seconds[0] / steps, abs=2e-3)
+    assert doc["eval_seconds"] >= SLOW_EVAL_S
+    assert doc["seconds_per_step"] * steps <= doc["seconds"] - SLOW_EVAL_S
+    done = next(ln for ln in lines if ln.startswith("done: "))
+    assert f"{doc['seconds_per_step']:.2f} s/step" in done and ", held-out eval " in done
