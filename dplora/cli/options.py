@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    import click
 
 ConfigArg = Annotated[Path, typer.Argument(metavar="CONFIG", help="The YAML privacy contract.", show_default=False)]
 OverridesArg = Annotated[
@@ -38,3 +42,33 @@ PemSigningKeyOpt = Annotated[
 ]
 TuningThreadsOpt = Annotated[int | None, typer.Option(min=1, max=1024, metavar="N", help="CPU threads.")]
 TrainingProgressOpt = Annotated[bool, typer.Option(help="Report training progress on stderr.")]
+
+
+def _expand(value):
+    """A path (or a list/tuple of paths) with a leading ``~``/``~user`` expanded; anything else unchanged."""
+    if isinstance(value, Path):
+        return Path(os.path.expanduser(value))
+    if isinstance(value, list | tuple):
+        return type(value)(_expand(v) for v in value)
+    return value
+
+
+def expand_user_paths(command: click.Command) -> None:
+    """Expand a leading ``~`` in every path argument and option of ``command`` and its subcommands (in place).
+
+    Done once, on the whole command tree (each parameter's click ``callback`` is wrapped, after typer made the
+    value a ``Path``), so every path any command declares expands ``~`` as a shell would; ``--key=~/k.pem`` and
+    quoted paths reach the program unexpanded otherwise. Text values (``--prompt``) are not paths: unchanged.
+    """
+    for param in command.params:
+        if getattr(param, "_dplora_expands_user", False):
+            continue
+        inner = param.callback
+
+        def callback(ctx, par, value, inner=inner):
+            value = _expand(value)
+            return inner(ctx, par, value) if inner is not None else value
+
+        param.callback, param._dplora_expands_user = callback, True
+    for sub in getattr(command, "commands", {}).values():
+        expand_user_paths(sub)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import os
 from typing import Annotated, Literal
 
 import yaml
@@ -90,7 +91,19 @@ def _no_nul(value: str) -> str:
 
 NonEmptyStr = Annotated[str, Field(min_length=1, strict=True)]
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS, strict=True), AfterValidator(_printable)]
-PathText = Annotated[str, Field(min_length=1, max_length=MAX_PATH_CHARS, strict=True), AfterValidator(_no_nul)]
+
+
+def _expand_user(value: str) -> str:
+    """A leading ``~`` or ``~user`` becomes that home folder (``os.path.expanduser``), as a shell would."""
+    return os.path.expanduser(value)
+
+
+PathText = Annotated[
+    str,
+    Field(min_length=1, max_length=MAX_PATH_CHARS, strict=True),
+    AfterValidator(_no_nul),
+    AfterValidator(_expand_user),
+]
 
 
 class Precision(str, enum.Enum):

@@ -193,7 +193,8 @@ def load_model_and_tokenizer(section: ModelSection, log=print):
             model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True)
             tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except (OSError, ValueError, KeyError) as err:
-        raise BadInputError(f"cannot load model from {folder}: {err.__class__.__name__}") from None
+        source = folder / gguf if gguf else folder  # a .gguf file: name the file, not its folder
+        raise BadInputError(f"cannot load model from {source}: {err.__class__.__name__}") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.float(), tokenizer
