@@ -14,9 +14,10 @@ import math
 from pathlib import Path
 
 from dplora.contract.spec import Contract
-from dplora.errors import BadInputError, NotPrivateError
+from dplora.errors import BadInputError, NotPrivateError, excerpt
 
 MAX_NEW_TOKENS = 4096  # tokens generated at most per reply (--max-new-tokens upper bound)
+MAX_SEED = 2**63 - 1  # torch.manual_seed takes a signed 64-bit integer; --seed is 0 … MAX_SEED
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -27,7 +28,8 @@ class Sampling:
         max_new_tokens: tokens generated at most per reply (EOS stops earlier), 1 … :data:`MAX_NEW_TOKENS`.
         temperature: 0 for greedy; > 0 divides the logits before sampling.
         top_p: nucleus mass kept when sampling, in (0, 1].
-        seed: seeds sampling (torch.manual_seed); None draws from OS entropy. Unused when greedy.
+        seed: seeds sampling (torch.manual_seed), 0 … :data:`MAX_SEED`; None draws from OS entropy. Unused when
+            greedy.
     """
 
     max_new_tokens: int = 64
@@ -42,6 +44,8 @@ class Sampling:
             raise BadInputError(f"--temperature={self.temperature}: must be ≥ 0 (0 is greedy)")
         if not (0 < self.top_p <= 1):
             raise BadInputError(f"--top-p={self.top_p}: must be in (0, 1]")
+        if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
+            raise BadInputError(f"--seed={excerpt(str(self.seed))}: must be in 0 … 2**63 - 1")
 
     @property
     def greedy(self) -> bool:

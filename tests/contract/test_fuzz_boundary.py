@@ -529,3 +529,88 @@ def test_one_step_train_cases(case, tmp_path, monkeypatch, tiny_model_dir, train
         bad = invoke(["verify", str(folder), "--public-key", str(signing_key[1]), "--json"])
         assert bad.exit_code == 3 and len(bad.stderr.splitlines()) == 1
         assert json.loads(bad.stdout) == {"ok": False, "exit_code": 3, "error": bad.stderr.strip()[len("error: ") :]}
+
+
+# --- command-line overrides with mappings and repeated keys (issue 26.5) --------------------------------------------
+
+mappings = st.dictionaries(st.sampled_from(["r", "alpha", "lr", "x", "target_epsilon", "é"]), scalars, min_size=1)
+mapping_keys = st.sampled_from(["lora", "privacy", "training", "data", "lora.r", "training.lr", "privacy.delta"])
+
+
+def _flow(value) -> str:
+    return yaml.safe_dump(value, default_flow_style=True, width=10**6).removesuffix("\n...\n").strip("\n")
+
+
+def test_fuzzed_mapping_and_repeated_overrides_exit_2_with_one_line(workdir):
+    """A mapping value (`lora={r: 2}`, a nested one, in a list) or a key given twice on the command line: always
+    exit 2 with one bounded `error:` line and no traceback, on validate and budget (--json: one error document)."""
+    (workdir / "c.yaml").write_text(yaml.safe_dump(BASE))
+    before = _snapshot(workdir)
+
+    @settings(
+        max_examples=60, deadline=None, derandomize=DERANDOMIZE, database=None, suppress_health_check=list(HealthCheck)
+    )
+    @given(
+        key=mapping_keys,
+        value=mappings,
+        repeated=st.sampled_from(BENIGN_OVERRIDES),
+        kind=st.sampled_from(["mapping", "nested", "repeat", "repeat-same"]),
+        as_json=st.booleans(),
+    )
+    def run(key, value, repeated, kind, as_json):
+        if kind == "mapping":
+            extra = [f"{key}={_flow(value)}"]
+        elif kind == "nested":
+            extra = [f"{key}={_flow([value])}" if key.count(".") else f"{key}={_flow({'r': value})}"]
+        else:
+            name, _, given_value = repeated.partition("=")
+            extra = [repeated, f"{name}={given_value if kind == 'repeat-same' else _flow(value)}"]
+        long = _long_strings(extra)
+        for command in ("validate", "budget"):
+            args = [command, "c.yaml", *extra, *(["--json"] if as_json and command == "budget" else [])]
+            res = invoke(args)
+            assert res.exit_code == 2, (args, res.output[-500:])
+            check_outcome(res, as_json=as_json and command == "budget", inputs=long)
+
+    run()
+    assert _snapshot(workdir) == before
+
+
+# --- generate's numbers (issue 26.4) ---------------------------------------------------------------------------------
+
+GENERATE_NUMBERS = [
+    ("--max-new-tokens", "0"),
+    ("--max-new-tokens", "-1"),
+    ("--max-new-tokens", "4097"),
+    ("--max-new-tokens", str(10**12)),
+    ("--max-new-tokens", "1.5"),
+    ("--max-new-tokens", "ten"),
+    ("--max-new-tokens", "nan"),
+    ("--max-new-tokens", ""),
+    ("--temperature", "-0.5"),
+    ("--temperature", "nan"),
+    ("--temperature", "inf"),
+    ("--temperature", "-inf"),
+    ("--temperature", "hot"),
+    ("--top-p", "-0.1"),
+    ("--top-p", "0"),
+    ("--top-p", "1.5"),
+    ("--top-p", "nan"),
+    ("--top-p", "inf"),
+    ("--top-p", "-inf"),
+    ("--seed", "1.5"),
+    ("--seed", str(10**40)),
+    ("--threads", "0"),
+]
+
+
+@pytest.mark.parametrize(("option", "value"), GENERATE_NUMBERS)
+@pytest.mark.parametrize("as_json", [False, True])
+def test_generate_numbers_exit_2_with_one_line(workdir, option, value, as_json):
+    """Out-of-range or non-numeric `generate` numbers: exit 2, one `error:` line naming the option, before any run
+    folder or model is read (the folder here does not exist), also as `--option=value`."""
+    for given_as in ([option, value], [f"{option}={value}"]):
+        args = ["generate", "no-run", "--prompt", "hi", "--no-verify", *given_as, *(["--json"] if as_json else [])]
+        res = invoke(args)
+        check_outcome(res, as_json=as_json)
+        assert res.exit_code == 2 and option in res.stderr and "no-run" not in res.stderr, (args, res.stderr)
