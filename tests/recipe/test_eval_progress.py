@@ -11,8 +11,6 @@ import time
 import pytest
 from conftest import train_tiny
 
-from dplora.run.progress import BatchReporter
-
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")
 SLOW_EVAL_S = 1.5
 
@@ -27,6 +25,8 @@ class _Clock:
 
 def test_batch_lines_are_rate_limited_with_an_eta():
     """Not a TTY: a line after item 1, then one per interval, and at the last item; mean and ETA from the clock."""
+    from dplora.run.progress import BatchReporter
+
     stream, clock = io.StringIO(), _Clock()
     with BatchReporter("held-out eval", stream=stream, interval_s=30, clock=clock) as reporter:
         assert reporter.mode == "lines"
@@ -41,6 +41,8 @@ def test_batch_lines_are_rate_limited_with_an_eta():
 
 
 def test_disabled_reporter_prints_nothing():
+    from dplora.run.progress import BatchReporter
+
     stream = io.StringIO()
     with BatchReporter("held-out eval", enabled=False, stream=stream) as reporter:
         reporter.start(3)
