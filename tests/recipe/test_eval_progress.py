@@ -79,8 +79,9 @@ def test_eval_prints_progress_and_done_excludes_a_slow_eval(
     doc = json.loads(result.stdout)
     lines = result.stderr.splitlines()
     evals = [ln for ln in lines if ln.startswith("held-out eval: batch ")]
+    assert evals, "no held-out eval progress line"
     total = re.search(r"batch \d+/(\d+)", evals[-1]).group(1)
-    assert evals and evals[-1].startswith(f"held-out eval: batch {total}/{total},") and "ETA 0 s" in evals[-1]
+    assert evals[-1].startswith(f"held-out eval: batch {total}/{total},") and "ETA 0 s" in evals[-1]
     steps = doc["steps_done"]
     assert len(loop_seconds) == 1
     assert doc["seconds_per_step"] == pytest.approx(loop_seconds[0] / steps, abs=2e-3)
