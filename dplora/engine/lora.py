@@ -35,6 +35,8 @@ MAX_LIBRARY_CHARS = 300
 # known-harmless library warnings: dropped, never shown
 _HARMLESS = (
     re.compile(r"fan_in_fan_out is set to (False|True)"),  # peft sets it itself for Conv1D targets
+    re.compile(r"`is_gradient_checkpointing` is deprecated"),  # transformers 5 rename, read by peft
+    re.compile(r"Full backward hook is firing"),  # Opacus hooks on a frozen base (inputs need no grad)
 )
 
 
@@ -88,7 +90,8 @@ def resolve_target_modules(model, requested) -> list[str] | str:
         (peft resolves it); a list: the list, each name checked.
     Raises:
         BadInputError: no candidate group fits (``auto``), or a listed name is not a linear module of the model
-            (an unknown name, a block such as ``mlp``, an embedding): one line listing the valid names.
+            (an unknown name, a block such as ``mlp``, an embedding, the output layer): one line listing the
+            valid names.
     """
     if requested == ALL_LINEAR:
         return ALL_LINEAR
@@ -101,7 +104,8 @@ def resolve_target_modules(model, requested) -> list[str] | str:
             f"lora.target_modules=auto: no known attention projection in this model; give the names, "
             f"{_valid_names_line(model)}"
         )
-    linear_paths = {n for n, m in model.named_modules() if n and _is_linear(m)}
+    skip = _output_layer_names(model)  # the output layer is never adapted (as peft's all-linear)
+    linear_paths = {n for n, m in model.named_modules() if n and _is_linear(m) and n.rsplit(".", 1)[-1] not in skip}
     bad = [t for t in requested if t not in names and not any(p == t or p.endswith("." + t) for p in linear_paths)]
     if bad:
         raise BadInputError(
