@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+import sys
+import warnings
 
 import pytest
 from conftest import release_statement, train_tiny
@@ -18,6 +20,20 @@ LLAMA_LINEAR = ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj
 
 def _partial(out):
     return out.with_name(out.name + ".partial")
+
+
+def _train_showing_warnings(*args, **kw):
+    """train_tiny with Python warnings printed to the run's stderr, as outside pytest (which records them)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        for hidden in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+            warnings.filterwarnings("ignore", category=hidden)  # Python's default filters outside __main__
+        warnings.showwarning = _to_stderr  # as Python's default: to sys.stderr, which CliRunner captures
+        return train_tiny(*args, **kw)
+
+
+def _to_stderr(message, category, filename, lineno, file=None, line=None):
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
 def _error_lines(output: str) -> list[str]:
@@ -48,7 +64,7 @@ def test_the_default_auto_trains_gpt2_on_c_attn_without_raw_library_warnings(
     from dplora.contract.spec import LoraSection
 
     assert LoraSection().target_modules == "auto"
-    result, out = train_tiny(tmp_path, gpt2_dir, tickets_csv, signing_key, lora={"target_modules": "auto"})
+    result, out = _train_showing_warnings(tmp_path, gpt2_dir, tickets_csv, signing_key, lora={"target_modules": "auto"})
     assert result.exit_code == 0, result.output
     lora = release_statement(out)["predicate"]["lora"]
     assert lora["target_modules"] == ["c_attn"] and lora["target_modules_requested"] == "auto"
@@ -57,7 +73,9 @@ def test_the_default_auto_trains_gpt2_on_c_attn_without_raw_library_warnings(
 
 
 def test_an_explicit_conv1d_list_prints_no_peft_warning(tmp_path, gpt2_dir, tickets_csv, signing_key):
-    result, _ = train_tiny(tmp_path, gpt2_dir, tickets_csv, signing_key, lora={"target_modules": ["c_attn"]})
+    result, _ = _train_showing_warnings(
+        tmp_path, gpt2_dir, tickets_csv, signing_key, lora={"target_modules": ["c_attn"]}
+    )
     assert result.exit_code == 0, result.output
     assert "fan_in_fan_out" not in result.output and "Warning" not in result.output, result.output
 
