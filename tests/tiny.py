@@ -42,9 +42,37 @@ def tiny_llama(vocab_size: int = 258, *, hidden: int = 16, layers: int = 2, tie:
     return LlamaForCausalLM(config)
 
 
-def save_tiny_model(folder: Path, **kw) -> Path:
-    """Write a tiny model and its tokenizer as a Hugging Face folder; returns the folder."""
+def tiny_other(kind: str, vocab_size: int = 258, *, hidden: int = 16, layers: int = 2, seed: int = 0):
+    """A random causal LM of another architecture, hidden 16, 2 layers, 2 heads: ``gpt2`` (Conv1D ``c_attn``),
+    ``phi3`` (fused ``qkv_proj``), ``gpt_neox`` (``query_key_value``) or ``phi`` (``q_proj``, ``v_proj``, ``dense``)."""
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    special = {"pad_token_id": 256, "eos_token_id": 257, "bos_token_id": 257, "vocab_size": vocab_size}
+    if kind == "gpt2":
+        config = tf.GPT2Config(n_embd=hidden, n_layer=layers, n_head=2, n_positions=128, **special)
+        return tf.GPT2LMHeadModel(config)
+    common = {
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 2,
+        "max_position_embeddings": 128,
+        **special,
+    }
+    if kind == "phi3":
+        return tf.Phi3ForCausalLM(tf.Phi3Config(num_key_value_heads=2, **common))
+    if kind == "gpt_neox":
+        return tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(**common))
+    if kind == "phi":
+        return tf.PhiForCausalLM(tf.PhiConfig(num_key_value_heads=2, **common))
+    raise ValueError(kind)
+
+
+def save_tiny_model(folder: Path, kind: str = "llama", **kw) -> Path:
+    """Write a tiny model (``kind``: llama or see :func:`tiny_other`) and its tokenizer as a Hugging Face folder."""
     folder = Path(folder)
-    tiny_llama(**kw).save_pretrained(folder)
+    (tiny_llama(**kw) if kind == "llama" else tiny_other(kind, **kw)).save_pretrained(folder)
     byte_tokenizer().save_pretrained(folder)
     return folder

@@ -238,7 +238,8 @@ def _loc_part(part: str | int) -> str:
 def _format_error(err: ValidationError) -> str:
     """The first validation error in the contract's own terms: the dotted key, the value, what is allowed."""
     first = err.errors()[0]
-    loc = "".join(_loc_part(p) for p in first["loc"]).lstrip(".") or "contract"
+    parts = [p for p in first["loc"] if not (isinstance(p, str) and p.startswith("<"))]  # union tags, e.g. <list>
+    loc = "".join(_loc_part(p) for p in parts).lstrip(".") or "contract"
     kind, ctx = first["type"], first.get("ctx", {})
     if kind == "extra_forbidden":
         return f"unknown key {loc!r}: see the README's contract reference for the allowed keys"

@@ -19,7 +19,16 @@ import os
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from dplora.accounting import Accountant, Adjacency, Sampler
@@ -222,17 +231,44 @@ class DataSection(_Section):
         return self
 
 
+TARGET_KEYWORDS = ("auto", "all-linear")
+
+
+def _targets_kind(v) -> str:
+    return "<keyword>" if isinstance(v, str) else "<list>"
+
+
+TargetModules = Annotated[
+    Annotated[Literal["auto", "all-linear"], Tag("<keyword>")]
+    | Annotated[tuple[Name, ...], Field(max_length=MAX_NAME_CHARS), Tag("<list>")],
+    Discriminator(_targets_kind),
+]
+
+
 class LoraSection(_Section):
     """LoRA adapters (Hu et al. 2021) via peft: rank r, alpha, dropout and the target modules."""
 
     r: Annotated[int, Field(gt=0, le=MAX_LORA_RANK, strict=True)] = 8
     alpha: PositiveFloat = 16.0
     dropout: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False, strict=True)] = 0.0
-    target_modules: Annotated[tuple[Name, ...], Field(max_length=MAX_NAME_CHARS)] = ("q_proj", "v_proj")
+    # auto: the model's attention projections, read from its module names after it loads; all-linear: peft's
+    # shorthand for every linear layer but the output layer; else a list of module names
+    target_modules: TargetModules = "auto"
+
+    @field_validator("target_modules", mode="before")
+    @classmethod
+    def _keyword(cls, v):
+        if isinstance(v, str) and v not in TARGET_KEYWORDS:
+            raise ValueError(
+                f"lora.target_modules={excerpt(v)}: must be a list, e.g. [q_proj, v_proj], or auto or all-linear"
+            )
+        return v
 
     @field_validator("target_modules")
     @classmethod
-    def _non_empty(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+    def _non_empty(cls, v):
+        if isinstance(v, str):
+            return v
         if not v or any(not m for m in v):
             raise ValueError("lora.target_modules must be a non-empty list of module names")
         return v

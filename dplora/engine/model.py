@@ -77,16 +77,53 @@ def _from_gguf(gguf: Path):
     return model, tokenizer
 
 
+def _smollm2_cache() -> Path:
+    return cache_dir() / "models" / "smollm2-135m-instruct"
+
+
+def check_model_cache(section: ModelSection) -> None:
+    """For the packaged model not yet converted: the cache folder can be created and written, checked before the
+    40 s conversion (a probe file is created and removed; the folder is left in place).
+
+    Raises:
+        BadInputError: the folder cannot be created or written (exit 2), naming ``DPLORA_CACHE_DIR``.
+    """
+    if section.name is None:
+        return
+    target = _smollm2_cache()
+    if not (target / "config.json").is_file():
+        _check_writable(target)
+
+
+def _check_writable(target: Path) -> None:
+    from dplora.accounting.cache import CACHE_ENV
+
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=target.parent, prefix=".probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        where = f"{CACHE_ENV}={os.environ[CACHE_ENV]!r}" if os.environ.get(CACHE_ENV) else f"cache folder {target}"
+        raise BadInputError(
+            f"{where}: cannot create or write {target.parent} for the converted model "
+            f"({err.strerror or err.__class__.__name__}); set {CACHE_ENV} to a writable folder"
+        ) from None
+
+
 def converted_smollm2(log=print) -> Path:
     """Folder with SmolLM2-135M as safetensors, converted from the packaged GGUF on first use and cached.
 
     Returns:
         ``<cache>/models/smollm2-135m-instruct`` (written atomically: a temporary folder, then a rename).
+    Raises:
+        BadInputError: the package is missing, or the cache folder is not writable (:func:`check_model_cache`).
     """
-    target = cache_dir() / "models" / "smollm2-135m-instruct"
+    target = _smollm2_cache()
     if (target / "config.json").is_file():
         return target
     gguf = packaged_gguf()
+    _check_writable(target)  # before the conversion, not after it
     _quiet_transformers()
     log(f"converting {gguf.name} to safetensors once (about 40 s); cached at {target}")
     model, tokenizer = _from_gguf(gguf)

@@ -188,6 +188,7 @@ def record_release(
             data_digest=release.data_digest_entry([Path(contract.data.path)], data_key),
             base_model=base_model_entry(contract.model, log),
             execution=info.meta["execution"],
+            lora_targets=_adapter_targets(info.meta["adapter_config"]),
         )
         record["intermediate"] = {
             "steps_done": info.step,
@@ -204,3 +205,11 @@ def record_release(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dest, eps, info.step
+
+
+def _adapter_targets(adapter_config: dict) -> list[str] | None:
+    """The adapted modules' leaf names from peft's saved ``adapter_config`` (what ``auto``/``all-linear`` chose)."""
+    targets = adapter_config.get("target_modules")
+    if isinstance(targets, list | tuple) and all(isinstance(t, str) for t in targets):
+        return sorted({t.rsplit(".", 1)[-1] for t in targets})
+    return None

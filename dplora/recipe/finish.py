@@ -121,6 +121,7 @@ def _write_outputs(spec, state, *, started: str, epsilon_spent: float, io: _RunI
 
     contract, plan = spec.contract, spec.plan
     staging = spec.staging.resolve()
+    from dplora.engine.lora import adapted_module_names
     from dplora.engine.step import unwrap
 
     unwrap(state.model).save_pretrained(staging / "adapter")
@@ -135,6 +136,7 @@ def _write_outputs(spec, state, *, started: str, epsilon_spent: float, io: _RunI
         "data_digest": release.data_digest_entry([Path(contract.data.path)], io.data_key),
         "base_model": base_model_entry(contract.model, io.log),
         "execution": execution_entry(spec, reducer=getattr(state.optimizer, "reducer", None), ranks=ranks),
+        "lora_targets": adapted_module_names(unwrap(state.model)),  # what auto / all-linear resolved to
     }
     if control.is_control(contract):  # its own predicate type (release.predicate_type_of), no ε
         record = non_private_record(**common)

@@ -51,34 +51,55 @@ def _write_json(path: Path, obj) -> None:
 
 
 def _setup_model(contract: Contract, device, dtype: str, allow_tf32: bool, log):
-    """Load the base model in ``dtype`` on ``device``, then wrap it with fp32 LoRA adapters (peft)."""
+    """Load the base model in ``dtype`` on ``device``, then wrap it with fp32 LoRA adapters (peft).
+
+    ``lora.target_modules`` is resolved against the loaded model (:func:`dplora.engine.lora.resolve_target_modules`);
+    library warnings become one ``note:`` line each (:func:`dplora.engine.lora.library_warnings`).
+
+    Raises:
+        BadInputError: a target module the model lacks, or peft refusing the LoRA config (one line, exit 2).
+    """
     import torch
     from peft import LoraConfig, get_peft_model
 
+    from dplora.engine.lora import library_error_line, library_warnings, resolve_target_modules
     from dplora.engine.model import load_model_and_tokenizer, place_model
 
-    model, tokenizer = load_model_and_tokenizer(contract.model, log)
-    model = place_model(model, device, dtype, allow_tf32)  # on its device BEFORE get_peft_model (cases T1)
-    lora = contract.lora
-    torch.manual_seed(contract.training.seed)  # the recorded seed: LoRA initialisation only
-    config = LoraConfig(
-        r=lora.r,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules),
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
-    try:
-        peft_model = get_peft_model(model, config, autocast_adapter_dtype=True)  # LoRA tensors in fp32
-    except ValueError as err:
-        raise BadInputError(f"lora.target_modules={list(lora.target_modules)}: {str(err).splitlines()[0]}") from None
+    with library_warnings(log):
+        model, tokenizer = load_model_and_tokenizer(contract.model, log)
+        model = place_model(model, device, dtype, allow_tf32)  # on its device BEFORE get_peft_model (cases T1)
+        lora = contract.lora
+        targets = resolve_target_modules(model, lora.target_modules)
+        torch.manual_seed(contract.training.seed)  # the recorded seed: LoRA initialisation only
+        config = LoraConfig(
+            r=lora.r,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=targets,
+            fan_in_fan_out=_conv1d_targets(model, targets),
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
+        try:
+            peft_model = get_peft_model(model, config, autocast_adapter_dtype=True)  # LoRA tensors in fp32
+        except ValueError as err:
+            shown = targets if isinstance(targets, str) else list(targets)
+            raise BadInputError(f"lora.target_modules={shown}: {library_error_line(err)}") from None
     for _, p in peft_model.named_parameters():
         if p.requires_grad and p.dtype != torch.float32:
             p.data = p.data.float()
     torch.seed()  # everything random from here on (dropout) draws from OS entropy, not the recorded seed
     peft_model.train()
     return peft_model, tokenizer
+
+
+def _conv1d_targets(model, targets) -> bool:
+    """True when the named targets are transformers ``Conv1D`` layers (GPT-2): peft then needs fan_in_fan_out."""
+    if isinstance(targets, str):
+        return False
+    from transformers.pytorch_utils import Conv1D
+
+    return any(isinstance(m, Conv1D) and n.rsplit(".", 1)[-1] in targets for n, m in model.named_modules())
 
 
 def _make_optimizer(contract: Contract, params):

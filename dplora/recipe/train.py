@@ -17,6 +17,7 @@ from pathlib import Path
 from dplora.contract.spec import Contract, ProtectedUnit
 from dplora.data import units as data_mod
 from dplora.engine import control, distributed
+from dplora.engine.model import check_model_cache
 from dplora.errors import BadInputError, DploraError, TrainingFailedError
 from dplora.plan.training import TrainingPlan, ledger_event
 from dplora.recipe.build import _build, _open_ledger
@@ -130,6 +131,7 @@ def run_training(
                     data_key=data_key,
                     ledger_path=ledger_path,
                 )
+                check_model_cache(contract.model)  # a packaged model's cache folder, before any conversion
                 out, staging = _prepare_output(contract, overwrite, protected)
             if control.is_control(contract) and world.distributed:
                 raise BadInputError("privacy.enabled=false (the non-private control) runs in one process only")
@@ -202,8 +204,9 @@ def _run_locked(
     except BaseException as err:
         if getattr(err, "exit_code", None) == 2 and resumed is None:  # bad input: nothing written
             shutil.rmtree(staging, ignore_errors=True)
-        elif resumed is None:
-            _write_json(staging / "FAILED.json", _failure_entry(None, 0, plan.steps, 0.0, err))
+        elif resumed is None:  # before step 0 work and before the ledger charge: the next run replaces it
+            entry = _failure_entry(None, 0, plan.steps, 0.0, err) | {"stage": resume_mod.SETUP_STAGE}
+            _write_json(staging / "FAILED.json", entry)
         raise
     if resumed is not None:
         log(

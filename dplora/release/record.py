@@ -90,6 +90,7 @@ def build_record(
     data_digest: dict,
     base_model: dict,
     execution: dict | None = None,
+    lora_targets: list[str] | None = None,
 ) -> dict:
     """The JSON record of one fully accounted run (steps_done == plan.steps).
 
@@ -132,7 +133,9 @@ def build_record(
             "composition": "single run; see `dplora ledger` for releases on the same population",
         },
         "population": contract.privacy.population,
-        **run_provenance(contract, base_model=base_model, data_digest=data_digest, execution=execution),
+        **run_provenance(
+            contract, base_model=base_model, data_digest=data_digest, execution=execution, lora_targets=lora_targets
+        ),
         "not_included": "training losses and per-unit record counts (computed on private data, not covered by ε)",
     }
 
@@ -150,7 +153,9 @@ def num_units_note(source: str) -> str:
     )
 
 
-def run_provenance(contract: Contract, *, base_model: dict, data_digest: dict, execution: dict | None) -> dict:
+def run_provenance(
+    contract: Contract, *, base_model: dict, data_digest: dict, execution: dict | None, lora_targets=None
+) -> dict:
     """The record entries a DP run and its non-private control share: what was trained, on what, with what.
 
     LoRA and model settings, the base model's digests, library versions, the contract and data digests, the seed
@@ -161,12 +166,16 @@ def run_provenance(contract: Contract, *, base_model: dict, data_digest: dict, e
         base_model: :func:`dplora.engine.model.base_model_entry`.
         data_digest: :func:`dplora.release.envelope.data_digest_entry` (sha256 or keyed HMAC of the data files).
         execution: :func:`dplora.run.execution.execution_entry`, or None for ``{}``.
+        lora_targets: the leaf names of the modules that hold adapters
+            (:func:`dplora.engine.lora.adapted_module_names`);
+            they replace ``auto``/``all-linear`` as ``lora.target_modules`` (the contract's value stays in
+            ``lora.target_modules_requested``). None: the contract's list as written.
     Returns:
         A dict of JSON values, merged into :func:`build_record` and
         :func:`non_private_record`.
     """
     return {
-        "lora": contract.lora.model_dump(mode="json"),
+        "lora": _lora_entry(contract, lora_targets),
         "model": contract.model.model_dump(mode="json"),
         "base_model": base_model,
         "versions": library_versions(),
@@ -175,6 +184,14 @@ def run_provenance(contract: Contract, *, base_model: dict, data_digest: dict, e
         "seed": {"value": contract.training.seed, "scope": SEED_SCOPE},
         "execution": execution or {},
     }
+
+
+def _lora_entry(contract: Contract, lora_targets: list[str] | None) -> dict:
+    entry = contract.lora.model_dump(mode="json")
+    if lora_targets is not None:
+        entry["target_modules_requested"] = entry["target_modules"]
+        entry["target_modules"] = sorted(lora_targets)
+    return entry
 
 
 def non_private_record(
@@ -188,6 +205,7 @@ def non_private_record(
     data_digest: dict,
     base_model: dict,
     execution: dict | None = None,
+    lora_targets: list[str] | None = None,
 ) -> dict:
     """The signed record of a control run (predicate type ``NON_PRIVATE_PREDICATE_TYPE``, never the DP one).
 
@@ -226,6 +244,8 @@ def non_private_record(
             "clipping": "none",
             "noise": "none",
         },
-        **run_provenance(contract, base_model=base_model, data_digest=data_digest, execution=execution),
+        **run_provenance(
+            contract, base_model=base_model, data_digest=data_digest, execution=execution, lora_targets=lora_targets
+        ),
         "not_included": "training losses and per-unit record counts",
     }

@@ -15,6 +15,7 @@ import yaml
 
 from dplora.errors import BadInputError, TrainingFailedError
 from dplora.run.checkpoint import (
+    CHECKPOINT_FILENAME,
     CheckpointInfo,
     CheckpointUnreadableError,
     data_sha256,
@@ -112,6 +113,9 @@ def prepare_staging(out: Path, *, resuming: bool, overwrite: bool, ledger, log) 
         except CheckpointUnreadableError as err:
             info, unreadable = None, str(err)
         failed = (staging / "FAILED.json").is_file()
+        if failed and info is None and not unreadable and _setup_failure_only(staging):
+            log(f"note: replacing {staging}: it holds only an earlier run's setup failure (no step, no checkpoint)")
+            failed = False
         if (info is not None or unreadable or failed) and not overwrite:
             what = (
                 f"a resume checkpoint of run {info.run_id} at step {info.step}/{info.steps_planned}: finish it with "
@@ -124,6 +128,22 @@ def prepare_staging(out: Path, *, resuming: bool, overwrite: bool, ledger, log) 
         if info is not None:
             _settle_discarded(info, ledger, log)
     return outputs.fresh_staging(out)
+
+
+SETUP_STAGE = "setup"  # FAILED.json's "stage" of a run that failed before step 0 work and its ledger charge
+
+
+def _setup_failure_only(staging: Path) -> bool:
+    """``staging`` holds a FAILED.json of a setup failure (stage ``setup``, no step done) and no checkpoint files."""
+    import json
+
+    try:
+        entry = json.loads((staging / "FAILED.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(entry, dict) or entry.get("stage") != SETUP_STAGE or entry.get("steps_done") != 0:
+        return False
+    return not any(p.name.startswith(CHECKPOINT_FILENAME.split(".")[0]) for p in staging.rglob("*"))
 
 
 def _settle_discarded(info: CheckpointInfo, ledger, log) -> None:
