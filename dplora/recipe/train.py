@@ -229,25 +229,12 @@ def _run_locked(
             f"distributed: {io.world.world_size} processes ({io.world.launcher}, {io.world.backend}); units sharded "
             f"by rank, expected {low:.4g}–{high:.4g} units per rank per step; noise drawn once per step on rank 0"
         )
-    if ledger is not None and resumed is None and control.is_control(contract):
-        ledger.reserve_non_private(
-            population=contract.privacy.population,
-            run_id=spec.run_id,
-            adjacency=plan.adjacency.value,
-            purpose="tuning" if io.tuning_trial else "release",
-        )
-    elif ledger is not None and resumed is None:
-        ledger.reserve(
-            population=contract.privacy.population,
-            run_id=spec.run_id,
-            epsilon=plan.epsilon,
-            delta=plan.delta,
-            accountant=plan.accountant.value,
-            adjacency=plan.adjacency.value,
-            protected_unit=contract.privacy.protected_unit.value,
-            events=[ledger_event(plan)],
-            purpose="tuning" if io.tuning_trial else "release",
-        )
+    try:
+        _reserve(ledger, contract, plan, spec, io, resumed)
+    except BaseException:
+        if resumed is None:  # lost the race for the cap (or any refusal): leave nothing behind, not even .partial
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
     if ledger is not None:
         ledger.set_checkpoint_path(spec.run_id, str(staging.resolve()))
     started = resumed.meta["started_at"] if resumed is not None else utc_now()
@@ -298,6 +285,37 @@ def _run_locked(
         evaluation=evaluation,
         run_id=spec.run_id,
     )
+
+
+def _reserve(ledger, contract: Contract, plan: TrainingPlan, spec, io: _RunIO, resumed) -> None:
+    """Reserve the run's charge: under its population, or as an unassigned run (no population), or ε = ∞ for a
+    non-private control on a population. A resumed run keeps its original reservation.
+
+    Raises:
+        PlanRefusedError: another run took the room first (the cap is checked again inside the transaction).
+    """
+    if ledger is None or resumed is not None:
+        return
+    purpose = "tuning" if io.tuning_trial else "release"
+    if control.is_control(contract):
+        ledger.reserve_non_private(
+            population=contract.privacy.population, run_id=spec.run_id, adjacency=plan.adjacency.value, purpose=purpose
+        )
+        return
+    fields = {
+        "run_id": spec.run_id,
+        "epsilon": plan.epsilon,
+        "delta": plan.delta,
+        "accountant": plan.accountant.value,
+        "adjacency": plan.adjacency.value,
+        "protected_unit": contract.privacy.protected_unit.value,
+        "events": [ledger_event(plan)],
+        "purpose": purpose,
+    }
+    if contract.privacy.population:
+        ledger.reserve(population=contract.privacy.population, **fields)
+    else:
+        ledger.reserve_unassigned(output_dir=str(Path(contract.training.output_dir).resolve()), **fields)
 
 
 def _follow(contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Path, staging: None, io: _RunIO):
