@@ -49,8 +49,8 @@ def disk_full_error(target: Path, needed: int, err: OSError) -> DiskFullError:
     room = "unknown" if free is None else f"{free} bytes"
     what = "quota exceeded" if err.errno == errno.EDQUOT else "disk full"
     return DiskFullError(
-        f"{what} writing {target}: it needs {needed} bytes, {room} free in {Path(target).parent}; "
-        "free some space and run again (the file was left as it was)"
+        f"{what} writing {target}: it needs {needed} bytes, {room} free in {Path(target).parent} "
+        "(the file was left as it was)"
     )
 
 

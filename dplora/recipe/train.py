@@ -14,6 +14,7 @@ import shutil
 import time
 from pathlib import Path
 
+from dplora.atomic import DiskFullError
 from dplora.contract.spec import Contract, ProtectedUnit
 from dplora.data import units as data_mod
 from dplora.engine import control, distributed
@@ -252,7 +253,7 @@ def _run_locked(
             hint = resume_mod.resume_hint(spec, checkpointer.last)
             failed = spec.staging / "FAILED.json"
             raise KeyboardInterrupt(f"interrupted ({name}); no release was written; see {failed}; {hint}") from None
-        if isinstance(err, DploraError) and not isinstance(err, TrainingFailedError):
+        if isinstance(err, DploraError) and not isinstance(err, TrainingFailedError | DiskFullError):
             raise
         raise TrainingFailedError(resume_mod.failure_line(err, spec, state, checkpointer.last)) from err
     epsilon_spent = plan.epsilon_at(state.step)

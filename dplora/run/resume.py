@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from dplora.atomic import DiskFullError
 from dplora.errors import BadInputError, TrainingFailedError
 from dplora.run.checkpoint import (
     CheckpointInfo,
@@ -150,6 +151,8 @@ def _what_happened(err: BaseException, step: int) -> tuple[str, str]:
     if isinstance(err, cuda_oom | MemoryError):
         kind = "accelerator" if isinstance(err, cuda_oom) else "host"
         return f"out of {kind} memory at step {step + 1}", " with a smaller training.physical_batch_size"
+    if isinstance(err, DiskFullError):  # names the file and the bytes needed vs free
+        return f"{err} at step {step}", " once there is free space"
     if isinstance(err, OSError):
         where = f" ({err.filename})" if err.filename else ""
         if err.errno == errno.ENOSPC:
