@@ -41,17 +41,18 @@ class _Stage:
 def _open_ledger(contract: Contract, plan: TrainingPlan, io: _RunIO, resumed_run: str | None = None):
     """The ledger with room for the plan; a resumed run instead needs its own charge still pending.
 
-    Every DP run is recorded: without ``privacy.population`` as an unassigned run (created with the ledger file if
-    missing; never composed with anything). A non-private control without a population is not charged (None).
+    Every DP run is recorded: without ``privacy.population`` as an unassigned run, whose ledger is opened (and
+    created if missing) only when the run reserves its charge, after setup, so that bad input found during setup
+    writes nothing (None here; :func:`dplora.recipe.train._reserve`). A resumed unassigned run needs its ledger
+    now. A non-private control without a population is not charged (None).
     """
     from dplora.ledger.store import Ledger, default_ledger_path
 
     if not contract.privacy.population:
-        if control.is_control(contract):
+        if control.is_control(contract) or resumed_run is None:
             return None
-        ledger = Ledger(io.ledger_path or default_ledger_path(), create=True)
-        if resumed_run is not None:
-            _check_resumable(ledger, resumed_run)
+        ledger = Ledger(io.ledger_path or default_ledger_path(), create=False)
+        _check_resumable(ledger, resumed_run)
         return ledger
 
     if control.is_control(contract) and not io.non_private:

@@ -231,7 +231,7 @@ def _run_locked(
             f"by rank, expected {low:.4g}–{high:.4g} units per rank per step; noise drawn once per step on rank 0"
         )
     try:
-        _reserve(ledger, contract, plan, spec, io, resumed)
+        ledger = _reserve(ledger, contract, plan, spec, io, resumed)
     except BaseException:
         if resumed is None:  # lost the race for the cap (or any refusal): leave nothing behind, not even .partial
             shutil.rmtree(staging, ignore_errors=True)
@@ -288,21 +288,31 @@ def _run_locked(
     )
 
 
-def _reserve(ledger, contract: Contract, plan: TrainingPlan, spec, io: _RunIO, resumed) -> None:
-    """Reserve the run's charge: under its population, or as an unassigned run (no population), or ε = ∞ for a
-    non-private control on a population. A resumed run keeps its original reservation.
+def _reserve(ledger, contract: Contract, plan: TrainingPlan, spec, io: _RunIO, resumed):
+    """Reserve the run's charge and return the ledger it is in (None: not charged, a control without population).
+
+    Under its population; as an unassigned run without one (the ledger, default path or ``--ledger``, is opened
+    and created if missing here); ε = ∞ for a non-private control on a population. A resumed run keeps its
+    original reservation.
 
     Raises:
         PlanRefusedError: another run took the room first (the cap is checked again inside the transaction).
+        LedgerError: the ledger cannot be created or opened (exit 2).
     """
-    if ledger is None or resumed is not None:
-        return
+    if resumed is not None:
+        return ledger
+    if ledger is None and not contract.privacy.population and not control.is_control(contract):
+        from dplora.ledger.store import Ledger, default_ledger_path
+
+        ledger = Ledger(io.ledger_path or default_ledger_path(), create=True)
+    if ledger is None:
+        return None
     purpose = "tuning" if io.tuning_trial else "release"
     if control.is_control(contract):
         ledger.reserve_non_private(
             population=contract.privacy.population, run_id=spec.run_id, adjacency=plan.adjacency.value, purpose=purpose
         )
-        return
+        return ledger
     fields = {
         "run_id": spec.run_id,
         "epsilon": plan.epsilon,
@@ -317,6 +327,7 @@ def _reserve(ledger, contract: Contract, plan: TrainingPlan, spec, io: _RunIO, r
         ledger.reserve(population=contract.privacy.population, **fields)
     else:
         ledger.reserve_unassigned(output_dir=str(Path(contract.training.output_dir).resolve()), **fields)
+    return ledger
 
 
 def _follow(contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Path, staging: None, io: _RunIO):
