@@ -176,8 +176,15 @@ def resume_hint(spec, last: CheckpointInfo | None, advice: str = "") -> str:
     charge = f"; its ledger charge stays pending until then (or `dplora ledger settle {spec.run_id}`)"
     return (
         f"the resume checkpoint holds step {last.step}/{spec.plan.steps} in {spec.staging}: rerun the same command "
-        f"with --resume{advice}" + (charge if spec.contract.privacy.population else "")
+        f"with --resume{advice}" + (charge if _charged(spec.contract) else "")
     )
+
+
+def _charged(contract) -> bool:
+    """Whether the run holds a ledger charge: every DP run (unassigned without a population), a control on one."""
+    from dplora.engine import control
+
+    return bool(contract.privacy.population) or not control.is_control(contract)
 
 
 def failure_fields(spec, state, err: BaseException, last: CheckpointInfo | None) -> dict:
