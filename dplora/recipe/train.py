@@ -199,7 +199,10 @@ def _run_locked(
         if getattr(err, "exit_code", None) == 2 and resumed is None:  # bad input: nothing written
             shutil.rmtree(staging, ignore_errors=True)
         elif resumed is None:
-            _write_json(staging / "FAILED.json", _failure_entry(None, 0, plan.steps, 0.0, err))
+            try:  # whole or not at all; a full disk must not hide the original error
+                _write_json(staging / "FAILED.json", _failure_entry(None, 0, plan.steps, 0.0, err))
+            except (OSError, DiskFullError):
+                pass
         raise
     if resumed is not None:
         log(

@@ -198,7 +198,12 @@ def fresh_staging(out: Path) -> Path:
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
-    atomic.write_text(staging / PARTIAL_MARKER, "written by dplora train; replaced by the next run into this folder\n")
+    try:
+        note = "written by dplora train; replaced by the next run into this folder\n"
+        atomic.write_text(staging / PARTIAL_MARKER, note)
+    except BaseException:  # an unmarked .partial would block the next run: remove it
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     return staging
 
 

@@ -119,3 +119,17 @@ def test_the_loser_of_a_ledger_race_leaves_nothing(tmp_path, monkeypatch, tiny_m
         p.name for p in tmp_path.iterdir() if p.name.startswith("ledger.sqlite3-")
     )
     assert [c.run_id for c in Ledger(db).charges("tickets")] == ["winner"]  # the loser charged nothing
+
+
+def test_a_full_disk_at_the_partial_marker_leaves_no_unmarked_partial(tmp_path, monkeypatch):
+    """The `.dplora-partial` marker cannot be written: DiskFullError names it, and no unmarked `.partial` (which
+    the next run would refuse to replace) stays behind."""
+    import pytest
+
+    from dplora import atomic
+    from dplora.run import outputs
+
+    _disk_full_for(monkeypatch, outputs.PARTIAL_MARKER)
+    with pytest.raises(atomic.DiskFullError, match=outputs.PARTIAL_MARKER):
+        outputs.fresh_staging(tmp_path / "run")
+    assert list(tmp_path.iterdir()) == []
