@@ -3,7 +3,7 @@
 Every module's imports are read with ``ast`` (imports inside functions included) by ``scripts/import_graph.py``.
 A module may import its own stage and the stages below it, never one above it. The order, lowest first:
 
-    core (dplora, errors, signals) → accounting → contract → plan → data → engine → run → release → ledger →
+    core (dplora, errors, signals, atomic) → accounting → contract → plan → data → engine → run → release → ledger →
     evaluate → recipe → audit, synth, tuning → cli (and ``python -m dplora``)
 
 The checker itself is tested on planted graphs and on a planted upward import in a temporary package, so the
@@ -24,7 +24,7 @@ from import_graph import cycles, module_imports  # noqa: E402
 
 # Lowest first; a module belongs to the stage of its longest matching dotted prefix.
 STAGES: list[tuple[str, ...]] = [
-    ("dplora", "dplora.errors", "dplora.signals"),
+    ("dplora", "dplora.errors", "dplora.signals", "dplora.atomic"),
     ("dplora.accounting",),
     ("dplora.contract",),
     ("dplora.plan",),

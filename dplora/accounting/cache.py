@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
+
+from dplora import atomic
 
 CACHE_ENV = "DPLORA_CACHE_DIR"
 RULE_VERSION = "checked-v2"  # bump when the rule that turns accountant answers into ε changes
@@ -44,9 +45,6 @@ def put(key: str, value) -> None:
         data[key] = value
         path = _cache_file()
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".calibration.")
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh)
-        os.replace(tmp, path)
-    except OSError:
+        atomic.write_json(path, data, indent=None, sort_keys=False)  # whole or not at all
+    except (OSError, ValueError, atomic.DiskFullError):
         pass  # a cache is an optimisation only

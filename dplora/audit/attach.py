@@ -245,7 +245,8 @@ def summary_line(section: dict) -> str:
     verdict = "VIOLATION (the bound exceeds the claimed ε)" if section.get("violation") else "no violation"
     ledger = section.get("ledger") or {}
     charge = (
-        f"charged ε={num(ledger.get('epsilon'), '.4f')} to {ledger.get('population')!r}"
+        f"charged ε={num(ledger.get('epsilon'), '.4f')} "
+        + (f"to {ledger['population']!r}" if ledger.get("population") else "as an unassigned run")
         if ledger.get("charged")
         else "not charged to a ledger"
     )

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 import math
 import secrets
 import time
 from pathlib import Path
 
+from dplora import atomic
 from dplora.audit import bound, canaries, scores
 from dplora.errors import BadInputError
 
@@ -113,8 +113,8 @@ def run_audit(contract, options: AuditOptions, *, audit_dir: Path, train_kwargs:
         key.unlink(missing_ok=True)
     measured = _score(result.output_dir, contract, drawn, options, train_kwargs.get("threads"), log)
     report = _report(result, contract, drawn, measured, options, minutes=(time.time() - started) / 60)
-    (audit_dir / REPORT_FILENAME).write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
-    (audit_dir / SUMMARY_FILENAME).write_text(summary_markdown(report))
+    atomic.write_json(audit_dir / REPORT_FILENAME, report, sort_keys=False)
+    atomic.write_text(audit_dir / SUMMARY_FILENAME, summary_markdown(report))
     if options.plot:
         _plot(audit_dir / PLOT_FILENAME, drawn, measured["score"])
     return report
@@ -218,12 +218,14 @@ def _report(result, contract, drawn, measured: dict, options: AuditOptions, *, m
 
 
 def _ledger_entry(result, contract) -> dict:
-    """Whether the audit's run was charged to the ledger (as ``dplora train`` charges: with a population)."""
+    """Whether the audit's run was charged to the ledger, as ``dplora train`` charges: every DP run (under its
+    population, else as an unassigned run) and a non-private control only on a population."""
     population = contract.privacy.population
-    charged = population is not None
+    charged = population is not None or result.differentially_private
     return {
         "charged": charged,
         "population": population,
+        "unassigned": charged and population is None,
         "run_id": result.run_id if charged else None,
         "epsilon": (result.epsilon_spent if result.differentially_private else "infinite") if charged else None,
         "delta": result.plan.delta if charged else None,

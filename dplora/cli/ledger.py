@@ -60,11 +60,15 @@ def set_cap(
 ) -> None:
     """Set (or replace) the (ε, δ) cap of a population, pinned to one protected unit and adjacency."""
     with _user_errors(), Ledger(db or default_ledger_path()) as ledger:
-        ledger.set_cap(population, epsilon_max=epsilon, delta_max=delta, protected_unit=unit, adjacency=adjacency)
+        over = ledger.set_cap(
+            population, epsilon_max=epsilon, delta_max=delta, protected_unit=unit, adjacency=adjacency
+        )
         typer.echo(
             f"cap of population {population!r} set to ε_max={epsilon}, δ_max={delta} for protected unit {unit}, "
             f"adjacency {adjacency} in {ledger.path}"
         )
+        if over:  # the cap is set (charges are history); say what is already over it and by how much
+            typer.echo(f"warning: {over}", err=True)
 
 
 @ledger_app.command("check", short_help="Check a planned (ε, δ) against a population's cap.")
@@ -159,7 +163,7 @@ def show(
     db: DbOpt = None,
     as_json: ShowJsonOpt = False,
 ) -> None:
-    """Show caps, spend, charges and releases (all populations, or one)."""
+    """Show caps, spend, charges and releases (all populations, or one), and every unassigned run on its own."""
     with _user_errors(), Ledger(db or default_ledger_path(), create=False) as ledger:
         pops = [p for p in ledger.populations() if population is None or p["name"] == population]
         if population is not None and not pops:
@@ -168,15 +172,20 @@ def show(
         for c in charges:
             c["age"] = _age(c["created_at"]) if c["status"] == "pending" else None
         releases = ledger.releases(population=population)
+        unassigned = [] if population is not None else [c.to_dict() for c in ledger.unassigned()]
     if as_json:
-        typer.echo(json.dumps({"populations": pops, "charges": charges, "releases": releases}, indent=2))
+        doc = {"populations": pops, "charges": charges, "unassigned": unassigned, "releases": releases}
+        typer.echo(json.dumps(doc, indent=2))
         return
-    for line in _show_lines(pops, charges, releases):
+    for line in _show_lines(pops, charges, releases, unassigned):
         typer.echo(line)
 
 
-def _show_lines(pops: list[dict], charges: list[dict], releases: list[dict]) -> list[str]:
-    """Plain lines under 80 columns: full run ids, record digests and exact decimal numbers, never cut."""
+def _show_lines(pops: list[dict], charges: list[dict], releases: list[dict], unassigned=()) -> list[str]:
+    """Plain lines under 80 columns: full run ids, record digests and exact decimal numbers, never cut.
+
+    Unassigned runs (no ``privacy.population``) are listed one by one, never summed: each holds for its own data.
+    """
     lines = ["populations (totals at δ = Σδ: basic composition, and the events composed)"]
     for p in pops:
         flag = "  OVER CAP" if p["over_cap"] else ""
@@ -201,6 +210,14 @@ def _show_lines(pops: list[dict], charges: list[dict], releases: list[dict]) -> 
                 f"    pending for {c['age']}: resume it with `dplora train CONFIG --resume`,",
                 f"    or close it with `dplora ledger settle {c['run_id']}`",
             ]
+    lines.append("unassigned runs (no population: each stands alone, never composed or summed)")
+    for u in unassigned:
+        lines += [
+            f"  run {u['run_id']}  {u['purpose']}, {u['status']}",
+            f"    output {u['output_dir']}",
+            f"    protected unit {u['protected_unit']}, adjacency {u['adjacency']}, accountant {u['accountant']}",
+            f"    ε {u['epsilon']} at δ {u['delta']} (reserved ε {u['reserved_epsilon']})",
+        ]
     lines.append("releases (post-processing of a charged run: not new charges)")
     for r in releases:
         lines += [

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import random
-import tempfile
 from collections import Counter
 from pathlib import Path
 
+from dplora import atomic
 from dplora.errors import BadInputError
 
 COLUMNS = ("ticket_id", "customer_id", "message", "reply")
@@ -327,20 +326,14 @@ def write_records(path: Path, rows: list[dict[str, str]], columns: tuple[str, ..
     if path.exists() and not overwrite:
         raise BadInputError(f"{path} already exists; pass --overwrite to replace it")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            if suffix == ".csv":
-                writer = csv.DictWriter(fh, fieldnames=list(columns))
-                writer.writeheader()
-                writer.writerows(rows)
-            else:
-                for row in rows:
-                    fh.write(json.dumps({k: row[k] for k in columns}, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic.replacing(path, text=True, newline="") as fh:  # whole or not at all; DiskFullError names it
+        if suffix == ".csv":
+            writer = csv.DictWriter(fh, fieldnames=list(columns))
+            writer.writeheader()
+            writer.writerows(rows)
+        else:
+            for row in rows:
+                fh.write(json.dumps({k: row[k] for k in columns}, ensure_ascii=False) + "\n")
     return path
 
 

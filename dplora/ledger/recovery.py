@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from dplora import atomic
 from dplora.errors import BadInputError
 from dplora.ledger.store import Charge, Ledger
 from dplora.run.checkpoint import CheckpointInfo, CheckpointUnreadableError, read_info
@@ -175,8 +176,8 @@ def record_release(
         adapter = {k.removeprefix("adapter."): v for k, v in tensors.items() if k.startswith("adapter.")}
         save_file(adapter, tmp / "adapter" / "adapter_model.safetensors", metadata={"format": "pt"})
         config = json.dumps(info.meta["adapter_config"], indent=2, sort_keys=True) + "\n"
-        (tmp / "adapter" / "adapter_config.json").write_text(config)
-        (tmp / "contract.yaml").write_text(info.meta["contract_yaml"])
+        atomic.write_text(tmp / "adapter" / "adapter_config.json", config)
+        atomic.write_text(tmp / "contract.yaml", info.meta["contract_yaml"])
         record = build_record(
             contract=contract,
             plan=plan,

@@ -41,7 +41,8 @@ from pathlib import Path
 from dplora.errors import BadInputError, PlanRefusedError
 
 LEDGER_ENV = "DPLORA_LEDGER"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+UNASSIGNED = ""  # the population column of an unassigned run: never a valid population name (see _name)
 UNITS = ("row", "ticket", "user")
 ADJACENCIES = ("add_remove", "replace_one")
 UNKNOWN_UNIT = "unit unknown"
@@ -63,7 +64,7 @@ CREATE TABLE IF NOT EXISTS charges (
     status TEXT NOT NULL CHECK (status IN ('pending', 'settled', 'failed')),
     purpose TEXT NOT NULL CHECK (purpose IN ('release', 'tuning')),
     accountant TEXT NOT NULL, adjacency TEXT NOT NULL, created_at TEXT NOT NULL, settled_at TEXT,
-    protected_unit TEXT, events TEXT);
+    protected_unit TEXT, events TEXT, output_dir TEXT);
 CREATE INDEX IF NOT EXISTS charges_population ON charges (population);
 CREATE TABLE IF NOT EXISTS releases (
     id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL REFERENCES charges (run_id),
@@ -101,6 +102,12 @@ class Charge:
     reserved_epsilon: Decimal | None = None
     protected_unit: str | None = None  # None: a charge from a schema-1 ledger (unit unknown)
     events: tuple | None = None  # the mechanisms composed into the charge (dicts); None: unknown
+    output_dir: str | None = None  # where the run wrote (recorded for unassigned runs, schema 3)
+
+    @property
+    def unassigned(self) -> bool:
+        """True for a run without ``privacy.population``: charged on its own, never composed with anything."""
+        return self.population is None
 
     def to_dict(self) -> dict:
         """Return a JSON-ready dict; Decimals become exact strings."""
@@ -173,6 +180,8 @@ def _to_charge(row: sqlite3.Row) -> Charge:
     dec = ("epsilon", "delta", "reserved_epsilon")
     values = {f.name: Decimal(row[f.name]) if f.name in dec else row[f.name] for f in fields(Charge)}
     values["events"] = None if row["events"] is None else tuple(json.loads(row["events"]))
+    if values["population"] == UNASSIGNED:
+        values["population"] = None
     return Charge(**values)
 
 
@@ -269,6 +278,9 @@ class Ledger:
         version = self._conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0]
         if version == 1:
             self._migrate_1_to_2()
+            version = 2
+        if version == 2:
+            self._migrate_2_to_3()
             version = SCHEMA_VERSION
         if version != SCHEMA_VERSION:
             raise LedgerError(f"ledger {self.path} has schema {version}, dplora reads {SCHEMA_VERSION}: upgrade")
@@ -286,6 +298,14 @@ class Ledger:
             ):
                 c.execute(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
             c.execute("UPDATE schema_version SET version=2")
+
+    def _migrate_2_to_3(self) -> None:
+        """Schema 2 → 3 in one transaction: charges gain ``output_dir`` (unassigned runs); no charge changes."""
+        with self._write() as c:
+            if c.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] != 2:
+                return  # another process migrated it first
+            c.execute("ALTER TABLE charges ADD COLUMN output_dir TEXT")
+            c.execute("UPDATE schema_version SET version=3")
 
     def close(self) -> None:
         """Close the database connection."""
@@ -390,10 +410,12 @@ class Ledger:
 
     def set_cap(
         self, population: str, *, epsilon_max: object, delta_max: object, protected_unit: str, adjacency: str
-    ) -> None:
+    ) -> str:
         """Set (or replace) a population's cap, pinned to one protected unit and adjacency.
 
-        Lowering a cap below what is spent is allowed; pinning a "unit unknown" population (schema 1) is allowed;
+        Lowering a cap below what is spent is allowed (the charges are history: they cannot be undone) and the
+        returned line says what is over and by how much; every later run on the population is then refused.
+        Pinning a "unit unknown" population (schema 1) is allowed;
         re-pinning to another unit or adjacency is refused once charges of the pinned one exist.
 
         Args:
@@ -402,6 +424,10 @@ class Ledger:
             delta_max: Total δ allowed (probability), in (0, 1).
             protected_unit: ``"row"``, ``"ticket"`` or ``"user"``: what one neighbour differs by.
             adjacency: ``"add_remove"`` or ``"replace_one"``.
+
+        Returns:
+            '' when what is spent fits the new cap, else one line: spent (basic and composed ε, Σδ), the cap, and
+            by how much each is over.
 
         Raises:
             BadInputError: A bad name or value, or a re-pin over existing charges of another unit.
@@ -428,6 +454,25 @@ class Ledger:
                 "protected_unit=excluded.protected_unit, adjacency=excluded.adjacency",
                 (population, str(eps), str(delta), _now(), unit, adj),
             )
+            return self._over_cap_line(c, population)
+
+    def _over_cap_line(self, c: sqlite3.Connection, pop: str) -> str:
+        """'' if the population's spend fits its cap, else what is over and by how much (ε: the tighter total)."""
+        cap = self._cap(c, pop)
+        if cap is None or not c.execute("SELECT 1 FROM charges WHERE population=?", (pop,)).fetchone():
+            return ""
+        (s_eps, s_delta), total = self._spent(c, pop), self._total(c, pop)
+        tight = Decimal(repr(total["epsilon"])) if total["epsilon"] is not None else s_eps
+        tight = min(tight, s_eps)
+        parts = []
+        if tight > cap[0]:
+            over = "∞" if tight.is_infinite() else str(_EXACT.subtract(tight, cap[0]))
+            parts.append(f"ε spent {s_eps} (basic), {total['epsilon']} (tightest) is over ε_max={cap[0]} by {over}")
+        if s_delta > cap[1]:
+            parts.append(f"δ spent {s_delta} is over δ_max={cap[1]} by {_EXACT.subtract(s_delta, cap[1])}")
+        if not parts:
+            return ""
+        return f"population {pop!r} is over its new cap: " + "; ".join(parts) + "; every later run on it is refused"
 
     def pinned(self, population: str) -> tuple[str | None, str | None]:
         """Return ``(protected_unit, adjacency)`` of a population; ``(None, None)`` when unit unknown or no cap."""
@@ -588,6 +633,81 @@ class Ledger:
             )
             return _to_charge(self._row(c, run_id))
 
+    def reserve_unassigned(
+        self,
+        *,
+        run_id: str,
+        output_dir: str,
+        epsilon: object,
+        delta: object,
+        accountant: str,
+        adjacency: str,
+        protected_unit: str,
+        events: list[dict] | None = None,
+        purpose: str = "release",
+    ) -> Charge:
+        """Record a pending charge for a DP run without ``privacy.population``: an unassigned run.
+
+        It has its own protected unit, adjacency and events and is never composed with anything (no population
+        total counts it, and no cap applies): ``ledger show`` lists each unassigned run on its own. It settles
+        and records releases like any charge.
+
+        Args:
+            run_id: Unique id of the run.
+            output_dir: The run's output folder (absolute path), to find it again.
+            epsilon: ε to reserve (unitless, > 0): the run's planned total.
+            delta: δ to reserve (probability, in [0, 1)).
+            accountant: Accountant that computed ε, e.g. ``"rdp"``.
+            adjacency: ``"add_remove"`` or ``"replace_one"``.
+            protected_unit: ``"row"``, ``"ticket"`` or ``"user"``.
+            events: The run's mechanisms (see :meth:`reserve`).
+            purpose: ``"release"`` or ``"tuning"``.
+
+        Returns:
+            The pending charge (``population`` None).
+
+        Raises:
+            BadInputError: Duplicate run_id, or a bad name or value.
+            LedgerError: The database is locked or unreadable.
+        """
+        run_id, output_dir = _name(run_id, "run_id"), _name(str(output_dir), "output_dir")
+        eps, dlt = _dec(epsilon, "epsilon"), _dec(delta, "delta", positive=False, below_one=True)
+        accountant, adjacency = _name(accountant, "accountant"), _adjacency(adjacency)
+        unit, ev = _unit(protected_unit), _events(events, adjacency)
+        if purpose not in PURPOSES:
+            raise BadInputError(f"purpose must be one of {', '.join(PURPOSES)}, got {purpose!r}")
+        with self._write() as c:
+            if c.execute("SELECT 1 FROM charges WHERE run_id=?", (run_id,)).fetchone():
+                raise BadInputError(f"run {run_id!r} already has a charge in ledger {self.path}")
+            c.execute(
+                "INSERT INTO charges (run_id, population, epsilon, delta, reserved_epsilon, status, purpose, "
+                "accountant, adjacency, created_at, protected_unit, events, output_dir) "
+                "VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    run_id,
+                    UNASSIGNED,
+                    str(eps),
+                    str(dlt),
+                    str(eps),
+                    purpose,
+                    accountant,
+                    adjacency,
+                    _now(),
+                    unit,
+                    ev,
+                    output_dir,
+                ),
+            )
+            return _to_charge(self._row(c, run_id))
+
+    def unassigned(self) -> list[Charge]:
+        """Every unassigned run's charge (no population), oldest first: each stands alone, never summed."""
+        with self._read() as c:
+            cur = c.cursor()
+            cur.row_factory = sqlite3.Row
+            sql = "SELECT * FROM charges WHERE population=? ORDER BY created_at, rowid"
+            return [_to_charge(r) for r in cur.execute(sql, (UNASSIGNED,)).fetchall()]
+
     def settle(self, run_id: str, *, epsilon_spent: object, status: str = "settled") -> Charge:
         """Charge a finished (``"settled"``) or failed/aborted (``"failed"``) run what it spent.
 
@@ -702,12 +822,14 @@ class Ledger:
         return row[0] if row else None
 
     def charges(self, population: str | None = None) -> list[Charge]:
-        """Return all charges (of one population if given), oldest first."""
+        """Return all charges of populations (of one if given), oldest first; unassigned runs: :meth:`unassigned`."""
         with self._read() as c:
             cur = c.cursor()
             cur.row_factory = sqlite3.Row
-            sql = "SELECT * FROM charges WHERE ? IS NULL OR population=? ORDER BY created_at, rowid"
-            return [_to_charge(r) for r in cur.execute(sql, (population, population)).fetchall()]
+            sql = (
+                "SELECT * FROM charges WHERE population != ? AND (? IS NULL OR population=?) ORDER BY created_at, rowid"
+            )
+            return [_to_charge(r) for r in cur.execute(sql, (UNASSIGNED, population, population)).fetchall()]
 
     def releases(self, run_id: str | None = None, *, population: str | None = None) -> list[dict]:
         """Return recorded releases (of one run or population if given), oldest first, ε/δ as strings."""
@@ -730,7 +852,10 @@ class Ledger:
         """
         out = []
         with self._read() as c:
-            names = c.execute("SELECT name FROM populations UNION SELECT population FROM charges ORDER BY 1")
+            names = c.execute(
+                "SELECT name FROM populations UNION SELECT population FROM charges WHERE population != ? ORDER BY 1",
+                (UNASSIGNED,),
+            )
             for (name,) in names.fetchall():
                 cap, spent = self._cap(c, name), self._spent(c, name)
                 left = [_EXACT.subtract(m, s) for m, s in zip(cap, spent, strict=True)] if cap else [None] * 2

@@ -39,10 +39,21 @@ class _Stage:
 
 
 def _open_ledger(contract: Contract, plan: TrainingPlan, io: _RunIO, resumed_run: str | None = None):
-    """The ledger with room for the plan; a resumed run instead needs its own charge still pending."""
-    if not contract.privacy.population:
-        return None
+    """The ledger with room for the plan; a resumed run instead needs its own charge still pending.
+
+    Every DP run is recorded: without ``privacy.population`` as an unassigned run, whose ledger is opened (and
+    created if missing) only when the run reserves its charge, after setup, so that bad input found during setup
+    writes nothing (None here; :func:`dplora.recipe.train._reserve`). A resumed unassigned run needs its ledger
+    now. A non-private control without a population is not charged (None).
+    """
     from dplora.ledger.store import Ledger, default_ledger_path
+
+    if not contract.privacy.population:
+        if control.is_control(contract) or resumed_run is None:
+            return None
+        ledger = Ledger(io.ledger_path or default_ledger_path(), create=False)
+        _check_resumable(ledger, resumed_run)
+        return ledger
 
     if control.is_control(contract) and not io.non_private:
         pop = contract.privacy.population
@@ -61,15 +72,20 @@ def _open_ledger(contract: Contract, plan: TrainingPlan, io: _RunIO, resumed_run
             events=[ledger_event(plan)],
         )
     elif resumed_run is not None:
-        try:
-            status = ledger.charge(resumed_run).status
-        except BadInputError:
-            raise BadInputError(
-                f"--resume: run {resumed_run} has no charge in ledger {ledger.path}: pass the ledger it was charged in"
-            ) from None
-        if status != "pending":
-            raise BadInputError(f"--resume: run {resumed_run} is already {status} in ledger {ledger.path}: start anew")
+        _check_resumable(ledger, resumed_run)
     return ledger
+
+
+def _check_resumable(ledger, resumed_run: str) -> None:
+    """A resumed run needs its own charge, still pending, in this ledger. Raises: BadInputError."""
+    try:
+        status = ledger.charge(resumed_run).status
+    except BadInputError:
+        raise BadInputError(
+            f"--resume: run {resumed_run} has no charge in ledger {ledger.path}: pass the ledger it was charged in"
+        ) from None
+    if status != "pending":
+        raise BadInputError(f"--resume: run {resumed_run} is already {status} in ledger {ledger.path}: start anew")
 
 
 def _build(

@@ -8,6 +8,7 @@ import json
 import math
 from pathlib import Path
 
+from dplora import atomic
 from dplora.engine import control
 from dplora.errors import DploraError
 from dplora.recipe.setup import _RunIO, _write_json
@@ -35,14 +36,12 @@ def _open_metrics(staging: Path, resume_step: int, header: dict):
     checkpoint's step."""
     path = metrics_path(staging)
     if resume_step == 0 or not path.is_file():
-        handle = path.open("w")
-        handle.write(json.dumps(header) + "\n")
-        return handle
-    kept = [ln for ln in path.read_text().splitlines() if _metrics_step(ln) <= resume_step]
-    handle = path.open("w")
-    kept.append(json.dumps({"resumed_at_step": resume_step, "time": utc_now()}))
-    handle.write("".join(ln + "\n" for ln in kept))
-    return handle
+        kept = [json.dumps(header)]
+    else:  # only whole lines (ending in a newline) count: a line cut by a kill or a full disk is dropped
+        kept = [ln for ln in atomic.complete_lines(path.read_text()) if _metrics_step(ln) <= resume_step]
+        kept.append(json.dumps({"resumed_at_step": resume_step, "time": utc_now()}))
+    atomic.write_text(path, "".join(ln + "\n" for ln in kept))  # whole or not at all
+    return path.open("a")
 
 
 def _metrics_step(line: str) -> float:
@@ -66,8 +65,8 @@ def _record_failure(spec, state, err: BaseException, ledger, last_checkpoint=Non
     entry = _failure_entry(spec.run_id, done, plan.steps, spent, err)
     entry |= failure_fields(spec, state, err, last_checkpoint)
     try:
-        _write_json(spec.staging / "FAILED.json", entry)
-    except OSError:  # a full disk must not hide the original error
+        _write_json(spec.staging / "FAILED.json", entry)  # whole or not at all (dplora.atomic)
+    except (OSError, atomic.DiskFullError):  # a full disk must not hide the original error
         pass
     (spec.staging / release.RELEASE_FILENAME).unlink(missing_ok=True)
     if ledger is not None and last_checkpoint is None:
@@ -125,7 +124,7 @@ def _write_outputs(spec, state, *, started: str, epsilon_spent: float, io: _RunI
     from dplora.engine.step import unwrap
 
     unwrap(state.model).save_pretrained(staging / "adapter")
-    (staging / "contract.yaml").write_text(contract.to_yaml())
+    atomic.write_text(staging / "contract.yaml", contract.to_yaml())
     common = {
         "contract": contract,
         "plan": plan,

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
+from dplora import atomic
 from dplora.contract.spec import Contract
 from dplora.engine import distributed
 from dplora.errors import BadInputError, excerpt
@@ -47,7 +47,8 @@ def _lock_output(out: Path):
 
 
 def _write_json(path: Path, obj) -> None:
-    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    """Write ``obj`` as JSON to ``path`` whole or not at all (:func:`dplora.atomic.write_json`)."""
+    atomic.write_json(path, obj)
 
 
 def _setup_model(contract: Contract, device, dtype: str, allow_tf32: bool, log):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 
+from dplora import atomic
 from dplora.engine import control, distributed
 from dplora.errors import TrainingFailedError
 from dplora.recipe.finish import (
@@ -80,7 +81,7 @@ def _evaluate_held_out(spec, state, io: _RunIO):
         io.log(line)
     with metrics_path(spec.staging).open("a") as metrics:
         entry = {"eval": evaluation.to_dict()}
-        metrics.write(json.dumps(entry if public else {"not_covered_by_dp": entry}) + "\n")
+        atomic.append_line(metrics, json.dumps(entry if public else {"not_covered_by_dp": entry}))
     return evaluation
 
 

@@ -14,6 +14,7 @@ import shutil
 import time
 from pathlib import Path
 
+from dplora.atomic import DiskFullError
 from dplora.contract.spec import Contract, ProtectedUnit
 from dplora.data import units as data_mod
 from dplora.engine import control, distributed
@@ -206,7 +207,10 @@ def _run_locked(
             shutil.rmtree(staging, ignore_errors=True)
         elif resumed is None:  # before step 0 work and before the ledger charge: the next run replaces it
             entry = _failure_entry(None, 0, plan.steps, 0.0, err) | {"stage": resume_mod.SETUP_STAGE}
-            _write_json(staging / "FAILED.json", entry)
+            try:  # whole or not at all; a full disk must not hide the original error
+                _write_json(staging / "FAILED.json", entry)
+            except (OSError, DiskFullError):
+                pass
         raise
     if resumed is not None:
         log(
@@ -237,25 +241,12 @@ def _run_locked(
             f"distributed: {io.world.world_size} processes ({io.world.launcher}, {io.world.backend}); units sharded "
             f"by rank, expected {low:.4g}–{high:.4g} units per rank per step; noise drawn once per step on rank 0"
         )
-    if ledger is not None and resumed is None and control.is_control(contract):
-        ledger.reserve_non_private(
-            population=contract.privacy.population,
-            run_id=spec.run_id,
-            adjacency=plan.adjacency.value,
-            purpose="tuning" if io.tuning_trial else "release",
-        )
-    elif ledger is not None and resumed is None:
-        ledger.reserve(
-            population=contract.privacy.population,
-            run_id=spec.run_id,
-            epsilon=plan.epsilon,
-            delta=plan.delta,
-            accountant=plan.accountant.value,
-            adjacency=plan.adjacency.value,
-            protected_unit=contract.privacy.protected_unit.value,
-            events=[ledger_event(plan)],
-            purpose="tuning" if io.tuning_trial else "release",
-        )
+    try:
+        ledger = _reserve(ledger, contract, plan, spec, io, resumed)
+    except BaseException:
+        if resumed is None:  # lost the race for the cap (or any refusal): leave nothing behind, not even .partial
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
     if ledger is not None:
         ledger.set_checkpoint_path(spec.run_id, str(staging.resolve()))
     started = resumed.meta["started_at"] if resumed is not None else utc_now()
@@ -275,7 +266,7 @@ def _run_locked(
             hint = resume_mod.resume_hint(spec, checkpointer.last)
             failed = spec.staging / "FAILED.json"
             raise KeyboardInterrupt(f"interrupted ({name}); no release was written; see {failed}; {hint}") from None
-        if isinstance(err, DploraError) and not isinstance(err, TrainingFailedError):
+        if isinstance(err, DploraError) and not isinstance(err, TrainingFailedError | DiskFullError):
             raise
         raise TrainingFailedError(resume_mod.failure_line(err, spec, state, checkpointer.last)) from err
     epsilon_spent = plan.epsilon_at(state.step)
@@ -309,6 +300,48 @@ def _run_locked(
         evaluation=evaluation,
         run_id=spec.run_id,
     )
+
+
+def _reserve(ledger, contract: Contract, plan: TrainingPlan, spec, io: _RunIO, resumed):
+    """Reserve the run's charge and return the ledger it is in (None: not charged, a control without population).
+
+    Under its population; as an unassigned run without one (the ledger, default path or ``--ledger``, is opened
+    and created if missing here); ε = ∞ for a non-private control on a population. A resumed run keeps its
+    original reservation.
+
+    Raises:
+        PlanRefusedError: another run took the room first (the cap is checked again inside the transaction).
+        LedgerError: the ledger cannot be created or opened (exit 2).
+    """
+    if resumed is not None:
+        return ledger
+    if ledger is None and not contract.privacy.population and not control.is_control(contract):
+        from dplora.ledger.store import Ledger, default_ledger_path
+
+        ledger = Ledger(io.ledger_path or default_ledger_path(), create=True)
+    if ledger is None:
+        return None
+    purpose = "tuning" if io.tuning_trial else "release"
+    if control.is_control(contract):
+        ledger.reserve_non_private(
+            population=contract.privacy.population, run_id=spec.run_id, adjacency=plan.adjacency.value, purpose=purpose
+        )
+        return ledger
+    fields = {
+        "run_id": spec.run_id,
+        "epsilon": plan.epsilon,
+        "delta": plan.delta,
+        "accountant": plan.accountant.value,
+        "adjacency": plan.adjacency.value,
+        "protected_unit": contract.privacy.protected_unit.value,
+        "events": [ledger_event(plan)],
+        "purpose": purpose,
+    }
+    if contract.privacy.population:
+        ledger.reserve(population=contract.privacy.population, **fields)
+    else:
+        ledger.reserve_unassigned(output_dir=str(Path(contract.training.output_dir).resolve()), **fields)
+    return ledger
 
 
 def _follow(contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Path, staging: None, io: _RunIO):

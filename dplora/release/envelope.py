@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from securesystemslib.dsse import Envelope
 from securesystemslib.signer import CryptoSigner
 
+from dplora import atomic
 from dplora.data.digest import hmac_sha256_file, sha256_file  # noqa: F401 - re-exported for callers of this module
 from dplora.errors import BadInputError
 from dplora.release.keys import (  # noqa: F401 - re-exported: the key functions lived here before dplora.release.keys
@@ -174,19 +174,10 @@ def write_temp(folder: Path, name: str, data: bytes) -> Path:
     """Write ``data`` to a new fsynced temp file ``folder/.name.*.tmp`` (mode 0644) and return its path.
 
     The caller renames it over the real file (``os.replace``), so readers see the old or the new bytes, never a
-    mix. Raises: OSError (the temp file is removed first).
+    mix. Raises: DiskFullError naming the file (ENOSPC/EDQUOT), OSError (the temp file is removed first).
+    Source: :func:`dplora.atomic.write_temp`.
     """
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fchmod(f.fileno(), 0o644)
-            os.fsync(f.fileno())
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return Path(tmp)
+    return atomic.write_temp(folder, name, data)
 
 
 def _temp_json(folder: Path, name: str, obj) -> Path:
@@ -234,6 +225,7 @@ def write_release(*, output_dir: Path, record: dict, artifact_files: list[Path],
         targets[1].unlink(missing_ok=True)  # old envelope, no bundle: still a valid (old) release
         for tmp, target in temps:
             os.replace(tmp, target)
+        atomic.fsync_dir(root)
     except BaseException:
         for tmp, target in temps:
             tmp.unlink(missing_ok=True)
@@ -283,8 +275,8 @@ def finish_adapter_dir(adapter_dir: Path, contract, record: dict) -> list[Path]:
     adapter_config["base_model_name_or_path"] = record["base_model"]["name_or_path"]
     if predicate_type_of(record) == NON_PRIVATE_PREDICATE_TYPE:
         adapter_config["dplora_privacy"] = record["statement"]
-    config_path.write_text(json.dumps(adapter_config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    (adapter_dir / MODEL_CARD).write_text(model_card(record, contract), encoding="utf-8")
+    atomic.write_json(config_path, adapter_config)
+    atomic.write_text(adapter_dir / MODEL_CARD, model_card(record, contract))
     return sorted(p for p in adapter_dir.rglob("*") if p.is_file())
 
 

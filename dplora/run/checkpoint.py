@@ -28,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from dplora import atomic
 from dplora.errors import BadInputError, TrainingFailedError
 from dplora.signals import GracefulStop
 
@@ -205,13 +206,11 @@ def _atomic_write(path: Path, payload: bytes, step: int) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        atomic.fsync_dir(path.parent)
     except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError) and err.errno in atomic.DISK_FULL_ERRNOS:
+            raise atomic.disk_full_error(path, len(payload), err) from err
         if isinstance(err, OSError) and err.filename is None:
             raise OSError(err.errno, err.strerror or str(err), str(path)) from err
         raise

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dplora import atomic
 from dplora.contract.spec import Contract
 from dplora.data.units import PoissonUnitSampler, UnitIndex
 from dplora.engine import distributed
@@ -230,7 +231,8 @@ def run_steps(spec: RunSpec, state: RunState, *, metrics, progress, after_step=N
         seconds = time.perf_counter() - t_step
         mean_loss = loss_sum / records if records else None
         progress.update(step, eps_next, seconds, mean_loss)
-        metrics.write(
+        atomic.append_line(  # one whole line per step, fsynced: a full disk leaves no partial line
+            metrics,
             json.dumps(
                 {
                     "step": step,
@@ -239,10 +241,8 @@ def run_steps(spec: RunSpec, state: RunState, *, metrics, progress, after_step=N
                     "not_covered_by_dp": {"train_loss": mean_loss, "units": _units(state, units), "records": records},
                     **_noise_draws(state),
                 }
-            )
-            + "\n"
+            ),
         )
-        metrics.flush()
         if after_step is not None:
             after_step(spec, state)
     if float(_finite_flag(state.named)) != 1.0:

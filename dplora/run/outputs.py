@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
+from dplora import atomic
 from dplora.errors import BadInputError
 
 RELEASE_FILENAME = "release.dsse.json"  # same names as in dplora.release.envelope (no import: leaf module)
@@ -61,7 +62,7 @@ def private_staging(staging: Path) -> Path:
     folder = Path(staging) / PRIVATE_SUBDIR
     if not folder.is_dir():
         folder.mkdir()
-        (folder / PRIVATE_NOTICE).write_text(PRIVATE_NOTICE_TEXT)
+        atomic.write_text(folder / PRIVATE_NOTICE, PRIVATE_NOTICE_TEXT)
     return folder
 
 
@@ -197,7 +198,12 @@ def fresh_staging(out: Path) -> Path:
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
-    (staging / PARTIAL_MARKER).write_text("written by dplora train; replaced by the next run into this folder\n")
+    try:
+        note = "written by dplora train; replaced by the next run into this folder\n"
+        atomic.write_text(staging / PARTIAL_MARKER, note)
+    except BaseException:  # an unmarked .partial would block the next run: remove it
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     return staging
 
 

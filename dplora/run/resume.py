@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from dplora.atomic import DiskFullError
 from dplora.errors import BadInputError, TrainingFailedError
 from dplora.run.checkpoint import (
     CHECKPOINT_FILENAME,
@@ -170,6 +171,8 @@ def _what_happened(err: BaseException, step: int) -> tuple[str, str]:
     if isinstance(err, cuda_oom | MemoryError):
         kind = "accelerator" if isinstance(err, cuda_oom) else "host"
         return f"out of {kind} memory at step {step + 1}", " with a smaller training.physical_batch_size"
+    if isinstance(err, DiskFullError):  # names the file and the bytes needed vs free
+        return f"{err} at step {step}", " once there is free space"
     if isinstance(err, OSError):
         where = f" ({err.filename})" if err.filename else ""
         if err.errno == errno.ENOSPC:
@@ -193,8 +196,15 @@ def resume_hint(spec, last: CheckpointInfo | None, advice: str = "") -> str:
     charge = f"; its ledger charge stays pending until then (or `dplora ledger settle {spec.run_id}`)"
     return (
         f"the resume checkpoint holds step {last.step}/{spec.plan.steps} in {spec.staging}: rerun the same command "
-        f"with --resume{advice}" + (charge if spec.contract.privacy.population else "")
+        f"with --resume{advice}" + (charge if _charged(spec.contract) else "")
     )
+
+
+def _charged(contract) -> bool:
+    """Whether the run holds a ledger charge: every DP run (unassigned without a population), a control on one."""
+    from dplora.engine import control
+
+    return bool(contract.privacy.population) or not control.is_control(contract)
 
 
 def failure_fields(spec, state, err: BaseException, last: CheckpointInfo | None) -> dict:

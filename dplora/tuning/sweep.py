@@ -24,12 +24,12 @@ from __future__ import annotations
 import dataclasses
 import enum
 import itertools
-import json
 import shutil
 import tempfile
 from decimal import Decimal
 from pathlib import Path
 
+from dplora import atomic
 from dplora.accounting.composition import compose, exact
 from dplora.errors import BadInputError, PlanRefusedError, excerpt
 
@@ -312,7 +312,7 @@ def run_sweep(config: Path, args: list[str], options: SweepOptions, *, log=print
             shutil.rmtree(folder, ignore_errors=True)
             shutil.rmtree(outputs.private_path(folder), ignore_errors=True)
     summary = _summary(results, chosen, tuning, release_dir)
-    (out_dir / SUMMARY_FILENAME).write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    atomic.write_json(out_dir / SUMMARY_FILENAME, summary, sort_keys=False)
     return SweepResult(release_dir=release_dir, tuning=tuning, summary=summary)
 
 

@@ -61,7 +61,8 @@ def test_attach_signs_the_audit_into_the_record_and_verify_shows_it(tmp_path, ti
     assert section["claimed_epsilon"] == before["predicate"]["accounting"]["epsilon_spent"]  # the release's ε
     assert section["mechanism"]["sample_rate"] == before["predicate"]["accounting"]["sample_rate"] == 8 / 200
     assert section["data"] == {"source": "surrogate", "files": [tickets_csv.name], "note": section["data"]["note"]}
-    assert section["ledger"]["charged"] is False and section["audit_run_id"] == report["run_id"]
+    assert section["ledger"]["charged"] is True and section["ledger"]["unassigned"] is True  # every DP run is charged
+    assert section["ledger"]["population"] is None and section["audit_run_id"] == report["run_id"]
     assert section["report"]["sha256"] == hashlib.sha256(report_path.read_bytes()).hexdigest()
     assert dt.datetime.fromisoformat(section["attached_at"]).tzinfo is not None
     assert "per_canary" not in section  # the section carries no secrets and no per-canary scores
@@ -219,6 +220,7 @@ def test_audit_with_ledger_is_charged_like_train(tmp_path, tiny_model_dir, ticke
     assert section["ledger"] == {
         "charged": True,
         "population": "tickets",
+        "unassigned": False,
         "run_id": report["run_id"],
         "epsilon": report["claimed_epsilon"],
         "delta": 1e-5,

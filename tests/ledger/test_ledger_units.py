@@ -125,7 +125,7 @@ def test_schema_1_ledger_is_migrated_as_unit_unknown(tmp_path):
     assert total["composed"]["epsilon"] == pytest.approx(1.828 + 1.828, abs=0.01)
     assert "basic for charges without events" in total["composed"]["method_short"]
     assert Ledger(path).pinned("p") == ("row", "add_remove")
-    assert sqlite3.connect(path).execute("SELECT version FROM schema_version").fetchone()[0] == 2
+    assert sqlite3.connect(path).execute("SELECT version FROM schema_version").fetchone()[0] == 3  # 1 → 2 → 3
 
 
 def test_schema_1_charges_keep_their_adjacency_when_pinned(tmp_path):

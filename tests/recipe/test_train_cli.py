@@ -435,7 +435,8 @@ def test_interrupt_names_the_signal_and_the_real_path(
     what = "SIGTERM" if how == "sigterm" else "Ctrl-C"
     line = result.stderr.splitlines()[-1]
     assert line.startswith(f"error: interrupted ({what}); no release was written; see {failed}; ")
-    assert line.endswith("rerun the same command with --resume")  # a resume checkpoint was written first
+    assert "rerun the same command with --resume" in line  # a resume checkpoint was written first
+    assert line.endswith("ledger settle " + json.loads(failed.read_text())["run_id"] + "`)")  # unassigned charge
     assert "<output_dir>" not in result.output
     record = json.loads(failed.read_text())
     assert record["reason"] == name and record["steps_done"] == 2 and record["release"].startswith("none")

@@ -255,7 +255,8 @@ def test_full_disk_during_a_checkpoint_stops_cleanly(tmp_path, monkeypatch, tiny
     assert checkpoint.read_info(partial).step == 2 and not list(partial.glob(".resume.*"))
     failed = json.loads((partial / "FAILED.json").read_text())
     assert failed["resume_checkpoint"]["step"] == 2 and failed["release"].startswith("none")
-    assert failed["what_happened"].startswith("disk full (") and failed["steps_done"] == 4
+    assert failed["what_happened"].startswith("disk full writing ") and failed["steps_done"] == 4
+    assert checkpoint.CHECKPOINT_FILENAME in failed["what_happened"] and "bytes free" in failed["what_happened"]
     assert not out.exists() and not list(tmp_path.rglob("release.dsse.json"))
     assert Ledger(db).charges()[0].status == "pending"
 
