@@ -116,17 +116,33 @@ def resolve_target_modules(model, requested) -> list[str] | str:
 
 
 def adapted_module_names(peft_model) -> list[str]:
-    """The leaf names of the modules that hold LoRA adapters in a peft model (what ``auto``/``all-linear`` chose).
+    """The modules that hold LoRA adapters in a peft model (what ``auto``/``all-linear``/a list resolved to).
+
+    A leaf name (``q_proj``) stands for every module of that name, as in peft's ``target_modules``; when only some
+    modules of a leaf name are adapted (``[layers.0.self_attn.q_proj]``), their full paths are listed instead, so
+    the record never claims more layers than were trained.
 
     Args:
         peft_model: a ``peft.PeftModel`` (possibly inside Opacus's ``GradSampleModule``).
     Returns:
-        Sorted unique leaf names, e.g. ``["q_proj", "v_proj"]``.
+        Sorted unique names, e.g. ``["q_proj", "v_proj"]`` or ``["model.layers.0.self_attn.q_proj"]``.
     Source: peft ``BaseTunerLayer`` (every LoRA layer subclasses it).
     """
     from peft.tuners.tuners_utils import BaseTunerLayer
 
-    return sorted({n.rsplit(".", 1)[-1] for n, m in peft_model.named_modules() if isinstance(m, BaseTunerLayer) and n})
+    prefix = "base_model.model."
+    modules = [(n.split(prefix, 1)[-1], m) for n, m in peft_model.named_modules() if n]
+    adapted = {path for path, m in modules if isinstance(m, BaseTunerLayer)}
+    leaves = {path.rsplit(".", 1)[-1] for path in adapted}
+    same_leaf = {  # every module, adapted or not, that a leaf name in target_modules would match
+        path for path, m in modules if path.rsplit(".", 1)[-1] in leaves and (path in adapted or _is_linear(m))
+    }
+    names = []
+    for leaf in leaves:
+        ours = {p for p in adapted if p.rsplit(".", 1)[-1] == leaf}
+        theirs = {p for p in same_leaf if p.rsplit(".", 1)[-1] == leaf}
+        names += [leaf] if ours == theirs else sorted(ours)
+    return sorted(names)
 
 
 def library_error_line(err: BaseException, limit: int = MAX_LIBRARY_CHARS) -> str:

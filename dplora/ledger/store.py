@@ -38,6 +38,7 @@ from datetime import datetime, timezone
 from decimal import Context, Decimal, Inexact, InvalidOperation, Overflow
 from pathlib import Path
 
+from dplora.contract.spec import MAX_PATH_CHARS
 from dplora.errors import BadInputError, PlanRefusedError
 
 LEDGER_ENV = "DPLORA_LEDGER"
@@ -118,6 +119,14 @@ class Charge:
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+def _path_text(value: object) -> str:
+    """An output folder as stored: any path the contract accepts (up to 4,096 characters, no control characters)."""
+    text = str(value)
+    if not text or len(text) > MAX_PATH_CHARS or any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text):
+        raise BadInputError(f"output_dir must be a one-line path of at most {MAX_PATH_CHARS} characters")
+    return text
 
 
 def _name(value: object, what: str) -> str:
@@ -670,7 +679,7 @@ class Ledger:
             BadInputError: Duplicate run_id, or a bad name or value.
             LedgerError: The database is locked or unreadable.
         """
-        run_id, output_dir = _name(run_id, "run_id"), _name(str(output_dir), "output_dir")
+        run_id, output_dir = _name(run_id, "run_id"), _path_text(output_dir)
         eps, dlt = _dec(epsilon, "epsilon"), _dec(delta, "delta", positive=False, below_one=True)
         accountant, adjacency = _name(accountant, "accountant"), _adjacency(adjacency)
         unit, ev = _unit(protected_unit), _events(events, adjacency)

@@ -49,8 +49,11 @@ def _open_ledger(contract: Contract, plan: TrainingPlan, io: _RunIO, resumed_run
     from dplora.ledger.store import Ledger, default_ledger_path
 
     if not contract.privacy.population:
-        if control.is_control(contract) or resumed_run is None:
+        if control.is_control(contract):
             return None
+        if resumed_run is None:  # --overwrite may discard an unassigned run's checkpoint: settle its charge then
+            path = io.ledger_path or default_ledger_path()
+            return Ledger(path, create=False) if io.overwrite and Path(path).is_file() else None
         ledger = Ledger(io.ledger_path or default_ledger_path(), create=False)
         _check_resumable(ledger, resumed_run)
         return ledger

@@ -76,6 +76,18 @@ def test_adapted_names_are_what_peft_chose_for_all_linear():
     assert adapted_module_names(peft_model) == LLAMA_LINEAR
 
 
+def test_adapted_names_never_claim_more_layers_than_were_trained():
+    """A dotted target adapts one layer: the record lists its path, not the leaf name that means every layer."""
+    from peft import LoraConfig, get_peft_model
+
+    model = tiny_llama()
+    assert model.config.num_hidden_layers >= 2
+    one = get_peft_model(model, LoraConfig(r=2, target_modules=["layers.0.self_attn.q_proj"]))
+    assert adapted_module_names(one) == ["model.layers.0.self_attn.q_proj"]
+    both = get_peft_model(tiny_llama(), LoraConfig(r=2, target_modules=["q_proj", "layers.1.self_attn.v_proj"]))
+    assert adapted_module_names(both) == ["model.layers.1.self_attn.v_proj", "q_proj"]
+
+
 def test_library_errors_are_whole_on_one_line_and_bounded():
     err = ValueError("Target module Qwen2MLP(\n  (gate_proj): Linear()\n) is not supported.  Currently")
     assert library_error_line(err) == "Target module Qwen2MLP( (gate_proj): Linear() ) is not supported. Currently"

@@ -334,6 +334,27 @@ def test_settle_refuses_a_resumable_run_and_abandon_charges_its_checkpoint(
     assert sorted(c.status for c in Ledger(db).charges()) == ["failed", "settled"]
 
 
+def test_overwrite_settles_a_discarded_unassigned_run(tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key):
+    """A run without privacy.population killed after step 3, then rerun with --overwrite: the discarded run's
+    pending unassigned charge is settled as failed at its checkpoint's ε (never left pending at the reservation)."""
+    db, out = tmp_path / "u.sqlite3", tmp_path / "unassigned"
+    raw = contract_dict(tiny_model_dir, tickets_csv, out, training={"steps": T, "checkpoint_every": 1})
+    cfg = write_contract(tmp_path / "u.yaml", raw)
+    _hook(monkeypatch, "after-step", 3, _sigterm)
+    assert _train(cfg, db, signing_key).exit_code == 130
+    monkeypatch.undo()
+    info = checkpoint.read_info(_partial(out))
+    (pending,) = Ledger(db).unassigned()
+    assert pending.status == "pending" and pending.run_id == info.run_id
+    rerun = _train(cfg, db, signing_key, "--overwrite")
+    assert rerun.exit_code == 0, rerun.output
+    assert f"run {info.run_id} discarded at step {info.step}" in rerun.output
+    charges = {c.run_id: c for c in Ledger(db).unassigned()}
+    assert charges[info.run_id].status == "failed"
+    assert float(charges[info.run_id].epsilon) == info.meta["epsilon_upper"] < float(pending.reserved_epsilon)
+    assert sorted(c.status for c in charges.values()) == ["failed", "settled"]
+
+
 def test_settle_without_a_readable_checkpoint_charges_the_planned_epsilon(tmp_path):
     """A checkpoint that cannot be read (here: truncated) cannot be resumed: settle charges the reservation."""
     db = tmp_path / "l.sqlite3"
