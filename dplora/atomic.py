@@ -18,7 +18,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -66,6 +66,42 @@ def fsync_dir(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def save_folder(target: Path, write: Callable[[Path], object], *, estimate: int) -> Path:
+    """Write a whole folder (a library's ``save_pretrained``) atomically: into a temp sibling, fsync, rename.
+
+    Args:
+        target: the folder to create or replace (e.g. ``<output_dir>.partial/adapter``).
+        write: called with the temp folder; writes every file into it (its own plain ``open`` calls are fine).
+        estimate: bytes the folder needs (for the disk-full message), e.g. the adapters' parameter bytes.
+    Returns:
+        ``target``; it holds the old folder or the complete new one, never part of one.
+    Raises:
+        DiskFullError: no space (ENOSPC/EDQUOT) while writing; the temp folder is removed, ``target`` unchanged.
+    """
+    target = Path(target)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        write(tmp)
+        for path in sorted(tmp.rglob("*")):
+            if path.is_file():
+                with open(path, "rb") as fh:
+                    os.fsync(fh.fileno())
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+        fsync_dir(target.parent)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise disk_full_error(target, estimate, err) from None
+        raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
 
 
 @contextmanager

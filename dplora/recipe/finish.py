@@ -123,7 +123,9 @@ def _write_outputs(spec, state, *, started: str, epsilon_spent: float, io: _RunI
     from dplora.engine.lora import adapted_module_names
     from dplora.engine.step import unwrap
 
-    unwrap(state.model).save_pretrained(staging / "adapter")
+    adapters = unwrap(state.model)
+    size = sum(p.numel() * p.element_size() for p in adapters.parameters() if p.requires_grad)
+    atomic.save_folder(staging / "adapter", adapters.save_pretrained, estimate=size + 64 * 1024)  # + config, card
     atomic.write_text(staging / "contract.yaml", contract.to_yaml())
     common = {
         "contract": contract,

@@ -15,6 +15,7 @@ from conftest import train_tiny
 from typer.testing import CliRunner
 
 from dplora.cli.ledger import ledger_app
+from dplora.errors import BadInputError
 from dplora.ledger.store import Ledger
 
 SGD = {"mechanism": "dp_sgd", "sample_rate": 0.01, "noise_multiplier": 1.0, "steps": 300}
@@ -145,3 +146,16 @@ def test_a_schema_2_ledger_from_the_previous_dplora_is_migrated(tmp_path):
         assert [r["label"] for r in ledger.releases()] == ["final"] and ledger.unassigned() == []
         _unassigned(ledger, "new", "1.0")
         assert [c.run_id for c in ledger.unassigned()] == ["new"] and ledger.spent("tickets")[0] == Decimal("2.4")
+
+
+def test_an_unassigned_run_may_have_any_output_path_the_contract_accepts(tmp_path):
+    """The output folder is a path, not a name: 300 characters and a trailing space are stored as given (the
+    contract allows 4,096); a path with a line break is refused before anything is stored."""
+    ledger = Ledger(tmp_path / "l.sqlite3")
+    long_path = "/" + "x" * 299
+    _unassigned(ledger, "r1", "1", out=long_path)
+    _unassigned(ledger, "r2", "1", out="/o/ends with a space ")
+    assert sorted(c.output_dir for c in ledger.unassigned()) == sorted([long_path, "/o/ends with a space "])
+    with pytest.raises(BadInputError, match="one-line path"):
+        _unassigned(ledger, "r3", "1", out="/o/two\nlines")
+    assert len(ledger.unassigned()) == 2

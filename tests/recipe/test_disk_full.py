@@ -133,3 +133,28 @@ def test_a_full_disk_at_the_partial_marker_leaves_no_unmarked_partial(tmp_path, 
     with pytest.raises(atomic.DiskFullError, match=outputs.PARTIAL_MARKER):
         outputs.fresh_staging(tmp_path / "run")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_full_disk_while_saving_the_adapters_leaves_no_half_written_adapter(
+    tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key
+):
+    """peft's save_pretrained writes the safetensors file with its own open(): half of it lands, then ENOSPC.
+    The adapters are written into a temp folder and renamed, so `.partial/adapter` never holds part of a file,
+    and the one-line error names the adapter folder and the bytes needed (exit 4, resumable)."""
+    import peft.peft_model
+    from safetensors.torch import save as st_save
+
+    def half_then_full(tensors, filename, metadata=None):
+        data = st_save(tensors, metadata=metadata)
+        with open(filename, "wb") as fh:
+            fh.write(data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device", filename)
+
+    monkeypatch.setattr(peft.peft_model, "safe_save_file", half_then_full)
+    result, out = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key)
+    assert result.exit_code == 4, result.output
+    staging = out.with_name(out.name + ".partial")
+    assert f"disk full writing {staging.resolve() / 'adapter'}" in result.output and "bytes free" in result.output
+    assert not (staging / "adapter").exists()
+    assert not [p for p in staging.rglob("*") if p.name.endswith(".tmp")]
+    assert not (out / "release.dsse.json").exists()
