@@ -106,3 +106,20 @@ def test_fast_path_matches_one_record_reference(arch):
     rows, total = fast_logical_step(model, flat, RECORDS, GROUPS, 4, c)
     assert rel(rows, reference) < 1e-5
     assert rel(total, clipped_unit_sum(reference, GROUPS, c)) < 1e-5
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_attention_kernels_keep_the_reference(attn):
+    """``model.attn_implementation`` sdpa (the default) and eager: fast rows equal the one-record reference."""
+    base, targets = tiny_causal_lm("llama")
+    base.set_attn_implementation(attn)
+    assert base.config._attn_implementation == attn
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=targets)).train()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.3, generator=torch.Generator().manual_seed(1))
+    reference = brute_force(copy.deepcopy(model), RECORDS)
+    flat = FlatLoRAGrads(model)
+    rows, _ = fast_logical_step(model, flat, RECORDS, [[i] for i in range(len(RECORDS))], 4, 1.0)
+    assert rel(rows, reference) < 1e-5
