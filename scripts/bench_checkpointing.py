@@ -101,6 +101,7 @@ def main() -> None:
                 cmd += ["--child", mode, str(ckpt), str(seq)]
                 out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=root)
                 results[(seq, ckpt, mode)] = json.loads(out.stdout.strip().splitlines()[-1])
+                print(f"# {seq} tokens, checkpointing {ckpt}, {mode}: {results[(seq, ckpt, mode)]}", flush=True)
     print(f"Llama stand-in hidden 256, {args.layers} layers, LoRA r=8 q,v, batch {args.batch}, fp32, 1 thread, CPU")
     print(
         f"{'tokens':>6} {'checkpointing':>13} {'non-DP MiB':>10} {'DP-fast MiB':>11} {'DP/non-DP':>9} {'s/step DP':>9}"

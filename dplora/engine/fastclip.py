@@ -79,6 +79,13 @@ class _Slot:
 class _LoRAPerExample(torch.autograd.Function):
     """s·(x Aᵀ) Bᵀ for x (B, T, d_in); backward returns dL/dx and writes per-example dL/dA, dL/dB into G."""
 
+    @classmethod
+    def apply(cls, x, weight_a, weight_b, slot):
+        """Count an original forward (grad on, outside a backward: a checkpoint recomputation runs inside one)."""
+        if torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1:
+            slot.forwards += 1
+        return super().apply(x, weight_a, weight_b, slot)
+
     @staticmethod
     def forward(ctx, x, weight_a, weight_b, slot):
         hs = (x.to(weight_a.dtype) @ weight_a.t()) * slot.scaling  # (B, T, r), LoRA dtype
@@ -107,8 +114,6 @@ def _fast_forward(layer, slot: _Slot, adapter: str, x: torch.Tensor, *args, **kw
     result = layer.base_layer(x, *args, **kwargs)
     if layer.disable_adapters:
         return result
-    if torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1:
-        slot.forwards += 1  # an original forward; a checkpoint recomputation runs inside the backward
     x_dropped = layer.lora_dropout[adapter](x)
     lora = _LoRAPerExample.apply(x_dropped, layer.lora_A[adapter].weight, layer.lora_B[adapter].weight, slot)
     return (result + lora).to(result.dtype)
