@@ -76,3 +76,53 @@ def save_tiny_model(folder: Path, kind: str = "llama", **kw) -> Path:
     (tiny_llama(**kw) if kind == "llama" else tiny_other(kind, **kw)).save_pretrained(folder)
     byte_tokenizer().save_pretrained(folder)
     return folder
+
+
+def tiny_causal_lm(arch: str, vocab_size: int = 258, *, hidden: int = 16, layers: int = 2, seed: int = 0):
+    """A random causal LM of one architecture, built from its config (no download): hidden 16, 2 layers, 2 heads.
+
+    ``arch``: llama, qwen2, mistral, gemma2, phi3 (fused qkv_proj, gate_up_proj) or gpt2 (Conv1D c_attn, c_proj,
+    c_fc). Returns (model, LoRA target modules for that architecture).
+    """
+    import torch
+    import transformers as tf
+
+    common = {"vocab_size": vocab_size, "pad_token_id": 256, "eos_token_id": 257, "bos_token_id": 257}
+    decoder = {
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 128,
+        "tie_word_embeddings": False,
+    }
+    builders = {
+        "llama": (tf.LlamaConfig, tf.LlamaForCausalLM, decoder, ["q_proj", "v_proj", "down_proj"]),
+        "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM, decoder, ["q_proj", "k_proj", "o_proj", "up_proj"]),
+        "mistral": (tf.MistralConfig, tf.MistralForCausalLM, decoder, ["q_proj", "v_proj", "gate_proj"]),
+        "gemma2": (
+            tf.Gemma2Config,
+            tf.Gemma2ForCausalLM,
+            {**decoder, "head_dim": hidden // 2, "sliding_window": 4, "attn_implementation": "eager"},
+            ["q_proj", "v_proj", "down_proj"],
+        ),
+        "phi3": (tf.Phi3Config, tf.Phi3ForCausalLM, decoder, ["qkv_proj", "o_proj", "gate_up_proj"]),
+        "gpt2": (
+            tf.GPT2Config,
+            tf.GPT2LMHeadModel,
+            {
+                "n_embd": hidden,
+                "n_layer": layers,
+                "n_head": 2,
+                "n_positions": 128,
+                "resid_pdrop": 0.0,
+                "embd_pdrop": 0.0,
+                "attn_pdrop": 0.0,
+            },  # GPT-2's own dropout off: train mode must be deterministic
+            ["c_attn", "c_proj", "c_fc"],
+        ),
+    }
+    config_cls, model_cls, kw, targets = builders[arch]
+    torch.manual_seed(seed)
+    return model_cls(config_cls(**common, **kw)), targets

@@ -128,7 +128,7 @@ def _score(run_folder: Path, contract, drawn, options: AuditOptions, threads, lo
     from dplora.release.read import load_adapter_model, read_run
 
     model, tokenizer, device = load_adapter_model(read_run(run_folder), threads=threads, log=log)
-    kw = {"pad_id": tokenizer.pad_token_id, "device": device, "batch_size": contract.training.physical_batch_size}
+    kw = {"pad_id": tokenizer.pad_token_id, "device": device, "batch_size": contract.training.fixed_physical_batch_size}
 
     def examples(secrets_: list[str]):
         rows = [canaries.canary_rows(contract, f"c{i}", s)[0] for i, s in enumerate(secrets_)]

@@ -61,6 +61,15 @@ class PerSamplePath(str, enum.Enum):
     OPACUS = "opacus"
 
 
+class AttnImplementation(str, enum.Enum):
+    """The attention kernel transformers uses (``attn_implementation`` of ``from_pretrained``; performance only):
+    ``flash_attention_2`` needs the ``flash_attn`` package."""
+
+    SDPA = "sdpa"
+    EAGER = "eager"
+    FLASH_ATTENTION_2 = "flash_attention_2"
+
+
 class Optimizer(str, enum.Enum):
     """The torch optimiser that consumes the noised, normalised gradient (post-processing: no privacy effect)."""
 
@@ -173,6 +182,7 @@ class ModelSection(_Section):
     path: PathText | None = None
     dtype: Precision = Precision.AUTO
     allow_tf32: Annotated[bool, Field(strict=True)] | None = None
+    attn_implementation: AttnImplementation = AttnImplementation.SDPA
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSection:
@@ -278,7 +288,9 @@ class TrainingSection(_Section):
     """Logical/physical batching, length of training, optimiser, and where to write."""
 
     expected_batch_size: PositiveInt
-    physical_batch_size: PositiveInt = 8
+    # records per forward (memory only); "auto": probed before step 1 on synthetic batches (dplora.engine.membatch)
+    physical_batch_size: PositiveInt | Literal["auto"] = 8
+    gradient_checkpointing: Annotated[bool, Field(strict=True)] = False  # non-reentrant; the fast path only
     epochs: PositiveFloat | None = None
     steps: Annotated[int, Field(gt=0, le=MAX_STEPS, strict=True)] | None = None
     lr: PositiveFloat = 2e-3
@@ -288,6 +300,11 @@ class TrainingSection(_Section):
     output_dir: PathText = "runs/dplora"
     threads: Annotated[int, Field(gt=0, le=MAX_THREADS, strict=True)] | None = None
     checkpoint_every: PositiveInt | None = None  # logical steps between resume checkpoints (None: ~10 min of work)
+
+    @property
+    def fixed_physical_batch_size(self) -> int:
+        """``physical_batch_size`` as a number: ``auto`` reads as 8, the CPU default (evaluation, audits)."""
+        return 8 if self.physical_batch_size == "auto" else self.physical_batch_size
 
     @model_validator(mode="after")
     def _length(self) -> TrainingSection:
@@ -304,6 +321,15 @@ class Contract(_Section):
     data: DataSection
     lora: LoraSection = LoraSection()
     training: TrainingSection
+
+    @model_validator(mode="after")
+    def _checkpointing_path(self) -> Contract:
+        if self.training.gradient_checkpointing and self.privacy.per_sample is PerSamplePath.OPACUS:
+            raise ValueError(
+                "training.gradient_checkpointing=true needs privacy.per_sample=fast: recomputed forwards re-fire "
+                "Opacus hooks"
+            )
+        return self
 
     def to_yaml(self) -> str:
         """The resolved contract (overrides applied) as YAML with enums as plain strings."""

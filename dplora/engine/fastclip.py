@@ -16,13 +16,21 @@ preallocated buffer G (B, P) fp32, P = all LoRA parameters. It returns the input
 LoRA dropout is exact: the Function receives the dropped-out input the forward used, so each example's gradient
 is the gradient of the forward that ran. Base weights may be bf16: the input is saved in its own dtype and cast
 to the LoRA dtype (fp32) inside the Function, as peft does; per-example gradients are always fp32.
+
+Gradient checkpointing (issue 27): with torch's NON-reentrant checkpoint (``torch.utils.checkpoint``,
+``use_reentrant=False``, as transformers' ``activation_checkpointing_enable`` installs it) the recomputed forward
+only refills the saved tensors of the ORIGINAL graph; the original graph's backward is the one that runs, so each
+LoRA call's backward (and its write into G) runs exactly once. The recomputation restores the RNG state
+(``preserve_rng_state=True``, torch's default), so LoRA dropout draws the same masks the loss used. Both are checked,
+not assumed: every armed generation counts each layer's forwards outside a backward (recomputations run inside one)
+and its writes, and :meth:`FlatLoRAGrads.gradients` refuses a layer whose counts differ. Reentrant checkpointing is
+refused (it re-runs the forward and a second backward under its own graph).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import warnings
 from collections.abc import Iterator
 
 import torch
@@ -43,6 +51,8 @@ class _Slot:
     d_out: int
     scaling: float
     generation: int = -1  # the buffer generation this slot last wrote
+    forwards: int = 0  # forwards with grad outside a backward since the buffer was armed (recomputations excluded)
+    writes: int = 0  # backward writes into G since the buffer was armed
 
     def write(self, gbs: torch.Tensor, x: torch.Tensor, g: torch.Tensor, hs: torch.Tensor) -> None:
         """Write (first backward of a generation) or add (a layer called again) s·gBᵀx and gᵀ(s·h) into G."""
@@ -56,6 +66,7 @@ class _Slot:
             raise TrainingFailedError(f"fast per-example gradients: the backward has batch {g.shape[0]}, buffer {rows}")
         view_a = G[:, self.off_a : self.off_a + self.r * self.d_in].view(rows, self.r, self.d_in)
         view_b = G[:, self.off_b : self.off_b + self.d_out * self.r].view(rows, self.d_out, self.r)
+        self.writes += 1
         if self.generation != self.owner._generation:
             torch.bmm(gbs.transpose(1, 2), x, out=view_a)
             torch.bmm(g.transpose(1, 2), hs, out=view_b)
@@ -67,6 +78,13 @@ class _Slot:
 
 class _LoRAPerExample(torch.autograd.Function):
     """s·(x Aᵀ) Bᵀ for x (B, T, d_in); backward returns dL/dx and writes per-example dL/dA, dL/dB into G."""
+
+    @classmethod
+    def apply(cls, x, weight_a, weight_b, slot):
+        """Count an original forward (grad on, outside a backward: a checkpoint recomputation runs inside one)."""
+        if torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1:
+            slot.forwards += 1
+        return super().apply(x, weight_a, weight_b, slot)
 
     @staticmethod
     def forward(ctx, x, weight_a, weight_b, slot):
@@ -101,6 +119,22 @@ def _fast_forward(layer, slot: _Slot, adapter: str, x: torch.Tensor, *args, **kw
     return (result + lora).to(result.dtype)
 
 
+def checkpointing_mode(model: torch.nn.Module) -> str:
+    """ "off", "non-reentrant" or "reentrant": transformers' activation checkpointing on any submodule of ``model``.
+
+    Read from the ``_gradient_checkpointing_func`` (a ``functools.partial`` of ``torch.utils.checkpoint.checkpoint``)
+    that transformers sets on each layer; anything but an explicit ``use_reentrant=False`` counts as reentrant.
+    """
+    mode = "off"
+    for module in model.modules():
+        if getattr(module, "gradient_checkpointing", False) is True:
+            keywords = getattr(getattr(module, "_gradient_checkpointing_func", None), "keywords", None) or {}
+            if keywords.get("use_reentrant", True) is not False:
+                return "reentrant"
+            mode = "non-reentrant"
+    return mode
+
+
 def _lora_layers(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
     from peft.tuners.lora.layer import Linear as LoraLinear
 
@@ -131,15 +165,15 @@ class FlatLoRAGrads:
     Raises (constructor):
         UncoveredParameterError: a trainable tensor is not the A or B weight of a vanilla peft ``lora.Linear``
             (DoRA and other variants, LoRA bias, embeddings, trainable base weights), naming the first one.
-        TrainingFailedError: gradient checkpointing is on, or a LoRA layer is merged or has several active adapters.
+        TrainingFailedError: reentrant gradient checkpointing is on (non-reentrant is exact, see the module doc), or
+            a LoRA layer is merged or has several active adapters.
     """
 
     def __init__(self, model: torch.nn.Module):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            checkpointing = getattr(model, "is_gradient_checkpointing", False)
-        if checkpointing:
-            raise TrainingFailedError("gradient checkpointing re-runs forwards: turn it off for per-example gradients")
+        if checkpointing_mode(model) == "reentrant":
+            raise TrainingFailedError(
+                "reentrant gradient checkpointing re-runs backwards: use use_reentrant=False for per-example gradients"
+            )
         names = {id(p): n for n, p in model.named_parameters()}
         layers = []
         for layer_name, layer in _lora_layers(model):
@@ -216,6 +250,8 @@ class FlatLoRAGrads:
             self._storage = None  # free the old one first
             self._storage = torch.empty((batch_size, self.P), dtype=torch.float32, device=device)
         self._generation += 1
+        for slot in self._slots:
+            slot.forwards = slot.writes = 0
         self._armed = self._storage[:batch_size]
         return self._armed
 
@@ -223,13 +259,19 @@ class FlatLoRAGrads:
         """The armed buffer after the backward: (B, P) fp32, row b = example b's gradient; disarms it.
 
         Raises:
-            TrainingFailedError: no buffer is armed, or a LoRA layer wrote no gradient (names its A tensor).
+            TrainingFailedError: no buffer is armed, a LoRA layer wrote no gradient, or its backward wrote a number of
+                times other than its forwards ran (a recomputed forward registered twice; names its A tensor).
         """
         if self._armed is None:
             raise TrainingFailedError("fast per-example gradients: no armed buffer; call buffer(B) before backward")
         for slot in self._slots:
             if slot.generation != self._generation:
                 raise TrainingFailedError(f"trainable tensor {slot.name_a} got no per-example gradient")
+            if slot.writes != slot.forwards:
+                raise TrainingFailedError(
+                    f"trainable tensor {slot.name_a}: {slot.writes} per-example gradient writes for {slot.forwards} "
+                    "forwards in one backward"
+                )
         G, self._armed = self._armed, None
         return G
 

@@ -69,10 +69,11 @@ def _quiet_transformers() -> None:
     logging.getLogger("transformers").setLevel(logging.ERROR)
 
 
-def _from_gguf(gguf: Path):
+def _from_gguf(gguf: Path, attn: str | None = None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    kw = {"attn_implementation": attn} if attn else {}
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, **kw)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     return model, tokenizer
 
@@ -216,18 +217,21 @@ def load_model_and_tokenizer(section: ModelSection, log=print):
     Returns:
         (model, tokenizer); the tokenizer has a pad token (EOS if it had none).
 
+    The attention kernel is ``model.attn_implementation`` (:func:`attn_implementation`).
+
     Raises:
-        BadInputError: the model cannot be found or loaded.
+        BadInputError: the model cannot be found or loaded, or ``flash_attention_2`` without ``flash_attn``.
     """
     folder, gguf = resolve_model(section, log)
     _quiet_transformers()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    attn = attn_implementation(section)
     try:
         if gguf:
-            model, tokenizer = _from_gguf(folder / gguf)
+            model, tokenizer = _from_gguf(folder / gguf, attn)
         else:
-            model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True, attn_implementation=attn)
             tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except (OSError, ValueError, KeyError) as err:
         source = folder / gguf if gguf else folder  # a .gguf file: name the file, not its folder
@@ -235,6 +239,45 @@ def load_model_and_tokenizer(section: ModelSection, log=print):
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.float(), tokenizer
+
+
+def attn_implementation(section: ModelSection) -> str:
+    """``model.attn_implementation`` as transformers' ``from_pretrained(attn_implementation=...)`` takes it.
+
+    Returns:
+        "sdpa" (torch ``scaled_dot_product_attention``), "eager" or "flash_attention_2".
+
+    Raises:
+        BadInputError: ``flash_attention_2`` and the ``flash_attn`` package is not importable.
+    """
+    name = section.attn_implementation.value
+    if name == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        raise BadInputError(
+            "model.attn_implementation=flash_attention_2 needs the flash_attn package; use sdpa (the default)"
+        )
+    return name
+
+
+def enable_gradient_checkpointing(model) -> None:
+    """Non-reentrant activation checkpointing of every decoder layer (transformers), before peft wraps the model.
+
+    ``use_reentrant=False``: the recomputation refills the original graph's saved tensors, so the fast path's
+    per-example writes run once per backward and dropout masks replay (torch ``preserve_rng_state``, the default;
+    :mod:`dplora.engine.fastclip`). The KV cache is turned off (it is unused in training). Source: transformers
+    ``PreTrainedModel.activation_checkpointing_enable`` (``gradient_checkpointing_enable`` before 5.2x).
+
+    Raises:
+        BadInputError: the architecture does not support gradient checkpointing.
+    """
+    kwargs = {"use_reentrant": False}
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise BadInputError(f"training.gradient_checkpointing: {type(model).__name__} does not support it")
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.config.use_cache = False
 
 
 def _sha256(path: Path) -> str:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import enum
 import math
 import os
-import warnings
 
 import torch
 from opacus import GradSampleModule
@@ -23,7 +22,7 @@ from opacus.optimizers import DPOptimizer
 
 from dplora.engine.batch import IGNORE_INDEX, collate, per_sequence_loss  # noqa: F401 - re-exported
 from dplora.engine.clipping import UnitClipAccumulator, assign_flat_grads, opacus_flat, privatize
-from dplora.engine.fastclip import FlatLoRAGrads
+from dplora.engine.fastclip import FlatLoRAGrads, checkpointing_mode
 from dplora.engine.noise import CsprngGaussian, generator_name
 from dplora.errors import TrainingFailedError
 
@@ -236,16 +235,14 @@ def make_private(model: torch.nn.Module, optimizer, *, plan, unit_mean: bool, pe
         reducer: a :class:`dplora.engine.distributed.StepReducer` for a multi-process run (None: one process).
 
     Raises:
-        TrainingFailedError: gradient checkpointing is on (it re-fires hooks and breaks per-sample gradients),
-            or a trainable module holds buffers (Opacus refuses it; the error names the module and its class).
+        TrainingFailedError: gradient checkpointing on the ``opacus`` path (it re-fires hooks and breaks per-sample
+            gradients), reentrant checkpointing on ``fast``, or a trainable module holds buffers (Opacus refuses
+            it; the error names the module and its class).
         UncoveredParameterError: ``fast`` and a trainable tensor that is not a vanilla LoRA A/B weight.
     """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        checkpointing = getattr(model, "is_gradient_checkpointing", False)
-    if checkpointing:
-        raise TrainingFailedError("gradient checkpointing breaks per-sample gradients: turn it off")
     flat = None
+    if PerSample(per_sample) is PerSample.OPACUS and checkpointing_mode(model) != "off":
+        raise TrainingFailedError("gradient checkpointing re-fires Opacus hooks: use privacy.per_sample: fast")
     if PerSample(per_sample) is PerSample.FAST:
         flat = FlatLoRAGrads(model)
         wrapped = model

@@ -253,7 +253,7 @@ def evaluate_model(
     group_column = group_column or contract.data.group_column
     check_held_out(table, tokenizer, contract, group_column)
     examples = tokenize_records(table, tokenizer, contract)
-    batch = contract.training.physical_batch_size
+    batch = contract.training.fixed_physical_batch_size
     was_training = peft_model.training
     peft_model.eval()
     rows: dict[str, tuple] = {}

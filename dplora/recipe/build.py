@@ -142,6 +142,20 @@ def _build(
                 reducer=reducer,
             )
             engine.probe_per_sample_gradients(gsm, named, dp_opt)
+    physical = None
+    if contract.training.physical_batch_size == "auto":  # synthetic batches of max_seq_len tokens, no private data
+        from dplora.engine.membatch import probe_physical_batch
+
+        with _Stage("probing the physical batch", device):
+            physical = probe_physical_batch(
+                gsm,
+                dp_opt,
+                named,
+                max_seq_len=contract.training.max_seq_len,
+                pad_id=tokenizer.pad_token_id,
+                device=engine.parameter_device(model),
+            )
+        io.log(f"physical batch: {physical} records per forward (probed on synthetic batches)")
     spec = RunSpec(
         contract=contract,
         plan=plan,
@@ -158,5 +172,6 @@ def _build(
         world=io.world,
         tokenizer=tokenizer,
         held_out=held_out,
+        physical_batch=physical,
     )
     return spec, RunState(model=gsm, optimizer=dp_opt, accountant=accountant, named=named)

@@ -16,7 +16,8 @@ def utc_now() -> str:
 
 def execution_entry(spec, *, reducer=None, ranks=None) -> dict:
     """How the run executed (public, performance only): device type, base dtype, TF32, the noise generator,
-    the world size and launcher (with W processes: backend, sharding, noise draws, each rank's steps and digest).
+    the world size and launcher (with W processes: backend, sharding, noise draws, each rank's steps and digest),
+    and the memory settings of :func:`memory_entry`.
     """
     from dplora.engine.step import noise_generator_name  # torch: imported only when a run records its execution
 
@@ -27,8 +28,30 @@ def execution_entry(spec, *, reducer=None, ranks=None) -> dict:
         "dp_arithmetic_dtype": "fp32 (per-sample gradients, norms, clipping, noise, optimizer state)",
         "allow_tf32": spec.allow_tf32,
         "noise_generator": noise_generator_name(spec.device),
+        **memory_entry(spec),
         "noise_floating_point_note": FLOATING_POINT_NOTE,
         **world_entry(spec.world, reducer, ranks),
+    }
+
+
+def memory_entry(spec) -> dict:
+    """The memory settings (public; none changes the privacy event): the attention kernel, gradient checkpointing,
+    and the physical batch with where it came from. ``auto`` is probed on synthetic batches of ``max_seq_len``
+    tokens before step 1, so the value depends on the model, device and contract, never on the data; a smaller batch
+    after an out-of-memory retry mid-run is data-dependent and is not recorded.
+    """
+    training = spec.contract.training
+    if training.physical_batch_size != "auto":
+        source = "contract"
+    elif spec.device.type == "cuda":
+        source = "auto: probed on synthetic batches of max_seq_len tokens (halved on out-of-memory)"
+    else:
+        source = "auto: the CPU default"
+    return {
+        "attn_implementation": spec.contract.model.attn_implementation.value,
+        "gradient_checkpointing": "non-reentrant" if training.gradient_checkpointing else "off",
+        "physical_batch_size": spec.physical_batch_size,
+        "physical_batch_source": source,
     }
 
 

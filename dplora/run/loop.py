@@ -50,6 +50,8 @@ class RunSpec:
             ``unit_index`` then lists all N units and this rank samples and reads only its shard.
         tokenizer: the tokenizer (for the held-out evaluation).
         held_out: the held-out records (``datasets.Dataset``; private unless declared public), or None.
+        physical_batch: records per forward resolved before step 1 (``training.physical_batch_size: auto`` probed by
+            :func:`dplora.engine.membatch.probe_physical_batch`), or None to use the contract's number.
     """
 
     contract: Contract
@@ -67,11 +69,14 @@ class RunSpec:
     world: distributed.World = distributed.SINGLE
     tokenizer: Any = None
     held_out: Any = None
+    physical_batch: int | None = None
 
     @property
     def physical_batch_size(self) -> int:
-        """Records per forward pass (memory only; not a privacy setting)."""
-        return self.contract.training.physical_batch_size
+        """Records per forward pass before any out-of-memory retry (memory only; not a privacy setting)."""
+        if self.physical_batch is not None:
+            return self.physical_batch
+        return self.contract.training.fixed_physical_batch_size
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -85,6 +90,9 @@ class RunState:
         named: (name, parameter) of every trainable LoRA tensor.
         step: logical steps done (equals ``accountant.steps`` between steps).
         empty_steps: logical steps whose Poisson batch was empty.
+        physical_batch: records per forward after out-of-memory retries (0: ``spec.physical_batch_size``); halved
+            each time a step runs out of accelerator memory and is re-run on the same units.
+        oom_retries: logical steps re-run after an out-of-memory error (never re-sampled, noised or accounted twice).
     """
 
     model: Any
@@ -93,6 +101,8 @@ class RunState:
     named: list
     step: int = 0
     empty_steps: int = 0
+    physical_batch: int = 0
+    oom_retries: int = 0
 
 
 METRICS_HEADER = {
@@ -129,18 +139,39 @@ def _forward_backward(spec: RunSpec, state: RunState, units) -> tuple[float, int
     Returns:
         (summed per-sequence loss in nats, 0.0 for no records; records used).
 
+    Out of accelerator memory (``torch.OutOfMemoryError``), the same records of the same ``units`` are re-run from
+    an empty per-unit sum with half the physical batch (kept for later steps), down to one record per forward.
+
     Raises:
         TrainingFailedError: a non-finite loss, or a trainable tensor that became non-finite in the previous step.
+        torch.OutOfMemoryError: one record per forward still does not fit.
     """
+    from dplora.engine import membatch
+
+    rows, local, weight = _batches(spec, units)
+    while True:
+        physical = state.physical_batch or spec.physical_batch_size
+        try:
+            return _physical_batches(spec, state, units, rows, local, weight, physical)
+        except Exception as err:
+            if not membatch.is_oom(err) or physical <= 1:
+                raise
+        # Out of accelerator memory: the SAME units again, from an empty per-unit sum, with half the records per
+        # forward. Nothing was noised or accounted yet (both happen once, in optimizer.step() after this returns).
+        membatch.reset_after_oom(state.model, state.optimizer, state.named)
+        state.physical_batch = max(1, physical // 2)
+        state.oom_retries += 1
+
+
+def _physical_batches(spec: RunSpec, state: RunState, units, rows, local, weight, physical: int) -> tuple[float, int]:
+    """The records ``rows`` of ``units`` in physical batches of ``physical``, into the optimizer's per-unit sum."""
     import torch
 
     from dplora.engine import step as engine
 
-    rows, local, weight = _batches(spec, units)
     model, optimizer = state.model, state.optimizer
     optimizer.begin_logical_step(len(units))
     loss_sum = torch.zeros((), device=spec.device)
-    physical = spec.physical_batch_size
     for start in range(0, len(rows), physical):
         end = min(start + physical, len(rows))
         batch = engine.collate([spec.examples[r] for r in rows[start:end]], spec.pad_id, device=spec.device)

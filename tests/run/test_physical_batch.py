@@ -1,0 +1,228 @@
+"""``training.physical_batch_size: auto`` and the out-of-memory retry (issue 27.2), with simulated OOM errors.
+
+A forward pre-hook raises ``torch.OutOfMemoryError`` when a physical batch has more than k records (or once, on a
+chosen forward, after earlier physical batches of the step already filled the per-unit sum). The privatisation is
+patched to add a FIXED noise vector and record its input, so a run with OOM retries and one without can be compared
+exactly: the same units, the same clipped sum, one noise draw and one accountant step per logical step.
+"""
+
+from __future__ import annotations
+
+import io
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import contract_dict
+from peft import LoraConfig, get_peft_model
+from tiny import tiny_llama
+
+from dplora.contract.loader import parse_contract
+from dplora.engine import distributed, membatch
+from dplora.engine import step as engine
+from dplora.run import loop
+from dplora.run.execution import memory_entry
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning")
+
+PAD, IGNORE = 256, engine.IGNORE_INDEX
+RECORDS = [
+    ([1, 2, 3, 4, 5], [IGNORE, IGNORE, 3, 4, 5]),
+    ([6, 7, 8], [6, 7, 8]),
+    ([9, 10, 11, 12, 13, 14, 15], [9, 10, 11, 12, 13, 14, 15]),
+    ([20, 21], [20, 21]),
+    ([30, 31, 32], [30, 31, 32]),
+    ([50, 51, 52, 53, 54, 55], [IGNORE, 51, 52, 53, 54, 55]),
+    ([60, 61, 62], [60, 61, 62]),
+    ([70, 71, 72, 73, 74], [70, 71, 72, 73, 74]),
+    ([80, 81, 82, 83], [IGNORE, IGNORE, 82, 83]),
+]
+UNITS = [[0, 1], [2, 3, 4], [5], [6, 7, 8]]  # records of each protected unit
+STEP_UNITS = [np.array([0, 1, 3]), np.array([1, 2]), np.array([0, 1, 2, 3])]  # the "Poisson" sample of each step
+PLAN = types.SimpleNamespace(
+    noise_multiplier=1.0, max_grad_norm=0.5, expected_batch_size=2.0, sample_rate=0.5, steps=3, target_epsilon=10.0
+)
+PLAN.epsilon_at = lambda step: 0.1 * step
+REAL_PHYSICAL_BATCHES = loop._physical_batches
+
+
+def _model():
+    model = get_peft_model(tiny_llama(seed=0), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    return model.train()
+
+
+class OOMAbove:
+    """Forward pre-hook: raise torch.OutOfMemoryError when the batch has more than ``k`` records, or on forward
+    number ``once_at`` (1-based). Records every batch size it saw."""
+
+    def __init__(self, k: int = 10**9, once_at: int | None = None):
+        self.k, self.once_at, self.sizes, self.calls = k, once_at, [], 0
+
+    def __call__(self, module, args, kwargs):
+        size = kwargs["input_ids"].shape[0]
+        self.calls += 1
+        self.sizes.append(size)
+        if size > self.k or self.calls == self.once_at:
+            raise torch.OutOfMemoryError(f"simulated: {size} records")
+
+
+def _engine(model, monkeypatch, noise):
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    opt = torch.optim.SGD([p for _, p in named], lr=0.5)
+    wrapped, dp_opt, accountant = engine.make_private(model, opt, plan=PLAN, unit_mean=False, per_sample="fast")
+    sums = []
+
+    def fixed_noise(clipped_sum, *, noise_multiplier, max_grad_norm, expected_batch_size, generator):
+        sums.append(clipped_sum.clone())
+        return (clipped_sum + noise).div_(expected_batch_size)
+
+    monkeypatch.setattr(engine, "privatize", fixed_noise)
+    return wrapped, dp_opt, accountant, named, sums
+
+
+def _run(monkeypatch, hook: OOMAbove | None, physical: int = 4):
+    """Three logical steps through loop.run_steps over STEP_UNITS; returns what the test compares."""
+    model = _model()
+    noise = torch.randn(sum(p.numel() for p in model.parameters() if p.requires_grad), generator=torch.Generator())
+    noise = noise * 0 + torch.linspace(-0.1, 0.1, noise.numel())  # fixed, the same in every run
+    wrapped, dp_opt, accountant, named, sums = _engine(model, monkeypatch, noise)
+    if hook is not None:
+        model.base_model.model.register_forward_pre_hook(hook, with_kwargs=True)
+    samples, attempts = [], []
+
+    class FixedSampler:
+        def __init__(self, num_units, rate):
+            pass
+
+        def sample(self):
+            samples.append(STEP_UNITS[len(samples)])
+            return samples[-1]
+
+    def spy(spec, state, units, rows, local, weight, physical):
+        attempts.append((len(samples), list(units), list(rows), physical))
+        return REAL_PHYSICAL_BATCHES(spec, state, units, rows, local, weight, physical)
+
+    monkeypatch.setattr(loop, "PoissonUnitSampler", FixedSampler)
+    monkeypatch.setattr(loop, "_physical_batches", spy)
+    spec = types.SimpleNamespace(
+        plan=PLAN,
+        unit_index=types.SimpleNamespace(num_units=len(UNITS), records_of_unit=UNITS),
+        examples=RECORDS,
+        pad_id=PAD,
+        device=torch.device("cpu"),
+        physical_batch_size=physical,
+        world=distributed.SINGLE,
+        contract=types.SimpleNamespace(privacy=types.SimpleNamespace(enabled=False)),
+    )
+    state = loop.RunState(model=wrapped, optimizer=dp_opt, accountant=accountant, named=named)
+    progress = types.SimpleNamespace(update=lambda *a: None)
+    loop.run_steps(spec, state, metrics=io.StringIO(), progress=progress)
+    params = torch.cat([p.detach().flatten() for _, p in named])
+    return {"samples": len(samples), "attempts": attempts, "sums": sums, "params": params, "state": state}
+
+
+def test_mid_run_oom_retries_the_same_units_once_noised_and_accounted(monkeypatch):
+    """OOM on every physical batch > 2 records: each step re-runs the same units at 2, with the same clipped sum,
+    one noise draw and one accountant step; the trained parameters equal the no-OOM run's."""
+    clean = _run(monkeypatch, None)
+    hook = OOMAbove(k=2)
+    oom = _run(monkeypatch, hook)
+    assert clean["samples"] == oom["samples"] == 3  # one Poisson sample per logical step
+    assert [a[3] for a in clean["attempts"]] == [4, 4, 4]
+    assert [(a[0], a[3]) for a in oom["attempts"]] == [(1, 4), (1, 2), (2, 2), (3, 2)]  # halved once, kept
+    first, retry = oom["attempts"][0], oom["attempts"][1]
+    assert first[1] == retry[1] == [0, 1, 3] and first[2] == retry[2] == [
+        0,
+        1,
+        2,
+        3,
+        4,
+        6,
+        7,
+        8,
+    ]  # same unit and row ids
+    assert [a[1:3] for a in oom["attempts"][1:]] == [a[1:3] for a in clean["attempts"]]
+    assert len(clean["sums"]) == len(oom["sums"]) == 3  # noise added once per logical step
+    for a, b in zip(clean["sums"], oom["sums"], strict=True):
+        assert float(a.abs().max()) > 0 and float((a - b).abs().max()) < 1e-6
+    assert clean["state"].accountant.steps == oom["state"].accountant.steps == 3
+    assert oom["state"].oom_retries == 1 and oom["state"].physical_batch == 2 and max(hook.sizes[1:]) <= 2
+    assert float((clean["params"] - oom["params"]).abs().max()) < 1e-6
+
+
+def test_oom_after_a_partial_step_rebuilds_the_unit_sum_from_zero(monkeypatch):
+    """The second physical batch of step 1 runs out of memory after the first filled part of the per-unit sum:
+    the retry starts from an empty sum (no unit counted twice), and nothing else changes."""
+    clean = _run(monkeypatch, None, physical=2)
+    oom = _run(monkeypatch, OOMAbove(once_at=2), physical=2)
+    assert [(a[0], a[3]) for a in oom["attempts"]] == [(1, 2), (1, 1), (2, 1), (3, 1)]
+    assert oom["attempts"][0][1:3] == oom["attempts"][1][1:3] == clean["attempts"][0][1:3]
+    for a, b in zip(clean["sums"], oom["sums"], strict=True):
+        assert float((a - b).abs().max()) < 1e-6
+    assert oom["state"].accountant.steps == 3 and len(oom["sums"]) == 3
+
+
+def test_oom_with_one_record_per_forward_is_raised(monkeypatch):
+    with pytest.raises(torch.OutOfMemoryError):
+        _run(monkeypatch, OOMAbove(k=0), physical=2)
+
+
+def test_auto_probe_picks_at_most_k_on_synthetic_batches_without_noise_or_accounting(monkeypatch):
+    model = _model()
+    wrapped, dp_opt, accountant, named, sums = _engine(model, monkeypatch, 0.0)
+    before = [p.detach().clone() for _, p in named]
+    hook = OOMAbove(k=5)
+    model.base_model.model.register_forward_pre_hook(hook, with_kwargs=True)
+    seen = []
+    model.base_model.model.register_forward_pre_hook(
+        lambda m, a, kw: seen.append(kw["input_ids"].clone()), with_kwargs=True, prepend=True
+    )
+    kw = {"max_seq_len": 12, "pad_id": PAD, "device": torch.device("cpu")}
+    assert membatch.probe_physical_batch(wrapped, dp_opt, named, **kw) == membatch.CPU_DEFAULT == 8
+    assert hook.sizes == []  # CPU: the fixed default, no forward
+    chosen = membatch.probe_physical_batch(wrapped, dp_opt, named, **kw, cap=64, probe_cpu=True)
+    assert chosen == 4 <= hook.k
+    assert hook.sizes == [64, 32, 16, 8, 4]
+    assert all(t.shape[1] == 12 and bool((t == 1).all()) for t in seen)  # synthetic tokens, never a record
+    assert sums == [] and accountant.steps == 0  # no noise, no accountant step
+    assert all(p.grad is None for _, p in named) and dp_opt.flat._armed is None
+    assert all(bool((p.detach() == b).all()) for (_, p), b in zip(named, before, strict=True))
+    # the run goes on normally afterwards: the per-unit sum starts empty
+    total, norms = dp_opt.accumulator.finish()
+    assert float(total.abs().max()) == 0.0 and len(norms) == 0
+
+
+def test_auto_is_recorded_under_execution_and_other_values_are_refused():
+    raw = contract_dict(Path("/m"), Path("d.csv"), Path("out"))
+    raw["training"]["physical_batch_size"] = "auto"
+    contract = parse_contract(raw)
+    assert contract.training.fixed_physical_batch_size == 8
+    spec = types.SimpleNamespace(contract=contract, device=torch.device("cuda"), physical_batch_size=16)
+    entry = memory_entry(spec)
+    assert entry["physical_batch_size"] == 16 and entry["physical_batch_source"].startswith("auto: probed")
+    assert entry["gradient_checkpointing"] == "off" and entry["attn_implementation"] == "sdpa"
+    raw["training"]["physical_batch_size"] = 6
+    raw["training"]["gradient_checkpointing"] = True
+    raw["model"]["attn_implementation"] = "eager"
+    entry = memory_entry(
+        types.SimpleNamespace(contract=parse_contract(raw), device=torch.device("cpu"), physical_batch_size=6)
+    )
+    assert entry == {
+        "attn_implementation": "eager",
+        "gradient_checkpointing": "non-reentrant",
+        "physical_batch_size": 6,
+        "physical_batch_source": "contract",
+    }
+    from dplora.errors import BadInputError
+
+    for bad in ("Auto", "big", 0):
+        raw["training"]["physical_batch_size"] = bad
+        with pytest.raises(BadInputError, match="physical_batch_size"):
+            parse_contract(raw)
