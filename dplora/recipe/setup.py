@@ -55,10 +55,10 @@ def _setup_model(contract: Contract, device, dtype: str, allow_tf32: bool, log):
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from dplora.engine.model import load_model_and_tokenizer, place_model
+    from dplora.engine.model import load_base_model
 
-    model, tokenizer = load_model_and_tokenizer(contract.model, log)
-    model = place_model(model, device, dtype, allow_tf32)  # on its device BEFORE get_peft_model (cases T1)
+    # on its device BEFORE get_peft_model (cases T1); model.quantization: 4bit loads NF4 Linear4bit layers
+    model, tokenizer = load_base_model(contract.model, device, dtype, allow_tf32, log)
     lora = contract.lora
     torch.manual_seed(contract.training.seed)  # the recorded seed: LoRA initialisation only
     config = LoraConfig(
