@@ -42,6 +42,6 @@ def test_dry_run_reports_every_stage_ok(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert all(summary.get(s) == "OK" for s in STAGES), summary
     assert "overall exit 0" in proc.stdout
-    rows = (tmp_path / "out" / "scale-1b" / "scale.md").read_text()
+    rows = (tmp_path / "out" / "scale-llama-1b" / "scale.md").read_text()
     assert re.search(r"\| 4bit \| dplora_fast \| 2 \| [0-9.]+ \|", rows), rows
     assert re.search(r"\| plain \| non_dp \| 2 \| [0-9.]+ \|", rows), rows
