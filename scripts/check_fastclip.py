@@ -9,7 +9,7 @@ A random-init Llama (SmolLM2-135M's architecture, or ``--layers`` fewer), wide L
      boundaries) against Σ_u clip_C(Σ_{i∈u} g_i) from the brute-force rows (fp32: max |Δ| ≤ 1e-5).
 Prints one line per check and exits 1 if any fails.
 
-    python scripts/check_fastclip.py [--device auto|cpu|cuda] [--layers 30] [--dtypes fp32 bf16]
+    python scripts/check_fastclip.py [--device auto|cpu|cuda] [--layers 30] [--dtypes fp32 bf16] [--toy]
 """
 
 from __future__ import annotations
@@ -29,7 +29,10 @@ ALL_7 = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_p
 GROUPS, PHYSICAL = [[0, 1, 2], [3], [4, 5, 6, 7]], 3
 
 
-def _model(layers: int, dtype, device):
+TOY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2)
+
+
+def _model(layers: int, dtype, device, toy: bool = False):
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -45,6 +48,10 @@ def _model(layers: int, dtype, device):
         tie_word_embeddings=True,
         pad_token_id=0,
     )
+    if toy:  # gpu_check.sh --dry-run: the same checks on a toy shape (seconds on CPU)
+        for key, value in TOY.items():
+            setattr(config, key, value)
+        config.head_dim = config.hidden_size // config.num_attention_heads
     with torch.device(device):
         model = LlamaForCausalLM(config)
     model.to(dtype)
@@ -59,11 +66,11 @@ def _model(layers: int, dtype, device):
     return peft_model
 
 
-def _records():
+def _records(vocab: int = 49152):
     gen = torch.Generator().manual_seed(7)
     records = []
     for i, length in enumerate([16, 40, 96, 23, 64, 31, 50, 77]):
-        ids = torch.randint(1, 49152, (length,), generator=gen).tolist()
+        ids = torch.randint(1, vocab, (length,), generator=gen).tolist()
         prompt = length if i == 3 else 5 * (i % 3)  # record 3: no target token
         records.append((ids, [engine.IGNORE_INDEX] * prompt + ids[prompt:]))
     return records
@@ -102,10 +109,10 @@ def _unit_step(model, flat, records, device, clip) -> torch.Tensor:
     return acc.finish()[0].clone()
 
 
-def check(layers: int, dtype_name: str, device: str) -> bool:
+def check(layers: int, dtype_name: str, device: str, toy: bool = False) -> bool:
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
-    model = _model(layers, dtype, device)
-    records = _records()
+    model = _model(layers, dtype, device, toy)
+    records = _records(model.config.vocab_size)
     reference = _brute_force(copy.deepcopy(model), records, device)
     flat = FlatLoRAGrads(model)
     G = _fast(model, flat, records, device)
@@ -134,13 +141,14 @@ def main() -> None:
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    ap.add_argument("--toy", action="store_true", help="a toy shape (vocab 512, hidden 64): the dry run")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    results = [check(args.layers, d, device) for d in args.dtypes]
+    results = [check(args.layers, d, device, args.toy) for d in args.dtypes]
     sys.exit(0 if all(results) else 1)
 
 

@@ -1,25 +1,91 @@
 #!/usr/bin/env bash
-# GPU check: `dplora train` + `verify` on CUDA in fp32 and bf16, the fast path against brute force, then the benchmark.
-# Runs on a GPU machine with no internet in a few minutes. Needs .gpu/ from scripts/gpu_prepare.sh (wheels of the
-# packages that machine lacks, SmolLM2-135M's config and tokenizer): real weights cannot travel, so the model is
-# a random-init SmolLM2-135M architecture built from its config. Prints s/step and peak memory per dtype.
-# Usage: bash scripts/gpu_check.sh [OUT_DIR]   (logs and the bench JSON/markdown go to OUT_DIR)
+# GPU check (issue 30): every stage with its own timeout, fastest first, sized so the commands fit ~9 minutes on one
+# H200 (a 15-minute device budget including the machine's start). Needs .gpu/ from scripts/gpu_prepare.sh (wheels
+# of the packages that machine lacks, bitsandbytes among them, and SmolLM2-135M's config and tokenizer): real
+# weights cannot travel, so every model is random-init from a config.
+#
+#   stage          what                                                                      H200 estimate  timeout
+#   setup          wheels into $SITE, the random-init SmolLM2-135M folder                     ~25 s          120 s
+#   train-bf16     dplora train + verify, 135M shape, bf16, r=8 q,v, 32 units/step, 16×128, 30 steps  ~60 s  180 s
+#   fastclip       scripts/check_fastclip.py: fast path vs one-record reference on CUDA, fp32+bf16    ~40 s  150 s
+#   scale-1b       scripts/bench_scale.py, Llama-3.2-1B shape, bf16, seq 512 and 2048, plain/ckpt/4bit,
+#                  non_dp vs dplora_fast, largest batch up to 64                                ~120 s         200 s
+#   scale-8b       the same on a Llama-3.1-8B shape, largest batch up to 16                     ~210 s         260 s
+#   utility        (only with --utility) scripts/utility_bench.py --quick --only banking77     minutes        600 s
+#   total without utility: ~455 s of commands (~7.6 min), timeouts sum to 910 s; a stage that overruns is cut
+#   and reported, the next one still runs.
+#
+# --dry-run: the same stages on CPU at toy sizes (a tiny Llama, 2 steps, toy bench shapes; utility: --help only),
+# no .gpu/ needed; tests/scripts/test_gpu_check.py runs it. Every stage prints "STAGE <name>: OK|FAIL|SKIP".
+# Usage: bash scripts/gpu_check.sh [--dry-run] [--utility] [OUT_DIR]   (logs, bench JSON/markdown go to OUT_DIR)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:-${OUT:-/tmp/dplora-gpu}}
+DRY=0 UTILITY=0 OUT=""
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) DRY=1 ;;
+    --utility) UTILITY=1 ;;
+    -*) echo "unknown option $arg" >&2; exit 2 ;;
+    *) OUT=$arg ;;
+  esac
+done
+OUT=${OUT:-${OUT_DIR:-/tmp/dplora-gpu}}
 mkdir -p "$OUT"
-W=/tmp/dplora-gpu-work
-SITE=/tmp/dplora-site
-rm -rf "$W" && mkdir -p "$W"
+W=$(mktemp -d "${TMPDIR:-/tmp}/dplora-gpu-work.XXXXXX")
+SITE=${SITE:-/tmp/dplora-site}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 DPLORA_CACHE_DIR="$W/cache" DPLORA_LEDGER="$W/ledger.sqlite3"
 PY=${PYTHON:-python3}
+D="$PY -m dplora"
 t0=$(date +%s)
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-$PY -m pip install -q --no-index --no-deps --target "$SITE" .gpu/wheels/*.whl 2>&1 | tail -2
-export PYTHONPATH="$SITE:$PWD"
-$PY -c "import torch, transformers, peft, opacus; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(),
-  'transformers', transformers.__version__, 'peft', peft.__version__, 'opacus', opacus.__version__)"
-$PY - "$W/smollm2-random" <<'PY'
+rc_all=0
+declare -a SUMMARY=()
+
+# stage NAME TIMEOUT_S COMMAND...: runs COMMAND (a shell function or program) under its own timeout, logs to OUT.
+stage() {
+  local name=$1 limit=$2; shift 2
+  local s0; s0=$(date +%s)
+  echo "=== $name (timeout ${limit}s)"
+  timeout --kill-after=10 "$limit" bash -c '"$@"' _ "$@" 2>&1 | tee "$OUT/$name.log"
+  local rc=${PIPESTATUS[0]}
+  local took=$(( $(date +%s) - s0 ))
+  if [ "$rc" = 0 ]; then
+    SUMMARY+=("STAGE $name: OK (${took}s)")
+  else
+    [ "$rc" = 124 ] && rc="$rc, timed out"
+    SUMMARY+=("STAGE $name: FAIL (exit $rc, ${took}s)"); rc_all=1
+  fi
+  echo "${SUMMARY[-1]}"
+}
+
+if [ "$DRY" = 1 ]; then
+  DEVICE=cpu STEPS=2 TICKETS=1000 SEQS="16" MAXB1=2 MAXB8=0 TIMEB=2
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+else
+  DEVICE=cuda STEPS=${STEPS:-30} TICKETS=1000 SEQS="512 2048" MAXB1=64 MAXB8=16 TIMEB=""
+  export PYTHONPATH="$SITE:$PWD"
+fi
+export W SITE PY D DRY DEVICE STEPS TICKETS SEQS TIMEB OUT
+
+setup() {
+  if [ "$DRY" = 1 ]; then  # the tiny Llama of the tests and its byte tokenizer
+    $PY - "$W/model" <<'PY'
+import sys
+sys.path.insert(0, "tests")
+from tiny import save_tiny_model
+save_tiny_model(sys.argv[1])
+print("tiny random Llama (hidden 16, 2 layers) for the dry run")
+from pathlib import Path
+from dplora.data.demo import write_tickets
+from dplora.release.envelope import generate_keypair
+work = Path(sys.argv[1]).parent
+write_tickets(work / "tickets.csv", num_tickets=1000, seed=0)
+generate_keypair(work / "signing.key")
+PY
+    return
+  else
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+    $PY -m pip install -q --no-index --no-deps --target "$SITE" .gpu/wheels/*.whl 2>&1 | tail -2
+    $PY - "$W/model" <<'PY'
 import shutil, sys
 from pathlib import Path
 import torch
@@ -33,42 +99,64 @@ for f in src.iterdir():
         shutil.copy(f, out / f.name)
 print(f"random-init SmolLM2-135M architecture: {sum(p.numel() for p in model.parameters()):,} parameters")
 PY
-D="$PY -m dplora"
-$D demo-data "$W/tickets.csv" --tickets 1000 --overwrite >/dev/null
-$D keygen "$W/signing.key" >/dev/null
-rc_all=0
-for dtype in fp32 bf16; do
-  echo "=== train + verify, model.dtype=$dtype (r=8 on q,v; 32 units/step, physical 16, seq 128, ${STEPS:-30} steps)"
+  fi
+  $PY -c "import torch, transformers, peft, opacus; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(),
+    'transformers', transformers.__version__, 'peft', peft.__version__, 'opacus', opacus.__version__)" &&
+  $D demo-data "$W/tickets.csv" --tickets "$TICKETS" --overwrite >/dev/null &&
+  $D keygen "$W/signing.key" >/dev/null
+}
+
+train_verify() {
+  local extra=()
+  [ "$DRY" = 1 ] && extra=(privacy.accountant=rdp training.expected_batch_size=4 training.physical_batch_size=2
+                           training.max_seq_len=32 training.threads=1)
+  [ "$DRY" = 1 ] || extra=(training.physical_batch_size=16 training.max_seq_len=128)
   $D train configs/demo.yaml --signing-key "$W/signing.key" --no-progress model.name=null \
-    "model.path=$W/smollm2-random" "model.dtype=$dtype" "data.path=$W/tickets.csv" \
-    "training.output_dir=$W/run-$dtype" training.physical_batch_size=16 training.max_seq_len=128 \
-    "training.steps=${STEPS:-30}" 2>&1 | tee "$OUT/train-$dtype.log"
-  rc=${PIPESTATUS[0]}; echo "train exit code ($dtype): $rc"; [ "$rc" = 0 ] || rc_all=1
-  $D verify "$W/run-$dtype" --public-key "$W/signing.pub" 2>&1 | tee "$OUT/verify-$dtype.log"
-  rc=${PIPESTATUS[0]}; echo "verify exit code ($dtype): $rc"; [ "$rc" = 0 ] || rc_all=1
-  tail -n 3 "$W/run-$dtype/metrics.jsonl" | cut -c1-160
-done
-if [ -f scripts/check_fastclip.py ]; then
-  echo "=== scripts/check_fastclip.py (fast path vs one-record-at-a-time brute force on CUDA, fp32 and bf16 base)"
-  timeout "${CHECK_TIMEOUT:-150}" $PY scripts/check_fastclip.py 2>&1 | tee "$OUT/check_fastclip.log"
-  rc=${PIPESTATUS[0]}; echo "check_fastclip exit code: $rc"; [ "$rc" = 0 ] || rc_all=1
-fi
-NGPU=$($PY -c "import torch; print(torch.cuda.device_count())")
-if [ "$NGPU" -ge 2 ]; then  # 1 against 2 processes (nccl, one GPU each) on the bf16 run above: compare s/step
-  echo "=== torchrun 2 processes, model.dtype=bf16 (same contract; compare 'done: ... s/step' with the run above)"
-  $PY -m torch.distributed.run --standalone --nproc-per-node 2 -m dplora train configs/demo.yaml \
-    --signing-key "$W/signing.key" --no-progress model.name=null "model.path=$W/smollm2-random" model.dtype=bf16 \
-    "data.path=$W/tickets.csv" "training.output_dir=$W/run-bf16-2proc" training.physical_batch_size=16 \
-    training.max_seq_len=128 "training.steps=${STEPS:-30}" 2>&1 | grep -v "^W" | tee "$OUT/train-bf16-2proc.log"
-  rc=${PIPESTATUS[0]}; echo "train exit code (2 processes): $rc"; [ "$rc" = 0 ] || rc_all=1
-  $D verify "$W/run-bf16-2proc" --public-key "$W/signing.pub" || rc_all=1
+    "model.path=$W/model" model.dtype=bf16 "data.path=$W/tickets.csv" "training.output_dir=$W/run-bf16" \
+    "training.steps=$STEPS" "${extra[@]}" || return $?
+  $D verify "$W/run-bf16" --public-key "$W/signing.pub" || return $?
+  tail -n 2 "$W/run-bf16.private/metrics.jsonl" 2>/dev/null | cut -c1-160 || true
+}
+
+fastclip() {
+  if [ "$DRY" = 1 ]; then
+    $PY scripts/check_fastclip.py --device cpu --layers 1 --dtypes fp32 --toy
+  else
+    $PY scripts/check_fastclip.py --device cuda
+  fi
+}
+
+scale() {  # scale ARCH MAX_BATCH
+  local arch=$1 maxb=$2 extra=()
+  if [ "$DRY" = 1 ]; then arch=toy; extra=(--steps 1 --warmup 0 --variants plain ckpt 4bit); fi
+  # shellcheck disable=SC2086
+  $PY scripts/bench_scale.py --arch "$arch" --device "$DEVICE" --seqs $SEQS --max-batch "$maxb" \
+    ${TIMEB:+--batch $TIMEB} --out "$OUT/scale-$1" "${extra[@]}"
+}
+
+utility() {
+  if [ "$DRY" = 1 ]; then
+    $PY scripts/utility_bench.py --help >/dev/null && echo "utility_bench.py: --help only in a dry run"
+  else
+    $PY scripts/utility_bench.py --quick --only banking77 --out "$OUT/utility"
+  fi
+}
+
+export -f setup train_verify fastclip scale utility
+if [ "$DRY" = 1 ]; then T=(300 300 300 300 300 60); else T=(120 180 150 200 260 600); fi
+stage setup "${T[0]}" setup
+stage train-bf16 "${T[1]}" train_verify
+stage fastclip "${T[2]}" fastclip
+stage scale-1b "${T[3]}" scale llama-1b "$MAXB1"
+stage scale-8b "${T[4]}" scale llama-8b "$MAXB8"
+if [ "$UTILITY" = 1 ] || [ "$DRY" = 1 ]; then
+  stage utility "${T[5]}" utility
 else
-  echo "=== $NGPU GPU: no 2-process run (nccl needs one GPU per process)"
+  SUMMARY+=("STAGE utility: SKIP (pass --utility)")
 fi
-if [ -f scripts/bench.py ]; then
-  echo "=== scripts/bench.py"
-  timeout "${BENCH_TIMEOUT:-300}" $PY scripts/bench.py --out "$OUT/bench" 2>&1 | tail -n 60
-  echo "bench exit code: ${PIPESTATUS[0]}"
-fi
+echo "=== summary"
+printf '%s\n' "${SUMMARY[@]}"
+for f in "$OUT"/scale-*/scale.md; do [ -f "$f" ] && cat "$f"; done
 echo "gpu_check: $(( $(date +%s) - t0 )) s, overall exit $rc_all"
+rm -rf "$W"
 exit $rc_all

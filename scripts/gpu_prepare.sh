@@ -10,7 +10,7 @@ grep -qs '^/.gpu/' .git/info/exclude || { mkdir -p .git/info && echo '/.gpu/' >>
   --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 opacus==1.6.0 datasets==5.2.0 dill multiprocess dp-accounting==0.6.0 dm-tree \
   cryptography cffi pycparser pydantic==2.14.4 pydantic-core annotated-types typing-inspection typing-extensions \
-  gguf xxhash securesystemslib
+  gguf xxhash securesystemslib bitsandbytes==0.50.2
 folder=$(.venv/bin/python -c "from dplora.engine.model import converted_smollm2; print(converted_smollm2())")
 find "$folder" -maxdepth 1 -type f ! -name '*.safetensors' -exec cp {} .gpu/smollm2/ \;
 du -sh .gpu

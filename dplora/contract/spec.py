@@ -133,6 +133,24 @@ class Precision(str, enum.Enum):
     FP32 = "fp32"
 
 
+class Quantization(str, enum.Enum):
+    """How the frozen base weights are stored. ``4bit``: bitsandbytes NF4 with double quantization (QLoRA,
+    Dettmers et al. 2023), computed in the run's base dtype; weights only, so each record's activations and
+    gradients stay its own. ``8bit`` (LLM.int8) is refused: see :data:`INT8_REFUSAL`."""
+
+    NONE = "none"
+    FOUR_BIT = "4bit"
+    EIGHT_BIT = "8bit"
+
+
+# LLM.int8 (Dettmers et al. 2022; transformers' llm_int8_threshold = 6.0) picks the fp16 outlier columns from the
+# whole batch's activations: one record decides how another record's matmul is computed.
+INT8_REFUSAL = (
+    "model.quantization=8bit is refused: LLM.int8 picks its outlier columns across the whole batch, so one record "
+    "changes how another record's activations are computed and the per-unit sensitivity is no longer C; use 4bit"
+)
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False)
 
@@ -183,9 +201,12 @@ class ModelSection(_Section):
     dtype: Precision = Precision.AUTO
     allow_tf32: Annotated[bool, Field(strict=True)] | None = None
     attn_implementation: AttnImplementation = AttnImplementation.SDPA
+    quantization: Quantization = Quantization.NONE
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSection:
+        if self.quantization is Quantization.EIGHT_BIT:
+            raise ValueError(INT8_REFUSAL)
         if (self.name is None) == (self.path is None):
             raise ValueError("model: give exactly one of model.name (packaged model) or model.path (folder or .gguf)")
         if self.name is not None and self.name not in PACKAGED_MODELS:

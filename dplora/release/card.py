@@ -134,6 +134,14 @@ def _base_model(base: dict) -> str:
     if package:
         source += f"Source file: `{package['file']}` from {package['name']} {package['version']}, "
         source += f"sha256 `{package['sha256']}`.\n\n"
+    quant = base.get("quantization")
+    if quant:
+        source += (
+            f"Trained on a {quant['bits']}-bit base: {quant['method']} {quant['bitsandbytes_version']}, "
+            f"`{quant['quant_type']}`, double quantization {'on' if quant['double_quant'] else 'off'}, compute dtype "
+            f"`{quant['compute_dtype']}`; the files below are the unquantized weights it was quantized from when "
+            "loaded. Load the base the same way (`BitsAndBytesConfig`) to reproduce the training forward.\n\n"
+        )
     load = (
         "```python\nfrom peft import AutoPeftModelForCausalLM\n\n"
         'model = AutoPeftModelForCausalLM.from_pretrained("path/to/adapter")\n```\n'

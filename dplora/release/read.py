@@ -91,15 +91,14 @@ def load_adapter_model(run: ReleasedRun, *, threads: int | None = None, log=prin
     import torch
     from peft import PeftModel
 
-    from dplora.engine.model import load_model_and_tokenizer, place_model, resolve_precision, select_device
+    from dplora.engine.model import load_base_model, resolve_precision, select_device
     from dplora.engine.step import free_threads
 
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")  # transformers 5, as train
     torch.set_num_threads(threads or run.contract.training.threads or free_threads())
     device = select_device()
     dtype, allow_tf32 = resolve_precision(run.contract.model, device)
-    base, tokenizer = load_model_and_tokenizer(run.contract.model, log)
-    base = place_model(base, device, dtype, allow_tf32)
+    base, tokenizer = load_base_model(run.contract.model, device, dtype, allow_tf32, log)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Unexpected keyword arguments")  # the control's privacy note
         try:
