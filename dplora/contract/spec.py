@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import re
 from typing import Annotated, Literal
 
 import yaml
@@ -26,6 +27,16 @@ from dplora.accounting.calibration import SIGMA_MAX, SIGMA_MIN
 from dplora.errors import excerpt
 
 PACKAGED_MODELS = ("smollm2-135m",)
+# A Hub model id ``ORG/NAME`` (huggingface_hub's ``validate_repo_id`` rules: letters, digits, ``-_.``, no ``--`` or
+# ``..``, at most 96 characters), resolved from the local Hugging Face cache only (dplora.engine.model).
+HUB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+# A Hub revision: a branch or tag name, or a 40-hex commit hash.
+REVISION_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,127}$")
+
+
+def is_hub_id(name: str) -> bool:
+    """True for a Hub model id ``ORG/NAME`` (not a packaged name, no ``--`` or ``..``, not ending in ``.git``)."""
+    return bool(HUB_ID_PATTERN.match(name)) and "--" not in name and ".." not in name and not name.endswith(".git")
 
 
 class ProtectedUnit(str, enum.Enum):
@@ -145,10 +156,11 @@ class PrivacySection(_Section):
 
 
 class ModelSection(_Section):
-    """The base model: a packaged name, a local Hugging Face folder, or a .gguf file."""
+    """The base model: a packaged name, a Hub id from the local cache, a local Hugging Face folder, or a .gguf file."""
 
     name: Name | None = None
     path: PathText | None = None
+    revision: Name | None = None  # with a Hub id only: branch, tag or commit in the local cache (default main)
     dtype: Precision = Precision.AUTO
     allow_tf32: Annotated[bool, Field(strict=True)] | None = None
 
@@ -156,8 +168,15 @@ class ModelSection(_Section):
     def _one_source(self) -> ModelSection:
         if (self.name is None) == (self.path is None):
             raise ValueError("model: give exactly one of model.name (packaged model) or model.path (folder or .gguf)")
-        if self.name is not None and self.name not in PACKAGED_MODELS:
-            raise ValueError(f"model.name={excerpt(self.name)}: allowed values are {', '.join(PACKAGED_MODELS)}")
+        if self.name is not None and self.name not in PACKAGED_MODELS and not is_hub_id(self.name):
+            raise ValueError(
+                f"model.name={excerpt(self.name)}: allowed values are {', '.join(PACKAGED_MODELS)} "
+                "or a Hub model id ORG/NAME in the local Hugging Face cache"
+            )
+        if self.revision is not None and (self.name is None or self.name in PACKAGED_MODELS):
+            raise ValueError("model.revision goes with a Hub model id (model.name: ORG/NAME) only")
+        if self.revision is not None and not REVISION_PATTERN.match(self.revision):
+            raise ValueError(f"model.revision={excerpt(self.revision)}: not a branch, tag or commit name")
         return self
 
 
