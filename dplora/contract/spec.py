@@ -62,6 +62,16 @@ class PerSamplePath(str, enum.Enum):
     OPACUS = "opacus"
 
 
+class ReportTo(str, enum.Enum):
+    """Experiment tracker for the plan's public numbers (dplora.run.tracking); ``none`` writes none."""
+
+    NONE = "none"
+    TENSORBOARD = "tensorboard"
+    WANDB = "wandb"
+    MLFLOW = "mlflow"
+    TRACKIO = "trackio"
+
+
 class Optimizer(str, enum.Enum):
     """The torch optimiser that consumes the noised, normalised gradient (post-processing: no privacy effect)."""
 
@@ -258,6 +268,8 @@ class TrainingSection(_Section):
     output_dir: PathText = "runs/dplora"
     threads: Annotated[int, Field(gt=0, le=MAX_THREADS, strict=True)] | None = None
     checkpoint_every: PositiveInt | None = None  # logical steps between resume checkpoints (None: ~10 min of work)
+    report_to: ReportTo = ReportTo.NONE  # public numbers only (step, ε spent, ε bound, σ, q, T)
+    report_private: Annotated[bool, Field(strict=True)] = False  # also loss, batch sizes, times: not covered by DP
 
     @model_validator(mode="after")
     def _length(self) -> TrainingSection:
