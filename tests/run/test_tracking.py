@@ -120,3 +120,94 @@ def test_report_to_refuses_an_unknown_backend():
     raw = contract_dict(Path("m"), Path("d.csv"), Path("o"), privacy={"num_units": 100}, training={"report_to": "x"})
     with pytest.raises(BadInputError, match="training.report_to"):
         parse_contract(raw)
+
+
+class _FakeRemote:
+    """Stands in for an accelerate tracker: records how it was made and what it was sent."""
+
+    made: list = []
+
+    def __init__(self, run_name, **kwargs):
+        self.logged, self.finished = [], False
+        _FakeRemote.made.append((run_name, kwargs, self))
+
+    def start(self):
+        pass
+
+    def log(self, values, step):
+        self.logged.append((step, dict(values)))
+
+    def finish(self):
+        self.finished = True
+
+
+def _fake_plan():
+    import types
+
+    curve = {1: 0.5, 2: 0.8}
+    return types.SimpleNamespace(
+        epsilon=0.8,
+        target_epsilon=1.0,
+        delta=1e-5,
+        noise_multiplier=1.3,
+        sample_rate=0.01,
+        max_grad_norm=1.0,
+        steps=2,
+        epsilon_at=curve.__getitem__,
+    )
+
+
+@pytest.mark.parametrize("report_private", [False, True])
+def test_wandb_goes_through_accelerate_with_console_off_and_public_tags_only(monkeypatch, tmp_path, report_private):
+    import importlib.util
+    import sys
+    import types
+
+    import accelerate.tracking
+
+    from dplora.run.tracking import Tracker
+
+    settings = []
+    fake_wandb = types.ModuleType("wandb")
+    fake_wandb.Settings = lambda **kw: settings.append(kw) or ("settings", kw)
+    monkeypatch.setitem(sys.modules, "wandb", fake_wandb)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "wandb" else real(name, *a))
+    monkeypatch.setattr(accelerate.tracking, "WandBTracker", _FakeRemote)
+    _FakeRemote.made.clear()
+    tracker = Tracker(
+        "wandb",
+        plan=_fake_plan(),
+        out=tmp_path / "run",
+        private_dir=tmp_path,
+        run_id="r1",
+        report_private=report_private,
+    )
+    for step in (1, 2):
+        line = {"step": step, "seconds": 0.2, "not_covered_by_dp": {"train_loss": 3.0, "units": 4, "records": 5}}
+        tracker.log_step(line)
+    tracker.close()
+    ((name, kwargs, remote),) = _FakeRemote.made
+    assert settings == [{"console": "off"}] and kwargs["settings"] == ("settings", {"console": "off"})
+    assert remote.finished and name == "run"
+    step0 = remote.logged[0]
+    assert step0 == (
+        0,
+        {
+            "dp/epsilon_planned": 0.8,
+            "dp/epsilon_target": 1.0,
+            "dp/delta": 1e-5,
+            "dp/sigma": 1.3,
+            "dp/q": 0.01,
+            "dp/max_grad_norm": 1.0,
+            "dp/T": 2.0,
+        },
+    )
+    private = {
+        "not_covered_by_dp/train_loss": 3.0,
+        "not_covered_by_dp/units": 4.0,
+        "not_covered_by_dp/records": 5.0,
+        "not_covered_by_dp/seconds_per_step": 0.2,
+    }
+    extra = private if report_private else {}
+    assert remote.logged[1:] == [(1, {"dp/epsilon_spent": 0.5, **extra}), (2, {"dp/epsilon_spent": 0.8, **extra})]
