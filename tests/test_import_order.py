@@ -4,7 +4,7 @@ Every module's imports are read with ``ast`` (imports inside functions included)
 A module may import its own stage and the stages below it, never one above it. The order, lowest first:
 
     core (dplora, errors, signals, atomic) → accounting → contract → plan → data → engine → run → release → ledger →
-    evaluate → recipe → audit, synth, tuning → cli (and ``python -m dplora``)
+    evaluate → recipe → audit, synth, export, tuning → cli (and ``python -m dplora``)
 
 The checker itself is tested on planted graphs and on a planted upward import in a temporary package, so the
 test on the real tree cannot pass by checking nothing.
@@ -35,7 +35,7 @@ STAGES: list[tuple[str, ...]] = [
     ("dplora.ledger",),
     ("dplora.evaluate",),
     ("dplora.recipe",),
-    ("dplora.audit", "dplora.synth", "dplora.tuning"),
+    ("dplora.audit", "dplora.synth", "dplora.export", "dplora.tuning"),
     ("dplora.cli", "dplora.__main__"),
 ]
 

@@ -332,6 +332,15 @@ def _mount_synth() -> None:
 _mount_synth()
 
 
+def _mount_export() -> None:
+    from dplora.cli.export import register
+
+    register(app)
+
+
+_mount_export()
+
+
 def main() -> None:
     """Console entry point: one-line errors, never a traceback (set DPLORA_DEBUG=1 to see one)."""
     try:

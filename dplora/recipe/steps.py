@@ -18,6 +18,7 @@ from dplora.recipe.finish import (
 from dplora.recipe.setup import (
     _RunIO,
 )
+from dplora.run.tracking import TrackedMetrics
 
 
 def _train_and_release(spec, state, *, io: _RunIO, started: str, checkpointer):
@@ -31,23 +32,58 @@ def _train_and_release(spec, state, *, io: _RunIO, started: str, checkpointer):
     from dplora.run.loop import run_steps
     from dplora.run.progress import ProgressReporter
 
-    with (
-        _open_metrics(spec.staging, state.step, _metrics_header(spec)) as metrics,
-        ProgressReporter(enabled=io.progress) as bar,
-        checkpointer,
-    ):
-        bar.start(spec.plan.steps)
-        checkpointer.write()  # before step 1 (skipped when resuming from this step)
+    tracker = _tracker(spec)
+    try:
+        with (
+            _open_metrics(spec.staging, state.step, _metrics_header(spec)) as metrics,
+            ProgressReporter(enabled=io.progress) as bar,
+            checkpointer,
+        ):
+            bar.start(spec.plan.steps)
+            checkpointer.write()  # before step 1 (skipped when resuming from this step)
+            logged = metrics if tracker is None else TrackedMetrics(metrics, tracker)
+            t0 = time.perf_counter()
+            run_steps(spec, state, metrics=logged, progress=bar, after_step=_after_step(state, checkpointer))
+            train_seconds = time.perf_counter() - t0
+        ranks = _check_accounted(spec, state)
         t0 = time.perf_counter()
-        run_steps(spec, state, metrics=metrics, progress=bar, after_step=_after_step(state, checkpointer))
-        train_seconds = time.perf_counter() - t0
-    ranks = _check_accounted(spec, state)
-    t0 = time.perf_counter()
-    evaluation = _evaluate_held_out(spec, state, io)
-    eval_seconds = time.perf_counter() - t0 if evaluation is not None else 0.0
+        evaluation = _evaluate_held_out(spec, state, io)
+        eval_seconds = time.perf_counter() - t0 if evaluation is not None else 0.0
+        if tracker is not None and evaluation is not None and not evaluation.public:
+            tracker.log_private(_eval_scalars(evaluation), step=state.step)
+    finally:
+        if tracker is not None:
+            tracker.close()
     epsilon_spent = spec.plan.epsilon_at(state.step)
     _write_outputs(spec, state, started=started, epsilon_spent=epsilon_spent, io=io, ranks=ranks, evaluation=evaluation)
     return evaluation, train_seconds, eval_seconds
+
+
+def _tracker(spec):
+    """The run's :class:`dplora.run.tracking.Tracker` (``training.report_to``), or None for ``none``."""
+    from dplora.run.outputs import private_staging
+    from dplora.run.tracking import Tracker
+
+    training = spec.contract.training
+    if getattr(training.report_to, "value", training.report_to) == "none":
+        return None
+    return Tracker(
+        training.report_to,
+        plan=spec.plan,
+        out=spec.out,
+        private_dir=private_staging(spec.staging),
+        run_id=spec.run_id,
+        report_private=training.report_private,
+    )
+
+
+def _eval_scalars(evaluation) -> dict[str, float]:
+    """The held-out evaluation's top-level numbers (private: logged only with ``training.report_private``)."""
+    flat = {}
+    for key, value in evaluation.to_dict().items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            flat[f"eval/{key}"] = float(value)
+    return flat
 
 
 def _evaluate_held_out(spec, state, io: _RunIO):

@@ -40,7 +40,7 @@ from dplora.recipe.setup import (
 from dplora.recipe.steps import _check_accounted, _train_and_release
 from dplora.release import envelope as release
 from dplora.release.record import unit_statement
-from dplora.run import outputs
+from dplora.run import outputs, tracking
 from dplora.run.execution import utc_now
 
 
@@ -122,6 +122,7 @@ def run_training(
     out, staging = outputs.output_path(contract.training.output_dir), None  # ranks other than 0 write nothing
     try:
         with distributed.gate(world):  # a refusal on any rank stops every rank here
+            tracking.check_backend(contract.training.report_to)  # a missing tracker library: exit 2, nothing written
             if main:
                 private_key = release.load_private_key(signing_key)
                 key = release.load_data_key(data_key)

@@ -131,6 +131,8 @@ def _base_model(base: dict) -> str:
     rows = "\n".join(f"| `{name}` | `{digest}` |" for name, digest in sorted(base["files"].items()))
     package = base.get("package")
     source = f"{base['note']}\n\n" if base.get("note") else ""
+    if base.get("commit"):
+        source += f"Hub revision `{base.get('revision')}`, commit `{base['commit']}` (from the local cache).\n\n"
     if package:
         source += f"Source file: `{package['file']}` from {package['name']} {package['version']}, "
         source += f"sha256 `{package['sha256']}`.\n\n"

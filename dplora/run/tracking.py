@@ -1,0 +1,189 @@
+"""Experiment tracking (``training.report_to``): the plan's public numbers to TensorBoard, W&B, MLflow or trackio.
+
+What may go to a tracker is a privacy question. The plan's numbers are public (they are in the signed record):
+per step, ε spent after the step from the accountant's planned curve (:meth:`TrainingPlan.epsilon_at`); once, the
+ε bound (the planned final ε and the target), δ, σ, q, C and T. Everything computed on the private data — the
+training loss, the realised number of units and records per step, per-step wall time, tokens/s and a private
+held-out evaluation — goes to a tracker only with ``training.report_private: true``, under the tag prefix
+:data:`PRIVATE_PREFIX` (``not_covered_by_dp/``): it is NOT covered by the DP guarantee.
+
+Where the files go (never inside the release folder, so ``dplora verify`` is unaffected):
+
+* ``tensorboard``: public tags under ``<output_dir>.tracking/tensorboard/<run_id>/`` (as shareable as the record);
+  private tags, when asked for, under ``<output_dir>.private/tensorboard/<run_id>/`` (written in
+  ``<output_dir>.partial/private/`` while the run runs, published with the rest of the private folder). Written
+  with ``torch.utils.tensorboard.SummaryWriter`` directly: two log folders, one per audience, which accelerate's
+  ``TensorBoardTracker`` (one folder) does not give. Needs ``pip install tensorboard`` (extra ``dplora[track]``).
+* ``wandb``, ``mlflow``, ``trackio``: one run through accelerate's tracker classes (``accelerate.tracking``), the
+  private tags in the same run only when asked for. wandb's console capture is turned off
+  (``wandb.Settings(console="off")``): the terminal bar shows the training loss. MLflow's local files go to
+  ``<output_dir>.tracking/mlflow`` unless ``MLFLOW_TRACKING_URI`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+from dplora.errors import BadInputError
+
+PRIVATE_PREFIX = "not_covered_by_dp/"
+PUBLIC_PREFIX = "dp/"
+BACKENDS = ("none", "tensorboard", "wandb", "mlflow", "trackio")
+_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "trackio": "trackio"}
+
+
+def tracking_path(out: Path) -> Path:
+    """``<output_dir>.tracking``: the public tracker files, beside the release and never in it."""
+    out = Path(out)
+    return out.with_name(out.name + ".tracking")
+
+
+def check_backend(backend: str) -> None:
+    """Refuse, before anything is written, a tracker whose library is not installed.
+
+    Args:
+        backend: ``training.report_to`` (one of :data:`BACKENDS`).
+    Raises:
+        BadInputError: the library is missing (``install X``).
+    """
+    backend = getattr(backend, "value", backend)
+    if backend == "none":
+        return
+    module = _MODULES[backend]
+    if importlib.util.find_spec(module) is None:
+        extra = " (or pip install 'dplora[track]')" if backend == "tensorboard" else ""
+        raise BadInputError(f"training.report_to={backend}: install {module} first: pip install {module}{extra}")
+    if backend != "tensorboard" and importlib.util.find_spec("accelerate") is None:
+        raise BadInputError(f"training.report_to={backend}: install accelerate (its trackers are used)")
+
+
+def public_constants(plan) -> dict[str, float]:
+    """The run-level public numbers logged once at step 0: ε bound (planned final and target), δ, σ, q, C, T."""
+    values = {
+        "epsilon_planned": plan.epsilon,
+        "epsilon_target": plan.target_epsilon,
+        "delta": plan.delta,
+        "sigma": plan.noise_multiplier,
+        "q": plan.sample_rate,
+        "max_grad_norm": plan.max_grad_norm,
+        "T": float(plan.steps),
+    }
+    return {PUBLIC_PREFIX + k: float(v) for k, v in values.items() if math.isfinite(float(v))}
+
+
+def private_values(entry: dict) -> dict[str, float]:
+    """The private diagnostics of one ``metrics.jsonl`` step line, under :data:`PRIVATE_PREFIX` (not covered by DP)."""
+    private = entry.get("not_covered_by_dp") or {}
+    values = {
+        "train_loss": private.get("train_loss"),
+        "units": private.get("units"),
+        "records": private.get("records"),
+        "seconds_per_step": entry.get("seconds"),
+    }
+    return {PRIVATE_PREFIX + k: float(v) for k, v in values.items() if isinstance(v, (int, float))}
+
+
+class Tracker:
+    """One run's tracker: :meth:`log_step` per logical step with its ``metrics.jsonl`` line, then :meth:`close`.
+
+    Args:
+        backend: ``training.report_to``.
+        plan: the run's :class:`dplora.plan.training.TrainingPlan` (the public numbers come from it only).
+        out: the final release folder (public files go to :func:`tracking_path`).
+        private_dir: the run's private staging folder (private TensorBoard files go there).
+        run_id: the run's id (one log folder per run).
+        report_private: also log the private diagnostics, prefixed :data:`PRIVATE_PREFIX`.
+    Raises:
+        BadInputError: the backend's library is missing (:func:`check_backend`).
+    """
+
+    def __init__(self, backend, *, plan, out: Path, private_dir: Path, run_id: str, report_private: bool):
+        self.backend = getattr(backend, "value", backend)
+        check_backend(self.backend)
+        self.plan, self.report_private = plan, report_private
+        self._public = self._private = self._remote = None
+        if self.backend == "tensorboard":
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._public = SummaryWriter(log_dir=str(tracking_path(out) / "tensorboard" / run_id))
+            if report_private:
+                self._private = SummaryWriter(log_dir=str(Path(private_dir) / "tensorboard" / run_id))
+        elif self.backend != "none":
+            self._remote = _remote_tracker(self.backend, out=out, run_id=run_id)
+        self._write(public_constants(plan), {}, step=0)
+
+    def log_step(self, entry: dict) -> None:
+        """Log step ``entry["step"]``: ε spent from the plan (public), and the private values only if asked."""
+        step = int(entry["step"])
+        eps = self.plan.epsilon_at(step)
+        public = {PUBLIC_PREFIX + "epsilon_spent": float(eps)} if math.isfinite(eps) else {}
+        self._write(public, private_values(entry) if self.report_private else {}, step=step)
+
+    def log_private(self, values: dict[str, float], step: int) -> None:
+        """Private numbers (a private held-out evaluation), only with ``report_private``; prefixed."""
+        if self.report_private:
+            self._write({}, {PRIVATE_PREFIX + k: float(v) for k, v in values.items()}, step=step)
+
+    def _write(self, public: dict, private: dict, *, step: int) -> None:
+        if self._public is not None:
+            for tag, value in public.items():
+                self._public.add_scalar(tag, value, step)
+            if self._private is not None:
+                for tag, value in private.items():
+                    self._private.add_scalar(tag, value, step)
+        elif self._remote is not None and (public or private):
+            self._remote.log({**public, **private}, step=step)
+
+    def close(self) -> None:
+        """Flush and close the writers (safe to call twice)."""
+        for writer in (self._public, self._private):
+            if writer is not None:
+                writer.close()
+        if self._remote is not None:
+            self._remote.finish()
+        self._public = self._private = self._remote = None
+
+
+def _remote_tracker(backend: str, *, out: Path, run_id: str):
+    """accelerate's tracker for ``backend``, started, console capture off."""
+    from accelerate import tracking
+
+    name = Path(out).name
+    if backend == "wandb":
+        import wandb
+
+        tracker = tracking.WandBTracker(name, name=run_id, settings=wandb.Settings(console="off"))
+    elif backend == "mlflow":
+        tracker = tracking.MLflowTracker(name, logging_dir=str(tracking_path(out) / "mlflow"), run_name=run_id)
+    else:
+        tracker = tracking.TrackioTracker(name, name=run_id)
+    if hasattr(tracker, "start"):
+        tracker.start()
+    return tracker
+
+
+class TrackedMetrics:
+    """The per-step ``metrics.jsonl`` file, each step line also handed to a :class:`Tracker` (other lines are not)."""
+
+    def __init__(self, metrics, tracker: Tracker):
+        self._metrics, self._tracker = metrics, tracker
+
+    def write(self, text: str) -> int:
+        """Write ``text`` to the file; a step line (JSON with ``step``) also goes to the tracker."""
+        import json
+
+        n = self._metrics.write(text)
+        for line in text.splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(entry, dict) and isinstance(entry.get("step"), int):
+                self._tracker.log_step(entry)
+        return n
+
+    def flush(self) -> None:
+        """Flush the file."""
+        self._metrics.flush()

@@ -1,0 +1,213 @@
+"""Experiment tracking (issue 32.2): TensorBoard event files, read back with tensorboard's EventAccumulator, hold the
+plan's public numbers (values equal to the plan's) outside the release folder, and private diagnostics only with
+training.report_private, under not_covered_by_dp/ in the private folder; a missing tracker library is exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import train_tiny
+
+pytest.importorskip("tensorboard")
+pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")
+
+PUBLIC_TAGS = {
+    "dp/epsilon_spent",
+    "dp/epsilon_planned",
+    "dp/epsilon_target",
+    "dp/delta",
+    "dp/sigma",
+    "dp/q",
+    "dp/max_grad_norm",
+    "dp/T",
+}
+
+
+def _scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (run,) = [p for p in folder.iterdir() if p.is_dir()]  # one log folder per run id
+    acc = EventAccumulator(str(run))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def _plan(out: Path) -> dict:
+    from conftest import release_statement
+
+    return release_statement(out)["predicate"]
+
+
+def _all_files(folder: Path) -> set[str]:
+    return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_tensorboard_holds_the_plans_public_numbers_and_no_private_tag(
+    tmp_path, tiny_model_dir, tickets_csv, signing_key
+):
+    result, out = train_tiny(tmp_path, tiny_model_dir, tickets_csv, signing_key, training={"report_to": "tensorboard"})
+    assert result.exit_code == 0, result.output
+    public = out.with_name(out.name + ".tracking") / "tensorboard"
+    scalars = _scalars(public)
+    assert set(scalars) == PUBLIC_TAGS  # no not_covered_by_dp/ tag, no loss
+    record = _plan(out)
+    acc = record["accounting"]
+    steps = acc["steps_done"]
+    assert steps == acc["steps_planned"] == 3
+    metrics = [
+        json.loads(ln) for ln in (out.with_name(out.name + ".private") / "metrics.jsonl").read_text().splitlines()
+    ]
+    curve = {m["step"]: m["epsilon_upper"] for m in metrics if "step" in m}
+    assert [s for s, _ in scalars["dp/epsilon_spent"]] == list(range(1, steps + 1))
+    for step, value in scalars["dp/epsilon_spent"]:
+        assert value == pytest.approx(curve[step], rel=1e-6)  # float32 in the event file
+    assert scalars["dp/epsilon_spent"][-1][1] == pytest.approx(acc["epsilon_spent"], rel=1e-6)
+    assert scalars["dp/epsilon_target"] == [(0, pytest.approx(acc["target_epsilon"], rel=1e-6))]
+    assert scalars["dp/delta"] == [(0, pytest.approx(acc["delta"], rel=1e-6))]
+    assert scalars["dp/T"] == [(0, float(steps))]
+    assert scalars["dp/sigma"] == [(0, pytest.approx(acc["noise_multiplier"], rel=1e-6))]
+    assert scalars["dp/q"] == [(0, pytest.approx(acc["sample_rate"], rel=1e-6))]
+    assert scalars["dp/max_grad_norm"] == [(0, pytest.approx(record["mechanism"]["max_grad_norm"], rel=1e-6))]
+    assert not any("tensorboard" in f or "tfevents" in f for f in _all_files(out))  # nothing in the release
+    private = out.with_name(out.name + ".private")
+    assert not (private / "tensorboard").exists()
+
+
+def test_private_diagnostics_only_when_asked_and_under_the_not_covered_prefix(
+    tmp_path, tiny_model_dir, tickets_csv, signing_key
+):
+    training = {"report_to": "tensorboard", "report_private": True}
+    result, out = train_tiny(tmp_path, tiny_model_dir, tickets_csv, signing_key, training=training)
+    assert result.exit_code == 0, result.output
+    assert set(_scalars(out.with_name(out.name + ".tracking") / "tensorboard")) == PUBLIC_TAGS  # public stays public
+    private = _scalars(out.with_name(out.name + ".private") / "tensorboard")
+    assert set(private) == {
+        "not_covered_by_dp/train_loss",
+        "not_covered_by_dp/units",
+        "not_covered_by_dp/records",
+        "not_covered_by_dp/seconds_per_step",
+    }
+    metrics = [
+        json.loads(ln) for ln in (out.with_name(out.name + ".private") / "metrics.jsonl").read_text().splitlines()
+    ]
+    records = {m["step"]: m["not_covered_by_dp"]["records"] for m in metrics if "step" in m}
+    assert dict(private["not_covered_by_dp/records"]) == {s: float(r) for s, r in records.items()}
+    assert not any("tfevents" in f for f in _all_files(out))
+
+
+@pytest.mark.parametrize("backend", ["wandb", "mlflow", "trackio"])
+def test_a_tracker_not_installed_is_exit_2_before_anything_is_written(
+    backend, tmp_path, tiny_model_dir, tickets_csv, signing_key, monkeypatch
+):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == backend else real(name, *a))
+    result, out = train_tiny(tmp_path, tiny_model_dir, tickets_csv, signing_key, training={"report_to": backend})
+    assert result.exit_code == 2, result.output
+    assert f"install {backend}" in result.output and "Traceback" not in result.output
+    assert not out.exists() and not out.with_name(out.name + ".tracking").exists()
+
+
+def test_report_to_refuses_an_unknown_backend():
+    from conftest import contract_dict
+
+    from dplora.contract.loader import parse_contract
+    from dplora.errors import BadInputError
+
+    raw = contract_dict(Path("m"), Path("d.csv"), Path("o"), privacy={"num_units": 100}, training={"report_to": "x"})
+    with pytest.raises(BadInputError, match="training.report_to"):
+        parse_contract(raw)
+
+
+class _FakeRemote:
+    """Stands in for an accelerate tracker: records how it was made and what it was sent."""
+
+    made: list = []
+
+    def __init__(self, run_name, **kwargs):
+        self.logged, self.finished = [], False
+        _FakeRemote.made.append((run_name, kwargs, self))
+
+    def start(self):
+        pass
+
+    def log(self, values, step):
+        self.logged.append((step, dict(values)))
+
+    def finish(self):
+        self.finished = True
+
+
+def _fake_plan():
+    import types
+
+    curve = {1: 0.5, 2: 0.8}
+    return types.SimpleNamespace(
+        epsilon=0.8,
+        target_epsilon=1.0,
+        delta=1e-5,
+        noise_multiplier=1.3,
+        sample_rate=0.01,
+        max_grad_norm=1.0,
+        steps=2,
+        epsilon_at=curve.__getitem__,
+    )
+
+
+@pytest.mark.parametrize("report_private", [False, True])
+def test_wandb_goes_through_accelerate_with_console_off_and_public_tags_only(monkeypatch, tmp_path, report_private):
+    import importlib.util
+    import sys
+    import types
+
+    import accelerate.tracking
+
+    from dplora.run.tracking import Tracker
+
+    settings = []
+    fake_wandb = types.ModuleType("wandb")
+    fake_wandb.Settings = lambda **kw: settings.append(kw) or ("settings", kw)
+    monkeypatch.setitem(sys.modules, "wandb", fake_wandb)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "wandb" else real(name, *a))
+    monkeypatch.setattr(accelerate.tracking, "WandBTracker", _FakeRemote)
+    _FakeRemote.made.clear()
+    tracker = Tracker(
+        "wandb",
+        plan=_fake_plan(),
+        out=tmp_path / "run",
+        private_dir=tmp_path,
+        run_id="r1",
+        report_private=report_private,
+    )
+    for step in (1, 2):
+        line = {"step": step, "seconds": 0.2, "not_covered_by_dp": {"train_loss": 3.0, "units": 4, "records": 5}}
+        tracker.log_step(line)
+    tracker.close()
+    ((name, kwargs, remote),) = _FakeRemote.made
+    assert settings == [{"console": "off"}] and kwargs["settings"] == ("settings", {"console": "off"})
+    assert remote.finished and name == "run"
+    step0 = remote.logged[0]
+    assert step0 == (
+        0,
+        {
+            "dp/epsilon_planned": 0.8,
+            "dp/epsilon_target": 1.0,
+            "dp/delta": 1e-5,
+            "dp/sigma": 1.3,
+            "dp/q": 0.01,
+            "dp/max_grad_norm": 1.0,
+            "dp/T": 2.0,
+        },
+    )
+    private = {
+        "not_covered_by_dp/train_loss": 3.0,
+        "not_covered_by_dp/units": 4.0,
+        "not_covered_by_dp/records": 5.0,
+        "not_covered_by_dp/seconds_per_step": 0.2,
+    }
+    extra = private if report_private else {}
+    assert remote.logged[1:] == [(1, {"dp/epsilon_spent": 0.5, **extra}), (2, {"dp/epsilon_spent": 0.8, **extra})]
