@@ -241,7 +241,9 @@ class DataSection(_Section):
                 "prompt_response": "data.prompt_column and data.response_column",
                 "messages": "no text/prompt/response column (the conversations are in data.messages_column)",
             }[self.record_format]
-            raise ValueError(f"data.record_format={self.record_format} needs {need}; the columns given read as {self.kind}")
+            raise ValueError(
+                f"data.record_format={self.record_format} needs {need}; the columns given read as {self.kind}"
+            )
         return self
 
 

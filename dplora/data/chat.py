@@ -87,6 +87,29 @@ def template_sha256(tokenizer, data) -> str | None:
     return hashlib.sha256(template.encode("utf-8")).hexdigest() if template is not None else None
 
 
+def tokenization_entry(tokenizer, data) -> dict:
+    """The release record's ``tokenization``: the record format, the loss mask and the chat template's sha256.
+
+    Public: it depends on the contract and the tokenizer only, never on the data.
+
+    Returns:
+        ``{"record_format", "train_on", "chat_template", "chat_template_sha256"}``; ``chat_template`` is ``model``,
+        ``plain fallback`` or ``none (raw text)``; the sha256 is None when no template renders the records.
+    """
+    template = template_in_use(tokenizer, data)
+    if template is None:
+        source = "none (raw text)"
+    else:
+        source = "plain fallback" if template == PLAIN_TEMPLATE else "model"
+    train_on = {"text": "all", "prompt_response": "response"}.get(data.kind, data.train_on)
+    return {
+        "record_format": data.kind,
+        "train_on": train_on,
+        "chat_template": source,
+        "chat_template_sha256": template_sha256(tokenizer, data),
+    }
+
+
 def check_messages(value, row: int, column: str) -> list[dict]:
     """One conversation cell as a list of ``{"role", "content"}`` (other keys dropped), or a one-line error.
 
@@ -107,8 +130,7 @@ def check_messages(value, row: int, column: str) -> list[dict]:
             raise BadInputError(f"{where}: message {turn} is not an object with role and content")
         role, content = message.get("role"), message.get("content")
         if role not in ROLES:
-            shown = excerpt(str(role), 20) if isinstance(role, str) else type(role).__name__
-            raise BadInputError(f"{where}: message {turn} has role {shown}; roles are {', '.join(ROLES)}")
+            raise BadInputError(f"{where}: message {turn} has a role other than {', '.join(ROLES)}")
         if not isinstance(content, str):
             raise BadInputError(f"{where}: message {turn} has non-text content ({type(content).__name__})")
         out.append({"role": role, "content": content})
@@ -136,7 +158,9 @@ class ChatEncoder:
                 messages, chat_template=self.template, tokenize=False, add_generation_prompt=generation
             )
         except Exception as err:  # a Jinja error may quote the record: name the class only
-            raise BadInputError(f"data row {row}: the chat template cannot render it ({err.__class__.__name__})") from None
+            raise BadInputError(
+                f"data row {row}: the chat template cannot render it ({err.__class__.__name__})"
+            ) from None
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def _prefix_error(self, row: int) -> BadInputError:

@@ -91,7 +91,8 @@ def _as_messages(table, column: str):
 
     values = table[column]
     checked = [check_messages(v, i + 1, column) for i, v in enumerate(values)]
-    return table.remove_columns(column).add_column(column, checked)
+    tmp = f"{column}.dplora-checked"  # added before the original goes: the table may have no other column
+    return table.add_column(tmp, checked).remove_columns(column).rename_column(tmp, column)
 
 
 MAX_EXACT_FLOAT_INT = 2**53  # integers above this are not exact in fp64

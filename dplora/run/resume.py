@@ -26,6 +26,37 @@ from dplora.run.checkpoint import (
 RESUMABLE_CHANGES = ("training.threads", "training.physical_batch_size", "training.checkpoint_every")
 
 
+# A checkpoint written before data.chat_template existed tokenized prompt/response records raw (``none``).
+PRE_TEMPLATE_DEFAULTS = {
+    "data.record_format": "auto",
+    "data.messages_column": None,
+    "data.train_on": "assistant",
+    "data.chat_template": "none",
+}
+
+
+def check_tokenization(info: CheckpointInfo, now: dict) -> None:
+    """Refuse to resume a checkpoint whose records were rendered by another chat template (or none).
+
+    Args:
+        now: :func:`dplora.data.chat.tokenization_entry` of this run.
+
+    Raises:
+        BadInputError: one line naming the template before and now.
+    """
+    before = info.meta.get("tokenization") or {"chat_template": "none (raw text)", "chat_template_sha256": None}
+    if before.get("chat_template_sha256") != now["chat_template_sha256"]:
+
+        def name(t: dict) -> str:
+            sha = t.get("chat_template_sha256")
+            return f"{t.get('chat_template')} template {sha[:12]}" if sha else "raw text (no template)"
+
+        raise BadInputError(
+            f"--resume: the checkpoint's records were tokenized as {name(before)}, this run's as {name(now)} "
+            "(data.chat_template or the model's template changed); resume needs the same tokenization"
+        )
+
+
 def _flat(node, prefix: str = "") -> dict:
     if isinstance(node, dict):
         out = {}
@@ -42,6 +73,8 @@ def check_resumable(info: CheckpointInfo, contract, plan, unit_index, digest: st
         BadInputError: one line naming the changed keys, the data file, or the plan values.
     """
     before = _flat(yaml.safe_load(info.meta["contract_yaml"]))
+    for key, value in PRE_TEMPLATE_DEFAULTS.items():  # a checkpoint from before these keys tokenized this way
+        before.setdefault(key, value)
     now = _flat(yaml.safe_load(contract.to_yaml()))
     changed = [k for k in sorted(before.keys() | now.keys()) if before.get(k) != now.get(k)]
     changed = [k for k in changed if k not in RESUMABLE_CHANGES]
