@@ -114,3 +114,24 @@ def test_resume_refuses_a_chat_template_change(chat_setup, signing_key, monkeypa
     assert checkpoint.read_info(tmp / "resumed.partial").step == 2
     finished = runner.invoke(app, [*args, "--resume"])
     assert finished.exit_code == 0, finished.output
+
+
+def test_chat_compare_script_runs_at_toy_size(tmp_path):
+    """scripts/chat_compare.py --toy: both runs train and are evaluated through the template, one reply each."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "chat_compare.py"
+    spec = importlib.util.spec_from_file_location("chat_compare", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    result = module.main(["--toy", "--workdir", str(tmp_path)])
+    for name in ("raw", "template"):
+        assert result[name]["held_out_tokens"] > 0 and isinstance(result[name]["reply"], str)
+        assert result[name]["held_out_loss_adapter"] > 0
+    assert result["raw"]["held_out_tokens"] == result["template"]["held_out_tokens"]  # the same served tokens
+    raw = release_statement(tmp_path / "raw")["predicate"]["tokenization"]
+    assert raw["chat_template_sha256"] is None
+    assert release_statement(tmp_path / "template")["predicate"]["tokenization"]["chat_template_sha256"] == (
+        hashlib.sha256(module.CHATML.encode()).hexdigest()
+    )
