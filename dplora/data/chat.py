@@ -15,7 +15,7 @@ user turn's content is cut at the token level when the context before the first 
 half); the assistant turn that does not fit whole is cut at the token
 level (``train_on: all``: whichever turn does not fit). A record left with no target token is kept with no target
 (loss 0, zero gradient): dropped from the loss by a rule that looks at that record alone, never refused. Every
-message's content is cut to :func:`dplora.data.units.cell_char_bound` characters before rendering.
+message's content is cut to :func:`dplora.data.cells.cell_char_bound` characters before rendering.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
+from dplora.data.cells import cut_cells, tokenize_cells
 from dplora.errors import BadInputError, excerpt
 
 ROLES = ("system", "user", "assistant")
@@ -180,8 +181,6 @@ class ChatEncoder:
         Raises:
             BadInputError: the template fails on the record or is not prefix-stable.
         """
-        from dplora.data.units import cut_cells, tokenize_cells
-
         max_len = self.max_len
         msgs = [
             {"role": m["role"], "content": c}

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from dplora.contract.spec import Contract, DataSection, PrivacySection, ProtectedUnit
+from dplora.data.cells import CHARS_PER_TOKEN_BOUND, cell_char_bound, cut_cells, tokenize_cells  # noqa: F401 (re-exported)
 from dplora.data.readers import read_table
 from dplora.errors import BadInputError, excerpt
 
@@ -336,59 +337,6 @@ class PoissonUnitSampler:
     def sample(self) -> np.ndarray:
         """Unit indices of one logical batch, shape (k,) with k ~ Binomial(N, q) (k = 0 happens)."""
         return np.flatnonzero(self._rng.random(self.num_units) < self.sample_rate)
-
-
-CHARS_PER_TOKEN_BOUND = 32  # characters kept per token of max_seq_len: a token is rarely more than ~10 characters
-
-
-def cell_char_bound(max_seq_len: int) -> int:
-    """Characters of one cell that are tokenized at most: ``max_seq_len × CHARS_PER_TOKEN_BOUND``.
-
-    Args:
-        max_seq_len: ``training.max_seq_len``, tokens per record.
-
-    Returns:
-        The bound in characters (Unicode code points), e.g. 2,048 for max_seq_len 64.
-    """
-    return max_seq_len * CHARS_PER_TOKEN_BOUND
-
-
-def cut_cells(texts, max_seq_len: int) -> list[str]:
-    """Each cell as text (``str()``) cut to its first :func:`cell_char_bound` characters (the one bounded cut).
-
-    Args:
-        texts: R cells (any values).
-        max_seq_len: ``training.max_seq_len``, tokens.
-
-    Returns:
-        R strings, each of at most ``max_seq_len × 32`` characters.
-    """
-    bound = cell_char_bound(max_seq_len)
-    return [str(t)[:bound] for t in texts]
-
-
-def tokenize_cells(tokenizer, texts, max_seq_len: int) -> list[list[int]]:
-    """Token ids of each cell, cut to :func:`cell_char_bound` characters BEFORE tokenizing.
-
-    Every text path that tokenizes data cells or prompts goes through here, so memory and time do not grow with a
-    cell's size (a 30 MB cell is cut to its first max_seq_len × 32 characters). Only a cell's beginning is ever
-    kept (records keep their first max_seq_len tokens), and a tokenizer's tokens span far fewer than 32
-    characters each on average, so the first max_seq_len tokens are the same as from the whole cell.
-
-    Args:
-        tokenizer: a Hugging Face tokenizer (called as ``tokenizer(list_of_str, add_special_tokens=False)``).
-        texts: the cells (any values; ``str()`` is applied), length R.
-        max_seq_len: ``training.max_seq_len``, tokens.
-
-    Returns:
-        R lists of token ids (no special tokens added), each of any length ≥ 0.
-
-    Source: bounded-input practice (truncate before tokenizing); HF ``PreTrainedTokenizer.__call__``.
-    """
-    cut = cut_cells(texts, max_seq_len)
-    if not cut:
-        return []
-    return tokenizer(cut, add_special_tokens=False)["input_ids"]
 
 
 def tokenize_records(table, tokenizer, contract: Contract) -> list[tuple[list[int], list[int]]]:

@@ -137,6 +137,28 @@ def _tokenization(spec) -> dict | None:
     return tokenization_entry(spec.tokenizer, spec.contract.data) if spec.tokenizer is not None else None
 
 
+def check_tokenization(info: CheckpointInfo, now: dict) -> None:
+    """Refuse to resume a checkpoint whose records were rendered by another chat template (or none).
+
+    Args:
+        now: :func:`dplora.data.chat.tokenization_entry` of this run.
+
+    Raises:
+        BadInputError: one line naming the template before and now.
+    """
+    before = info.meta.get("tokenization") or {"chat_template": "none (raw text)", "chat_template_sha256": None}
+    if before.get("chat_template_sha256") != now["chat_template_sha256"]:
+
+        def name(t: dict) -> str:
+            sha = t.get("chat_template_sha256")
+            return f"{t.get('chat_template')} template {sha[:12]}" if sha else "raw text (no template)"
+
+        raise BadInputError(
+            f"--resume: the checkpoint's records were tokenized as {name(before)}, this run's as {name(now)} "
+            "(data.chat_template or the model's template changed); resume needs the same tokenization"
+        )
+
+
 def write(spec, state, *, started_at: str, data_digest: str) -> CheckpointInfo:
     """Write the run's resume checkpoint atomically (temporary file, fsync, rename) into ``spec.staging``.
 
@@ -253,8 +275,6 @@ def restore(spec, state, info: CheckpointInfo) -> None:
     from safetensors.torch import load_file
 
     if spec.tokenizer is not None:
-        from dplora.run.resume import check_tokenization
-
         check_tokenization(info, _tokenization(spec))
     tensors = load_file(info.path, device="cpu")
     adapter = {k.removeprefix("adapter."): v for k, v in tensors.items() if k.startswith("adapter.")}

@@ -35,28 +35,6 @@ PRE_TEMPLATE_DEFAULTS = {
 }
 
 
-def check_tokenization(info: CheckpointInfo, now: dict) -> None:
-    """Refuse to resume a checkpoint whose records were rendered by another chat template (or none).
-
-    Args:
-        now: :func:`dplora.data.chat.tokenization_entry` of this run.
-
-    Raises:
-        BadInputError: one line naming the template before and now.
-    """
-    before = info.meta.get("tokenization") or {"chat_template": "none (raw text)", "chat_template_sha256": None}
-    if before.get("chat_template_sha256") != now["chat_template_sha256"]:
-
-        def name(t: dict) -> str:
-            sha = t.get("chat_template_sha256")
-            return f"{t.get('chat_template')} template {sha[:12]}" if sha else "raw text (no template)"
-
-        raise BadInputError(
-            f"--resume: the checkpoint's records were tokenized as {name(before)}, this run's as {name(now)} "
-            "(data.chat_template or the model's template changed); resume needs the same tokenization"
-        )
-
-
 def _flat(node, prefix: str = "") -> dict:
     if isinstance(node, dict):
         out = {}
