@@ -126,3 +126,42 @@ def tiny_causal_lm(arch: str, vocab_size: int = 258, *, hidden: int = 16, layers
     config_cls, model_cls, kw, targets = builders[arch]
     torch.manual_seed(seed)
     return model_cls(config_cls(**common, **kw)), targets
+
+
+# ChatML as packaged with SmolLM2-135M-Instruct (its default system turn included), and a Llama-3-style template.
+CHATML = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+LLAMA3 = (
+    "{{ bos_token }}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'"
+    " + message['content'] | trim + '<|eot_id|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
+CHAT_SPECIAL = [
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|begin_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+]
+
+
+def chat_tokenizer(template: str | None = CHATML):
+    """:func:`byte_tokenizer` with the ChatML and Llama-3 markers as special tokens (ids 258-263, BOS
+    ``<|begin_of_text|>``) and ``template``."""
+    tok = byte_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": CHAT_SPECIAL, "bos_token": "<|begin_of_text|>"})
+    tok.chat_template = template
+    return tok
+
+
+def save_chat_model(folder: Path, template: str | None = CHATML) -> Path:
+    """A tiny model (vocabulary 264) and :func:`chat_tokenizer` with ``template`` as a Hugging Face folder."""
+    folder = Path(folder)
+    tiny_llama(vocab_size=264).save_pretrained(folder)
+    chat_tokenizer(template).save_pretrained(folder)
+    return folder

@@ -243,14 +243,24 @@ class ModelSection(_Section):
         return self
 
 
+DEFAULT_MESSAGES_COLUMN = "messages"
+
+
 class DataSection(_Section):
-    """Training data read through ``datasets``: csv, jsonl or parquet; a text column or prompt/response columns."""
+    """Training data read through ``datasets``: csv, jsonl or parquet; a text column, prompt/response columns, or
+    one conversation per record (a ``messages`` column: a list of ``{role, content}``, rendered by the model's chat
+    template, :mod:`dplora.data.chat`)."""
 
     path: PathText
     format: Literal["auto", "csv", "jsonl", "parquet"] = "auto"
+    # What one record is: auto = text if text_column, prompt_response if prompt/response columns, else messages.
+    record_format: Literal["auto", "text", "prompt_response", "messages"] = "auto"
     text_column: Name | None = None
     prompt_column: Name | None = None
     response_column: Name | None = None
+    messages_column: Name | None = None  # None: DEFAULT_MESSAGES_COLUMN when the records are conversations
+    train_on: Literal["assistant", "all"] = "assistant"  # messages: loss on the assistant turns, or on every token
+    chat_template: Literal["auto", "none"] = "auto"  # prompt/response: through the model's template (auto) or raw
     # The held-out set (dplora.evaluate.heldout): a separate file, or a split of `path` by protected unit.
     eval_path: PathText | None = None
     eval_fraction: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False, strict=True)] | None = None
@@ -280,14 +290,42 @@ class DataSection(_Section):
         """A held-out set is configured (``eval_path`` or ``eval_fraction``)."""
         return self.eval_path is not None or self.eval_fraction is not None
 
+    @property
+    def kind(self) -> str:
+        """What one record is: ``text``, ``prompt_response`` or ``messages`` (``record_format`` resolved)."""
+        if self.text_column is not None:
+            return "text"
+        if self.prompt_column is not None:
+            return "prompt_response"
+        return "messages"
+
+    @property
+    def messages_key(self) -> str | None:
+        """The conversation column (``messages_column`` or ``messages``), or None for other record formats."""
+        return (self.messages_column or DEFAULT_MESSAGES_COLUMN) if self.kind == "messages" else None
+
     @model_validator(mode="after")
     def _columns(self) -> DataSection:
         has_text = self.text_column is not None
         has_pair = self.prompt_column is not None or self.response_column is not None
-        if has_text == has_pair:
+        if has_text and has_pair:
             raise ValueError("data: give either data.text_column, or both data.prompt_column and data.response_column")
         if has_pair and (self.prompt_column is None or self.response_column is None):
             raise ValueError("data: give both data.prompt_column and data.response_column")
+        if self.messages_column is not None and (has_text or has_pair):
+            raise ValueError(
+                "data: ambiguous record format: give data.messages_column (conversations) or data.text_column / "
+                "data.prompt_column + data.response_column, not both"
+            )
+        if self.record_format != "auto" and self.record_format != self.kind:
+            need = {
+                "text": "data.text_column",
+                "prompt_response": "data.prompt_column and data.response_column",
+                "messages": "no text/prompt/response column (the conversations are in data.messages_column)",
+            }[self.record_format]
+            raise ValueError(
+                f"data.record_format={self.record_format} needs {need}; the columns given read as {self.kind}"
+            )
         return self
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from dplora.contract.spec import Contract, DataSection, PrivacySection, ProtectedUnit
+from dplora.data.cells import CHARS_PER_TOKEN_BOUND, cell_char_bound, cut_cells, tokenize_cells  # noqa: F401 (re-exported)
 from dplora.data.readers import read_table
 from dplora.errors import BadInputError, excerpt
 
@@ -35,9 +36,12 @@ def _builder(section: DataSection, path: Path) -> str:
 
 
 def required_columns(contract: Contract) -> list[str]:
-    """Columns the contract reads: text or prompt/response, plus the unit key."""
+    """Columns the contract reads: text, prompt/response or the conversations, plus the unit key."""
     data = contract.data
-    cols = [data.text_column] if data.text_column else [data.prompt_column, data.response_column]
+    if data.kind == "messages":
+        cols = [data.messages_key]
+    else:
+        cols = [data.text_column] if data.text_column else [data.prompt_column, data.response_column]
     if contract.privacy.unit_key:
         cols.append(contract.privacy.unit_key)
     return cols
@@ -74,9 +78,22 @@ def load_table(contract: Contract):
         columns = ", ".join(table.column_names)  # header names come from the file: bounded below
         columns = columns if len(columns) <= 200 else columns[:197] + "..."
         raise BadInputError(f"data file {path} has no column {missing[0]!r}; columns are: {columns}")
-    for column in required_columns(contract):
+    text_columns = [c for c in required_columns(contract) if c != contract.data.messages_key]
+    for column in text_columns:
         _check_cells(table[column], column, path)
-    return _as_text(table, required_columns(contract), path)
+    if contract.data.messages_key is not None:
+        table = _as_messages(table, contract.data.messages_key)
+    return _as_text(table, text_columns, path)
+
+
+def _as_messages(table, column: str):
+    """``table`` with the conversation column checked and reduced to ``[{role, content}]`` per record."""
+    from dplora.data.chat import check_messages
+
+    values = table[column]
+    checked = [check_messages(v, i + 1, column) for i, v in enumerate(values)]
+    tmp = f"{column}.dplora-checked"  # added before the original goes: the table may have no other column
+    return table.add_column(tmp, checked).remove_columns(column).rename_column(tmp, column)
 
 
 MAX_EXACT_FLOAT_INT = 2**53  # integers above this are not exact in fp64
@@ -322,56 +339,34 @@ class PoissonUnitSampler:
         return np.flatnonzero(self._rng.random(self.num_units) < self.sample_rate)
 
 
-CHARS_PER_TOKEN_BOUND = 32  # characters kept per token of max_seq_len: a token is rarely more than ~10 characters
-
-
-def cell_char_bound(max_seq_len: int) -> int:
-    """Characters of one cell that are tokenized at most: ``max_seq_len × CHARS_PER_TOKEN_BOUND``.
-
-    Args:
-        max_seq_len: ``training.max_seq_len``, tokens per record.
-
-    Returns:
-        The bound in characters (Unicode code points), e.g. 2,048 for max_seq_len 64.
-    """
-    return max_seq_len * CHARS_PER_TOKEN_BOUND
-
-
-def tokenize_cells(tokenizer, texts, max_seq_len: int) -> list[list[int]]:
-    """Token ids of each cell, cut to :func:`cell_char_bound` characters BEFORE tokenizing.
-
-    Every text path that tokenizes data cells or prompts goes through here, so memory and time do not grow with a
-    cell's size (a 30 MB cell is cut to its first max_seq_len × 32 characters). Only a cell's beginning is ever
-    kept (records keep their first max_seq_len tokens), and a tokenizer's tokens span far fewer than 32
-    characters each on average, so the first max_seq_len tokens are the same as from the whole cell.
-
-    Args:
-        tokenizer: a Hugging Face tokenizer (called as ``tokenizer(list_of_str, add_special_tokens=False)``).
-        texts: the cells (any values; ``str()`` is applied), length R.
-        max_seq_len: ``training.max_seq_len``, tokens.
-
-    Returns:
-        R lists of token ids (no special tokens added), each of any length ≥ 0.
-
-    Source: bounded-input practice (truncate before tokenizing); HF ``PreTrainedTokenizer.__call__``.
-    """
-    bound = cell_char_bound(max_seq_len)
-    cut = [str(t)[:bound] for t in texts]
-    if not cut:
-        return []
-    return tokenizer(cut, add_special_tokens=False)["input_ids"]
-
-
 def tokenize_records(table, tokenizer, contract: Contract) -> list[tuple[list[int], list[int]]]:
-    """Token ids and labels for every record (labels −100 on the prompt; EOS appended to the target).
+    """Token ids and labels for every record: :func:`encode_records` without the truncation counts."""
+    return encode_records(table, tokenizer, contract)[0]
 
-    Prompt/response records train only on the response; when the pair is longer than ``max_seq_len`` the
-    prompt keeps at most half of it. Text records train on every token. Each cell is cut to
-    :func:`cell_char_bound` characters before tokenizing (:func:`tokenize_cells`).
+
+def encode_records(table, tokenizer, contract: Contract):
+    """Token ids and labels for every record (labels −100 off target), and the truncation counts.
+
+    * ``text`` records train on every token (EOS appended).
+    * ``prompt_response`` records train only on the response. With ``data.chat_template: auto`` and a model that has
+      a chat template, the pair is rendered as a one-turn conversation (user, assistant) by
+      :class:`dplora.data.chat.ChatEncoder`; otherwise (``none``, or no template) as raw ``f"{prompt}\n" + response
+      + EOS``, the prompt keeping at most half of ``max_seq_len`` when the pair is too long.
+    * ``messages`` records are rendered by the model's chat template (:mod:`dplora.data.chat`, plain fallback when the
+      model has none), targets on the assistant turns (``data.train_on: assistant``) or every token (``all``),
+      truncated by whole turns.
+
+    Each cell is cut to :func:`cell_char_bound` characters before tokenizing (:func:`cut_cells`).
 
     Returns:
-        One (input_ids, labels) pair per record, each of length ≤ max_seq_len tokens.
+        (examples, stats): one (input_ids, labels) pair per record, each of length ≤ max_seq_len tokens, in table
+        order; :class:`dplora.data.chat.TruncationStats` for template-rendered records, else None (private counts).
+
+    Raises:
+        BadInputError: a chat template that fails on a record or is not prefix-stable.
     """
+    from dplora.data.chat import ChatEncoder, template_in_use
+
     data, max_len = contract.data, contract.training.max_seq_len
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
 
@@ -383,7 +378,19 @@ def tokenize_records(table, tokenizer, contract: Contract) -> list[tuple[list[in
         for ids in enc(table[data.text_column]):
             ids = (ids + eos)[:max_len]
             out.append((ids, list(ids)))
-        return out
+        return out, None
+    template = template_in_use(tokenizer, data)
+    if template is not None:
+        encoder = ChatEncoder(tokenizer, template, max_len, data.train_on if data.kind == "messages" else "assistant")
+        if data.kind == "messages":
+            conversations = table[data.messages_key]
+        else:
+            conversations = [
+                [{"role": "user", "content": str(p)}, {"role": "assistant", "content": str(r)}]
+                for p, r in zip(table[data.prompt_column], table[data.response_column], strict=True)
+            ]
+        out = [encoder.encode(messages, row) for row, messages in enumerate(conversations, start=1)]
+        return out, encoder.stats
     prompts = enc([f"{p}\n" for p in table[data.prompt_column]])  # cells are checked non-empty at load
     responses = enc(table[data.response_column])
     for p, r in zip(prompts, responses, strict=True):
@@ -393,7 +400,7 @@ def tokenize_records(table, tokenizer, contract: Contract) -> list[tuple[list[in
         ids = (p + r)[:max_len]
         labels = ([-100] * len(p) + r)[:max_len]
         out.append((ids, labels))
-    return out
+    return out, None
 
 
 EVAL_SPLIT_PERSON = b"dplora-eval"  # blake2b personalisation (≤ 16 bytes): this hash is used for nothing else
@@ -404,7 +411,14 @@ def _unit_ids(table, contract: Contract) -> list[str]:
     if contract.privacy.unit_key:
         return [cell_text(k, contract.privacy.unit_key) for k in table[contract.privacy.unit_key]]
     columns = [table[c] for c in required_columns(contract)]
-    return ["\x1f".join(cell_text(v) for v in values) for values in zip(*columns, strict=True)]
+    return ["\x1f".join(_id_text(v) for v in values) for values in zip(*columns, strict=True)]
+
+
+def _id_text(value) -> str:
+    """A used cell as id text: :func:`cell_text`, a conversation as canonical JSON (its own keys only)."""
+    if isinstance(value, list | tuple | dict):
+        return json.dumps(_canonical(value), ensure_ascii=False, sort_keys=True)
+    return cell_text(value)
 
 
 def _held_out_unit(unit_id: str, seed: int, fraction: float) -> bool:

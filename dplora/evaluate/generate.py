@@ -58,11 +58,23 @@ def prompt_ids(contract: Contract, tokenizer, prompt: str, max_new_tokens: int) 
 
     For a prompt/response contract a prompt whose reply (here up to ``max_new_tokens``) would not fit in
     ``training.max_seq_len`` keeps its first max_seq_len // 2 tokens, as training did; a text prompt keeps at
-    most max_seq_len tokens.
+    most max_seq_len tokens. When training rendered records with a chat template
+    (:func:`dplora.data.chat.template_in_use`), the prompt is one user turn with the generation prompt, its last
+    ``max_seq_len − min(max_new_tokens, max_seq_len // 2)`` tokens kept (the generation prompt stays).
     """
     max_len = contract.training.max_seq_len
+    from dplora.data.chat import template_in_use
+    from dplora.data.units import cut_cells, tokenize_cells
+
+    template = template_in_use(tokenizer, contract.data)
+    if template is not None:  # as served: one user turn and the template's generation prompt
+        content = cut_cells([prompt], max_len)[0]
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": content}], chat_template=template, tokenize=False, add_generation_prompt=True
+        )
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        return ids[-max(max_len - min(max_new_tokens, max_len // 2), 1) :]
     text = f"{prompt}\n" if contract.data.prompt_column else prompt
-    from dplora.data.units import tokenize_cells
 
     ids = tokenize_cells(tokenizer, [text], max_len)[0]  # cut to max_seq_len × 32 characters first
     if contract.data.prompt_column and len(ids) + max_new_tokens > max_len:

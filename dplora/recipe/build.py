@@ -111,7 +111,14 @@ def _build(
     dtype, allow_tf32 = resolve_precision(contract.model, device)
     with _Stage("loading the model", device):
         model, tokenizer = _setup_model(contract, device, dtype, allow_tf32, io.log)
-    examples = data_mod.tokenize_records(table, tokenizer, contract)
+    examples, truncation = data_mod.encode_records(table, tokenizer, contract)
+    if truncation is not None and truncation.truncated:  # private counts: the operator's terminal only
+        io.log(
+            f"data (private counts, not covered by DP): {truncation.truncated} of {truncation.records} records "
+            f"truncated to training.max_seq_len={contract.training.max_seq_len}, {truncation.dropped} dropped from "
+            f"the loss (no target token left), {truncation.turns_dropped} turns and {truncation.tokens_cut} tokens "
+            "not trained on"
+        )
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if io.world.distributed:  # the same weights, tokenizer, tokens, LoRA init and library versions on every rank
         from dplora.engine.model import base_model_entry

@@ -143,6 +143,10 @@ def _write_outputs(spec, state, *, started: str, epsilon_spent: float, io: _RunI
         record = non_private_record(**common)
     else:
         record = build_record(**common, epsilon_spent=epsilon_spent)
+    if spec.tokenizer is not None:
+        from dplora.data.chat import tokenization_entry
+
+        record["tokenization"] = tokenization_entry(spec.tokenizer, contract.data)
     if evaluation is not None and evaluation.public:
         record["evaluation"] = evaluation.to_dict()
     release.finish_release(staging, contract, record, private_key=io.private_key)

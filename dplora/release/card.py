@@ -103,12 +103,31 @@ def _not_covered(record: dict) -> str:
     )
 
 
+def _columns(d) -> str:
+    """What the loss covered, in words."""
+    if d.text_column is not None:
+        return f"every token of column `{d.text_column}`"
+    if d.kind == "messages":
+        turns = "the assistant turns" if d.train_on == "assistant" else "every token"
+        return f"{turns} of the conversations in column `{d.messages_key}`"
+    return f"the responses in column `{d.response_column}` given the prompts in `{d.prompt_column}`"
+
+
+def _template(record: dict) -> str:
+    """The chat template line of the card ('' for a record without a ``tokenization`` entry)."""
+    tok = record.get("tokenization")
+    if not tok:
+        return ""
+    if tok["chat_template_sha256"] is None:
+        return " Records were tokenized as raw text (no chat template)."
+    return (
+        f" Records were rendered by the {tok['chat_template']} chat template, sha256 `{tok['chat_template_sha256']}`."
+    )
+
+
 def _data(record: dict, contract: Contract) -> str:
     d = contract.data
-    if d.text_column is not None:
-        columns = f"every token of column `{d.text_column}`"
-    else:
-        columns = f"the responses in column `{d.response_column}` given the prompts in `{d.prompt_column}`"
+    columns = _columns(d)
     files = ", ".join(f"`{name}`" for name in record["data"]["files"])
     files += "" if d.format == "auto" else f" ({d.format})"
     digest = record["data"]["digest"]
@@ -121,7 +140,7 @@ def _data(record: dict, contract: Contract) -> str:
         "## Training data\n\n"
         f"Described, never shown: {files}, trained on {columns}; "
         f"{record['accounting']['num_units']} protected units (the public N of the record). "
-        f"{keyed[0].upper()}{keyed[1:]}.\n\n"
+        f"{keyed[0].upper()}{keyed[1:]}.{_template(record)}\n\n"
         "Per-step losses, realised batch sizes, step times and any held-out evaluation on private data are in the "
         "`<release folder>.private/` folder beside the release, outside the DP guarantee: never ship that folder.\n"
     )
@@ -188,12 +207,7 @@ def _non_private_card(record: dict, contract: Contract) -> str:
         tags=list(NON_PRIVATE_TAGS),
         pipeline_tag="text-generation",
     )
-    d = contract.data
-    columns = (
-        f"every token of column `{d.text_column}`"
-        if d.text_column is not None
-        else f"the responses in column `{d.response_column}` given the prompts in `{d.prompt_column}`"
-    )
+    columns = _columns(contract.data)
     files = ", ".join(f"`{name}`" for name in record["data"]["files"])
     body = (
         f"# NOT DIFFERENTIALLY PRIVATE: LoRA adapter (control run) for {base['name_or_path']}\n\n"
@@ -202,7 +216,7 @@ def _non_private_card(record: dict, contract: Contract) -> str:
         f"model, steps and Poisson sampling (q = {training['sample_rate']:.6g}, {training['steps_done']} steps, "
         f"{training['num_units']} units) with no clipping and no noise, to measure what privacy costs. Do not "
         "publish it as a private model.\n\n"
-        f"## Training data\n\nDescribed, never shown: {files}, trained on {columns}.\n\n"
+        f"## Training data\n\nDescribed, never shown: {files}, trained on {columns}.{_template(record)}\n\n"
         + _base_model(base)
         + "\n## How to verify\n\n"
         "`release.dsse.json` is signed under the predicate type `https://dplora.dev/non-private/v1`; "

@@ -131,6 +131,35 @@ def _adapter_config(spec, state) -> dict:
     return json.loads(json.dumps(config, default=lambda o: sorted(o) if isinstance(o, set) else str(o)))
 
 
+def _tokenization(spec) -> dict | None:
+    """:func:`dplora.data.chat.tokenization_entry` of the run (None without a tokenizer)."""
+    from dplora.data.chat import tokenization_entry
+
+    return tokenization_entry(spec.tokenizer, spec.contract.data) if spec.tokenizer is not None else None
+
+
+def check_tokenization(info: CheckpointInfo, now: dict) -> None:
+    """Refuse to resume a checkpoint whose records were rendered by another chat template (or none).
+
+    Args:
+        now: :func:`dplora.data.chat.tokenization_entry` of this run.
+
+    Raises:
+        BadInputError: one line naming the template before and now.
+    """
+    before = info.meta.get("tokenization") or {"chat_template": "none (raw text)", "chat_template_sha256": None}
+    if before.get("chat_template_sha256") != now["chat_template_sha256"]:
+
+        def name(t: dict) -> str:
+            sha = t.get("chat_template_sha256")
+            return f"{t.get('chat_template')} template {sha[:12]}" if sha else "raw text (no template)"
+
+        raise BadInputError(
+            f"--resume: the checkpoint's records were tokenized as {name(before)}, this run's as {name(now)} "
+            "(data.chat_template or the model's template changed); resume needs the same tokenization"
+        )
+
+
 def write(spec, state, *, started_at: str, data_digest: str) -> CheckpointInfo:
     """Write the run's resume checkpoint atomically (temporary file, fsync, rename) into ``spec.staging``.
 
@@ -180,6 +209,7 @@ def write(spec, state, *, started_at: str, data_digest: str) -> CheckpointInfo:
             "num_records": spec.unit_index.num_records,
             "num_units": spec.unit_index.num_units,
         },
+        "tokenization": _tokenization(spec),
         "optimizer": {"class": type(state.optimizer.original_optimizer).__name__, "scalars": scalars},
         "adapter_config": _adapter_config(spec, state),
         "execution": execution_entry(spec),
@@ -237,11 +267,14 @@ def restore(spec, state, info: CheckpointInfo) -> None:
 
     Raises:
         CheckpointUnreadableError: the tensors do not match the model (every LoRA tensor must load exactly).
+        BadInputError: the checkpoint was tokenized under another chat template (or none).
     """
     import torch
     from peft import get_peft_model_state_dict, set_peft_model_state_dict
     from safetensors.torch import load_file
 
+    if spec.tokenizer is not None:
+        check_tokenization(info, _tokenization(spec))
     tensors = load_file(info.path, device="cpu")
     adapter = {k.removeprefix("adapter."): v for k, v in tensors.items() if k.startswith("adapter.")}
     from dplora.engine.step import unwrap

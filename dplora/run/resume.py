@@ -28,6 +28,15 @@ from dplora.run.checkpoint import (
 RESUMABLE_CHANGES = ("training.threads", "training.physical_batch_size", "training.checkpoint_every")
 
 
+# A checkpoint written before data.chat_template existed tokenized prompt/response records raw (``none``).
+PRE_TEMPLATE_DEFAULTS = {
+    "data.record_format": "auto",
+    "data.messages_column": None,
+    "data.train_on": "assistant",
+    "data.chat_template": "none",
+}
+
+
 def _flat(node, prefix: str = "") -> dict:
     if isinstance(node, dict):
         out = {}
@@ -44,6 +53,8 @@ def check_resumable(info: CheckpointInfo, contract, plan, unit_index, digest: st
         BadInputError: one line naming the changed keys, the data file, or the plan values.
     """
     before = _flat(yaml.safe_load(info.meta["contract_yaml"]))
+    for key, value in PRE_TEMPLATE_DEFAULTS.items():  # a checkpoint from before these keys tokenized this way
+        before.setdefault(key, value)
     now = _flat(yaml.safe_load(contract.to_yaml()))
     changed = [k for k in sorted(before.keys() | now.keys()) if before.get(k) != now.get(k)]
     changed = [k for k in changed if k not in RESUMABLE_CHANGES]

@@ -229,7 +229,7 @@ def test_checkpoint_holds_no_generator_or_sampler_state(tmp_path, monkeypatch, t
         assert set(meta) == {
             "format", "run_id", "step", "empty_steps", "accountant_history", "epsilon_upper", "plan",
             "contract_yaml", "contract_sha256", "data", "optimizer", "adapter_config", "execution",
-            "started_at", "written_at", "not_stored",
+            "started_at", "written_at", "not_stored", "tokenization",
         }  # fmt: skip
         assert not any(w in json.dumps(meta["optimizer"]).lower() for w in ("generator", "rng", "sampler"))
         sigma_q = [meta["plan"]["noise_multiplier"], meta["plan"]["sample_rate"]]

@@ -1,0 +1,239 @@
+"""Conversations through the model's chat template: token ids, the assistant-only label mask, turn-aware truncation.
+
+A record is one conversation, a list of ``{role, content}`` turns (roles ``system``, ``user``, ``assistant``: the
+format of TRL's SFT ``messages`` datasets and of OpenAI's fine-tuning JSONL). Token ids come from
+``tokenizer.apply_chat_template``; the labels are found by rendering the conversation prefix by prefix: an assistant
+turn's targets are the tokens that ``messages[:i+1]`` adds after ``messages[:i]`` rendered with the generation prompt
+(so the turn's header, which the server's generation prompt supplies, is not a target; its content and the template's
+end-of-turn marker are). The template must have the prefix property (each rendered prefix starts the next one);
+otherwise the record is refused with the template named. Source: TRL ``SFTTrainer`` assistant-only loss, HF chat
+templating docs ("prefix" / ``add_generation_prompt``).
+
+Truncation (``training.max_seq_len`` tokens): whole turns are kept from the start and later ones dropped; the first
+user turn's content is cut at the token level when the context before the first reply leaves that reply fewer than
+``min(its tokens + 2, max_seq_len // 2)`` tokens (as the raw prompt/response rule, where the prompt keeps at most
+half); the assistant turn that does not fit whole is cut at the token
+level (``train_on: all``: whichever turn does not fit). A record left with no target token is kept with no target
+(loss 0, zero gradient): dropped from the loss by a rule that looks at that record alone, never refused. Every
+message's content is cut to :func:`dplora.data.cells.cell_char_bound` characters before rendering.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+from dplora.data.cells import cut_cells, tokenize_cells
+from dplora.errors import BadInputError, excerpt
+
+ROLES = ("system", "user", "assistant")
+IGNORE = -100
+# The documented fallback for a model without a chat template (conversations only; prompt/response keeps its raw
+# ``f"{prompt}\n" + response`` format): one line per turn, "role: content", EOS after each assistant turn.
+PLAIN_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}"
+    "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+
+@dataclasses.dataclass
+class TruncationStats:
+    """Private counts for the operator (never released): records truncated or dropped and tokens not trained on.
+
+    Attributes:
+        records: conversations tokenized.
+        truncated: records that lost turns or tokens to ``max_seq_len``.
+        dropped: records left with no target token (trained on with loss 0).
+        turns_dropped: whole turns dropped after the cut.
+        tokens_cut: tokens of the turn that was cut (rendered but not kept), not counting dropped turns.
+    """
+
+    records: int = 0
+    truncated: int = 0
+    dropped: int = 0
+    turns_dropped: int = 0
+    tokens_cut: int = 0
+
+    def to_dict(self) -> dict:
+        """The counts as a dict, labelled as not covered by DP."""
+        return dataclasses.asdict(self) | {"note": "private counts, not covered by DP: operator only"}
+
+
+def model_template(tokenizer) -> str | None:
+    """The tokenizer's own chat template (the ``default`` one of a named set), or None."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):
+        template = template.get("default")
+    return template if isinstance(template, str) and template.strip() else None
+
+
+def template_in_use(tokenizer, data) -> str | None:
+    """The chat template training renders records with, or None for the raw formats.
+
+    ``messages`` records: the model's template, else :data:`PLAIN_TEMPLATE`. ``prompt_response`` records: the model's
+    template when ``data.chat_template`` is ``auto`` and the model has one, else None (raw ``f"{prompt}\\n" +
+    response``). ``text`` records: None.
+    """
+    if data.kind == "messages":
+        return model_template(tokenizer) or PLAIN_TEMPLATE
+    if data.kind == "prompt_response" and data.chat_template == "auto":
+        return model_template(tokenizer)
+    return None
+
+
+def template_sha256(tokenizer, data) -> str | None:
+    """sha256 hex of :func:`template_in_use` (UTF-8), or None when records are not rendered by a template."""
+    template = template_in_use(tokenizer, data)
+    return hashlib.sha256(template.encode("utf-8")).hexdigest() if template is not None else None
+
+
+def tokenization_entry(tokenizer, data) -> dict:
+    """The release record's ``tokenization``: the record format, the loss mask and the chat template's sha256.
+
+    Public: it depends on the contract and the tokenizer only, never on the data.
+
+    Returns:
+        ``{"record_format", "train_on", "chat_template", "chat_template_sha256"}``; ``chat_template`` is ``model``,
+        ``plain fallback`` or ``none (raw text)``; the sha256 is None when no template renders the records.
+    """
+    template = template_in_use(tokenizer, data)
+    if template is None:
+        source = "none (raw text)"
+    else:
+        source = "plain fallback" if template == PLAIN_TEMPLATE else "model"
+    train_on = {"text": "all", "prompt_response": "response"}.get(data.kind, data.train_on)
+    return {
+        "record_format": data.kind,
+        "train_on": train_on,
+        "chat_template": source,
+        "chat_template_sha256": template_sha256(tokenizer, data),
+    }
+
+
+def check_messages(value, row: int, column: str) -> list[dict]:
+    """One conversation cell as a list of ``{"role", "content"}`` (other keys dropped), or a one-line error.
+
+    Args:
+        value: the cell as read (a list of dicts).
+        row: the record's 1-based row (a jsonl file's line when it has no blank lines).
+
+    Raises:
+        BadInputError: not a non-empty list, a turn that is not an object, an unknown role, non-text content;
+            names the row and column, never the text.
+    """
+    where = f"column {excerpt(column)}, data row {row}"
+    if not isinstance(value, list | tuple) or not value:
+        raise BadInputError(f"{where}: a conversation must be a non-empty list of {{role, content}} messages")
+    out = []
+    for turn, message in enumerate(value, start=1):
+        if not isinstance(message, dict):
+            raise BadInputError(f"{where}: message {turn} is not an object with role and content")
+        role, content = message.get("role"), message.get("content")
+        if role not in ROLES:
+            raise BadInputError(f"{where}: message {turn} has a role other than {', '.join(ROLES)}")
+        if not isinstance(content, str):
+            raise BadInputError(f"{where}: message {turn} has non-text content ({type(content).__name__})")
+        out.append({"role": role, "content": content})
+    return out
+
+
+class ChatEncoder:
+    """Encode conversations with one template; see the module docstring for the mask and truncation rules.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer (``apply_chat_template``; called as ``tokenizer(str,
+            add_special_tokens=False)``).
+        template: the Jinja chat template (:func:`template_in_use`).
+        max_seq_len: tokens per record.
+        train_on: ``assistant`` (targets on assistant turns only) or ``all`` (every token).
+    """
+
+    def __init__(self, tokenizer, template: str, max_seq_len: int, train_on: str = "assistant"):
+        self.tokenizer, self.template, self.max_len, self.train_on = tokenizer, template, max_seq_len, train_on
+        self.stats = TruncationStats()
+
+    def _render(self, messages: list[dict], generation: bool, row: int) -> list[int]:
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages, chat_template=self.template, tokenize=False, add_generation_prompt=generation
+            )
+        except Exception as err:  # a Jinja error may quote the record: name the class only
+            raise BadInputError(
+                f"data row {row}: the chat template cannot render it ({err.__class__.__name__})"
+            ) from None
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _prefix_error(self, row: int) -> BadInputError:
+        return BadInputError(
+            f"data row {row}: the chat template is not prefix-stable (rendering a conversation's first turns does not "
+            "start its full rendering, e.g. a template that rewrites earlier turns), so the assistant tokens cannot be "
+            "masked; set data.train_on=all or use another template"
+        )
+
+    def encode(self, messages: list[dict], row: int = 0) -> tuple[list[int], list[int]]:
+        """(input_ids, labels) of one conversation, each of length ≤ ``max_seq_len``; labels −100 off target.
+
+        Args:
+            messages: the checked turns (:func:`check_messages`); contents are cut to the cell bound here.
+            row: 1-based row, for error messages only.
+
+        Raises:
+            BadInputError: the template fails on the record or is not prefix-stable.
+        """
+        max_len = self.max_len
+        msgs = [
+            {"role": m["role"], "content": c}
+            for m, c in zip(messages, cut_cells([m["content"] for m in messages], max_len), strict=True)
+        ]
+        ids: list[int] = []
+        labels: list[int] = []
+        prev: list[int] = []
+        seen_reply = cut = False
+        for i, message in enumerate(msgs):
+            reply = message["role"] == "assistant"
+            first_prompt = not seen_reply and message["role"] == "user" and msgs[i + 1 : i + 2] != []
+            if first_prompt and msgs[i + 1]["role"] == "assistant" and self.train_on == "assistant":
+                context = self._render(msgs[: i + 1], True, row)
+                reply_len = len(tokenize_cells(self.tokenizer, [msgs[i + 1]["content"]], max_len)[0]) + 2
+                allowed = max_len - min(reply_len, max_len // 2)
+                if len(context) > allowed:  # the first reply keeps up to half: cut this turn's content
+                    content = tokenize_cells(self.tokenizer, [message["content"]], max_len)[0]
+                    keep = max(len(content) - (len(context) - allowed), 0)
+                    msgs[i] = {"role": "user", "content": self.tokenizer.decode(content[:keep])}
+                    self.stats.tokens_cut += len(content) - keep
+                    cut = True
+            if reply and self.train_on == "assistant":
+                context = self._render(msgs[:i], True, row)
+                full = self._render(msgs[: i + 1], False, row)
+                if context[: len(prev)] != prev or full[: len(context)] != context:
+                    raise self._prefix_error(row)
+                head, target = context[len(prev) :], full[len(context) :]
+                seen_reply = True
+            else:
+                full = self._render(msgs[: i + 1], False, row)
+                if full[: len(prev)] != prev:
+                    raise self._prefix_error(row)
+                head, target = (full[len(prev) :], []) if self.train_on == "assistant" else ([], full[len(prev) :])
+            room = max_len - len(ids)
+            if len(head) + len(target) > room:
+                cut = True
+                if len(head) < room and target:  # the turn's target is cut at the token level
+                    kept = target[: room - len(head)]
+                    ids += head + kept
+                    labels += [IGNORE] * len(head) + kept
+                    self.stats.tokens_cut += len(target) - len(kept)
+                else:
+                    self.stats.tokens_cut += len(head) + len(target)
+                self.stats.turns_dropped += len(msgs) - i - 1
+                break
+            ids += head + target
+            labels += [IGNORE] * len(head) + target
+            prev = full
+        self.stats.records += 1
+        self.stats.truncated += cut
+        if not any(y != IGNORE for y in labels):  # no target left: dropped from the loss (this record alone)
+            self.stats.dropped += 1
+            ids = (ids or prev or [self.tokenizer.eos_token_id or 0])[:1]
+            labels = [IGNORE]
+        return ids, labels

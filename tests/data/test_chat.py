@@ -1,0 +1,252 @@
+"""Issue 28: conversations through the chat template, assistant-only masks, turn-aware truncation, bad records.
+
+Expected masks are built by hand from the template's literal pieces (tokenized one by one), never from the code
+under test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from conftest import minimal_contract
+from tiny import CHATML, LLAMA3, chat_tokenizer, tiny_llama
+
+from dplora.data import units
+from dplora.data.chat import ChatEncoder, check_messages, template_sha256
+from dplora.errors import BadInputError
+
+IGN = -100
+CONVO = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Order 12 is late"},
+    {"role": "assistant", "content": "Sorry, resent."},
+    {"role": "user", "content": "Thanks"},
+    {"role": "assistant", "content": "Welcome!"},
+]
+
+
+def _tok(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _hand(tokenizer, pieces: list[tuple[str, bool]]) -> tuple[list[int], list[int]]:
+    """(ids, labels) from literal (text, is_target) pieces."""
+    ids, labels = [], []
+    for text, target in pieces:
+        t = _tok(tokenizer, text)
+        ids += t
+        labels += t if target else [IGN] * len(t)
+    return ids, labels
+
+
+def test_chatml_mask_is_the_assistant_content_and_end_marker():
+    tok = chat_tokenizer(CHATML)
+    got = ChatEncoder(tok, CHATML, 512).encode(CONVO)
+    want = _hand(
+        tok,
+        [
+            ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nOrder 12 is late<|im_end|>\n", False),
+            ("<|im_start|>assistant\n", False),
+            ("Sorry, resent.<|im_end|>\n", True),
+            ("<|im_start|>user\nThanks<|im_end|>\n<|im_start|>assistant\n", False),
+            ("Welcome!<|im_end|>\n", True),
+        ],
+    )
+    assert got == want
+    assert tok.convert_ids_to_tokens([i for i, y in zip(*got, strict=True) if y != IGN]).count("<|im_end|>") == 2
+
+
+def test_chatml_default_system_turn_is_context():
+    tok = chat_tokenizer(CHATML)
+    got = ChatEncoder(tok, CHATML, 512).encode(CONVO[1:3])
+    system = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+    want = _hand(
+        tok,
+        [(system + "<|im_start|>user\nOrder 12 is late<|im_end|>\n<|im_start|>assistant\n", False)]
+        + [("Sorry, resent.<|im_end|>\n", True)],
+    )
+    assert got == want
+
+
+def test_llama3_mask_matches_a_hand_built_one():
+    tok = chat_tokenizer(LLAMA3)
+    got = ChatEncoder(tok, LLAMA3, 512).encode(CONVO)
+    h = "<|start_header_id|>{}<|end_header_id|>\n\n"
+    want = _hand(
+        tok,
+        [
+            ("<|begin_of_text|>" + h.format("system") + "Be brief.<|eot_id|>", False),
+            (h.format("user") + "Order 12 is late<|eot_id|>" + h.format("assistant"), False),
+            ("Sorry, resent.<|eot_id|>", True),
+            (h.format("user") + "Thanks<|eot_id|>" + h.format("assistant"), False),
+            ("Welcome!<|eot_id|>", True),
+        ],
+    )
+    assert got == want
+    assert got[0][0] == tok.bos_token_id
+
+
+def test_train_on_all_labels_every_token():
+    tok = chat_tokenizer(CHATML)
+    ids, labels = ChatEncoder(tok, CHATML, 512, "all").encode(CONVO)
+    assert labels == ids == _tok(tok, tok.apply_chat_template(CONVO, tokenize=False))
+
+
+def test_truncation_keeps_whole_turns_and_cuts_the_reply_that_does_not_fit():
+    tok = chat_tokenizer(CHATML)
+    first = _tok(tok, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nOrder 12 is late<|im_end|>\n")
+    reply = _tok(tok, "<|im_start|>assistant\nSorry, resent.<|im_end|>\n")
+    second_user = _tok(tok, "<|im_start|>user\nThanks<|im_end|>\n")
+    header = _tok(tok, "<|im_start|>assistant\n")
+    # room for the first exchange, the second user turn, the last reply's header and 2 of its tokens
+    max_len = len(first) + len(reply) + len(second_user) + len(header) + 2
+    enc = ChatEncoder(tok, CHATML, max_len)
+    ids, labels = enc.encode(CONVO)
+    assert len(ids) == max_len
+    whole = first + reply + second_user
+    assert ids[: len(whole)] == whole
+    assert tok.decode(ids[len(whole) :]) == "<|im_start|>assistant\nWe"
+    assert [y for y in labels[len(whole) :] if y != IGN] == _tok(tok, "We")
+    assert (enc.stats.truncated, enc.stats.dropped, enc.stats.turns_dropped) == (1, 0, 0)
+    # one token less than the second user turn: it and the last reply are dropped whole, the first exchange stays
+    enc = ChatEncoder(tok, CHATML, len(first) + len(reply) + len(second_user) - 1)
+    ids, labels = enc.encode(CONVO)
+    assert ids == first + reply
+    assert enc.stats.turns_dropped == 1 and enc.stats.tokens_cut == len(second_user)
+
+
+def test_a_long_first_prompt_is_cut_so_the_first_reply_keeps_up_to_half():
+    tok = chat_tokenizer(CHATML)
+    convo = [{"role": "user", "content": "x" * 500}, {"role": "assistant", "content": "ok"}]
+    ids, labels = ChatEncoder(tok, CHATML, 160).encode(convo)  # the default system turn takes 83 tokens
+    system = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+    markup = system + "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\nok<|im_end|>\n"
+    kept = 160 - len(_tok(tok, markup.format("")))  # the reply needs 4 < 80 tokens: the prompt takes the rest
+    assert ids == _tok(tok, markup.format("x" * kept))
+    assert tok.decode([i for i, y in zip(ids, labels, strict=True) if y != IGN]) == "ok<|im_end|>\n"
+
+
+def test_a_record_with_no_assistant_token_left_is_dropped_not_refused():
+    tok = chat_tokenizer(CHATML)
+    enc = ChatEncoder(tok, CHATML, 16)  # the default system turn alone exceeds 16 tokens
+    ids, labels = enc.encode(CONVO[1:3])
+    assert labels == [IGN] and len(ids) == 1
+    no_reply = enc.encode([{"role": "user", "content": "hello"}])
+    assert no_reply[1] == [IGN]
+    assert (enc.stats.records, enc.stats.dropped) == (2, 2)
+    # the same record next to a short one: each one's result depends on itself alone
+    assert ChatEncoder(tok, CHATML, 16).encode(CONVO[1:3]) == (ids, labels)
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused_by_name():
+    tok = chat_tokenizer(CHATML)
+    rewriting = "{% for m in messages %}{{ m['role'] }}{% if loop.last %}!{% endif %}:{{ m['content'] }}\n{% endfor %}"
+    with pytest.raises(BadInputError, match="not prefix-stable") as err:
+        ChatEncoder(tok, rewriting, 512).encode(CONVO)
+    assert "Order 12" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [
+        ("just text", "non-empty list"),
+        ([], "non-empty list"),
+        ([{"role": "tool", "content": "secret text"}], "message 1 has a role other than system, user, assistant"),
+        ([{"role": "user", "content": 7}], "message 1 has non-text content (int)"),
+        (["secret text"], "message 1 is not an object"),
+    ],
+)
+def test_bad_conversations_name_row_and_column_never_text(value, needle):
+    with pytest.raises(BadInputError, match="column 'messages', data row 4") as err:
+        check_messages(value, 4, "messages")
+    assert needle in str(err.value) and "secret" not in str(err.value)
+
+
+def _messages_contract(path, **data):
+    base = minimal_contract(max_len=128)
+    return base.model_copy(update={"data": base.data.model_validate({"path": str(path), **data})})
+
+
+def test_a_messages_jsonl_loads_and_a_bad_line_is_refused_with_exit_2(tmp_path):
+    path = tmp_path / "chats.jsonl"
+    rows = [{"messages": CONVO, "ticket": "a"}, {"messages": CONVO[1:3], "ticket": "b"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table = units.load_table(_messages_contract(path))
+    assert table["messages"][1] == CONVO[1:3]
+    bad = [*rows, {"messages": [{"role": "agent", "content": "private words"}], "ticket": "c"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in bad))
+    with pytest.raises(BadInputError, match="data row 3: message 1 has a role other than") as err:
+        units.load_table(_messages_contract(path))
+    assert err.value.exit_code == 2 and "private" not in str(err.value)
+
+
+def test_parquet_conversations_load(tmp_path):
+    import datasets
+
+    path = tmp_path / "chats.parquet"
+    datasets.Dataset.from_list([{"chat": CONVO}, {"chat": CONVO[1:3]}]).to_parquet(str(path))
+    table = units.load_table(_messages_contract(path, messages_column="chat"))
+    assert table["chat"][0] == CONVO
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        ({"messages_column": "m", "text_column": "t"}, "ambiguous record format"),
+        ({"record_format": "text"}, "data.record_format=text needs data.text_column"),
+        ({"record_format": "messages", "text_column": "t"}, "needs no text/prompt/response column"),
+    ],
+)
+def test_ambiguous_or_contradicting_record_formats_are_contract_errors(data, needle):
+    from pydantic import ValidationError
+
+    from dplora.contract.spec import DataSection
+
+    with pytest.raises(ValidationError, match=needle):
+        DataSection.model_validate({"path": "x.jsonl", **data})
+    assert DataSection.model_validate({"path": "x.jsonl"}).messages_key == "messages"
+
+
+def test_one_turn_prompt_response_goes_through_the_template_unless_none():
+    import datasets
+
+    tok = chat_tokenizer(CHATML)
+    table = datasets.Dataset.from_list([{"message": "Order 12 is late", "reply": "Sorry, resent."}])
+    contract = minimal_contract(max_len=128)
+    (got,), _ = units.encode_records(table, tok, contract)
+    assert got == ChatEncoder(tok, CHATML, 128).encode(CONVO[1:3])
+    assert tok.decode([i for i, y in zip(*got, strict=True) if y != IGN]) == "Sorry, resent.<|im_end|>\n"
+    raw = contract.model_copy(update={"data": contract.data.model_copy(update={"chat_template": "none"})})
+    ids, _labels = units.encode_records(table, tok, raw)[0][0]
+    assert ids == _tok(tok, "Order 12 is late\nSorry, resent.") + [tok.eos_token_id]
+    assert template_sha256(tok, contract.data) == hashlib.sha256(CHATML.encode()).hexdigest()
+    assert template_sha256(tok, raw.data) is None
+    assert template_sha256(chat_tokenizer(None), contract.data) is None  # no template: the raw format
+
+
+def test_a_conversation_s_loss_and_gradient_do_not_depend_on_its_batch_mates():
+    """cases F2: one conversation's per-record loss and gradient are the same alone, next to a short record and
+    next to a long one (a batch-wide token mean would scale them by 5/55 or 5/505)."""
+    import torch
+
+    from dplora.engine.batch import collate, per_sequence_loss
+
+    tok = chat_tokenizer(CHATML)
+    enc = ChatEncoder(tok, CHATML, 256)
+    me = enc.encode(CONVO[1:3])
+    short = enc.encode([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}])
+    long = enc.encode([{"role": "user", "content": "a"}, {"role": "assistant", "content": "z" * 150}])
+    model = tiny_llama(vocab_size=264)
+    results = []
+    for batch in ([me], [me, short], [me, long], [long, me]):
+        model.zero_grad()
+        losses = per_sequence_loss(model, collate(batch, tok.pad_token_id))
+        row = batch.index(me)
+        losses[row].backward()
+        grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        results.append((losses[row].detach(), grad))
+    for loss, grad in results[1:]:
+        torch.testing.assert_close(loss, results[0][0], atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(grad, results[0][1], atol=1e-6, rtol=1e-5)
