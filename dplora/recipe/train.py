@@ -27,7 +27,7 @@ from dplora.recipe.finish import (
     peak_memory_gib,
 )
 from dplora.recipe.inputs import protected_inputs
-from dplora.recipe.planning import plan_for
+from dplora.recipe.planning import plan_for, resolve_auto
 from dplora.recipe.setup import (
     _lock_output,
     _prepare_output,
@@ -107,6 +107,8 @@ def run_training(
             is written, the last resume checkpoint and FAILED.json stay.
         KeyboardInterrupt: SIGINT/SIGTERM; a resume checkpoint of the last finished step is written first.
     """
+    # training.expected_batch_size: auto: B, T and lr from the planner (public inputs only; no data read)
+    contract, recommendation = resolve_auto(contract)
     world = distributed.init_world()  # one process unless started by torchrun / accelerate launch
     main = world.is_main  # with W processes only rank 0 reads the keys, locks, charges the ledger and writes
     lock = private_key = key = plan = None
@@ -134,6 +136,8 @@ def run_training(
             unit_index = data_mod.build_unit_index(table, contract.privacy, seed=contract.training.seed)
             if main:
                 plan = plan_for(contract, unit_index, log=log)
+                if recommendation is not None:
+                    plan = dataclasses.replace(plan, planner=recommendation.to_dict())
                 if control.is_control(contract):  # the DP twin's N, q and T; σ = 0, ε = ∞
                     plan = control.control_plan(plan)
                 created = outputs.missing_parents(out)  # removed again if the run ends in exit 2
