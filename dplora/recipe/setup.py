@@ -84,13 +84,13 @@ def _setup_model(contract: Contract, device, dtype: str, allow_tf32: bool, log):
 def _make_optimizer(contract: Contract, params):
     import torch
 
-    lr = contract.training.lr
+    lr, wd = contract.training.lr, contract.training.weight_decay
     name = contract.training.optimizer.value
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
+        return torch.optim.SGD(params, lr=lr, weight_decay=wd)
     if name == "adam":
-        return torch.optim.Adam(params, lr=lr)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+        return torch.optim.Adam(params, lr=lr, weight_decay=wd)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=wd)
 
 
 def _quiet(message: str) -> None:

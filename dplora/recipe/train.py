@@ -197,6 +197,10 @@ def _run_locked(
             if resumed is not None:  # same run id: the ledger charge is the original reservation
                 spec = dataclasses.replace(spec, run_id=resumed.run_id)
                 ckpt.restore(spec, state, resumed)
+                if state.scheduler is not None:  # the schedule is a function of the step: fast-forward it
+                    from dplora.engine.schedule import step_scheduler
+
+                    step_scheduler(state.scheduler, state.step)
         distributed.sync_state(io.world, state)  # W processes: every rank starts from rank 0's tensors and counts
     except BaseException as err:
         if getattr(err, "exit_code", None) == 2 and resumed is None:  # bad input: nothing written

@@ -84,6 +84,7 @@ class RunState:
         named: (name, parameter) of every trainable LoRA tensor.
         step: logical steps done (equals ``accountant.steps`` between steps).
         empty_steps: logical steps whose Poisson batch was empty.
+        scheduler: the learning-rate scheduler (:mod:`dplora.engine.schedule`), stepped after every logical step.
     """
 
     model: Any
@@ -92,6 +93,7 @@ class RunState:
     named: list
     step: int = 0
     empty_steps: int = 0
+    scheduler: Any = None
 
 
 METRICS_HEADER = {
@@ -186,6 +188,8 @@ def logical_step(spec: RunSpec, state: RunState, units) -> tuple[float | None, i
         reducer.set_local(len(units), records, loss_value)
     state.optimizer.step()  # clip per unit, noise once, normalise, optimizer step, accountant step
     state.optimizer.zero_grad(set_to_none=True)
+    if state.scheduler is not None:  # data-independent: a function of the step count
+        state.scheduler.step()
     if reducer is not None:
         loss_value, records = reducer.totals["loss_sum"], int(reducer.totals["records"])
     return (loss_value if records else None), records
