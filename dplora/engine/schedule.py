@@ -20,8 +20,12 @@ def make_scheduler(optimizer, *, schedule: str, warmup_steps: int, total_steps: 
         warmup_steps: logical steps of linear warmup from 0 (0: none).
         total_steps: T, the planned logical steps.
 
+    Logical step s (0-based) trains at the schedule's rate for s + 1 over T + 1 steps: the library's warmup starts
+    at 0 and its linear/cosine decay ends at 0, and a step at rate 0 would leave the LoRA tensors unchanged
+    (the first-step sanity check refuses that); this way every one of the T steps has a rate > 0.
+
     Returns:
-        ``torch.optim.lr_scheduler.LambdaLR``.
+        ``torch.optim.lr_scheduler.LambdaLR``, already advanced once.
 
     Raises:
         ValueError: an unknown schedule.
@@ -29,12 +33,15 @@ def make_scheduler(optimizer, *, schedule: str, warmup_steps: int, total_steps: 
     from transformers import optimization as hf
 
     if schedule == "constant":
-        return hf.get_constant_schedule_with_warmup(optimizer, warmup_steps)
-    if schedule == "linear":
-        return hf.get_linear_schedule_with_warmup(optimizer, warmup_steps, total_steps)
-    if schedule == "cosine":
-        return hf.get_cosine_schedule_with_warmup(optimizer, warmup_steps, total_steps)
-    raise ValueError(f"lr_schedule={schedule!r}: expected constant, linear or cosine")
+        scheduler = hf.get_constant_schedule_with_warmup(optimizer, warmup_steps)
+    elif schedule == "linear":
+        scheduler = hf.get_linear_schedule_with_warmup(optimizer, warmup_steps, total_steps + 1)
+    elif schedule == "cosine":
+        scheduler = hf.get_cosine_schedule_with_warmup(optimizer, warmup_steps, total_steps + 1)
+    else:
+        raise ValueError(f"lr_schedule={schedule!r}: expected constant, linear or cosine")
+    step_scheduler(scheduler, 1)
+    return scheduler
 
 
 def step_scheduler(scheduler, steps: int = 1) -> None:

@@ -120,3 +120,28 @@ def test_budget_recommend_cli_without_data(tmp_path, tiny_model_dir):
     cfg = write_contract(tmp_path / "c2.yaml", raw)
     res = CliRunner().invoke(app, ["budget", str(cfg), "--recommend"])
     assert res.exit_code == 2 and "num_units" in res.output
+
+
+def test_auto_contract_trains_and_records_the_choice(tmp_path, tiny_model_dir, tickets_csv, signing_key):
+    from conftest import release_statement, train_tiny
+
+    res, out = train_tiny(
+        tmp_path,
+        tiny_model_dir,
+        tickets_csv,
+        signing_key,
+        privacy={"num_units": 800, "clipping": "normalize"},
+        training={"expected_batch_size": "auto", "steps": 50, "epochs": 3},
+    )
+    assert res.exit_code == 0, res.output
+    record = release_statement(out)["predicate"]
+    assert record["accounting"]["steps_planned"] == 50
+    assert record["mechanism"]["clipping"] == "normalize"
+    assert record["mechanism"]["normalize_gamma"] == pytest.approx(0.01)
+    opt = record["optimization"]
+    assert opt["planner"]["choice"]["expected_batch_size"] == 48 and opt["lr_schedule"] == "cosine"
+    assert record["accounting"]["epsilon_spent"] <= 8.0
+    from dplora.cli.app import app
+
+    verify = CliRunner().invoke(app, ["verify", str(out), "--public-key", str(signing_key[1])])
+    assert verify.exit_code == 0, verify.output
