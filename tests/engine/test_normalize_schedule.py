@@ -117,3 +117,18 @@ def test_schedule_and_clipping_in_the_plan(tmp_path, tiny_model_dir, tickets_csv
     plan = make_plan(parse_contract(raw), num_units=120, num_units_source="contract")
     d = plan.to_dict()
     assert (d["clipping"], d["lr_schedule"], d["warmup_steps"], d["weight_decay"]) == ("normalize", "linear", 1, 0.01)
+
+
+@pytest.mark.parametrize("scale", [1e-12, 1e-3, 1.0, 1e3, 1e8])
+def test_one_units_normalized_contribution_is_at_most_c_in_fp32(scale):
+    """The accumulator's own output for one unit (not a float64 reference): norm C·‖g‖/(‖g‖+γ) ≤ C up to fp32
+    rounding (as for clip), and below C by about γ/‖g‖ where that is above rounding."""
+    g = torch.Generator().manual_seed(1)
+    G = torch.randn(3, 11, generator=g) * scale
+    acc = UnitClipAccumulator(11, C, "cpu", normalize_gamma=GAMMA)
+    acc.begin_step()
+    acc.add(G.clone(), torch.tensor([0, 0, 0]))
+    total, norms = acc.finish()
+    n = float(G.double().sum(0).norm())
+    assert float(total.double().norm()) == pytest.approx(C * n / (n + GAMMA), rel=1e-5, abs=1e-12)
+    assert float(total.double().norm()) <= C * (1 + 1e-6)
