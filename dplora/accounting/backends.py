@@ -2,7 +2,10 @@
 
 Opacus's RDP analysis is pure numpy/scipy. Importing it as ``opacus.accountants.analysis.rdp`` would run
 ``opacus/__init__`` and import torch (about 5 s), so when Opacus is not loaded yet the same file is loaded on
-its own: ``dplora budget`` with RDP stays under 2 s.
+its own: ``dplora budget`` with RDP stays under 2 s. Opacus's PRV analysis (``accountants/analysis/prv``) is
+numpy/scipy too, but its ``domain.py`` imports ``RDPAccountant`` (and so torch) for a helper dplora does not call
+(:func:`prv_domain` computes the domain): it is loaded the same way, as a private package whose ``rdp`` sibling is
+a stub, so the default accountant (PRV) also plans without torch.
 """
 
 from __future__ import annotations
@@ -42,6 +45,86 @@ def _opacus_rdp():
     module = importlib.util.module_from_spec(mod_spec)
     mod_spec.loader.exec_module(module)
     return module
+
+
+@functools.cache
+def _opacus_prv():
+    """Opacus's ``accountants.analysis.prv`` package, loaded without ``opacus/__init__`` when Opacus is not loaded.
+
+    The files are Opacus's own; only the package names differ (``_dplora_opacus_acc.*``), so the real ``opacus``
+    import is untouched. ``RDPAccountant`` (used only by ``Domain``'s ``compute_safe_domain_size``) is a stub that
+    raises: dplora computes the domain in :func:`prv_domain`.
+    """
+    if "opacus" in sys.modules:
+        from opacus.accountants.analysis import prv
+
+        return prv
+    import types
+
+    spec = importlib.util.find_spec("opacus")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("opacus is not installed")
+    root = Path(list(spec.submodule_search_locations)[0]) / "accountants"
+    name = "_dplora_opacus_acc"
+    if name + ".analysis.prv" in sys.modules:
+        return sys.modules[name + ".analysis.prv"]
+
+    def package(full: str, path: Path) -> types.ModuleType:
+        module = types.ModuleType(full)
+        module.__path__ = [str(path)]
+        module.__package__ = full
+        sys.modules[full] = module
+        return module
+
+    package(name, root)
+    stub = types.ModuleType(name + ".rdp")
+
+    class RDPAccountant:  # noqa: D101 - stub: never called by dplora
+        def __init__(self, *args, **kwargs):
+            raise ImportError("RDPAccountant is not loaded here (dplora computes the PRV domain itself)")
+
+    stub.RDPAccountant = RDPAccountant
+    sys.modules[name + ".rdp"] = stub
+    package(name + ".analysis", root / "analysis")
+    sys.modules[name + ".analysis.rdp"] = _opacus_rdp()
+    prv_spec = importlib.util.spec_from_file_location(
+        name + ".analysis.prv",
+        root / "analysis" / "prv" / "__init__.py",
+        submodule_search_locations=[str(root / "analysis" / "prv")],
+    )
+    module = importlib.util.module_from_spec(prv_spec)
+    sys.modules[name + ".analysis.prv"] = module
+    _load_compose(name + ".analysis.prv.compose", root / "analysis" / "prv" / "compose.py")
+    prv_spec.loader.exec_module(module)
+    return module
+
+
+_SIGNAL_IMPORT = "from scipy.signal import convolve\n"
+
+
+def _lazy_convolve(*args, **kwargs):
+    """``scipy.signal.convolve``, imported on first use (importing ``scipy.signal`` takes 1-4 s here)."""
+    from scipy.signal import convolve
+
+    return convolve(*args, **kwargs)
+
+
+def _load_compose(full: str, path: Path) -> None:
+    """Load Opacus's ``prv/compose.py`` as ``full`` with its ``scipy.signal`` import deferred to first use.
+
+    ``convolve`` only composes two different PRVs; dplora composes one PRV with itself (the FFT route). The file
+    is Opacus's text with that one import line bound to :func:`_lazy_convolve`; if the line is not found (another
+    Opacus), the file is left to load as written.
+    """
+    source = path.read_text()
+    if source.count(_SIGNAL_IMPORT) != 1:
+        return
+    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(full, path))
+    module.__package__ = full.rpartition(".")[0]
+    sys.modules[full] = module
+    code = compile(source.replace(_SIGNAL_IMPORT, "convolve = _dplora_lazy_convolve\n"), str(path), "exec")
+    module.__dict__["_dplora_lazy_convolve"] = _lazy_convolve
+    exec(code, module.__dict__)  # noqa: S102 - Opacus's own file, one import line deferred
 
 
 def accountant_version(accountant: Accountant) -> str:
@@ -129,7 +212,7 @@ def prv_epsilon(event: DpSgdEvent, delta: float, eps_error: float = 0.01) -> flo
     equals ``PRVAccountant``'s.
     """
     _require_add_remove(event, Accountant.PRV)
-    from opacus.accountants.analysis import prv
+    prv = _opacus_prv()
 
     delta_error = delta / 1000
     big_l, mesh, _ = prv_domain(event, delta, eps_error)

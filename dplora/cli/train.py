@@ -22,6 +22,16 @@ BudgetWorldSizeOpt = Annotated[
     int, typer.Option(min=1, metavar="W", help="Processes of a multi-process run: units per rank per step.")
 ]
 
+BudgetRecommendOpt = Annotated[
+    bool, typer.Option(help="Let the planner choose B, T and lr from public inputs (declared N); no data read.")
+]
+BudgetMaxStepsOpt = Annotated[
+    int | None, typer.Option(min=1, max=1_000_000, metavar="T", help="With --recommend: cap on logical steps T.")
+]
+BudgetEpochsOpt = Annotated[
+    float | None, typer.Option(min=0.001, max=1e6, metavar="E", help="With --recommend: epochs over units (default 3).")
+]
+
 
 def budget(
     config: ConfigArg,
@@ -31,6 +41,9 @@ def budget(
     sweep: BudgetSweepOpt = False,
     ledger: LedgerOpt = None,
     world_size: BudgetWorldSizeOpt = 1,
+    recommend: BudgetRecommendOpt = False,
+    max_steps: BudgetMaxStepsOpt = None,
+    epochs: BudgetEpochsOpt = None,
 ) -> None:
     """Dry run: plan N, q, T and σ and report ε, without loading a model.
 
@@ -43,7 +56,14 @@ def budget(
         raise fail(BadInputError(f"--plot {plot}: the plot is a PNG file; use a name ending in .png"), as_json=as_json)
     try:
         report = budget_mod.budget_report(
-            config, overrides or [], ledger_path=ledger, sweep=sweep, world_size=world_size
+            config,
+            overrides or [],
+            ledger_path=ledger,
+            sweep=sweep,
+            world_size=world_size,
+            recommend=recommend,
+            epochs=epochs,
+            max_steps=max_steps,
         )
         if plot is not None:
             budget_mod.plot_curve(report, plot)

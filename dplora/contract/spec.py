@@ -91,6 +91,23 @@ class ReportTo(str, enum.Enum):
     TRACKIO = "trackio"
 
 
+class Clipping(str, enum.Enum):
+    """What is done to each unit's summed vector g before noise: ``clip`` g·min(1, C/‖g‖) (Abadi et al. 2016);
+    ``normalize`` C·g/(‖g‖ + γ) with the fixed public γ = NORMALIZE_GAMMA·C (automatic clipping, Bu et al. 2023;
+    Yang et al. 2022). Either way every unit contributes norm ≤ C (normalize: < C), so σ·C noise covers it."""
+
+    CLIP = "clip"
+    NORMALIZE = "normalize"
+
+
+class LrSchedule(str, enum.Enum):
+    """Learning-rate schedule over the T logical steps (data-independent: post-processing, no privacy effect)."""
+
+    CONSTANT = "constant"
+    LINEAR = "linear"
+    COSINE = "cosine"
+
+
 class Optimizer(str, enum.Enum):
     """The torch optimiser that consumes the noised, normalised gradient (post-processing: no privacy effect)."""
 
@@ -103,6 +120,7 @@ class Optimizer(str, enum.Enum):
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)]
 PositiveInt = Annotated[int, Field(gt=0, strict=True)]
 MAX_STEPS = 1_000_000
+NORMALIZE_GAMMA = 0.01  # γ/C for privacy.clipping: normalize (a public constant, never tuned on data)
 # --- bounds of the YAML boundary and of each number (README "The contract"; tests/contract/test_fuzz_boundary.py) ---
 MAX_CONTRACT_BYTES = 64 * 1024  # a contract is a few hundred bytes; a bigger file is not a contract
 MAX_NESTING = 6  # collections inside collections (a contract needs 3: contract → section → list)
@@ -197,6 +215,7 @@ class PrivacySection(_Section):
     ) = None
     max_records_per_unit: PositiveInt | None = None
     unit_clipping: UnitClipping = UnitClipping.SUM
+    clipping: Clipping = Clipping.CLIP
     population: Name | None = None
     per_sample: PerSamplePath = PerSamplePath.FAST
     # false: the non-private control (same data, model, steps, sampling; no clipping, no noise, no DP guarantee)
@@ -375,14 +394,18 @@ class LoraSection(_Section):
 class TrainingSection(_Section):
     """Logical/physical batching, length of training, optimiser, and where to write."""
 
-    expected_batch_size: PositiveInt
+    # "auto": the planner (dplora.plan.planner) picks B (and with steps: auto, T) from public inputs
+    expected_batch_size: PositiveInt | Literal["auto"]
     # records per forward (memory only); "auto": probed before step 1 on synthetic batches (dplora.engine.membatch)
     physical_batch_size: PositiveInt | Literal["auto"] = 8
     gradient_checkpointing: Annotated[bool, Field(strict=True)] = False  # non-reentrant; the fast path only
     epochs: PositiveFloat | None = None
-    steps: Annotated[int, Field(gt=0, le=MAX_STEPS, strict=True)] | None = None
+    steps: Annotated[int, Field(gt=0, le=MAX_STEPS, strict=True)] | Literal["auto"] | None = None
     lr: PositiveFloat = 2e-3
     optimizer: Optimizer = Optimizer.ADAMW
+    lr_schedule: LrSchedule | None = None  # None: constant, or the planner's choice with expected_batch_size: auto
+    warmup_steps: Annotated[int, Field(ge=0, le=MAX_STEPS, strict=True)] | None = None
+    weight_decay: Annotated[float, Field(ge=0, le=10, allow_inf_nan=False, strict=True)] = 0.0
     max_seq_len: Annotated[int, Field(gt=1, le=8192, strict=True)] = 64
     seed: Annotated[int, Field(ge=0, lt=2**63, strict=True)] = 0
     output_dir: PathText = "runs/dplora"
@@ -398,9 +421,18 @@ class TrainingSection(_Section):
 
     @model_validator(mode="after")
     def _length(self) -> TrainingSection:
+        if self.steps == "auto" and self.expected_batch_size != "auto":
+            raise ValueError("training.steps: auto needs training.expected_batch_size: auto (the planner picks both)")
+        if self.steps == "auto" or self.expected_batch_size == "auto":
+            return self  # the planner: epochs (default 3) is the compute budget, an integer steps caps T
         if (self.epochs is None) == (self.steps is None):
             raise ValueError("training: give exactly one of training.epochs or training.steps")
         return self
+
+    @property
+    def is_auto(self) -> bool:
+        """The planner picks B (and T): ``expected_batch_size: auto``."""
+        return self.expected_batch_size == "auto"
 
 
 class Contract(_Section):

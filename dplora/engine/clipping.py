@@ -33,14 +33,32 @@ class UnitClipAccumulator:
         max_grad_norm: C > 0, the flat L2 bound on each unit's contribution.
         device: where the sums live (the device of G).
         keep_norms: keep each complete unit's norm (one float per unit) for :meth:`finish`.
+        normalize_gamma: γ > 0 for ``privacy.clipping: normalize`` (a fixed public constant), else None (clip).
 
     Each unit u contributes min(1, C / (‖v_u‖ + 1e-6)) · v_u with v_u = Σ_{records i of u} w_i g_i (w_i = 1
     without ``row_weight``), so removing or adding one unit moves the sum by at most C (add/remove adjacency).
+    With ``normalize_gamma`` it contributes C · v_u / (‖v_u‖ + γ) instead (automatic clipping, Bu et al. 2023,
+    "Automatic clipping: differentially private deep learning made easier and stronger"; normalised SGD, Yang et
+    al. 2022), of norm C‖v_u‖/(‖v_u‖ + γ) < C: the same sensitivity C.
+
+    Raises:
+        ValueError: P < 1, C ≤ 0, or γ ≤ 0 / non-finite.
     """
 
-    def __init__(self, num_params: int, max_grad_norm: float, device: torch.device | str, *, keep_norms: bool = True):
+    def __init__(
+        self,
+        num_params: int,
+        max_grad_norm: float,
+        device: torch.device | str,
+        *,
+        keep_norms: bool = True,
+        normalize_gamma: float | None = None,
+    ):
         if num_params < 1 or not max_grad_norm > 0:
             raise ValueError(f"num_params={num_params}, max_grad_norm={max_grad_norm}: expected P >= 1 and C > 0")
+        if normalize_gamma is not None and not (0 < normalize_gamma < float("inf")):
+            raise ValueError(f"normalize_gamma={normalize_gamma}: expected a finite γ > 0")
+        self.normalize_gamma = None if normalize_gamma is None else float(normalize_gamma)
         self.P, self.max_grad_norm, self.device, self.keep_norms = num_params, float(max_grad_norm), device, keep_norms
         self._sum = torch.zeros(num_params, dtype=torch.float32, device=device)
         self._open: torch.Tensor | None = None  # allocated on the first unit that spans two physical batches
@@ -99,7 +117,7 @@ class UnitClipAccumulator:
         merged_open = self._open_id is not None
         if not merged_open and not last_unit_continues and len(uniq) == len(ids):
             norms = G.norm(dim=1)  # row level: every unit is one record, no per-unit buffer
-            factor = (self.max_grad_norm / (norms + EPS)).clamp(max=1.0)
+            factor = self._factor(norms)
             self._sum.addmv_(G.t(), factor)
             self._record(norms)
         else:
@@ -135,7 +153,7 @@ class UnitClipAccumulator:
         complete = torch.ones(n, dtype=torch.bool, device="cpu")
         if continues:
             complete[-1] = False
-        factors = (self.max_grad_norm / (norms + EPS)).clamp(max=1.0) * complete.to(G.device)
+        factors = self._factor(norms) * complete.to(G.device)
         if len(single_rows):
             coef = torch.zeros(G.shape[0], dtype=torch.float32, device=G.device)
             idx = single_rows.to(G.device)
@@ -148,6 +166,12 @@ class UnitClipAccumulator:
                     self._open = torch.empty(self.P, dtype=torch.float32, device=G.device)
                 self._open.copy_(S[-1])
         self._record(norms[complete.to(G.device)])
+
+    def _factor(self, norms: torch.Tensor) -> torch.Tensor:
+        """Scale of each unit's vector: min(1, C/(‖v‖ + 1e-6)) (clip) or C/(‖v‖ + γ) (normalize)."""
+        if self.normalize_gamma is not None:
+            return self.max_grad_norm / (norms + self.normalize_gamma)
+        return (self.max_grad_norm / (norms + EPS)).clamp(max=1.0)
 
     def _record(self, norms: torch.Tensor) -> None:
         self.units += len(norms)

@@ -106,6 +106,7 @@ class UnitDPOptimizer(DPOptimizer):
         unit_mean=False,
         flat: FlatLoRAGrads | None = None,
         reducer=None,
+        normalize_gamma: float | None = None,
     ):
         super().__init__(
             optimizer,
@@ -122,7 +123,9 @@ class UnitDPOptimizer(DPOptimizer):
             raise TrainingFailedError("the optimizer's parameters are not the fast path's LoRA tensors in order")
         device = self.params[0].device if self.params else torch.device("cpu")
         self.num_params = sum(p.numel() for p in self.params)
-        self.accumulator = UnitClipAccumulator(max(self.num_params, 1), max_grad_norm, device)
+        self.accumulator = UnitClipAccumulator(
+            max(self.num_params, 1), max_grad_norm, device, normalize_gamma=normalize_gamma
+        )
         self._rows: torch.Tensor | None = None  # the Opacus path's (B, P) copy buffer, reused
         self.last_unit_norms: torch.Tensor | None = None
 
@@ -222,13 +225,23 @@ class PerSample(str, enum.Enum):
     OPACUS = "opacus"
 
 
+def normalize_gamma(plan) -> float | None:
+    """γ = NORMALIZE_GAMMA·C for a plan with ``clipping == "normalize"`` (public: from the contract), else None."""
+    from dplora.contract.spec import NORMALIZE_GAMMA
+
+    if getattr(plan, "clipping", "clip") != "normalize":
+        return None
+    return NORMALIZE_GAMMA * plan.max_grad_norm
+
+
 def make_private(model: torch.nn.Module, optimizer, *, plan, unit_mean: bool, per_sample: str = "opacus", reducer=None):
     """Wrap a peft model and its optimizer: (model to forward, UnitDPOptimizer, StepAccountant).
 
     Args:
         model: the peft model in train mode, on its device; LoRA tensors fp32.
         optimizer: a torch optimizer over exactly the trainable tensors, in ``named_parameters`` order.
-        plan: anything with noise_multiplier σ, max_grad_norm C, expected_batch_size (units), sample_rate q.
+        plan: anything with noise_multiplier σ, max_grad_norm C, expected_batch_size (units), sample_rate q
+            (and ``clipping``: ``normalize`` scales each unit to C·v/(‖v‖ + γ), :func:`normalize_gamma`).
         unit_mean: a unit's vector is the mean of its records' gradients (else the sum).
         per_sample: ``fast`` (:class:`dplora.engine.fastclip.FlatLoRAGrads`; the model is returned as is) or
             ``opacus`` (Opacus ``GradSampleModule`` hooks; the wrapper is returned).
@@ -257,6 +270,7 @@ def make_private(model: torch.nn.Module, optimizer, *, plan, unit_mean: bool, pe
         unit_mean=unit_mean,
         flat=flat,
         reducer=reducer,
+        normalize_gamma=normalize_gamma(plan),
     )
     accountant = StepAccountant(plan.noise_multiplier, plan.sample_rate)
     dp_opt.attach_step_hook(accountant.step)

@@ -52,6 +52,9 @@ class TrainingPlan:
         epsilon_curve: (step, ε) checkpoints, ending at (T, epsilon).
         accountant_note: why the accountant differs from the contract's, if it does.
         warnings: operator-facing warnings (δ not well below 1/N, ...).
+        clipping: ``clip`` or ``normalize`` (what each unit's summed vector gets; sensitivity C either way).
+        lr, lr_schedule, warmup_steps, weight_decay: the optimiser's data-independent settings (no privacy effect).
+        planner: the planner's choice and the candidates it weighed (``training.expected_batch_size: auto``).
     """
 
     protected_unit: ProtectedUnit
@@ -73,6 +76,12 @@ class TrainingPlan:
     epsilon: float
     epsilon_curve: tuple[tuple[int, float], ...]
     warnings: tuple[str, ...] = ()
+    clipping: str = "clip"
+    lr: float | None = None
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    planner: dict | None = None
 
     @property
     def event(self) -> DpSgdEvent:
@@ -262,6 +271,8 @@ def make_plan(contract: Contract, *, num_units: int, num_units_source: str) -> T
         UnsupportedAccountingError: replace-one with RDP or PRV.
     """
     privacy, training = contract.privacy, contract.training
+    if training.is_auto or training.steps == "auto":
+        raise BadInputError("training.expected_batch_size: auto is resolved by the planner before planning")
     if num_units <= 0:
         raise BadInputError("no protected units: the data is empty")
     batch = training.expected_batch_size
@@ -305,6 +316,11 @@ def make_plan(contract: Contract, *, num_units: int, num_units_source: str) -> T
         epsilon=final,
         epsilon_curve=epsilon_curve,
         warnings=tuple(warnings),
+        clipping=privacy.clipping.value,
+        lr=training.lr,
+        lr_schedule=(training.lr_schedule.value if training.lr_schedule else "constant"),
+        warmup_steps=training.warmup_steps or 0,
+        weight_decay=training.weight_decay,
     )
 
 

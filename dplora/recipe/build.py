@@ -181,4 +181,9 @@ def _build(
         held_out=held_out,
         physical_batch=physical,
     )
-    return spec, RunState(model=gsm, optimizer=dp_opt, accountant=accountant, named=named)
+    from dplora.engine.schedule import make_scheduler
+
+    scheduler = make_scheduler(
+        optimizer, schedule=plan.lr_schedule, warmup_steps=plan.warmup_steps, total_steps=plan.steps
+    )
+    return spec, RunState(model=gsm, optimizer=dp_opt, accountant=accountant, named=named, scheduler=scheduler)

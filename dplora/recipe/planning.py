@@ -54,6 +54,79 @@ def plan_for(
     return make_plan(contract, num_units=unit_index.num_units, num_units_source="data")
 
 
+def resolve_auto(contract: Contract, *, epochs: float | None = None, max_steps: int | None = None, force: bool = False):
+    """Resolve ``training.expected_batch_size: auto`` (and ``steps: auto``) with the planner; else unchanged.
+
+    Public inputs only (:mod:`dplora.plan.planner`): the declared ``privacy.num_units``, ε, δ, the accountant,
+    ``training.epochs`` (default 3) and an integer ``training.steps`` as a cap on T, ``training.lr`` as the rate
+    at B = 32. The data file is not opened. The resolved contract has B, T, lr and (if not given) the schedule
+    and warmup filled in; ``contract.yaml`` of a release is that resolved contract.
+
+    Args:
+        contract: the validated contract.
+        epochs, max_steps: ``dplora budget --recommend`` options, which take precedence over the contract's.
+        force: plan with the planner even when the contract gives B and T (``--recommend``).
+
+    Returns:
+        ``(contract, recommendation)``; the recommendation is None when nothing was ``auto`` and no option given.
+
+    Raises:
+        BadInputError: ``auto`` without a declared ``privacy.num_units`` (a counted N would be private).
+        PlanRefusedError: no candidate is eligible (:func:`dplora.plan.planner.recommend`).
+    """
+    from dplora.plan.planner import recommend
+
+    training = contract.training
+    if not training.is_auto and not force:
+        return contract, None
+    n = contract.privacy.num_units
+    if n is None:
+        raise BadInputError(
+            "training.expected_batch_size: auto (the planner) needs privacy.num_units: a declared public N; "
+            "the planner never counts the data"
+        )
+    if epochs is None and training.is_auto:
+        epochs = training.epochs
+    if max_steps is None and training.is_auto and isinstance(training.steps, int):
+        max_steps = training.steps
+    rec = recommend(
+        num_units=n,
+        target_epsilon=contract.privacy.target_epsilon,
+        delta=contract.privacy.delta,
+        accountant=contract.privacy.accountant,
+        adjacency=contract.privacy.adjacency,
+        lr_ref=training.lr,
+        epochs=epochs,
+        max_steps=max_steps,
+    )
+    choice = rec.choice
+    update = {
+        "expected_batch_size": choice.expected_batch_size,
+        "steps": choice.steps,
+        "epochs": None,
+        "lr": choice.lr,
+        "lr_schedule": training.lr_schedule or rec.lr_schedule,
+        "warmup_steps": rec.warmup_steps if training.warmup_steps is None else training.warmup_steps,
+    }
+    resolved = type(training).model_validate(training.model_dump() | update)
+    return type(contract).model_validate(contract.model_dump() | {"training": resolved.model_dump()}), rec
+
+
+def plan_with_planner(contract: Contract, unit_index, *, release: bool = True, log=None):
+    """:func:`resolve_auto`, then :func:`plan_for` on the resolved contract; the plan carries the planner's table.
+
+    Returns:
+        ``(resolved contract, plan)``.
+    """
+    import dataclasses
+
+    resolved, rec = resolve_auto(contract)
+    plan = plan_for(resolved, unit_index, release=release, log=log)
+    if rec is not None:
+        plan = dataclasses.replace(plan, planner=rec.to_dict())
+    return resolved, plan
+
+
 def private_count_reason(contract: Contract) -> str | None:
     """Why the data's count of units is private under ``contract`` (None: it is public).
 

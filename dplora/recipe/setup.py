@@ -108,13 +108,13 @@ def _conv1d_targets(model, targets) -> bool:
 def _make_optimizer(contract: Contract, params):
     import torch
 
-    lr = contract.training.lr
+    lr, wd = contract.training.lr, contract.training.weight_decay
     name = contract.training.optimizer.value
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
+        return torch.optim.SGD(params, lr=lr, weight_decay=wd)
     if name == "adam":
-        return torch.optim.Adam(params, lr=lr)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+        return torch.optim.Adam(params, lr=lr, weight_decay=wd)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=wd)
 
 
 def _quiet(message: str) -> None:

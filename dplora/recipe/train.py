@@ -29,7 +29,7 @@ from dplora.recipe.finish import (
     peak_memory_gib,
 )
 from dplora.recipe.inputs import protected_inputs
-from dplora.recipe.planning import plan_for
+from dplora.recipe.planning import plan_for, resolve_auto
 from dplora.recipe.setup import (
     _lock_output,
     _prepare_output,
@@ -114,6 +114,8 @@ def run_training(
             is written, the last resume checkpoint and FAILED.json stay.
         KeyboardInterrupt: SIGINT/SIGTERM; a resume checkpoint of the last finished step is written first.
     """
+    # training.expected_batch_size: auto: B, T and lr from the planner (public inputs only; no data read)
+    contract, recommendation = resolve_auto(contract)
     world = distributed.init_world()  # one process unless started by torchrun / accelerate launch
     main = world.is_main  # with W processes only rank 0 reads the keys, locks, charges the ledger and writes
     lock = private_key = key = plan = None
@@ -143,6 +145,8 @@ def run_training(
             unit_index = data_mod.build_unit_index(table, contract.privacy, seed=contract.training.seed)
             if main:
                 plan = plan_for(contract, unit_index, log=log)
+                if recommendation is not None:
+                    plan = dataclasses.replace(plan, planner=recommendation.to_dict())
                 if control.is_control(contract):  # the DP twin's N, q and T; σ = 0, ε = ∞
                     plan = control.control_plan(plan)
                 created = outputs.missing_parents(out)  # removed again if the run ends in exit 2
@@ -202,6 +206,10 @@ def _run_locked(
             if resumed is not None:  # same run id: the ledger charge is the original reservation
                 spec = dataclasses.replace(spec, run_id=resumed.run_id)
                 ckpt.restore(spec, state, resumed)
+                if state.scheduler is not None:  # the schedule is a function of the step: fast-forward it
+                    from dplora.engine.schedule import step_scheduler
+
+                    step_scheduler(state.scheduler, state.step)
         distributed.sync_state(io.world, state)  # W processes: every rank starts from rank 0's tensors and counts
     except BaseException as err:
         if getattr(err, "exit_code", None) == 2 and resumed is None:  # bad input: nothing written

@@ -114,7 +114,9 @@ def build_record(
             "noise_std": plan.noise_multiplier * plan.max_grad_norm,
             "normalizer": {"expected_units_per_step": plan.expected_batch_size, "public": True},
             "noise_source": "ChaCha20 keyed with 256 bits from os.urandom (never seeded from the record)",
+            **clipping_entry(plan),
         },
+        "optimization": optimization_entry(plan),
         "accounting": {
             "accountant": plan.accountant.value,
             "accountant_version": plan.accountant_version,
@@ -138,6 +140,30 @@ def build_record(
         ),
         "not_included": "training losses and per-unit record counts (computed on private data, not covered by ε)",
     }
+
+
+def clipping_entry(plan: TrainingPlan) -> dict:
+    """``clipping``: clip or normalize, with the public γ of normalize (sensitivity C either way)."""
+    from dplora.contract.spec import NORMALIZE_GAMMA
+
+    clipping = getattr(plan, "clipping", "clip")
+    entry = {"clipping": clipping}
+    if clipping == "normalize":
+        entry["normalize_gamma"] = NORMALIZE_GAMMA * plan.max_grad_norm
+    return entry
+
+
+def optimization_entry(plan: TrainingPlan) -> dict:
+    """lr, schedule, warmup and weight decay (data-independent), and the planner's table when it chose B and T."""
+    out = {
+        "lr": plan.lr,
+        "lr_schedule": plan.lr_schedule,
+        "warmup_steps": plan.warmup_steps,
+        "weight_decay": plan.weight_decay,
+    }
+    if plan.planner is not None:
+        out["planner"] = plan.planner
+    return out
 
 
 def num_units_note(source: str) -> str:

@@ -93,6 +93,7 @@ class RunState:
         physical_batch: records per forward after out-of-memory retries (0: ``spec.physical_batch_size``); halved
             each time a step runs out of accelerator memory and is re-run on the same units.
         oom_retries: logical steps re-run after an out-of-memory error (never re-sampled, noised or accounted twice).
+        scheduler: the learning-rate scheduler (:mod:`dplora.engine.schedule`), stepped after every logical step.
     """
 
     model: Any
@@ -103,6 +104,7 @@ class RunState:
     empty_steps: int = 0
     physical_batch: int = 0
     oom_retries: int = 0
+    scheduler: Any = None
 
 
 METRICS_HEADER = {
@@ -218,6 +220,8 @@ def logical_step(spec: RunSpec, state: RunState, units) -> tuple[float | None, i
         reducer.set_local(len(units), records, loss_value)
     state.optimizer.step()  # clip per unit, noise once, normalise, optimizer step, accountant step
     state.optimizer.zero_grad(set_to_none=True)
+    if state.scheduler is not None:  # data-independent: a function of the step count
+        state.scheduler.step()
     if reducer is not None:
         loss_value, records = reducer.totals["loss_sum"], int(reducer.totals["records"])
     return (loss_value if records else None), records

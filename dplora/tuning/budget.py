@@ -22,7 +22,15 @@ def _eps_at_fraction(plan: TrainingPlan, frac: float) -> dict:
 
 
 def budget_report(
-    config: Path, overrides: list[str], *, ledger_path: Path | None = None, sweep: bool = False, world_size: int = 1
+    config: Path,
+    overrides: list[str],
+    *,
+    ledger_path: Path | None = None,
+    sweep: bool = False,
+    world_size: int = 1,
+    recommend: bool = False,
+    epochs: float | None = None,
+    max_steps: int | None = None,
 ) -> dict:
     """Plan a run and describe it as one JSON-ready dict.
 
@@ -33,21 +41,35 @@ def budget_report(
     Returns:
         Keys include num_units, sample_rate, steps, noise_multiplier, epsilon, delta, accountant, adjacency,
         accountant_version, epsilon_at (25/50/75 % of T), and ``not_covered_by_dp.unit_stats`` (records per
-        unit, computed on private data: not covered by DP). The data is always read, as ``train`` reads it.
+        unit, computed on private data: not covered by DP). The data is read, as ``train`` reads it, except
+        with ``recommend``: the planner (:func:`dplora.recipe.planning.resolve_auto`) chooses B, T and lr from
+        public inputs only (declared N, ε, δ, ``epochs`` or ``max_steps``) and the data file is never opened; the
+        report then has ``recommendation`` (the choice and every candidate weighed).
 
     Raises:
         BadInputError, PlanRefusedError: bad contract, data or plan (exit 2), as ``train`` refuses them.
     """
     from dplora.data.units import count_units
-    from dplora.recipe.planning import plan_for, private_count_reason
+    from dplora.recipe.planning import plan_for, private_count_reason, resolve_auto
 
+    if epochs is not None and max_steps is not None:
+        raise BadInputError("--epochs and --max-steps: give at most one compute budget")
+    if (epochs is not None or max_steps is not None) and not recommend:
+        raise BadInputError("--epochs and --max-steps are compute budgets for --recommend")
     contract = load_contract(config, overrides)
-    # Always read the data (header, cells, units), so the dry run refuses what train refuses; with
-    # privacy.num_units declared the count is only a local check (more units than declared: a warning). A local
-    # dry run may show the exact count where train would refuse it (N private and not declared).
-    unit_index = count_units(contract)
+    if recommend and contract.privacy.num_units is None:
+        raise BadInputError("--recommend needs privacy.num_units: a declared public N (the planner never counts data)")
+    contract, rec = resolve_auto(contract, epochs=epochs, max_steps=max_steps, force=recommend)
     local: list[str] = []
-    plan = plan_for(contract, unit_index, release=False, log=lambda m: local.append(m.removeprefix("warning: ")))
+    if recommend:  # public inputs only: the data file is not opened
+        unit_index = None
+        plan = plan_for(contract, None, release=True)
+    else:
+        # Read the data (header, cells, units), so the dry run refuses what train refuses; with
+        # privacy.num_units declared the count is only a local check (more units than declared: a warning). A
+        # local dry run may show the exact count where train would refuse it (N private and not declared).
+        unit_index = count_units(contract)
+        plan = plan_for(contract, unit_index, release=False, log=lambda m: local.append(m.removeprefix("warning: ")))
     why = private_count_reason(contract) if contract.privacy.num_units is None else None
     if why is not None:
         local.append(
@@ -79,7 +101,12 @@ def budget_report(
         "epsilon_curve": [list(p) for p in plan.epsilon_curve],
         "units_per_rank": _units_per_rank(plan, world_size),
     }
-    report["not_covered_by_dp"] = {"note": PRIVATE_STATS_NOTE, "unit_stats": unit_index.stats()}
+    report["clipping"] = plan.clipping
+    report["lr"], report["lr_schedule"], report["warmup_steps"] = plan.lr, plan.lr_schedule, plan.warmup_steps
+    if rec is not None:
+        report["recommendation"] = rec.to_dict()
+    if unit_index is not None:
+        report["not_covered_by_dp"] = {"note": PRIVATE_STATS_NOTE, "unit_stats": unit_index.stats()}
     if not contract.privacy.enabled:  # the non-private control: report its DP twin's plan, check no cap
         report["warnings"].append(
             "privacy.enabled=false: a NOT DIFFERENTIALLY PRIVATE control (no clipping, no noise, ε = ∞); the "
@@ -248,6 +275,8 @@ def print_report(report: dict, console) -> None:
         console.print(f"note: rows marked 'not covered by DP' are {private['note']}", markup=False, soft_wrap=True)
     for w in report["warnings"]:
         console.print(f"warning: {w}", markup=False, soft_wrap=True)  # one line each, never wrapped
+    if "recommendation" in report:
+        _print_recommendation(report["recommendation"], console)
     if "sweep" in report:
         s = Table(title=f"σ for target ε={report['target_epsilon']:g} ({report['sweep']['note']})")
         for col in ("batch B", "epochs", "T", "σ", "σ/B"):
@@ -262,3 +291,35 @@ def print_report(report: dict, console) -> None:
                 "-" if sig is None else f"{row['noise_per_unit']:.4f}",
             )
         console.print(s)
+
+
+def _print_recommendation(rec: dict, console) -> None:
+    """The planner's choice (B, T, q, σ, σ/B, lr) and the candidates it weighed, one row each."""
+    from rich.table import Table
+
+    c = rec["choice"]
+    console.print(
+        f"planner choice: B={c['expected_batch_size']}, T={c['steps']}, q={c['sample_rate']:.4g}, "
+        f"σ={c['noise_multiplier']:.4f}, σ/B={c['noise_per_unit']:.5f}, lr={c['lr']:.3g}, "
+        f"schedule {rec['lr_schedule']} with {rec['warmup_steps']} warmup steps",
+        markup=False,
+        soft_wrap=True,
+    )
+    console.print(f"rule: {rec['rule']}", markup=False, soft_wrap=True)
+    t = Table(title=f"candidates weighed (E={rec['inputs']['epochs']:g}, N={rec['inputs']['num_units']})")
+    for col in ("B", "T", "q", "σ", "ε", "σ/B", "lr", "note"):
+        t.add_column(col)
+    for row in rec["candidates"]:
+        sig = row["noise_multiplier"]
+        chosen = row["expected_batch_size"] == c["expected_batch_size"] and row["steps"] == c["steps"]
+        t.add_row(
+            str(row["expected_batch_size"]),
+            str(row["steps"]),
+            f"{row['sample_rate']:.4g}",
+            "-" if sig is None else f"{sig:.4f}",
+            "-" if row["epsilon"] is None else f"{row['epsilon']:.4f}",
+            "-" if sig is None else f"{row['noise_per_unit']:.5f}",
+            f"{row['lr']:.3g}",
+            "chosen" if chosen else (row["excluded"] or ""),
+        )
+    console.print(t)

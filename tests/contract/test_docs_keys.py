@@ -145,8 +145,8 @@ def test_a_documented_key_that_does_not_exist_is_reported():
     text = PAGE.read_text(encoding="utf-8")
     row = "| `lr` | float > 0 | `0.002` | Learning rate. |\n"
     assert row in text
-    extra = text.replace(row, row + "| `warmup_steps` | integer | `0` | Not a key. |\n")
-    assert problems(Contract, extra) == ["training.warmup_steps: documented, but the contract has no such key"]
+    extra = text.replace(row, row + "| `cooldown_steps` | integer | `0` | Not a key. |\n")
+    assert problems(Contract, extra) == ["training.cooldown_steps: documented, but the contract has no such key"]
     missing = text.replace(row, "")
     assert problems(Contract, missing) == ["training.lr: not documented"]
 

@@ -468,3 +468,36 @@ def test_rerun_keeps_a_failed_runs_folder_without_overwrite(tmp_path, tiny_model
     assert result.exit_code == 2 and "FAILED.json" in result.output and "--overwrite" in result.output
     assert (_partial(out) / "FAILED.json").read_text() == '{"reason": "earlier"}'
     assert Ledger(db).charges() == []
+
+
+def test_resume_restores_the_lr_schedule(tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key):
+    """A linear schedule with warmup, stopped after step 4 and resumed: every step runs at the rate of an
+    uninterrupted run (step s at the schedule's s + 1 of T + 1), so the scheduler's state survives --resume."""
+    from dplora.run import loop as run_mod
+
+    real_step = run_mod.logical_step
+    seen: dict[int, float] = {}
+
+    def step(spec, state, units):
+        seen[state.step] = state.optimizer.original_optimizer.param_groups[0]["lr"]
+        if state.step == 4 and not resumed:
+            raise MemoryError()
+        return real_step(spec, state, units)
+
+    resumed = False
+    monkeypatch.setattr(run_mod, "logical_step", step)
+    cfg, out, db = _setup(tmp_path, tiny_model_dir, tickets_csv, "sched", lr_schedule="linear", warmup_steps=2)
+    assert _train(cfg, db, signing_key).exit_code == 4
+    resumed = True
+    result = _train(cfg, db, signing_key, "--resume")
+    assert result.exit_code == 0, result.output
+    lr, warmup = 0.01, 2
+
+    def expected(s: int) -> float:  # transformers' linear schedule at s + 1 over T + 1 steps
+        k = s + 1
+        return lr * (k / warmup if k < warmup else max(0.0, (T + 1 - k) / (T + 1 - warmup)))
+
+    assert sorted(seen) == list(range(T))
+    for s in range(T):
+        assert seen[s] == pytest.approx(expected(s), rel=1e-9), s
+    assert _record(out)["optimization"]["lr_schedule"] == "linear"
