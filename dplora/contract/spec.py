@@ -451,6 +451,12 @@ class Contract(_Section):
                 "training.gradient_checkpointing=true needs privacy.per_sample=fast: recomputed forwards re-fire "
                 "Opacus hooks"
             )
+        if self.training.physical_batch_size == "auto" and self.privacy.per_sample is PerSamplePath.OPACUS:
+            raise ValueError(
+                "training.physical_batch_size=auto needs privacy.per_sample=fast: an out-of-memory error inside "
+                "the model leaves Opacus's per-parameter forward counters mid-step, so it cannot be probed or retried; "
+                "give a number"
+            )
         return self
 
     def to_yaml(self) -> str:

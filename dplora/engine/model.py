@@ -325,10 +325,12 @@ def load_base_model(section: ModelSection, device, dtype: str, allow_tf32: bool,
         BadInputError: the model cannot be found or loaded; 4bit with a .gguf file or without bitsandbytes.
     """
     if Quantization(section.quantization) is Quantization.NONE:
+        _refuse_prequantized(resolve_model(section, log)[0], section)
         model, tokenizer = load_model_and_tokenizer(section, log)
         return place_model(model, device, dtype, allow_tf32), tokenizer
     bitsandbytes_version()
     folder, gguf = resolve_model(section, log)
+    _refuse_prequantized(folder, section)
     if gguf:
         raise BadInputError(
             "model.quantization=4bit needs a Hugging Face folder (model.name or a model.path folder), not a .gguf file"
@@ -344,7 +346,45 @@ def load_base_model(section: ModelSection, device, dtype: str, allow_tf32: bool,
         raise BadInputError(f"cannot load model from {folder} in 4 bits: {err.__class__.__name__}") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    _check_nf4(model)
     return model, tokenizer
+
+
+def _refuse_prequantized(folder: Path, section: ModelSection) -> None:
+    """Refuse a base folder whose config.json already carries a ``quantization_config``: transformers would use the
+    folder's own setting (LLM.int8 included) over ``model.quantization``, so the record would misstate the base.
+
+    Raises:
+        BadInputError: the folder is already quantized (the message names the folder and its method).
+    """
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # a .gguf file or no config: the loader reports it
+    quant = config.get("quantization_config") if isinstance(config, dict) else None
+    if quant:
+        method = quant.get("quant_method", "unknown") if isinstance(quant, dict) else "unknown"
+        bits = "8-bit" if isinstance(quant, dict) and quant.get("load_in_8bit") else ""
+        raise BadInputError(
+            f"model at {folder} is already quantized ({method} {bits}".rstrip()
+            + "): give the unquantized weights, and model.quantization: 4bit to load them in NF4"
+        )
+
+
+def _check_nf4(model) -> None:
+    """Every bitsandbytes layer of a 4-bit load is an NF4 ``Linear4bit``; an 8-bit (LLM.int8) layer is refused.
+
+    Raises:
+        BadInputError: a layer of another bitsandbytes kind (the sensitivity would no longer be C).
+    """
+    import bitsandbytes as bnb
+
+    for name, module in model.named_modules():
+        kind = type(module).__module__
+        if kind.startswith("bitsandbytes") and not isinstance(module, bnb.nn.Linear4bit):
+            raise BadInputError(f"model.quantization=4bit loaded {name} as {type(module).__name__}, not NF4 Linear4bit")
+        if isinstance(module, bnb.nn.Linear4bit) and getattr(module.weight, "quant_type", QUANT_TYPE) != QUANT_TYPE:
+            raise BadInputError(f"model.quantization=4bit loaded {name} as {module.weight.quant_type}, not nf4")
 
 
 def load_model_and_tokenizer(section: ModelSection, log=print):

@@ -85,6 +85,8 @@ def merged_model(base: Path, adapter: Path):
     from dplora.engine.model import _quiet_transformers
 
     _quiet_transformers()
+    if (Path(base) / "adapter_config.json").exists():  # transformers would load that adapter onto the base too
+        raise BadInputError(f"{base} holds an adapter_config.json: give the plain base model folder")
     try:
         model = AutoModelForCausalLM.from_pretrained(str(base), dtype="auto", local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(str(base), local_files_only=True)

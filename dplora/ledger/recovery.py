@@ -187,7 +187,7 @@ def record_release(
             started_at=info.meta["started_at"],
             finished_at=info.meta["written_at"],
             data_digest=release.data_digest_entry([Path(contract.data.path)], data_key),
-            base_model=base_model_entry(contract.model, log),
+            base_model=base_model_entry(contract.model, log, dtype=info.meta["execution"].get("base_dtype")),
             execution=info.meta["execution"],
             lora_targets=_adapter_targets(info.meta["adapter_config"]),
         )

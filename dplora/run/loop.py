@@ -142,7 +142,8 @@ def _forward_backward(spec: RunSpec, state: RunState, units) -> tuple[float, int
         (summed per-sequence loss in nats, 0.0 for no records; records used).
 
     Out of accelerator memory (``torch.OutOfMemoryError``), the same records of the same ``units`` are re-run from
-    an empty per-unit sum with half the physical batch (kept for later steps), down to one record per forward.
+    an empty per-unit sum with half the physical batch (kept for later steps), down to one record per forward; on
+    the fast path only (Opacus hooks count forwards per parameter, so an error mid-model cannot be undone there).
 
     Raises:
         TrainingFailedError: a non-finite loss, or a trainable tensor that became non-finite in the previous step.
@@ -156,8 +157,8 @@ def _forward_backward(spec: RunSpec, state: RunState, units) -> tuple[float, int
         try:
             return _physical_batches(spec, state, units, rows, local, weight, physical)
         except Exception as err:
-            if not membatch.is_oom(err) or physical <= 1:
-                raise
+            if not membatch.is_oom(err) or physical <= 1 or getattr(state.optimizer, "flat", None) is None:
+                raise  # the Opacus path cannot be retried mid-step (its hooks count forwards): exit 4, resumable
         # Out of accelerator memory: the SAME units again, from an empty per-unit sum, with half the records per
         # forward. Nothing was noised or accounted yet (both happen once, in optimizer.step() after this returns).
         membatch.reset_after_oom(state.model, state.optimizer, state.named)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import time
 from pathlib import Path
 
 from dplora.errors import BadInputError
@@ -104,6 +105,10 @@ class Tracker:
         check_backend(self.backend)
         self.plan, self.report_private = plan, report_private
         self._public = self._private = self._remote = None
+        # Public events carry a synthetic wall time (start + step seconds), never the real one: the gaps between
+        # real stamps are each step's duration, which follows the private realised batch (red team, issue 32).
+        self._wall0 = float(int(time.time()))
+        self._held: list[tuple[dict, int]] = []  # remote backends: public numbers sent at close, see _write
         if self.backend == "tensorboard":
             from torch.utils.tensorboard import SummaryWriter
 
@@ -129,12 +134,17 @@ class Tracker:
     def _write(self, public: dict, private: dict, *, step: int) -> None:
         if self._public is not None:
             for tag, value in public.items():
-                self._public.add_scalar(tag, value, step)
+                self._public.add_scalar(tag, value, step, walltime=self._wall0 + step)
             if self._private is not None:
                 for tag, value in private.items():
                     self._private.add_scalar(tag, value, step)
-        elif self._remote is not None and (public or private):
-            self._remote.log({**public, **private}, step=step)
+        elif self._remote is not None:
+            # A remote server stamps each call's arrival, so public numbers sent per step would time each step:
+            # they are held and sent together at close. Private ones (report_private, not covered by DP) go live.
+            if public:
+                self._held.append((public, step))
+            if private:
+                self._remote.log(private, step=step)
 
     def close(self) -> None:
         """Flush and close the writers (safe to call twice)."""
@@ -142,6 +152,9 @@ class Tracker:
             if writer is not None:
                 writer.close()
         if self._remote is not None:
+            for public, step in self._held:
+                self._remote.log(public, step=step)
+            self._held.clear()
             self._remote.finish()
         self._public = self._private = self._remote = None
 

@@ -249,6 +249,47 @@ def test_loader_stores_nf4_and_records_the_unquantized_digests(model_dir):
     assert entry["files"] == plain["files"] and "model.safetensors" in entry["files"]
 
 
+@pytest.mark.parametrize("quantization", ["none", "4bit"])
+def test_an_already_quantized_folder_is_refused(tmp_path, model_dir, quantization):
+    """A folder whose config.json carries LLM.int8's quantization_config (as `save_pretrained` of an 8-bit model
+    writes it) would load as 8-bit layers whatever model.quantization says: refused before loading (red team)."""
+    import json
+    import shutil
+
+    from dplora.contract.spec import ModelSection
+    from dplora.engine.model import load_base_model
+    from dplora.errors import BadInputError
+
+    folder = tmp_path / "int8"
+    shutil.copytree(model_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_8bit": True, "load_in_4bit": False}
+    (folder / "config.json").write_text(json.dumps(config))
+    section = ModelSection(path=str(folder), quantization=quantization)
+    with pytest.raises(BadInputError, match=r"already quantized \(bitsandbytes 8-bit\)"):
+        load_base_model(section, torch.device("cpu"), "fp32", False, log=lambda _: None)
+
+
+def test_a_4bit_load_with_an_8bit_layer_is_refused(monkeypatch, model_dir):
+    """Whatever transformers loaded, a 4-bit run holds only NF4 Linear4bit bitsandbytes layers."""
+    from dplora.contract.spec import ModelSection
+    from dplora.engine import model as model_mod
+    from dplora.errors import BadInputError
+
+    real = model_mod._load_4bit
+
+    def with_int8(folder, device, dtype):
+        model = real(folder, device, dtype)
+        layer = model.model.layers[0].self_attn.q_proj
+        model.model.layers[0].self_attn.q_proj = bnb.nn.Linear8bitLt(layer.in_features, layer.out_features, bias=False)
+        return model
+
+    monkeypatch.setattr(model_mod, "_load_4bit", with_int8)
+    section = ModelSection(path=str(model_dir), quantization="4bit")
+    with pytest.raises(BadInputError, match="as Linear8bitLt, not NF4 Linear4bit"):
+        model_mod.load_base_model(section, torch.device("cpu"), "fp32", False, log=lambda _: None)
+
+
 def test_8bit_is_refused_with_one_line(tmp_path, tickets_csv, signing_key):
     """``model.quantization: 8bit`` exits 2 with one line that says why, and writes nothing."""
     from conftest import train_tiny

@@ -139,6 +139,21 @@ def test_export_refuses_another_base_and_writes_nothing(runs, signing_key, tmp_p
     assert not out.exists() and not list(tmp_path.glob(".served*"))
 
 
+def test_a_base_folder_holding_an_adapter_is_refused(runs, signing_key, tmp_path, tiny_model_dir):
+    """The recorded files match, but an extra adapter_config.json would make transformers load another adapter onto
+    the base (red team): exit 2 on one line, nothing written."""
+    import shutil
+
+    base = tmp_path / "base-plus-adapter"
+    shutil.copytree(tiny_model_dir, base)
+    shutil.copy(runs[0] / "adapter" / "adapter_config.json", base / "adapter_config.json")
+    out = tmp_path / "served"
+    result = _export(runs[0], out, signing_key[0], "--base-model", str(base), "--public-key", str(signing_key[1]))
+    assert result.exit_code == 2, result.output
+    assert "holds an adapter_config.json" in result.output and "Traceback" not in result.output
+    assert not out.exists() and not list(tmp_path.glob(".served*"))
+
+
 def test_verify_with_another_base_model_exits_3(runs, merged, signing_key, tmp_path):
     from tiny import save_tiny_model
 

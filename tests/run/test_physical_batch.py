@@ -73,10 +73,10 @@ class OOMAbove:
             raise torch.OutOfMemoryError(f"simulated: {size} records")
 
 
-def _engine(model, monkeypatch, noise):
+def _engine(model, monkeypatch, noise, per_sample="fast"):
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     opt = torch.optim.SGD([p for _, p in named], lr=0.5)
-    wrapped, dp_opt, accountant = engine.make_private(model, opt, plan=PLAN, unit_mean=False, per_sample="fast")
+    wrapped, dp_opt, accountant = engine.make_private(model, opt, plan=PLAN, unit_mean=False, per_sample=per_sample)
     sums = []
 
     def fixed_noise(clipped_sum, *, noise_multiplier, max_grad_norm, expected_batch_size, generator):
@@ -87,12 +87,12 @@ def _engine(model, monkeypatch, noise):
     return wrapped, dp_opt, accountant, named, sums
 
 
-def _run(monkeypatch, hook: OOMAbove | None, physical: int = 4):
+def _run(monkeypatch, hook: OOMAbove | None, physical: int = 4, per_sample: str = "fast"):
     """Three logical steps through loop.run_steps over STEP_UNITS; returns what the test compares."""
     model = _model()
     noise = torch.randn(sum(p.numel() for p in model.parameters() if p.requires_grad), generator=torch.Generator())
     noise = noise * 0 + torch.linspace(-0.1, 0.1, noise.numel())  # fixed, the same in every run
-    wrapped, dp_opt, accountant, named, sums = _engine(model, monkeypatch, noise)
+    wrapped, dp_opt, accountant, named, sums = _engine(model, monkeypatch, noise, per_sample)
     if hook is not None:
         model.base_model.model.register_forward_pre_hook(hook, with_kwargs=True)
     samples, attempts = [], []
@@ -172,6 +172,20 @@ def test_oom_after_a_partial_step_rebuilds_the_unit_sum_from_zero(monkeypatch):
 def test_oom_with_one_record_per_forward_is_raised(monkeypatch):
     with pytest.raises(torch.OutOfMemoryError):
         _run(monkeypatch, OOMAbove(k=0), physical=2)
+
+
+def test_the_opacus_path_does_not_retry_and_refuses_auto(monkeypatch):
+    """Opacus hooks count forwards per parameter, so an out-of-memory error mid-model cannot be undone: the error
+    is raised (the run's resumable exit 4) after no noise and no accountant step, and `auto` is refused there."""
+    hook = OOMAbove(k=2)
+    with pytest.raises(torch.OutOfMemoryError):
+        _run(monkeypatch, hook, per_sample="opacus")
+    assert hook.sizes == [4]  # one attempt, no retry at a smaller batch
+    raw = contract_dict(
+        Path("m"), Path("d.csv"), Path("o"), privacy={"per_sample": "opacus"}, training={"physical_batch_size": "auto"}
+    )
+    with pytest.raises(Exception, match="physical_batch_size=auto needs privacy.per_sample=fast"):
+        parse_contract(raw)
 
 
 def test_auto_probe_picks_at_most_k_on_synthetic_batches_without_noise_or_accounting(monkeypatch):

@@ -34,6 +34,17 @@ def _scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
+def _walltimes(folder: Path) -> list[tuple[int, float]]:
+    """(step, wall time) of every public event of the one run in ``folder``, in step order."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (run,) = [p for p in folder.iterdir() if p.is_dir()]
+    acc = EventAccumulator(str(run))
+    acc.Reload()
+    events = [(e.step, e.wall_time) for tag in acc.Tags()["scalars"] for e in acc.Scalars(tag)]
+    return sorted(set(events))
+
+
 def _plan(out: Path) -> dict:
     from conftest import release_statement
 
@@ -61,6 +72,8 @@ def test_tensorboard_holds_the_plans_public_numbers_and_no_private_tag(
     ]
     curve = {m["step"]: m["epsilon_upper"] for m in metrics if "step" in m}
     assert [s for s, _ in scalars["dp/epsilon_spent"]] == list(range(1, steps + 1))
+    walls = _walltimes(public)  # synthetic: start + step seconds, never each step's real (private) duration
+    assert [w - walls[0][1] for _, w in walls] == [float(s) for s, _ in walls]
     for step, value in scalars["dp/epsilon_spent"]:
         assert value == pytest.approx(curve[step], rel=1e-6)  # float32 in the event file
     assert scalars["dp/epsilon_spent"][-1][1] == pytest.approx(acc["epsilon_spent"], rel=1e-6)
@@ -186,11 +199,14 @@ def test_wandb_goes_through_accelerate_with_console_off_and_public_tags_only(mon
     for step in (1, 2):
         line = {"step": step, "seconds": 0.2, "not_covered_by_dp": {"train_loss": 3.0, "units": 4, "records": 5}}
         tracker.log_step(line)
-    tracker.close()
     ((name, kwargs, remote),) = _FakeRemote.made
+    live = list(remote.logged)  # before close: a server stamps arrival times, so no public number is sent per step
+    assert all(not any(k.startswith("dp/") for k in values) for _, values in live)
+    tracker.close()
     assert settings == [{"console": "off"}] and kwargs["settings"] == ("settings", {"console": "off"})
     assert remote.finished and name == "run"
-    step0 = remote.logged[0]
+    public = remote.logged[len(live) :]
+    step0 = public[0]
     assert step0 == (
         0,
         {
@@ -209,5 +225,5 @@ def test_wandb_goes_through_accelerate_with_console_off_and_public_tags_only(mon
         "not_covered_by_dp/records": 5.0,
         "not_covered_by_dp/seconds_per_step": 0.2,
     }
-    extra = private if report_private else {}
-    assert remote.logged[1:] == [(1, {"dp/epsilon_spent": 0.5, **extra}), (2, {"dp/epsilon_spent": 0.8, **extra})]
+    assert public[1:] == [(1, {"dp/epsilon_spent": 0.5}), (2, {"dp/epsilon_spent": 0.8})]
+    assert live == ([(1, private), (2, private)] if report_private else [])
