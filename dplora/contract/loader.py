@@ -235,10 +235,19 @@ def _loc_part(part: str | int) -> str:
     return "." + (part if len(part) <= 40 and part.isprintable() else excerpt(part, 40))
 
 
+_UNION_TAG = re.compile(r"<.*>|[a-z]+(-[a-z]+)+(\[.*\])?|[a-z-]+\[.*\]")
+
+
+def _is_union_tag(part) -> bool:
+    """A location part pydantic adds for a union member (``<list>``, ``constrained-int``, ``literal['auto']``),
+    never a contract key (keys are identifiers with underscores)."""
+    return isinstance(part, str) and _UNION_TAG.fullmatch(part) is not None
+
+
 def _format_error(err: ValidationError) -> str:
     """The first validation error in the contract's own terms: the dotted key, the value, what is allowed."""
     first = err.errors()[0]
-    parts = [p for p in first["loc"] if not (isinstance(p, str) and p.startswith("<"))]  # union tags, e.g. <list>
+    parts = [p for p in first["loc"] if not (first["type"] != "extra_forbidden" and _is_union_tag(p))]
     loc = "".join(_loc_part(p) for p in parts).lstrip(".") or "contract"
     kind, ctx = first["type"], first.get("ctx", {})
     if kind == "extra_forbidden":
