@@ -14,12 +14,17 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
 
 @pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path_factory, monkeypatch):
-    """Calibration cache and ledger in per-session temporary folders (never the user's)."""
-    monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "dplora-cache"))
-    monkeypatch.setenv("DPLORA_LEDGER", str(tmp_path_factory.getbasetemp() / "ledger.sqlite3"))
-    monkeypatch.delenv("DPLORA_SIGNING_KEY", raising=False)
-    monkeypatch.delenv("DPLORA_DATA_KEY", raising=False)
+def _isolated_cache(tmp_path_factory):
+    """Calibration cache and ledger in per-session temporary folders (never the user's).
+
+    A MonkeyPatch of its own, so that a test's ``monkeypatch.undo()`` does not send later commands of that test to
+    the user's ledger and cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DPLORA_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "dplora-cache"))
+        patch.setenv("DPLORA_LEDGER", str(tmp_path_factory.getbasetemp() / "ledger.sqlite3"))
+        patch.delenv("DPLORA_SIGNING_KEY", raising=False)
+        patch.delenv("DPLORA_DATA_KEY", raising=False)
+        yield
 
 
 @pytest.fixture(scope="session")
