@@ -198,9 +198,10 @@ def write_text(path: Path, text: str, *, mode: int = 0o644) -> Path:
 
 
 def write_json(path: Path, obj, *, indent: int | None = 2, sort_keys: bool = True) -> Path:
-    """:func:`write_text` of ``obj`` as JSON (one trailing newline; NaN refused). Raises: as :func:`write_bytes`,
-    and ValueError/TypeError for an object JSON cannot hold (before anything is written)."""
-    text = json.dumps(obj, indent=indent, sort_keys=sort_keys, allow_nan=False) + "\n"
+    """:func:`write_text` of ``obj`` as JSON, one trailing newline; ±inf is written as ``Infinity`` (as
+    ``json.dumps`` does: a control's ε). Raises: as :func:`write_bytes`, and TypeError for an object JSON cannot
+    hold (before anything is written)."""
+    text = json.dumps(obj, indent=indent, sort_keys=sort_keys) + "\n"
     return write_text(path, text)
 
 
