@@ -18,7 +18,7 @@ import numpy as np
 
 from dplora.contract.spec import Contract, DataSection, PrivacySection, ProtectedUnit
 from dplora.data.cells import CHARS_PER_TOKEN_BOUND, cell_char_bound, cut_cells, tokenize_cells  # noqa: F401 (re-exported)
-from dplora.data.readers import read_table
+from dplora.data.readers import TextTable, read_csv_text, read_table
 from dplora.errors import BadInputError, excerpt
 
 _FORMATS = {".csv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -47,13 +47,15 @@ def required_columns(contract: Contract) -> list[str]:
     return cols
 
 
-def load_table(contract: Contract):
+def load_table(contract: Contract, *, light: bool = False):
     """Load the data file into an in-memory ``datasets.Dataset`` and check its columns.
 
     Text is read as written (:mod:`dplora.data.readers`): a cell holding ``NaN``, ``NA``, ``null`` or ``None`` is text.
+    With ``light`` (``dplora budget``), a csv file of text or prompt/response records is read without ``datasets``
+    into a :class:`dplora.data.readers.TextTable` holding the same cells; other files as without it.
 
     Returns:
-        A ``datasets.Dataset`` with one row per record.
+        A ``datasets.Dataset`` (or with ``light`` possibly a ``TextTable``) with one row per record.
 
     Raises:
         BadInputError: missing file or a folder, unparsable file (names the line and the likely cause), empty
@@ -68,7 +70,10 @@ def load_table(contract: Contract):
         builder = _builder(contract.data, path)
         if path.stat().st_size == 0 or (builder == "csv" and _csv_has_no_rows(path)):
             raise BadInputError(f"data file {path} has no rows")
-        table = read_table(path, builder)
+        if light and builder == "csv" and contract.data.messages_key is None:
+            table = read_csv_text(path)
+        else:
+            table = read_table(path, builder)
     except OSError as err:  # a name too long, no permission, a file that vanished
         raise BadInputError(f"cannot read data.path={excerpt(str(path), 200)}: {err.strerror or err}") from None
     if table.num_rows == 0:
@@ -81,6 +86,8 @@ def load_table(contract: Contract):
     text_columns = [c for c in required_columns(contract) if c != contract.data.messages_key]
     for column in text_columns:
         _check_cells(table[column], column, path)
+    if isinstance(table, TextTable):
+        return table  # every cell is already text
     if contract.data.messages_key is not None:
         table = _as_messages(table, contract.data.messages_key)
     return _as_text(table, text_columns, path)
@@ -309,8 +316,17 @@ def _keep_by_rank(rows: np.ndarray, digests: list[bytes], unit_id: str, seed: in
 
 
 def count_units(contract: Contract) -> UnitIndex:
-    """Load the data, split off a held-out fraction, and group the rest into units (for ``dplora budget``)."""
-    train, _ = split_eval(load_table(contract), contract)
+    """Load the data, split off a held-out fraction, and group the rest into units (for ``dplora budget``).
+
+    A csv file is read without ``datasets`` (``load_table(light=True)``): the same cells, the same units.
+
+    Returns:
+        :class:`UnitIndex` of the training side.
+
+    Raises:
+        BadInputError: as :func:`load_table` and :func:`split_eval`.
+    """
+    train, _ = split_eval(load_table(contract, light=True), contract)
     return build_unit_index(train, contract.privacy, seed=contract.training.seed)
 
 
