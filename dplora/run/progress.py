@@ -25,7 +25,67 @@ def duration(seconds: float) -> str:
     return f"{hours} h {minutes:02d} min"
 
 
-class ProgressReporter:
+class _Reporter:
+    """What both reporters share: the mode (``off`` / ``bar`` on a TTY / ``lines``), the rich bar's start and
+    close, and the plain lines' throttle (one at most every ``interval_s``; the first and the last always).
+
+    Args:
+        enabled: False prints nothing (``--no-progress``).
+        stream: where to write (default: ``sys.stderr``); a TTY gets a rich bar, anything else plain lines.
+        interval_s: seconds between plain lines.
+        clock: seconds counter (tests pass a fake one).
+    """
+
+    def __init__(self, *, enabled: bool, stream: TextIO | None, interval_s: float, clock):
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = enabled
+        self.interval_s = interval_s
+        self._clock = clock or time.monotonic
+        isatty = getattr(self.stream, "isatty", None)
+        self.mode = "off" if not enabled else ("bar" if isatty is not None and isatty() else "lines")
+        self._bar = self._task = None
+        self._last_line: float | None = None
+
+    def _start_bar(self, title: str, total: int, *, info: bool) -> None:
+        """Start a rich bar titled ``title`` over ``total`` items (with an ``info`` text field if asked)."""
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        columns = [TextColumn(f"[bold]{title}"), BarColumn(), MofNCompleteColumn()]
+        if info:
+            columns.append(TextColumn("{task.fields[info]}"))
+        columns.append(TimeRemainingColumn())
+        self._bar = Progress(*columns, console=Console(file=self.stream), transient=False)
+        self._bar.start()
+        fields = {"info": ""} if info else {}
+        self._task = self._bar.add_task(title, total=total, **fields)
+
+    def _line_due(self, last: bool) -> float | None:
+        """The clock's time if a plain line is due now (the first, the ``last``, or ``interval_s`` since the
+        previous one; the line is then counted as written), else None."""
+        now = self._clock()
+        if self._last_line is None or now - self._last_line >= self.interval_s or last:
+            self._last_line = now
+            return now
+        return None
+
+    def _line(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the bar (if any); safe to call more than once."""
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+class ProgressReporter(_Reporter):
     """Reports logical steps of one run; :meth:`start`, then :meth:`update` once per step, then :meth:`close`
     (or use it as a context manager, which closes it).
 
@@ -39,34 +99,15 @@ class ProgressReporter:
     def __init__(
         self, *, enabled: bool = True, stream: TextIO | None = None, interval_s: float = LINE_INTERVAL_S, clock=None
     ):
-        self.stream = stream if stream is not None else sys.stderr
-        self.enabled = enabled
-        self.interval_s = interval_s
-        self._clock = clock or time.monotonic
-        isatty = getattr(self.stream, "isatty", None)
-        self.mode = "off" if not enabled else ("bar" if isatty is not None and isatty() else "lines")
-        self._bar = self._task = None
+        super().__init__(enabled=enabled, stream=stream, interval_s=interval_s, clock=clock)
         self._total = 0
         self._updates, self._seconds = 0, 0.0
-        self._last_line: float | None = None
 
     def start(self, total: int) -> None:
         """Begin a run of ``total`` logical steps."""
         self._total = total
         if self.mode == "bar":
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            columns = [
-                TextColumn("[bold]DP-LoRA"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[info]}"),
-                TimeRemainingColumn(),
-            ]
-            self._bar = Progress(*columns, console=Console(file=self.stream), transient=False)
-            self._bar.start()
-            self._task = self._bar.add_task("train", total=total, info="")
+            self._start_bar("DP-LoRA", total, info=True)
 
     def update(self, step: int, epsilon: float, seconds_per_step: float, loss: float | None = None) -> None:
         """Step ``step`` (1-based) is done in ``seconds_per_step`` s; ``epsilon`` is ε spent after it.
@@ -78,33 +119,13 @@ class ProgressReporter:
         if self.mode == "bar":
             info = f"ε≤{epsilon:.3f}" + (f"  loss {loss:.3f}" if loss is not None else "")
             self._bar.update(self._task, completed=step, info=info)
-        elif self.mode == "lines":
-            now = self._clock()
-            due = self._last_line is None or now - self._last_line >= self.interval_s or step >= self._total
-            if due:
-                self._last_line = now
-                mean = self._seconds / self._updates
-                eta = duration(mean * (self._total - step))
-                print(
-                    f"progress: step {step}/{self._total}, ε spent {epsilon:.4f}, {mean:.2f} s/step, ETA {eta}",
-                    file=self.stream,
-                    flush=True,
-                )
-
-    def __enter__(self) -> ProgressReporter:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Stop the bar (if any); safe to call more than once."""
-        if self._bar is not None:
-            self._bar.stop()
-            self._bar = None
+        elif self.mode == "lines" and self._line_due(step >= self._total) is not None:
+            mean = self._seconds / self._updates
+            eta = duration(mean * (self._total - step))
+            self._line(f"progress: step {step}/{self._total}, ε spent {epsilon:.4f}, {mean:.2f} s/step, ETA {eta}")
 
 
-class BatchReporter:
+class BatchReporter(_Reporter):
     """Progress of a count of work items after training (the held-out evaluation's batches), like training's:
     a rich bar on a TTY, else plain lines at most every ``interval_s`` (the first and the last always get one).
 
@@ -126,27 +147,16 @@ class BatchReporter:
         interval_s: float = LINE_INTERVAL_S,
         clock=None,
     ):
+        super().__init__(enabled=enabled, stream=stream, interval_s=interval_s, clock=clock)
         self.label = label
-        self.stream = stream if stream is not None else sys.stderr
-        self.interval_s = interval_s
-        self._clock = clock or time.monotonic
-        isatty = getattr(self.stream, "isatty", None)
-        self.mode = "off" if not enabled else ("bar" if isatty is not None and isatty() else "lines")
-        self._bar = self._task = None
         self.total = self.done = 0
-        self._t0 = self._last_line = None
+        self._t0 = None
 
     def start(self, total: int) -> None:
         """Begin ``total`` items (≥ 0)."""
         self.total, self.done, self._t0, self._last_line = total, 0, self._clock(), None
         if self.mode == "bar":
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            columns = [TextColumn(f"[bold]{self.label}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()]
-            self._bar = Progress(*columns, console=Console(file=self.stream), transient=False)
-            self._bar.start()
-            self._task = self._bar.add_task(self.label, total=total)
+            self._start_bar(self.label, total, info=False)
 
     def advance(self, count: int = 1) -> None:
         """``count`` more items are done."""
@@ -156,26 +166,8 @@ class BatchReporter:
         if self.mode == "bar":
             self._bar.update(self._task, completed=self.done)
         elif self.mode == "lines":
-            now = self._clock()
-            due = self._last_line is None or now - self._last_line >= self.interval_s or self.done >= self.total
-            if due:
-                self._last_line = now
+            now = self._line_due(self.done >= self.total)
+            if now is not None:
                 mean = (now - self._t0) / max(self.done, 1)
                 eta = duration(mean * (self.total - self.done))
-                print(
-                    f"{self.label}: batch {self.done}/{self.total}, {mean:.2f} s/batch, ETA {eta}",
-                    file=self.stream,
-                    flush=True,
-                )
-
-    def __enter__(self) -> BatchReporter:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Stop the bar (if any); safe to call more than once."""
-        if self._bar is not None:
-            self._bar.stop()
-            self._bar = None
+                self._line(f"{self.label}: batch {self.done}/{self.total}, {mean:.2f} s/batch, ETA {eta}")
