@@ -180,6 +180,36 @@ def _over(pop: str, cap: tuple[Decimal, Decimal], spent: tuple[Decimal, Decimal]
     return f"population {pop!r}: " + "; ".join(reasons) if reasons else ""
 
 
+def _charge_columns(run_id, epsilon, delta, accountant, adjacency, protected_unit, events, purpose) -> dict:
+    """The checked columns of a DP charge (:meth:`Ledger.reserve`, :meth:`Ledger.reserve_unassigned`).
+
+    Raises:
+        BadInputError: a bad name or value, or an unknown purpose.
+    """
+    run_id = _name(run_id, "run_id")
+    eps, dlt = _dec(epsilon, "epsilon"), _dec(delta, "delta", positive=False, below_one=True)
+    accountant, adjacency = _name(accountant, "accountant"), _adjacency(adjacency)
+    unit, ev = _unit(protected_unit), _events(events, adjacency)
+    if purpose not in PURPOSES:
+        raise BadInputError(f"purpose must be one of {', '.join(PURPOSES)}, got {purpose!r}")
+    return {
+        "run_id": run_id,
+        "epsilon": eps,
+        "delta": dlt,
+        "purpose": purpose,
+        "accountant": accountant,
+        "adjacency": adjacency,
+        "protected_unit": unit,
+        "events": ev,
+    }
+
+
+def _refuse_duplicate(c, run_id: str, path) -> None:
+    """BadInputError if ``run_id`` already has a charge (checked before any other refusal)."""
+    if c.execute("SELECT 1 FROM charges WHERE run_id=?", (run_id,)).fetchone():
+        raise BadInputError(f"run {run_id!r} already has a charge in ledger {path}")
+
+
 def _no_cap(pop: str) -> PlanRefusedError:
     cmd = f"dplora ledger set-cap {shlex.quote(pop)} --epsilon E --delta D --unit U --adjacency A"
     return PlanRefusedError(f"population {pop!r} has no privacy cap: run `{cmd}` first")
@@ -585,28 +615,18 @@ class Ledger:
             BadInputError: Duplicate run_id, or a bad name or value.
             LedgerError: The database is locked (after ``timeout_s``) or unreadable.
         """
-        population, run_id = _name(population, "population"), _name(run_id, "run_id")
-        eps, dlt = _dec(epsilon, "epsilon"), _dec(delta, "delta", positive=False, below_one=True)
-        accountant, adjacency = _name(accountant, "accountant"), _adjacency(adjacency)
-        unit, ev = _unit(protected_unit), _events(events, adjacency)
-        if purpose not in PURPOSES:
-            raise BadInputError(f"purpose must be one of {', '.join(PURPOSES)}, got {purpose!r}")
+        population = _name(population, "population")
+        charge = _charge_columns(run_id, epsilon, delta, accountant, adjacency, protected_unit, events, purpose)
         with self._write() as c:
-            if c.execute("SELECT 1 FROM charges WHERE run_id=?", (run_id,)).fetchone():
-                raise BadInputError(f"run {run_id!r} already has a charge in ledger {self.path}")
+            _refuse_duplicate(c, charge["run_id"], self.path)
             if (cap := self._cap(c, population)) is None:
                 raise _no_cap(population)
+            unit, adjacency = charge["protected_unit"], charge["adjacency"]
             if reason := _pin_problem(population, self._pinned(c, population), unit, adjacency):
                 raise PlanRefusedError(reason)
-            if reason := self._refusal(c, population, cap, eps, dlt, ev):
+            if reason := self._refusal(c, population, cap, charge["epsilon"], charge["delta"], charge["events"]):
                 raise PlanRefusedError(reason)
-            c.execute(
-                "INSERT INTO charges (run_id, population, epsilon, delta, reserved_epsilon, status, purpose, "
-                "accountant, adjacency, created_at, protected_unit, events) "
-                "VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?)",
-                (run_id, population, str(eps), str(dlt), str(eps), purpose, accountant, adjacency, _now(), unit, ev),
-            )
-            return _to_charge(self._row(c, run_id))
+            return self._insert_charge(c, population=population, **charge)
 
     def reserve_non_private(self, *, population: str, run_id: str, adjacency: str, purpose: str = "release") -> Charge:
         """Record a pending charge of ε = ∞, δ = 0 for a non-private run (``privacy.enabled: false``) on a population.
@@ -633,14 +653,17 @@ class Ledger:
         if purpose not in PURPOSES:
             raise BadInputError(f"purpose must be one of {', '.join(PURPOSES)}, got {purpose!r}")
         with self._write() as c:
-            if c.execute("SELECT 1 FROM charges WHERE run_id=?", (run_id,)).fetchone():
-                raise BadInputError(f"run {run_id!r} already has a charge in ledger {self.path}")
-            c.execute(
-                "INSERT INTO charges (run_id, population, epsilon, delta, reserved_epsilon, status, purpose, "
-                "accountant, adjacency, created_at) VALUES (?, ?, ?, '0', ?, 'pending', ?, ?, ?, ?)",
-                (run_id, population, str(INFINITE), str(INFINITE), purpose, NON_PRIVATE_ACCOUNTANT, adjacency, _now()),
+            _refuse_duplicate(c, run_id, self.path)
+            return self._insert_charge(
+                c,
+                run_id=run_id,
+                population=population,
+                epsilon=INFINITE,
+                delta="0",
+                purpose=purpose,
+                accountant=NON_PRIVATE_ACCOUNTANT,
+                adjacency=adjacency,
             )
-            return _to_charge(self._row(c, run_id))
 
     def reserve_unassigned(
         self,
@@ -679,35 +702,22 @@ class Ledger:
             BadInputError: Duplicate run_id, or a bad name or value.
             LedgerError: The database is locked or unreadable.
         """
-        run_id, output_dir = _name(run_id, "run_id"), _path_text(output_dir)
-        eps, dlt = _dec(epsilon, "epsilon"), _dec(delta, "delta", positive=False, below_one=True)
-        accountant, adjacency = _name(accountant, "accountant"), _adjacency(adjacency)
-        unit, ev = _unit(protected_unit), _events(events, adjacency)
-        if purpose not in PURPOSES:
-            raise BadInputError(f"purpose must be one of {', '.join(PURPOSES)}, got {purpose!r}")
+        charge = _charge_columns(run_id, epsilon, delta, accountant, adjacency, protected_unit, events, purpose)
+        output_dir = _path_text(output_dir)
         with self._write() as c:
-            if c.execute("SELECT 1 FROM charges WHERE run_id=?", (run_id,)).fetchone():
-                raise BadInputError(f"run {run_id!r} already has a charge in ledger {self.path}")
-            c.execute(
-                "INSERT INTO charges (run_id, population, epsilon, delta, reserved_epsilon, status, purpose, "
-                "accountant, adjacency, created_at, protected_unit, events, output_dir) "
-                "VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    run_id,
-                    UNASSIGNED,
-                    str(eps),
-                    str(dlt),
-                    str(eps),
-                    purpose,
-                    accountant,
-                    adjacency,
-                    _now(),
-                    unit,
-                    ev,
-                    output_dir,
-                ),
-            )
-            return _to_charge(self._row(c, run_id))
+            _refuse_duplicate(c, charge["run_id"], self.path)
+            return self._insert_charge(c, population=UNASSIGNED, output_dir=output_dir, **charge)
+
+    def _insert_charge(self, c, **columns) -> Charge:
+        """INSERT one pending charge (``reserved_epsilon`` = ``epsilon``, ``created_at`` now) inside the caller's
+        write transaction ``c``; ``columns`` are already checked (:func:`_charge_columns`). Returns it as read back.
+        """
+        columns = {**columns, "reserved_epsilon": columns["epsilon"], "status": "pending", "created_at": _now()}
+        for key in ("epsilon", "delta", "reserved_epsilon"):
+            columns[key] = str(columns[key])
+        names, marks = ", ".join(columns), ", ".join("?" for _ in columns)  # column names are this module's own
+        c.execute(f"INSERT INTO charges ({names}) VALUES ({marks})", tuple(columns.values()))
+        return _to_charge(self._row(c, columns["run_id"]))
 
     def unassigned(self) -> list[Charge]:
         """Every unassigned run's charge (no population), oldest first: each stands alone, never summed."""
