@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives import serialization as ser
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from securesystemslib.signer import SSlibKey
 
+from dplora import atomic
 from dplora.errors import BadInputError
 
 SIGNING_KEY_ENV = "DPLORA_SIGNING_KEY"  # path to the private key PEM
@@ -48,7 +49,8 @@ def generate_keypair(
     Returns:
         ``(private_path, public_path)``.
     Raises:
-        BadInputError: If a target exists and ``overwrite`` is False, or a file cannot be written.
+        BadInputError: If a target exists and ``overwrite`` is False, or a file cannot be written (both files are
+            written whole through :mod:`dplora.atomic`; a new private key is removed if its public key fails).
     """
     private_path = Path(private_path)
     public_path = Path(public_path) if public_path is not None else private_path.with_suffix(".pub")
@@ -58,14 +60,18 @@ def generate_keypair(
     key = Ed25519PrivateKey.generate()
     priv_pem = key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8, ser.NoEncryption())
     pub_pem = key.public_key().public_bytes(ser.Encoding.PEM, ser.PublicFormat.SubjectPublicKeyInfo)
-    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | (os.O_TRUNC if overwrite else os.O_EXCL)
     try:
         for p in (private_path, public_path):
             p.parent.mkdir(parents=True, exist_ok=True)
-        with os.fdopen(os.open(private_path, flags, 0o600), "wb") as f:
-            os.fchmod(f.fileno(), 0o600)  # exactly 0600 whatever the umask or an old file's mode
-            f.write(priv_pem)
-        public_path.write_bytes(pub_pem)
+        # Whole files or none (temp, fsync, rename: dplora.atomic); a symlink at a target is replaced, never
+        # followed. The private key is exactly 0600 whatever the umask or an old file's mode.
+        atomic.write_bytes(private_path, priv_pem, mode=0o600)
+        try:
+            atomic.write_bytes(public_path, pub_pem, mode=0o644)
+        except (OSError, atomic.DiskFullError):
+            if not overwrite:  # no half pair left behind: the private key was new
+                private_path.unlink(missing_ok=True)
+            raise
     except OSError as exc:
         raise BadInputError(f"cannot write key file: {exc}") from None
     return private_path, public_path

@@ -403,3 +403,39 @@ def test_verify_base_model(tmp_path, run_dir, keys):
         verify_release(path, keys[1], base_model=tmp_path / "other.gguf")
     with pytest.raises(BadInputError, match="no such file or folder"):
         verify_release(path, keys[1], base_model=tmp_path / "absent")
+
+
+def test_keygen_replaces_a_symlinked_public_key_instead_of_writing_through_it(tmp_path):
+    """The public key goes through dplora.atomic (temp, fsync, rename): a symlink at its path is replaced, never
+    followed, so the file it pointed at keeps its bytes (a plain write_bytes wrote the key into it)."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not a key\n")
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / "k.pub").symlink_to(victim)
+    (keys / "k.pem").write_text("old\n")
+    priv, pub = rel.generate_keypair(keys / "k.pem", overwrite=True)
+    assert victim.read_text() == "not a key\n"
+    assert not pub.is_symlink() and stat.S_IMODE(pub.stat().st_mode) == 0o644
+    assert stat.S_IMODE(priv.stat().st_mode) == 0o600
+    assert rel.load_private_key(priv).public_key().public_bytes(
+        ser.Encoding.Raw, ser.PublicFormat.Raw
+    ) == rel.load_public_key(pub).public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw)
+    assert not [p.name for p in keys.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_keygen_leaves_no_half_pair_when_the_public_key_cannot_be_written(tmp_path, monkeypatch):
+    """A failing public-key write removes the new private key: the pair is whole or absent."""
+    from dplora import atomic
+
+    real = atomic.write_bytes
+
+    def failing(path, data, **kw):
+        if str(path).endswith(".pub"):
+            raise OSError(5, "Input/output error")
+        return real(path, data, **kw)
+
+    monkeypatch.setattr(atomic, "write_bytes", failing)
+    with pytest.raises(BadInputError, match="cannot write key file"):
+        rel.generate_keypair(tmp_path / "k.pem")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
