@@ -313,7 +313,8 @@ def _load_4bit(folder: Path, device, dtype: str):
 def load_base_model(section: ModelSection, device, dtype: str, allow_tf32: bool, log=print):
     """The base model on ``device`` in ``dtype`` (stored in 4 bits for ``model.quantization: 4bit``) and its tokenizer.
 
-    ``none``: :func:`load_model_and_tokenizer` then :func:`place_model`. ``4bit``: transformers'
+    The model is resolved once (:func:`resolve_model`). ``none``: as :func:`load_model_and_tokenizer`, then
+    :func:`place_model`. ``4bit``: transformers'
     ``BitsAndBytesConfig`` (NF4, double quantization, compute dtype = ``dtype``), non-quantized tensors (embeddings,
     norms, lm_head) in ``dtype``. ``prepare_model_for_kbit_training`` is not called: it would enable gradient
     checkpointing (refused by per-example gradients) and upcast every non-quantized tensor to fp32; the LoRA
@@ -324,13 +325,13 @@ def load_base_model(section: ModelSection, device, dtype: str, allow_tf32: bool,
     Raises:
         BadInputError: the model cannot be found or loaded; 4bit with a .gguf file or without bitsandbytes.
     """
-    if Quantization(section.quantization) is Quantization.NONE:
-        _refuse_prequantized(resolve_model(section, log)[0], section)
-        model, tokenizer = load_model_and_tokenizer(section, log)
-        return place_model(model, device, dtype, allow_tf32), tokenizer
-    bitsandbytes_version()
-    folder, gguf = resolve_model(section, log)
+    if Quantization(section.quantization) is not Quantization.NONE:
+        bitsandbytes_version()
+    folder, gguf = resolve_model(section, log)  # once: a packaged model's conversion or a cache lookup
     _refuse_prequantized(folder, section)
+    if Quantization(section.quantization) is Quantization.NONE:
+        model, tokenizer = _load_resolved(section, folder, gguf)
+        return place_model(model, device, dtype, allow_tf32), tokenizer
     if gguf:
         raise BadInputError(
             "model.quantization=4bit needs a Hugging Face folder (model.name or a model.path folder), not a .gguf file"
@@ -399,6 +400,11 @@ def load_model_and_tokenizer(section: ModelSection, log=print):
         BadInputError: the model cannot be found or loaded, or ``flash_attention_2`` without ``flash_attn``.
     """
     folder, gguf = resolve_model(section, log)
+    return _load_resolved(section, folder, gguf)
+
+
+def _load_resolved(section: ModelSection, folder: Path, gguf: str | None):
+    """:func:`load_model_and_tokenizer` for a model already found by :func:`resolve_model` (``folder``, ``gguf``)."""
     _quiet_transformers()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
