@@ -104,11 +104,13 @@ def audit(
 
 def _prepare(config: Path, overrides: list[str], data_source: str, audit_dir, attach, signing_key):
     """(the audit's contract, its data source, its folder, the release to attach to or None), checked before
-    training: with --attach the release verifies and the audit's plan is the release's mechanism."""
+    training: with --attach the release verifies and the audit's plan is the release's mechanism; planner ``auto``
+    values are resolved as train resolves them (:func:`dplora.recipe.planning.resolve_auto`)."""
     from dplora.audit import attach as attaching
     from dplora.audit.runner import DataSource
     from dplora.contract.loader import load_contract, replace_overrides
     from dplora.errors import BadInputError
+    from dplora.recipe.planning import resolve_auto
 
     pinned: list[str] = []
     try:
@@ -125,6 +127,9 @@ def _prepare(config: Path, overrides: list[str], data_source: str, audit_dir, at
     elif signing_key is not None:
         raise BadInputError("--signing-key signs an attached audit: give --attach RUN_DIR too")
     contract = load_contract(config, replace_overrides(overrides, [*pinned, f"training.output_dir={folder / 'run'}"]))
+    # training.expected_batch_size / steps: auto: B, T and lr from the planner, as train resolves them, before
+    # the attach check plans the mechanism and the audit trains and reports it
+    contract, _ = resolve_auto(contract)
     if target is not None:
         attaching.check_plan(contract, target)
         if pinned:

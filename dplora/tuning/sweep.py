@@ -195,13 +195,23 @@ def _selection_table(contract, options: SweepOptions):
 
 
 def _check_budget(contracts, options: SweepOptions) -> list:
-    """Plan every trial (as train plans) and check that the ledger cap holds all of them together."""
+    """Plan every trial (as train plans: ``auto`` B and T resolved by the planner first,
+    :func:`dplora.recipe.planning.resolve_auto`) and check that the ledger cap holds all of them together.
+
+    Returns:
+        One :class:`dplora.plan.training.TrainingPlan` per trial, in grid order.
+
+    Raises:
+        BadInputError: ``auto`` without a declared ``privacy.num_units``, or bad data (exit 2).
+        PlanRefusedError: a trial's plan, or the trials together over the cap (exit 2).
+    """
     from dplora.data.units import count_units
     from dplora.ledger.store import Ledger, default_ledger_path
     from dplora.plan.training import ledger_event
-    from dplora.recipe.planning import plan_for
+    from dplora.recipe.planning import plan_for, resolve_auto
 
-    plans = [plan_for(c, count_units(c)) for c in contracts]
+    resolved = [resolve_auto(c)[0] for c in contracts]  # as run_training resolves each trial's contract
+    plans = [plan_for(c, count_units(c)) for c in resolved]
     eps = sum((exact(p.epsilon) for p in plans), Decimal(0))
     delta = sum((exact(p.delta) for p in plans), Decimal(0))
     with Ledger(options.ledger_path or default_ledger_path(), create=False) as ledger:

@@ -212,3 +212,47 @@ def test_composition_of_pld_trials_is_at_most_basic():
         assert "epsilon" in total["compositions"]["pld"]
         assert total["total_epsilon"] == min(v["epsilon"] for v in total["compositions"].values() if "epsilon" in v)
         assert ("rdp" in total["compositions"]) == (adjacency == "add_remove")
+
+
+def _auto_sweep_contract(tmp_path, tiny_model_dir, tickets_csv, db, cap: str):
+    from dplora.ledger.store import Ledger
+
+    Ledger(db).set_cap("tickets", epsilon_max=cap, delta_max="1e-3", protected_unit="row", adjacency="add_remove")
+    raw = contract_dict(
+        tiny_model_dir,
+        tickets_csv,
+        tmp_path / "unused",
+        privacy={"population": "tickets", "num_units": 1000},
+        training={"expected_batch_size": "auto", "steps": 60},
+    )
+    return write_contract(tmp_path / "sweep.yaml", raw)
+
+
+def test_sweep_plans_auto_batch_and_steps_as_train_does(tmp_path, tiny_model_dir, tickets_csv):
+    """``training.expected_batch_size: auto`` in a sweep: every trial is planned on the planner's B and T (the ones
+    run_training resolves), so the ledger check composes the trials that will run."""
+    from dplora.recipe.planning import resolve_auto
+    from dplora.tuning.sweep import SweepOptions, _check_budget, _contracts
+
+    db = tmp_path / "ledger.sqlite3"
+    cfg = _auto_sweep_contract(tmp_path, tiny_model_dir, tickets_csv, db, "100")
+    contracts = _contracts(cfg, [], [["training.lr=0.01"], ["training.lr=0.02"]], tmp_path / "sweep")
+    plans = _check_budget(contracts, SweepOptions(out_dir=tmp_path / "sweep", ledger_path=db))
+    for contract, plan in zip(contracts, plans, strict=True):
+        choice = resolve_auto(contract)[1].choice
+        assert (plan.steps, plan.sample_rate) == (choice.steps, choice.expected_batch_size / 1000)
+        assert plan.steps <= 60 and plan.epsilon <= 8
+
+
+def test_sweep_with_auto_is_refused_by_the_composed_cap_not_by_auto(tmp_path, tiny_model_dir, tickets_csv, signing_key):
+    """Two auto trials of ε ≤ 8 against a cap of 8.1: the composed-cap refusal (exit 2), nothing written or charged
+    (before, planning refused ``auto`` itself)."""
+    from dplora.ledger.store import Ledger
+
+    db = tmp_path / "ledger.sqlite3"
+    cfg = _auto_sweep_contract(tmp_path, tiny_model_dir, tickets_csv, db, "8.1")
+    out = tmp_path / "sweep"
+    args = ["sweep", str(cfg), "training.lr=0.01,0.02", "--out", str(out), "--ledger", str(db)]
+    result = runner.invoke(app, [*args, "--signing-key", str(signing_key[0])])
+    assert result.exit_code == 2 and "the sweep's 2 trials together" in result.output, result.output
+    assert not out.exists() and Ledger(db).charges() == []
