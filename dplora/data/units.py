@@ -326,7 +326,7 @@ def count_units(contract: Contract) -> UnitIndex:
     Raises:
         BadInputError: as :func:`load_table` and :func:`split_eval`.
     """
-    train, _ = split_eval(load_table(contract, light=True), contract)
+    train, _ = split_eval(load_table(contract, light=True), contract, light=True)
     return build_unit_index(train, contract.privacy, seed=contract.training.seed)
 
 
@@ -451,7 +451,7 @@ def eval_contract(contract: Contract) -> Contract:
     return contract.model_copy(update={"data": data, "privacy": privacy})
 
 
-def split_eval(table, contract: Contract):
+def split_eval(table, contract: Contract, *, light: bool = False):
     """Split off the held-out set: (training table, held-out table or None).
 
     ``data.eval_fraction``: a unit is held out iff a keyed hash of its id (blake2b keyed by ``training.seed``;
@@ -459,7 +459,8 @@ def split_eval(table, contract: Contract):
     alone, so adding or removing one unit never moves another across the split and the training side of two
     neighbouring datasets still differs by at most one unit (the DP guarantee is over the training side); no
     unit is on both sides. ``data.eval_path``: the held-out table is read from that file (same columns) and
-    the training table is unchanged. Neither: ``(table, None)``.
+    the training table is unchanged (``light``: read as :func:`load_table` with ``light``). Neither:
+    ``(table, None)``.
 
     Returns:
         (``datasets.Dataset``, ``datasets.Dataset`` | None), rows in file order.
@@ -469,7 +470,7 @@ def split_eval(table, contract: Contract):
     """
     data = contract.data
     if data.eval_path is not None:
-        return table, load_table(eval_contract(contract))
+        return table, load_table(eval_contract(contract), light=light)
     if data.eval_fraction is None:
         return table, None
     seed, fraction = contract.training.seed, data.eval_fraction

@@ -51,10 +51,12 @@ def _budget_in_subprocess(tmp_path: Path, *args: str) -> tuple[dict, dict]:
     return probe, json.loads(proc.stdout.rsplit("PROBE", 1)[0])
 
 
-def test_budget_with_the_default_accountant_imports_no_torch_stack_nor_datasets(tmp_path):
-    (tmp_path / "contract.yaml").write_text(CONTRACT)  # no accountant given: the default (prv)
+@pytest.mark.parametrize("held_out", ["eval_fraction: 0.1", "eval_path: held.csv"])
+def test_budget_with_the_default_accountant_imports_no_torch_stack_nor_datasets(tmp_path, held_out):
+    (tmp_path / "contract.yaml").write_text(CONTRACT.replace("eval_fraction: 0.1", held_out))  # accountant: default
     rows = ["user_id,message,reply"] + [f"u{i % 120},question {i},answer {i}" for i in range(300)]
     (tmp_path / "data.csv").write_text("\n".join(rows) + "\n")
+    (tmp_path / "held.csv").write_text("\n".join(rows[:20]) + "\n")
     probe, report = _budget_in_subprocess(tmp_path)
     assert probe == {"code": 0, "heavy": []}
     assert report["accountant"] == "prv" and report["epsilon"] <= 8
