@@ -276,21 +276,48 @@ def demo_data(
 
 SrcArg = Annotated[Path, typer.Argument(metavar="SRC", help="twcs csv (Customer Support on Twitter).")]
 DestArg = Annotated[Path, typer.Argument(metavar="DEST", help="Output pairs file (.csv or .jsonl).")]
+ConversationsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--conversations",
+        help="One multi-turn conversation per reply thread (jsonl, column messages), keyed by the customer who "
+        "opened it. Privacy rule: tweets by any other customer are dropped with every reply below them, and "
+        "mentions of other customers' ids become @customer, so no unit holds another unit's text.",
+    ),
+]
 
 
-@app.command("prepare-twcs", short_help="Customer tweet → first brand reply pairs (TWCS).")
+@app.command("prepare-twcs", short_help="Customer tweet → first brand reply pairs, or conversations (TWCS).")
 def prepare_twcs(
     src: SrcArg,
     dest: DestArg,
+    conversations: ConversationsOpt = False,
     overwrite: ReplaceFileOpt = False,
 ) -> None:
-    """Pair each customer tweet with its first brand reply, keyed by the customer's author_id."""
-    from dplora.data.twcs import write_twcs_pairs
+    """Pair each customer tweet with its first brand reply, keyed by the customer's author_id.
+
+    --conversations: one conversation per thread instead (customer tweet → user turn, brand reply → assistant
+    turn, in time order); see docs/data_formats.md for the rule that keeps other customers' text out.
+    """
+    from dplora.data.twcs import write_twcs_conversations, write_twcs_pairs
 
     try:
-        summary = write_twcs_pairs(src, dest, overwrite=overwrite)
+        if conversations:
+            summary = write_twcs_conversations(src, dest, overwrite=overwrite)
+        else:
+            summary = write_twcs_pairs(src, dest, overwrite=overwrite)
     except DploraError as err:
         raise fail(err) from None
+    if conversations:
+        turns, rule = summary["turns_per_conversation"], summary["rule"]
+        out.print(
+            f"wrote {summary['num_conversations']} conversations from {summary['num_customers']} customers to {dest} "
+            f"(turns p50 {turns['p50']}, p90 {turns['p90']}, max {turns['max']}); privacy rule: "
+            f"{rule.get('turns_dropped_by_rule', 0)} tweets dropped, {rule.get('threads_dropped_by_rule', 0)} threads "
+            f"dropped, {rule.get('mentions_redacted', 0)} tweets with another customer's id redacted",
+            markup=False,
+        )
+        return
     out.print(f"wrote {summary['num_pairs']} pairs from {summary['num_customers']} customers to {dest}")
 
 
