@@ -8,8 +8,8 @@ post-processing of the release, so it carries the release's (ε, δ) at its prot
 Output: ``FILE`` (csv or jsonl, the training data's columns: prompt and response, or text; or, with
 ``record_format="messages"`` (the default for a conversations run), jsonl conversations in the run's
 ``data.messages_column`` (else ``messages``): the public prompt as the user turn, the generated reply as the
-assistant turn, the record format ``dplora train`` reads under a ``data.record_format: messages`` contract) and beside it
-``FILE.dsse.json``, a DSSE v1 envelope (same envelope and key handling as
+assistant turn, the record format ``dplora train`` reads under a ``data.record_format: messages`` contract) and
+beside it ``FILE.dsse.json``, a DSSE v1 envelope (same envelope and key handling as
 :mod:`dplora.release.envelope`) over an in-toto
 Statement v1 whose subject is ``FILE`` (sha256) and whose predicate names the source release by its record
 digest (sha256 of the release's DSSE payload), the generation settings, the row count and the inherited
