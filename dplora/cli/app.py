@@ -250,7 +250,19 @@ def validate(
 DemoPathArg = Annotated[Path, typer.Argument(metavar="PATH", help="Output file (.csv or .jsonl).")]
 TicketsOpt = Annotated[int, typer.Option(min=1, metavar="N", help="Number of tickets.")]
 DemoSeedOpt = Annotated[int, typer.Option(metavar="N", help="Generator seed.")]
-MaxTurnsOpt = Annotated[int, typer.Option(min=1, metavar="N", help="Exchanges per ticket, 1..N (one row each).")]
+MaxTurnsOpt = Annotated[
+    int | None,
+    typer.Option(min=1, metavar="N", help="Exchanges per ticket, 1..N (one row each). Default 1; 2 with messages."),
+]
+DemoFormatOpt = Annotated[
+    str,
+    typer.Option(
+        "--format",
+        metavar="rows|messages",
+        help="rows: one message/reply row per exchange; messages: one jsonl conversation per ticket "
+        "(ticket_id, customer_id, messages), some multi-turn.",
+    ),
+]
 
 
 @app.command("demo-data", short_help="Generate fake support tickets (csv or jsonl).")
@@ -258,18 +270,25 @@ def demo_data(
     path: DemoPathArg = Path("demo/tickets.csv"),
     tickets: TicketsOpt = 1000,
     seed: DemoSeedOpt = 0,
-    max_turns: MaxTurnsOpt = 1,
+    max_turns: MaxTurnsOpt = None,
     overwrite: ReplaceFileOpt = False,
+    record_format: DemoFormatOpt = "rows",
 ) -> None:
-    """Generate fake support tickets (ticket_id, customer_id, message, reply; 1–5 tickets per customer)."""
+    """Generate fake support tickets (ticket_id, customer_id, message, reply; 1–5 tickets per customer).
+
+    --format messages: one conversation per ticket instead (ticket_id, customer_id, messages; .jsonl).
+    """
     from dplora.data.demo import write_tickets
 
     try:
-        summary = write_tickets(path, num_tickets=tickets, seed=seed, overwrite=overwrite, max_turns=max_turns)
+        summary = write_tickets(
+            path, num_tickets=tickets, seed=seed, overwrite=overwrite, max_turns=max_turns, record_format=record_format
+        )
     except DploraError as err:
         raise fail(err) from None
+    kind = "conversations" if record_format == "messages" else "rows"
     out.print(
-        f"wrote {summary['num_rows']} rows: {summary['num_tickets']} tickets from "
+        f"wrote {summary['num_rows']} {kind}: {summary['num_tickets']} tickets from "
         f"{summary['num_customers']} customers to {path}"
     )
 
