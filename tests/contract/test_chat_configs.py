@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import release_statement
+from conftest import contract_dict, release_statement
 from tiny import CHATML, save_chat_model
 from typer.testing import CliRunner
 
@@ -74,9 +74,11 @@ def test_demo_chat_trains_on_the_tiny_chat_model(tmp_path, signing_key):
     assert tokenization["record_format"] == "messages" and tokenization["chat_template"] == "model"
 
 
-def test_the_demo_contracts_keep_their_short_max_seq_len_under_the_new_default():
-    from dplora.contract.spec import DEFAULT_MAX_SEQ_LEN
+def test_the_default_max_seq_len_keeps_whole_conversations_and_the_demo_keeps_64(tmp_path):
+    from dplora.contract.loader import parse_contract
 
-    assert DEFAULT_MAX_SEQ_LEN == 320
+    raw = contract_dict(tmp_path / "model", tmp_path / "d.jsonl", tmp_path / "run")
+    del raw["training"]["max_seq_len"]
+    assert parse_contract(raw).training.max_seq_len == 320  # p95 of Bitext (263) and demo conversations (190), to 64s
     assert load_contract(ROOT / "configs" / "demo.yaml").training.max_seq_len == 64
     assert load_contract(ROOT / "configs" / "demo_chat.yaml").training.max_seq_len == 256
