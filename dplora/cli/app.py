@@ -250,7 +250,19 @@ def validate(
 DemoPathArg = Annotated[Path, typer.Argument(metavar="PATH", help="Output file (.csv or .jsonl).")]
 TicketsOpt = Annotated[int, typer.Option(min=1, metavar="N", help="Number of tickets.")]
 DemoSeedOpt = Annotated[int, typer.Option(metavar="N", help="Generator seed.")]
-MaxTurnsOpt = Annotated[int, typer.Option(min=1, metavar="N", help="Exchanges per ticket, 1..N (one row each).")]
+MaxTurnsOpt = Annotated[
+    int | None,
+    typer.Option(min=1, metavar="N", help="Exchanges per ticket, 1..N (one row each). Default 1; 2 with messages."),
+]
+DemoFormatOpt = Annotated[
+    str,
+    typer.Option(
+        "--format",
+        metavar="rows|messages",
+        help="rows: one message/reply row per exchange; messages: one jsonl conversation per ticket "
+        "(ticket_id, customer_id, messages), some multi-turn.",
+    ),
+]
 
 
 @app.command("demo-data", short_help="Generate fake support tickets (csv or jsonl).")
@@ -258,39 +270,73 @@ def demo_data(
     path: DemoPathArg = Path("demo/tickets.csv"),
     tickets: TicketsOpt = 1000,
     seed: DemoSeedOpt = 0,
-    max_turns: MaxTurnsOpt = 1,
+    max_turns: MaxTurnsOpt = None,
     overwrite: ReplaceFileOpt = False,
+    record_format: DemoFormatOpt = "rows",
 ) -> None:
-    """Generate fake support tickets (ticket_id, customer_id, message, reply; 1–5 tickets per customer)."""
+    """Generate fake support tickets (ticket_id, customer_id, message, reply; 1–5 tickets per customer).
+
+    --format messages: one conversation per ticket instead (ticket_id, customer_id, messages; .jsonl).
+    """
     from dplora.data.demo import write_tickets
 
     try:
-        summary = write_tickets(path, num_tickets=tickets, seed=seed, overwrite=overwrite, max_turns=max_turns)
+        summary = write_tickets(
+            path, num_tickets=tickets, seed=seed, overwrite=overwrite, max_turns=max_turns, record_format=record_format
+        )
     except DploraError as err:
         raise fail(err) from None
+    kind = "conversations" if record_format == "messages" else "rows"
     out.print(
-        f"wrote {summary['num_rows']} rows: {summary['num_tickets']} tickets from "
+        f"wrote {summary['num_rows']} {kind}: {summary['num_tickets']} tickets from "
         f"{summary['num_customers']} customers to {path}"
     )
 
 
 SrcArg = Annotated[Path, typer.Argument(metavar="SRC", help="twcs csv (Customer Support on Twitter).")]
 DestArg = Annotated[Path, typer.Argument(metavar="DEST", help="Output pairs file (.csv or .jsonl).")]
+ConversationsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--conversations",
+        help="One multi-turn conversation per reply thread (jsonl, column messages), keyed by the customer who "
+        "opened it. Privacy rule: tweets by any other customer are dropped with every reply below them, and "
+        "mentions of other customers' ids become @customer, so no unit holds another unit's text.",
+    ),
+]
 
 
-@app.command("prepare-twcs", short_help="Customer tweet → first brand reply pairs (TWCS).")
+@app.command("prepare-twcs", short_help="Customer tweet → first brand reply pairs, or conversations (TWCS).")
 def prepare_twcs(
     src: SrcArg,
     dest: DestArg,
+    conversations: ConversationsOpt = False,
     overwrite: ReplaceFileOpt = False,
 ) -> None:
-    """Pair each customer tweet with its first brand reply, keyed by the customer's author_id."""
-    from dplora.data.twcs import write_twcs_pairs
+    """Pair each customer tweet with its first brand reply, keyed by the customer's author_id.
+
+    --conversations: one conversation per thread instead (customer tweet → user turn, brand reply → assistant
+    turn, in time order); see docs/data_formats.md for the rule that keeps other customers' text out.
+    """
+    from dplora.data.twcs import write_twcs_conversations, write_twcs_pairs
 
     try:
-        summary = write_twcs_pairs(src, dest, overwrite=overwrite)
+        if conversations:
+            summary = write_twcs_conversations(src, dest, overwrite=overwrite)
+        else:
+            summary = write_twcs_pairs(src, dest, overwrite=overwrite)
     except DploraError as err:
         raise fail(err) from None
+    if conversations:
+        turns, rule = summary["turns_per_conversation"], summary["rule"]
+        out.print(
+            f"wrote {summary['num_conversations']} conversations from {summary['num_customers']} customers to {dest} "
+            f"(turns p50 {turns['p50']}, p90 {turns['p90']}, max {turns['max']}); privacy rule: "
+            f"{rule.get('turns_dropped_by_rule', 0)} tweets dropped, {rule.get('threads_dropped_by_rule', 0)} threads "
+            f"dropped, {rule.get('mentions_redacted', 0)} tweets with another customer's id redacted",
+            markup=False,
+        )
+        return
     out.print(f"wrote {summary['num_pairs']} pairs from {summary['num_customers']} customers to {dest}")
 
 

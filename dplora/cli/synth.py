@@ -66,6 +66,15 @@ PromptsOpt = Annotated[
 ]
 TemperatureOpt = Annotated[float, typer.Option(min=0.0, help="0 is greedy; > 0 samples.")]
 MaxNewTokensOpt = Annotated[int, typer.Option(min=1, metavar="N", help="Tokens generated at most per row (1 … 4096).")]
+SynthFormatOpt = Annotated[
+    str,
+    typer.Option(
+        "--format",
+        metavar="auto|columns|messages",
+        help="messages: jsonl conversations (user = prompt, assistant = reply); columns: the run's columns; "
+        "auto: messages for a conversations run, else columns.",
+    ),
+]
 AllowNonPrivateOpt = Annotated[
     bool, typer.Option("--allow-non-private", help="Synthesize from a control run, marked NO DP GUARANTEE.")
 ]
@@ -84,6 +93,7 @@ def synth(
     allow_non_private: AllowNonPrivateOpt = False,
     as_json: JsonLineOpt = False,
     threads: ThreadsOpt = None,
+    record_format: SynthFormatOpt = "auto",
 ) -> None:
     """Synthetic records in the training schema from base + released adapters (post-processing: no budget).
 
@@ -107,6 +117,7 @@ def synth(
             private_key=key,
             allow_non_private=allow_non_private,
             threads=threads,
+            record_format=record_format,
             log=log,
         )
     except DploraError as err:

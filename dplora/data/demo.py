@@ -9,6 +9,10 @@ the fictional ``+1-555-0100``..``+1-555-0199`` range, and order, card and street
 Output format (``.csv`` with a header row, or ``.jsonl`` with one JSON object per line), one row
 per ticket, all values strings: ``ticket_id`` (``T-000123``), ``customer_id`` (``C-00042``),
 ``message`` (the customer's text) and ``reply`` (the agent's text). Standard library only.
+
+Conversation format (``record_format="messages"``, ``.jsonl`` only): one row per ticket, ``ticket_id``,
+``customer_id`` and ``messages`` (``[{"role": "user", ...}, {"role": "assistant", ...}, ...]``: the ticket's
+exchanges in order, a follow-up user turn and agent reply for a multi-turn ticket).
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ from dplora import atomic
 from dplora.errors import BadInputError
 
 COLUMNS = ("ticket_id", "customer_id", "message", "reply")
+CONVERSATION_COLUMNS = ("ticket_id", "customer_id", "messages")
+RECORD_FORMATS = ("rows", "messages")
+DEFAULT_CONVERSATION_TURNS = 2  # messages format: about half the tickets get a follow-up exchange
 ALLOWED_SUFFIXES = (".csv", ".jsonl")
 MAX_TICKETS_PER_CUSTOMER = 5
 
@@ -337,8 +344,32 @@ def write_records(path: Path, rows: list[dict[str, str]], columns: tuple[str, ..
     return path
 
 
+def ticket_conversations(rows: list[dict[str, str]]) -> list[dict]:
+    """Group :func:`generate_tickets` rows into one conversation per ticket (rows of a ticket are consecutive).
+
+    Returns:
+        ``{"ticket_id", "customer_id", "messages": [{"role": "user", "content": message}, {"role": "assistant",
+        "content": reply}, ...]}`` per ticket, in file order.
+    """
+    out: list[dict] = []
+    for row in rows:
+        if not out or out[-1]["ticket_id"] != row["ticket_id"]:
+            out.append({"ticket_id": row["ticket_id"], "customer_id": row["customer_id"], "messages": []})
+        out[-1]["messages"] += [
+            {"role": "user", "content": row["message"]},
+            {"role": "assistant", "content": row["reply"]},
+        ]
+    return out
+
+
 def write_tickets(
-    path: Path, *, num_tickets: int = 1000, seed: int = 0, overwrite: bool = False, max_turns: int = 1
+    path: Path,
+    *,
+    num_tickets: int = 1000,
+    seed: int = 0,
+    overwrite: bool = False,
+    max_turns: int | None = None,
+    record_format: str = "rows",
 ) -> dict:
     """Generate fake tickets with :func:`generate_tickets` and write them to ``path``.
 
@@ -347,23 +378,39 @@ def write_tickets(
         num_tickets: Number of tickets (rows) to write.
         seed: Random seed; same seed, same file.
         overwrite: Replace an existing file if True.
-        max_turns: Exchanges per ticket, 1..max_turns (one row each).
+        max_turns: Exchanges per ticket, 1..max_turns (one row each; one conversation with messages). None: 1 for
+            rows, :data:`DEFAULT_CONVERSATION_TURNS` for messages.
+        record_format: ``rows`` (one message/reply row per exchange) or ``messages`` (one conversation per ticket,
+            ``.jsonl`` only; see the module docstring).
 
     Returns:
         ``{"path": str, "num_tickets": int, "num_rows": int, "num_customers": int,
-        "tickets_per_customer": {"min": int, "max": int, "mean": float}}``.
+        "tickets_per_customer": {"min": int, "max": int, "mean": float}}``; ``num_rows`` counts the records written
+        (conversations with messages).
 
     Raises:
-        BadInputError: On a bad suffix, an existing file without ``overwrite``, or bad arguments.
+        BadInputError: On a bad suffix (messages: not ``.jsonl``), an existing file without ``overwrite``, or bad
+            arguments.
     """
+    if record_format not in RECORD_FORMATS:
+        raise BadInputError(f"--format={record_format!r}: give one of {', '.join(RECORD_FORMATS)}")
+    if record_format == "messages" and Path(path).suffix.lower() != ".jsonl":
+        raise BadInputError(f"{path}: conversations are written as .jsonl (a csv cell cannot hold a list of turns)")
+    if max_turns is None:
+        max_turns = DEFAULT_CONVERSATION_TURNS if record_format == "messages" else 1
     rows = generate_tickets(num_tickets=num_tickets, seed=seed, max_turns=max_turns)
-    out = write_records(Path(path), rows, COLUMNS, overwrite=overwrite)
+    if record_format == "messages":
+        written = ticket_conversations(rows)
+        out = write_records(Path(path), written, CONVERSATION_COLUMNS, overwrite=overwrite)
+    else:
+        written = rows
+        out = write_records(Path(path), rows, COLUMNS, overwrite=overwrite)
     tickets = {row["ticket_id"]: row["customer_id"] for row in rows}
     per = list(Counter(tickets.values()).values())
     return {
         "path": str(out),
         "num_tickets": len(tickets),
-        "num_rows": len(rows),
+        "num_rows": len(written),
         "num_customers": len(per),
         "tickets_per_customer": {"min": min(per), "max": max(per), "mean": round(sum(per) / len(per), 3)},
     }

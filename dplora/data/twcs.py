@@ -15,8 +15,10 @@ The data is CC BY-NC-SA 4.0 and consists of real public tweets; never log or pri
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import math
+import re
 import statistics
 from collections import Counter
 from datetime import datetime
@@ -167,4 +169,176 @@ def write_twcs_pairs(src: Path, dest: Path, *, overwrite: bool = False) -> dict:
             "p95": _nearest_rank(per, 0.95),
             "max": per[-1],
         },
+    }
+
+
+CONVERSATION_COLUMNS = ("customer_id", "tweet_id", "messages")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tweet:
+    tweet_id: str
+    author: str
+    inbound: bool
+    text: str
+    parent: str | None
+    order: tuple[datetime, int]
+
+
+def _tweets(rows: list[dict[str, str]]) -> dict[str, _Tweet]:
+    tweets = {}
+    for n, row in enumerate(rows, start=1):
+        tid = row["tweet_id"].strip()
+        try:
+            order = (_created_at(row["created_at"], n), int(tid))
+        except ValueError:
+            raise BadInputError(f"data row {n}: tweet_id is not an integer") from None
+        parent = _parent_id(row["in_response_to_tweet_id"], n)
+        inbound = row["inbound"].strip() == "True"
+        tweets[tid] = _Tweet(tid, row["author_id"].strip(), inbound, row["text"], parent, order)
+    return tweets
+
+
+MENTION = re.compile(r"@(\w+)")
+OTHER_CUSTOMER = "@customer"  # what a mention of another customer's id becomes
+
+
+def _redact(t: _Tweet, others: set[str]) -> _Tweet:
+    """``t`` with every ``@<author_id>`` of a customer in ``others`` replaced by :data:`OTHER_CUSTOMER`."""
+    text = MENTION.sub(lambda m: OTHER_CUSTOMER if m.group(1) in others else m.group(0), t.text)
+    return t if text == t.text else dataclasses.replace(t, text=text)
+
+
+def build_conversations(tweets: dict[str, _Tweet], stats: Counter | None = None) -> list[dict]:
+    """Multi-turn conversations, one per reply thread, at customer level; see :func:`load_twcs_conversations`."""
+    stats = Counter() if stats is None else stats
+    children: dict[str, list[str]] = {}
+    for t in tweets.values():
+        if t.parent is not None and t.parent in tweets and t.parent != t.tweet_id:
+            children.setdefault(t.parent, []).append(t.tweet_id)
+    roots = [t for t in tweets.values() if t.parent is None or t.parent not in tweets]
+    customers = {t.author for t in tweets.values() if t.inbound}
+    out = []
+    for root in sorted(roots, key=lambda t: t.order):
+        stats["threads"] += 1
+        if not root.inbound or root.parent is not None:  # a brand opener or a reply to a tweet not in the file
+            stats["threads_dropped_no_customer_root"] += 1
+            continue
+        customer = root.author
+        kept, stack, seen = [], [root.tweet_id], set()
+        while stack:  # walk the whole thread
+            tid = stack.pop()
+            if tid in seen:
+                continue
+            seen.add(tid)
+            t = tweets[tid]
+            if not t.inbound or t.author == customer:  # rule 1: only the unit's customer and brands
+                kept.append(t)
+            stack.extend(children.get(tid, []))
+        thread_size = len(seen)
+        kept_ids = {t.tweet_id for t in kept}
+        kept = [t for t in kept if _reaches_root(t, tweets, kept_ids, root.tweet_id)]  # rule 3
+        dropped = thread_size - len(kept)
+        others = customers - {customer}
+        redacted = [_redact(t, others) for t in kept]  # rule 3: no other customer's id
+        stats["mentions_redacted"] += sum(r.text != t.text for r, t in zip(redacted, kept, strict=True))
+        kept = redacted
+        stats["turns_dropped_by_rule"] += dropped
+        stats["threads_touched_by_rule"] += dropped > 0
+        messages = _alternate(sorted(kept, key=lambda t: t.order))
+        if messages is None:
+            had_reply = any(not tweets[t].inbound for t in seen)
+            stats["threads_dropped_by_rule" if had_reply else "threads_dropped_no_brand_reply"] += 1
+            continue
+        out.append({"customer_id": customer, "tweet_id": root.tweet_id, "messages": messages})
+    stats["conversations"] = len(out)
+    return out
+
+
+def _reaches_root(t: _Tweet, tweets: dict[str, _Tweet], kept: set[str], root: str) -> bool:
+    """True when every tweet on the reply chain from ``t`` up to the thread's root is kept."""
+    seen = set()
+    while t.tweet_id != root:
+        if t.tweet_id not in kept or t.tweet_id in seen or t.parent is None:
+            return False
+        seen.add(t.tweet_id)
+        t = tweets[t.parent]
+    return True
+
+
+def _alternate(kept: list[_Tweet]) -> list[dict[str, str]] | None:
+    """Turns in time order: customer → user, brand → assistant; consecutive turns of one role merged (newline),
+    trailing user turns cut; None when no assistant turn is left."""
+    messages: list[dict[str, str]] = []
+    for t in kept:
+        role = "user" if t.inbound else "assistant"
+        if messages and messages[-1]["role"] == role:
+            messages[-1]["content"] += "\n" + t.text
+        else:
+            messages.append({"role": role, "content": t.text})
+    while messages and messages[-1]["role"] == "user":
+        messages.pop()
+    if not messages or messages[0]["role"] != "user":
+        return None
+    return messages
+
+
+def load_twcs_conversations(path: Path, stats: Counter | None = None) -> list[dict]:
+    """One multi-turn conversation per reply thread, keyed by the customer who opened it (customer-level DP).
+
+    Threads follow ``in_response_to_tweet_id`` from a root tweet (one with no parent in the file). The unit's
+    customer is the root's author; a thread whose root is a brand tweet or answers a tweet missing from the file is
+    dropped (its opener may be another customer's). PRIVACY RULE (no unit holds another unit's text):
+
+    1. a tweet by any author other than the unit's customer or a brand (``inbound == "False"``) is dropped, and so is
+       every reply below it (a brand reply answering it may quote that customer);
+    2. a tweet whose reply chain up to the root passes through a dropped tweet is dropped;
+    3. in the tweets kept, a mention of any other customer of the file (``@<author_id>``) becomes ``@customer``.
+
+    The tweets left, in ``created_at`` order (ties: smaller tweet_id), become turns: customer → ``user``, brand →
+    ``assistant``; consecutive turns of one role are joined with a newline, trailing user turns are cut, and a
+    thread left with no assistant turn is dropped. So every conversation starts with ``user``, alternates and ends
+    with ``assistant``.
+
+    Args:
+        path: a TWCS CSV export.
+        stats: a Counter that receives ``threads``, ``conversations``, ``threads_touched_by_rule``,
+            ``turns_dropped_by_rule``, ``threads_dropped_by_rule``, ``threads_dropped_no_brand_reply``,
+            ``threads_dropped_no_customer_root``, ``mentions_redacted`` (private counts: operator only).
+
+    Returns:
+        Rows ``{"customer_id": str, "tweet_id": str (the root), "messages": [{"role", "content"}, ...]}``.
+
+    Raises:
+        BadInputError: unreadable file, malformed id or timestamp.
+    """
+    return build_conversations(_tweets(read_twcs_rows(path)), stats)
+
+
+def write_twcs_conversations(src: Path, dest: Path, *, overwrite: bool = False) -> dict:
+    """Build TWCS conversations (:func:`load_twcs_conversations`) and write them to ``dest`` (``.jsonl`` only).
+
+    Returns:
+        ``{"path", "num_conversations", "num_customers", "turns_per_conversation": {"p50", "p90", "p99", "max"},
+        "rule": {the private counts of :func:`load_twcs_conversations`}}``.
+
+    Raises:
+        BadInputError: unreadable input, no conversation, a suffix other than ``.jsonl``, an existing ``dest``
+            without ``overwrite``.
+    """
+    if Path(dest).suffix.lower() != ".jsonl":
+        raise BadInputError(f"{dest}: conversations are written as .jsonl (a csv cell cannot hold a list of turns)")
+    stats: Counter = Counter()
+    rows = load_twcs_conversations(src, stats)
+    if not rows:
+        raise BadInputError(f"no (customer -> brand) conversation found in {src}")
+    out = write_records(Path(dest), rows, CONVERSATION_COLUMNS, overwrite=overwrite)
+    turns = sorted(len(r["messages"]) for r in rows)
+    return {
+        "path": str(out),
+        "num_conversations": len(rows),
+        "num_customers": len({r["customer_id"] for r in rows}),
+        "turns_per_conversation": {q: _nearest_rank(turns, p) for q, p in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))}
+        | {"max": turns[-1]},
+        "rule": dict(stats),
     }

@@ -5,8 +5,11 @@ file the user declares public (``--prompts``); nothing from the private data ent
 post-processing of the release, so it carries the release's (ε, δ) at its protected unit and no more
 (Dwork & Roth 2014, Proposition 2.1; the recipe of Yue et al. 2023, arXiv 2210.14348).
 
-Output: ``FILE`` (csv or jsonl, the training data's columns: prompt and response, or text) and beside it
-``FILE.dsse.json``, a DSSE v1 envelope (same envelope and key handling as
+Output: ``FILE`` (csv or jsonl, the training data's columns: prompt and response, or text; or, with
+``record_format="messages"`` (the default for a conversations run), jsonl conversations in the run's
+``data.messages_column`` (else ``messages``): the public prompt as the user turn, the generated reply as the
+assistant turn, the record format ``dplora train`` reads under a ``data.record_format: messages`` contract) and
+beside it ``FILE.dsse.json``, a DSSE v1 envelope (same envelope and key handling as
 :mod:`dplora.release.envelope`) over an in-toto
 Statement v1 whose subject is ``FILE`` (sha256) and whose predicate names the source release by its record
 digest (sha256 of the release's DSSE payload), the generation settings, the row count and the inherited
@@ -31,7 +34,8 @@ import json
 import os
 from pathlib import Path
 
-from dplora.errors import BadInputError, NotPrivateError, VerificationError
+from dplora.contract.spec import DEFAULT_MESSAGES_COLUMN
+from dplora.errors import BadInputError, NotPrivateError, VerificationError, excerpt
 from dplora.evaluate.generate import Sampling
 
 SYNTH_PREDICATE_TYPE = "https://dplora.dev/synthetic/v1"
@@ -42,6 +46,7 @@ MARKER_COLUMN = "dp_guarantee"  # added to every row of a file drawn from a non-
 MANIFEST_SUFFIX = ".dsse.json"
 REPORT_SUFFIX = ".memorisation.json"
 FORMATS = (".csv", ".jsonl")
+RECORD_FORMATS = ("auto", "columns", "messages")  # auto: messages for a conversations run, else the run's columns
 
 
 def manifest_path(out: Path) -> Path:
@@ -129,17 +134,47 @@ class SynthResult:
 
 
 def _columns(contract) -> tuple[str, str | None]:
-    """(prompt-or-text column, response column or None)."""
+    """(prompt-or-text column, response column or None); a conversations run: (``prompt``, ``response``)."""
     data = contract.data
+    if data.kind == "messages":
+        return "prompt", "response"
     return (data.text_column, None) if data.text_column else (data.prompt_column, data.response_column)
 
 
-def build_rows(contract, prompts: list[str], generated: list[str], *, private: bool) -> list[dict]:
-    """Rows in the training schema: {prompt, response} or {text: prompt + continuation}; plus the marker if not DP."""
+def resolve_record_format(contract, record_format: str) -> str:
+    """``columns`` or ``messages``: what :func:`build_rows` writes for ``record_format`` (``auto`` follows the run).
+
+    Raises:
+        BadInputError: a value outside :data:`RECORD_FORMATS`.
+    """
+    if record_format not in RECORD_FORMATS:
+        raise BadInputError(f"--format={excerpt(str(record_format))}: give one of {', '.join(RECORD_FORMATS)}")
+    if record_format == "auto":
+        return "messages" if contract.data.kind == "messages" else "columns"
+    return record_format
+
+
+def messages_column(contract) -> str:
+    """The conversation column a ``messages`` synthetic file uses: the run's ``data.messages_key`` or ``messages``."""
+    return contract.data.messages_key or DEFAULT_MESSAGES_COLUMN
+
+
+def build_rows(
+    contract, prompts: list[str], generated: list[str], *, private: bool, record_format: str = "columns"
+) -> list[dict]:
+    """Rows in the training schema: {prompt, response} or {text: prompt + continuation}; plus the marker if not DP.
+
+    ``record_format="messages"``: one conversation per row, ``{messages_column: [{"role": "user", "content":
+    prompt}, {"role": "assistant", "content": generated}]}`` (TRL/OpenAI ``messages`` format), plus the marker.
+    """
     first, response = _columns(contract)
+    column = messages_column(contract)
     rows = []
     for prompt, gen in zip(prompts, generated, strict=True):
-        row = {first: prompt + gen} if response is None else {first: prompt, response: gen}
+        if record_format == "messages":
+            row = {column: [{"role": "user", "content": prompt}, {"role": "assistant", "content": gen}]}
+        else:
+            row = {first: prompt + gen} if response is None else {first: prompt, response: gen}
         if not private:
             row[MARKER_COLUMN] = NO_DP_GUARANTEE
         rows.append(row)
@@ -158,9 +193,18 @@ def serialize_rows(rows: list[dict], fmt: str) -> bytes:
     return buf.getvalue().encode("utf-8")
 
 
+def _canonical(conversation) -> str:
+    """A conversation as one comparable string (roles and contents only)."""
+    return json.dumps([[m["role"], m["content"]] for m in conversation], ensure_ascii=False)
+
+
 def memorisation_counts(rows: list[dict], contract, log=print, *, table=None) -> dict:
     """Synthetic rows equal to a training row (whole record) or whose generated field equals one: counts and
     the synthetic rows' 0-based indices (so the data owner can drop them), never text.
+
+    ``rows`` are in the training schema (:func:`build_rows` with the run's own record format): for a conversations
+    run, a row matches when its conversation equals a training conversation (roles and contents), and its generated
+    field when its last (assistant) turn equals any assistant turn of the training data.
 
     Reads the run's data file (``data.path``, held-out rows included) only to compare. When the file cannot be
     read, says so (``"checked": False``); :func:`synthesize` refuses to run then. ``table``: the data already
@@ -168,17 +212,25 @@ def memorisation_counts(rows: list[dict], contract, log=print, *, table=None) ->
     """
     from dplora.data.units import load_table
 
-    first, response = _columns(contract)
-    generated = response or first
     try:
         table = load_table(contract) if table is None else table
     except BadInputError:
         return {"checked": False, "note": "the training data file is not readable here: verbatim check not run"}
-    cols = [first, response] if response else [first]
-    train_rows = set(zip(*(table[c] for c in cols), strict=True))
-    train_generated = set(table[generated])
-    row_hits = [i for i, r in enumerate(rows) if tuple(r[c] for c in cols) in train_rows]
-    field_hits = [i for i, r in enumerate(rows) if r[generated] in train_generated]
+    if contract.data.kind == "messages":  # whole conversations, and the generated reply against every assistant turn
+        key = contract.data.messages_key
+        generated = f"{key} (assistant turns)"
+        train_rows = {_canonical(c) for c in table[key]}
+        train_generated = {m["content"] for c in table[key] for m in c if m["role"] == "assistant"}
+        row_hits = [i for i, r in enumerate(rows) if _canonical(r[key]) in train_rows]
+        field_hits = [i for i, r in enumerate(rows) if r[key][-1]["content"] in train_generated]
+    else:
+        first, response = _columns(contract)
+        generated = response or first
+        cols = [first, response] if response else [first]
+        train_rows = set(zip(*(table[c] for c in cols), strict=True))
+        train_generated = set(table[generated])
+        row_hits = [i for i, r in enumerate(rows) if tuple(r[c] for c in cols) in train_rows]
+        field_hits = [i for i, r in enumerate(rows) if r[generated] in train_generated]
     exact_rows, exact_generated = len(row_hits), len(field_hits)
     counts = {
         "checked": True,
@@ -209,6 +261,7 @@ def synthesize(
     private_key,
     allow_non_private: bool = False,
     threads: int | None = None,
+    record_format: str = "auto",
     log=print,
 ) -> SynthResult:
     """Generate ``rows`` synthetic records from the run ``target``'s release and sign their manifest.
@@ -221,6 +274,9 @@ def synthesize(
             one per line).
         sampling: decoding settings (:class:`dplora.evaluate.generate.Sampling`).
         private_key: the Ed25519 signing key (:func:`dplora.release.keys.load_private_key`).
+        record_format: ``auto`` (conversations for a ``messages`` run, else the run's columns), ``columns`` or
+            ``messages`` (jsonl conversations, user turn = public prompt, assistant turn = generated reply; needs a
+            ``.jsonl`` FILE).
 
     Returns:
         :class:`SynthResult`.
@@ -255,6 +311,9 @@ def synthesize(
     if prompts_file is None:
         raise BadInputError("give --prompts FILE: public prompts or control codes (nothing private enters generation)")
     run = read_run(target)
+    fmt = resolve_record_format(run.contract, record_format)
+    if fmt == "messages" and out.suffix.lower() != ".jsonl":
+        raise BadInputError(f"--out {out}: conversations (--format messages) are written as .jsonl, not csv")
     if out.resolve().is_relative_to(run.folder.resolve()):
         raise BadInputError(f"--out {out}: write outside the run folder (an unsigned file there fails verify)")
     if not run.differentially_private:
@@ -280,8 +339,10 @@ def synthesize(
         raise BadInputError(f"synth flags rows equal to a training row, so it needs the run's data: {err}") from None
     model, tokenizer, device = load_adapter_model(run, threads=threads, log=log)
     generated = generate_replies(model, tokenizer, prompts, contract=run.contract, sampling=sampling, device=device)
-    records = build_rows(run.contract, prompts, generated, private=private)
-    memo = memorisation_counts(records, run.contract, log=log, table=table)
+    records = build_rows(run.contract, prompts, generated, private=private, record_format=fmt)
+    own = "messages" if run.contract.data.kind == "messages" else "columns"  # compared in the training schema
+    view = records if fmt == own else build_rows(run.contract, prompts, generated, private=True, record_format=own)
+    memo = memorisation_counts(view, run.contract, log=log, table=table)
     memo["dp_guarantee"] = guarantee if private else NO_DP_GUARANTEE
     data = serialize_rows(records, out.suffix.lower())
     predicate = {
@@ -294,6 +355,7 @@ def synthesize(
         },
         "rows": rows,
         "format": out.suffix.lower().lstrip("."),
+        "record_format": "messages" if fmt == "messages" else run.contract.data.kind,
         "columns": list(records[0]),
         "generation": {
             "max_new_tokens": sampling.max_new_tokens,

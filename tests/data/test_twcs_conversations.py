@@ -1,0 +1,115 @@
+"""Issue 31: `prepare-twcs --conversations`: one multi-turn conversation per reply thread at customer level. A thread
+that mixes two customers (their texts carry unique markers) never puts one customer's text or id into the other's
+record; roles alternate (user first, assistant last); the first-reply mode is unchanged. Real-file assertions
+report counts only (the tweets are real, CC BY-NC-SA)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dplora.cli.app import app
+from dplora.data.twcs import load_twcs_conversations, load_twcs_pairs, write_twcs_conversations
+from dplora.errors import BadInputError
+
+runner = CliRunner()
+TWCS = Path("/work/shared/data/twcs_customer_support_twitter/twcs_first5000.csv")
+HEADER = ",tweet_id,author_id,inbound,created_at,text,response_tweet_id,in_response_to_tweet_id\n"
+
+
+def _csv(path: Path, tweets: list[tuple]) -> Path:
+    """tweets: (tweet_id, author, inbound, minute, text, parent or '')."""
+    lines = [
+        f'{i},{tid},{author},{inbound},Tue Oct 31 22:{minute:02d}:00 +0000 2017,"{text}",,{parent}\n'
+        for i, (tid, author, inbound, minute, text, parent) in enumerate(tweets)
+    ]
+    path.write_text(HEADER + "".join(lines), encoding="utf-8")
+    return path
+
+
+MIXED = [  # customer 111 (markers AAA*) opens a thread that customer 222 (markers BBB*) joins
+    (1, 111, True, 0, "@Brand AAA1 my parcel is lost", ""),
+    (2, 111, True, 1, "AAA2 order 55", "1.0"),  # a second customer tweet before the reply: merged into one turn
+    (3, "Brand", False, 2, "@111 sorry AAA, DM us", "2.0"),
+    (4, 222, True, 3, "@Brand @111 BBB1 mine too, order 77", "3.0"),  # another customer: dropped
+    (5, "Brand", False, 4, "@222 BBB2 order 77 is on its way", "4.0"),  # answers the dropped turn: dropped
+    (6, 111, True, 5, "@Brand AAA3 thanks, also see @222", "3.0"),  # 222's id is redacted
+    (7, "Brand", False, 6, "@111 @222 glad to help AAA", "6.0"),  # 222's id is redacted
+    (8, 111, True, 7, "@Brand AAA4 bye", "7.0"),  # a trailing user turn: cut
+    (9, 222, True, 10, "@Brand BBB3 my own thread", ""),
+    (10, "Brand", False, 11, "@222 BBB4 we are on it", "9.0"),
+    (11, 333, True, 12, "@Brand CCC1 hello", ""),  # only another customer answers: the thread is dropped
+    (12, 444, True, 13, "@333 DDD1 same here", "11.0"),
+    (13, "Brand", False, 14, "@444 DDD2 sorry", "12.0"),
+]
+
+
+def test_no_record_of_one_customer_holds_another_customers_text_or_id(tmp_path):
+    stats = Counter()
+    rows = load_twcs_conversations(_csv(tmp_path / "mixed.csv", MIXED), stats)
+    by_customer = {r["customer_id"]: r for r in rows}
+    assert sorted(by_customer) == ["111", "222"]  # 333's thread has no brand reply to 333: dropped
+    a, b = json.dumps(by_customer["111"]), json.dumps(by_customer["222"])
+    assert "BBB" not in a and "222" not in a and "DDD" not in a
+    assert "AAA" not in b and "111" not in b
+    assert by_customer["111"]["messages"] == [
+        {"role": "user", "content": "@Brand AAA1 my parcel is lost\nAAA2 order 55"},
+        {"role": "assistant", "content": "@111 sorry AAA, DM us"},
+        {"role": "user", "content": "@Brand AAA3 thanks, also see @customer"},
+        {"role": "assistant", "content": "@111 @customer glad to help AAA"},
+    ]
+    assert by_customer["111"]["tweet_id"] == "1"
+    assert by_customer["222"]["messages"] == [
+        {"role": "user", "content": "@Brand BBB3 my own thread"},
+        {"role": "assistant", "content": "@222 BBB4 we are on it"},
+    ]
+    assert stats["threads"] == 3 and stats["conversations"] == 2
+    assert stats["turns_dropped_by_rule"] == 4  # tweets 4, 5 (answer to 4), 12 and 13 (answer to 12)
+    assert stats["threads_dropped_by_rule"] == 1 and stats["mentions_redacted"] == 2
+
+
+def test_roles_alternate_from_user_to_assistant_on_the_real_file():
+    if not TWCS.exists():
+        pytest.skip(f"TWCS sample not present at {TWCS}")
+    stats = Counter()
+    rows = load_twcs_conversations(TWCS, stats)
+    for row in rows:
+        roles = [m["role"] for m in row["messages"]]
+        assert roles[0] == "user" and roles[-1] == "assistant"
+        assert all(x != y for x, y in zip(roles, roles[1:], strict=False))
+    # counts of this 5,000-row sample (issue 31's note): 1,312 threads, 1,210 conversations of 1,197 customers
+    assert (stats["threads"], stats["conversations"], len({r["customer_id"] for r in rows})) == (1312, 1210, 1197)
+    assert stats["threads_dropped_by_rule"] == 75 and stats["threads_dropped_no_customer_root"] == 27
+    customers = {r["customer_id"] for r in rows}
+    for row in rows:  # no record holds a tweet written by someone other than its customer or a brand
+        others = customers - {row["customer_id"]}
+        assert not any(f"@{o}" in m["content"].split() for m in row["messages"] for o in others)
+
+
+def test_cli_conversations_write_jsonl_and_the_pair_mode_is_unchanged(tmp_path):
+    src = _csv(tmp_path / "mixed.csv", MIXED)
+    dest = tmp_path / "conv.jsonl"
+    result = runner.invoke(app, ["prepare-twcs", str(src), str(dest), "--conversations"])
+    assert result.exit_code == 0, result.output
+    assert "wrote 2 conversations from 2 customers" in result.output and "AAA" not in result.output
+    rows = [json.loads(line) for line in dest.read_text(encoding="utf-8").splitlines()]
+    assert [list(r) for r in rows] == [["customer_id", "tweet_id", "messages"]] * 2
+    refused = runner.invoke(app, ["prepare-twcs", str(src), str(tmp_path / "conv.csv"), "--conversations"])
+    assert refused.exit_code == 2 and not (tmp_path / "conv.csv").exists()
+    pairs = runner.invoke(app, ["prepare-twcs", str(src), str(tmp_path / "pairs.jsonl")])
+    assert pairs.exit_code == 0, pairs.output
+    written = [json.loads(line) for line in (tmp_path / "pairs.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert written == load_twcs_pairs(src)  # first-reply pairs: every customer tweet with its first brand reply
+    assert [(p["customer_id"], p["tweet_id"], p["reply"]) for p in written] == [
+        ("111", "2", "@111 sorry AAA, DM us"),
+        ("222", "4", "@222 BBB2 order 77 is on its way"),
+        ("111", "6", "@111 @222 glad to help AAA"),
+        ("222", "9", "@222 BBB4 we are on it"),
+        ("444", "12", "@444 DDD2 sorry"),
+    ]
+    with pytest.raises(BadInputError, match="exists"):
+        write_twcs_conversations(src, dest)
