@@ -64,7 +64,8 @@ def _reference_replies(run_folder, conversations, max_new_tokens: int) -> list[s
     for conv in conversations:
         text = tokenizer.apply_chat_template(conv, chat_template=CHATML, tokenize=False, add_generation_prompt=True)
         assert text.endswith("<|im_start|>assistant\n")
-        ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
+        # the documented cut: the last max_seq_len − min(max_new_tokens, max_seq_len // 2) tokens (here 96 − 4)
+        ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"][-(96 - max_new_tokens) :]])
         with torch.no_grad():
             out = model.generate(
                 input_ids=ids,
