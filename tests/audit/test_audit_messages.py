@@ -60,7 +60,8 @@ def test_a_messages_canary_is_a_conversation_with_the_secret_in_the_assistant_tu
     conversation = [{"role": "user", "content": canaries.PROMPT}, {"role": "assistant", "content": reply}]
     assert rows[0]["messages"] == conversation
     _, tokenizer = load_model_and_tokenizer(contract.model, lambda *_: None)
-    (ids, labels), _ = tokenize_records(datasets.Dataset.from_list(rows), tokenizer, contract)
+    (ids, labels), second = tokenize_records(datasets.Dataset.from_list(rows), tokenizer, contract)
+    assert second == (ids, labels)  # both copies are the same record
     full = tokenizer.apply_chat_template(conversation, chat_template=CHATML, tokenize=False)
     assert tokenizer.decode(ids) == full
     targets = tokenizer.decode([t for t in labels if t != -100])
@@ -102,3 +103,24 @@ def test_audit_of_a_messages_contract_scores_canaries_through_the_template(tmp_p
         by_hand = float(nll[n_context - 1 :].mean())  # targets: the tokens after the generation prompt
         assert c["adapter_loss"] == pytest.approx(by_hand, rel=1e-4)
         assert math.isfinite(c["base_loss"]) and c["score"] == pytest.approx(c["base_loss"] - c["adapter_loss"])
+
+
+def test_a_pair_canary_under_chat_template_auto_is_scored_on_the_assistant_span(tmp_path):
+    """A prompt/response contract on a model with a template renders the canary pair as the same conversation."""
+    import datasets
+
+    from dplora.contract.loader import parse_contract
+    from dplora.data.units import tokenize_records
+    from dplora.engine.model import load_model_and_tokenizer
+
+    model = save_chat_model(tmp_path / "model", CHATML)
+    raw = contract_dict(model, tmp_path / "t.csv", tmp_path / "o", training={"max_seq_len": 256})
+    contract = parse_contract(raw)
+    rows = canaries.canary_rows(contract, "c0", "K7QX-09AZ-M2LT-4RQ8")
+    reply = canaries.REPLY.format(secret="K7QX-09AZ-M2LT-4RQ8")
+    assert rows == [{"message": canaries.PROMPT, "reply": reply}]
+    _, tokenizer = load_model_and_tokenizer(contract.model, lambda *_: None)
+    [(ids, labels)] = tokenize_records(datasets.Dataset.from_list(rows), tokenizer, contract)
+    conversation = [{"role": "user", "content": canaries.PROMPT}, {"role": "assistant", "content": reply}]
+    assert tokenizer.decode(ids) == tokenizer.apply_chat_template(conversation, chat_template=CHATML, tokenize=False)
+    assert tokenizer.decode([t for t in labels if t != -100]) == reply + "<|im_end|>\n"
