@@ -7,8 +7,10 @@ nothing is copied into the repository):
   test split. Each candidate label is scored by its log-likelihood under the model (the summed NLL of the
   label's tokens and EOS after ``TEXT\\n``, masked exactly as in training) and the best one is picked:
   forward passes only, no generation.
-- **Bitext** ticket replies (``instruction`` → ``response``): held-out loss per target token and perplexity on
-  a held-out subset of rows (split by a seeded hash of the row index, never seen in training).
+- **Bitext** ticket replies as one-turn conversations (``instruction`` → user turn, ``response`` → assistant turn,
+  ``data.record_format: messages``): trained through the model's chat template with the assistant mask, and the
+  held-out loss per target token and perplexity measured through the same template and mask (the assistant span
+  only) on a held-out subset of rows (split by a seeded hash of the row index, never seen in training).
 
 Rows: the base model (floor), the non-private control (``privacy.enabled: false``), DP at ε ∈ {1, 3, 8}, all at
 the same epochs (so the same steps), learning rate, LoRA and seed; then a sweep of the logical batch size at
@@ -21,6 +23,7 @@ Per-group numbers (Banking77 intent, Bitext category) are reported for every run
 Output: ``DIR/utility.json``, ``DIR/utility.md`` and ``DIR/utility.png`` (utility against ε).
 
     flock /work/notes/cpu.lock .venv/bin/python scripts/utility_bench.py --quick --out bench-utility
+    .venv/bin/python scripts/utility_bench.py --toy --out /tmp/u   # a tiny random chat model, seconds (tests)
     .venv/bin/python scripts/utility_bench.py --full --out bench-utility-full     # hours on a CPU
 """
 
@@ -69,6 +72,8 @@ class Settings:
     intents: tuple[str, ...] | None  # Banking77 labels kept (None: all 77)
     banking: Task
     bitext: Task
+    max_train_rows: int | None = None  # training rows kept per task, in file order (None: all)
+    toy: bool = False  # a tiny random Llama with a ChatML template instead of the packaged model
 
 
 QUICK = Settings(
@@ -100,6 +105,38 @@ QUICK = Settings(
         physical=32,
         eval_rows=100,
     ),
+)
+TOY = Settings(
+    epsilons=(3.0,),
+    delta=1e-5,
+    seed=0,
+    intents=("card_arrival", "exchange_rate", "pending_top_up"),
+    banking=Task(
+        name="banking77",
+        max_seq_len=160,
+        epochs=0.5,
+        batch=16,
+        sweep=(),
+        lr=1e-2,
+        clip=0.1,
+        r=2,
+        physical=8,
+        eval_rows=2,
+    ),
+    bitext=Task(
+        name="bitext",
+        max_seq_len=1200,  # whole conversations (the longest Bitext row is about 1,050 byte tokens here)
+        epochs=0.5,
+        batch=16,
+        sweep=(),
+        lr=1e-2,
+        clip=0.1,
+        r=2,
+        physical=8,
+        eval_rows=6,
+    ),
+    max_train_rows=48,
+    toy=True,
 )
 FULL = Settings(
     epsilons=(1.0, 3.0, 8.0),
@@ -146,6 +183,13 @@ def _write_csv(path: Path, rows: list[dict], columns: list[str]) -> Path:
     return path
 
 
+def _count_rows(path: Path) -> int:
+    """Records in a csv or jsonl file of this benchmark (public data: the count may be declared)."""
+    if path.suffix == ".jsonl":
+        return sum(1 for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+    return len(_read_csv(path))
+
+
 def _held_out(index: int, seed: int, fraction: float) -> bool:
     digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") / 2**64 < fraction
@@ -156,26 +200,36 @@ def banking_data(settings: Settings, tmp: Path) -> tuple[Path, list[dict], list[
     train, test = _read_csv(BANKING / "train.csv"), _read_csv(BANKING / "test.csv")
     labels = list(settings.intents or json.loads((BANKING / "categories.json").read_text()))
     keep = set(labels)
-    train = [r for r in train if r["category"] in keep]
+    train = [r for r in train if r["category"] in keep][: settings.max_train_rows]
     per, kept = settings.banking.eval_rows, []
     for label in labels:  # the first `per` test rows of each intent, in file order
         kept += [r for r in test if r["category"] == label][:per]
     return _write_csv(tmp / "banking_train.csv", train, ["text", "category"]), kept, labels
 
 
+def conversation(row: dict) -> dict:
+    """A Bitext row as a one-turn conversation record: instruction → user turn, response → assistant turn."""
+    turns = [{"role": "user", "content": row["instruction"]}, {"role": "assistant", "content": row["response"]}]
+    return {"messages": turns, "category": row["category"]}
+
+
 def bitext_data(settings: Settings, tmp: Path) -> tuple[Path, list[dict]]:
-    """(training csv in tmp: rows not held out, held-out rows kept for evaluation)."""
+    """(training jsonl of conversations in tmp: rows not held out, held-out conversations kept for evaluation)."""
     rows = _read_csv(BITEXT)
     for r in rows:
         r["response"] = r["response"].replace("\r\n", "\n")
     held = [i for i in range(len(rows)) if _held_out(i, settings.seed, 0.1)]
-    train = [r for i, r in enumerate(rows) if i not in set(held)]
-    kept = [rows[i] for i in held[: settings.bitext.eval_rows]]
-    return _write_csv(tmp / "bitext_train.csv", train, ["instruction", "response", "category"]), kept
+    out = set(held)
+    train = [conversation(r) for i, r in enumerate(rows) if i not in out][: settings.max_train_rows]
+    kept = [conversation(rows[i]) for i in held[: settings.bitext.eval_rows]]
+    path = tmp / "bitext_train.jsonl"
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in train), encoding="utf-8")
+    return path, kept
 
 
-def contract_for(task: Task, settings: Settings, path: Path, prompt: str, response: str, out: Path, **kw) -> dict:
-    """A row-level contract for one run (the packaged model); ``kw``: epsilon, batch, enabled."""
+def contract_for(task: Task, settings: Settings, path: Path, columns: dict, out: Path, **kw) -> dict:
+    """A row-level contract for one run (the packaged model, or ``model`` in ``kw``); ``columns``: the data section's
+    record format keys; ``kw``: epsilon, batch, enabled, model."""
     return {
         "privacy": {
             "protected_unit": "row",
@@ -186,9 +240,11 @@ def contract_for(task: Task, settings: Settings, path: Path, prompt: str, respon
             "max_grad_norm": task.clip,
             "sampling": "poisson",
             "enabled": kw.get("enabled", True),
+            # the benchmark's data is public: its row count is declared as the public N (add/remove needs one)
+            "num_units": _count_rows(path),
         },
-        "model": {"name": "smollm2-135m"},
-        "data": {"path": str(path), "prompt_column": prompt, "response_column": response},
+        "model": kw.get("model") or {"name": "smollm2-135m"},
+        "data": {"path": str(path), **columns},
         "lora": {"r": task.r, "alpha": 2.0 * task.r, "target_modules": list(task.targets)},
         "training": {
             "expected_batch_size": kw.get("batch", task.batch),
@@ -237,14 +293,15 @@ def _quiet(message: str) -> None:
 class Scorer:
     """Loads the base model once; scores the base model or a run's adapters on both tasks."""
 
-    def __init__(self, threads: int):
+    def __init__(self, threads: int, model: dict | None = None):
         import torch
 
         from dplora.contract.spec import ModelSection
         from dplora.engine.model import load_model_and_tokenizer
 
         torch.set_num_threads(threads)
-        self.base, self.tokenizer = load_model_and_tokenizer(ModelSection(name="smollm2-135m"), _quiet)
+        section = ModelSection(**(model or {"name": "smollm2-135m"}))
+        self.base, self.tokenizer = load_model_and_tokenizer(section, _quiet)
         self.base.eval()
 
     def model(self, folder: str | None):
@@ -259,6 +316,7 @@ class Scorer:
             model.unload()  # removes the LoRA layers, the base model stays as it was
 
     def nll(self, model, table, contract, batch: int):
+        """Per-record NLL and target tokens, tokenized and masked as training did (the template for conversations)."""
         from dplora.data.units import tokenize_records
         from dplora.evaluate.heldout import record_nll
 
@@ -374,16 +432,27 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
+def toy_model(folder: Path) -> Path:
+    """The tiny random chat model of ``scripts/chat_compare.py --toy`` (ChatML template), written to ``folder``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("chat_compare", ROOT / "scripts" / "chat_compare.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.toy_model(folder)
+
+
+def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--quick", action="store_true", help="CPU-sized: 5 intents, short sequences (< 30 min, 2 cores)")
     mode.add_argument("--full", action="store_true", help="all 77 intents, longer runs and both batch sweeps")
+    mode.add_argument("--toy", action="store_true", help="a tiny random chat model, 48 rows per task (seconds; tests)")
     ap.add_argument("--out", required=True, type=Path, help="output folder (utility.json, utility.md, utility.png)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--only", choices=("banking77", "bitext"), help="run one task only")
-    args = ap.parse_args()
-    settings = QUICK if args.quick else FULL
+    args = ap.parse_args(argv)
+    settings = QUICK if args.quick else TOY if args.toy else FULL
     started = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
     from dplora.contract.loader import parse_contract
@@ -396,14 +465,15 @@ def main() -> None:
         bank_path, bank_test, labels = banking_data(settings, tmp)
         bitext_path, bitext_held = bitext_data(settings, tmp)
         tasks = [
-            (settings.banking, bank_path, "text", "category"),
-            (settings.bitext, bitext_path, "instruction", "response"),
+            (settings.banking, bank_path, {"prompt_column": "text", "response_column": "category"}),
+            (settings.bitext, bitext_path, {"record_format": "messages", "messages_column": "messages"}),
         ]
-        scorer = Scorer(args.threads)
-        for task, path, prompt, response in tasks:
+        model_section = {"path": str(toy_model(args.out / "toy-model"))} if settings.toy else None
+        scorer = Scorer(args.threads, model_section)
+        for task, path, columns in tasks:
             if args.only and task.name != args.only:
                 continue
-            base_raw = contract_for(task, settings, path, prompt, response, tmp / "unused")
+            base_raw = contract_for(task, settings, path, columns, tmp / "unused", model=model_section)
             base_contract = parse_contract(base_raw)
 
             def evaluate(model, task=task, contract=base_contract):
@@ -416,9 +486,8 @@ def main() -> None:
             rows[-1]["eval_seconds"] = round(time.perf_counter() - t0, 1)
             _say(rows[-1], started)
             for spec in run_specs(task, settings):
-                raw = contract_for(
-                    task, settings, path, prompt, response, args.out / "runs" / f"{task.name}-{spec['name']}", **spec
-                )
+                out = args.out / "runs" / f"{task.name}-{spec['name']}"
+                raw = contract_for(task, settings, path, columns, out, model=model_section, **spec)
                 row = {"task": task.name, **spec, **train_one(raw, key, args.threads)}
                 t0 = time.perf_counter()
                 model = scorer.model(row["folder"])
@@ -429,7 +498,7 @@ def main() -> None:
                 _say(row, started)
     minutes = (time.perf_counter() - started) / 60
     report = {
-        "mode": "quick" if args.quick else "full",
+        "mode": "quick" if args.quick else "toy" if args.toy else "full",
         "settings": dataclasses.asdict(settings),
         "hardware": f"CPU, {args.threads} threads",
         "minutes": round(minutes, 1),
@@ -453,6 +522,7 @@ def main() -> None:
     (args.out / "utility.md").write_text("\n".join(md))
     plot(rows, args.out / "utility.png")
     print("\n".join(md))
+    return report
 
 
 def goal(rows: list[dict]) -> dict:

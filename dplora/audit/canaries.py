@@ -4,6 +4,12 @@ Every canary shares one prompt and one reply template and differs only in its se
 (16 characters of A–Z0–9 in four groups of four, about 83 bits), as in Carlini et al. (2019), "The Secret
 Sharer", arXiv 1802.08232: random candidates of the same format give the reference distribution for exposure.
 Secrets and the 1/2 inclusion coins come from OS entropy (``secrets``), never a recorded seed.
+
+For a conversations contract (``data.record_format: messages``) a canary record is one conversation, the prompt in
+a user turn and the reply (with the secret) in the assistant turn, so training renders it through the chat template
+with the assistant mask and the audit scores the secret's turn alone; a prompt/response contract trained through the
+template (``data.chat_template: auto``) renders its pair as the same conversation (:func:`dplora.data.units.
+encode_records`). Canaries are public synthetic text.
 """
 
 from __future__ import annotations
@@ -68,6 +74,8 @@ def canary_rows(contract: Contract, unit_id: str, secret: str, copies: int = 1) 
     row: dict = {}
     if data.text_column:
         row[data.text_column] = f"{PROMPT}\n{reply}"
+    elif data.messages_key is not None:
+        row[data.messages_key] = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": reply}]
     else:
         row[data.prompt_column] = PROMPT
         row[data.response_column] = reply

@@ -33,7 +33,7 @@ from dplora.cli.options import (
     ThreadsOpt,
     TopPOpt,
 )
-from dplora.errors import DploraError, one_line
+from dplora.errors import BadInputError, DploraError, one_line
 
 
 class OneLineErrorGroup(typer.core.TyperGroup):
@@ -168,6 +168,14 @@ def eval_(
 
 PromptOpt = Annotated[str | None, typer.Option(metavar="TEXT", help="One prompt.")]
 PromptsOpt = Annotated[Path | None, typer.Option(metavar="FILE", help="A UTF-8 file with one prompt per line.")]
+MessagesOpt = Annotated[
+    Path | None,
+    typer.Option(
+        metavar="FILE",
+        help="One JSON conversation per line (a list of {role, content}, or an object with the run's messages "
+        "column), rendered through the run's chat template with the generation prompt.",
+    ),
+]
 MaxNewTokensOpt = Annotated[
     int, typer.Option(min=1, metavar="N", help="Tokens generated at most per reply (1 … 4096).")
 ]
@@ -190,6 +198,7 @@ def generate(
     run: RunArg,
     prompt: PromptOpt = None,
     prompts: PromptsOpt = None,
+    messages: MessagesOpt = None,
     max_new_tokens: MaxNewTokensOpt = 64,
     temperature: TemperatureOpt = 0.0,
     top_p: TopPOpt = 1.0,
@@ -203,11 +212,18 @@ def generate(
     """Replies from the base model + the run's adapters (post-processing of the release: no budget spent).
 
     The release is verified with ``--public-key`` first (exit 3 on a mismatch); ``--no-verify`` skips that.
+    ``--messages FILE`` replies to conversations, one reply per line (``--json``: one JSON line per conversation).
     """
-    from dplora.evaluate.generate import Sampling, generate_from_run, read_prompts
+    from dplora.evaluate.generate import Sampling, generate_from_run, read_conversations, read_prompts
+    from dplora.release.read import read_run
 
     try:
-        texts = read_prompts(prompt, prompts)
+        if messages is not None:
+            if prompt is not None or prompts is not None:
+                raise BadInputError("give --messages FILE or --prompt/--prompts, not both")
+            texts = read_conversations(messages, read_run(run).contract.data.messages_column)
+        else:
+            texts = read_prompts(prompt, prompts)
         sampling = Sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
         replies = generate_from_run(
             run,
@@ -221,6 +237,11 @@ def generate(
         )
     except DploraError as err:
         raise fail(err, as_json=as_json) from None  # --json: the error as one JSON line, like the replies
+    if messages is not None:  # one reply per conversation, never the conversation's text
+        for number, reply in enumerate(replies, start=1):
+            line = json.dumps({"conversation": number, "reply": reply}, ensure_ascii=False) if as_json else reply
+            out.print(line, markup=False, soft_wrap=True)
+        return
     for text, reply in zip(texts, replies, strict=True):
         if as_json:
             out.print(json.dumps({"prompt": text, "reply": reply}, ensure_ascii=False), markup=False, soft_wrap=True)

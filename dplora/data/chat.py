@@ -237,3 +237,35 @@ class ChatEncoder:
             ids = (ids or prev or [self.tokenizer.eos_token_id or 0])[:1]
             labels = [IGNORE]
         return ids, labels
+
+
+def generation_ids(tokenizer, template: str, messages: list[dict], max_len: int, max_new_tokens: int) -> list[int]:
+    """Token ids of a conversation as served: rendered with ``add_generation_prompt=True``, the reply to follow.
+
+    The same rendering as training (:class:`ChatEncoder`: the template, each content cut to
+    :func:`dplora.data.cells.cell_char_bound` characters, no special tokens added beyond the template's). The last
+    ``max_len − min(max_new_tokens, max_len // 2)`` tokens are kept (at least 1), so the generation prompt stays and
+    the reply has room as in training.
+
+    Args:
+        messages: checked turns (:func:`check_messages`), shape [turns] of ``{role, content}``.
+        max_len: ``training.max_seq_len``, tokens; max_new_tokens: tokens the reply may take.
+
+    Returns:
+        Token ids, length 1 … max_len.
+
+    Raises:
+        BadInputError: the template cannot render the conversation (the error class only, never the text).
+
+    Source: HF chat templating docs (``add_generation_prompt``).
+    """
+    msgs = [
+        {"role": m["role"], "content": c}
+        for m, c in zip(messages, cut_cells([m["content"] for m in messages], max_len), strict=True)
+    ]
+    try:
+        text = tokenizer.apply_chat_template(msgs, chat_template=template, tokenize=False, add_generation_prompt=True)
+    except Exception as err:  # a Jinja error may quote the conversation: name the class only
+        raise BadInputError(f"the chat template cannot render the conversation ({err.__class__.__name__})") from None
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return ids[-max(max_len - min(max_new_tokens, max_len // 2), 1) :]

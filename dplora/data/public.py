@@ -3,7 +3,8 @@
 ``dplora clip-guide`` and the selection step of ``dplora sweep`` measure on data that is public by construction:
 either a file the user names with ``--public`` / ``--eval-public`` (the user declares it public; dplora cannot
 check that) or rows made by the demo generator (:mod:`dplora.data.demo`, fake tickets), mapped onto the contract's
-columns: prompt/response ← message/reply, a text column ← ``message\\nreply``, the unit key ← ``ticket_id``
+columns: prompt/response ← message/reply, a text column ← ``message\\nreply``, a messages column ← the conversation
+(user: message, assistant: reply), the unit key ← ``ticket_id``
 (ticket level) or ``customer_id`` (user level). The contract's own training file is refused: measuring it would be
 a query on private data that no accountant charges.
 """
@@ -28,7 +29,9 @@ def demo_rows(contract: Contract, num_tickets: int, *, seed: int = DEMO_SEED) ->
         seed: the demo generator's seed.
 
     Returns:
-        ``num_tickets`` dicts. Without a unit key (row level) rows carry only the training columns.
+        ``num_tickets`` dicts. Without a unit key (row level) rows carry only the training columns. A conversations
+        contract (``data.record_format: messages``) gets each ticket as a one-exchange conversation (message → user
+        turn, reply → assistant turn) in its messages column, as training reads conversations.
 
     Raises:
         BadInputError: ``num_tickets`` < 1.
@@ -41,6 +44,11 @@ def demo_rows(contract: Contract, num_tickets: int, *, seed: int = DEMO_SEED) ->
         row = {}
         if data.text_column:
             row[data.text_column] = f"{t['message']}\n{t['reply']}"
+        elif data.messages_key is not None:  # a conversations contract: the ticket as one user → assistant exchange
+            row[data.messages_key] = [
+                {"role": "user", "content": t["message"]},
+                {"role": "assistant", "content": t["reply"]},
+            ]
         else:
             row[data.prompt_column], row[data.response_column] = t["message"], t["reply"]
         if privacy.unit_key:

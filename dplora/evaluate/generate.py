@@ -2,7 +2,9 @@
 
 A prompt is formatted and truncated as in training: for a prompt/response contract the tokens of
 ``f"{prompt}\\n"`` (the reply follows), for a text contract the prompt's tokens, without special tokens
-(``dplora.data.units``). Decoding is greedy by default (deterministic); ``temperature > 0`` samples with nucleus
+(``dplora.data.units``). A run trained through a chat template renders a prompt as one user turn, and a
+conversation (``--messages``) whole, through that template with the generation prompt; the template must hash as
+the release record says. Decoding is greedy by default (deterministic); ``temperature > 0`` samples with nucleus
 (top-p) filtering (Holtzman et al. 2020) through transformers' ``generate``. Sampling draws from OS entropy
 unless a seed is given.
 """
@@ -53,27 +55,41 @@ class Sampling:
         return self.temperature == 0
 
 
-def prompt_ids(contract: Contract, tokenizer, prompt: str, max_new_tokens: int) -> list[int]:
+def prompt_ids(contract: Contract, tokenizer, prompt, max_new_tokens: int) -> list[int]:
     """Token ids of ``prompt`` formatted and truncated as in training (:func:`dplora.data.units.tokenize_records`).
+
+    Args:
+        prompt: text (``--prompt``/``--prompts``), or a conversation (``--messages``: a checked list of
+            ``{role, content}``, :func:`dplora.data.chat.check_messages`).
 
     For a prompt/response contract a prompt whose reply (here up to ``max_new_tokens``) would not fit in
     ``training.max_seq_len`` keeps its first max_seq_len // 2 tokens, as training did; a text prompt keeps at
     most max_seq_len tokens. When training rendered records with a chat template
-    (:func:`dplora.data.chat.template_in_use`), the prompt is one user turn with the generation prompt, its last
-    ``max_seq_len − min(max_new_tokens, max_seq_len // 2)`` tokens kept (the generation prompt stays).
+    (:func:`dplora.data.chat.template_in_use`), text is one user turn (as training rendered a prompt/response pair)
+    and a conversation is rendered whole, both with the generation prompt, their last
+    ``max_seq_len − min(max_new_tokens, max_seq_len // 2)`` tokens kept (:func:`dplora.data.chat.generation_ids`).
+
+    Returns:
+        Token ids, length ≤ ``training.max_seq_len``.
+
+    Raises:
+        BadInputError: a conversation for a run that did not train through a chat template, or a template that
+            cannot render it.
     """
     max_len = contract.training.max_seq_len
-    from dplora.data.chat import template_in_use
-    from dplora.data.units import cut_cells, tokenize_cells
+    from dplora.data.chat import generation_ids, template_in_use
+    from dplora.data.units import tokenize_cells
 
     template = template_in_use(tokenizer, contract.data)
-    if template is not None:  # as served: one user turn and the template's generation prompt
-        content = cut_cells([prompt], max_len)[0]
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": content}], chat_template=template, tokenize=False, add_generation_prompt=True
+    conversation = not isinstance(prompt, str)
+    if template is not None:  # as served: the turns and the template's generation prompt
+        messages = prompt if conversation else [{"role": "user", "content": prompt}]
+        return generation_ids(tokenizer, template, messages, max_len, max_new_tokens)
+    if conversation:
+        raise BadInputError(
+            f"--messages: this run was trained on {contract.data.kind} records as raw text (no chat template), "
+            "so a conversation has no training format here; use --prompt"
         )
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        return ids[-max(max_len - min(max_new_tokens, max_len // 2), 1) :]
     text = f"{prompt}\n" if contract.data.prompt_column else prompt
 
     ids = tokenize_cells(tokenizer, [text], max_len)[0]  # cut to max_seq_len × 32 characters first
@@ -82,12 +98,12 @@ def prompt_ids(contract: Contract, tokenizer, prompt: str, max_new_tokens: int) 
     return ids[:max_len]
 
 
-def generate_replies(model, tokenizer, prompts: list[str], *, contract: Contract, sampling: Sampling, device) -> list:
+def generate_replies(model, tokenizer, prompts: list, *, contract: Contract, sampling: Sampling, device) -> list:
     """One reply per prompt (one prompt per forward: no padding, so a reply never depends on the others).
 
     Args:
         model: a causal LM (a peft model with adapters, or a base model), in eval mode.
-        prompts: the prompts, as the user wrote them.
+        prompts: P prompts, as the user wrote them: text, or conversations (lists of ``{role, content}``).
 
     Returns:
         The replies as text, special tokens removed, without the prompt.
@@ -145,9 +161,87 @@ def read_prompts(prompt: str | None, prompts_file: Path | None) -> list[str]:
     return prompts
 
 
+def read_conversations(path: Path, column: str | None) -> list[list[dict]]:
+    """The conversations of ``--messages FILE``: one JSON conversation per non-empty line (UTF-8).
+
+    A line is a list of ``{role, content}`` messages, or an object holding that list under ``column`` (the run's
+    ``data.messages_column``, default ``messages``). The last message must not be an assistant turn: the reply
+    follows it.
+
+    Args:
+        path: the file; column: the object key to read (None: ``messages``).
+
+    Returns:
+        C conversations, each a list of ``{role, content}`` (other keys dropped), in file order.
+
+    Raises:
+        BadInputError: an unreadable or empty file, or a bad line: names the line number, never its text.
+    """
+    import json
+
+    from dplora.contract.spec import DEFAULT_MESSAGES_COLUMN
+    from dplora.data.chat import check_messages
+
+    column = column or DEFAULT_MESSAGES_COLUMN
+    name = excerpt(str(path), 200)
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise BadInputError(f"cannot read --messages {name}: {err.__class__.__name__}") from None
+    out = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"--messages {name} line {number}"
+        try:
+            value = json.loads(line)
+        except ValueError:
+            raise BadInputError(f"{where}: not JSON (one conversation per line)") from None
+        if isinstance(value, dict):
+            if column not in value:
+                raise BadInputError(f"{where}: an object without the run's messages column {excerpt(column)}")
+            value = value[column]
+        try:
+            messages = check_messages(value, number, column)
+        except BadInputError as err:
+            raise BadInputError(f"{where}: {str(err).split(': ', 1)[-1]}") from None
+        if messages[-1]["role"] == "assistant":
+            raise BadInputError(f"{where}: the last message is an assistant turn; end with the turn to reply to")
+        out.append(messages)
+    if not out:
+        raise BadInputError(f"--messages {name} has no conversation")
+    return out
+
+
+def check_tokenization(run, tokenizer) -> None:
+    """Refuse to generate when the model's chat template now differs from the one the release record names.
+
+    The record's ``tokenization.chat_template_sha256`` (None: raw text, also for a record written before the entry)
+    must equal :func:`dplora.data.chat.template_sha256` of the model as loaded now, or prompts would be formatted
+    differently from training.
+
+    Raises:
+        BadInputError: naming both hashes (first 12 hex digits) or the raw/template change.
+    """
+    from dplora.data.chat import template_sha256
+    from dplora.release.read import released_tokenization
+
+    recorded = (released_tokenization(run) or {}).get("chat_template_sha256")
+    now = template_sha256(tokenizer, run.contract.data)
+    if recorded != now:
+
+        def say(sha):
+            return "raw text (no chat template)" if sha is None else f"the chat template sha256 {sha[:12]}…"
+
+        raise BadInputError(
+            f"the release record says training rendered records as {say(recorded)}, but the model now gives "
+            f"{say(now)}: the model's chat template changed since training; restore it to generate"
+        )
+
+
 def generate_from_run(
     target: Path,
-    prompts: list[str],
+    prompts: list,
     *,
     sampling: Sampling,
     allow_non_private: bool = False,
@@ -163,12 +257,14 @@ def generate_from_run(
     ``verify=False`` (``--no-verify``) is that skipped, and then one line saying ``unverified`` is logged.
 
     Args:
-        prompts: P prompts (text); the result is P replies, in order.
+        prompts: P prompts (text, or conversations from :func:`read_conversations`); the result is P replies, in
+            order.
         public_key: the signer's Ed25519 public key (PEM path); required unless ``verify`` is False.
         verify: False skips verification (``--no-verify``); then ``public_key`` must be None.
 
     Raises:
-        BadInputError: no key and no ``--no-verify``, both, no release, unloadable model or adapters, bad settings.
+        BadInputError: no key and no ``--no-verify``, both, no release, unloadable model or adapters, bad settings,
+            a chat template that differs from the record's (:func:`check_tokenization`).
         VerificationError: the release does not verify with ``public_key`` (exit 3), before any privacy verdict.
         NotPrivateError: the run is a non-private control and ``allow_non_private`` is False (exit 6).
     """
@@ -200,4 +296,5 @@ def generate_from_run(
             )
         log(f"warning: {run.folder} is {NOT_DP}: these adapters carry no DP guarantee")
     model, tokenizer, device = load_adapter_model(run, threads=threads, log=log)
+    check_tokenization(run, tokenizer)
     return generate_replies(model, tokenizer, prompts, contract=run.contract, sampling=sampling, device=device)

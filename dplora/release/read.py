@@ -46,14 +46,34 @@ def resolve_run_folder(target: Path, overrides: list[str] | None = None) -> Path
     raise BadInputError(f"{target}: no such run folder or contract file")
 
 
-def _predicate_type(envelope_path: Path) -> str | None:
-    """The release's predicateType, read without verifying the signature (None if unreadable)."""
+def _statement(envelope_path: Path) -> dict | None:
+    """The release's in-toto statement, read without verifying the signature (None if unreadable)."""
     try:
         envelope = json.loads(envelope_path.read_text(encoding="utf-8"))
         statement = json.loads(base64.b64decode(envelope["payload"], validate=True))
-        return statement.get("predicateType")
+        return statement if isinstance(statement, dict) else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError, binascii.Error):
         return None
+
+
+def _predicate_type(envelope_path: Path) -> str | None:
+    """The release's predicateType, read without verifying the signature (None if unreadable)."""
+    statement = _statement(envelope_path)
+    return statement.get("predicateType") if statement is not None else None
+
+
+def released_tokenization(run: ReleasedRun) -> dict | None:
+    """The release record's ``tokenization`` entry (:func:`dplora.data.chat.tokenization_entry`), or None.
+
+    Read without verifying the signature: callers that rely on it verify the release first
+    (:func:`dplora.release.verify.verify_release`). None for a record written before the entry existed.
+    """
+    from dplora.release.envelope import RELEASE_FILENAME
+
+    statement = _statement(run.folder / RELEASE_FILENAME)
+    predicate = statement.get("predicate") if statement is not None else None
+    entry = predicate.get("tokenization") if isinstance(predicate, dict) else None
+    return entry if isinstance(entry, dict) else None
 
 
 def read_run(target: Path, overrides: list[str] | None = None) -> ReleasedRun:
