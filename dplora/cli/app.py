@@ -322,7 +322,9 @@ ConversationsOpt = Annotated[
         "--conversations",
         help="One multi-turn conversation per reply thread (jsonl, column messages), keyed by the customer who "
         "opened it. Privacy rule: tweets by any other customer are dropped with every reply below them, and "
-        "mentions of other customers' ids become @customer, so no unit holds another unit's text.",
+        "every @mention of anyone but the thread's customer and the brands becomes @customer. A brand reply that "
+        "quotes another person without an @ cannot be caught; an inbound value other than True/False or a "
+        "repeated tweet_id is refused.",
     ),
 ]
 
@@ -354,7 +356,7 @@ def prepare_twcs(
             f"wrote {summary['num_conversations']} conversations from {summary['num_customers']} customers to {dest} "
             f"(turns p50 {turns['p50']}, p90 {turns['p90']}, max {turns['max']}); privacy rule: "
             f"{rule.get('turns_dropped_by_rule', 0)} tweets dropped, {rule.get('threads_dropped_by_rule', 0)} threads "
-            f"dropped, {rule.get('mentions_redacted', 0)} tweets with another customer's id redacted",
+            f"dropped, {rule.get('mentions_redacted', 0)} tweets with another person's id redacted",
             markup=False,
         )
         return

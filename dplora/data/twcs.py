@@ -56,6 +56,8 @@ def read_twcs_rows(path: Path) -> list[dict[str, str]]:
     except UnicodeDecodeError as exc:
         raise BadInputError(f"TWCS file {path} is not valid UTF-8 (byte offset {exc.start})") from None
     reader = csv.DictReader(io.StringIO(text.replace("\r", " "), newline=""))
+    if reader.fieldnames:  # a CRLF file's last header name ends in the space its \r became
+        reader.fieldnames = [name.strip() for name in reader.fieldnames]
     missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
     if missing:
         raise BadInputError(f"TWCS file {path} lacks column(s): {', '.join(missing)}")
@@ -193,19 +195,23 @@ def _tweets(rows: list[dict[str, str]]) -> dict[str, _Tweet]:
             order = (_created_at(row["created_at"], n), int(tid))
         except ValueError:
             raise BadInputError(f"data row {n}: tweet_id is not an integer") from None
+        if tid in tweets:  # the later row would silently replace the earlier tweet (and its author)
+            raise BadInputError(f"data row {n}: tweet_id repeats an earlier row's; each tweet must appear once")
         parent = _parent_id(row["in_response_to_tweet_id"], n)
-        inbound = row["inbound"].strip() == "True"
-        tweets[tid] = _Tweet(tid, row["author_id"].strip(), inbound, row["text"], parent, order)
+        flag = row["inbound"].strip().lower()
+        if flag not in ("true", "false"):  # never guess: an unknown flag read as "brand" would keep its text
+            raise BadInputError(f"data row {n}: inbound must be True or False")
+        tweets[tid] = _Tweet(tid, row["author_id"].strip(), flag == "true", row["text"], parent, order)
     return tweets
 
 
-MENTION = re.compile(r"@(\w+)")
-OTHER_CUSTOMER = "@customer"  # what a mention of another customer's id becomes
+MENTION = re.compile(r"[@\uff20](\w+)")  # @ and the full-width ＠
+OTHER_CUSTOMER = "@customer"  # what a mention of anyone but the unit's customer and the brands becomes
 
 
-def _redact(t: _Tweet, others: set[str]) -> _Tweet:
-    """``t`` with every ``@<author_id>`` of a customer in ``others`` replaced by :data:`OTHER_CUSTOMER`."""
-    text = MENTION.sub(lambda m: OTHER_CUSTOMER if m.group(1) in others else m.group(0), t.text)
+def _redact(t: _Tweet, keep: set[str]) -> _Tweet:
+    """``t`` with every mention whose id (case-folded) is not in ``keep`` replaced by :data:`OTHER_CUSTOMER`."""
+    text = MENTION.sub(lambda m: m.group(0) if m.group(1).casefold() in keep else OTHER_CUSTOMER, t.text)
     return t if text == t.text else dataclasses.replace(t, text=text)
 
 
@@ -218,6 +224,10 @@ def build_conversations(tweets: dict[str, _Tweet], stats: Counter | None = None)
             children.setdefault(t.parent, []).append(t.tweet_id)
     roots = [t for t in tweets.values() if t.parent is None or t.parent not in tweets]
     customers = {t.author for t in tweets.values() if t.inbound}
+    # a brand is an author with outbound tweets only: an author with any inbound tweet is a customer wherever it
+    # writes, so a customer's tweet flagged outbound in another customer's thread is still dropped (rule 1)
+    brands = {t.author for t in tweets.values() if not t.inbound} - customers
+    brand_ids = {b.casefold() for b in brands}
     out = []
     for root in sorted(roots, key=lambda t: t.order):
         stats["threads"] += 1
@@ -232,22 +242,21 @@ def build_conversations(tweets: dict[str, _Tweet], stats: Counter | None = None)
                 continue
             seen.add(tid)
             t = tweets[tid]
-            if not t.inbound or t.author == customer:  # rule 1: only the unit's customer and brands
+            if t.author == customer or t.author in brands:  # rule 1: only the unit's customer and brands
                 kept.append(t)
             stack.extend(children.get(tid, []))
         thread_size = len(seen)
         kept_ids = {t.tweet_id for t in kept}
         kept = [t for t in kept if _reaches_root(t, tweets, kept_ids, root.tweet_id)]  # rule 3
         dropped = thread_size - len(kept)
-        others = customers - {customer}
-        redacted = [_redact(t, others) for t in kept]  # rule 3: no other customer's id
+        redacted = [_redact(t, brand_ids | {customer.casefold()}) for t in kept]  # rule 3: no other person's id
         stats["mentions_redacted"] += sum(r.text != t.text for r, t in zip(redacted, kept, strict=True))
         kept = redacted
         stats["turns_dropped_by_rule"] += dropped
         stats["threads_touched_by_rule"] += dropped > 0
-        messages = _alternate(sorted(kept, key=lambda t: t.order))
+        messages = _alternate(sorted(kept, key=lambda t: t.order), customer)
         if messages is None:
-            had_reply = any(not tweets[t].inbound for t in seen)
+            had_reply = any(tweets[t].author in brands for t in seen)
             stats["threads_dropped_by_rule" if had_reply else "threads_dropped_no_brand_reply"] += 1
             continue
         out.append({"customer_id": customer, "tweet_id": root.tweet_id, "messages": messages})
@@ -266,12 +275,12 @@ def _reaches_root(t: _Tweet, tweets: dict[str, _Tweet], kept: set[str], root: st
     return True
 
 
-def _alternate(kept: list[_Tweet]) -> list[dict[str, str]] | None:
+def _alternate(kept: list[_Tweet], customer: str) -> list[dict[str, str]] | None:
     """Turns in time order: customer → user, brand → assistant; consecutive turns of one role merged (newline),
     trailing user turns cut; None when no assistant turn is left."""
     messages: list[dict[str, str]] = []
     for t in kept:
-        role = "user" if t.inbound else "assistant"
+        role = "user" if t.author == customer else "assistant"
         if messages and messages[-1]["role"] == role:
             messages[-1]["content"] += "\n" + t.text
         else:
@@ -290,10 +299,16 @@ def load_twcs_conversations(path: Path, stats: Counter | None = None) -> list[di
     customer is the root's author; a thread whose root is a brand tweet or answers a tweet missing from the file is
     dropped (its opener may be another customer's). PRIVACY RULE (no unit holds another unit's text):
 
-    1. a tweet by any author other than the unit's customer or a brand (``inbound == "False"``) is dropped, and so is
-       every reply below it (a brand reply answering it may quote that customer);
+    1. a tweet by any author other than the unit's customer or a brand is dropped, and so is every reply below it
+       (a brand reply answering it may quote that customer). A brand is an author whose tweets are all outbound
+       (``inbound`` False); an author with any inbound tweet is a customer wherever it writes;
     2. a tweet whose reply chain up to the root passes through a dropped tweet is dropped;
-    3. in the tweets kept, a mention of any other customer of the file (``@<author_id>``) becomes ``@customer``.
+    3. in the tweets kept, every mention (``@id`` or ``＠id``, case-insensitive) of anyone but the unit's customer
+       and the brands becomes ``@customer`` -- also of people with no tweet in the file, so that one customer's
+       record never depends on whether another customer's tweets are present.
+
+    What no rule can catch: a brand reply that quotes another person's words or names them without an ``@``.
+    An ``inbound`` value other than True/False, or a repeated ``tweet_id``, is refused (exit 2), never guessed.
 
     The tweets left, in ``created_at`` order (ties: smaller tweet_id), become turns: customer → ``user``, brand →
     ``assistant``; consecutive turns of one role are joined with a newline, trailing user turns are cut, and a
@@ -310,7 +325,8 @@ def load_twcs_conversations(path: Path, stats: Counter | None = None) -> list[di
         Rows ``{"customer_id": str, "tweet_id": str (the root), "messages": [{"role", "content"}, ...]}``.
 
     Raises:
-        BadInputError: unreadable file, malformed id or timestamp.
+        BadInputError: unreadable file, malformed id or timestamp, an ``inbound`` value other than True/False, a
+            repeated ``tweet_id``.
     """
     return build_conversations(_tweets(read_twcs_rows(path)), stats)
 

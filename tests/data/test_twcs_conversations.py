@@ -113,3 +113,68 @@ def test_cli_conversations_write_jsonl_and_the_pair_mode_is_unchanged(tmp_path):
     ]
     with pytest.raises(BadInputError, match="exists"):
         write_twcs_conversations(src, dest)
+
+
+# Red-team findings on the first version (issue 31): each input put one customer's text or id into another's record.
+def _by_customer(tmp_path, tweets):
+    return {r["customer_id"]: json.dumps(r) for r in load_twcs_conversations(_csv(tmp_path / "t.csv", tweets))}
+
+
+@pytest.mark.parametrize("flag", ["true", "TRUE", "1", "yes", ""])
+def test_an_inbound_flag_other_than_true_or_false_is_refused(tmp_path, flag):
+    tweets = [(1, "A", True, 0, "A asks", ""), (2, "Brand", False, 1, "@A hi", "1.0"), (3, "B", flag, 2, "BBB", "2.0")]
+    if flag.lower() == "true":
+        rows = _by_customer(tmp_path, tweets)  # read as inbound: B's tweet in A's thread is dropped
+        assert "BBB" not in rows["A"]
+        return
+    with pytest.raises(BadInputError, match=r"data row 3: inbound must be True or False"):
+        load_twcs_conversations(_csv(tmp_path / "t.csv", tweets))
+
+
+def test_a_customer_tweet_flagged_outbound_in_another_thread_is_dropped(tmp_path):
+    rows = _by_customer(
+        tmp_path,
+        [
+            (1, "A", True, 0, "A asks", ""),
+            (2, "Brand", False, 1, "@A hi", "1.0"),
+            (3, "B", False, 2, "BBB secret in A thread", "2.0"),  # a lying flag: B has an inbound tweet below
+            (4, "Brand", False, 3, "@A ok", "3.0"),
+            (10, "B", True, 5, "B asks", ""),
+            (11, "Brand", False, 6, "@B hi", "10.0"),
+        ],
+    )
+    assert "BBB" not in rows["A"] and rows["A"].count('"role"') == 2
+
+
+def test_a_repeated_tweet_id_is_refused(tmp_path):
+    tweets = [
+        (1, "A", True, 5, "A SSN 123", ""),
+        (2, "Brand", False, 6, "@A we see 123", "1.0"),
+        (1, "B", True, 0, "B", ""),
+    ]
+    with pytest.raises(BadInputError, match=r"data row 3: tweet_id repeats an earlier row's"):
+        load_twcs_conversations(_csv(tmp_path / "t.csv", tweets))
+
+
+def test_a_record_does_not_depend_on_whether_the_mentioned_customer_is_in_the_file(tmp_path):
+    thread = [(1, "A", True, 0, "my friend @B has card 4444", ""), (2, "Brand", False, 1, "@A @B sorry", "1.0")]
+    without_b = _by_customer(tmp_path, thread)["A"]
+    with_b = _by_customer(
+        tmp_path, [*thread, (10, "B", True, 5, "B asks", ""), (11, "Brand", False, 6, "@B hi", "10.0")]
+    )["A"]
+    assert without_b == with_b and "@B" not in with_b and "@customer sorry" in with_b and "@A" in with_b
+
+
+def test_mention_forms_are_redacted_but_the_brand_and_the_customer_stay(tmp_path):
+    rows = _by_customer(
+        tmp_path, [(1, "A", True, 0, "@Brand help", ""), (2, "Brand", False, 1, "@a @brand \uff20B @b @B_ @B's", "1.0")]
+    )
+    reply = json.loads(rows["A"])["messages"][1]["content"]
+    assert reply == "@a @brand @customer @customer @customer @customer's"
+
+
+def test_a_crlf_file_is_read(tmp_path):
+    path = _csv(tmp_path / "t.csv", [(1, "A", True, 0, "A asks", ""), (2, "Brand", False, 1, "@A hi", "1.0")])
+    path.write_bytes(path.read_bytes().replace(b"\n", b"\r\n"))
+    rows = load_twcs_conversations(path)
+    assert [m["content"] for m in rows[0]["messages"]] == ["A asks", "@A hi"]
