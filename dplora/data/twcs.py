@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import html
 import io
 import math
 import re
 import statistics
+import unicodedata
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
@@ -55,13 +57,26 @@ def read_twcs_rows(path: Path) -> list[dict[str, str]]:
         raise BadInputError(f"TWCS file not found: {path}") from None
     except UnicodeDecodeError as exc:
         raise BadInputError(f"TWCS file {path} is not valid UTF-8 (byte offset {exc.start})") from None
-    reader = csv.DictReader(io.StringIO(text.replace("\r", " "), newline=""))
+    reader = csv.DictReader(io.StringIO(text.replace("\r", " "), newline=""), strict=True)
+    width = len(reader.fieldnames or [])
     if reader.fieldnames:  # a CRLF file's last header name ends in the space its \r became
         reader.fieldnames = [name.strip() for name in reader.fieldnames]
     missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
     if missing:
         raise BadInputError(f"TWCS file {path} lacks column(s): {', '.join(missing)}")
-    return list(reader)
+    try:
+        rows = list(reader)
+    except csv.Error as exc:  # e.g. a quote left open: it would join the rows below into one cell
+        raise BadInputError(f"TWCS file {path}: malformed csv near line {reader.line_num} ({exc})") from None
+    for n, row in enumerate(rows, start=1):
+        if None in row or None in row.values():
+            raise BadInputError(f"TWCS file {path}: data row {n} has {len(row) - (None in row)} fields, not {width}")
+        if ROW_LIKE.search(row["text"]):  # a quoted cell that swallowed other rows (another customer's text)
+            raise BadInputError(f"TWCS file {path}: data row {n}'s text holds a line shaped like a TWCS row")
+    return rows
+
+
+ROW_LIKE = re.compile(r"\n\s*\d*,\d+,[^,\n]*,(True|False),", re.IGNORECASE)
 
 
 def _parent_id(raw: str, row_number: int) -> str | None:
@@ -69,10 +84,10 @@ def _parent_id(raw: str, row_number: int) -> str | None:
     raw = (raw or "").strip()
     if not raw:
         return None
-    try:
-        return str(int(float(raw)))
-    except ValueError:
-        raise BadInputError(f"data row {row_number}: in_response_to_tweet_id is not a number") from None
+    whole = re.fullmatch(r"(\d+)(?:\.0*)?", raw)  # exact: a float would merge ids above 2**53 and read 1.9 as 1
+    if whole is None:
+        raise BadInputError(f"data row {row_number}: in_response_to_tweet_id is not a whole tweet id")
+    return str(int(whole.group(1)))
 
 
 def _created_at(raw: str, row_number: int) -> datetime:
@@ -201,11 +216,41 @@ def _tweets(rows: list[dict[str, str]]) -> dict[str, _Tweet]:
         flag = row["inbound"].strip().lower()
         if flag not in ("true", "false"):  # never guess: an unknown flag read as "brand" would keep its text
             raise BadInputError(f"data row {n}: inbound must be True or False")
-        tweets[tid] = _Tweet(tid, row["author_id"].strip(), flag == "true", row["text"], parent, order)
+        author = row["author_id"].strip()
+        if not author:
+            raise BadInputError(f"data row {n}: author_id is empty")
+        tweets[tid] = _Tweet(tid, author, flag == "true", _plain(row["text"]), parent, order)
+    _check_authors(tweets)
     return tweets
 
 
-MENTION = re.compile(r"[@\uff20](\w+)")  # @ and the full-width ＠
+INVISIBLE = re.compile("[\u00ad\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff]")
+
+
+def _plain(text: str) -> str:
+    """NFKC-normalised (﹫ and ＠ become @) with invisible format characters removed, so no lookalike mention
+    hides an id from :data:`MENTION`."""
+    return INVISIBLE.sub("", unicodedata.normalize("NFKC", html.unescape(text)))
+
+
+def _check_authors(tweets: dict[str, _Tweet]) -> None:
+    """Refuse authors dplora cannot tell apart or classify: an author with both inbound and outbound tweets (brand
+    or customer?), and two ids that differ only in case (Twitter handles are case-insensitive)."""
+    flags: dict[str, set[bool]] = {}
+    folded: dict[str, str] = {}
+    for t in tweets.values():
+        flags.setdefault(t.author, set()).add(t.inbound)
+        other = folded.setdefault(t.author.casefold(), t.author)
+        if other != t.author:
+            raise BadInputError(f"tweet_id {t.tweet_id}: its author_id differs from another author's only in case")
+    for t in tweets.values():
+        if len(flags[t.author]) == 2:
+            raise BadInputError(
+                f"tweet_id {t.tweet_id}: its author has both inbound and outbound tweets (brand or customer?)"
+            )
+
+
+MENTION = re.compile(r"@([\w.-]*\w)")  # after _plain: ＠ and ﹫ are @; an id may hold . and - inside
 OTHER_CUSTOMER = "@customer"  # what a mention of anyone but the unit's customer and the brands becomes
 
 
@@ -223,10 +268,7 @@ def build_conversations(tweets: dict[str, _Tweet], stats: Counter | None = None)
         if t.parent is not None and t.parent in tweets and t.parent != t.tweet_id:
             children.setdefault(t.parent, []).append(t.tweet_id)
     roots = [t for t in tweets.values() if t.parent is None or t.parent not in tweets]
-    customers = {t.author for t in tweets.values() if t.inbound}
-    # a brand is an author with outbound tweets only: an author with any inbound tweet is a customer wherever it
-    # writes, so a customer's tweet flagged outbound in another customer's thread is still dropped (rule 1)
-    brands = {t.author for t in tweets.values() if not t.inbound} - customers
+    brands = {t.author for t in tweets.values() if not t.inbound}  # no author is both (_check_authors)
     brand_ids = {b.casefold() for b in brands}
     out = []
     for root in sorted(roots, key=lambda t: t.order):
@@ -307,8 +349,12 @@ def load_twcs_conversations(path: Path, stats: Counter | None = None) -> list[di
        and the brands becomes ``@customer`` -- also of people with no tweet in the file, so that one customer's
        record never depends on whether another customer's tweets are present.
 
-    What no rule can catch: a brand reply that quotes another person's words or names them without an ``@``.
-    An ``inbound`` value other than True/False, or a repeated ``tweet_id``, is refused (exit 2), never guessed.
+    Texts are HTML-unescaped and NFKC-normalised with invisible format characters removed first, so no lookalike
+    ``@`` hides an id. What no rule can catch: a brand reply that quotes another person's words or names them
+    without an ``@``. Refused (exit 2), never guessed: an ``inbound`` value other than True/False, a repeated
+    ``tweet_id``, an empty ``author_id``, an author with both inbound and outbound tweets, two author ids that
+    differ only in case, a parent id that is not a whole number, a malformed csv row (wrong field count, a quote
+    left open) and a text cell holding a line shaped like a TWCS row (a quote that swallowed the rows below it).
 
     The tweets left, in ``created_at`` order (ties: smaller tweet_id), become turns: customer → ``user``, brand →
     ``assistant``; consecutive turns of one role are joined with a newline, trailing user turns are cut, and a
@@ -325,8 +371,7 @@ def load_twcs_conversations(path: Path, stats: Counter | None = None) -> list[di
         Rows ``{"customer_id": str, "tweet_id": str (the root), "messages": [{"role", "content"}, ...]}``.
 
     Raises:
-        BadInputError: unreadable file, malformed id or timestamp, an ``inbound`` value other than True/False, a
-            repeated ``tweet_id``.
+        BadInputError: unreadable or malformed file, malformed id or timestamp, and each refusal listed above.
     """
     return build_conversations(_tweets(read_twcs_rows(path)), stats)
 

@@ -131,19 +131,52 @@ def test_an_inbound_flag_other_than_true_or_false_is_refused(tmp_path, flag):
         load_twcs_conversations(_csv(tmp_path / "t.csv", tweets))
 
 
-def test_a_customer_tweet_flagged_outbound_in_another_thread_is_dropped(tmp_path):
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ((3, "B", False, 2, "BBB secret in A thread", "2.0"), "both inbound and outbound tweets"),  # a lying flag
+        ((3, "Brand", True, 2, "BBB", ""), "both inbound and outbound tweets"),  # one row would wipe the brand out
+        ((3, "b", True, 2, "BBB", ""), "differs from another author's only in case"),
+        ((3, " ", True, 2, "BBB", "2.0"), "author_id is empty"),
+        ((3, "C", True, 2, "BBB", "1.9"), "not a whole tweet id"),
+        ((9007199254740993, "C", True, 2, "BBB", "9007199254740992.0"), "not a whole tweet id|"),
+    ],
+)
+def test_authors_and_ids_dplora_cannot_classify_are_refused(tmp_path, extra, message):
+    base = [(1, "A", True, 0, "A asks", ""), (2, "Brand", False, 1, "@A hi", "1.0"), (10, "B", True, 5, "B", "")]
+    if not message.endswith("|"):
+        with pytest.raises(BadInputError, match=message):
+            load_twcs_conversations(_csv(tmp_path / "t.csv", [*base, extra]))
+        return
+    # above 2**53: ids stay exact, so a reply to 9007199254740992 is not attached to tweet 9007199254740993
     rows = _by_customer(
         tmp_path,
         [
-            (1, "A", True, 0, "A asks", ""),
-            (2, "Brand", False, 1, "@A hi", "1.0"),
-            (3, "B", False, 2, "BBB secret in A thread", "2.0"),  # a lying flag: B has an inbound tweet below
-            (4, "Brand", False, 3, "@A ok", "3.0"),
-            (10, "B", True, 5, "B asks", ""),
-            (11, "Brand", False, 6, "@B hi", "10.0"),
+            (9007199254740993, "A", True, 0, "AAA", ""),
+            (2, "Brand", False, 1, "@A hi", "9007199254740993.0"),
+            (9007199254740992, "C", True, 2, "CCC", ""),
         ],
     )
-    assert "BBB" not in rows["A"] and rows["A"].count('"role"') == 2
+    assert "AAA" in rows["A"] and "C" not in rows
+
+
+@pytest.mark.parametrize(
+    "row_b",
+    [
+        '5,5,222,True,Tue Oct 31 22:00:00 +0000 2017,"BBB1 opens\n',
+        '5,5,222,True,Tue Oct 31 22:00:00 +0000 2017,"BBB1 opens\n'
+        '0,1,111,True,Tue Oct 31 22:01:00 +0000 2017,AAA private,,\nBBB ends",,\n',
+    ],
+)
+def test_a_quote_that_swallows_other_rows_is_refused(tmp_path, row_b):
+    rows = (
+        "0,1,111,True,Tue Oct 31 22:01:00 +0000 2017,AAA private,,\n"
+        "9,8,Brand,False,Tue Oct 31 22:02:00 +0000 2017,@222 hi,,5.0\n"
+    )
+    path = tmp_path / "t.csv"
+    path.write_text(HEADER + row_b + rows, encoding="utf-8")
+    with pytest.raises(BadInputError, match="malformed csv|shaped like a TWCS row|fields, not"):
+        load_twcs_conversations(path)
 
 
 def test_a_repeated_tweet_id_is_refused(tmp_path):
@@ -167,10 +200,14 @@ def test_a_record_does_not_depend_on_whether_the_mentioned_customer_is_in_the_fi
 
 def test_mention_forms_are_redacted_but_the_brand_and_the_customer_stay(tmp_path):
     rows = _by_customer(
-        tmp_path, [(1, "A", True, 0, "@Brand help", ""), (2, "Brand", False, 1, "@a @brand \uff20B @b @B_ @B's", "1.0")]
+        tmp_path,
+        [
+            (1, "A", True, 0, "@Brand help", ""),
+            (2, "Brand", False, 1, "@a @brand \uff20B \ufe6bB @\u200bB @b @B_ @B's @B-x &#64;B", "1.0"),
+        ],
     )
     reply = json.loads(rows["A"])["messages"][1]["content"]
-    assert reply == "@a @brand @customer @customer @customer @customer's"
+    assert reply == "@a @brand @customer @customer @customer @customer @customer @customer's @customer @customer"
 
 
 def test_a_crlf_file_is_read(tmp_path):
