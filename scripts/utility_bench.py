@@ -12,19 +12,32 @@ nothing is copied into the repository):
   held-out loss per target token and perplexity measured through the same template and mask (the assistant span
   only) on a held-out subset of rows (split by a seeded hash of the row index, never seen in training).
 
-Rows: the base model (floor), the non-private control (``privacy.enabled: false``), DP at ε ∈ {1, 3, 8}, all at
-the same epochs (so the same steps), learning rate, LoRA and seed; then a sweep of the logical batch size at
-ε = 3 and equal epochs (Banking77 only in ``--quick``; both tasks in ``--full``). Every run goes through
-dplora's own training path (:func:`dplora.recipe.train.run_training`: Poisson sampling, per-unit clipping, noise,
-accountant, signed release); evaluation uses :mod:`dplora.evaluate.heldout` (``record_nll``, ``group_stats``).
-Per-group numbers (Banking77 intent, Bitext category) are reported for every run, and the groups that DP at
-ε = 3 hurts most against the control are listed with their sizes.
+Rows (``--quick``, ``--toy``): the base model (floor), the non-private control (``privacy.enabled: false``), DP at
+ε ∈ {1, 3, 8}, all at the same epochs (so the same steps), learning rate, LoRA and seed; then a sweep of the logical
+batch size at ε = 3 and equal epochs (Banking77 only in ``--quick``).
+
+Rows (``--full``, ``--cpu``, ``--toy --full``; issue 33): base; the non-private control at the planner's B, T, lr and
+schedule (for the largest ε); DP with the planner's choice (``training.expected_batch_size: auto``, ``steps: auto``,
+E = 3 epochs, B up to 1,024) at each ε; DP with the demo's hand settings (:data:`HAND`, configs/demo.yaml) at the
+same epochs; each trained ``--repeats`` times (mean and sample standard deviation), last checkpoint, no selection
+on held-out data. The report gives the DP share of the control's gain over base per task and ε,
+(base − dp)/(base − control) for loss and (dp − base)/(control − base) for accuracy, and the goal checks at ε = 8
+(Bitext ≥ 90 % of the control's gain, Banking77 within 3 points of the control). ``--cpu`` cuts the design to
+about an hour on 2 CPU cores (Banking77 only, see :data:`CPU`); docs/utility.md gives the sizes and estimates.
+
+Every run goes through dplora's own training path (:func:`dplora.recipe.train.run_training`: Poisson sampling,
+per-unit clipping, noise, accountant, signed release); evaluation uses :mod:`dplora.evaluate.heldout`
+(``record_nll``, ``group_stats``) on the GPU when there is one. Per-group numbers (Banking77 intent, Bitext
+category) are reported for every run, and the groups that DP at ε = 3 hurts most against the control are listed
+with their sizes.
 
 Output: ``DIR/utility.json``, ``DIR/utility.md`` and ``DIR/utility.png`` (utility against ε).
 
     flock /work/notes/cpu.lock .venv/bin/python scripts/utility_bench.py --quick --out bench-utility
     .venv/bin/python scripts/utility_bench.py --toy --out /tmp/u   # a tiny random chat model, seconds (tests)
-    .venv/bin/python scripts/utility_bench.py --full --out bench-utility-full     # hours on a CPU
+    .venv/bin/python scripts/utility_bench.py --full --out bench-utility-full     # a GPU; days on a CPU
+    flock /work/notes/cpu.lock .venv/bin/python scripts/utility_bench.py --cpu --out bench-utility-cpu  # ~1 h
+    .venv/bin/python scripts/utility_bench.py --toy --full --out /tmp/u            # the --full design, tiny model
 """
 
 from __future__ import annotations
@@ -35,6 +48,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -43,7 +57,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-DATA = ROOT.parent / "shared" / "data"
+# the shared data folder; DPLORA_UTILITY_DATA points elsewhere (the GPU check carries a copy in .gpu/data)
+DATA = Path(os.environ.get("DPLORA_UTILITY_DATA") or ROOT.parent / "shared" / "data")
 BANKING = DATA / "banking77"
 BITEXT = DATA / "bitext_customer_support" / "Bitext_Sample_Customer_Support_Training_Dataset.csv"
 
@@ -511,7 +526,8 @@ def aggregate(runs: list[dict]) -> dict:
         groups.append(avg)
     mean["groups"] = groups
     first = runs[0]
-    row = {k: first[k] for k in ("batch", "steps", "q", "sigma", "lr", "lr_schedule") if k in first}
+    keys = ("batch", "steps", "q", "sigma", "epsilon_spent", "lr", "lr_schedule")
+    row = {k: first[k] for k in keys if k in first}
     seconds = math.fsum(r["train_seconds"] + r["eval_seconds"] for r in runs)
     return row | {
         "eval": mean,
