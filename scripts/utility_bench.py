@@ -716,6 +716,8 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error("--toy builds its own model: drop --model-path")
     if args.repeats is not None and args.repeats < 1:
         ap.error("--repeats must be ≥ 1")
+    if args.repeats is not None and not (args.full or args.cpu):
+        ap.error("--repeats applies to --full and --cpu (the planner design)")
     settings = (TOY_FULL if args.full else TOY) if args.toy else QUICK if args.quick else CPU if args.cpu else FULL
     mode_name = "quick" if args.quick else "cpu" if args.cpu else "full" if args.full else "toy"
     mode_name = f"toy-{mode_name}" if args.toy and args.full else mode_name
