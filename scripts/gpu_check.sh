@@ -11,11 +11,15 @@
 #   scale-1b       scripts/bench_scale.py, Llama-3.2-1B shape, bf16, seq 512 and 2048, plain/ckpt/4bit,
 #                  non_dp vs dplora_fast, largest batch up to 64                                ~120 s         200 s
 #   scale-8b       the same on a Llama-3.1-8B shape, largest batch up to 16                     ~210 s         260 s
-#   utility        (only with --utility) scripts/utility_bench.py --quick --only banking77     minutes        600 s
-#   total without utility: ~455 s of commands (~7.6 min), timeouts sum to 910 s; a stage that overruns is cut
-#   and reported, the next one still runs.
+#   utility        (only with --utility) scripts/utility_bench.py --full on Bitext (.gpu/data), random-init 135M,
+#                  1 repeat, rows base / control / DP-planner ε=8 / DP-hand ε=8, 1,600 training rows (3 epochs:
+#                  the planner weighs B 32..96), 400 held-out rows, 320 tokens: 3 trainings of 4,800 rows (estimate,
+#                  not measured yet)                                                          ~150 s         240 s
+#   total without utility: ~455 s of commands (~7.6 min), timeouts sum to 910 s; with it ~605 s (~10 min); a stage
+#   that overruns is cut and reported, the next one still runs.
 #
-# --dry-run: the same stages on CPU at toy sizes (a tiny Llama, 2 steps, toy bench shapes; utility: --help only),
+# --dry-run: the same stages on CPU at toy sizes (a tiny Llama, 2 steps, toy bench shapes; utility: --toy --full on
+# Bitext, ε = 8, 1 repeat),
 # no .gpu/ needed; tests/scripts/test_gpu_check.py runs it. Every stage prints "STAGE <name>: OK|FAIL|SKIP".
 # Usage: bash scripts/gpu_check.sh [--dry-run] [--utility] [OUT_DIR]   (logs, bench JSON/markdown go to OUT_DIR)
 set -uo pipefail
@@ -134,16 +138,19 @@ scale() {  # scale ARCH MAX_BATCH
     ${TIMEB:+--batch $TIMEB} --out "$OUT/scale-$1" "${extra[@]}"
 }
 
-utility() {
+utility() {  # the --full design (issue 33), sized to the device budget; real weights cannot travel: random init
   if [ "$DRY" = 1 ]; then
-    $PY scripts/utility_bench.py --help >/dev/null && echo "utility_bench.py: --help only in a dry run"
+    $PY scripts/utility_bench.py --toy --full --only bitext --epsilons 8 --repeats 1 --threads 1 \
+      --out "$OUT/utility" >/dev/null && tail -n 12 "$OUT/utility/utility.md"
   else
-    $PY scripts/utility_bench.py --quick --only banking77 --out "$OUT/utility"
+    [ -d .gpu/data ] && export DPLORA_UTILITY_DATA=$PWD/.gpu/data
+    $PY scripts/utility_bench.py --full --only bitext --epsilons 8 --repeats 1 --max-train-rows 1600 \
+      --model-path "$W/model" --out "$OUT/utility"
   fi
 }
 
 export -f setup train_verify fastclip scale utility
-if [ "$DRY" = 1 ]; then T=(300 300 300 300 300 60); else T=(120 180 150 200 260 600); fi
+if [ "$DRY" = 1 ]; then T=(300 300 300 300 300 300); else T=(120 180 150 200 260 240); fi
 stage setup "${T[0]}" setup
 stage train-bf16 "${T[1]}" train_verify
 stage fastclip "${T[2]}" fastclip

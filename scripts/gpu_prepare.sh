@@ -13,4 +13,6 @@ grep -qs '^/.gpu/' .git/info/exclude || { mkdir -p .git/info && echo '/.gpu/' >>
   gguf xxhash securesystemslib bitsandbytes==0.50.2
 folder=$(.venv/bin/python -c "from dplora.engine.model import converted_smollm2; print(converted_smollm2())")
 find "$folder" -maxdepth 1 -type f ! -name '*.safetensors' -exec cp {} .gpu/smollm2/ \;
+# the utility stage's data (Banking77, Bitext: 4.6 MB of public csv) read by utility_bench.py via DPLORA_UTILITY_DATA
+mkdir -p .gpu/data && cp -r ../shared/data/banking77 ../shared/data/bitext_customer_support .gpu/data/
 du -sh .gpu

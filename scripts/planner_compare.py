@@ -68,7 +68,7 @@ def _contract(setup: dict, out: Path, *, arm: str, enabled: bool = True) -> dict
             "enabled": enabled,
         },
         "model": setup["model"],
-        "data": {"path": str(setup["train"]), "prompt_column": setup["prompt"], "response_column": setup["response"]},
+        "data": {"path": str(setup["train"]), **setup["columns"]},
         "lora": {"r": setup["r"], "alpha": 2.0 * setup["r"], "target_modules": ["q_proj", "v_proj"]},
         "training": training,
     }
@@ -133,8 +133,7 @@ def _toy_setup(tmp: Path, threads: int) -> dict:
         "model": {"path": str(model_dir)},
         "train": path,
         "held": [{"message": r["message"], "reply": r["reply"]} for r in held],
-        "prompt": "message",
-        "response": "reply",
+        "columns": {"prompt_column": "message", "response_column": "reply"},
         "num_units": len(train),  # generated, public data: its row count may be declared
         "epochs": 8.0,
         "epsilon": 8.0,
@@ -150,14 +149,13 @@ def _toy_setup(tmp: Path, threads: int) -> dict:
 def _real_setup(tmp: Path, threads: int, epochs: float) -> dict:
     from utility_bench import QUICK, bitext_data
 
-    path, held = bitext_data(QUICK, tmp)
-    n = sum(1 for _ in open(path, encoding="utf-8")) - 1  # rows of a public dataset (no quoted newlines here)
+    path, held = bitext_data(QUICK, tmp)  # one-turn conversations (issue 31): jsonl, one record per line
+    n = sum(1 for _ in open(path, encoding="utf-8"))  # rows of a public dataset
     return {
         "model": {"name": "smollm2-135m"},
         "train": path,
-        "held": [{"instruction": r["instruction"], "response": r["response"]} for r in held],
-        "prompt": "instruction",
-        "response": "response",
+        "held": [{"messages": r["messages"]} for r in held],
+        "columns": {"record_format": "messages", "prompt_column": None, "response_column": None},
         "num_units": n,
         "epochs": epochs,
         "epsilon": 8.0,

@@ -12,19 +12,32 @@ nothing is copied into the repository):
   held-out loss per target token and perplexity measured through the same template and mask (the assistant span
   only) on a held-out subset of rows (split by a seeded hash of the row index, never seen in training).
 
-Rows: the base model (floor), the non-private control (``privacy.enabled: false``), DP at ε ∈ {1, 3, 8}, all at
-the same epochs (so the same steps), learning rate, LoRA and seed; then a sweep of the logical batch size at
-ε = 3 and equal epochs (Banking77 only in ``--quick``; both tasks in ``--full``). Every run goes through
-dplora's own training path (:func:`dplora.recipe.train.run_training`: Poisson sampling, per-unit clipping, noise,
-accountant, signed release); evaluation uses :mod:`dplora.evaluate.heldout` (``record_nll``, ``group_stats``).
-Per-group numbers (Banking77 intent, Bitext category) are reported for every run, and the groups that DP at
-ε = 3 hurts most against the control are listed with their sizes.
+Rows (``--quick``, ``--toy``): the base model (floor), the non-private control (``privacy.enabled: false``), DP at
+ε ∈ {1, 3, 8}, all at the same epochs (so the same steps), learning rate, LoRA and seed; then a sweep of the logical
+batch size at ε = 3 and equal epochs (Banking77 only in ``--quick``).
+
+Rows (``--full``, ``--cpu``, ``--toy --full``; issue 33): base; the non-private control at the planner's B, T, lr and
+schedule (for the largest ε); DP with the planner's choice (``training.expected_batch_size: auto``, ``steps: auto``,
+E = 3 epochs, B up to 1,024) at each ε; DP with the demo's hand settings (:data:`HAND`, configs/demo.yaml) at the
+same epochs; each trained ``--repeats`` times (mean and sample standard deviation), last checkpoint, no selection
+on held-out data. The report gives the DP share of the control's gain over base per task and ε,
+(base − dp)/(base − control) for loss and (dp − base)/(control − base) for accuracy, and the goal checks at ε = 8
+(Bitext ≥ 90 % of the control's gain, Banking77 within 3 points of the control). ``--cpu`` cuts the design to
+about an hour on 2 CPU cores (Banking77 only, see :data:`CPU`); docs/utility.md gives the sizes and estimates.
+
+Every run goes through dplora's own training path (:func:`dplora.recipe.train.run_training`: Poisson sampling,
+per-unit clipping, noise, accountant, signed release); evaluation uses :mod:`dplora.evaluate.heldout`
+(``record_nll``, ``group_stats``) on the GPU when there is one. Per-group numbers (Banking77 intent, Bitext
+category) are reported for every run, and the groups that DP at ε = 3 hurts most against the control are listed
+with their sizes.
 
 Output: ``DIR/utility.json``, ``DIR/utility.md`` and ``DIR/utility.png`` (utility against ε).
 
     flock /work/notes/cpu.lock .venv/bin/python scripts/utility_bench.py --quick --out bench-utility
     .venv/bin/python scripts/utility_bench.py --toy --out /tmp/u   # a tiny random chat model, seconds (tests)
-    .venv/bin/python scripts/utility_bench.py --full --out bench-utility-full     # hours on a CPU
+    .venv/bin/python scripts/utility_bench.py --full --out bench-utility-full     # a GPU; days on a CPU
+    flock /work/notes/cpu.lock .venv/bin/python scripts/utility_bench.py --cpu --out bench-utility-cpu  # ~1 h
+    .venv/bin/python scripts/utility_bench.py --toy --full --out /tmp/u            # the --full design, tiny model
 """
 
 from __future__ import annotations
@@ -35,6 +48,8 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
+import statistics
 import sys
 import tempfile
 import time
@@ -42,7 +57,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-DATA = ROOT.parent / "shared" / "data"
+# the shared data folder; DPLORA_UTILITY_DATA points elsewhere (the GPU check carries a copy in .gpu/data)
+DATA = Path(os.environ.get("DPLORA_UTILITY_DATA") or ROOT.parent / "shared" / "data")
 BANKING = DATA / "banking77"
 BITEXT = DATA / "bitext_customer_support" / "Bitext_Sample_Customer_Support_Training_Dataset.csv"
 
@@ -74,6 +90,17 @@ class Settings:
     bitext: Task
     max_train_rows: int | None = None  # training rows kept per task, in file order (None: all)
     toy: bool = False  # a tiny random Llama with a ChatML template instead of the packaged model
+    # "sweep" (--quick, --toy): control, DP at each ε and a batch sweep at one task batch and lr.
+    # "planner" (--full, --cpu): control at the planner's B and T, DP with the planner's choice at each ε, DP with
+    # the demo's hand settings at each ε in hand_epsilons (None: every ε), ``repeats`` trainings per row.
+    design: str = "sweep"
+    repeats: int = 1
+    accountant: str = "prv"
+    hand_epsilons: tuple[float, ...] | None = None
+    label: str = ""  # what the preset is, printed in the output (e.g. the CPU preset's cuts)
+    tasks: tuple[str, ...] = ("banking77", "bitext")  # the tasks run unless --only names one
+    train_per_intent: int | None = None  # Banking77 training rows kept per intent, in file order (None: all)
+    max_chars: int | None = None  # Bitext cells cut to this many characters (toy only: short byte-token sequences)
 
 
 QUICK = Settings(
@@ -138,35 +165,71 @@ TOY = Settings(
     max_train_rows=48,
     toy=True,
 )
+HAND = {"expected_batch_size": 32, "lr": 0.002}  # configs/demo.yaml: the dp-hand rows (constant lr, no warmup)
 FULL = Settings(
     epsilons=(1.0, 3.0, 8.0),
     delta=1e-5,
     seed=0,
-    intents=None,
+    intents=None,  # all 77 intents: N = 10,003 training rows
+    design="planner",
+    repeats=3,
+    label="full: every row, all 77 intents, all training rows, 3 repeats",
     banking=Task(
         name="banking77",
-        max_seq_len=48,
-        epochs=3.0,
-        batch=1024,
-        sweep=(32, 256),
-        lr=5e-3,
+        max_seq_len=96,  # through the template: 50 tokens at the median, 97 at most (SmolLM2's tokenizer)
+        epochs=3.0,  # E for the planner (B ≤ 1,024, T ≥ 50), the hand rows and the control
+        batch=32,  # unused in the planner design (B comes from the planner or HAND)
+        sweep=(),
+        lr=0.002,  # the planner's reference rate at B = 32 (the demo's lr); it scales by sqrt(B/32)
         clip=0.1,
         r=8,
         physical=32,
-        eval_rows=10,
+        eval_rows=10,  # per intent: 770 test rows, each scored against the 77 labels
     ),
     bitext=Task(
         name="bitext",
-        max_seq_len=96,
-        epochs=2.0,
-        batch=1024,
-        sweep=(32, 256),
-        lr=5e-3,
+        max_seq_len=320,  # whole conversations through the template: 212 tokens at the median, 269 at p99, 328 max
+        epochs=3.0,
+        batch=32,
+        sweep=(),
+        lr=0.002,
         clip=0.1,
         r=8,
         physical=16,
         eval_rows=400,
     ),
+)
+# --cpu: about an hour on 2 idle CPU cores (docs/utility.md gives the estimate). The planner needs T ≥ 50 at
+# B ≥ 32, so one run at E = 3 trains on ≥ 1,600 rows whatever N is: an hour holds three runs of SmolLM2-135M at 64
+# tokens, so the preset is Banking77 only (Bitext's conversations need 320 tokens, about 4x the cost per row).
+CPU = dataclasses.replace(
+    FULL,
+    epsilons=(8.0,),
+    hand_epsilons=(8.0,),
+    repeats=1,
+    tasks=("banking77",),
+    intents=QUICK.intents,
+    train_per_intent=120,  # N = 3·120 + 112 + 82 = 554: T = ceil(3·554/32) = 52 at B = 32 (B = 48: T = 35 < 50)
+    label=(
+        "cpu preset: Banking77 only (5 intents, up to 120 training rows each, N = 554, 12 test rows each); 1 repeat; "
+        "rows base, control, DP-planner at ε = 8, DP-hand at ε = 8; max_seq_len 64; 3 epochs (T = 52 at B = 32)"
+    ),
+    banking=dataclasses.replace(FULL.banking, max_seq_len=64, physical=16, eval_rows=12),
+    bitext=dataclasses.replace(FULL.bitext, physical=8, eval_rows=100),
+)
+# --toy --full: the planner design on the tiny random chat model, seconds per run (tests, the GPU check's dry run).
+# N = 160 rows and E = 10 give T = 50 at B = 32 (the planner needs B ≤ N/4 and T ≥ 50).
+TOY_FULL = dataclasses.replace(
+    TOY,
+    epsilons=(3.0, 8.0),
+    design="planner",
+    repeats=1,
+    accountant="rdp",
+    max_train_rows=160,
+    max_chars=60,  # byte tokens: short conversations keep each run to seconds
+    label="toy full: the planner design on a tiny random chat model",
+    banking=dataclasses.replace(TOY.banking, epochs=10.0, lr=0.01, physical=32),
+    bitext=dataclasses.replace(TOY.bitext, max_seq_len=192, epochs=10.0, lr=0.01, physical=32),
 )
 
 
@@ -200,7 +263,12 @@ def banking_data(settings: Settings, tmp: Path) -> tuple[Path, list[dict], list[
     train, test = _read_csv(BANKING / "train.csv"), _read_csv(BANKING / "test.csv")
     labels = list(settings.intents or json.loads((BANKING / "categories.json").read_text()))
     keep = set(labels)
-    train = [r for r in train if r["category"] in keep][: settings.max_train_rows]
+    train = [r for r in train if r["category"] in keep]
+    if settings.train_per_intent is not None:  # the file is sorted by intent: keep the first rows of each
+        train = [
+            r for label in labels for r in [r for r in train if r["category"] == label][: settings.train_per_intent]
+        ]
+    train = train[: settings.max_train_rows]
     per, kept = settings.banking.eval_rows, []
     for label in labels:  # the first `per` test rows of each intent, in file order
         kept += [r for r in test if r["category"] == label][:per]
@@ -218,6 +286,11 @@ def bitext_data(settings: Settings, tmp: Path) -> tuple[Path, list[dict]]:
     rows = _read_csv(BITEXT)
     for r in rows:
         r["response"] = r["response"].replace("\r\n", "\n")
+        if settings.max_chars is not None:
+            r["instruction"], r["response"] = (
+                r["instruction"][: settings.max_chars],
+                r["response"][: settings.max_chars],
+            )
     held = [i for i in range(len(rows)) if _held_out(i, settings.seed, 0.1)]
     out = set(held)
     train = [conversation(r) for i, r in enumerate(rows) if i not in out][: settings.max_train_rows]
@@ -229,14 +302,34 @@ def bitext_data(settings: Settings, tmp: Path) -> tuple[Path, list[dict]]:
 
 def contract_for(task: Task, settings: Settings, path: Path, columns: dict, out: Path, **kw) -> dict:
     """A row-level contract for one run (the packaged model, or ``model`` in ``kw``); ``columns``: the data section's
-    record format keys; ``kw``: epsilon, batch, enabled, model."""
+    record format keys; ``kw``: epsilon, batch, enabled, model, and ``arm``: None (the task's batch and lr at its
+    epochs), ``"planner"`` (``expected_batch_size: auto``, ``steps: auto`` at the task's epochs, the task's lr as
+    the reference at B = 32), ``"hand"`` (:data:`HAND`'s B and lr at the task's epochs) or ``"fixed"`` (``fixed``:
+    the planner's resolved B, T, lr, schedule and warmup, for the control)."""
+    training = {
+        "expected_batch_size": kw.get("batch", task.batch),
+        "physical_batch_size": task.physical,
+        "epochs": task.epochs,
+        "lr": task.lr,
+        "max_seq_len": task.max_seq_len,
+        "seed": settings.seed,
+        "output_dir": str(out),
+    }
+    arm = kw.get("arm")
+    if arm == "planner":
+        training |= {"expected_batch_size": "auto", "steps": "auto"}
+    elif arm == "hand":
+        training |= HAND
+    elif arm == "fixed":
+        training.pop("epochs")
+        training |= kw["fixed"]
     return {
         "privacy": {
             "protected_unit": "row",
             "adjacency": "add_remove",
             "target_epsilon": kw.get("epsilon", 3.0),
             "delta": settings.delta,
-            "accountant": "prv",
+            "accountant": settings.accountant,
             "max_grad_norm": task.clip,
             "sampling": "poisson",
             "enabled": kw.get("enabled", True),
@@ -246,24 +339,39 @@ def contract_for(task: Task, settings: Settings, path: Path, columns: dict, out:
         "model": kw.get("model") or {"name": "smollm2-135m"},
         "data": {"path": str(path), **columns},
         "lora": {"r": task.r, "alpha": 2.0 * task.r, "target_modules": list(task.targets)},
-        "training": {
-            "expected_batch_size": kw.get("batch", task.batch),
-            "physical_batch_size": task.physical,
-            "epochs": task.epochs,
-            "lr": task.lr,
-            "max_seq_len": task.max_seq_len,
-            "seed": settings.seed,
-            "output_dir": str(out),
-        },
+        "training": training,
     }
 
 
 def run_specs(task: Task, settings: Settings) -> list[dict]:
-    """The runs of one task: control, DP at each ε (main batch), then the batch sweep at ε = 3."""
+    """The runs of one task. Sweep design: control, DP at each ε (main batch), then the batch sweep at ε = 3.
+    Planner design: the control (``arm: fixed``, the planner's B and T at the largest ε, filled in by
+    :func:`control_settings`), DP with the planner's choice at each ε, DP with the hand settings."""
+    if settings.design == "planner":
+        top = max(settings.epsilons)
+        specs = [{"name": "non-private", "kind": "control", "arm": "fixed", "enabled": False, "epsilon": top}]
+        specs += [
+            {"name": f"dp-planner-eps{e:g}", "kind": "dp-planner", "arm": "planner", "epsilon": e}
+            for e in settings.epsilons
+        ]
+        hand = settings.epsilons if settings.hand_epsilons is None else settings.hand_epsilons
+        specs += [{"name": f"dp-hand-eps{e:g}", "kind": "dp-hand", "arm": "hand", "epsilon": e} for e in hand]
+        return specs
     specs = [{"name": "non-private", "kind": "control", "enabled": False, "epsilon": 3.0, "batch": task.batch}]
     specs += [{"name": f"dp-eps{e:g}", "kind": "dp", "epsilon": e, "batch": task.batch} for e in settings.epsilons]
     specs += [{"name": f"dp-eps3-B{b}", "kind": "sweep", "epsilon": 3.0, "batch": b} for b in task.sweep]
     return specs
+
+
+def control_settings(raw_planner: dict) -> dict:
+    """The planner's resolved B, T, lr, schedule and warmup for a planner contract (the control trains with them,
+    non-privately: "the control at the planner's B and T"). Public inputs only (:func:`resolve_auto`)."""
+    from dplora.contract.loader import parse_contract
+    from dplora.recipe.planning import resolve_auto
+
+    resolved, _ = resolve_auto(parse_contract(raw_planner))
+    t = resolved.training.model_dump(mode="json")
+    return {k: t[k] for k in ("expected_batch_size", "steps", "lr", "lr_schedule", "warmup_steps")}
 
 
 def train_one(raw: dict, key: Path, threads: int) -> dict:
@@ -276,9 +384,12 @@ def train_one(raw: dict, key: Path, threads: int) -> dict:
     )
     p = result.plan
     return {
+        "batch": p.expected_batch_size,
         "steps": p.steps,
         "q": p.sample_rate,
         "sigma": p.noise_multiplier,
+        "lr": p.lr,
+        "lr_schedule": None if p.lr_schedule is None else str(getattr(p.lr_schedule, "value", p.lr_schedule)),
         "epsilon_spent": result.epsilon_spent if result.differentially_private else None,
         "train_seconds": round(result.seconds, 1),
         "s_per_step": round(result.seconds_per_step, 2),
@@ -300,16 +411,18 @@ class Scorer:
         from dplora.engine.model import load_model_and_tokenizer
 
         torch.set_num_threads(threads)
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
         section = ModelSection(**(model or {"name": "smollm2-135m"}))
         self.base, self.tokenizer = load_model_and_tokenizer(section, _quiet)
-        self.base.eval()
+        self.base.to(self.device).eval()
 
     def model(self, folder: str | None):
         if folder is None:
             return self.base
         from peft import PeftModel
 
-        return PeftModel.from_pretrained(self.base, Path(folder) / "adapter", is_trainable=False).eval()
+        model = PeftModel.from_pretrained(self.base, Path(folder) / "adapter", is_trainable=False)
+        return model.to(self.device).eval()
 
     def release(self, model) -> None:
         if model is not self.base:
@@ -321,7 +434,7 @@ class Scorer:
         from dplora.evaluate.heldout import record_nll
 
         examples = tokenize_records(table, self.tokenizer, contract)
-        return record_nll(model, examples, pad_id=self.tokenizer.pad_token_id, device="cpu", batch_size=batch)
+        return record_nll(model, examples, pad_id=self.tokenizer.pad_token_id, device=self.device, batch_size=batch)
 
 
 def banking_eval(scorer: Scorer, model, test: list[dict], labels: list[str], contract) -> dict:
@@ -368,10 +481,11 @@ def bitext_eval(scorer: Scorer, model, held: list[dict], contract) -> dict:
     }
 
 
-def worst_groups(rows: list[dict], task: str, metric: str, *, top: int = 3) -> list[dict]:
-    """Groups where DP at ε = 3 (main batch) falls furthest behind the control, with their sizes."""
+def worst_groups(rows: list[dict], task: str, metric: str, *, top: int = 3, dp_name: str = "dp-eps3") -> list[dict]:
+    """Groups where DP at ε = 3 (``dp_name``: main batch, or the planner's row) falls furthest behind the control,
+    with their sizes."""
     by_name = {r["name"]: r for r in rows if r["task"] == task}
-    control, dp = by_name.get("non-private"), by_name.get("dp-eps3")
+    control, dp = by_name.get("non-private"), by_name.get(dp_name)
     if control is None or dp is None:
         return []
     sign = -1 if metric == "accuracy" else 1  # accuracy falls, loss rises
@@ -382,6 +496,125 @@ def worst_groups(rows: list[dict], task: str, metric: str, *, top: int = 3) -> l
             {"group": c["group"], "records": c["records"], "control": c[metric], "dp_eps3": d[metric], "gap": gap}
         )
     return sorted(out, key=lambda g: -g["gap"])[:top]
+
+
+def _mean_sd(values: list[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation (None for one value)."""
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
+METRICS = ("accuracy", "label_loss", "loss", "perplexity")
+
+
+def aggregate(runs: list[dict]) -> dict:
+    """One row from R repeats of a run: ``eval`` holds the mean of each metric (and of each group's), ``spread``
+    the sample standard deviation over repeats (None for R = 1), ``repeats`` every repeat's numbers."""
+    evals = [r["eval"] for r in runs]
+    mean, spread = {}, {}
+    for m in METRICS:
+        if m in evals[0]:
+            mean[m], spread[m] = _mean_sd([e[m] for e in evals])
+    for k in ("records", "tokens"):
+        if k in evals[0]:
+            mean[k] = evals[0][k]
+    groups = []
+    for i, g in enumerate(evals[0]["groups"]):
+        avg = dict(g)
+        for m in ("accuracy", "loss"):
+            if g.get(m) is not None:
+                avg[m] = statistics.fmean(e["groups"][i][m] for e in evals)
+        groups.append(avg)
+    mean["groups"] = groups
+    first = runs[0]
+    keys = ("batch", "steps", "q", "sigma", "epsilon_spent", "lr", "lr_schedule")
+    row = {k: first[k] for k in keys if k in first}
+    seconds = math.fsum(r["train_seconds"] + r["eval_seconds"] for r in runs)
+    return row | {
+        "eval": mean,
+        "spread": spread,
+        "train_seconds": round(math.fsum(r["train_seconds"] for r in runs) / len(runs), 1),  # per repeat
+        "eval_seconds": round(math.fsum(r["eval_seconds"] for r in runs) / len(runs), 1),
+        "minutes": round(seconds / 60, 2),  # all repeats of the row: training and evaluation
+        "repeats": [{k: v for k, v in r.items() if k != "folder"} | {"eval": _no_groups(r["eval"])} for r in runs],
+        "folders": [r["folder"] for r in runs],
+    }
+
+
+def _no_groups(e: dict) -> dict:
+    return {k: v for k, v in e.items() if k != "groups"}
+
+
+def shares(rows: list[dict]) -> dict:
+    """The DP share of the control's gain over the base model, per task, ε and DP kind (planner design):
+    (base − dp)/(base − control) for Bitext's held-out loss, (dp − base)/(control − base) for Banking77's accuracy;
+    1 = all of the control's gain, 0 = none, None when the control gains nothing (base = control)."""
+    out = {}
+    for task, metric in (("banking77", "accuracy"), ("bitext", "loss")):
+        mine = [r for r in rows if r["task"] == task]
+        kinds = {r["kind"]: r for r in mine if r["kind"] in ("base", "control")}
+        if len(kinds) < 2:
+            continue
+        base, control = kinds["base"]["eval"][metric], kinds["control"]["eval"][metric]
+        gain = control - base if metric == "accuracy" else base - control
+        per = {}
+        for r in mine:
+            if r["kind"] in ("dp-planner", "dp-hand"):
+                dp = r["eval"][metric]
+                got = dp - base if metric == "accuracy" else base - dp
+                per.setdefault(f"{r['epsilon']:g}", {})[r["kind"]] = None if gain == 0 else got / gain
+        out[task] = {"metric": metric, "base": base, "control": control, "control_gain": gain, "by_epsilon": per}
+    return out
+
+
+def goal_full(rows: list[dict], share: dict) -> dict:
+    """The issue-33 goal at ε = 8 with the planner's choice: Bitext ≥ 90 % of the control's gain in held-out loss;
+    Banking77 accuracy within 3 points of the control."""
+    out = {}
+    by = {(r["task"], r["name"]): r["eval"] for r in rows}
+    if "bitext" in share and ("bitext", "dp-planner-eps8") in by:
+        s8 = share["bitext"]["by_epsilon"]["8"]["dp-planner"]
+        out["bitext"] = {
+            "epsilon": 8,
+            "share_of_control_gain": s8,
+            "required": 0.9,
+            "met": s8 is not None and s8 >= 0.9,
+        }
+    if ("banking77", "dp-planner-eps8") in by and ("banking77", "non-private") in by:
+        gap = by[("banking77", "non-private")]["accuracy"] - by[("banking77", "dp-planner-eps8")]["accuracy"]
+        out["banking77"] = {
+            "epsilon": 8,
+            "control_minus_dp_points": round(100 * gap, 2),
+            "required_points": 3.0,
+            "met": gap <= 0.03,
+        }
+    return out
+
+
+def _pm(mean: float, sd: float | None, digits: int) -> str:
+    return f"{mean:.{digits}f}" + ("" if sd is None else f" ± {sd:.{digits}f}")
+
+
+def table_full_md(rows: list[dict], share: dict) -> str:
+    """The planner design's table: base / control / DP-planner / DP-hand per task and ε, mean ± sd over repeats."""
+    lines = [
+        "| task | run | ε | B | T | σ | lr (schedule) | repeats | Banking77 acc | Bitext loss "
+        "| share of control's gain | min |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        e, sd = r["eval"], r.get("spread", {})
+        eps = "∞ (no DP)" if r["kind"] == "control" else ("—" if r["kind"] == "base" else f"{r['epsilon']:g}")
+        acc = _pm(e["accuracy"], sd.get("accuracy"), 3) if "accuracy" in e else ""
+        loss = _pm(e["loss"], sd.get("loss"), 4) if "loss" in e else ""
+        sigma = f"{r['sigma']:.3f}" if r.get("sigma") else ("0" if r["kind"] == "control" else "—")
+        lr = f"{r['lr']:.3g} ({r.get('lr_schedule') or 'constant'})" if "lr" in r else "—"
+        got = share.get(r["task"], {}).get("by_epsilon", {}).get(f"{r.get('epsilon', 0):g}", {}).get(r["kind"])
+        got = "" if got is None else f"{got:.3f}"
+        lines.append(
+            f"| {r['task']} | {r['name']} | {eps} | {r.get('batch', '—')} | {r.get('steps', '—')} | {sigma} | {lr} | "
+            f"{len(r.get('repeats', [])) or '—'} | {acc} | {loss} | {got} | {r.get('minutes', '—')} |"
+        )
+    return "\n".join(lines)
 
 
 def table_md(rows: list[dict]) -> str:
@@ -415,8 +648,12 @@ def plot(rows: list[dict], path: Path) -> None:
         (axes[1], "bitext", "loss", "Bitext held-out loss (nats/token)"),
     ):
         mine = [r for r in rows if r["task"] == task]
-        dp = sorted((r for r in mine if r["kind"] == "dp"), key=lambda r: r["epsilon"])
-        ax.plot([r["epsilon"] for r in dp], [r["eval"][metric] for r in dp], "o-", label="DP (main batch)")
+        for kind, text in (("dp", "DP (main batch)"), ("dp-planner", "DP, planner"), ("dp-hand", "DP, hand (demo)")):
+            dp = sorted((r for r in mine if r["kind"] == kind), key=lambda r: r["epsilon"])
+            if dp:
+                sd = [r.get("spread", {}).get(metric) or 0.0 for r in dp]
+                xs, ys = [r["epsilon"] for r in dp], [r["eval"][metric] for r in dp]
+                ax.errorbar(xs, ys, yerr=sd, fmt="o-", capsize=3, label=text)
         sweep = [r for r in mine if r["kind"] == "sweep"]
         for r in sweep:
             ax.plot([r["epsilon"]], [r["eval"][metric]], "s", label=f"DP ε=3, batch {r['batch']}")
@@ -427,7 +664,8 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.set_xscale("log")
         ax.set_xlabel("ε (δ = 1e-5, row level)")
         ax.set_ylabel(label)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -442,17 +680,53 @@ def toy_model(folder: Path) -> Path:
     return module.toy_model(folder)
 
 
+def device_label(threads: int) -> str:
+    """The device the runs train and score on: the GPU's name, or the CPU and its thread count."""
+    import torch
+
+    if torch.cuda.is_available():
+        return f"GPU {torch.cuda.get_device_name(0)}"
+    return f"CPU, {threads} threads"
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    mode = ap.add_mutually_exclusive_group(required=True)
+    mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="CPU-sized: 5 intents, short sequences (< 30 min, 2 cores)")
-    mode.add_argument("--full", action="store_true", help="all 77 intents, longer runs and both batch sweeps")
-    mode.add_argument("--toy", action="store_true", help="a tiny random chat model, 48 rows per task (seconds; tests)")
+    mode.add_argument(
+        "--full", action="store_true", help="all 77 intents, all rows: base, control, DP-planner, DP-hand (a GPU)"
+    )
+    mode.add_argument("--cpu", action="store_true", help="the --full design cut to about an hour on 2 CPU cores")
+    ap.add_argument(
+        "--toy", action="store_true", help="a tiny random chat model (seconds; tests); with --full: its design"
+    )
     ap.add_argument("--out", required=True, type=Path, help="output folder (utility.json, utility.md, utility.png)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--only", choices=("banking77", "bitext"), help="run one task only")
+    ap.add_argument("--repeats", type=int, help="trainings per row (--full: 3, --cpu: 1)")
+    ap.add_argument("--epsilons", type=float, nargs="+", help="ε of the DP rows (--full: 1 3 8)")
+    ap.add_argument("--max-train-rows", type=int, help="training rows kept per task, in file order")
+    ap.add_argument("--model-path", help="a local Hugging Face model folder instead of the packaged SmolLM2-135M")
     args = ap.parse_args(argv)
-    settings = QUICK if args.quick else TOY if args.toy else FULL
+    if not (args.quick or args.full or args.cpu or args.toy):
+        ap.error("one of --quick, --full, --cpu or --toy is required")
+    if args.toy and (args.quick or args.cpu):
+        ap.error("--toy combines with --full only")
+    if args.toy and args.model_path:
+        ap.error("--toy builds its own model: drop --model-path")
+    if args.repeats is not None and args.repeats < 1:
+        ap.error("--repeats must be ≥ 1")
+    if args.repeats is not None and not (args.full or args.cpu):
+        ap.error("--repeats applies to --full and --cpu (the planner design)")
+    settings = (TOY_FULL if args.full else TOY) if args.toy else QUICK if args.quick else CPU if args.cpu else FULL
+    mode_name = "quick" if args.quick else "cpu" if args.cpu else "full" if args.full else "toy"
+    mode_name = f"toy-{mode_name}" if args.toy and args.full else mode_name
+    override = {"repeats": args.repeats, "max_train_rows": args.max_train_rows}
+    if args.epsilons:
+        override["epsilons"] = tuple(args.epsilons)
+        if settings.hand_epsilons is not None:
+            override["hand_epsilons"] = tuple(e for e in settings.hand_epsilons if e in args.epsilons)
+    settings = dataclasses.replace(settings, **{k: v for k, v in override.items() if v is not None})
     started = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
     from dplora.contract.loader import parse_contract
@@ -468,10 +742,13 @@ def main(argv: list[str] | None = None) -> dict:
             (settings.banking, bank_path, {"prompt_column": "text", "response_column": "category"}),
             (settings.bitext, bitext_path, {"record_format": "messages", "messages_column": "messages"}),
         ]
-        model_section = {"path": str(toy_model(args.out / "toy-model"))} if settings.toy else None
+        if settings.toy:
+            model_section = {"path": str(toy_model(args.out / "toy-model"))}
+        else:
+            model_section = {"path": args.model_path} if args.model_path else None
         scorer = Scorer(args.threads, model_section)
         for task, path, columns in tasks:
-            if args.only and task.name != args.only:
+            if (task.name != args.only) if args.only else (task.name not in settings.tasks):
                 continue
             base_raw = contract_for(task, settings, path, columns, tmp / "unused", model=model_section)
             base_contract = parse_contract(base_raw)
@@ -484,33 +761,63 @@ def main(argv: list[str] | None = None) -> dict:
             t0 = time.perf_counter()
             rows.append({"task": task.name, "name": "base", "kind": "base", "eval": evaluate(scorer.base)})
             rows[-1]["eval_seconds"] = round(time.perf_counter() - t0, 1)
+            rows[-1]["minutes"] = round(rows[-1]["eval_seconds"] / 60, 2)
             _say(rows[-1], started)
+            fixed = None
             for spec in run_specs(task, settings):
-                out = args.out / "runs" / f"{task.name}-{spec['name']}"
-                raw = contract_for(task, settings, path, columns, out, model=model_section, **spec)
-                row = {"task": task.name, **spec, **train_one(raw, key, args.threads)}
-                t0 = time.perf_counter()
-                model = scorer.model(row["folder"])
-                row["eval"] = evaluate(model)
-                scorer.release(model)
-                row["eval_seconds"] = round(time.perf_counter() - t0, 1)
+                if spec.get("arm") == "fixed" and fixed is None:  # the planner's B and T at the control's ε
+                    planner_raw = contract_for(
+                        task, settings, path, columns, tmp / "unused", model=model_section, **spec | {"arm": "planner"}
+                    )
+                    fixed = control_settings(planner_raw | {"privacy": planner_raw["privacy"] | {"enabled": True}})
+                runs = []
+                for i in range(settings.repeats if settings.design == "planner" else 1):
+                    suffix = f"-r{i}" if settings.design == "planner" else ""
+                    out = args.out / "runs" / f"{task.name}-{spec['name']}{suffix}"
+                    raw = contract_for(task, settings, path, columns, out, model=model_section, fixed=fixed, **spec)
+                    run = {"task": task.name, **spec, **train_one(raw, key, args.threads)}
+                    t0 = time.perf_counter()
+                    model = scorer.model(run["folder"])
+                    run["eval"] = evaluate(model)
+                    scorer.release(model)
+                    run["eval_seconds"] = round(time.perf_counter() - t0, 1)
+                    runs.append(run)
+                if settings.design == "planner":
+                    row = {"task": task.name, **{k: v for k, v in spec.items() if k != "arm"}} | aggregate(runs)
+                else:
+                    row = runs[0]
                 rows.append(row)
                 _say(row, started)
     minutes = (time.perf_counter() - started) / 60
+    planner = settings.design == "planner"
+    share = shares(rows) if planner else {}
+    dp3 = "dp-planner-eps3" if planner else "dp-eps3"
     report = {
-        "mode": "quick" if args.quick else "toy" if args.toy else "full",
-        "settings": dataclasses.asdict(settings),
-        "hardware": f"CPU, {args.threads} threads",
+        "mode": mode_name,
+        "label": settings.label,
+        "settings": dataclasses.asdict(settings) | ({"hand": HAND} if planner else {}),
+        "hardware": device_label(args.threads),
+        "model": (model_section or {"name": "smollm2-135m"}),
         "minutes": round(minutes, 1),
         "rows": rows,
         "worst_groups": {
-            "banking77": worst_groups(rows, "banking77", "accuracy"),
-            "bitext": worst_groups(rows, "bitext", "loss"),
+            "banking77": worst_groups(rows, "banking77", "accuracy", dp_name=dp3),
+            "bitext": worst_groups(rows, "bitext", "loss", dp_name=dp3),
         },
-        "goal": goal(rows),
+        "share_of_control_gain": share,
+        "goal": goal_full(rows, share) if planner else goal(rows),
     }
-    (args.out / "utility.json").write_text(json.dumps(report, indent=2) + "\n")
-    md = [f"# Utility benchmark ({report['mode']}, {report['hardware']}, {minutes:.1f} min)", "", table_md(rows), ""]
+    title = f"# Utility benchmark ({report['mode']}, {report['hardware']}, {minutes:.1f} min)"
+    md = [title, "", *([settings.label, ""] if settings.label else [])]
+    md += [table_full_md(rows, share) if planner else table_md(rows), ""]
+    if planner:
+        md += [
+            "Share of the control's gain: (base − dp)/(base − control) for Bitext loss, (dp − base)/(control − base) "
+            "for Banking77 accuracy. Control: non-private at the planner's B, T, lr and schedule at the largest ε. "
+            f"Hand: B = {HAND['expected_batch_size']}, lr {HAND['lr']} (configs/demo.yaml), same epochs. "
+            "Last checkpoint of every run; no selection on held-out data.",
+            "",
+        ]
     md += ["## Groups DP at ε = 3 hurts most (against the control)", ""]
     for name, groups in report["worst_groups"].items():
         for g in groups:
@@ -519,8 +826,14 @@ def main(argv: list[str] | None = None) -> dict:
                 f"DP ε=3 {g['dp_eps3']:.3f}"
             )
     md += ["", "## Goal", "", "```", json.dumps(report["goal"], indent=2), "```", ""]
+    try:
+        plot(rows, args.out / "utility.png")
+        report["plot"] = "utility.png"
+    except ImportError:  # matplotlib is optional
+        report["plot"] = None
+        md += ["(no plot: matplotlib is not installed)", ""]
+    (args.out / "utility.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.out / "utility.md").write_text("\n".join(md))
-    plot(rows, args.out / "utility.png")
     print("\n".join(md))
     return report
 

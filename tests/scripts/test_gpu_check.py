@@ -3,8 +3,9 @@
 The dry run builds the tests' tiny Llama, trains and verifies it in bf16 (2 steps), checks the fast path against
 the one-record reference (scripts/check_fastclip.py --toy), runs scripts/bench_scale.py on a toy shape for the
 1B and 8B stages (plain, 4-bit; the checkpointing row is skipped until ``training.gradient_checkpointing`` is a
-contract key) and the utility bench's --help. Each stage must report OK, the script exit 0, and the 1B stage's
-table hold measured plain and 4-bit rows. About 95 s of CPU time (6 min wall on the shared 2-core machine).
+contract key) and the utility bench's --full design at toy size (--toy --full on Bitext, ε = 8, 1 repeat). Each
+stage must report OK, the script exit 0, and the 1B stage's table hold measured plain and 4-bit rows. About 95 s of
+CPU time (6 min wall on the shared 2-core machine), plus about 45 s for the utility stage.
 """
 
 from __future__ import annotations

@@ -61,3 +61,105 @@ def test_toy_bitext_is_trained_and_scored_through_the_template(tmp_path):
         assert row["eval"]["tokens"] == expected and row["eval"]["records"] == len(held) == 6
         assert math.isfinite(row["eval"]["loss"]) and row["eval"]["loss"] > 0
     assert json.loads((tmp_path / "u" / "utility.json").read_text())["mode"] == "toy"
+
+
+@pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "bitext_customer_support").is_dir(), reason="no data")
+def test_toy_full_has_every_row_kind_and_the_share_of_the_control_gain(tmp_path):
+    """The --full design (issue 33) at toy size on Bitext: base, the control at the planner's B and T, DP with the
+    planner's choice and DP with the demo's hand settings; the share and the goal follow from the reported means."""
+    bench = _bench()
+    out = tmp_path / "u"
+    argv = ["--toy", "--full", "--only", "bitext", "--epsilons", "8", "--repeats", "1", "--out", str(out)]
+    report = bench.main([*argv, "--threads", "1"])
+    assert report["mode"] == "toy-full" and report["settings"]["repeats"] == 1
+    rows = {r["name"]: r for r in report["rows"]}
+    assert set(rows) == {"base", "non-private", "dp-planner-eps8", "dp-hand-eps8"}
+    assert [r["kind"] for r in report["rows"]] == ["base", "control", "dp-planner", "dp-hand"]
+    control, planner, hand = (rows[n] for n in ("non-private", "dp-planner-eps8", "dp-hand-eps8"))
+    # the control trains non-privately at the planner's B, T, lr and schedule (its choice at ε = 8)
+    assert control["sigma"] == 0 and control["epsilon_spent"] is None and 0 < planner["epsilon_spent"] <= 8
+    assert planner["sigma"] > 0 and hand["sigma"] > 0
+    keys = ("batch", "steps", "lr", "lr_schedule")
+    assert [control[k] for k in keys] == [planner[k] for k in keys] and planner["lr_schedule"] == "cosine"
+    # the hand row: configs/demo.yaml's B = 32 and lr 0.002 (constant) at the task's epochs, T = ceil(E·N/32)
+    n, epochs = bench.TOY_FULL.max_train_rows, bench.TOY_FULL.bitext.epochs  # every training row is a unit
+    assert (hand["batch"], hand["lr"], hand["lr_schedule"]) == (32, 0.002, "constant")
+    assert hand["steps"] == math.ceil(epochs * n / 32) == 50
+    for r in (control, planner, hand):
+        assert len(r["repeats"]) == 1 and r["spread"] == {"loss": None, "perplexity": None} and r["minutes"] > 0
+        assert r["eval"]["loss"] == r["repeats"][0]["eval"]["loss"] and r["eval"]["records"] == 6
+    base, ctrl = rows["base"]["eval"]["loss"], control["eval"]["loss"]
+    share = report["share_of_control_gain"]["bitext"]
+    assert share["control_gain"] == pytest.approx(base - ctrl)
+    for kind, r in (("dp-planner", planner), ("dp-hand", hand)):
+        assert share["by_epsilon"]["8"][kind] == pytest.approx((base - r["eval"]["loss"]) / (base - ctrl))
+    s8 = share["by_epsilon"]["8"]["dp-planner"]
+    assert report["goal"] == {"bitext": {"epsilon": 8, "share_of_control_gain": s8, "required": 0.9, "met": s8 >= 0.9}}
+    md = (out / "utility.md").read_text()
+    assert "| bitext | dp-hand-eps8 | 8 | 32 | 50 |" in md and f"| {s8:.3f} |" in md
+    assert json.loads((out / "utility.json").read_text())["hardware"].startswith(("CPU", "GPU"))
+
+
+def _row(task, name, kind, metric, value, epsilon=None):
+    return {"task": task, "name": name, "kind": kind, "epsilon": epsilon, "eval": {metric: value}}
+
+
+def test_share_and_goal_arithmetic_on_known_numbers():
+    """Banking77 accuracy share (dp − base)/(control − base) and the 3-point check; Bitext loss share
+    (base − dp)/(base − control) and the 90 % check; no share when the control gains nothing."""
+    bench = _bench()
+    rows = [
+        _row("banking77", "base", "base", "accuracy", 0.50),
+        _row("banking77", "non-private", "control", "accuracy", 0.90, 8),
+        _row("banking77", "dp-planner-eps8", "dp-planner", "accuracy", 0.86, 8),  # 4 points behind: not met
+        _row("banking77", "dp-hand-eps8", "dp-hand", "accuracy", 0.70, 8),
+        _row("bitext", "base", "base", "loss", 2.5),
+        _row("bitext", "non-private", "control", "loss", 1.5, 8),
+        _row("bitext", "dp-planner-eps3", "dp-planner", "loss", 1.7, 3),
+        _row("bitext", "dp-planner-eps8", "dp-planner", "loss", 1.59, 8),  # 91 % of the gain: met
+    ]
+    share = bench.shares(rows)
+    assert share["banking77"]["by_epsilon"]["8"] == {
+        "dp-planner": pytest.approx(0.9),
+        "dp-hand": pytest.approx(0.5),
+    }
+    assert share["bitext"]["by_epsilon"]["3"]["dp-planner"] == pytest.approx(0.8)
+    assert share["bitext"]["by_epsilon"]["8"]["dp-planner"] == pytest.approx(0.91)
+    goal = bench.goal_full(rows, share)
+    assert goal["banking77"] == {"epsilon": 8, "control_minus_dp_points": 4.0, "required_points": 3.0, "met": False}
+    assert goal["bitext"]["met"] is True
+    rows[7]["eval"]["loss"] = 1.61  # 89 % of the gain
+    assert bench.goal_full(rows, bench.shares(rows))["bitext"]["met"] is False
+    rows[1]["eval"]["accuracy"] = 0.50  # the control gains nothing: no share
+    assert bench.shares(rows)["banking77"]["by_epsilon"]["8"] == {"dp-planner": None, "dp-hand": None}
+
+
+@pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "banking77").is_dir(), reason="no data")
+def test_cpu_preset_is_plannable_and_sized_as_documented(tmp_path):
+    """--cpu (issue 33): Banking77 only, N = 554 (exchange_rate has 112 rows, lost_or_stolen_card 82), and the planner's
+    choice at ε = 8, E = 3 is B = 32, T = 52 (B = 48 gives T = 35 < 50); the docs' estimate counts 3 runs of 52·32
+    rows."""
+    from dplora.accounting.events import Accountant, Adjacency
+    from dplora.plan.planner import recommend
+
+    bench = _bench()
+    cpu = bench.CPU
+    assert cpu.tasks == ("banking77",) and cpu.repeats == 1 and cpu.epsilons == (8.0,) == cpu.hand_epsilons
+    path, test, labels = bench.banking_data(cpu, tmp_path)
+    n = bench._count_rows(path)
+    assert n == 554 and len(test) == 60 and len(labels) == 5
+    rec = recommend(
+        num_units=n,
+        target_epsilon=8.0,
+        delta=cpu.delta,
+        accountant=Accountant(cpu.accountant),
+        adjacency=Adjacency("add_remove"),
+        lr_ref=cpu.banking.lr,
+        epochs=cpu.banking.epochs,
+    )
+    assert (rec.choice.expected_batch_size, rec.choice.steps) == (32, 52) == (32, math.ceil(3 * n / 32))
+    specs = bench.run_specs(cpu.banking, cpu)
+    assert [s["name"] for s in specs] == ["non-private", "dp-planner-eps8", "dp-hand-eps8"]
+    assert "T = 52" in cpu.label and "N = 554" in cpu.label
+    docs = (ROOT / "docs" / "utility.md").read_text()
+    assert "N = 554" in docs and "3 runs × 52 steps × 32 rows" in docs
