@@ -13,9 +13,12 @@ report gives held-out loss per target token (mean and standard deviation over re
 control's gain, (base − row) / (base − control).
 
 Real mode: the packaged SmolLM2-135M and Bitext read from ``../shared/data`` (10 % of the rows held out by a
-seeded hash), ε = 8, PRV. Hours on a CPU: the lead runs it, e.g.
+seeded hash; 200 of them scored), instruction → response pairs, ε = 8, δ = 1e-6, PRV. The default size (N = 3,200
+rows, E = 1, 48 tokens) is the smallest at which the planner has a choice (B = 48 and 64 reach T ≥ 50) and the
+hand row runs T = 100: about 30 core-minutes per DP run at one thread, so ``--jobs 2`` on 2 cores takes about
+1 h 45 min for 3 repeats (docs/planner.md has the measured run):
 
-    flock /work/notes/cpu.lock .venv/bin/python scripts/planner_compare.py --out bench-planner --repeats 3
+    .venv/bin/python scripts/planner_compare.py --out bench-planner --repeats 3 --jobs 2
 
 ``--toy``: a tiny random Llama and generated demo tickets, RDP, a few seconds per run (a test runs it).
 Output: ``DIR/planner_compare.json`` and ``DIR/planner_compare.md``.
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -146,55 +150,90 @@ def _toy_setup(tmp: Path, threads: int) -> dict:
     }
 
 
-def _real_setup(tmp: Path, threads: int, epochs: float) -> dict:
-    from utility_bench import QUICK, bitext_data
+def _real_setup(tmp: Path, threads: int, epochs: float, rows: int | None, max_seq_len: int) -> dict:
+    """Bitext as prompt → response pairs (instruction, response), the first ``rows`` training rows (public data:
+    N is their count). Pairs rather than conversations: through SmolLM2's chat template the system prompt and the
+    markup take about 30 of the tokens, so at the short ``max_seq_len`` a CPU affords almost no reply would be left."""
+    from utility_bench import BITEXT, _held_out, _read_csv
 
-    path, held = bitext_data(QUICK, tmp)  # one-turn conversations (issue 31): jsonl, one record per line
-    n = sum(1 for _ in open(path, encoding="utf-8"))  # rows of a public dataset
+    table = _read_csv(BITEXT)
+    pairs = [{"prompt": r["instruction"], "response": r["response"].replace("\r\n", "\n")} for r in table]
+    held = [p for i, p in enumerate(pairs) if _held_out(i, 0, 0.1)][:200]
+    train = [p for i, p in enumerate(pairs) if not _held_out(i, 0, 0.1)][:rows]
+    path = tmp / "bitext_train.jsonl"
+    path.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in train), encoding="utf-8")
     return {
         "model": {"name": "smollm2-135m"},
         "train": path,
-        "held": [{"messages": r["messages"]} for r in held],
-        "columns": {"record_format": "messages", "prompt_column": None, "response_column": None},
-        "num_units": n,
+        "held": held,
+        "columns": {"prompt_column": "prompt", "response_column": "response"},
+        "num_units": len(train),  # rows of a public dataset
         "epochs": epochs,
         "epsilon": 8.0,
         "delta": 1e-6,
         "accountant": "prv",
         "physical": 16,
-        "max_seq_len": 64,
+        "max_seq_len": max_seq_len,
         "r": 8,
         "threads": threads,
     }
 
 
-def compare(setup: dict, out: Path, key: Path, repeats: int) -> dict:
-    """Train and score every row; returns the JSON report."""
-    base = _held_out_loss(setup, None)
-    control = _train(_contract(setup, out / "control", arm="hand", enabled=False), key)
-    control["loss"] = _held_out_loss(setup, control["folder"])
+def _job(setup: dict, out: Path, key: Path, name: str) -> tuple[str, dict]:
+    """One row of the table: ``base`` (score only), ``control`` or ``ARM-i`` (train, then score)."""
+    import torch
+
+    torch.set_num_threads(setup["threads"])
+    if name == "base":
+        return name, {"loss": _held_out_loss(setup, None)}
+    arm = name.split("-")[0]
+    enabled = arm != "control"
+    run = _train(_contract(setup, out / name, arm="hand" if arm == "control" else arm, enabled=enabled), key)
+    run["loss"] = _held_out_loss(setup, run["folder"])
+    return name, run
+
+
+def compare(setup: dict, out: Path, key: Path, repeats: int, jobs: int = 1) -> dict:
+    """Train and score every row (``jobs`` processes at once, each at ``setup["threads"]``); returns the report."""
+    names = ["base", "control"] + [f"{arm}-{i}" for i in range(repeats) for arm in ("planner", "hand")]
+    if jobs <= 1:
+        done = dict(_job(setup, out, key, n) for n in names)
+    else:
+        import concurrent.futures
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+            done = dict(pool.map(_job, *zip(*[(setup, out, key, n) for n in names])))
+    base, control = done["base"]["loss"], done["control"]
     arms = {}
     for arm in ("hand", "planner"):
-        runs = []
-        for i in range(repeats):
-            run = _train(_contract(setup, out / f"{arm}-{i}", arm=arm), key)
-            run["loss"] = _held_out_loss(setup, run["folder"])
-            runs.append(run)
+        runs = [done[f"{arm}-{i}"] for i in range(repeats)]
         losses = [r["loss"] for r in runs]
         gain = base - control["loss"]
         arms[arm] = {
             "settings": {k: runs[0][k] for k in ("B", "T", "q", "sigma", "sigma_over_B", "lr", "lr_schedule")},
             "losses": losses,
+            "epsilon_spent": [r["epsilon_spent"] for r in runs],
             "mean": statistics.fmean(losses),
             "sd": statistics.stdev(losses) if len(losses) > 1 else 0.0,
             "share_of_control_gain": (base - statistics.fmean(losses)) / gain if gain else None,
         }
-    return {"base_loss": base, "control_loss": control["loss"], "epochs": setup["epochs"], "arms": arms}
+    return {
+        "base_loss": base,
+        "control_loss": control["loss"],
+        "control_settings": {k: control[k] for k in ("B", "T", "lr", "lr_schedule")},
+        "epochs": setup["epochs"],
+        "num_units": setup["num_units"],
+        "max_seq_len": setup["max_seq_len"],
+        "arms": arms,
+    }
 
 
 def table_md(report: dict) -> str:
     lines = [
-        f"base {report['base_loss']:.4f}, control {report['control_loss']:.4f} nats/token; E = {report['epochs']:g}",
+        f"base {report['base_loss']:.4f}, control {report['control_loss']:.4f} nats/token; E = {report['epochs']:g}, "
+        f"N = {report['num_units']}, max_seq_len {report['max_seq_len']}",
         "",
         "| row | B | T | σ | σ/B | lr | schedule | held-out loss (mean ± sd) | share of control's gain |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -216,7 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=float, default=1.0, help="compute budget in epochs (real mode)")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rows", type=int, default=3200, help="Bitext training rows kept, N (real mode)")
+    parser.add_argument("--max-seq-len", type=int, default=48, help="tokens per record (real mode)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once (each at --threads)")
     parser.add_argument("--toy", action="store_true", help="tiny random model and generated tickets")
     args = parser.parse_args(argv)
     from dplora.release.envelope import generate_keypair
@@ -225,8 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="dplora-planner-") as tmp:
         tmp = Path(tmp)
         key, _ = generate_keypair(tmp / "bench.key")
-        setup = _toy_setup(tmp, args.threads) if args.toy else _real_setup(tmp, args.threads, args.epochs)
-        report = compare(setup, tmp / "runs", key, args.repeats)
+        os.environ.setdefault("DPLORA_LEDGER", str(tmp / "ledger.sqlite3"))  # never the user's ledger
+        if args.toy:
+            setup = _toy_setup(tmp, args.threads)
+        else:
+            setup = _real_setup(tmp, args.threads, args.epochs, args.rows, args.max_seq_len)
+        report = compare(setup, tmp / "runs", key, args.repeats, args.jobs)
     (args.out / "planner_compare.json").write_text(json.dumps(report, indent=1))
     (args.out / "planner_compare.md").write_text(table_md(report))
     print(table_md(report))
