@@ -13,6 +13,22 @@ sys.path.insert(0, str(Path(__file__).parent))
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
 
+def _isolate(patch: pytest.MonkeyPatch, base: Path) -> None:
+    patch.setenv("DPLORA_CACHE_DIR", str(base / "dplora-cache"))
+    patch.setenv("DPLORA_LEDGER", str(base / "ledger.sqlite3"))
+    patch.delenv("DPLORA_SIGNING_KEY", raising=False)
+    patch.delenv("DPLORA_DATA_KEY", raising=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_session(tmp_path_factory):
+    """The same isolation for the whole session, so that module- and session-scoped fixtures (set up before any
+    function-scoped fixture) never write the user's ledger or cache either."""
+    with pytest.MonkeyPatch.context() as patch:
+        _isolate(patch, tmp_path_factory.getbasetemp())
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory):
     """Calibration cache and ledger in per-session temporary folders (never the user's).
@@ -20,10 +36,7 @@ def _isolated_cache(tmp_path_factory):
     A MonkeyPatch of its own, so that a test's ``monkeypatch.undo()`` does not send later commands of that test to
     the user's ledger and cache."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("DPLORA_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "dplora-cache"))
-        patch.setenv("DPLORA_LEDGER", str(tmp_path_factory.getbasetemp() / "ledger.sqlite3"))
-        patch.delenv("DPLORA_SIGNING_KEY", raising=False)
-        patch.delenv("DPLORA_DATA_KEY", raising=False)
+        _isolate(patch, tmp_path_factory.getbasetemp())
         yield
 
 

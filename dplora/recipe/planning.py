@@ -42,6 +42,12 @@ def plan_for(
                 f"warning: the data holds more protected units than privacy.num_units={declared} (local check, "
                 "not written into the release); q, T and σ use the declared N"
             )
+        elif unit_index is not None and 2 * unit_index.num_units < declared and log is not None:
+            log(
+                f"warning: the data holds fewer than half of privacy.num_units={declared} protected units (local "
+                "check, not written into the release): the logical batches will be far smaller than "
+                "training.expected_batch_size, since q = B/N uses the declared N; declare the public N of this data"
+            )
         return make_plan(contract, num_units=declared, num_units_source="contract")
     if unit_index is None:
         raise BadInputError("privacy.num_units is not declared: the data is needed to count protected units")

@@ -212,6 +212,27 @@ def test_t8_user_level_q_and_delta_over_users(users_csv):
     assert "N=1000" in str(info.value) and info.value.exit_code == 2
 
 
+@pytest.mark.parametrize(
+    ("declared", "warning"),
+    [(1000, None), (1999, None), (2001, "fewer than half"), (999, "more protected units")],
+)
+def test_a_declared_n_far_from_the_data_warns_locally(users_csv, declared, warning):
+    """1,000 users in the data: a declared N over twice that (batches far smaller than B) or under it warns on the
+    local log only, never with the count; q, T and σ always use the declared N."""
+    from dplora.data.units import count_units
+    from dplora.recipe.planning import plan_for
+
+    c = _user_contract(users_csv, num_units=declared)
+    lines = []
+    p = plan_for(c, count_units(c), release=True, log=lines.append)
+    assert p.num_units == declared and p.num_units_source == "contract" and p.sample_rate == 10 / declared
+    if warning is None:
+        assert lines == []
+    else:
+        assert len(lines) == 1 and warning in lines[0] and "1000 " not in lines[0] and "1,000" not in lines[0]
+    assert not any(warning and warning in w for w in p.warnings)  # never a plan warning (those are released)
+
+
 @pytest.mark.slow
 def test_t8_user_level_pld_plan(users_csv):
     from dplora.data.units import count_units

@@ -39,7 +39,7 @@ def test_choice_is_the_rules_brute_force():
     assert rec.choice.lr == pytest.approx(2e-3 * math.sqrt(48 / 32))
     assert [c.expected_batch_size for c in rec.candidates] == [32, 48, 64, 96, 128, 192]
     assert [c.steps for c in rec.candidates] == [94, 63, 47, 32, 24, 16]
-    assert rec.warmup_steps == math.ceil(0.05 * 63) and rec.lr_schedule == "cosine"
+    assert rec.warmup_steps == 0 and rec.lr_schedule == "constant"
 
 
 def test_max_steps_caps_t_and_changes_the_choice():
@@ -139,7 +139,7 @@ def test_auto_contract_trains_and_records_the_choice(tmp_path, tiny_model_dir, t
     assert record["mechanism"]["clipping"] == "normalize"
     assert record["mechanism"]["normalize_gamma"] == pytest.approx(0.01)
     opt = record["optimization"]
-    assert opt["planner"]["choice"]["expected_batch_size"] == 48 and opt["lr_schedule"] == "cosine"
+    assert opt["planner"]["choice"]["expected_batch_size"] == 48 and opt["lr_schedule"] == "constant"
     assert record["accounting"]["epsilon_spent"] <= 8.0
     from dplora.cli.app import app
 

@@ -80,7 +80,7 @@ def test_toy_full_has_every_row_kind_and_the_share_of_the_control_gain(tmp_path)
     assert control["sigma"] == 0 and control["epsilon_spent"] is None and 0 < planner["epsilon_spent"] <= 8
     assert planner["sigma"] > 0 and hand["sigma"] > 0
     keys = ("batch", "steps", "lr", "lr_schedule")
-    assert [control[k] for k in keys] == [planner[k] for k in keys] and planner["lr_schedule"] == "cosine"
+    assert [control[k] for k in keys] == [planner[k] for k in keys] and planner["lr_schedule"] == "constant"
     # the hand row: configs/demo.yaml's B = 32 and lr 0.002 (constant) at the task's epochs, T = ceil(E·N/32)
     n, epochs = bench.TOY_FULL.max_train_rows, bench.TOY_FULL.bitext.epochs  # every training row is a unit
     assert (hand["batch"], hand["lr"], hand["lr_schedule"]) == (32, 0.002, "constant")
