@@ -204,7 +204,8 @@ def compare(setup: dict, out: Path, key: Path, repeats: int, jobs: int = 1) -> d
 
         ctx = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-            done = dict(pool.map(_job, *zip(*[(setup, out, key, n) for n in names])))
+            n = len(names)
+            done = dict(pool.map(_job, [setup] * n, [out] * n, [key] * n, names))
     base, control = done["base"]["loss"], done["control"]
     arms = {}
     for arm in ("hand", "planner"):
