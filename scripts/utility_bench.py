@@ -23,7 +23,9 @@ same epochs; each trained ``--repeats`` times (mean and sample standard deviatio
 on held-out data. The report gives the DP share of the control's gain over base per task and ε,
 (base − dp)/(base − control) for loss and (dp − base)/(control − base) for accuracy, and the goal checks at ε = 8
 (Bitext ≥ 90 % of the control's gain, Banking77 within 3 points of the control). ``--cpu`` cuts the design to
-about an hour on 2 CPU cores (Banking77 only, see :data:`CPU`); docs/utility.md gives the sizes and estimates.
+about an hour on 2 CPU cores (both tasks at ε = 3 and 8 on small N, ``--jobs 2``, see :data:`CPU`); docs/utility.md
+gives the sizes and estimates. A DP-hand row whose resolved settings (B, T, lr, schedule, warmup) equal the
+DP-planner row's at the same ε is not trained again: it carries that row's numbers and ``same_as`` names it.
 
 Every run goes through dplora's own training path (:func:`dplora.recipe.train.run_training`: Poisson sampling,
 per-unit clipping, noise, accountant, signed release); evaluation uses :mod:`dplora.evaluate.heldout`
@@ -36,7 +38,7 @@ Output: ``DIR/utility.json``, ``DIR/utility.md`` and ``DIR/utility.png`` (utilit
     flock /work/notes/cpu.lock .venv/bin/python scripts/utility_bench.py --quick --out bench-utility
     .venv/bin/python scripts/utility_bench.py --toy --out /tmp/u   # a tiny random chat model, seconds (tests)
     .venv/bin/python scripts/utility_bench.py --full --out bench-utility-full     # a GPU; days on a CPU
-    flock /work/notes/cpu.lock .venv/bin/python scripts/utility_bench.py --cpu --out bench-utility-cpu  # ~1 h
+    .venv/bin/python scripts/utility_bench.py --cpu --jobs 2 --out bench-utility-cpu  # ~1 h on 2 cores
     .venv/bin/python scripts/utility_bench.py --toy --full --out /tmp/u            # the --full design, tiny model
 """
 
@@ -199,23 +201,28 @@ FULL = Settings(
         eval_rows=400,
     ),
 )
-# --cpu: about an hour on 2 idle CPU cores (docs/utility.md gives the estimate). The planner needs T ≥ 50 at
-# B ≥ 32, so one run at E = 3 trains on ≥ 1,600 rows whatever N is: an hour holds three runs of SmolLM2-135M at 64
-# tokens, so the preset is Banking77 only (Bitext's conversations need 320 tokens, about 4x the cost per row).
+# --cpu: about an hour on 2 idle CPU cores with --jobs 2 (docs/utility.md gives the estimate). The planner needs
+# T ≥ 50 at B ≥ 32, so one run trains on ≥ 1,600 rows whatever N is; SmolLM2-135M trains about 1.4 rows/s per core
+# at 64 tokens, so each task keeps the smallest N that reaches T ≥ 50 and three trainings (control, ε = 3, ε = 8).
+# At these N only B = 32 is eligible, so the planner's choice is the hand settings (B = 32, lr 0.002, constant):
+# the DP-hand rows are not trained twice but point at the DP-planner row with the same settings (``same_as``).
 CPU = dataclasses.replace(
     FULL,
-    epsilons=(8.0,),
-    hand_epsilons=(8.0,),
+    epsilons=(3.0, 8.0),
+    hand_epsilons=(3.0, 8.0),
     repeats=1,
-    tasks=("banking77",),
     intents=QUICK.intents,
     train_per_intent=120,  # N = 3·120 + 112 + 82 = 554: T = ceil(3·554/32) = 52 at B = 32 (B = 48: T = 35 < 50)
+    max_train_rows=1600,  # Bitext: N = 1,600 (Banking77's 554 are below it): T = ceil(1·1600/32) = 50 at B = 32
     label=(
-        "cpu preset: Banking77 only (5 intents, up to 120 training rows each, N = 554, 12 test rows each); 1 repeat; "
-        "rows base, control, DP-planner at ε = 8, DP-hand at ε = 8; max_seq_len 64; 3 epochs (T = 52 at B = 32)"
+        "cpu preset: Banking77 5 intents, up to 120 training rows each (N = 554), 3 epochs (T = 52 at B = 32), "
+        "12 test rows per intent; Bitext the first 1,600 training rows (N = 1,600), 1 epoch (T = 50 at B = 32), "
+        "100 held-out conversations; max_seq_len 64 for both (Bitext conversations are cut: the reply keeps about "
+        "30 tokens after the template's system prompt); rows base, control, DP-planner and DP-hand at ε = 3 and 8 "
+        "(the planner's choice is the hand settings at these N); 1 repeat"
     ),
     banking=dataclasses.replace(FULL.banking, max_seq_len=64, physical=16, eval_rows=12),
-    bitext=dataclasses.replace(FULL.bitext, physical=8, eval_rows=100),
+    bitext=dataclasses.replace(FULL.bitext, epochs=1.0, max_seq_len=64, physical=16, eval_rows=100),
 )
 # --toy --full: the planner design on the tiny random chat model, seconds per run (tests, the GPU check's dry run).
 # N = 160 rows and E = 10 give T = 50 at B = 32 (the planner needs B ≤ N/4 and T ≥ 50).
@@ -371,6 +378,21 @@ def control_settings(raw_planner: dict) -> dict:
 
     resolved, _ = resolve_auto(parse_contract(raw_planner))
     t = resolved.training.model_dump(mode="json")
+    return {k: t[k] for k in ("expected_batch_size", "steps", "lr", "lr_schedule", "warmup_steps")}
+
+
+def resolved_settings(raw: dict) -> dict:
+    """B, T, lr, schedule and warmup a contract trains with (``auto`` resolved by the planner, T from the epochs
+    and the declared N otherwise; public inputs only)."""
+    from dplora.contract.loader import parse_contract
+    from dplora.plan.training import planned_steps
+    from dplora.recipe.planning import resolve_auto
+
+    resolved, _ = resolve_auto(parse_contract(raw))
+    t = resolved.training.model_dump(mode="json")
+    t["steps"] = planned_steps(resolved, resolved.privacy.num_units)
+    t["lr_schedule"] = t["lr_schedule"] or "constant"  # none given: the engine runs a constant rate
+    t["warmup_steps"] = t["warmup_steps"] or 0
     return {k: t[k] for k in ("expected_batch_size", "steps", "lr", "lr_schedule", "warmup_steps")}
 
 
@@ -701,7 +723,10 @@ def main(argv: list[str] | None = None) -> dict:
         "--toy", action="store_true", help="a tiny random chat model (seconds; tests); with --full: its design"
     )
     ap.add_argument("--out", required=True, type=Path, help="output folder (utility.json, utility.md, utility.png)")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (per task with --jobs)")
+    ap.add_argument(
+        "--jobs", type=int, default=1, help="tasks run at once, each in its own process (--cpu: use 2 on 2 cores)"
+    )
     ap.add_argument("--only", choices=("banking77", "bitext"), help="run one task only")
     ap.add_argument("--repeats", type=int, help="trainings per row (--full: 3, --cpu: 1)")
     ap.add_argument("--epsilons", type=float, nargs="+", help="ε of the DP rows (--full: 1 3 8)")
@@ -729,6 +754,10 @@ def main(argv: list[str] | None = None) -> dict:
     settings = dataclasses.replace(settings, **{k: v for k, v in override.items() if v is not None})
     started = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
+    selected = [args.only] if args.only else [t for t in ("banking77", "bitext") if t in settings.tasks]
+    if args.jobs > 1 and len(selected) > 1:
+        rows, model_section = _parallel_tasks(argv if argv is not None else sys.argv[1:], selected, args.out)
+        return _report(rows, settings, mode_name, model_section, args, started)
     from dplora.contract.loader import parse_contract
     from dplora.release.envelope import generate_keypair
 
@@ -764,12 +793,18 @@ def main(argv: list[str] | None = None) -> dict:
             rows[-1]["minutes"] = round(rows[-1]["eval_seconds"] / 60, 2)
             _say(rows[-1], started)
             fixed = None
+            done: dict[str, dict] = {}
             for spec in run_specs(task, settings):
                 if spec.get("arm") == "fixed" and fixed is None:  # the planner's B and T at the control's ε
                     planner_raw = contract_for(
                         task, settings, path, columns, tmp / "unused", model=model_section, **spec | {"arm": "planner"}
                     )
                     fixed = control_settings(planner_raw | {"privacy": planner_raw["privacy"] | {"enabled": True}})
+                twin = _same_settings_row(spec, done, task, settings, path, columns, tmp, model_section)
+                if twin is not None:
+                    rows.append(twin)
+                    _say(twin, started)
+                    continue
                 runs = []
                 for i in range(settings.repeats if settings.design == "planner" else 1):
                     suffix = f"-r{i}" if settings.design == "planner" else ""
@@ -787,7 +822,46 @@ def main(argv: list[str] | None = None) -> dict:
                 else:
                     row = runs[0]
                 rows.append(row)
+                done[spec["name"]] = row
                 _say(row, started)
+    return _report(rows, settings, mode_name, model_section, args, started)
+
+
+def _parallel_tasks(argv: list[str], tasks: list[str], out: Path) -> tuple[list[dict], dict | None]:
+    """Run each task as ``--only TASK`` in its own process at once (``--jobs``); their rows, in task order."""
+    import subprocess
+
+    rest = child_argv(argv)
+    procs = [
+        subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *rest, "--only", t, "--out", str(out / t)])
+        for t in tasks
+    ]
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        raise SystemExit(f"a task's process failed (exit codes {codes}); its output is above")
+    rows, model = [], None
+    for t in tasks:
+        report = json.loads((out / t / "utility.json").read_text())
+        rows += report["rows"]
+        model = report["model"]
+    return rows, model
+
+
+def child_argv(argv: list[str]) -> list[str]:
+    """``argv`` without ``--jobs`` and ``--out`` (and their values): what each task's process is given."""
+    rest, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("--jobs", "--out"):
+            skip = True
+        elif not a.startswith(("--jobs=", "--out=")):
+            rest.append(a)
+    return rest
+
+
+def _report(rows, settings, mode_name, model_section, args, started) -> dict:
+    """utility.json, utility.md and utility.png in ``args.out`` from the rows; returns the report."""
     minutes = (time.perf_counter() - started) / 60
     planner = settings.design == "planner"
     share = shares(rows) if planner else {}
@@ -796,7 +870,7 @@ def main(argv: list[str] | None = None) -> dict:
         "mode": mode_name,
         "label": settings.label,
         "settings": dataclasses.asdict(settings) | ({"hand": HAND} if planner else {}),
-        "hardware": device_label(args.threads),
+        "hardware": device_label(args.threads) + (f" × {args.jobs} tasks at once" if args.jobs > 1 else ""),
         "model": (model_section or {"name": "smollm2-135m"}),
         "minutes": round(minutes, 1),
         "rows": rows,
@@ -836,6 +910,22 @@ def main(argv: list[str] | None = None) -> dict:
     (args.out / "utility.md").write_text("\n".join(md))
     print("\n".join(md))
     return report
+
+
+def _same_settings_row(spec, done, task, settings, path, columns, tmp, model_section) -> dict | None:
+    """For a DP-hand spec: the DP-planner row at the same ε when both contracts resolve to the same B, T, lr,
+    schedule and warmup (same ε, δ, accountant, data and LoRA otherwise), relabelled; else None (train it)."""
+    if spec.get("arm") != "hand":
+        return None
+    twin = done.get(f"dp-planner-eps{spec['epsilon']:g}")
+    if twin is None:
+        return None
+    unused = tmp / "unused"
+    hand = contract_for(task, settings, path, columns, unused, model=model_section, **spec)
+    planner = contract_for(task, settings, path, columns, unused, model=model_section, **spec | {"arm": "planner"})
+    if resolved_settings(hand) != resolved_settings(planner):
+        return None
+    return twin | {"name": spec["name"], "kind": spec["kind"], "same_as": twin["name"]}
 
 
 def goal(rows: list[dict]) -> dict:

@@ -136,30 +136,61 @@ def test_share_and_goal_arithmetic_on_known_numbers():
 
 @pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "banking77").is_dir(), reason="no data")
 def test_cpu_preset_is_plannable_and_sized_as_documented(tmp_path):
-    """--cpu (issue 33): Banking77 only, N = 554 (exchange_rate has 112 rows, lost_or_stolen_card 82), and the planner's
-    choice at ε = 8, E = 3 is B = 32, T = 52 (B = 48 gives T = 35 < 50); the docs' estimate counts 3 runs of 52·32
-    rows."""
+    """--cpu (issue 33): both tasks at ε = 3 and 8. Banking77 N = 554 (exchange_rate has 112 rows,
+    lost_or_stolen_card 82) at E = 3 and Bitext N = 1,600 at E = 1: the planner's only eligible choice is B = 32 with
+    T = 52 and 50 (B = 48 gives T = 35 and 34 < 50), which are the hand settings, so each DP-hand row points at the
+    DP-planner row (``same_as``) instead of training again; the docs' estimate counts those trainings."""
     from dplora.accounting.events import Accountant, Adjacency
     from dplora.plan.planner import recommend
 
     bench = _bench()
     cpu = bench.CPU
-    assert cpu.tasks == ("banking77",) and cpu.repeats == 1 and cpu.epsilons == (8.0,) == cpu.hand_epsilons
-    path, test, labels = bench.banking_data(cpu, tmp_path)
-    n = bench._count_rows(path)
-    assert n == 554 and len(test) == 60 and len(labels) == 5
-    rec = recommend(
-        num_units=n,
-        target_epsilon=8.0,
-        delta=cpu.delta,
-        accountant=Accountant(cpu.accountant),
-        adjacency=Adjacency("add_remove"),
-        lr_ref=cpu.banking.lr,
-        epochs=cpu.banking.epochs,
-    )
-    assert (rec.choice.expected_batch_size, rec.choice.steps) == (32, 52) == (32, math.ceil(3 * n / 32))
-    specs = bench.run_specs(cpu.banking, cpu)
-    assert [s["name"] for s in specs] == ["non-private", "dp-planner-eps8", "dp-hand-eps8"]
-    assert "T = 52" in cpu.label and "N = 554" in cpu.label
+    assert cpu.tasks == ("banking77", "bitext") and cpu.repeats == 1
+    assert cpu.epsilons == (3.0, 8.0) == cpu.hand_epsilons
+    bank_path, test, labels = bench.banking_data(cpu, tmp_path)
+    bitext_path, held = bench.bitext_data(cpu, tmp_path)
+    assert (bench._count_rows(bank_path), len(test), len(labels)) == (554, 60, 5)
+    assert (bench._count_rows(bitext_path), len(held)) == (1600, 100)
+    cases = [
+        (cpu.banking, bank_path, {"prompt_column": "text", "response_column": "category"}, 554, 52),
+        (cpu.bitext, bitext_path, {"record_format": "messages", "messages_column": "messages"}, 1600, 50),
+    ]
+    for task, path, columns, n, steps in cases:
+        specs = bench.run_specs(task, cpu)
+        names = ["non-private", "dp-planner-eps3", "dp-planner-eps8", "dp-hand-eps3", "dp-hand-eps8"]
+        assert [s["name"] for s in specs] == names
+        for eps in (3.0, 8.0):
+            rec = recommend(
+                num_units=n,
+                target_epsilon=eps,
+                delta=cpu.delta,
+                accountant=Accountant(cpu.accountant),
+                adjacency=Adjacency("add_remove"),
+                lr_ref=task.lr,
+                epochs=task.epochs,
+            )
+            assert (
+                (rec.choice.expected_batch_size, rec.choice.steps)
+                == (32, steps)
+                == (32, math.ceil(task.epochs * n / 32))
+            )
+            planner_row = {"name": f"dp-planner-eps{eps:g}", "kind": "dp-planner", "epsilon": eps, "eval": {"x": 1}}
+            done = {planner_row["name"]: planner_row}
+            hand_spec = next(s for s in specs if s["name"] == f"dp-hand-eps{eps:g}")
+            twin = bench._same_settings_row(hand_spec, done, task, cpu, path, columns, tmp_path, None)
+            assert twin == planner_row | {"name": hand_spec["name"], "kind": "dp-hand", "same_as": planner_row["name"]}
+            assert bench._same_settings_row(hand_spec, {}, task, cpu, path, columns, tmp_path, None) is None
+    # a reference lr other than the hand lr: the planner's B = 32 row has lr 0.01, so the hand row is trained
+    other = bench.dataclasses.replace(cpu, banking=bench.dataclasses.replace(cpu.banking, lr=0.01))
+    spec = {"name": "dp-hand-eps8", "kind": "dp-hand", "arm": "hand", "epsilon": 8.0}
+    done = {"dp-planner-eps8": {"name": "dp-planner-eps8"}}
+    assert bench._same_settings_row(spec, done, other.banking, other, bank_path, cases[0][2], tmp_path, None) is None
+    assert "T = 52" in cpu.label and "N = 554" in cpu.label and "N = 1,600" in cpu.label and "T = 50" in cpu.label
     docs = (ROOT / "docs" / "utility.md").read_text()
-    assert "N = 554" in docs and "3 runs × 52 steps × 32 rows" in docs
+    assert "N = 554" in docs and "N = 1,600" in docs and "6 trainings" in docs
+
+
+def test_each_task_process_gets_the_arguments_but_jobs_and_out():
+    bench = _bench()
+    argv = ["--cpu", "--jobs", "2", "--out", "o", "--threads", "1", "--jobs=3", "--out=x", "--epsilons", "3", "8"]
+    assert bench.child_argv(argv) == ["--cpu", "--threads", "1", "--epsilons", "3", "8"]
