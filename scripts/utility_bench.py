@@ -632,8 +632,9 @@ def table_full_md(rows: list[dict], share: dict) -> str:
         lr = f"{r['lr']:.3g} ({r.get('lr_schedule') or 'constant'})" if "lr" in r else "—"
         got = share.get(r["task"], {}).get("by_epsilon", {}).get(f"{r.get('epsilon', 0):g}", {}).get(r["kind"])
         got = "" if got is None else f"{got:.3f}"
+        name = r["name"] + (f" (same settings as {r['same_as']}: not trained again)" if r.get("same_as") else "")
         lines.append(
-            f"| {r['task']} | {r['name']} | {eps} | {r.get('batch', '—')} | {r.get('steps', '—')} | {sigma} | {lr} | "
+            f"| {r['task']} | {name} | {eps} | {r.get('batch', '—')} | {r.get('steps', '—')} | {sigma} | {lr} | "
             f"{len(r.get('repeats', [])) or '—'} | {acc} | {loss} | {got} | {r.get('minutes', '—')} |"
         )
     return "\n".join(lines)
