@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 import tempfile
@@ -268,7 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="dplora-planner-") as tmp:
         tmp = Path(tmp)
         key, _ = generate_keypair(tmp / "bench.key")
-        os.environ.setdefault("DPLORA_LEDGER", str(tmp / "ledger.sqlite3"))  # never the user's ledger
+        from utility_bench import isolate_user_state
+
+        isolate_user_state(tmp)
         if args.toy:
             setup = _toy_setup(tmp, args.threads)
         else:

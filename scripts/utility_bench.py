@@ -260,6 +260,21 @@ def _count_rows(path: Path) -> int:
     return len(_read_csv(path))
 
 
+def isolate_user_state(tmp: Path) -> None:
+    """Point ``DPLORA_LEDGER`` and ``DPLORA_CACHE_DIR`` into ``tmp`` for this process and its children, so that a
+    benchmark never charges the user's ledger or writes the user's calibration cache; the converted model is
+    still reused from the user's cache (``tmp/cache/models`` links to it)."""
+    from dplora.accounting.cache import cache_dir
+
+    user_models = cache_dir() / "models"
+    user_models.mkdir(parents=True, exist_ok=True)
+    (tmp / "cache").mkdir(exist_ok=True)
+    if not (tmp / "cache" / "models").exists():
+        (tmp / "cache" / "models").symlink_to(user_models, target_is_directory=True)
+    os.environ["DPLORA_LEDGER"] = str(tmp / "ledger.sqlite3")
+    os.environ["DPLORA_CACHE_DIR"] = str(tmp / "cache")
+
+
 def _held_out(index: int, seed: int, fraction: float) -> bool:
     digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") / 2**64 < fraction
@@ -765,6 +780,7 @@ def main(argv: list[str] | None = None) -> dict:
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="dplora-utility-") as tmp_name:
         tmp = Path(tmp_name)
+        isolate_user_state(tmp)
         key, _ = generate_keypair(tmp / "bench.key", None, overwrite=False)
         bank_path, bank_test, labels = banking_data(settings, tmp)
         bitext_path, bitext_held = bitext_data(settings, tmp)

@@ -69,6 +69,7 @@ class Recommendation:
     lr_schedule: str
     warmup_steps: int
     rule: str
+    schedule_source: str = "planner"  # "contract": training.lr_schedule / warmup_steps set by hand and used
 
     def to_dict(self) -> dict:
         """JSON-ready (written into the plan and the release record)."""
@@ -85,6 +86,7 @@ class Recommendation:
             "choice": dataclasses.asdict(self.choice),
             "lr_schedule": self.lr_schedule,
             "warmup_steps": self.warmup_steps,
+            "schedule_source": self.schedule_source,
             "candidates": [dataclasses.asdict(c) for c in self.candidates],
         }
 

@@ -4,6 +4,8 @@ is refused. Used by ``dplora train``, ``dplora budget``, sweeps and audits.
 
 from __future__ import annotations
 
+import dataclasses
+
 from dplora.accounting import Adjacency
 from dplora.contract.spec import Contract
 from dplora.data import units as data_mod
@@ -46,7 +48,8 @@ def plan_for(
             log(
                 f"warning: the data holds fewer than half of privacy.num_units={declared} protected units (local "
                 "check, not written into the release): the logical batches will be far smaller than "
-                "training.expected_batch_size, since q = B/N uses the declared N; declare the public N of this data"
+                "training.expected_batch_size, since q = B/N uses the declared N; declare a public N for this "
+                "data (rounded, never the data's exact count where that count is private)"
             )
         return make_plan(contract, num_units=declared, num_units_source="contract")
     if unit_index is None:
@@ -115,6 +118,14 @@ def resolve_auto(contract: Contract, *, epochs: float | None = None, max_steps: 
         "warmup_steps": rec.warmup_steps if training.warmup_steps is None else training.warmup_steps,
     }
     resolved = type(training).model_validate(training.model_dump() | update)
+    if training.lr_schedule is not None or training.warmup_steps is not None:  # the record states what runs
+        schedule = resolved.lr_schedule
+        rec = dataclasses.replace(
+            rec,
+            lr_schedule=str(getattr(schedule, "value", schedule)),
+            warmup_steps=resolved.warmup_steps,
+            schedule_source="contract",
+        )
     return type(contract).model_validate(contract.model_dump() | {"training": resolved.model_dump()}), rec
 
 

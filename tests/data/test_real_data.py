@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -81,7 +82,12 @@ def test_twcs_user_level_budget_counts_customers(tmp_path):
 @pytest.mark.slow
 def test_packaged_smollm2_one_step(tmp_path, signing_key, monkeypatch):
     """The packaged SmolLM2-135M (converted once, cached in the user cache) takes one DP step on real tickets."""
-    monkeypatch.delenv("DPLORA_CACHE_DIR")  # reuse the user's converted-model cache (about 40 s to build)
+    # reuse the user's converted model (about 40 s to build), but never write the user's calibration cache
+    user = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dplora" / "models"
+    user.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "models").symlink_to(user, target_is_directory=True)
+    monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
     cfg = _bitext_contract(
         tmp_path, {"name": "smollm2-135m"}, steps=1, expected_batch_size=4, physical_batch_size=4, max_seq_len=32
     )

@@ -103,6 +103,29 @@ def test_planner_never_reads_data_and_ignores_private_counts(tmp_path, tiny_mode
     assert out[0][0]["expected_batch_size"] == 48 and out[0][0]["steps"] == 50
 
 
+@pytest.mark.parametrize(
+    ("given", "schedule", "warmup", "source"),
+    [
+        ({}, "constant", 0, "planner"),
+        ({"lr_schedule": "cosine"}, "cosine", 0, "contract"),
+        ({"warmup_steps": 3}, "constant", 3, "contract"),
+        ({"lr_schedule": "linear", "warmup_steps": 2}, "linear", 2, "contract"),
+    ],
+)
+def test_the_recorded_schedule_is_the_one_that_runs(tmp_path, tiny_model_dir, given, schedule, warmup, source):
+    """`auto` with a schedule or warmup set by hand: the run uses them and the planner's table (released as
+    optimization.planner) says so, never the planner's default beside them."""
+    from dplora.recipe.planning import resolve_auto
+
+    raw = _auto(tmp_path, tiny_model_dir, tmp_path / "missing.csv", epochs=3, **given)
+    resolved, rec = resolve_auto(parse_contract(raw))
+    t = resolved.training.model_dump(mode="json")
+    table = rec.to_dict()
+    assert (t["lr_schedule"], t["warmup_steps"]) == (schedule, warmup)
+    assert (table["lr_schedule"], table["warmup_steps"], table["schedule_source"]) == (schedule, warmup, source)
+    assert table["choice"]["expected_batch_size"] == t["expected_batch_size"] == 48
+
+
 def test_budget_recommend_cli_without_data(tmp_path, tiny_model_dir):
     from dplora.cli.app import app
 
