@@ -388,12 +388,7 @@ def run_specs(task: Task, settings: Settings) -> list[dict]:
 def control_settings(raw_planner: dict) -> dict:
     """The planner's resolved B, T, lr, schedule and warmup for a planner contract (the control trains with them,
     non-privately: "the control at the planner's B and T"). Public inputs only (:func:`resolve_auto`)."""
-    from dplora.contract.loader import parse_contract
-    from dplora.recipe.planning import resolve_auto
-
-    resolved, _ = resolve_auto(parse_contract(raw_planner))
-    t = resolved.training.model_dump(mode="json")
-    return {k: t[k] for k in ("expected_batch_size", "steps", "lr", "lr_schedule", "warmup_steps")}
+    return resolved_settings(raw_planner)
 
 
 def resolved_settings(raw: dict) -> dict:

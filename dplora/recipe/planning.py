@@ -39,12 +39,13 @@ def plan_for(
     """
     declared = contract.privacy.num_units
     if declared is not None:
-        if unit_index is not None and unit_index.num_units > declared and log is not None:
+        held = None if unit_index is None or log is None else unit_index.num_units
+        if held is not None and held > declared:
             log(
                 f"warning: the data holds more protected units than privacy.num_units={declared} (local check, "
                 "not written into the release); q, T and σ use the declared N"
             )
-        elif unit_index is not None and 2 * unit_index.num_units < declared and log is not None:
+        elif held is not None and 2 * held < declared:
             log(
                 f"warning: the data holds fewer than half of privacy.num_units={declared} protected units (local "
                 "check, not written into the release): the logical batches will be far smaller than "
