@@ -1,0 +1,27 @@
+"""Third-party import-time notices that are not actionable do not reach dplora's users; the rest still do."""
+
+import logging
+
+import dplora  # noqa: F401  (installs the filter)
+
+
+def test_the_bitsandbytes_cpu_kernel_notice_is_dropped_and_its_other_warnings_kept(caplog):
+    log = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    with caplog.at_level(logging.WARNING):
+        log.warning(
+            "Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please make sure you already "
+            "`pip install kernels` and the kernels >= 0.11.1",
+            "No module named 'kernels'",
+        )
+        log.warning("some other bitsandbytes warning")
+    assert [r.getMessage() for r in caplog.records] == ["some other bitsandbytes warning"]
+
+
+def test_importing_peft_prints_no_bitsandbytes_kernel_notice():
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", "import dplora, peft"], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert "gemm_4bit_forward" not in out.stderr
