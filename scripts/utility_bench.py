@@ -23,7 +23,7 @@ same epochs; each trained ``--repeats`` times (mean and sample standard deviatio
 on held-out data. The report gives the DP share of the control's gain over base per task and ε,
 (base − dp)/(base − control) for loss and (dp − base)/(control − base) for accuracy, and the goal checks at ε = 8
 (Bitext ≥ 90 % of the control's gain, Banking77 within 3 points of the control). ``--cpu`` cuts the design to
-about an hour on 2 CPU cores (both tasks at ε = 3 and 8 on small N, ``--jobs 2``, see :data:`CPU`); docs/utility.md
+about 2.5 h on 2 CPU cores (both tasks at ε = 3 and 8 on small N, ``--jobs 2``, see :data:`CPU`); docs/utility.md
 gives the sizes and estimates. A DP-hand row whose resolved settings (B, T, lr, schedule, warmup) equal the
 DP-planner row's at the same ε is not trained again: it carries that row's numbers and ``same_as`` names it.
 
@@ -38,7 +38,7 @@ Output: ``DIR/utility.json``, ``DIR/utility.md`` and ``DIR/utility.png`` (utilit
     flock /work/notes/cpu.lock .venv/bin/python scripts/utility_bench.py --quick --out bench-utility
     .venv/bin/python scripts/utility_bench.py --toy --out /tmp/u   # a tiny random chat model, seconds (tests)
     .venv/bin/python scripts/utility_bench.py --full --out bench-utility-full     # a GPU; days on a CPU
-    .venv/bin/python scripts/utility_bench.py --cpu --jobs 2 --out bench-utility-cpu  # ~1 h on 2 cores
+    .venv/bin/python scripts/utility_bench.py --cpu --jobs 2 --out bench-utility-cpu  # ~2.5 h on 2 cores
     .venv/bin/python scripts/utility_bench.py --toy --full --out /tmp/u            # the --full design, tiny model
 """
 
@@ -201,7 +201,7 @@ FULL = Settings(
         eval_rows=400,
     ),
 )
-# --cpu: about an hour on 2 idle CPU cores with --jobs 2 (docs/utility.md gives the estimate). The planner needs
+# --cpu: about 2.5 h on 2 idle CPU cores with --jobs 2 (docs/utility.md gives the measured minutes). The planner needs
 # T ≥ 50 at B ≥ 32, so one run trains on ≥ 1,600 rows whatever N is; SmolLM2-135M trains about 1.4 rows/s per core
 # at 64 tokens, so each task keeps the smallest N that reaches T ≥ 50 and three trainings (control, ε = 3, ε = 8).
 # At these N only B = 32 is eligible, so the planner's choice is the hand settings (B = 32, lr 0.002, constant):
@@ -729,7 +729,7 @@ def main(argv: list[str] | None = None) -> dict:
     mode.add_argument(
         "--full", action="store_true", help="all 77 intents, all rows: base, control, DP-planner, DP-hand (a GPU)"
     )
-    mode.add_argument("--cpu", action="store_true", help="the --full design cut to about an hour on 2 CPU cores")
+    mode.add_argument("--cpu", action="store_true", help="the --full design cut to about 2.5 h on 2 CPU cores")
     ap.add_argument(
         "--toy", action="store_true", help="a tiny random chat model (seconds; tests); with --full: its design"
     )
