@@ -368,7 +368,8 @@ def contract_for(task: Task, settings: Settings, path: Path, columns: dict, out:
 def run_specs(task: Task, settings: Settings) -> list[dict]:
     """The runs of one task. Sweep design: control, DP at each ε (main batch), then the batch sweep at ε = 3.
     Planner design: the control (``arm: fixed``, the planner's B and T at the largest ε, filled in by
-    :func:`control_settings`), DP with the planner's choice at each ε, DP with the hand settings."""
+    :func:`resolved_settings` of the planner's contract), DP with the planner's choice at each ε, DP with the hand
+    settings."""
     if settings.design == "planner":
         top = max(settings.epsilons)
         specs = [{"name": "non-private", "kind": "control", "arm": "fixed", "enabled": False, "epsilon": top}]
@@ -383,12 +384,6 @@ def run_specs(task: Task, settings: Settings) -> list[dict]:
     specs += [{"name": f"dp-eps{e:g}", "kind": "dp", "epsilon": e, "batch": task.batch} for e in settings.epsilons]
     specs += [{"name": f"dp-eps3-B{b}", "kind": "sweep", "epsilon": 3.0, "batch": b} for b in task.sweep]
     return specs
-
-
-def control_settings(raw_planner: dict) -> dict:
-    """The planner's resolved B, T, lr, schedule and warmup for a planner contract (the control trains with them,
-    non-privately: "the control at the planner's B and T"). Public inputs only (:func:`resolve_auto`)."""
-    return resolved_settings(raw_planner)
 
 
 def resolved_settings(raw: dict) -> dict:
@@ -811,7 +806,7 @@ def main(argv: list[str] | None = None) -> dict:
                     planner_raw = contract_for(
                         task, settings, path, columns, tmp / "unused", model=model_section, **spec | {"arm": "planner"}
                     )
-                    fixed = control_settings(planner_raw | {"privacy": planner_raw["privacy"] | {"enabled": True}})
+                    fixed = resolved_settings(planner_raw | {"privacy": planner_raw["privacy"] | {"enabled": True}})
                 twin = _same_settings_row(spec, done, task, settings, path, columns, tmp, model_section)
                 if twin is not None:
                     rows.append(twin)
