@@ -3,8 +3,8 @@
 Every module's imports are read with ``ast`` (imports inside functions included) by ``scripts/import_graph.py``.
 A module may import its own stage and the stages below it, never one above it. The order, lowest first:
 
-    core (dplora, errors, signals, atomic) → accounting → contract → plan → data → engine → run → release → ledger →
-    evaluate → recipe → audit, synth, export, tuning → cli (and ``python -m dplora``)
+    core (dplora, errors, signals, atomic, surface) → accounting → contract → plan → data → engine → run →
+    release → ledger → evaluate → recipe → audit, synth, export, tuning → cli (and ``python -m dplora``)
 
 The checker itself is tested on planted graphs and on a planted upward import in a temporary package, so the
 test on the real tree cannot pass by checking nothing.
@@ -24,7 +24,7 @@ from import_graph import cycles, module_imports  # noqa: E402
 
 # Lowest first; a module belongs to the stage of its longest matching dotted prefix.
 STAGES: list[tuple[str, ...]] = [
-    ("dplora", "dplora.errors", "dplora.signals", "dplora.atomic"),
+    ("dplora", "dplora.errors", "dplora.signals", "dplora.atomic", "dplora.surface"),
     ("dplora.accounting",),
     ("dplora.contract",),
     ("dplora.plan",),

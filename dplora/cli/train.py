@@ -33,6 +33,16 @@ BudgetEpochsOpt = Annotated[
 ]
 
 
+ShowPrivateOpt = Annotated[
+    bool,
+    typer.Option(
+        "--show-private",
+        help="Also print the private diagnostics (timings, counts, held-out numbers; NOT covered by DP) on stderr "
+        "under CI, without a terminal or with --json. They are always in <output_dir>.private/.",
+    ),
+]
+
+
 def budget(
     config: ConfigArg,
     overrides: OverridesArg = None,
@@ -44,14 +54,18 @@ def budget(
     recommend: BudgetRecommendOpt = False,
     max_steps: BudgetMaxStepsOpt = None,
     epochs: BudgetEpochsOpt = None,
+    show_private: ShowPrivateOpt = False,
 ) -> None:
     """Dry run: plan N, q, T and σ and report ε, without loading a model.
 
-    N comes from privacy.num_units if declared, else from counting protected units in the data.
+    N comes from privacy.num_units if declared, else from counting protected units in the data. Under CI, without a
+    terminal or with --json the report is public: no records-per-unit statistics or data-count warnings, and no plan
+    on a counted private N (--show-private shows them).
     """
+    from dplora.surface import echo_private
     from dplora.tuning import budget as budget_mod
 
-    t0 = time.perf_counter()
+    private = echo_private(as_json=as_json, show_private=show_private, stream=sys.stdout)
     if plot is not None and plot.suffix.lower() != ".png":
         raise fail(BadInputError(f"--plot {plot}: the plot is a PNG file; use a name ending in .png"), as_json=as_json)
     try:
@@ -64,12 +78,12 @@ def budget(
             recommend=recommend,
             epochs=epochs,
             max_steps=max_steps,
+            show_private=private,
         )
         if plot is not None:
             budget_mod.plot_curve(report, plot)
     except DploraError as err:
         raise fail(err, as_json=as_json) from None
-    report["seconds"] = round(time.perf_counter() - t0, 3)
     if as_json:
         emit_json({"ok": True, **report})
     else:
@@ -129,8 +143,16 @@ def train(
     resume: ResumeOpt = False,
     non_private: NonPrivateOpt = False,
     as_json: AsJsonOpt = False,
+    show_private: ShowPrivateOpt = False,
 ) -> None:
-    """Fine-tune LoRA adapters with DP-SGD under the contract and write a signed release."""
+    """Fine-tune LoRA adapters with DP-SGD under the contract and write a signed release.
+
+    What it prints on stdout and, under CI or without a terminal, on stderr is public: a function of the contract,
+    the plan and DP outputs only. Private diagnostics go to <output_dir>.private/ (train.log, report.json).
+    """
+    from dplora.surface import PrivateLog, echo_private
+
+    private_log = PrivateLog(log if echo_private(as_json=as_json, show_private=show_private) else None)
     options = dict(
         signing_key=signing_key,
         data_key=data_key,
@@ -142,10 +164,11 @@ def train(
         non_private=non_private,
         contract_path=config,
         resume=resume,
+        private_log=private_log,
     )
     result = _run(config, overrides or [], options, as_json=as_json)
     if result.release_path is not None:  # None on a rank other than 0 of a multi-process run: rank 0 reports
-        _report(result, as_json=as_json)
+        _report(result, as_json=as_json, private_log=private_log)
 
 
 def _run(config: Path, overrides: list[str], options: dict, *, as_json: bool):
@@ -178,25 +201,29 @@ def _run(config: Path, overrides: list[str], options: dict, *, as_json: bool):
         raise typer.Exit(code=130) from None
 
 
-def _report(result, *, as_json: bool) -> None:
-    """The finished run's lines on stderr and its release path (or ``--json`` summary) on stdout."""
+def _report(result, *, as_json: bool, private_log) -> None:
+    """The finished run's lines on stderr and its release path (or ``--json`` summary) on stdout.
+
+    The public ``done:`` line holds the plan's numbers and ε only; the realised empty steps and wall times are
+    private diagnostics (``private_log``).
+    """
     p = result.plan
+    private_log(
+        f"{result.empty_steps} of {p.steps} steps had an empty Poisson batch, {result.seconds_per_step:.2f} s/step"
+        f"{_eval_time(result)}"
+    )
     if not result.differentially_private:
         from dplora.engine.control import NO_DP_STATEMENT
 
-        log(
-            f"done: {result.steps_done}/{p.steps} steps ({result.empty_steps} empty), {result.seconds_per_step:.2f} "
-            f"s/step, {result.threads} threads{_eval_time(result)}; {NO_DP_STATEMENT}"
-        )
+        log(f"done: {result.steps_done}/{p.steps} steps, {result.threads} threads; {NO_DP_STATEMENT}")
         if as_json:
             emit_json(_train_summary(result))
         else:
             out.print(f"non-private record (no DP guarantee): {result.release_path}", markup=False)
         return
     log(
-        f"done: {result.steps_done}/{p.steps} steps ({result.empty_steps} empty), ε={result.epsilon_spent:.4f} "
-        f"≤ {p.target_epsilon:g} at δ={p.delta:g} ({p.accountant.value}), {result.seconds_per_step:.2f} s/step, "
-        f"{result.threads} threads{_eval_time(result)}"
+        f"done: {result.steps_done}/{p.steps} steps, ε={result.epsilon_spent:.4f} "
+        f"≤ {p.target_epsilon:g} at δ={p.delta:g} ({p.accountant.value}), {result.threads} threads"
     )
     if as_json:
         emit_json(_train_summary(result))
@@ -208,7 +235,7 @@ def _report(result, *, as_json: bool) -> None:
 
 
 def _eval_time(result) -> str:
-    """The held-out evaluation's wall time for the ``done:`` line (the s/step there is training alone)."""
+    """The held-out evaluation's wall time for the private line (the s/step there is training alone)."""
     if result.evaluation is None:
         return ""
     from dplora.run.progress import duration
@@ -217,7 +244,8 @@ def _eval_time(result) -> str:
 
 
 def _train_summary(result) -> dict:
-    """``train --json``: the run id, the plan's public numbers, ε spent, the paths written and the seconds."""
+    """``train --json``: the run id, the plan's public numbers, ε spent and the paths written (public fields only:
+    realised timings and empty steps are in ``<output_dir>.private/report.json``)."""
     from dplora.release.envelope import SIGSTORE_FILENAME
     from dplora.run import outputs
 
@@ -237,7 +265,6 @@ def _train_summary(result) -> dict:
         "sample_rate": p.sample_rate,
         "steps": p.steps,
         "steps_done": result.steps_done,
-        "empty_steps": result.empty_steps,
         "noise_multiplier": p.noise_multiplier,
         "max_grad_norm": p.max_grad_norm,
         "epsilon_spent": result.epsilon_spent,
@@ -254,9 +281,6 @@ def _train_summary(result) -> dict:
             "metrics": str(private / outputs.METRICS_FILENAME),
         },
         "threads": result.threads,
-        "seconds": round(result.seconds, 3),
-        "seconds_per_step": round(result.seconds_per_step, 3),
-        "eval_seconds": round(result.eval_seconds, 3),
     }
 
 

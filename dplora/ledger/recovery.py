@@ -185,7 +185,6 @@ def record_release(
             steps_done=info.step,
             epsilon_spent=eps,
             started_at=info.meta["started_at"],
-            finished_at=info.meta["written_at"],
             data_digest=release.data_digest_entry([Path(contract.data.path)], data_key),
             base_model=base_model_entry(contract.model, log, dtype=info.meta["execution"].get("base_dtype")),
             execution=info.meta["execution"],

@@ -113,8 +113,8 @@ def _build(
         model, tokenizer = _setup_model(contract, device, dtype, allow_tf32, io.log)
     examples, truncation = data_mod.encode_records(table, tokenizer, contract)
     if truncation is not None and truncation.truncated:  # private counts: the operator's terminal only
-        io.log(
-            f"data (private counts, not covered by DP): {truncation.truncated} of {truncation.records} records "
+        io.private(
+            f"data: {truncation.truncated} of {truncation.records} records "
             f"truncated to training.max_seq_len={contract.training.max_seq_len}, {truncation.dropped} dropped from "
             f"the loss (no target token left), {truncation.turns_dropped} turns and {truncation.tokens_cut} tokens "
             "not trained on"

@@ -132,8 +132,7 @@ def _write_outputs(spec, state, *, started: str, epsilon_spent: float, io: _RunI
         "plan": plan,
         "run_id": spec.run_id,
         "steps_done": state.step,
-        "started_at": started,
-        "finished_at": utc_now(),
+        "started_at": started,  # before the data was read (dplora.recipe.train): the record's only time
         "data_digest": release.data_digest_entry([Path(contract.data.path)], io.data_key),
         "base_model": base_model_entry(contract.model, io.log, dtype=spec.dtype),
         "execution": execution_entry(spec, reducer=getattr(state.optimizer, "reducer", None), ranks=ranks),

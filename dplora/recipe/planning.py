@@ -57,9 +57,11 @@ def plan_for(
         raise BadInputError("privacy.num_units is not declared: the data is needed to count protected units")
     why = private_count_reason(contract)
     if why is not None and release:
+        if log is not None:  # a private count: the operator's terminal only, never the error line (exit 2 is public)
+            log(f"the data has about {_rounded(unit_index.num_units)} protected units")
         raise BadInputError(
-            f"privacy.num_units: declare N as a public number ({why}; the data has about "
-            f"{_rounded(unit_index.num_units)} units: do not copy the exact count if it is private, round it)"
+            f"privacy.num_units: declare N as a public number ({why}; do not copy the data's exact count if it is "
+            "private: round it, or take it from a public source; dplora budget shows it on a terminal)"
         )
     return make_plan(contract, num_units=unit_index.num_units, num_units_source="data")
 

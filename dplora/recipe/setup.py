@@ -137,3 +137,5 @@ class _RunIO:
     world: distributed.World = distributed.SINGLE
     non_private: bool = False
     ledger_release: bool = True
+    private: object = None  # dplora.surface.PrivateLog: the run's private diagnostics (never on the public log)
+    started_at: str = ""  # UTC, taken before the data is read: the only time a release records

@@ -113,8 +113,8 @@ def _evaluate_held_out(spec, state, io: _RunIO):
             private_run=not control.is_control(spec.contract),
             progress=progress,
         )
-    for line in report_lines(evaluation):
-        io.log(line)
+    for line in report_lines(evaluation):  # numbers on a private held-out set are private diagnostics
+        (io.log if public else io.private)(line)
     with metrics_path(spec.staging).open("a") as metrics:
         entry = {"eval": evaluation.to_dict()}
         atomic.append_line(metrics, json.dumps(entry if public else {"not_covered_by_dp": entry}))

@@ -83,6 +83,7 @@ def run_training(
     log=print,
     extra_records: list[dict] | None = None,
     ledger_release: bool = True,
+    private_log=None,
 ) -> RunResult:
     """Train DP-LoRA adapters under ``contract`` and write them with a signed release record.
 
@@ -98,7 +99,10 @@ def run_training(
         non_private: allow a ``privacy.enabled: false`` control on a ledger population (charged ε = ∞).
         contract_path: the contract file, which the output folder must not hold.
         resume: continue from the resume checkpoint in ``<output_dir>.partial`` (same contract and data).
-        log: one-line message sink.
+        log: one-line message sink for public lines (a function of the contract, the plan and DP outputs only).
+        private_log: a :class:`dplora.surface.PrivateLog` for the private diagnostics (counts, timings, held-out
+            numbers, local data warnings); they are written to ``<output_dir>.private/`` and echoed only where
+            it echoes. Default: a silent one (the private folder only).
         extra_records: rows appended to the training table after the held-out split (the audit's canaries,
             each its own protected unit); every column of the data file, text values.
         ledger_release: record the signed release in the ledger (False: a ``dplora sweep`` trial, signed with a
@@ -114,6 +118,10 @@ def run_training(
             is written, the last resume checkpoint and FAILED.json stay.
         KeyboardInterrupt: SIGINT/SIGTERM; a resume checkpoint of the last finished step is written first.
     """
+    from dplora.surface import PrivateLog
+
+    private_log = private_log if private_log is not None else PrivateLog()
+    started_at = utc_now()  # before the data is read: the record's only time (its end would time the private run)
     # training.expected_batch_size: auto: B, T and lr from the planner (public inputs only; no data read)
     contract, recommendation = resolve_auto(contract)
     world = distributed.init_world()  # one process unless started by torchrun / accelerate launch
@@ -144,7 +152,7 @@ def run_training(
                 table = data_mod.append_records(table, extra_records)
             unit_index = data_mod.build_unit_index(table, contract.privacy, seed=contract.training.seed)
             if main:
-                plan = plan_for(contract, unit_index, log=log)
+                plan = plan_for(contract, unit_index, log=private_log)
                 if recommendation is not None:
                     plan = dataclasses.replace(plan, planner=recommendation.to_dict())
                 if control.is_control(contract):  # the DP twin's N, q and T; σ = 0, ε = ∞
@@ -169,6 +177,8 @@ def run_training(
             resume=resume,
             world=world,
             ledger_release=ledger_release,
+            private=private_log if main else PrivateLog(),
+            started_at=started_at,
         )
         if not main:
             return _follow(contract, plan, table, unit_index, out=out, staging=staging, io=io)
@@ -200,6 +210,7 @@ def _run_locked(
         staging = resume_mod.prepare_staging(
             out, resuming=resumed is not None, overwrite=io.overwrite, ledger=ledger, log=log
         )
+        io.private.attach(outputs.private_staging(staging))  # private diagnostics from here on: <output_dir>.private
     try:
         with distributed.gate(io.world):
             spec, state = _build(contract, plan, table, unit_index, out=out, staging=staging, io=io, held_out=held_out)
@@ -258,7 +269,7 @@ def _run_locked(
         raise
     if ledger is not None:
         ledger.set_checkpoint_path(spec.run_id, str(staging.resolve()))
-    started = resumed.meta["started_at"] if resumed is not None else utc_now()
+    started = resumed.meta["started_at"] if resumed is not None else io.started_at
     checkpointer = ckpt.Checkpointer(
         spec, state, started_at=started, data_digest=digest or ckpt.data_sha256(contract), log=log, last=resumed
     )
@@ -279,9 +290,22 @@ def _run_locked(
             raise
         raise TrainingFailedError(resume_mod.failure_line(err, spec, state, checkpointer.last)) from err
     epsilon_spent = plan.epsilon_at(state.step)
-    log(f"peak memory: {peak_memory_gib(spec.device):.2f} GiB ({_memory_kind(spec.device)})")
+    peak = peak_memory_gib(spec.device)  # private: activations grow with the realised (private) batch
+    io.private(f"peak memory: {peak:.2f} GiB ({_memory_kind(spec.device)})")
     ckpt.discard(staging)  # a resume checkpoint never leaves the partial folder
     kept = outputs.publish(staging, out)
+    outputs.fix_mtimes(out, started)  # released files carry the record's start time, never the run's end
+    outputs.fix_mtimes(tracking.tracking_path(out), started)
+    io.private.attach(outputs.private_path(out))
+    io.private.put(
+        run_id=spec.run_id,
+        seconds=round(seconds, 3),
+        seconds_per_step=round(train_seconds / max(plan.steps - first_step, 1), 3),
+        eval_seconds=round(eval_seconds, 3),
+        empty_steps=state.empty_steps,
+        peak_memory_gib=round(peak, 3),
+        note="private diagnostics, computed on the private data and NOT covered by DP: never publish",
+    )
     if kept is not None:
         log(f"warning: files appeared in {out} during the run; the old folder was kept as {kept}")
     if ledger is not None:

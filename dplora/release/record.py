@@ -86,7 +86,6 @@ def build_record(
     steps_done: int,
     epsilon_spent: float,
     started_at: str,
-    finished_at: str,
     data_digest: dict,
     base_model: dict,
     execution: dict | None = None,
@@ -105,8 +104,7 @@ def build_record(
     return {
         "record_version": RECORD_VERSION,
         "run_id": run_id,
-        "started_at": started_at,
-        "finished_at": finished_at,
+        "started_at": started_at,  # taken before the data is read; no end time (it would time the private run)
         "privacy": unit_guarantee(contract),
         "mechanism": {
             **plan.event.to_dict(),
@@ -227,7 +225,6 @@ def non_private_record(
     run_id: str,
     steps_done: int,
     started_at: str,
-    finished_at: str,
     data_digest: dict,
     base_model: dict,
     execution: dict | None = None,
@@ -247,8 +244,7 @@ def non_private_record(
     return {
         "record_version": CONTROL_RECORD_VERSION,
         "run_id": run_id,
-        "started_at": started_at,
-        "finished_at": finished_at,
+        "started_at": started_at,  # taken before the data is read; no end time (it would time the private run)
         "differentially_private": False,
         "statement": NO_DP_STATEMENT,
         "epsilon": "infinite",

@@ -38,7 +38,9 @@ PRIVATE_NOTICE_TEXT = (
     "wall time, and any evaluation on a private held-out set. Keep it local: never ship or publish it with the\n"
     "release folder beside it.\n"
 )
-PRIVATE_ENTRIES = frozenset({PRIVATE_NOTICE, METRICS_FILENAME})
+PRIVATE_ENTRIES = frozenset(
+    {PRIVATE_NOTICE, METRICS_FILENAME, "train.log", "report.json", "tensorboard", "eval.json", "synth"}
+)
 PARTIAL_ENTRIES = RUN_ENTRIES | {PARTIAL_MARKER, FAILED_FILENAME, CHECKPOINT_FILENAME, PRIVATE_SUBDIR}
 
 
@@ -246,3 +248,22 @@ def _publish_private(folder: Path, private: Path) -> None:
         return
     private.parent.mkdir(parents=True, exist_ok=True)
     folder.rename(private)
+
+
+def fix_mtimes(folder: Path, when: str) -> None:
+    """Set the modification (and access) time of ``folder`` and of everything in it to ``when``.
+
+    A released file's mtime is public metadata: the real one is the run's end, and its distance from the start is
+    the private run's duration. ``when`` is the record's ``started_at`` (ISO 8601 UTC, taken before the data is
+    read), so the files carry a public time only. Missing folders are skipped.
+    """
+    import datetime as dt
+
+    folder = Path(folder)
+    if not folder.exists():
+        return
+    stamp = dt.datetime.fromisoformat(when).timestamp()
+    for root, dirs, files in os.walk(folder, topdown=False):
+        for name in files + dirs:
+            os.utime(Path(root) / name, (stamp, stamp), follow_symlinks=False)
+    os.utime(folder, (stamp, stamp))

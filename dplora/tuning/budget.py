@@ -31,8 +31,13 @@ def budget_report(
     recommend: bool = False,
     epochs: float | None = None,
     max_steps: int | None = None,
+    show_private: bool = True,
 ) -> dict:
     """Plan a run and describe it as one JSON-ready dict.
+
+    ``show_private`` False (the CLI under CI, without a terminal or with ``--json``, see
+    :func:`dplora.surface.echo_private`) keeps the report public: no records-per-unit statistics, no local
+    data-count warnings, and a counted N where N is private (undeclared under add/remove) is refused, not shown.
 
     ``world_size`` is W, the processes a multi-process run (torchrun / accelerate launch) would use: the report's
     ``units_per_rank`` gives the expected units each rank samples per logical step (q·⌊N/W⌋ to q·⌈N/W⌉; the plan,
@@ -47,7 +52,8 @@ def budget_report(
         report then has ``recommendation`` (the choice and every candidate weighed).
 
     Raises:
-        BadInputError, PlanRefusedError: bad contract, data or plan (exit 2), as ``train`` refuses them.
+        BadInputError, PlanRefusedError: bad contract, data or plan (exit 2), as ``train`` refuses them; a counted
+            private N without ``show_private``.
     """
     from dplora.data.units import count_units
     from dplora.recipe.planning import plan_for, private_count_reason, resolve_auto
@@ -71,6 +77,13 @@ def budget_report(
         unit_index = count_units(contract)
         plan = plan_for(contract, unit_index, release=False, log=lambda m: local.append(m.removeprefix("warning: ")))
     why = private_count_reason(contract) if contract.privacy.num_units is None else None
+    if why is not None and not show_private:
+        raise BadInputError(
+            f"privacy.num_units is not declared and {why}: a plan on the counted N would publish a private count; "
+            "declare a public (rounded) N, or run dplora budget on a terminal (or with --show-private) to see it"
+        )
+    if not show_private:
+        local.clear()  # the data-count comparison with the declared N: a private diagnostic
     if why is not None:
         local.append(
             f"privacy.num_units is not declared and {why}: dplora train refuses to release on a counted N; "
@@ -105,7 +118,7 @@ def budget_report(
     report["lr"], report["lr_schedule"], report["warmup_steps"] = plan.lr, plan.lr_schedule, plan.warmup_steps
     if rec is not None:
         report["recommendation"] = rec.to_dict()
-    if unit_index is not None:
+    if unit_index is not None and show_private:
         report["not_covered_by_dp"] = {"note": PRIVATE_STATS_NOTE, "unit_stats": unit_index.stats()}
     if not contract.privacy.enabled:  # the non-private control: report its DP twin's plan, check no cap
         report["warnings"].append(
@@ -268,7 +281,6 @@ def print_report(report: dict, console) -> None:
         t.add_row(
             "ledger", f"{report['ledger']['population']}: ε spent before {report['ledger']['epsilon_spent_before']}"
         )
-    t.add_row("planning time", f"{report.get('seconds', 0):.2f} s")
     console.print(t)
     console.print(f"note: {report['unit_note']}", markup=False, soft_wrap=True)
     if private:
