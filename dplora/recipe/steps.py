@@ -101,7 +101,7 @@ def _evaluate_held_out(spec, state, io: _RunIO):
     from dplora.run.progress import BatchReporter
 
     source, public = held_out_source(spec.contract)
-    with BatchReporter("held-out eval", enabled=io.progress) as progress:  # operator's stderr only, never released
+    with BatchReporter("held-out eval", enabled=io.progress, public=public) as progress:  # the operator's terminal
         evaluation = evaluate_model(
             unwrap(state.model),
             spec.tokenizer,

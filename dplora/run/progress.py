@@ -1,7 +1,11 @@
-"""Training progress on stderr: a rich bar on a terminal, plain lines at a steady interval otherwise (CI logs).
+"""Training progress on stderr: a rich bar on an interactive terminal, public plain lines otherwise (CI logs).
 
-stdout stays free for machine-readable output. The plain lines carry only public quantities (step, T, ε spent,
-s/step, ETA); the training loss, computed on private data, appears only on the live terminal bar.
+stdout stays free for machine-readable output. A job log is public (:mod:`dplora.surface`), so under CI or without
+a terminal the plain lines carry public quantities only: one every K logical steps (K = ⌈T/10⌉, from the plan),
+with the step, T and the planned ε after it. No s/step, no ETA and no time-based cadence: realised step times
+follow the private realised batch, and a line count that grows with the run's duration would time it. The bar
+(step times, ETA, the training loss) is for the operator at the terminal only. The held-out evaluation's
+progress is a bar on that terminal or nothing: its batch count is a count of a private held-out set.
 """
 
 from __future__ import annotations
@@ -41,8 +45,11 @@ class _Reporter:
         self.enabled = enabled
         self.interval_s = interval_s
         self._clock = clock or time.monotonic
+        from dplora.surface import in_ci
+
         isatty = getattr(self.stream, "isatty", None)
-        self.mode = "off" if not enabled else ("bar" if isatty is not None and isatty() else "lines")
+        interactive = isatty is not None and isatty() and not in_ci()
+        self.mode = "off" if not enabled else ("bar" if interactive else "lines")
         self._bar = self._task = None
         self._last_line: float | None = None
 
@@ -91,9 +98,9 @@ class ProgressReporter(_Reporter):
 
     Args:
         enabled: False prints nothing (``--no-progress``).
-        stream: where to write (default: ``sys.stderr``); a TTY gets a rich bar, anything else plain lines.
-        interval_s: seconds between plain lines; the first and the last step always get one.
-        clock: seconds counter (tests pass a fake one).
+        stream: where to write (default: ``sys.stderr``); an interactive terminal (``CI`` unset) gets a rich bar,
+            anything else public plain lines every :func:`line_every` steps.
+        interval_s, clock: kept for the signature; the plain lines have no time-based cadence.
     """
 
     def __init__(
@@ -101,28 +108,29 @@ class ProgressReporter(_Reporter):
     ):
         super().__init__(enabled=enabled, stream=stream, interval_s=interval_s, clock=clock)
         self._total = 0
-        self._updates, self._seconds = 0, 0.0
 
     def start(self, total: int) -> None:
-        """Begin a run of ``total`` logical steps."""
+        """Begin a run of ``total`` logical steps (the plan's T)."""
         self._total = total
         if self.mode == "bar":
             self._start_bar("DP-LoRA", total, info=True)
 
     def update(self, step: int, epsilon: float, seconds_per_step: float, loss: float | None = None) -> None:
-        """Step ``step`` (1-based) is done in ``seconds_per_step`` s; ``epsilon`` is ε spent after it.
+        """Step ``step`` (1-based) is done; ``epsilon`` is the plan's ε after it (:meth:`TrainingPlan.epsilon_at`).
 
-        The plain lines show the mean s/step so far and the ETA from it; ``loss`` shows on the bar only.
+        ``seconds_per_step`` and ``loss`` are private: the bar on the operator's terminal shows them (its ETA), the
+        plain lines never do. A plain line is written at step 1, at every multiple of :func:`line_every` and at T.
         """
-        self._updates += 1
-        self._seconds += seconds_per_step
         if self.mode == "bar":
             info = f"ε≤{epsilon:.3f}" + (f"  loss {loss:.3f}" if loss is not None else "")
             self._bar.update(self._task, completed=step, info=info)
-        elif self.mode == "lines" and self._line_due(step >= self._total) is not None:
-            mean = self._seconds / self._updates
-            eta = duration(mean * (self._total - step))
-            self._line(f"progress: step {step}/{self._total}, ε spent {epsilon:.4f}, {mean:.2f} s/step, ETA {eta}")
+        elif self.mode == "lines" and (step == 1 or step % line_every(self._total) == 0 or step >= self._total):
+            self._line(f"progress: step {step}/{self._total}, planned ε after it {epsilon:.4f}")
+
+
+def line_every(total: int) -> int:
+    """K, the plain lines' step cadence: ⌈T/10⌉ (≥ 1), a function of the plan's T only."""
+    return max(1, -(-int(total) // 10))
 
 
 class BatchReporter(_Reporter):
@@ -130,12 +138,16 @@ class BatchReporter(_Reporter):
     a rich bar on a TTY, else plain lines at most every ``interval_s`` (the first and the last always get one).
 
     Lines read ``<label>: batch d/total, X s/batch, ETA …``; the mean is wall time since :meth:`start` over the
-    items done. They go to the operator's terminal (stderr) only, never into a released file. Call :meth:`start`,
+    items done. They go to the operator's terminal (stderr) only, never into a released file. ``public=False`` (the
+    default: the count is a private held-out set's, the times follow it) prints no plain lines at all: only an
+    interactive terminal shows progress, as a bar. Call :meth:`start`,
     then :meth:`advance` after each item (or group of items), then :meth:`close` (or use it as a context manager).
 
     Args:
         label: what is being done, e.g. ``"held-out eval"``.
-        enabled, stream, interval_s, clock: as :class:`ProgressReporter`.
+        enabled, stream: as :class:`ProgressReporter`.
+        interval_s: seconds between plain lines; clock: seconds counter (tests pass a fake one).
+        public: the item count and times are public (a public held-out file): plain lines off a terminal too.
     """
 
     def __init__(
@@ -146,8 +158,11 @@ class BatchReporter(_Reporter):
         stream: TextIO | None = None,
         interval_s: float = LINE_INTERVAL_S,
         clock=None,
+        public: bool = False,
     ):
         super().__init__(enabled=enabled, stream=stream, interval_s=interval_s, clock=clock)
+        if self.mode == "lines" and not public:
+            self.mode = "off"
         self.label = label
         self.total = self.done = 0
         self._t0 = None

@@ -183,24 +183,41 @@ class _Clock:
         return self.now
 
 
-def test_progress_lines_at_a_steady_interval():
-    """Not a TTY: a line at step 1, then one per interval (30 s), and at the last step; no loss in the lines."""
-    stream, clock = io.StringIO(), _Clock()
-    with ProgressReporter(stream=stream, interval_s=30, clock=clock) as reporter:
-        assert reporter.mode == "lines"
-        reporter.start(24)
-        for step in range(1, 25):
-            clock.now = 10.0 * step  # 10 s per step
-            reporter.update(step, epsilon=step / 3, seconds_per_step=5.0 if step % 2 else 15.0, loss=1.234)
-    lines = stream.getvalue().splitlines()
-    assert [int(re.search(r"step (\d+)/24", ln).group(1)) for ln in lines] == [1, 4, 7, 10, 13, 16, 19, 22, 24]
-    assert lines[0] == "progress: step 1/24, ε spent 0.3333, 5.00 s/step, ETA 1 min 55 s"  # 23 steps × 5 s
-    assert lines[1] == "progress: step 4/24, ε spent 1.3333, 10.00 s/step, ETA 3 min 20 s"  # mean of 5,15,5,15
-    assert lines[-1] == "progress: step 24/24, ε spent 8.0000, 10.00 s/step, ETA 0 s"
-    assert "1.234" not in stream.getvalue()
+def test_progress_lines_are_public_every_k_steps():
+    """Not a TTY (a CI log): a line at step 1, every K = ⌈T/10⌉ steps and at T, with the step, T and the planned ε
+    only; no s/step, no ETA, no loss, and no time-based cadence (issue 48: the same lines whatever the clock says)."""
+    outputs = []
+    for seconds in (5.0, 500.0):  # two runs whose steps take very different (private) times
+        stream, clock = io.StringIO(), _Clock()
+        with ProgressReporter(stream=stream, interval_s=30, clock=clock) as reporter:
+            assert reporter.mode == "lines"
+            reporter.start(24)
+            for step in range(1, 25):
+                clock.now = seconds * step
+                reporter.update(step, epsilon=step / 3, seconds_per_step=seconds, loss=1.234)
+        outputs.append(stream.getvalue())
+    assert outputs[0] == outputs[1]
+    lines = outputs[0].splitlines()
+    assert [int(re.search(r"step (\d+)/24", ln).group(1)) for ln in lines] == [1, 3, 6, 9, 12, 15, 18, 21, 24]
+    assert lines[0] == "progress: step 1/24, planned ε after it 0.3333"
+    assert lines[-1] == "progress: step 24/24, planned ε after it 8.0000"
+    assert "1.234" not in outputs[0] and "s/step" not in outputs[0] and "ETA" not in outputs[0]
 
 
-def test_progress_bar_on_a_tty_and_nothing_when_disabled():
+def test_progress_under_ci_is_lines_even_on_a_terminal(monkeypatch):
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setenv("CI", "true")
+    assert ProgressReporter(stream=Tty()).mode == "lines"
+    monkeypatch.setenv("CI", "false")
+    assert ProgressReporter(stream=Tty()).mode == "bar"
+
+
+def test_progress_bar_on_a_tty_and_nothing_when_disabled(monkeypatch):
+    monkeypatch.delenv("CI", raising=False)
+
     class Tty(io.StringIO):
         def isatty(self):
             return True
