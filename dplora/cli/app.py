@@ -133,8 +133,18 @@ GroupColumnOpt = Annotated[
     str | None,
     typer.Option(
         metavar="COL",
-        help="Also report per group of this column (public labels only; groups under 10 records are not named). "
-        "Default: data.group_column.",
+        help="Also report per group of this column: only the contract's data.group_column (a declared public "
+        "label) is accepted; groups under 10 records are not named. Default: data.group_column.",
+    ),
+]
+
+
+EvalShowPrivateOpt = Annotated[
+    bool,
+    typer.Option(
+        "--show-private",
+        help="Print numbers on a private held-out set (NOT covered by DP) under CI, without a terminal or with "
+        "--json too. They are always written to <run>.private/eval.json.",
     ),
 ]
 
@@ -146,21 +156,41 @@ def eval_(
     as_json: JsonLinesOpt = False,
     threads: ThreadsOpt = None,
     group_column: GroupColumnOpt = None,
+    show_private: EvalShowPrivateOpt = False,
 ) -> None:
     """Held-out loss and perplexity of the base model and of the run's adapters (same masking as training).
 
     The held-out set is the run's data.eval_path or data.eval_fraction split (from its contract.yaml), or
-    --eval-path. Numbers on private held-out data are NOT covered by DP; this command never changes a release.
+    --eval-path. Numbers on private held-out data are NOT covered by DP: they are written to <run>.private/eval.json
+    and printed only on an interactive terminal (or with --show-private); this command never changes a release.
+    --group-column may only name the contract's data.group_column (a declared public label).
     """
+    from dplora import atomic
     from dplora.evaluate.heldout import evaluate_run
     from dplora.evaluate.report import report_lines
+    from dplora.release.read import read_run
+    from dplora.run.outputs import private_folder
+    from dplora.surface import echo_private
 
     try:
         evaluation = evaluate_run(run, eval_path=eval_path, threads=threads, log=log, group_column=group_column)
     except DploraError as err:
         raise fail(err, as_json=as_json) from None
+    doc = {"ok": True, **evaluation.to_dict(), "differentially_private": evaluation.differentially_private}
+    if not evaluation.public:
+        saved = private_folder(read_run(run).folder) / "eval.json"
+        atomic.write_json(saved, {**doc, "note": "numbers on private held-out data, NOT covered by DP"})
+        if not echo_private(as_json=as_json, show_private=show_private, stream=sys.stdout):
+            message = (
+                f"held-out numbers on private data (NOT covered by DP) written to {saved}; --show-private prints them"
+            )
+            if as_json:
+                emit_json({"ok": True, "public": False, "private_report": str(saved), "note": message})
+            else:
+                out.print(message, markup=False, soft_wrap=True)
+            return
     if as_json:
-        emit_json({"ok": True, **evaluation.to_dict(), "differentially_private": evaluation.differentially_private})
+        emit_json(doc)
         return
     for line in report_lines(evaluation):
         out.print(line, markup=False, soft_wrap=True)

@@ -213,8 +213,6 @@ def check_held_out(table, tokenizer, contract: Contract, group_column: str | Non
     group = group_column or contract.data.group_column
     if group is not None and group not in table.column_names:
         raise BadInputError(f"the held-out data has no column {excerpt(group)} (the group column)")
-    if group is not None and any(v is None for v in table[group]):
-        raise BadInputError(f"the held-out data's group column {excerpt(group)} has empty cells")
 
 
 def evaluate_model(
@@ -285,7 +283,8 @@ def evaluate_model(
         accuracy = {"column": contract.data.label_column, "records": table.num_rows}
         accuracy |= {m: sum(rows[m][2]) / len(rows[m][2]) for m in ("base", "adapter")}
     if group_column is not None:
-        values = table[group_column]
+        # an empty cell is one more group: never a refusal (an exit code that read private cells would be private)
+        values = ["(empty)" if v is None else v for v in table[group_column]]
         groups = {"column": group_column}
         for m in ("base", "adapter"):
             groups[m], groups["hidden"] = group_stats(values, *rows[m])
@@ -344,11 +343,18 @@ def evaluate_run(
     numbers.
 
     Raises:
-        BadInputError: no release, no held-out set, unreadable data or model, a missing group column.
+        BadInputError: no release, no held-out set, unreadable data or model, a missing group column, or a
+            ``group_column`` other than the contract's declared ``data.group_column``.
     """
     from dplora.release.read import load_adapter_model, read_run
 
     run = read_run(target)
+    declared = run.contract.data.group_column
+    if group_column is not None and group_column != declared:  # by name only, never by looking at its values
+        raise BadInputError(
+            f"--group-column {excerpt(group_column, 60)}: only the column the run's contract declares as a public "
+            f"label (data.group_column: {declared or 'none declared'}) can be reported per group; declare it there"
+        )
     table = held_out_table(run.contract, eval_path)
     source, public = held_out_source(run.contract, eval_path)
     model, tokenizer, device = load_adapter_model(run, threads=threads, log=log)

@@ -68,6 +68,17 @@ def private_staging(staging: Path) -> Path:
     return folder
 
 
+def private_folder(out: Path) -> Path:
+    """``<output_dir>.private`` of a published run, created with its notice if missing (post-release commands put
+    their private diagnostics there: ``eval``'s numbers on a private held-out set, ``synth``'s memorisation check)."""
+    folder = private_path(Path(out))
+    if not folder.is_dir():
+        folder.mkdir(parents=True)
+    if not (folder / PRIVATE_NOTICE).is_file():
+        atomic.write_text(folder / PRIVATE_NOTICE, PRIVATE_NOTICE_TEXT)
+    return folder
+
+
 def lock_path(out: Path) -> Path:
     """``<output_dir>.lock``: held (flock) for the whole run."""
     return out.with_name(out.name + ".lock")

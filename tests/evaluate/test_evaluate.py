@@ -127,16 +127,18 @@ def test_an_eval_path_override_replaces_the_file_s_eval_fraction(tmp_path, tiny_
 
 
 def test_private_eval_numbers_never_enter_the_record(split_run, tickets_csv, signing_key):
-    """Train prints base vs adapter labelled NOT COVERED BY DP, logs them under not_covered_by_dp, signs none."""
+    """Train writes base vs adapter labelled NOT COVERED BY DP to its private log (not the public stderr, which a
+    CI job publishes), logs them under not_covered_by_dp, signs none."""
     result, out, _ = split_run
-    assert "NOT COVERED BY DP" in result.output
+    private = (out.with_name(out.name + ".private") / "train.log").read_text()
+    assert "NOT COVERED BY DP" in private and "NOT COVERED BY DP" not in result.output
     metrics = _metrics_eval(out)
     assert metrics["public"] is False
     payload = json.dumps(_payload(out))
     assert "evaluation" not in _payload(out)["predicate"]
     for model in ("base", "adapter"):
         loss = metrics[model]["loss"]
-        assert f"{loss:.4f}" in result.output  # printed to the operator...
+        assert f"{loss:.4f}" in private and f"{loss:.4f}" not in result.output  # the private log only...
         assert repr(loss) not in payload and f"{loss:.4f}" not in payload  # ...never signed
     acc = _payload(out)["predicate"]["accounting"]
     with open(tickets_csv, newline="") as fh:
@@ -151,7 +153,7 @@ def test_eval_command_reproduces_the_split_and_the_numbers(split_run):
     result, out, cfg = split_run
     metrics = _metrics_eval(out)
     for target in (out, cfg):
-        got = runner.invoke(app, ["eval", str(target), "--json"])
+        got = runner.invoke(app, ["eval", str(target), "--json", "--show-private"])
         assert got.exit_code == 0, got.output
         report = json.loads(got.output)
         assert report["base"]["records"] == metrics["base"]["records"]
@@ -160,8 +162,16 @@ def test_eval_command_reproduces_the_split_and_the_numbers(split_run):
             assert report[model]["loss"] == pytest.approx(metrics[model]["loss"], rel=1e-6)
         assert report["adapter"]["loss"] != report["base"]["loss"]
         assert report["public"] is False and report["differentially_private"] is True
-    text = runner.invoke(app, ["eval", str(out)])
+    text = runner.invoke(app, ["eval", str(out), "--show-private"])
     assert text.exit_code == 0 and "NOT COVERED BY DP" in text.output and "perplexity" in text.output
+    # without a terminal (a CI log) the numbers stay in <run>.private/eval.json: one public line, no number
+    quiet = runner.invoke(app, ["eval", str(out), "--json"])
+    assert quiet.exit_code == 0, quiet.output
+    doc = json.loads(quiet.stdout)
+    assert doc["public"] is False and "base" not in doc and f"{metrics['base']['loss']:.4f}" not in quiet.output
+    saved = json.loads(Path(doc["private_report"]).read_text())
+    assert saved["base"]["loss"] == pytest.approx(metrics["base"]["loss"], rel=1e-6)
+    assert Path(doc["private_report"]).parent == out.with_name(out.name + ".private")
 
 
 def test_public_eval_set_enters_the_record(tmp_path, tiny_model_dir, tickets_csv, signing_key):
@@ -187,7 +197,7 @@ def test_eval_refuses_runs_without_release_or_held_out_set(tmp_path, split_run, 
     (partial / "FAILED.json").write_text("{}")
     failed = runner.invoke(app, ["eval", str(partial)])
     assert failed.exit_code == 2 and "has no release.dsse.json" in failed.output
-    explicit = runner.invoke(app, ["eval", str(out), "--eval-path", str(tickets_csv), "--json"])
+    explicit = runner.invoke(app, ["eval", str(out), "--eval-path", str(tickets_csv), "--json", "--show-private"])
     assert explicit.exit_code == 0 and json.loads(explicit.output)["base"]["records"] == 120
 
 
@@ -400,16 +410,24 @@ def test_group_stats_accuracy_and_threshold():
         group_stats(["x", "y"], [1.0], [1, 1])
 
 
-def test_eval_group_column_cli(split_run, tickets_csv):
-    """`dplora eval --group-column`: per-group numbers in --json; rare values (customer ids) never named; a
-    missing column is one error line, exit 2, and under --json one document with ok: false."""
+def test_eval_group_column_cli(split_run, tmp_path, tiny_model_dir, tickets_csv, signing_key):
+    """`dplora eval --group-column`: only the contract's declared data.group_column, refused by name (exit 2, one
+    JSON document) and never by its values; the per-group table is a private diagnostic (issue 40 item 4): off a
+    terminal it is in <run>.private/eval.json only; rare values (customer ids) are never named."""
     _, out, _ = split_run
-    got = runner.invoke(app, ["eval", str(out), "--group-column", "customer_id", "--json"])
+    undeclared = runner.invoke(app, ["eval", str(out), "--group-column", "customer_id", "--json"])
+    assert undeclared.exit_code == 2
+    err = json.loads(undeclared.stdout)
+    assert err == {"ok": False, "exit_code": 2, "error": err["error"]} and "data.group_column" in err["error"]
+    data = {"eval_fraction": 0.25, "group_column": "customer_id"}
+    result, grouped, _ = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, data=data)
+    assert result.exit_code == 0, result.output
+    quiet = runner.invoke(app, ["eval", str(grouped), "--group-column", "customer_id"])
+    assert quiet.exit_code == 0 and "customer_id" not in quiet.stdout and "private" in quiet.stdout
+    got = runner.invoke(app, ["eval", str(grouped), "--json", "--show-private"])
     assert got.exit_code == 0, got.output
     doc = json.loads(got.output)
     assert doc["ok"] is True and doc["groups"]["column"] == "customer_id"
     assert doc["groups"]["adapter"] == [] and doc["groups"]["hidden"]["records"] == doc["base"]["records"]
-    missing = runner.invoke(app, ["eval", str(out), "--group-column", "nope", "--json"])
-    assert missing.exit_code == 2
-    err = json.loads(missing.stdout)
-    assert err == {"ok": False, "exit_code": 2, "error": err["error"]} and "no column 'nope'" in err["error"]
+    saved = json.loads((grouped.with_name(grouped.name + ".private") / "eval.json").read_text())
+    assert saved["groups"] == doc["groups"]
