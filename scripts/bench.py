@@ -315,6 +315,7 @@ def budget_times(accountants: list[str]) -> list[dict]:
                     "budget",
                     str(path),
                     "--json",
+                    "--show-private",  # the planning time is a private diagnostic (it includes the data read)
                     f"privacy.accountant={accountant}",
                 ],
                 capture_output=True,

@@ -45,7 +45,7 @@ def run_once(config: Path, accountant: str | None, cache: Path, *extra: str) -> 
     override = [f"privacy.accountant={accountant}"] if accountant else []
     t0 = time.perf_counter()
     proc = subprocess.run(
-        [*_command(), "budget", str(config), "--json", *extra, *override],
+        [*_command(), "budget", str(config), "--json", "--show-private", *extra, *override],
         capture_output=True,
         text=True,
         env=env,

@@ -29,7 +29,7 @@ def _run(args: list[str]) -> str:
 
 def _one(config: str, out: str, key: str, overrides: list[str]) -> dict:
     ov = [*overrides, f"training.output_dir={out}"]
-    budget = json.loads(_run(["budget", config, "--json", *ov]))
+    budget = json.loads(_run(["budget", config, "--json", "--show-private", *ov]))
     _run(["train", config, *ov, "--signing-key", key, "--overwrite", "--no-progress"])
     lines = [json.loads(x) for x in (ROOT / out / "metrics.jsonl").read_text().splitlines()]
     secs = [x["seconds"] for x in lines if "step" in x]

@@ -66,6 +66,7 @@ def budget(
     from dplora.tuning import budget as budget_mod
 
     private = echo_private(as_json=as_json, show_private=show_private, stream=sys.stdout)
+    t0 = time.perf_counter()
     if plot is not None and plot.suffix.lower() != ".png":
         raise fail(BadInputError(f"--plot {plot}: the plot is a PNG file; use a name ending in .png"), as_json=as_json)
     try:
@@ -84,6 +85,8 @@ def budget(
             budget_mod.plot_curve(report, plot)
     except DploraError as err:
         raise fail(err, as_json=as_json) from None
+    if private:  # the planning time includes reading the data: a private diagnostic
+        report["seconds"] = round(time.perf_counter() - t0, 3)
     if as_json:
         emit_json({"ok": True, **report})
     else:

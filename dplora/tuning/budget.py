@@ -75,13 +75,15 @@ def budget_report(
         # privacy.num_units declared the count is only a local check (more units than declared: a warning). A
         # local dry run may show the exact count where train would refuse it (N private and not declared).
         unit_index = count_units(contract)
+        if not show_private and contract.privacy.num_units is None:
+            why = private_count_reason(contract)
+            if why is not None:  # before any plan: even a refusal's ε would be a function of the counted N
+                raise BadInputError(
+                    f"privacy.num_units is not declared and {why}: a plan on the counted N would publish a private "
+                    "count; declare a public (rounded) N, or run dplora budget on a terminal (or with --show-private)"
+                )
         plan = plan_for(contract, unit_index, release=False, log=lambda m: local.append(m.removeprefix("warning: ")))
     why = private_count_reason(contract) if contract.privacy.num_units is None else None
-    if why is not None and not show_private:
-        raise BadInputError(
-            f"privacy.num_units is not declared and {why}: a plan on the counted N would publish a private count; "
-            "declare a public (rounded) N, or run dplora budget on a terminal (or with --show-private) to see it"
-        )
     if not show_private:
         local.clear()  # the data-count comparison with the declared N: a private diagnostic
     if why is not None:

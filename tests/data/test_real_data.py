@@ -36,7 +36,7 @@ def _bitext_contract(tmp_path, model: dict, *, declare: bool = True, **training)
 def test_budget_counts_bitext_rows(tmp_path):
     """4,514 instruction → response rows (embedded CRLF newlines parse as one row each) give N = 4514."""
     cfg = _bitext_contract(tmp_path, {"path": "/unused"}, declare=False)
-    result = runner.invoke(app, ["budget", str(cfg), "--json", "training.expected_batch_size=45"])
+    result = runner.invoke(app, ["budget", str(cfg), "--json", "--show-private", "training.expected_batch_size=45"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["num_units"] == 4514 and report["num_units_source"] == "data"
@@ -66,6 +66,7 @@ def test_twcs_user_level_budget_counts_customers(tmp_path):
             "budget",
             str(root / "configs" / "twcs_user_level.yaml"),
             "--json",
+            "--show-private",  # N counted from the data: the operator's local view
             f"data.path={pairs}",
             "privacy.accountant=rdp",
         ],

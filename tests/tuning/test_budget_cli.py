@@ -60,8 +60,10 @@ def budget(*args: str):
     return CliRunner().invoke(app, ["budget", *[str(a) for a in args]])
 
 
-def budget_json(*args: str) -> dict:
-    res = budget(*args, "--json")
+def budget_json(*args: str, private: bool = True) -> dict:
+    """``budget --json``; ``private`` adds ``--show-private`` (the operator's local view: records-per-unit stats,
+    data-count warnings, a counted N), without it the public document a CI job would publish."""
+    res = budget(*args, "--json", *(["--show-private"] if private else []))
     assert res.exit_code == 0, res.output
     return json.loads(res.stdout)
 
@@ -196,11 +198,31 @@ def test_budget_labels_private_statistics(config):
     assert "unit_stats" not in report
     private = report["not_covered_by_dp"]
     assert "not covered by DP" in private["note"] and private["unit_stats"]["records_per_unit"]["max"] == 11
-    res = budget(config, *args)
+    res = budget(config, *args, "--show-private")
     assert res.exit_code == 0, res.output
     (row,) = [ln for ln in res.stdout.splitlines() if "records per unit" in ln]
     assert "not covered by DP" in row and "max 11" in row
     assert "not covered by DP (ε)" in res.stdout
+
+
+def test_budget_public_view_has_no_private_statistic_and_no_counted_private_n(config):
+    """Issue 40: without a terminal (a CI log) or with --json and no --show-private, budget publishes public inputs
+    only: no records-per-unit statistics, no data-count warning, no planning time, and a counted N where N is
+    private is refused by the contract alone (exit 2, the same line whatever the data holds)."""
+    _write_csv(Path("data.csv"), [(f"u{u}", f"question {u}", "answer") for u in range(40)])
+    public = budget_json(config, *DECLARED, "training.steps=300", private=False)
+    assert "not_covered_by_dp" not in public and "seconds" not in public
+    assert not [w for w in public["warnings"] if "privacy.num_units=10000" in w]
+    assert public == budget_json(config, *DECLARED, "training.steps=300", private=False)  # same document again
+    _write_csv(Path("data.csv"), [(f"u{u}", f"question {u}", "answer") for u in range(41)])  # a neighbour
+    assert budget_json(config, *DECLARED, "training.steps=300", private=False) == public
+    errors = []
+    for n in (40, 41):
+        _write_csv(Path("data.csv"), [(f"u{u}", f"question {u}", "answer") for u in range(n)])
+        res = budget(config, "privacy.num_units=null", "privacy.noise_multiplier=1", "--json")
+        assert res.exit_code == 2 and "declare a public (rounded) N" in res.stderr and str(n) not in res.stderr
+        errors.append(res.output)
+    assert errors[0] == errors[1]
 
 
 # --- the plot -----------------------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ print("PROBE" + json.dumps({{"code": code, "heavy": heavy}}))
 def _budget_in_subprocess(tmp_path: Path, *args: str) -> tuple[dict, dict]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), DPLORA_CACHE_DIR=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
     proc = subprocess.run(
-        [sys.executable, "-c", PROBE.format(heavy=HEAVY), "budget", "contract.yaml", "--json", *args],
+        [sys.executable, "-c", PROBE.format(heavy=HEAVY), "budget", "contract.yaml", "--json", "--show-private", *args],
         cwd=tmp_path,
         capture_output=True,
         text=True,
