@@ -32,7 +32,7 @@ def _train_and_release(spec, state, *, io: _RunIO, started: str, checkpointer):
     from dplora.run.loop import run_steps
     from dplora.run.progress import ProgressReporter
 
-    tracker = _tracker(spec)
+    tracker = _tracker(spec, started)
     try:
         with (
             _open_metrics(spec.staging, state.step, _metrics_header(spec)) as metrics,
@@ -59,7 +59,7 @@ def _train_and_release(spec, state, *, io: _RunIO, started: str, checkpointer):
     return evaluation, train_seconds, eval_seconds
 
 
-def _tracker(spec):
+def _tracker(spec, started: str | None = None):
     """The run's :class:`dplora.run.tracking.Tracker` (``training.report_to``), or None for ``none``."""
     from dplora.run.outputs import private_staging
     from dplora.run.tracking import Tracker
@@ -74,6 +74,7 @@ def _tracker(spec):
         private_dir=private_staging(spec.staging),
         run_id=spec.run_id,
         report_private=training.report_private,
+        started=started,
     )
 
 

@@ -100,22 +100,34 @@ class Tracker:
         BadInputError: the backend's library is missing (:func:`check_backend`).
     """
 
-    def __init__(self, backend, *, plan, out: Path, private_dir: Path, run_id: str, report_private: bool):
+    def __init__(
+        self,
+        backend,
+        *,
+        plan,
+        out: Path,
+        private_dir: Path,
+        run_id: str,
+        report_private: bool,
+        started: str | None = None,
+    ):
         self.backend = getattr(backend, "value", backend)
         check_backend(self.backend)
         self.plan, self.report_private = plan, report_private
         self._public = self._private = self._remote = None
-        # Public events carry a synthetic wall time (start + step seconds), never the real one: the gaps between
-        # real stamps are each step's duration, which follows the private realised batch (red team, issue 32).
-        self._wall0 = float(int(time.time()))
+        # Public events carry a synthetic wall time (the record's start, taken before the data was read, + step
+        # seconds), never a real one: the gaps between real stamps are each step's duration, which follows the
+        # private realised batch (red team, issue 32), and the first real stamp would time the data read.
+        self._wall0 = _epoch(started) if started else float(int(time.time()))
         self._held: list[tuple[dict, int]] = []  # remote backends: public numbers sent at close, see _write
+        self._out, self._run_id = out, run_id
         if self.backend == "tensorboard":
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._public = SummaryWriter(log_dir=str(tracking_path(out) / "tensorboard" / run_id))
+            self._public = _PublicEventFile(tracking_path(out) / "tensorboard" / run_id, wall0=self._wall0)
             if report_private:
+                from torch.utils.tensorboard import SummaryWriter
+
                 self._private = SummaryWriter(log_dir=str(Path(private_dir) / "tensorboard" / run_id))
-        elif self.backend != "none":
+        elif self.backend != "none" and report_private:  # private numbers go live (asked for): the run starts now
             self._remote = _remote_tracker(self.backend, out=out, run_id=run_id)
         self._write(public_constants(plan), {}, step=0)
 
@@ -134,16 +146,17 @@ class Tracker:
     def _write(self, public: dict, private: dict, *, step: int) -> None:
         if self._public is not None:
             for tag, value in public.items():
-                self._public.add_scalar(tag, value, step, walltime=self._wall0 + step)
+                self._public.add_scalar(tag, value, step)
             if self._private is not None:
                 for tag, value in private.items():
                     self._private.add_scalar(tag, value, step)
-        elif self._remote is not None:
+        elif self.backend not in ("none", "tensorboard"):
             # A remote server stamps each call's arrival, so public numbers sent per step would time each step:
-            # they are held and sent together at close. Private ones (report_private, not covered by DP) go live.
+            # they are held and sent together at close (the run itself is opened then, unless private numbers
+            # were asked for). Private ones (report_private, not covered by DP) go live.
             if public:
                 self._held.append((public, step))
-            if private:
+            if private and self._remote is not None:
                 self._remote.log(private, step=step)
 
     def close(self) -> None:
@@ -151,12 +164,63 @@ class Tracker:
         for writer in (self._public, self._private):
             if writer is not None:
                 writer.close()
+        if self._held and self._remote is None:
+            self._remote = _remote_tracker(self.backend, out=self._out, run_id=self._run_id)
         if self._remote is not None:
             for public, step in self._held:
                 self._remote.log(public, step=step)
             self._held.clear()
             self._remote.finish()
         self._public = self._private = self._remote = None
+
+
+def _epoch(when: str) -> float:
+    """Seconds since the epoch of an ISO 8601 time (the record's ``started_at``)."""
+    import datetime as dt
+
+    return dt.datetime.fromisoformat(when).timestamp()
+
+
+class _PublicEventFile:
+    """The public TensorBoard log of one run: scalars held in memory, written at :meth:`close` as one event file.
+
+    ``SummaryWriter`` names its file ``events.out.tfevents.<real time>.<host>.<pid>.<n>`` and stamps its first
+    event with the real time: the creation time, the host and the process, and (with the file's mtime) the real
+    end. This file has a neutral name, ``events.out.tfevents.<wall0>.dplora.0.0``, every event the synthetic time
+    ``wall0 + step`` and the file's mtime ``wall0``: all public (``wall0`` is the record's start). Written with
+    tensorboard's own ``RecordWriter`` and ``Event`` protobuf, read back by TensorBoard's ``EventAccumulator``.
+    """
+
+    def __init__(self, folder: Path, *, wall0: float):
+        self.folder, self.wall0 = Path(folder), float(wall0)
+        self._scalars: list[tuple[str, float, int]] = []
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        """Hold one scalar at ``step`` (written at close)."""
+        self._scalars.append((tag, float(value), int(step)))
+
+    def close(self) -> None:
+        """Write the event file (once; later calls do nothing)."""
+        if self._scalars is None:
+            return
+        import os
+
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.summary.writer.record_writer import RecordWriter
+        from torch.utils.tensorboard.summary import scalar
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / f"events.out.tfevents.{int(self.wall0)}.dplora.0.0"
+        with open(path, "wb") as handle:
+            writer = RecordWriter(handle)
+            writer.write(Event(wall_time=self.wall0, file_version="brain.Event:2").SerializeToString())
+            for tag, value, step in self._scalars:
+                event = Event(wall_time=self.wall0 + step, step=step, summary=scalar(tag, value))
+                writer.write(event.SerializeToString())
+            writer.flush()
+        for target in (path, self.folder):
+            os.utime(target, (self.wall0, self.wall0))
+        self._scalars = None
 
 
 def _remote_tracker(backend: str, *, out: Path, run_id: str):

@@ -86,6 +86,16 @@ def test_tensorboard_holds_the_plans_public_numbers_and_no_private_tag(
     assert not any("tensorboard" in f or "tfevents" in f for f in _all_files(out))  # nothing in the release
     private = out.with_name(out.name + ".private")
     assert not (private / "tensorboard").exists()
+    # file metadata is public too (issue 40 item 6): a neutral name, the record's start as every time, no host/pid
+    import datetime as dt
+    import socket
+
+    started = dt.datetime.fromisoformat(record["started_at"]).timestamp()
+    (event_file,) = [p for p in public.rglob("*") if p.is_file()]
+    assert event_file.name == f"events.out.tfevents.{int(started)}.dplora.0.0"
+    assert socket.gethostname() not in event_file.name
+    assert event_file.stat().st_mtime == started and walls[0][1] == started + walls[0][0]
+    assert all(p.stat().st_mtime == started for p in out.rglob("*"))  # released files: the same public time
 
 
 def test_private_diagnostics_only_when_asked_and_under_the_not_covered_prefix(
@@ -199,10 +209,13 @@ def test_wandb_goes_through_accelerate_with_console_off_and_public_tags_only(mon
     for step in (1, 2):
         line = {"step": step, "seconds": 0.2, "not_covered_by_dp": {"train_loss": 3.0, "units": 4, "records": 5}}
         tracker.log_step(line)
-    ((name, kwargs, remote),) = _FakeRemote.made
-    live = list(remote.logged)  # before close: a server stamps arrival times, so no public number is sent per step
+    # without private numbers the server hears of the run only at close: it never sees the run's start
+    assert len(_FakeRemote.made) == (1 if report_private else 0)
+    # before close: a server stamps arrival times, so no public number is sent per step
+    live = list(_FakeRemote.made[0][2].logged) if report_private else []
     assert all(not any(k.startswith("dp/") for k in values) for _, values in live)
     tracker.close()
+    ((name, kwargs, remote),) = _FakeRemote.made
     assert settings == [{"console": "off"}] and kwargs["settings"] == ("settings", {"console": "off"})
     assert remote.finished and name == "run"
     public = remote.logged[len(live) :]
