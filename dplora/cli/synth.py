@@ -75,6 +75,13 @@ SynthFormatOpt = Annotated[
         "auto: messages for a conversations run, else columns.",
     ),
 ]
+SynthShowPrivateOpt = Annotated[
+    bool,
+    typer.Option(
+        "--show-private",
+        help="Print the verbatim-match counts (private, NOT covered by DP) under CI, without a terminal or in --json.",
+    ),
+]
 AllowNonPrivateOpt = Annotated[
     bool, typer.Option("--allow-non-private", help="Synthesize from a control run, marked NO DP GUARANTEE.")
 ]
@@ -94,12 +101,17 @@ def synth(
     as_json: JsonLineOpt = False,
     threads: ThreadsOpt = None,
     record_format: SynthFormatOpt = "auto",
+    show_private: SynthShowPrivateOpt = False,
 ) -> None:
     """Synthetic records in the training schema from base + released adapters (post-processing: no budget).
 
-    Writes FILE, its signed manifest FILE.dsse.json and a local FILE.memorisation.json (verbatim-match counts,
-    computed on the private data and not covered by DP).
+    Writes FILE and its signed manifest FILE.dsse.json; the verbatim-match counts (computed on the private data,
+    not covered by DP) go to <run>.private/synth/FILE.memorisation.json and are printed only on a terminal or
+    with --show-private.
     """
+    from dplora.surface import PrivateLog, echo_private
+
+    shown = echo_private(as_json=as_json, show_private=show_private)
     from dplora.errors import DploraError
     from dplora.evaluate.generate import Sampling
     from dplora.release.keys import load_private_key
@@ -119,13 +131,14 @@ def synth(
             threads=threads,
             record_format=record_format,
             log=log,
+            private_log=PrivateLog(log if shown else None),
         )
     except DploraError as err:
         raise fail(err, as_json=as_json) from None
-    _report(result, as_json=as_json)
+    _report(result, as_json=as_json, shown=shown)
 
 
-def _report(result, *, as_json: bool) -> None:
+def _report(result, *, as_json: bool, shown: bool) -> None:
     """The written file, its manifest and the verbatim check (or the ``--json`` document)."""
     from dplora.synth.files import NO_DP_GUARANTEE
 
@@ -140,7 +153,7 @@ def _report(result, *, as_json: bool) -> None:
                 "rows": result.rows,
                 "differentially_private": result.differentially_private,
                 "guarantee": result.guarantee,
-                "verbatim": memo,
+                **({"verbatim": memo} if shown else {}),  # counts of the private data: --show-private only
             }
         )
         return
@@ -153,7 +166,10 @@ def _report(result, *, as_json: bool) -> None:
         check = memo["note"]
     mark = f"{NO_DP_GUARANTEE}: " if not result.differentially_private else ""
     out.print(f"{mark}wrote {result.rows} rows to {result.out}; manifest {result.manifest}", markup=False)
-    out.print(f"verbatim check (not covered by DP): {check}; counts in {result.report}", markup=False)
+    if shown:
+        out.print(f"verbatim check (not covered by DP): {check}; counts in {result.report}", markup=False)
+    else:
+        out.print(f"verbatim check: counts in {result.report} (private, not covered by DP)", markup=False)
 
 
 def register(app: typer.Typer) -> None:

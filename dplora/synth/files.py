@@ -18,8 +18,9 @@ every row gets a ``dp_guarantee`` column reading ``NO DP GUARANTEE``, and the ma
 predicate type.
 
 Verbatim check: the synthetic rows are compared with the run's data file (``synthesize`` refuses to run without
-it); the counts and the flagged row numbers (never the text) go to ``FILE.memorisation.json`` and the log. They are
-a function of the private data and NOT covered by DP, so they stay out of the signed manifest: do not share them.
+it); the counts and the flagged row numbers (never the text) go to ``<run>.private/synth/FILE.memorisation.json`` and
+the private log, never beside the shippable file. They are a function of the private data and NOT covered by DP, so
+they stay out of the signed manifest and off a public log (:mod:`dplora.surface`): do not share them.
 """
 
 from __future__ import annotations
@@ -54,9 +55,12 @@ def manifest_path(out: Path) -> Path:
     return Path(out).with_name(Path(out).name + MANIFEST_SUFFIX)
 
 
-def report_path(out: Path) -> Path:
-    """The local memorisation report beside a synthetic file: ``FILE.memorisation.json`` (not signed)."""
-    return Path(out).with_name(Path(out).name + REPORT_SUFFIX)
+def report_path(out: Path, run_folder: Path) -> Path:
+    """The memorisation report of synthetic file ``out`` from run ``run_folder``:
+    ``<run>.private/synth/FILE.memorisation.json`` (private, not signed; never beside the shippable file)."""
+    from dplora.run.outputs import private_path
+
+    return private_path(Path(run_folder)) / "synth" / (Path(out).name + REPORT_SUFFIX)
 
 
 def release_payload(release_file: Path) -> tuple[bytes, dict]:
@@ -243,7 +247,7 @@ def memorisation_counts(rows: list[dict], contract, log=print, *, table=None) ->
         "flagged_generated_rows": field_hits,  # synthetic row indices whose generated field equals a training row's
         "note": "counts of the private data, not covered by DP: keep this file with the data owner",
     }
-    if exact_rows or exact_generated:
+    if exact_rows or exact_generated:  # ``log`` is the private log: these are counts of the private data
         log(
             f"warning: {exact_rows} synthetic rows equal a training row verbatim and {exact_generated} have a "
             f"{generated!r} equal to a training row's (flagged by row number in the {REPORT_SUFFIX} report)"
@@ -263,13 +267,15 @@ def synthesize(
     threads: int | None = None,
     record_format: str = "auto",
     log=print,
+    private_log=None,
 ) -> SynthResult:
     """Generate ``rows`` synthetic records from the run ``target``'s release and sign their manifest.
 
     Args:
         target: a finished run folder or its contract.
         rows: records to write (≥ 1); prompt i is the public prompt i mod (number of prompts).
-        out: the synthetic file, ``.csv`` or ``.jsonl``; ``out.dsse.json`` and ``out.memorisation.json`` beside it.
+        out: the synthetic file, ``.csv`` or ``.jsonl``; ``out.dsse.json`` beside it, and the memorisation report
+            in the run's private folder (:func:`report_path`).
         prompts_file: public prompts (csv column named as the training prompt/text column, or ``prompt``; or
             one per line).
         sampling: decoding settings (:class:`dplora.evaluate.generate.Sampling`).
@@ -277,6 +283,8 @@ def synthesize(
         record_format: ``auto`` (conversations for a ``messages`` run, else the run's columns), ``columns`` or
             ``messages`` (jsonl conversations, user turn = public prompt, assistant turn = generated reply; needs a
             ``.jsonl`` FILE).
+        log: the public one-line sink; private_log: the sink of the verbatim-match warning (a
+            :class:`dplora.surface.PrivateLog`; None: not printed, the counts are in the report only).
 
     Returns:
         :class:`SynthResult`.
@@ -342,7 +350,7 @@ def synthesize(
     records = build_rows(run.contract, prompts, generated, private=private, record_format=fmt)
     own = "messages" if run.contract.data.kind == "messages" else "columns"  # compared in the training schema
     view = records if fmt == own else build_rows(run.contract, prompts, generated, private=True, record_format=own)
-    memo = memorisation_counts(view, run.contract, log=log, table=table)
+    memo = memorisation_counts(view, run.contract, log=private_log or (lambda _m: None), table=table)
     memo["dp_guarantee"] = guarantee if private else NO_DP_GUARANTEE
     data = serialize_rows(records, out.suffix.lower())
     predicate = {
@@ -376,17 +384,22 @@ def synthesize(
         manifest = {"_type": STATEMENT_TYPE, "subject": subject, "predicateType": ptype, "predicate": predicate}
         envelope = sign_statement(manifest, private_key)
         man_tmp = _temp_json(out.parent, manifest_path(out).name, envelope)
-        rep_tmp = _temp_json(out.parent, report_path(out).name, memo)
+        from dplora.run.outputs import private_folder
+
+        report = report_path(out, run.folder)
+        private_folder(run.folder)
+        report.parent.mkdir(exist_ok=True)
+        rep_tmp = _temp_json(report.parent, report.name, memo)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    os.replace(rep_tmp, report_path(out))
+    os.replace(rep_tmp, report)
     os.replace(tmp, out)
     os.replace(man_tmp, manifest_path(out))  # the manifest last: no manifest over a half-written file
     return SynthResult(
         out=out,
         manifest=manifest_path(out),
-        report=report_path(out),
+        report=report,
         rows=rows,
         differentially_private=private,
         guarantee=guarantee,

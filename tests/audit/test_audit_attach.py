@@ -162,7 +162,10 @@ def test_attach_declares_the_release_n(tmp_path, tiny_model_dir, tickets_csv, si
     audit_cfg = write_contract(tmp_path / "audit.yaml", undeclared)
     full = runner.invoke(app, ["audit", str(audit_cfg), *AUDIT, "--attach", str(run), *key])
     assert full.exit_code == 0, full.output
-    assert "more protected units than privacy.num_units=120" in full.output  # the local count check
+    # the local count check is a private diagnostic: the audit run's private log, never the public output
+    assert "more protected units than privacy.num_units=120" not in full.output
+    private = next((tmp_path / "rel-audit").glob("**/train.log")).read_text()
+    assert "more protected units than privacy.num_units=120" in private
     section = _statement(run)["predicate"]["audit"]
     assert section["mechanism"]["sample_rate"] == 8 / 120
     assert "N=120 units" in full.output  # the audit run's own plan line: the release's N, declared

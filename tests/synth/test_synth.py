@@ -248,7 +248,8 @@ def test_no_dp_guarantee_is_in_every_output_of_a_control(runs, signing_key, tmp_
     result = _synth(control, out, prompts, signing_key[0], "--allow-non-private")
     assert result.exit_code == 0 and result.stdout.startswith(NO_DP_GUARANTEE)
     assert all(json.loads(line)[MARKER_COLUMN] == NO_DP_GUARANTEE for line in out.read_text().splitlines())
-    report = json.loads(Path(str(out) + ".memorisation.json").read_text())
+    assert not Path(str(out) + ".memorisation.json").exists()  # never beside the shippable file (issue 40)
+    report = json.loads(next(control.with_name(control.name + ".private").glob("synth/ctl.jsonl.*")).read_text())
     assert report["dp_guarantee"] == NO_DP_GUARANTEE
     as_json = _synth(control, tmp_path / "ctl2.csv", prompts, signing_key[0], "--allow-non-private", "--json")
     doc = json.loads(as_json.stdout)
