@@ -24,6 +24,7 @@ import dataclasses
 import datetime as dt
 from pathlib import Path
 
+from dplora import atomic
 from dplora.errors import BadInputError, DploraError
 from dplora.release.audit_section import first_mismatch, record_mechanism, same_value  # noqa: F401 - re-exported
 
@@ -198,16 +199,89 @@ def attach(target: AttachTarget, section: dict) -> Path:
         raise BadInputError(f"--attach {target.folder}: the release no longer verifies: {err}") from None
     if now.statement != target.statement:
         raise BadInputError(f"--attach {target.folder}: the release changed during the audit; nothing was attached")
+    composed = composed_claim(target.record, section)
+    if composed is not None:
+        section = {**section, "composed": composed}
     record = {**target.record, SECTION: section}
+    card = target.folder / "adapter" / "README.md"
+    old_card = card.read_bytes() if card.is_file() else None
+    _rewrite_card(target.folder, record)  # the card states the composed claim too; it is re-signed below
     artifacts = [target.folder / s["name"] for s in target.statement["subject"]]
     try:
         return write_release(
             output_dir=target.folder, record=record, artifact_files=artifacts, private_key=target.private_key
         )
-    except OSError as err:
+    except BaseException as err:
+        if old_card is not None:  # the old record signs the old card: put it back
+            atomic.write_bytes(card, old_card)
+        if not isinstance(err, OSError):
+            raise
         raise BadInputError(
             f"--attach {target.folder}: cannot write the record ({err.strerror or err}); the old record is kept"
         ) from None
+
+
+COMPOSITION_RULE = (
+    "the release and an audit run on the same private units are two DP releases about the same people, published "
+    "together in this record: the claim is their composition (dplora.accounting.composition.compose: basic "
+    "composition, Dwork & Roth 2014 Thm 3.16, or the accountant's own, whichever is smaller)"
+)
+
+
+def composed_claim(record: dict, section: dict) -> dict | None:
+    """The (ε, δ) that a release with an attached audit on its private data claims: the composition of both runs.
+
+    An audit on ``private`` data is a second DP run on the release's units, and its outputs (bound, counts, AUC,
+    exposure) sit in the signed record, so the record as a whole is only as private as the two runs composed. An
+    audit on public or surrogate data touches no private unit: None (the release's ε stands alone). So is a
+    non-private audit run (it could not be attached: the mechanism must match).
+
+    Args:
+        record: the release record (its ``accounting``: ε spent, δ, q, σ, T, accountant; ``privacy.adjacency``).
+        section: the audit section (:func:`audit_section`): ``data.source``, ``mechanism``, ``ledger``.
+    Returns:
+        ``{"total_epsilon", "total_delta", "composition", "compositions", "rule", "runs"}`` or None.
+    """
+    from dplora.accounting.composition import compose
+
+    if (section.get("data") or {}).get("source") != "private" or not section.get("mechanism"):
+        return None
+    acc, mech = record["accounting"], section["mechanism"]
+    ledger_eps = (section.get("ledger") or {}).get("epsilon")
+    audit_eps = ledger_eps if isinstance(ledger_eps, (int, float)) else section.get("claimed_epsilon")
+    runs = [
+        {
+            "run": "release",
+            "epsilon": acc["epsilon_spent"],
+            "delta": acc["delta"],
+            "sample_rate": acc["sample_rate"],
+            "noise_multiplier": acc["noise_multiplier"],
+            "steps": acc["steps_done"],
+            "accountant": acc["accountant"],
+        },
+        {
+            "run": "audit",
+            "epsilon": audit_eps,
+            "delta": mech["delta"],
+            "sample_rate": mech["sample_rate"],
+            "noise_multiplier": mech["noise_multiplier"],
+            "steps": mech["steps"],
+            "accountant": mech["accountant"],
+        },
+    ]
+    total = compose(runs, record["privacy"]["adjacency"])
+    return {**total, "rule": COMPOSITION_RULE, "runs": runs}
+
+
+def _rewrite_card(folder: Path, record: dict) -> None:
+    """Write the model card again from ``record`` (with its audit section), if the release has one."""
+    from dplora.contract.loader import load_contract
+    from dplora.release.card import model_card
+    from dplora.release.envelope import MODEL_CARD
+
+    card = Path(folder) / "adapter" / MODEL_CARD
+    if card.is_file():
+        atomic.write_text(card, model_card(record, load_contract(Path(folder) / "contract.yaml")))
 
 
 def record_in_ledger(target: AttachTarget, envelope: Path, ledger_path: Path | None, log) -> None:
@@ -258,4 +332,15 @@ def summary_line(section: dict) -> str:
         f"MIA AUC {num(section.get('mia_auc'))}; exposure {num(section.get('exposure_inserted_mean'), '.2f')} bits "
         f"(held out {num(section.get('exposure_held_out_mean'), '.2f')}); data: {data.get('source')}; {charge}; "
         f"attached {section.get('attached_at')}"
+    )
+
+
+def composed_line(record: dict) -> str | None:
+    """One line for ``dplora verify``: the composed claim of a release and its attached private-data audit."""
+    composed = ((record or {}).get(SECTION) or {}).get("composed")
+    if not isinstance(composed, dict):
+        return None
+    return (
+        f"claim with the attached audit on the private data (two DP runs on the same units): total "
+        f"ε={composed['total_epsilon']:.4f}, δ={composed['total_delta']:g} ({composed['composition']})"
     )

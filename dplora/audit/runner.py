@@ -13,7 +13,6 @@ import dataclasses
 import enum
 import math
 import secrets
-import time
 from pathlib import Path
 
 from dplora import atomic
@@ -100,7 +99,6 @@ def run_audit(contract, options: AuditOptions, *, audit_dir: Path, train_kwargs:
     from dplora.release.keys import generate_keypair
 
     check_options(contract, options)
-    started = time.time()
     audit_dir.mkdir(parents=True, exist_ok=True)
     drawn = canaries.make_canaries(options.canaries)
     extra = [
@@ -112,7 +110,7 @@ def run_audit(contract, options: AuditOptions, *, audit_dir: Path, train_kwargs:
     finally:
         key.unlink(missing_ok=True)
     measured = _score(result.output_dir, contract, drawn, options, train_kwargs.get("threads"), log)
-    report = _report(result, contract, drawn, measured, options, minutes=(time.time() - started) / 60)
+    report = _report(result, contract, drawn, measured, options)
     atomic.write_json(audit_dir / REPORT_FILENAME, report, sort_keys=False)
     atomic.write_text(audit_dir / SUMMARY_FILENAME, summary_markdown(report))
     if options.plot:
@@ -158,7 +156,7 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _report(result, contract, drawn, measured: dict, options: AuditOptions, *, minutes: float) -> dict:
+def _report(result, contract, drawn, measured: dict, options: AuditOptions) -> dict:
     """The audit report: bound, claimed ε, exposure, AUC, the mechanism, the ledger charge and every canary."""
     from dplora.audit.attach import mechanism_of
 
@@ -201,7 +199,6 @@ def _report(result, contract, drawn, measured: dict, options: AuditOptions, *, m
         "steps": result.steps_done,
         "mechanism": mechanism_of(plan, contract) if result.differentially_private else None,
         "ledger": _ledger_entry(result, contract),
-        "minutes": minutes,
         "per_canary": [
             {
                 "unit_id": c.unit_id,
@@ -254,7 +251,6 @@ def summary_markdown(report: dict) -> str:
             f"- exposure (bits, {report['candidates']} candidates; chance ≈ {report['exposure_chance_bits']:.2f}, "
             f"max {report['exposure_max_bits']:.2f}): inserted {_fmt(report['exposure_inserted_mean'])}, "
             f"held out {_fmt(report['exposure_held_out_mean'])}",
-            f"- minutes: {report['minutes']:.1f}",
             "",
         ]
     )

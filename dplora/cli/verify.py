@@ -119,7 +119,7 @@ def _emit(result, synth, checks, shipping: str, code: int, release_path: Path, e
 
 def _print(result, synth, checks: list[dict], shipping: str) -> None:
     """``verify``'s lines: one per check, the shipping note, the claim, the audit, the tuning and synthetic lines."""
-    from dplora.audit.attach import summary_line
+    from dplora.audit.attach import composed_line, summary_line
 
     for c in checks:
         out.print(f"{'OK' if c['ok'] else '--'}  {c['check']}: {c['detail']}", markup=False, soft_wrap=True)
@@ -127,6 +127,8 @@ def _print(result, synth, checks: list[dict], shipping: str) -> None:
     out.print(_claim_line(result), markup=False, soft_wrap=True)
     if result.audit is not None:
         out.print(summary_line(result.audit), markup=False, soft_wrap=True)
+    if composed := composed_line(result.statement.get("predicate")):
+        out.print(composed, markup=False, soft_wrap=True)
     if tuning := _tuning_line(result.statement):
         out.print(tuning, markup=False, soft_wrap=True)
     if synth:
@@ -204,4 +206,9 @@ def _claims(statement: dict) -> dict:
         **{k: acc.get(k) for k in keys},
         "artifacts": [s["name"] for s in statement["subject"]],
         **({"tuning": predicate["tuning"]} if "tuning" in predicate else {}),
+        **(
+            {"composed_with_audit": (predicate.get("audit") or {})["composed"]}
+            if (predicate.get("audit") or {}).get("composed")
+            else {}
+        ),
     }

@@ -64,17 +64,33 @@ def _guarantee(record: dict) -> str:
     )
     key = f" (unit key column `{privacy['unit_key']}`)" if privacy.get("unit_key") else ""
     return (
-        "## Privacy guarantee\n\n"
-        f"(ε = {acc['epsilon_spent']:.4f}, δ = {acc['delta']:g})-differential privacy for one **{unit}**{key}: "
-        f"{privacy['statement']}.\n\n"
-        f"- Adjacency: {adjacency}.\n"
-        f"- Accountant: `{acc['accountant']}` ({acc['accountant_version']}), target ε = {acc['target_epsilon']:g}, "
-        f"{acc['steps_done']} of {acc['steps_planned']} planned steps done.\n"
-        f"- Mechanism: Poisson sampling of units at q = {acc['sample_rate']:.6g}, {privacy['clipping']} "
-        f"with C = {mech['max_grad_norm']:g}, Gaussian noise σ = {acc['noise_multiplier']:.6g} (std σ·C) once per "
-        f"step from OS entropy.\n"
-        f"- N = {acc['num_units']} protected units, {n_source}.\n"
-    ) + _tuning(record)
+        (
+            "## Privacy guarantee\n\n"
+            f"(ε = {acc['epsilon_spent']:.4f}, δ = {acc['delta']:g})-differential privacy for one **{unit}**{key}: "
+            f"{privacy['statement']}.\n\n"
+            f"- Adjacency: {adjacency}.\n"
+            f"- Accountant: `{acc['accountant']}` ({acc['accountant_version']}), target ε = {acc['target_epsilon']:g}, "
+            f"{acc['steps_done']} of {acc['steps_planned']} planned steps done.\n"
+            f"- Mechanism: Poisson sampling of units at q = {acc['sample_rate']:.6g}, {privacy['clipping']} "
+            f"with C = {mech['max_grad_norm']:g}, Gaussian noise σ = {acc['noise_multiplier']:.6g} (std σ·C) once per "
+            f"step from OS entropy.\n"
+            f"- N = {acc['num_units']} protected units, {n_source}.\n"
+        )
+        + _tuning(record)
+        + _audit(record)
+    )
+
+
+def _audit(record: dict) -> str:
+    """An attached audit on the private data (``dplora audit --attach``): the claim is the two runs composed."""
+    composed = (record.get("audit") or {}).get("composed")
+    if not composed:
+        return ""
+    return (
+        f"- Audit: an audit run on the same private units is attached to this record; release and audit together "
+        f"spend ε = {composed['total_epsilon']:.4f}, δ = {composed['total_delta']:g} ({composed['composition']}): "
+        "that total is what this record claims.\n"
+    )
 
 
 def _tuning(record: dict) -> str:

@@ -228,6 +228,21 @@ def test_audit_with_ledger_is_charged_like_train(tmp_path, tiny_model_dir, ticke
         "epsilon": report["claimed_epsilon"],
         "delta": 1e-5,
     }
+    # issue 40 item 5: an audit on the private units is a second DP run published in the record: the claim that
+    # verify, verify --json and the card state is the two runs composed (never the release's ε alone)
+    composed = section["composed"]
+    release_eps = _statement(tmp_path / "rel")["predicate"]["accounting"]["epsilon_spent"]
+    basic = composed["compositions"]["basic"]["epsilon"]
+    assert basic == pytest.approx(release_eps + report["claimed_epsilon"], rel=1e-12)
+    assert release_eps < composed["total_epsilon"] <= basic and composed["total_delta"] == pytest.approx(2e-5)
+    shown = runner.invoke(app, ["verify", str(tmp_path / "rel"), "--public-key", str(signing_key[1])])
+    assert shown.exit_code == 0 and f"total ε={composed['total_epsilon']:.4f}" in shown.stdout
+    doc = json.loads(
+        runner.invoke(app, ["verify", str(tmp_path / "rel"), "--public-key", str(signing_key[1]), "--json"]).stdout
+    )
+    assert doc["claims"]["composed_with_audit"]["total_epsilon"] == composed["total_epsilon"]
+    card = (tmp_path / "rel" / "adapter" / "README.md").read_text()
+    assert f"ε = {composed['total_epsilon']:.4f}" in card
 
     listed = Ledger(db).releases(release_charge.run_id)  # the re-signed record is listed beside the first one
     assert [r["label"] for r in listed] == ["final", "audit attached"]
