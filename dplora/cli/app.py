@@ -365,8 +365,12 @@ def prepare_twcs(
     dest: DestArg,
     conversations: ConversationsOpt = False,
     overwrite: ReplaceFileOpt = False,
+    show_private: EvalShowPrivateOpt = False,
 ) -> None:
     """Pair each customer tweet with its first brand reply, keyed by the customer's author_id.
+
+    The counts (customers, pairs, turns, redactions) are counts of the private data: printed only on an
+    interactive terminal or with --show-private, never in a CI log.
 
     --conversations: one conversation per thread instead (customer tweet → user turn, brand reply → assistant
     turn, in time order); see docs/data_formats.md for the rule that keeps other customers' text out.
@@ -380,17 +384,28 @@ def prepare_twcs(
             summary = write_twcs_pairs(src, dest, overwrite=overwrite)
     except DploraError as err:
         raise fail(err) from None
+    from dplora.surface import echo_private
+
+    kind = "conversations" if conversations else "pairs"
+    if not echo_private(show_private=show_private, stream=sys.stdout):
+        out.print(f"wrote {kind} to {dest} (its counts are private: --show-private prints them)", markup=False)
+        return
     if conversations:
         turns, rule = summary["turns_per_conversation"], summary["rule"]
         out.print(
             f"wrote {summary['num_conversations']} conversations from {summary['num_customers']} customers to {dest} "
             f"(turns p50 {turns['p50']}, p90 {turns['p90']}, max {turns['max']}); privacy rule: "
             f"{rule.get('turns_dropped_by_rule', 0)} tweets dropped, {rule.get('threads_dropped_by_rule', 0)} threads "
-            f"dropped, {rule.get('mentions_redacted', 0)} tweets with another person's id redacted",
+            f"dropped, {rule.get('mentions_redacted', 0)} tweets with another person's id redacted "
+            "(private counts, not covered by DP)",
             markup=False,
         )
         return
-    out.print(f"wrote {summary['num_pairs']} pairs from {summary['num_customers']} customers to {dest}")
+    out.print(
+        f"wrote {summary['num_pairs']} pairs from {summary['num_customers']} customers to {dest} "
+        "(private counts, not covered by DP)",
+        markup=False,
+    )
 
 
 def _mount_ledger() -> None:

@@ -93,7 +93,7 @@ def test_roles_alternate_from_user_to_assistant_on_the_real_file():
 def test_cli_conversations_write_jsonl_and_the_pair_mode_is_unchanged(tmp_path):
     src = _csv(tmp_path / "mixed.csv", MIXED)
     dest = tmp_path / "conv.jsonl"
-    result = runner.invoke(app, ["prepare-twcs", str(src), str(dest), "--conversations"])
+    result = runner.invoke(app, ["prepare-twcs", str(src), str(dest), "--conversations", "--show-private"])
     assert result.exit_code == 0, result.output
     assert "wrote 2 conversations from 2 customers" in result.output and "AAA" not in result.output
     rows = [json.loads(line) for line in dest.read_text(encoding="utf-8").splitlines()]
