@@ -230,3 +230,35 @@ def test_the_default_rule_redacts_every_numbered_id_but_the_customers_own(tmp_pa
         "@AmazonHelp @customer @customer @customer @115712 hi",
         "@115712 @customer ok",
     ]
+
+
+@pytest.mark.parametrize("mode", ["conversations", "pairs"])
+@pytest.mark.parametrize("brand_answers_go", [True, False])
+def test_random_threads_of_mixed_customers_are_neighbour_proof(tmp_path, mode, brand_answers_go):
+    """Attack: 60 random files of 40 tweets (5 customers, 3 brands, every tweet replying to a random earlier one or
+    opening a thread, mentions of everyone and of ids absent from the file). Remove one customer: their tweets,
+    with or without the brand answers below them. Every other customer's records must stay byte-identical."""
+    rng = random.Random(4141)
+    customers, brands = ["101", "102", "103", "104", "105"], ["BrandA", "BrandB", "BrandC"]
+    for trial in range(60):
+        tweets = []
+        for tid in range(1, 41):
+            author = rng.choice(customers + brands)
+            names = rng.sample([*customers, *brands, "999", "Stranger"], 2)
+            parent = "" if tid == 1 or rng.random() < 0.2 else f"{rng.randrange(1, tid)}.0"
+            text = f"@{names[0]} t{tid} by {author} @{names[1]}"
+            tweets.append((tid, author, author in customers, tid % 60, text, parent))
+        path = _csv(tmp_path / "full.csv", tweets)
+        rows = read_twcs_rows(path)
+        try:
+            full = _records(path, mode, tmp_path)
+        except BadInputError:  # no record at all (nothing to compare)
+            continue
+        for gone in customers:
+            kept = _without(rows, gone) if brand_answers_go else [r for r in rows if r["author_id"] != gone]
+            try:
+                neighbour = _records(_write(tmp_path / "nb.csv", kept), mode, tmp_path)
+            except BadInputError:
+                neighbour = []
+            assert [x for x in full if _customer(x) != gone] == neighbour, (trial, gone)
+            assert all(f"by {gone}" not in x for x in neighbour)

@@ -181,3 +181,34 @@ def test_budget_refuses_a_contract_keyed_on_another_column(tmp_path, monkeypatch
         return
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "unit key customer_id" in result.output and "unit key ticket_id" in result.output
+
+
+def test_random_pins_and_charges_never_mix_two_keys_in_one_population(tmp_path):
+    """Attack: 200 random set-cap / reserve calls (units row, ticket, user; keys customer_id, ticket_id, none)
+    on two populations, starting from main's schema-3 file. Whatever is accepted, no population ever holds charges
+    of two known unit keys or of a key other than its pin, and every refusal names the keys it compared."""
+    import random
+
+    db = tmp_path / "main.sqlite3"
+    shutil.copy(MAIN_SCHEMA_3, db)
+    ledger, rng = Ledger(db), random.Random(41)
+    for n in range(200):
+        pop, unit = rng.choice(["customers", "rows"]), rng.choice(["row", "ticket", "user"])
+        key = None if unit == "row" else rng.choice(["customer_id", "ticket_id"])
+        try:
+            if rng.random() < 0.3:
+                ledger.set_cap(
+                    pop, epsilon_max="1000", delta_max="0.5", protected_unit=unit, unit_key=key, adjacency="add_remove"
+                )
+            else:
+                reserve(ledger, f"r{n}", key, unit=unit, population=pop, eps="0.1")  # basic only: fast
+        except PlanRefusedError as err:
+            assert "unit key" in str(err) or "protected unit" in str(err), str(err)
+        except BadInputError as err:
+            assert "keyed by" in str(err) or "protected unit" in str(err), str(err)
+    for pop in ("customers", "rows"):
+        known = {(c.protected_unit, c.unit_key) for c in ledger.charges(pop) if c.unit_key is not None}
+        assert len(known) <= 1, (pop, known)
+        if known:
+            assert known == {(ledger.pinned(pop)[0], ledger.unit_key(pop))}
+    assert sum(c.unit_key not in (None, "") for c in ledger.charges()) >= 5  # keyed charges were accepted too
