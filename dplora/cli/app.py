@@ -352,9 +352,19 @@ ConversationsOpt = Annotated[
         "--conversations",
         help="One multi-turn conversation per reply thread (jsonl, column messages), keyed by the customer who "
         "opened it. Privacy rule: tweets by any other customer are dropped with every reply below them, and "
-        "every @mention of anyone but the thread's customer and the brands becomes @customer. A brand reply that "
-        "quotes another person without an @ cannot be caught; an inbound value other than True/False or a "
-        "repeated tweet_id is refused.",
+        "every @mention of anyone but the thread's customer and the brands becomes @customer (pairs are redacted "
+        "alike). A brand reply that quotes another person without an @ cannot be caught; an inbound value other "
+        "than True/False, one the brand rule contradicts, or a repeated tweet_id is refused.",
+    ),
+]
+BrandsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--brands",
+        metavar="FILE",
+        help="Public list of brand handles, one a line (# comments). Default: TWCS's numbering rule (an id "
+        "starting with a digit is a customer's, any other a brand's). Never read from the data: a customer's "
+        "records depend on no other customer's tweets.",
     ),
 ]
 
@@ -364,6 +374,7 @@ def prepare_twcs(
     src: SrcArg,
     dest: DestArg,
     conversations: ConversationsOpt = False,
+    brands: BrandsOpt = None,
     overwrite: ReplaceFileOpt = False,
     show_private: EvalShowPrivateOpt = False,
 ) -> None:
@@ -373,15 +384,17 @@ def prepare_twcs(
     interactive terminal or with --show-private, never in a CI log.
 
     --conversations: one conversation per thread instead (customer tweet → user turn, brand reply → assistant
-    turn, in time order); see docs/data_formats.md for the rule that keeps other customers' text out.
+    turn, in time order); see docs/data_formats.md for the rule that keeps other customers' text out. Brands come
+    from --brands FILE or TWCS's numbering rule, never from the data.
     """
-    from dplora.data.twcs import write_twcs_conversations, write_twcs_pairs
+    from dplora.data.twcs import DEFAULT_BRANDS, load_brands, write_twcs_conversations, write_twcs_pairs
 
     try:
+        rule = DEFAULT_BRANDS if brands is None else load_brands(brands)
         if conversations:
-            summary = write_twcs_conversations(src, dest, overwrite=overwrite)
+            summary = write_twcs_conversations(src, dest, overwrite=overwrite, brands=rule)
         else:
-            summary = write_twcs_pairs(src, dest, overwrite=overwrite)
+            summary = write_twcs_pairs(src, dest, overwrite=overwrite, brands=rule)
     except DploraError as err:
         raise fail(err) from None
     from dplora.surface import echo_private
@@ -402,7 +415,8 @@ def prepare_twcs(
         )
         return
     out.print(
-        f"wrote {summary['num_pairs']} pairs from {summary['num_customers']} customers to {dest} "
+        f"wrote {summary['num_pairs']} pairs from {summary['num_customers']} customers to {dest}; privacy rule: "
+        f"{summary['rule'].get('mentions_redacted', 0)} texts with another person's id redacted "
         "(private counts, not covered by DP)",
         markup=False,
     )

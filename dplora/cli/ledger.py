@@ -52,20 +52,41 @@ def _user_errors() -> Iterator[None]:
 
 UnitOpt = Annotated[str, typer.Option("--unit", metavar="UNIT", help="Protected unit: row, ticket or user")]
 AdjOpt = Annotated[str, typer.Option("--adjacency", metavar="ADJ", help="add_remove or replace_one")]
+UnitKeyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--unit-key",
+        metavar="KEY",
+        help="The column that names the unit (the contracts' privacy.unit_key, e.g. customer_id): required for "
+        "ticket and user, none for row. A run keyed by another column is refused.",
+    ),
+]
 
 
-@ledger_app.command("set-cap", short_help="Set the (ε, δ) cap of a population, for one unit and adjacency.")
+@ledger_app.command("set-cap", short_help="Set the (ε, δ) cap of a population, for one unit, key and adjacency.")
 def set_cap(
-    population: PopArg, epsilon: EpsOpt, delta: DeltaOpt, unit: UnitOpt, adjacency: AdjOpt, db: DbOpt = None
+    population: PopArg,
+    epsilon: EpsOpt,
+    delta: DeltaOpt,
+    unit: UnitOpt,
+    adjacency: AdjOpt,
+    unit_key: UnitKeyOpt = None,
+    db: DbOpt = None,
 ) -> None:
-    """Set (or replace) the (ε, δ) cap of a population, pinned to one protected unit and adjacency."""
+    """Set (or replace) the (ε, δ) cap of a population, pinned to one protected unit, unit key and adjacency."""
     with _user_errors(), Ledger(db or default_ledger_path()) as ledger:
         over = ledger.set_cap(
-            population, epsilon_max=epsilon, delta_max=delta, protected_unit=unit, adjacency=adjacency
+            population,
+            epsilon_max=epsilon,
+            delta_max=delta,
+            protected_unit=unit,
+            adjacency=adjacency,
+            unit_key=unit_key,
         )
+        keyed = f" (unit key {unit_key})" if unit_key else ""
         typer.echo(
-            f"cap of population {population!r} set to ε_max={epsilon}, δ_max={delta} for protected unit {unit}, "
-            f"adjacency {adjacency} in {ledger.path}"
+            f"cap of population {population!r} set to ε_max={epsilon}, δ_max={delta} for protected unit {unit}"
+            f"{keyed}, adjacency {adjacency} in {ledger.path}"
         )
         if over:  # the cap is set (charges are history); say what is already over it and by how much
             typer.echo(f"warning: {over}", err=True)
@@ -181,6 +202,11 @@ def show(
         typer.echo(line)
 
 
+def _key(key: str | None) -> str:
+    """A charge's stored unit key as ``show`` prints it."""
+    return "key unknown" if key is None else (key or "none (row level)")
+
+
 def _show_lines(pops: list[dict], charges: list[dict], releases: list[dict], unassigned=()) -> list[str]:
     """Plain lines under 80 columns: full run ids, record digests and exact decimal numbers, never cut.
 
@@ -192,7 +218,7 @@ def _show_lines(pops: list[dict], charges: list[dict], releases: list[dict], una
         composed = p["epsilon_composed"]
         lines += [
             f"  {p['name']}{flag}",
-            f"    protected unit {p['protected_unit']}, adjacency {p['adjacency']}",
+            f"    protected unit {p['protected_unit']}, unit key {p['unit_key']}, adjacency {p['adjacency']}",
             f"    ε spent {p['epsilon_spent']} (basic) of cap {p['epsilon_max']}, left {p['epsilon_left']}",
             f"    ε composed {'n/a' if composed is None else format(composed, '.4f')} at the same δ"
             f" ({p['composed_by'] or 'no events to compose'})",
@@ -215,7 +241,8 @@ def _show_lines(pops: list[dict], charges: list[dict], releases: list[dict], una
         lines += [
             f"  run {u['run_id']}  {u['purpose']}, {u['status']}",
             f"    output {u['output_dir']}",
-            f"    protected unit {u['protected_unit']}, adjacency {u['adjacency']}, accountant {u['accountant']}",
+            f"    protected unit {u['protected_unit']}, unit key {_key(u['unit_key'])}, adjacency {u['adjacency']}",
+            f"    accountant {u['accountant']}",
             f"    ε {u['epsilon']} at δ {u['delta']} (reserved ε {u['reserved_epsilon']})",
         ]
     lines.append("releases (post-processing of a charged run: not new charges)")

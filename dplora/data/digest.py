@@ -1,4 +1,5 @@
-"""File digests: SHA-256 of a file (the data fingerprint, artifact subjects) and the data owner's keyed HMAC-SHA256.
+"""File digests: SHA-256 of a file (the data fingerprint, artifact subjects) and the data owner's keyed HMAC-SHA256,
+salted for release records (:func:`salted_hmac_sha256_file`, issue 41: an unsalted keyed digest links releases).
 
 Used by the run's checkpoints (the data file's digest) and by the release (artifact subjects, keyed data digests),
 so it sits in the data stage, below both. Standard library only.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 from pathlib import Path
 
 
@@ -31,15 +33,26 @@ def sha256_file(path: Path) -> str:
     return _stream(path, hashlib.sha256())
 
 
-def hmac_sha256_file(path: Path, key: bytes) -> str:
-    """Hex HMAC-SHA256 (RFC 2104) of a file, streamed in 1 MiB chunks.
+def hmac_sha256_file(path: Path, key: bytes, salt: bytes = b"") -> str:
+    """Hex HMAC-SHA256 (RFC 2104) of ``salt ‖ file bytes``, streamed in 1 MiB chunks.
 
     Args:
         path: The file to digest.
         key: The data owner's secret key.
+        salt: Bytes MACed before the file's (empty: the plain keyed digest of records before issue 41).
     Returns:
         The lowercase hex MAC.
     Raises:
         OSError: If the file cannot be read.
     """
-    return _stream(path, hmac.new(key, digestmod=hashlib.sha256))
+    h = hmac.new(key, digestmod=hashlib.sha256)
+    h.update(salt)
+    return _stream(path, h)
+
+
+SALT_BYTES = 32
+
+
+def new_salt() -> bytes:
+    """A fresh 32-byte salt from the OS's CSPRNG (``os.urandom``): one per release record, never reused."""
+    return os.urandom(SALT_BYTES)

@@ -17,7 +17,13 @@ Units compose only with like units (schema 2): a cap is pinned to one protected 
 adjacency, and a charge with another unit or adjacency is refused, naming both (by group privacy a row-level ε is
 worth up to k·ε per user of k rows, so the sum would understate it). Populations of a schema-1 ledger are
 migrated as "unit unknown": their old charges count by basic composition, and new charges wait until
-``set-cap`` pins the unit. Each charge stores the mechanisms composed into it as events (JSON: the DP-SGD event
+``set-cap`` pins the unit. A cap is also pinned to the **unit key** (schema 4, issue 41): the column that names
+the unit (``privacy.unit_key``, e.g. ``customer_id``; none at row level). A population pinned to ``user`` keyed
+by ``customer_id`` refuses a run keyed by ``ticket_id`` (really ticket level: by group privacy worth k·ε for a
+customer with k tickets), naming both keys. Populations of a schema-3 ledger are migrated as "unit key unknown"
+(row-level ones need no key and keep composing): their old charges count by basic composition, never composed
+with new ones, and the next charge waits until ``set-cap`` re-pins the population with an explicit
+``--unit-key``. Each charge stores the mechanisms composed into it as events (JSON: the DP-SGD event
 with q, σ, T, adjacency and accountant; a Gaussian or Laplace count). The population's total is stated twice
 at the same total δ = Σδ: basic composition, and the stored events composed by dp_accounting's PLD (and
 Opacus RDP under add/remove; :func:`dplora.accounting.composition.compose_events`), with charges without
@@ -42,11 +48,13 @@ from dplora.contract.spec import MAX_PATH_CHARS
 from dplora.errors import BadInputError, PlanRefusedError
 
 LEDGER_ENV = "DPLORA_LEDGER"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 UNASSIGNED = ""  # the population column of an unassigned run: never a valid population name (see _name)
 UNITS = ("row", "ticket", "user")
 ADJACENCIES = ("add_remove", "replace_one")
 UNKNOWN_UNIT = "unit unknown"
+UNKNOWN_KEY = "key unknown"  # a population or charge from before unit keys were recorded (schema 3 and older)
+NO_KEY = ""  # the stored unit key of a row-level pin or charge: row level has none
 PURPOSES = ("release", "tuning")
 INFINITE = Decimal("Infinity")  # the ε of a non-private run (privacy.enabled: false)
 NON_PRIVATE_ACCOUNTANT = "none (not differentially private)"
@@ -58,14 +66,14 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS populations (
     name TEXT PRIMARY KEY, epsilon_max TEXT NOT NULL, delta_max TEXT NOT NULL, updated_at TEXT NOT NULL,
-    protected_unit TEXT, adjacency TEXT);
+    protected_unit TEXT, adjacency TEXT, unit_key TEXT);
 CREATE TABLE IF NOT EXISTS charges (
     run_id TEXT PRIMARY KEY, population TEXT NOT NULL, epsilon TEXT NOT NULL, delta TEXT NOT NULL,
     reserved_epsilon TEXT NOT NULL, spent_epsilon TEXT,
     status TEXT NOT NULL CHECK (status IN ('pending', 'settled', 'failed')),
     purpose TEXT NOT NULL CHECK (purpose IN ('release', 'tuning')),
     accountant TEXT NOT NULL, adjacency TEXT NOT NULL, created_at TEXT NOT NULL, settled_at TEXT,
-    protected_unit TEXT, events TEXT, output_dir TEXT);
+    protected_unit TEXT, events TEXT, output_dir TEXT, unit_key TEXT);
 CREATE INDEX IF NOT EXISTS charges_population ON charges (population);
 CREATE TABLE IF NOT EXISTS releases (
     id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL REFERENCES charges (run_id),
@@ -104,6 +112,7 @@ class Charge:
     protected_unit: str | None = None  # None: a charge from a schema-1 ledger (unit unknown)
     events: tuple | None = None  # the mechanisms composed into the charge (dicts); None: unknown
     output_dir: str | None = None  # where the run wrote (recorded for unassigned runs, schema 3)
+    unit_key: str | None = None  # the column naming the unit ("" at row level); None: unknown (before schema 4)
 
     @property
     def unassigned(self) -> bool:
@@ -180,7 +189,9 @@ def _over(pop: str, cap: tuple[Decimal, Decimal], spent: tuple[Decimal, Decimal]
     return f"population {pop!r}: " + "; ".join(reasons) if reasons else ""
 
 
-def _charge_columns(run_id, epsilon, delta, accountant, adjacency, protected_unit, events, purpose) -> dict:
+def _charge_columns(
+    run_id, epsilon, delta, accountant, adjacency, protected_unit, events, purpose, unit_key=None
+) -> dict:
     """The checked columns of a DP charge (:meth:`Ledger.reserve`, :meth:`Ledger.reserve_unassigned`).
 
     Raises:
@@ -190,6 +201,7 @@ def _charge_columns(run_id, epsilon, delta, accountant, adjacency, protected_uni
     eps, dlt = _dec(epsilon, "epsilon"), _dec(delta, "delta", positive=False, below_one=True)
     accountant, adjacency = _name(accountant, "accountant"), _adjacency(adjacency)
     unit, ev = _unit(protected_unit), _events(events, adjacency)
+    key = _key(unit, unit_key)
     if purpose not in PURPOSES:
         raise BadInputError(f"purpose must be one of {', '.join(PURPOSES)}, got {purpose!r}")
     return {
@@ -200,6 +212,7 @@ def _charge_columns(run_id, epsilon, delta, accountant, adjacency, protected_uni
         "accountant": accountant,
         "adjacency": adjacency,
         "protected_unit": unit,
+        "unit_key": key,
         "events": ev,
     }
 
@@ -211,7 +224,7 @@ def _refuse_duplicate(c, run_id: str, path) -> None:
 
 
 def _no_cap(pop: str) -> PlanRefusedError:
-    cmd = f"dplora ledger set-cap {shlex.quote(pop)} --epsilon E --delta D --unit U --adjacency A"
+    cmd = f"dplora ledger set-cap {shlex.quote(pop)} --epsilon E --delta D --unit U [--unit-key KEY] --adjacency A"
     return PlanRefusedError(f"population {pop!r} has no privacy cap: run `{cmd}` first")
 
 
@@ -228,6 +241,29 @@ def _unit(value: object) -> str:
     if value not in UNITS:
         raise BadInputError(f"protected unit must be one of {', '.join(UNITS)}, got {value!r}")
     return str(value)
+
+
+def _key(unit: str, value: object) -> str:
+    """The stored unit key of a pin or charge: :data:`NO_KEY` at row level, else the column's name.
+
+    Raises:
+        BadInputError: a key at row level, or none (or not a one-line name) above it.
+    """
+    if unit == "row":
+        if value not in (None, NO_KEY):
+            raise BadInputError("protected unit row has no unit key: drop --unit-key (each row is its own unit)")
+        return NO_KEY
+    if value in (None, NO_KEY):
+        raise BadInputError(
+            f"protected unit {unit} needs a unit key (the column that names the unit, e.g. customer_id): pass "
+            "--unit-key KEY, the contract's privacy.unit_key"
+        )
+    return _name(value, "unit key")
+
+
+def _key_text(key: str | None) -> str:
+    """How a stored unit key reads in ``ledger show``."""
+    return UNKNOWN_KEY if key is None else ("none (row level)" if key == NO_KEY else key)
 
 
 def _adjacency(value: object) -> str:
@@ -249,11 +285,14 @@ def _events(events: object, adjacency: str) -> str | None:
         raise BadInputError(f"bad ledger events: {err}") from None
 
 
-def _pin_problem(pop: str, pinned: tuple[str | None, str | None], unit: str, adjacency: str) -> str:
-    """Why a charge of (unit, adjacency) may not join population ``pop`` ('' when it may)."""
-    p_unit, p_adj = pinned
+def _pin_problem(pop: str, pinned: tuple, unit: str, key: str, adjacency: str) -> str:
+    """Why a charge of (unit, unit key, adjacency) may not join population ``pop`` ('' when it may); ``pinned`` is
+    the population's (unit, unit key, adjacency), None where unknown."""
+    p_unit, p_key, p_adj = pinned
+    key_opt = "" if key == NO_KEY else f" --unit-key {shlex.quote(key)}"
+    cmd = f"dplora ledger set-cap {shlex.quote(pop)} --epsilon E --delta D --unit {unit}{key_opt}"
+    cmd += f" --adjacency {adjacency}"
     if p_unit is None or p_adj is None:
-        cmd = f"dplora ledger set-cap {shlex.quote(pop)} --epsilon E --delta D --unit {unit} --adjacency {adjacency}"
         return (
             f"population {pop!r} has {UNKNOWN_UNIT} (a ledger from before units were recorded; its old charges "
             f"count by basic composition): pin it with `{cmd}` first"
@@ -263,6 +302,18 @@ def _pin_problem(pop: str, pinned: tuple[str | None, str | None], unit: str, adj
             f"population {pop!r} is capped for protected unit {p_unit}, adjacency {p_adj}; this charge is for "
             f"protected unit {unit}, adjacency {adjacency}: ε of different units or adjacencies do not add "
             "(use another population)"
+        )
+    if p_key is None:
+        return (
+            f"population {pop!r} has unit key unknown (a ledger from before unit keys were recorded; its old charges "
+            f"count by basic composition, never composed with new ones): re-pin it with an explicit key, `{cmd}`, "
+            "first"
+        )
+    if p_key != key:
+        return (
+            f"population {pop!r} is capped for protected unit {p_unit} with unit key {p_key}; this charge is keyed "
+            f"by unit key {key}: units named by another column are other units (a run keyed by a finer column is "
+            f"worth k·ε per {p_key} of k such units), so their ε do not add (use another population)"
         )
     return ""
 
@@ -320,6 +371,9 @@ class Ledger:
             version = 2
         if version == 2:
             self._migrate_2_to_3()
+            version = 3
+        if version == 3:
+            self._migrate_3_to_4()
             version = SCHEMA_VERSION
         if version != SCHEMA_VERSION:
             raise LedgerError(f"ledger {self.path} has schema {version}, dplora reads {SCHEMA_VERSION}: upgrade")
@@ -345,6 +399,19 @@ class Ledger:
                 return  # another process migrated it first
             c.execute("ALTER TABLE charges ADD COLUMN output_dir TEXT")
             c.execute("UPDATE schema_version SET version=3")
+
+    def _migrate_3_to_4(self) -> None:
+        """Schema 3 → 4 in one transaction: populations and charges gain ``unit_key``. Row-level pins and charges
+        get :data:`NO_KEY` (row level has no key); every other population and charge stays NULL, "key unknown":
+        old charges then count by basic composition and the population takes no charge until re-pinned."""
+        with self._write() as c:
+            if c.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] != 3:
+                return  # another process migrated it first
+            c.execute("ALTER TABLE populations ADD COLUMN unit_key TEXT")
+            c.execute("ALTER TABLE charges ADD COLUMN unit_key TEXT")
+            c.execute("UPDATE populations SET unit_key=? WHERE protected_unit='row'", (NO_KEY,))
+            c.execute("UPDATE charges SET unit_key=? WHERE protected_unit='row'", (NO_KEY,))
+            c.execute("UPDATE schema_version SET version=4")
 
     def close(self) -> None:
         """Close the database connection."""
@@ -411,12 +478,25 @@ class Ledger:
         return (row[0], row[1]) if row else (None, None)
 
     @staticmethod
+    def _pin(c: sqlite3.Connection, pop: str) -> tuple[str | None, str | None, str | None]:
+        """(protected unit, unit key, adjacency) of a population's pin; None for what is unknown or unset."""
+        sql = "SELECT protected_unit, unit_key, adjacency FROM populations WHERE name=?"
+        row = c.execute(sql, (pop,)).fetchone()
+        return (row[0], row[1], row[2]) if row else (None, None, None)
+
+    @staticmethod
     def _total(c: sqlite3.Connection, pop: str, planned: tuple[Decimal, Decimal, str | None] | None = None) -> dict:
         """Basic and composed totals of a population's charges (plus ``planned`` = (ε, δ, events JSON))."""
         from dplora.accounting.composition import ledger_total
 
-        rows = c.execute("SELECT epsilon, delta, events FROM charges WHERE population=?", (pop,)).fetchall()
-        items = [(Decimal(e), Decimal(d), None if ev is None else json.loads(ev)) for e, d, ev in rows]
+        key = Ledger._pin(c, pop)[1]
+        rows = c.execute("SELECT epsilon, delta, events, unit_key FROM charges WHERE population=?", (pop,)).fetchall()
+        # a charge's events compose only with charges of the pinned, known key: one of unknown key counts by basic
+        # composition (it may be of another unit named by another column)
+        items = [
+            (Decimal(e), Decimal(d), None if ev is None or key is None or k != key else json.loads(ev))
+            for e, d, ev, k in rows
+        ]
         if planned is not None:
             items.append((planned[0], planned[1], None if planned[2] is None else json.loads(planned[2])))
         adjacency = Ledger._pinned(c, pop)[1] or "add_remove"
@@ -448,14 +528,22 @@ class Ledger:
         return row
 
     def set_cap(
-        self, population: str, *, epsilon_max: object, delta_max: object, protected_unit: str, adjacency: str
+        self,
+        population: str,
+        *,
+        epsilon_max: object,
+        delta_max: object,
+        protected_unit: str,
+        adjacency: str,
+        unit_key: str | None = None,
     ) -> str:
-        """Set (or replace) a population's cap, pinned to one protected unit and adjacency.
+        """Set (or replace) a population's cap, pinned to one protected unit, unit key and adjacency.
 
         Lowering a cap below what is spent is allowed (the charges are history: they cannot be undone) and the
         returned line says what is over and by how much; every later run on the population is then refused.
-        Pinning a "unit unknown" population (schema 1) is allowed;
-        re-pinning to another unit or adjacency is refused once charges of the pinned one exist.
+        Pinning a "unit unknown" (schema 1) or "key unknown" (schema 3) population is allowed (its old charges
+        keep counting by basic composition); re-pinning to another unit, unit key or adjacency is refused once
+        charges of the pinned one exist.
 
         Args:
             population: Name of the protected population, e.g. ``"support-tickets-eu"``.
@@ -463,18 +551,28 @@ class Ledger:
             delta_max: Total δ allowed (probability), in (0, 1).
             protected_unit: ``"row"``, ``"ticket"`` or ``"user"``: what one neighbour differs by.
             adjacency: ``"add_remove"`` or ``"replace_one"``.
+            unit_key: the column that names the unit (the contract's ``privacy.unit_key``, e.g.
+                ``"customer_id"``); required for ``ticket`` and ``user``, None for ``row``.
 
         Returns:
             '' when what is spent fits the new cap, else one line: spent (basic and composed ε, Σδ), the cap, and
             by how much each is over.
 
         Raises:
-            BadInputError: A bad name or value, or a re-pin over existing charges of another unit.
+            BadInputError: A bad name or value, a key at row level or none above it, or a re-pin over existing
+                charges of another unit, unit key or adjacency.
         """
         population = _name(population, "population")
         eps, delta = _dec(epsilon_max, "epsilon_max"), _dec(delta_max, "delta_max", below_one=True)
         unit, adj = _unit(protected_unit), _adjacency(adjacency)
+        key = _key(unit, unit_key)
         with self._write() as c:
+            sql = "SELECT DISTINCT unit_key FROM charges WHERE population=? AND unit_key IS NOT NULL AND unit_key != ?"
+            for (other,) in c.execute(sql, (population, key)).fetchall():  # charges of a known, other key
+                raise BadInputError(
+                    f"population {population!r} has charges keyed by {_key_text(other)}: it cannot be re-pinned to "
+                    f"unit key {_key_text(key)} (use another population)"
+                )
             sql = "SELECT protected_unit, adjacency FROM charges WHERE population=?"
             rows = {tuple(r) for r in c.execute(sql, (population,))}
             # schema-1 charges stored the adjacency but no unit: their adjacency still binds the pin
@@ -487,11 +585,11 @@ class Ledger:
                     "population)"
                 )
             c.execute(
-                "INSERT INTO populations (name, epsilon_max, delta_max, updated_at, protected_unit, adjacency) "
-                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET epsilon_max=excluded.epsilon_max, "
-                "delta_max=excluded.delta_max, updated_at=excluded.updated_at, "
-                "protected_unit=excluded.protected_unit, adjacency=excluded.adjacency",
-                (population, str(eps), str(delta), _now(), unit, adj),
+                "INSERT INTO populations (name, epsilon_max, delta_max, updated_at, protected_unit, adjacency, "
+                "unit_key) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
+                "epsilon_max=excluded.epsilon_max, delta_max=excluded.delta_max, updated_at=excluded.updated_at, "
+                "protected_unit=excluded.protected_unit, adjacency=excluded.adjacency, unit_key=excluded.unit_key",
+                (population, str(eps), str(delta), _now(), unit, adj, key),
             )
             return self._over_cap_line(c, population)
 
@@ -517,6 +615,12 @@ class Ledger:
         """Return ``(protected_unit, adjacency)`` of a population; ``(None, None)`` when unit unknown or no cap."""
         with self._read() as c:
             return self._pinned(c, population)
+
+    def unit_key(self, population: str) -> str | None:
+        """Return the population's pinned unit key: the column's name, ``""`` at row level, None when unknown
+        (a population from before schema 4) or without a cap."""
+        with self._read() as c:
+            return self._pin(c, population)[1]
 
     def total(self, population: str) -> dict:
         """The population's total at δ = Σδ, by basic composition and by composing the stored events.
@@ -547,8 +651,9 @@ class Ledger:
         protected_unit: str | None = None,
         adjacency: str | None = None,
         events: list[dict] | None = None,
+        unit_key: str | None = None,
     ) -> None:
-        """Refuse a planned (ε, δ) that would push the population over its cap, or that is of another unit.
+        """Refuse a planned (ε, δ) that would push the population over its cap, or that is of another unit or key.
 
         Args:
             population: Name of the protected population.
@@ -556,11 +661,12 @@ class Ledger:
             delta: Planned δ (probability, in [0, 1)).
             protected_unit, adjacency: the plan's; checked against the population's pin when given.
             events: the plan's mechanisms (see :meth:`reserve`); with them the composed total is used too.
+            unit_key: the plan's ``privacy.unit_key`` (None at row level); checked with ``protected_unit``.
 
         Raises:
-            PlanRefusedError: No cap is set, another unit/adjacency, or spent + planned exceeds the cap both by
-                basic composition and composed.
-            BadInputError: A bad name or value.
+            PlanRefusedError: No cap is set, another unit/unit key/adjacency, a "key unknown" population, or
+                spent + planned exceeds the cap both by basic composition and composed.
+            BadInputError: A bad name or value (also a unit key at row level, or none above it).
         """
         population = _name(population, "population")
         eps, dlt = _dec(epsilon, "epsilon"), _dec(delta, "delta", positive=False, below_one=True)
@@ -571,7 +677,8 @@ class Ledger:
             if cap is None:
                 raise _no_cap(population)
             if protected_unit is not None and adj is not None:
-                if reason := _pin_problem(population, self._pinned(c, population), _unit(protected_unit), adj):
+                unit = _unit(protected_unit)
+                if reason := _pin_problem(population, self._pin(c, population), unit, _key(unit, unit_key), adj):
                     raise PlanRefusedError(reason)
             reason = self._refusal(c, population, cap, eps, dlt, ev)
         if reason:
@@ -589,8 +696,10 @@ class Ledger:
         protected_unit: str,
         events: list[dict] | None = None,
         purpose: str = "release",
+        unit_key: str | None = None,
     ) -> Charge:
-        """Atomically check the cap and unit, and record a pending charge for a run about to touch private data.
+        """Atomically check the cap, unit and unit key, and record a pending charge for a run about to touch
+        private data.
 
         Args:
             population: Name of the protected population.
@@ -605,24 +714,28 @@ class Ledger:
                 ``"laplace"`` counts with ``noise_multiplier`` = noise scale / sensitivity); None: counted by
                 basic composition only.
             purpose: ``"release"`` or ``"tuning"``; both count toward the cap alike.
+            unit_key: the column naming the unit (``privacy.unit_key``); must be the population's; None at row
+                level.
 
         Returns:
             The pending charge.
 
         Raises:
-            PlanRefusedError: No cap, another unit or adjacency (naming both), a "unit unknown" population, or
-                the reservation would exceed the cap; nothing is written.
+            PlanRefusedError: No cap, another unit, unit key or adjacency (naming both), a "unit unknown" or "key
+                unknown" population, or the reservation would exceed the cap; nothing is written.
             BadInputError: Duplicate run_id, or a bad name or value.
             LedgerError: The database is locked (after ``timeout_s``) or unreadable.
         """
         population = _name(population, "population")
-        charge = _charge_columns(run_id, epsilon, delta, accountant, adjacency, protected_unit, events, purpose)
+        charge = _charge_columns(
+            run_id, epsilon, delta, accountant, adjacency, protected_unit, events, purpose, unit_key
+        )
         with self._write() as c:
             _refuse_duplicate(c, charge["run_id"], self.path)
             if (cap := self._cap(c, population)) is None:
                 raise _no_cap(population)
-            unit, adjacency = charge["protected_unit"], charge["adjacency"]
-            if reason := _pin_problem(population, self._pinned(c, population), unit, adjacency):
+            unit, key, adjacency = charge["protected_unit"], charge["unit_key"], charge["adjacency"]
+            if reason := _pin_problem(population, self._pin(c, population), unit, key, adjacency):
                 raise PlanRefusedError(reason)
             if reason := self._refusal(c, population, cap, charge["epsilon"], charge["delta"], charge["events"]):
                 raise PlanRefusedError(reason)
@@ -677,6 +790,7 @@ class Ledger:
         protected_unit: str,
         events: list[dict] | None = None,
         purpose: str = "release",
+        unit_key: str | None = None,
     ) -> Charge:
         """Record a pending charge for a DP run without ``privacy.population``: an unassigned run.
 
@@ -694,6 +808,7 @@ class Ledger:
             protected_unit: ``"row"``, ``"ticket"`` or ``"user"``.
             events: The run's mechanisms (see :meth:`reserve`).
             purpose: ``"release"`` or ``"tuning"``.
+            unit_key: the column naming the unit (for the history; None at row level).
 
         Returns:
             The pending charge (``population`` None).
@@ -702,7 +817,9 @@ class Ledger:
             BadInputError: Duplicate run_id, or a bad name or value.
             LedgerError: The database is locked or unreadable.
         """
-        charge = _charge_columns(run_id, epsilon, delta, accountant, adjacency, protected_unit, events, purpose)
+        charge = _charge_columns(
+            run_id, epsilon, delta, accountant, adjacency, protected_unit, events, purpose, unit_key
+        )
         output_dir = _path_text(output_dir)
         with self._write() as c:
             _refuse_duplicate(c, charge["run_id"], self.path)
@@ -867,7 +984,9 @@ class Ledger:
 
         Returns:
             Dicts with ``name``, ``epsilon_max``, ``delta_max``, ``epsilon_spent``, ``delta_spent``,
-            ``epsilon_left``, ``delta_left`` (strings of Decimals; None without a cap) and ``over_cap``.
+            ``epsilon_left``, ``delta_left`` (strings of Decimals; None without a cap), ``protected_unit``,
+            ``unit_key`` (the column, ``"none (row level)"`` or ``"key unknown"``), ``adjacency``, the composed
+            and tightest ε, and ``over_cap``.
         """
         out = []
         with self._read() as c:
@@ -891,11 +1010,12 @@ class Ledger:
                     "name": name,
                     **{k: None if v is None else str(v) for k, v in zip(keys, vals, strict=True)},
                 }
-                unit, adj = self._pinned(c, name)
+                unit, key, adj = self._pin(c, name)
                 total = self._total(c, name)
                 composed = total["composed"] or {}
                 row |= {
                     "protected_unit": unit or UNKNOWN_UNIT,
+                    "unit_key": _key_text(key) if unit else UNKNOWN_KEY,
                     "adjacency": adj or UNKNOWN_UNIT,
                     "epsilon_composed": composed.get("epsilon"),
                     "composition": composed.get("method") or composed.get("skipped"),

@@ -73,6 +73,7 @@ def _open_ledger(contract: Contract, plan: TrainingPlan, io: _RunIO, resumed_run
             protected_unit=contract.privacy.protected_unit.value,
             adjacency=plan.adjacency.value,
             events=[ledger_event(plan)],
+            unit_key=contract.privacy.unit_key,
         )
     elif resumed_run is not None:
         _check_resumable(ledger, resumed_run)

@@ -367,6 +367,7 @@ def _reserve(ledger, contract: Contract, plan: TrainingPlan, spec, io: _RunIO, r
         "accountant": plan.accountant.value,
         "adjacency": plan.adjacency.value,
         "protected_unit": contract.privacy.protected_unit.value,
+        "unit_key": contract.privacy.unit_key,
         "events": [ledger_event(plan)],
         "purpose": purpose,
     }

@@ -12,8 +12,10 @@ verification material is a public-key hint (the key id): no certificate, no tran
 Predicate type ``https://dplora.dev/release/v1``: the predicate is the trainer's record dict,
 written verbatim (nothing is added); ``dplora audit --attach`` later re-signs it with an ``audit`` section
 added (:mod:`dplora.audit.attach`), the artifacts unchanged. Its ``data.digest`` entry, when present, comes from
-:func:`data_digest_entry`: an HMAC-SHA256 (RFC 2104) per data file under the data owner's key,
-never a plain hash, since a plain hash of private data would let anyone confirm a guess of it.
+:func:`data_digest_entry`: an HMAC-SHA256 (RFC 2104) of a fresh random salt and each data file under the data
+owner's key, never a plain hash (a plain hash of private data would let anyone confirm a guess of it), and never the
+same for two releases of one file (an unsalted HMAC would tell anyone holding two records whether the data
+changed between them, e.g. whether a deletion request was honoured, outside any ε).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from securesystemslib.dsse import Envelope
 from securesystemslib.signer import CryptoSigner
 
 from dplora import atomic
-from dplora.data.digest import hmac_sha256_file, sha256_file  # noqa: F401 - re-exported for callers of this module
+from dplora.data.digest import hmac_sha256_file, new_salt, sha256_file  # noqa: F401 - re-exported for callers
 from dplora.errors import BadInputError
 from dplora.release.keys import (  # noqa: F401 - re-exported: the key functions lived here before dplora.release.keys
     NO_SIGNING_KEY,
@@ -94,14 +96,23 @@ def load_data_key(path: Path | None) -> bytes | None:
     return key
 
 
+SALTED_HMAC = "hmac-sha256(salt||data)"  # the record's data.digest.algorithm since issue 41
+
+
 def data_digest_entry(data_files: list[Path], key: bytes | None) -> dict:
-    """The record's ``data.digest`` entry: HMAC-SHA256 (RFC 2104) per file by basename, or none without a key.
+    """The record's ``data.digest`` entry: HMAC-SHA256(key, salt ‖ data) (RFC 2104) per file by basename, with a
+    fresh 32-byte salt from ``os.urandom`` in the entry; or none without a key.
+
+    The salt makes two releases of the same file carry different digests, so the records alone say nothing about
+    whether the data changed between them; ``dplora verify --data --data-key`` recomputes the MAC with the
+    recorded salt (the record is signed, so the salt cannot be swapped).
 
     Args:
         data_files: The training data files.
         key: The data owner's HMAC key, or None.
     Returns:
-        ``{"algorithm", "keyed", "files": {basename: hex}, "note"}``.
+        ``{"algorithm": "hmac-sha256(salt||data)", "keyed": True, "salt": hex, "files": {basename: hex},
+        "note"}``, or ``{"algorithm": None, "keyed": False, "files": {}, "note"}`` without a key.
     Raises:
         BadInputError: If two data files share a basename.
         OSError: If a data file cannot be read.
@@ -110,13 +121,14 @@ def data_digest_entry(data_files: list[Path], key: bytes | None) -> dict:
         note = "no data key was given: the data digest is omitted "
         note += "(a plain hash of private data would let anyone confirm a guess)"
         return {"algorithm": None, "keyed": False, "files": {}, "note": note}
+    salt = new_salt()
     files: dict[str, str] = {}
     for p in map(Path, data_files):
         if p.name in files:
             raise BadInputError(f"two data files share the name {p.name}: the data digest is keyed by name")
-        files[p.name] = hmac_sha256_file(p, key)
-    note = "keyed digest; the data owner holds the key"
-    return {"algorithm": "hmac-sha256", "keyed": True, "files": files, "note": note}
+        files[p.name] = hmac_sha256_file(p, key, salt)
+    note = "keyed digest of a fresh random salt and the data; the data owner holds the key"
+    return {"algorithm": SALTED_HMAC, "keyed": True, "salt": salt.hex(), "files": files, "note": note}
 
 
 def predicate_type_of(record: dict) -> str:

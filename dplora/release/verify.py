@@ -14,6 +14,7 @@ import copy
 import dataclasses
 import hmac
 import json
+import re
 from pathlib import Path, PurePosixPath
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -28,6 +29,7 @@ from dplora.release.envelope import (
     PAYLOAD_TYPE,
     PREDICATE_TYPE,
     RELEASE_FILENAME,
+    SALTED_HMAC,
     SIGSTORE_FILENAME,
     STATEMENT_TYPE,
     hmac_sha256_file,
@@ -131,17 +133,33 @@ def _check_subject(folder: Path, subject) -> None:
         raise VerificationError(f"{name}: sha256 mismatch (expected {_short(digest)}, found {_short(found)})")
 
 
+def _salt(digest: dict) -> bytes:
+    """The recorded salt (64 hex digits) of a salted digest; b"" for an unsalted one (records before issue 41).
+
+    Raises:
+        VerificationError: a salted digest without a well-formed salt, or a salt in an unsalted one.
+    """
+    salted = digest.get("algorithm") == SALTED_HMAC
+    salt = digest.get("salt")
+    if not salted and salt is None:
+        return b""
+    if not salted or not isinstance(salt, str) or not re.fullmatch(r"[0-9a-f]{64}", salt):
+        raise VerificationError("the release's keyed data digest has a malformed salt (64 hex digits expected)")
+    return bytes.fromhex(salt)
+
+
 def _check_data(predicate, data_files: list[Path], data_key: bytes) -> None:
     data = predicate.get("data") if isinstance(predicate, dict) else None
     digest = data.get("digest") if isinstance(data, dict) else None
     files = digest.get("files") if isinstance(digest, dict) and digest.get("keyed") is True else None
     if not isinstance(files, dict):
         raise VerificationError("the release has no keyed data digest to check the data files against")
+    salt = _salt(digest)
     for p in map(Path, data_files):
         if p.name not in files:
             raise VerificationError(f"{p.name}: not in the release's data digest")
         try:
-            found = hmac_sha256_file(p, data_key)
+            found = hmac_sha256_file(p, data_key, salt)
         except OSError as exc:
             raise BadInputError(f"cannot read data file {p}: {exc.strerror or exc}") from None
         if not hmac.compare_digest(found, str(files[p.name]).lower()):

@@ -138,6 +138,7 @@ def budget_report(
             protected_unit=contract.privacy.protected_unit.value,
             adjacency=plan.adjacency.value,
             events=[ledger_event(plan)],
+            unit_key=contract.privacy.unit_key,
         )
         spent = ledger.spent(contract.privacy.population)
         report["ledger"] = {

@@ -223,6 +223,7 @@ def _check_budget(contracts, options: SweepOptions) -> list:
                 protected_unit=contracts[0].privacy.protected_unit.value,
                 adjacency=plans[0].adjacency.value,
                 events=[ledger_event(p) for p in plans],
+                unit_key=contracts[0].privacy.unit_key,
             )
         except PlanRefusedError as err:
             raise PlanRefusedError(f"the sweep's {len(plans)} trials together: {err}") from None

@@ -168,7 +168,12 @@ def test_workflow_runs_locally_with_a_restored_ledger(job_inputs, workflow):
     store.parent.mkdir()
     with Ledger(store) as ledger:  # the administrator, once (closed: the one file holds the cap)
         ledger.set_cap(
-            "support-customers", epsilon_max="10", delta_max="1e-4", protected_unit="user", adjacency="add_remove"
+            "support-customers",
+            epsilon_max="10",
+            delta_max="1e-4",
+            protected_unit="user",
+            unit_key="customer_id",
+            adjacency="add_remove",
         )
     ran, failed = _run_job(job, _steps(workflow), secrets, write_tickets)
     assert not failed, failed

@@ -13,11 +13,12 @@ import pytest
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
-from dplora.data.twcs import load_twcs_conversations, load_twcs_pairs, write_twcs_conversations
+from dplora.data.twcs import BrandRule, load_twcs_conversations, load_twcs_pairs, write_twcs_conversations
 from dplora.errors import BadInputError
 
 runner = CliRunner()
 TWCS = Path("/work/shared/data/twcs_customer_support_twitter/twcs_first5000.csv")
+RULE = BrandRule(frozenset({"brand"}))  # the red-team inputs name customers A, B, C: the one brand is listed
 HEADER = ",tweet_id,author_id,inbound,created_at,text,response_tweet_id,in_response_to_tweet_id\n"
 
 
@@ -107,7 +108,7 @@ def test_cli_conversations_write_jsonl_and_the_pair_mode_is_unchanged(tmp_path):
     assert [(p["customer_id"], p["tweet_id"], p["reply"]) for p in written] == [
         ("111", "2", "@111 sorry AAA, DM us"),
         ("222", "4", "@222 BBB2 order 77 is on its way"),
-        ("111", "6", "@111 @222 glad to help AAA"),
+        ("111", "6", "@111 @customer glad to help AAA"),  # redacted as conversations are (issue 41)
         ("222", "9", "@222 BBB4 we are on it"),
         ("444", "12", "@444 DDD2 sorry"),
     ]
@@ -117,7 +118,9 @@ def test_cli_conversations_write_jsonl_and_the_pair_mode_is_unchanged(tmp_path):
 
 # Red-team findings on the first version (issue 31): each input put one customer's text or id into another's record.
 def _by_customer(tmp_path, tweets):
-    return {r["customer_id"]: json.dumps(r) for r in load_twcs_conversations(_csv(tmp_path / "t.csv", tweets))}
+    return {
+        r["customer_id"]: json.dumps(r) for r in load_twcs_conversations(_csv(tmp_path / "t.csv", tweets), brands=RULE)
+    }
 
 
 @pytest.mark.parametrize("flag", ["true", "TRUE", "1", "yes", ""])
@@ -128,14 +131,14 @@ def test_an_inbound_flag_other_than_true_or_false_is_refused(tmp_path, flag):
         assert "BBB" not in rows["A"]
         return
     with pytest.raises(BadInputError, match=r"data row 3: inbound must be True or False"):
-        load_twcs_conversations(_csv(tmp_path / "t.csv", tweets))
+        load_twcs_conversations(_csv(tmp_path / "t.csv", tweets), brands=RULE)
 
 
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ((3, "B", False, 2, "BBB secret in A thread", "2.0"), "both inbound and outbound tweets"),  # a lying flag
-        ((3, "Brand", True, 2, "BBB", ""), "both inbound and outbound tweets"),  # one row would wipe the brand out
+        ((3, "B", False, 2, "BBB secret in A thread", "2.0"), "tweet_id 3: outbound, but its author is a customer"),
+        ((3, "Brand", True, 2, "BBB", ""), "tweet_id 3: inbound, but its author is a brand"),  # a lying flag
         ((3, "b", True, 2, "BBB", ""), "differs from another author's only in case"),
         ((3, " ", True, 2, "BBB", "2.0"), "author_id is empty"),
         ((3, "C", True, 2, "BBB", "1.9"), "not a whole tweet id"),
@@ -146,7 +149,7 @@ def test_authors_and_ids_dplora_cannot_classify_are_refused(tmp_path, extra, mes
     base = [(1, "A", True, 0, "A asks", ""), (2, "Brand", False, 1, "@A hi", "1.0"), (10, "B", True, 5, "B", "")]
     if not message.endswith("|"):
         with pytest.raises(BadInputError, match=message):
-            load_twcs_conversations(_csv(tmp_path / "t.csv", [*base, extra]))
+            load_twcs_conversations(_csv(tmp_path / "t.csv", [*base, extra]), brands=RULE)
         return
     # above 2**53: ids stay exact, so a reply to 9007199254740992 is not attached to tweet 9007199254740993
     rows = _by_customer(
@@ -176,7 +179,7 @@ def test_a_quote_that_swallows_other_rows_is_refused(tmp_path, row_b):
     path = tmp_path / "t.csv"
     path.write_text(HEADER + row_b + rows, encoding="utf-8")
     with pytest.raises(BadInputError, match="malformed csv|shaped like a TWCS row|fields, not"):
-        load_twcs_conversations(path)
+        load_twcs_conversations(path, brands=RULE)
 
 
 def test_a_repeated_tweet_id_is_refused(tmp_path):
@@ -186,7 +189,7 @@ def test_a_repeated_tweet_id_is_refused(tmp_path):
         (1, "B", True, 0, "B", ""),
     ]
     with pytest.raises(BadInputError, match=r"data row 3: tweet_id repeats an earlier row's"):
-        load_twcs_conversations(_csv(tmp_path / "t.csv", tweets))
+        load_twcs_conversations(_csv(tmp_path / "t.csv", tweets), brands=RULE)
 
 
 def test_a_record_does_not_depend_on_whether_the_mentioned_customer_is_in_the_file(tmp_path):
@@ -213,5 +216,5 @@ def test_mention_forms_are_redacted_but_the_brand_and_the_customer_stay(tmp_path
 def test_a_crlf_file_is_read(tmp_path):
     path = _csv(tmp_path / "t.csv", [(1, "A", True, 0, "A asks", ""), (2, "Brand", False, 1, "@A hi", "1.0")])
     path.write_bytes(path.read_bytes().replace(b"\n", b"\r\n"))
-    rows = load_twcs_conversations(path)
+    rows = load_twcs_conversations(path, brands=RULE)
     assert [m["content"] for m in rows[0]["messages"]] == ["A asks", "@A hi"]

@@ -130,7 +130,9 @@ def test_check_and_caps(ledger: Ledger) -> None:
     with pytest.raises(PlanRefusedError, match="exceeds the cap ε_max=3.0"):
         ledger.check(POP, epsilon="3.01", delta=0)
     with pytest.raises(
-        PlanRefusedError, match=r"run `dplora ledger set-cap nobody --epsilon E --delta D --unit U --adjacency A` first"
+        PlanRefusedError,
+        match=r"run `dplora ledger set-cap nobody --epsilon E --delta D --unit U \[--unit-key KEY\] "
+        r"--adjacency A` first",
     ):
         ledger.check("nobody", epsilon=1, delta=0)
     with pytest.raises(PlanRefusedError, match="no privacy cap"):
@@ -360,6 +362,7 @@ def test_cli_set_cap_show_check(db: Path) -> None:
         "delta_left": "0.000009",
         "over_cap": False,
         "protected_unit": "row",
+        "unit_key": "none (row level)",
         "adjacency": "add_remove",
         "epsilon_composed": None,  # the charge has no events: basic composition only
         "composition": None,

@@ -36,6 +36,7 @@ def reserve(ledger, run, eps, unit="row", events=None, delta="1e-5", adjacency="
         accountant="pld",
         adjacency=adjacency,
         protected_unit=unit,
+        unit_key=None if unit == "row" else "user_id",
         events=events,
     )
 
@@ -73,7 +74,9 @@ def test_user_then_row_charge_is_refused_naming_both(tmp_path):
     """Cap ε 3 on a user-level population: a user-level run at ε 1.0 fits, a row-level run at ε 1.5 is refused
     (main accepted it, showing 2.5 ≤ 3), and the error names both units."""
     ledger = Ledger(tmp_path / "l.db")
-    ledger.set_cap("p", epsilon_max="3", delta_max="1e-4", protected_unit="user", adjacency="add_remove")
+    ledger.set_cap(
+        "p", epsilon_max="3", delta_max="1e-4", protected_unit="user", adjacency="add_remove", unit_key="user_id"
+    )
     reserve(ledger, "u", "1.0", unit="user")
     with pytest.raises(PlanRefusedError) as info:
         reserve(ledger, "r", "1.5", unit="row")
@@ -125,7 +128,7 @@ def test_schema_1_ledger_is_migrated_as_unit_unknown(tmp_path):
     assert total["composed"]["epsilon"] == pytest.approx(1.828 + 1.828, abs=0.01)
     assert "basic for charges without events" in total["composed"]["method_short"]
     assert Ledger(path).pinned("p") == ("row", "add_remove")
-    assert sqlite3.connect(path).execute("SELECT version FROM schema_version").fetchone()[0] == 3  # 1 → 2 → 3
+    assert sqlite3.connect(path).execute("SELECT version FROM schema_version").fetchone()[0] == 4  # 1 → 2 → 3 → 4
 
 
 def test_schema_1_charges_keep_their_adjacency_when_pinned(tmp_path):
@@ -162,5 +165,5 @@ def test_cli_set_cap_requires_unit_and_show_prints_both(tmp_path):
     shown = runner.invoke(app, ["ledger", "show", "--db", db])
     assert shown.exit_code == 0
     assert "ε spent 3.656 (basic)" in shown.output and "ε composed 2.4" in shown.output
-    assert "protected unit row, adjacency add_remove" in shown.output
+    assert "protected unit row, unit key none (row level), adjacency add_remove" in shown.output
     assert Decimal(ledger.populations()[0]["epsilon_left"]) < 0  # the basic view is over; the cap check is not

@@ -45,6 +45,7 @@ def _unassigned(ledger: Ledger, run_id: str, eps: str, *, unit="row", adjacency=
         accountant="rdp",
         adjacency=adjacency,
         protected_unit=unit,
+        unit_key=None if unit == "row" else "user_id",
         events=[ev],
     )
 
@@ -66,7 +67,7 @@ def test_a_dp_run_without_population_is_recorded_and_shown(tmp_path, tiny_model_
     shown = _cli("show", "--db", str(db))
     assert shown.exit_code == 0, shown.output
     assert f"run {charge.run_id}" in shown.output and str(out.resolve()) in shown.output
-    assert "protected unit row, adjacency add_remove" in shown.output
+    assert "protected unit row, unit key none (row level), adjacency add_remove" in shown.output
     assert f"ε {charge.epsilon} at δ {charge.delta}" in shown.output
     doc = json.loads(_cli("show", "--db", str(db), "--json").output)
     assert [u["run_id"] for u in doc["unassigned"]] == [charge.run_id]
@@ -128,13 +129,13 @@ def test_set_cap_below_spent_sets_it_and_says_by_how_much(tmp_path):
 
 
 def test_a_schema_2_ledger_from_the_previous_dplora_is_migrated(tmp_path):
-    """The file was written by dplora's main branch before issue 26 (schema 2): it opens as schema 3 with every
-    charge, release, cap and total unchanged, and takes unassigned runs afterwards."""
+    """The file was written by dplora's main branch before issue 26 (schema 2): it opens as schema 4 (through 3)
+    with every charge, release, cap and total unchanged, and takes unassigned runs afterwards."""
     db = tmp_path / "old.sqlite3"
     shutil.copy(MAIN_SCHEMA_2, db)
     assert sqlite3.connect(db).execute("SELECT version FROM schema_version").fetchone()[0] == 2
     with Ledger(db) as ledger:
-        assert sqlite3.connect(db).execute("SELECT version FROM schema_version").fetchone()[0] == 3
+        assert sqlite3.connect(db).execute("SELECT version FROM schema_version").fetchone()[0] == 4  # 2 → 3 → 4
         assert [(c.run_id, c.status, str(c.epsilon)) for c in ledger.charges()] == [
             ("main-r1", "settled", "1.4"),
             ("main-r2", "pending", "1.0"),

@@ -120,7 +120,8 @@ def test_keyed_data_digest(tmp_path, tiny_model_dir, tickets_csv, signing_key):
     result, out = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, "--data-key", str(key))
     assert result.exit_code == 0, result.output
     digest = _payload(out)["predicate"]["data"]["digest"]
-    expected = hmac.new(b"k" * 32, tickets_csv.read_bytes(), hashlib.sha256).hexdigest()
+    salt = bytes.fromhex(digest["salt"])  # issue 41: HMAC(key, fresh salt ‖ data), the salt in the record
+    expected = hmac.new(b"k" * 32, salt + tickets_csv.read_bytes(), hashlib.sha256).hexdigest()
     assert digest["keyed"] is True and digest["files"][tickets_csv.name] == expected
     assert hashlib.sha256(tickets_csv.read_bytes()).hexdigest() not in json.dumps(digest)
     ok = runner.invoke(

@@ -267,8 +267,9 @@ def test_data_digest_entry(tmp_path):
     unkeyed = rel.data_digest_entry([f], None)
     assert unkeyed["keyed"] is False and unkeyed["files"] == {} and unkeyed["algorithm"] is None
     keyed = rel.data_digest_entry([f], b"k" * 16)
-    assert keyed["keyed"] is True and keyed["algorithm"] == "hmac-sha256"
-    assert keyed["files"] == {"train.jsonl": rel.hmac_sha256_file(f, b"k" * 16)}
+    assert keyed["keyed"] is True and keyed["algorithm"] == "hmac-sha256(salt||data)"
+    salt = bytes.fromhex(keyed["salt"])
+    assert keyed["files"] == {"train.jsonl": hmac.new(b"k" * 16, salt + b"row\n", hashlib.sha256).hexdigest()}
 
 
 def test_load_data_key(tmp_path, monkeypatch):
@@ -302,6 +303,56 @@ def test_verify_data_files(tmp_path, run_dir, keys):
     with pytest.raises(VerificationError, match="no keyed data digest"):
         verify_release(unkeyed, keys[1], data_files=[data], data_key=key)
     path = _release(run_dir, keys[0], record)
+    data.write_bytes(b"row one\nrow 2\n")
+    with pytest.raises(VerificationError, match="train.jsonl: data HMAC mismatch"):
+        verify_release(path, keys[1], data_files=[data], data_key=key)
+
+
+def test_two_releases_of_the_same_file_carry_different_digests(tmp_path):
+    """Issue 41, item 3: with one data key, main wrote the same HMAC for the same file in every release, so two
+    records told anyone whether the data changed between them (e.g. whether a deletion was honoured)."""
+    f = tmp_path / "train.jsonl"
+    f.write_bytes(b"row one\nrow two\n")
+    key = b"k" * 32
+    first, second = rel.data_digest_entry([f], key), rel.data_digest_entry([f], key)
+    assert first["files"]["train.jsonl"] != second["files"]["train.jsonl"]
+    assert first["salt"] != second["salt"]
+
+
+def test_the_keyed_digest_is_hmac_of_a_fresh_salt_and_the_data(tmp_path):
+    """HMAC-SHA256(key, salt ‖ data) (RFC 2104), the 32-byte salt from os.urandom in the record, recomputed here
+    with the standard library; and the file's unsalted HMAC (main's digest) appears nowhere in the entry."""
+    f = tmp_path / "train.jsonl"
+    data = b'{"text": "secret"}\n' * 1000
+    f.write_bytes(data)
+    key = b"k" * 32
+    entry = rel.data_digest_entry([f], key)
+    salt = bytes.fromhex(entry["salt"])
+    assert len(salt) == 32 and entry["algorithm"] == "hmac-sha256(salt||data)" and entry["keyed"] is True
+    assert entry["files"] == {"train.jsonl": hmac.new(key, salt + data, hashlib.sha256).hexdigest()}
+    assert hmac.new(key, data, hashlib.sha256).hexdigest() not in json.dumps(entry)
+
+
+def test_verify_checks_the_salted_digest_and_still_reads_an_unsalted_one(tmp_path, run_dir, keys):
+    data = tmp_path / "train.jsonl"
+    data.write_bytes(b"row one\nrow two\n")
+    key = b"s" * 32
+    entry = rel.data_digest_entry([data], key)
+    path = _release(run_dir, keys[0], dict(RECORD, data={"digest": entry}))
+    verify_release(path, keys[1], data_files=[data], data_key=key)
+    with pytest.raises(VerificationError, match="train.jsonl: data HMAC mismatch"):
+        verify_release(path, keys[1], data_files=[data], data_key=b"t" * 32)
+    other_salt = dict(entry, salt=rel.data_digest_entry([data], key)["salt"])  # a salt not the one digested
+    path = _release(run_dir, keys[0], dict(RECORD, data={"digest": other_salt}))
+    with pytest.raises(VerificationError, match="train.jsonl: data HMAC mismatch"):
+        verify_release(path, keys[1], data_files=[data], data_key=key)
+    for bad in ("ab", "zz" * 32, 7):
+        path = _release(run_dir, keys[0], dict(RECORD, data={"digest": dict(entry, salt=bad)}))
+        with pytest.raises(VerificationError, match="salt"):
+            verify_release(path, keys[1], data_files=[data], data_key=key)
+    unsalted = {"algorithm": "hmac-sha256", "keyed": True, "files": {"train.jsonl": rel.hmac_sha256_file(data, key)}}
+    path = _release(run_dir, keys[0], dict(RECORD, data={"digest": unsalted}))  # a record written before issue 41
+    verify_release(path, keys[1], data_files=[data], data_key=key)
     data.write_bytes(b"row one\nrow 2\n")
     with pytest.raises(VerificationError, match="train.jsonl: data HMAC mismatch"):
         verify_release(path, keys[1], data_files=[data], data_key=key)
