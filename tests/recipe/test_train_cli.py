@@ -399,7 +399,9 @@ def test_missing_looking_words_train_as_text_with_progress_lines_on_stderr(
     assert result.exit_code == 0, result.output
     assert result.stdout == f"release: {tmp_path / 'run' / 'release.dsse.json'}\n"
     progress = [ln for ln in result.stderr.splitlines() if ln.startswith("progress: ")]
-    assert progress[0].startswith("progress: step 1/3, planned ε after it ") and progress[-1].startswith("progress: step 3/3")
+    assert progress[0].startswith("progress: step 1/3, planned ε after it ") and progress[-1].startswith(
+        "progress: step 3/3"
+    )
     assert all("loss" not in ln for ln in progress)
 
 
