@@ -369,6 +369,16 @@ BrandsOpt = Annotated[
 ]
 
 
+TwcsShowPrivateOpt = Annotated[
+    bool,
+    typer.Option(
+        "--show-private",
+        help="Print the counts of the private file (customers, pairs or conversations, turns, redactions: NOT "
+        "covered by DP) under CI or without a terminal; the operator then owns that log",
+    ),
+]
+
+
 @app.command("prepare-twcs", short_help="Customer tweet → first brand reply pairs, or conversations (TWCS).")
 def prepare_twcs(
     src: SrcArg,
@@ -376,7 +386,7 @@ def prepare_twcs(
     conversations: ConversationsOpt = False,
     brands: BrandsOpt = None,
     overwrite: ReplaceFileOpt = False,
-    show_private: EvalShowPrivateOpt = False,
+    show_private: TwcsShowPrivateOpt = False,
 ) -> None:
     """Pair each customer tweet with its first brand reply, keyed by the customer's author_id.
 

@@ -176,6 +176,28 @@ def _age(created_at: str) -> str:
 
 PopulationArg = Annotated[str | None, typer.Argument(metavar="POPULATION", help="Only this population")]
 ShowJsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables")]
+LedgerShowPrivateOpt = Annotated[
+    bool,
+    typer.Option(
+        "--show-private",
+        help="Also show the charges' and releases' full times (settled_at, created_at): their differences are the "
+        "private runs' durations, so a CI log gets dates only",
+    ),
+]
+
+
+def public_times(entry: dict, keys: tuple[str, ...]) -> dict:
+    """``entry`` with each time in ``keys`` cut to its UTC date (``YYYY-MM-DD``) and ``settled_at`` dropped.
+
+    A charge is reserved before its run reads the data and settled, and its release written, after training: the
+    times between them are the private run's wall time, a statistic of the private data that no accountant charges
+    (issue 40). The date alone is what a public view may show (docs/release.md, "The public surface").
+    """
+    out = {k: v for k, v in entry.items() if k != "settled_at"}
+    for k in keys:
+        if out.get(k):
+            out[k] = str(out[k])[:10]
+    return out
 
 
 @ledger_app.command("show", short_help="Show caps, spend, charges and releases.")
@@ -183,8 +205,13 @@ def show(
     population: PopulationArg = None,
     db: DbOpt = None,
     as_json: ShowJsonOpt = False,
+    show_private: LedgerShowPrivateOpt = False,
 ) -> None:
-    """Show caps, spend, charges and releases (all populations, or one), and every unassigned run on its own."""
+    """Show caps, spend, charges and releases (all populations, or one), and every unassigned run on its own.
+
+    Times are dates only (a charge's settle time and a release's creation time minus the charge's reservation are a
+    private run's duration); --show-private shows the full times.
+    """
     with _user_errors(), Ledger(db or default_ledger_path(), create=False) as ledger:
         pops = [p for p in ledger.populations() if population is None or p["name"] == population]
         if population is not None and not pops:
@@ -194,6 +221,10 @@ def show(
             c["age"] = _age(c["created_at"]) if c["status"] == "pending" else None
         releases = ledger.releases(population=population)
         unassigned = [] if population is not None else [c.to_dict() for c in ledger.unassigned()]
+    if not show_private:
+        charges = [public_times(c, ("created_at",)) for c in charges]
+        unassigned = [public_times(c, ("created_at",)) for c in unassigned]
+        releases = [public_times(r, ("created_at",)) for r in releases]
     if as_json:
         doc = {"populations": pops, "charges": charges, "unassigned": unassigned, "releases": releases}
         typer.echo(json.dumps(doc, indent=2))

@@ -104,6 +104,15 @@ def merged_model(base: Path, adapter: Path):
     return merged, tokenizer, dtype
 
 
+def _public_mtimes(folder: Path, started_at: str | None) -> None:
+    """Stamp the export's files with the release's ``started_at`` (taken before the data was read): a real mtime
+    is the export's end, which after a CI job's training step times the private run (issue 40)."""
+    if started_at:
+        from dplora.run.outputs import fix_mtimes
+
+        fix_mtimes(folder, started_at)
+
+
 def _check_out(out: Path, run_folder: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise BadInputError(f"--out {out}: exists and is not an empty folder (nothing was written)")
@@ -178,7 +187,7 @@ def export_release(
     adapter = run.folder / ADAPTER_DIR
     payload, statement = release_payload(run.folder / RELEASE_FILENAME)
     private = run.differentially_private
-    guarantee = guarantee_text(statement["predicate"], private=private)
+    guarantee = guarantee_text(statement["predicate"], private=private, what="exported model")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
     try:
@@ -218,6 +227,7 @@ def export_release(
         manifest = {"_type": STATEMENT_TYPE, "subject": subject, "predicateType": ptype, "predicate": export_predicate}
         man_tmp = _temp_json(tmp, MANIFEST_NAME, sign_statement(manifest, private_key))
         os.replace(man_tmp, tmp / MANIFEST_NAME)
+        _public_mtimes(tmp, statement["predicate"].get("started_at"))
         if out.is_dir():
             out.rmdir()  # empty (checked): replaced by the finished folder
         os.replace(tmp, out)

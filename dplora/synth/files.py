@@ -85,19 +85,35 @@ def record_digest(payload: bytes) -> str:
     return hashlib.sha256(payload).hexdigest()
 
 
-def guarantee_text(predicate: dict, *, private: bool) -> str:
-    """The inherited guarantee in words, from the release's predicate (``privacy`` and ``accounting``)."""
+def guarantee_text(predicate: dict, *, private: bool, what: str = "synthetic file") -> str:
+    """The inherited guarantee in words, from the release's predicate (``privacy`` and ``accounting``).
+
+    ``what`` names the derived artifact (``synthetic file``; ``exported model`` for ``dplora export``).
+    """
     if not private:
+        made = "generated" if what == "synthetic file" else "made"
         return (
-            f"{NO_DP_GUARANTEE}: generated from a non-private control run (privacy.enabled=false, ε = ∞); "
-            "this file may reveal the training records"
+            f"{NO_DP_GUARANTEE}: {made} from a non-private control run (privacy.enabled=false, ε = ∞); "
+            f"this {what} may reveal the training records"
         )
     acc, unit = predicate.get("accounting", {}), predicate.get("privacy", {})
     return (
         f"post-processing of a release with ε={acc.get('epsilon_spent'):.4g}, δ={acc.get('delta'):g} "
         f"({acc.get('accountant')}) at the protected unit {unit.get('protected_unit')} "
-        f"({unit.get('adjacency')}); the synthetic file carries the same guarantee and no more"
+        f"({unit.get('adjacency')}); the {what} carries the same guarantee and no more"
     )
+
+
+def _public_mtimes(paths, started_at: str | None) -> None:
+    """Stamp ``paths`` with the release's ``started_at`` (taken before the data was read): a real mtime is the end
+    of the synth step, which follows training and reads the training data for the verbatim check (issue 40)."""
+    if not started_at:
+        return
+    from datetime import datetime
+
+    stamp = datetime.fromisoformat(started_at).timestamp()
+    for path in paths:
+        os.utime(path, (stamp, stamp))
 
 
 def read_public_prompts(path: Path, column: str) -> list[str]:
@@ -394,6 +410,7 @@ def synthesize(
         tmp.unlink(missing_ok=True)
         raise
     os.replace(rep_tmp, report)
+    _public_mtimes((tmp, man_tmp), statement["predicate"].get("started_at"))
     os.replace(tmp, out)
     os.replace(man_tmp, manifest_path(out))  # the manifest last: no manifest over a half-written file
     return SynthResult(
