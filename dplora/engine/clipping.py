@@ -71,6 +71,7 @@ class UnitClipAccumulator:
         self._last_id: int | None = None
         self._norms: list[torch.Tensor] = []
         self.units = 0
+        self.zeroed = torch.zeros((), dtype=torch.int64, device=self.device)  # records zeroed this step (private)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """The tensors held between calls (for tests of the memory bound): the sum, the open row if allocated."""
@@ -86,8 +87,16 @@ class UnitClipAccumulator:
         *,
         last_unit_continues: bool = False,
         row_weight: torch.Tensor | None = None,
+        finite_rows: torch.Tensor | None = None,
     ) -> None:
         """Fold one physical batch into the step.
+
+        A record whose gradient row holds a non-finite value (an overflow), or whose loss was non-finite
+        (``finite_rows`` False), contributes ZERO: its row is replaced by zeros after it is formed (a NaN times a
+        zero weight would still be NaN) and its unit is still counted, clipped and summed as usual, so the step's
+        sensitivity stays C and the noise and the accountant step are untouched (issue 41.4). How many rows were
+        zeroed is a count of the private data: :attr:`zeroed` (a device tensor, read once per logical step by the
+        loop) goes to the private diagnostics only.
 
         Args:
             G: (B, P) fp32, row i = record i's gradient. Scaled in place by ``row_weight`` when given.
@@ -96,6 +105,7 @@ class UnitClipAccumulator:
             last_unit_continues: the batch's last unit has more records in the next physical batch: its rows are
                 summed into the open row and clipped when its last record arrives.
             row_weight: (B,) weight w_i of each record in its unit's vector (unit_clipping=mean: 1/records), or None.
+            finite_rows: (B,) bool, False for a record whose loss was non-finite (its row is zeroed), or None.
 
         Raises:
             ValueError: shapes, decreasing ids, a unit that reappears after it was closed, or an open unit that the
@@ -111,6 +121,11 @@ class UnitClipAccumulator:
             raise ValueError(f"unit {self._open_id} was left open but the next batch starts with unit {first}")
         if self._open_id is None and self._last_id is not None and first <= self._last_id:
             raise ValueError(f"unit {first} comes after unit {self._last_id} was closed: units must be contiguous")
+        bad = ~torch.isfinite(G).all(dim=1)  # (B,): an overflow anywhere in the record's row
+        if finite_rows is not None:
+            bad |= ~finite_rows.to(G.device, torch.bool)
+        G.masked_fill_(bad.unsqueeze(1), 0.0)  # zero contribution, formed row replaced (no host sync)
+        self.zeroed += bad.sum()
         if row_weight is not None:
             G.mul_(row_weight.to(G.device, G.dtype).unsqueeze(1))
         uniq, counts = torch.unique_consecutive(ids, return_counts=True)

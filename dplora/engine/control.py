@@ -104,10 +104,12 @@ class NonPrivateStep:
     def prepare_batch(self, batch_size: int) -> None:
         """Nothing to arm: no per-example buffer."""
 
-    def accumulate(self, unit_of_row, *, continues: bool = False, row_weight=None) -> None:
+    def accumulate(self, unit_of_row, *, continues: bool = False, row_weight=None, finite_rows=None) -> None:
         """Nothing to do: ``backward`` already summed this physical batch's gradients into ``p.grad``.
 
-        ``row_weight`` (``unit_clipping: mean``) is not applied: the control sums its records' gradients.
+        ``row_weight`` (``unit_clipping: mean``) is not applied: the control sums its records' gradients. A record
+        with a non-finite loss is left out of the backward by the loop (``finite_rows``); one whose gradient
+        overflows anyway makes the summed gradient non-finite, and the control stops (no per-record rows here).
         """
 
     def step(self) -> None:

@@ -13,7 +13,6 @@ Empty batches skip 2 and still run 3–5. Only this module (with ``model``) impo
 from __future__ import annotations
 
 import enum
-import math
 import os
 
 import torch
@@ -139,7 +138,12 @@ class UnitDPOptimizer(DPOptimizer):
             self.flat.buffer(batch_size)
 
     def accumulate(
-        self, unit_of_row: torch.Tensor, *, continues: bool = False, row_weight: torch.Tensor | None = None
+        self,
+        unit_of_row: torch.Tensor,
+        *,
+        continues: bool = False,
+        row_weight: torch.Tensor | None = None,
+        finite_rows: torch.Tensor | None = None,
     ) -> None:
         """Fold this physical batch's per-record gradients into the per-unit clipped sum.
 
@@ -149,6 +153,8 @@ class UnitDPOptimizer(DPOptimizer):
             continues: the batch's last unit has more records in the next physical batch.
             row_weight: shape (B,), each record's weight in its unit's vector (1 / records of the unit for
                 ``unit_clipping: mean``); required when ``unit_mean``.
+            finite_rows: shape (B,) bool, False for a record whose loss was non-finite: it contributes zero, as
+                does a record whose gradient row overflowed (:meth:`UnitClipAccumulator.add`).
 
         Raises:
             TrainingFailedError: a trainable tensor got no per-sample gradient.
@@ -165,7 +171,11 @@ class UnitDPOptimizer(DPOptimizer):
         if self.unit_mean and row_weight is None:
             raise ValueError("unit_clipping=mean needs row_weight (1 / records of each record's unit)")
         self.accumulator.add(
-            G, unit_of_row.to("cpu"), last_unit_continues=continues, row_weight=row_weight if self.unit_mean else None
+            G,
+            unit_of_row.to("cpu"),
+            last_unit_continues=continues,
+            row_weight=row_weight if self.unit_mean else None,
+            finite_rows=finite_rows,
         )
 
     def pre_step(self, closure=None) -> bool:
@@ -348,9 +358,3 @@ def check_all_moved(before: dict[str, torch.Tensor], named_trainable) -> None:
     for name, p in named_trainable:
         if float((p.detach() - before[name]).abs().max()) == 0.0:
             raise TrainingFailedError(f"trainable tensor {name} did not change after the first step")
-
-
-def check_finite(value: float, step: int) -> None:
-    """Raise TrainingFailedError on a non-finite loss (the step is not taken and not counted)."""
-    if not math.isfinite(value):
-        raise TrainingFailedError(f"non-finite loss at logical step {step}: stopping without a release")

@@ -297,12 +297,18 @@ def _run_locked(
     outputs.fix_mtimes(out, started)  # released files carry the record's start time, never the run's end
     outputs.fix_mtimes(tracking.tracking_path(out), started)
     io.private.attach(outputs.private_path(out))
+    if state.records_zeroed:
+        io.private(
+            f"{state.records_zeroed} record(s) had a non-finite loss or gradient (an overflow) and contributed zero; "
+            "their units were still counted, clipped and noised as usual"
+        )
     io.private.put(
         run_id=spec.run_id,
         seconds=round(seconds, 3),
         seconds_per_step=round(train_seconds / max(plan.steps - first_step, 1), 3),
         eval_seconds=round(eval_seconds, 3),
         empty_steps=state.empty_steps,
+        records_zeroed=state.records_zeroed,
         peak_memory_gib=round(peak, 3),
         note="private diagnostics, computed on the private data and NOT covered by DP: never publish",
     )

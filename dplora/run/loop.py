@@ -93,6 +93,8 @@ class RunState:
         physical_batch: records per forward after out-of-memory retries (0: ``spec.physical_batch_size``); halved
             each time a step runs out of accelerator memory and is re-run on the same units.
         oom_retries: logical steps re-run after an out-of-memory error (never re-sampled, noised or accounted twice).
+        records_zeroed: records whose loss or per-example gradient was non-finite, each a zero contribution (a
+            private count: ``<output_dir>.private/report.json`` only).
         scheduler: the learning-rate scheduler (:mod:`dplora.engine.schedule`), stepped after every logical step.
     """
 
@@ -105,6 +107,7 @@ class RunState:
     physical_batch: int = 0
     oom_retries: int = 0
     scheduler: Any = None
+    records_zeroed: int = 0
 
 
 METRICS_HEADER = {
@@ -180,18 +183,28 @@ def _physical_batches(spec: RunSpec, state: RunState, units, rows, local, weight
         batch = engine.collate([spec.examples[r] for r in rows[start:end]], spec.pad_id, device=spec.device)
         optimizer.prepare_batch(end - start)
         losses = engine.per_sequence_loss(model, batch)
-        losses.sum().backward()
+        # A record whose loss overflows contributes zero (issue 41.4): it is left out of the backward, and the
+        # optimizer zeroes its per-example row (and any row that overflows in the backward) after it is formed.
+        # Its unit still counts; noise and the accountant step are unchanged; only a count reaches the private log.
+        finite = torch.isfinite(losses.detach())
+        torch.where(finite, losses, torch.zeros_like(losses)).sum().backward()
         optimizer.accumulate(
             torch.as_tensor(local[start:end], device="cpu"),  # host-side bookkeeping: no device sync
             continues=bool(end < len(rows) and local[end] == local[end - 1]),
             row_weight=torch.as_tensor(weight[start:end], device="cpu"),
+            finite_rows=finite,
         )
-        loss_sum += losses.detach().sum()
-    # The one host read per logical step: the loss sum and "all parameters finite after the last step".
-    loss_value, params_ok = torch.stack([loss_sum.float(), _finite_flag(state.named).float()]).tolist()
+        loss_sum += torch.where(finite, losses.detach(), 0.0).sum()
+    zeroed = getattr(getattr(optimizer, "accumulator", None), "zeroed", None)
+    zeroed = torch.zeros((), device=spec.device) if zeroed is None else zeroed
+    # The one host read per logical step: the loss sum, "all parameters finite after the last step" (a function of
+    # DP outputs: the only stop rule), and the records zeroed for an overflow (a private count).
+    loss_value, params_ok, zeroed_rows = torch.stack(
+        [loss_sum.float(), _finite_flag(state.named).float(), zeroed.to(loss_sum.device).float()]
+    ).tolist()
     if params_ok != 1.0:
         raise TrainingFailedError(f"non-finite parameter after step {state.step}")
-    engine.check_finite(loss_value, state.step + 1)
+    state.records_zeroed += int(zeroed_rows)
     return loss_value, len(rows)
 
 
