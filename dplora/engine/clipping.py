@@ -121,7 +121,9 @@ class UnitClipAccumulator:
             raise ValueError(f"unit {self._open_id} was left open but the next batch starts with unit {first}")
         if self._open_id is None and self._last_id is not None and first <= self._last_id:
             raise ValueError(f"unit {first} comes after unit {self._last_id} was closed: units must be contiguous")
-        bad = ~torch.isfinite(G).all(dim=1)  # (B,): an overflow anywhere in the record's row
+        # (B,): an overflow anywhere in the record's row. A row sum is finite iff every entry is (a NaN or ±inf makes
+        # it NaN/inf; finite entries whose sum overflows fp32 are flagged too): B floats, never a (B, P) mask.
+        bad = ~torch.isfinite(G.sum(dim=1))
         if finite_rows is not None:
             bad |= ~finite_rows.to(G.device, torch.bool)
         G.masked_fill_(bad.unsqueeze(1), 0.0)  # zero contribution, formed row replaced (no host sync)

@@ -252,17 +252,34 @@ def _job(world: Path, model: Path, data_path: Path, keys, *, show_private: str =
     ]
     outputs[7]["generated"] = True
     assert outputs[2]["exit"] == 0, outputs[2]
-    return _surface(world, outputs, Masks(), {"synth.csv": "csv"})
+    masks = Masks()
+    return _surface(world, outputs, masks, {"synth.csv": "csv"}), masks
+
+
+RANDOM_PER_RUN = ("<run_id>", "<record:release.dsse.json>", "<sha256:run/adapter/adapter_model.safetensors>")
 
 
 def _neighbours(tmp_path: Path, model: Path, keys, write_a, write_b, show_private="", **sections) -> str:
-    """Run the job on world A, then on its neighbour B in the same folder; return the differences, one a line."""
-    world, surfaces = tmp_path / "world", []
-    for name, write in (("a", write_a), ("b", write_b)):
+    """Run the job on world A, on A again (the same-data control), then on its neighbour B, in the same folder.
+
+    The control (issue 49: "masks by explicit field name, each justified, plus a same-data control run"): A and A'
+    must be identical after the masks, and the masks that stand for per-run randomness (:data:`RANDOM_PER_RUN`)
+    must take different values in A and A' although the data is the same, so they stand for randomness, not data.
+    Returns the differences between A and B, one a line.
+    """
+    world, surfaces, masks = tmp_path / "world", [], []
+    for name, write in (("a", write_a), ("a-again", write_a), ("b", write_b)):
         world.mkdir()
-        surfaces.append(_job(world, model, write(world), keys, show_private=show_private, **sections))
+        surface, mask = _job(world, model, write(world), keys, show_private=show_private, **sections)
+        surfaces.append(surface)
+        masks.append({v: k for k, v in mask.values.items()})
         shutil.move(world, tmp_path / f"done-{name}")
-    diff = "\n".join(_diff(*surfaces))
+    if not show_private:
+        control = "\n".join(_diff(surfaces[0], surfaces[1]))
+        assert control == "", f"the same data twice gave different public output:\n{control}"
+        for name in RANDOM_PER_RUN:
+            assert masks[0][name] != masks[1][name], f"{name} is the same in two runs on the same data"
+    diff = "\n".join(_diff(surfaces[0], surfaces[2]))
     if diff:
         print(diff)
     return diff
