@@ -71,3 +71,115 @@ def test_eval_fraction_split_refusal_depends_on_one_unit(tmp_path, tiny_model_di
         **sections,
     )
     assert diff == []
+
+
+def _held_out_rows(columns, table, fraction: float, seed: int = 0) -> list[int]:
+    from dplora.data.units import _held_out_unit
+
+    return [i for i, r in enumerate(table) if _held_out_unit(r["message"] + "\x1f" + r["reply"], seed, fraction)]
+
+
+@pytest.mark.parametrize("selection", ["--eval-contract", "--eval-private"])
+def test_sweep_on_a_private_set_publishes_held_out_losses(tmp_path, tiny_model_dir, signing_key, rows, selection):
+    """Finding: ``sweep --eval-contract`` (or ``--eval-private FILE``) prints each trial's held-out loss on the
+    PRIVATE selection set on stderr under CI ("sweep: trial i: ε=…, held-out loss 5.1234 (NOT COVERED BY DP…)")
+    and writes the losses to ``<out>/sweep.json`` beside the sweep (outside any ``.private`` folder). With
+    lr = 1e-6 the adapters equal the base model to printing precision, so the losses are a deterministic function
+    of the held-out records: removing one held-out row changes them."""
+    columns, table = rows
+    held = _held_out_rows(columns, table, 0.2)
+    assert len(held) >= 3
+
+    def write(keep):
+        def make(world):
+            if selection == "--eval-private":  # a private file of its own: the neighbour lacks one of its rows
+                _write(world / "data.eval.csv", columns, [r for i, r in enumerate(keep) if i in held])
+            return _write(world / "data.csv", columns, keep)
+
+        return make
+
+    def commands(world, cfg, env):
+        pick = [selection] + ([world / "data.eval.csv"] if selection == "--eval-private" else [])
+        sweep = ["sweep", cfg, "training.lr=1e-6", "--out", world / "sweep", "--no-progress"]
+        sweep += ["--signing-key", signing_key[0], *pick]
+        return [
+            _run(
+                ["ledger", "set-cap", "tickets", "--epsilon", "100", "--delta", "1e-3"]
+                + ["--unit", "row", "--adjacency", "add_remove"],
+                env,
+            ),
+            _run(sweep, env),
+        ]
+
+    sections = {
+        "privacy": {"num_units": 100, "population": "tickets"},
+        "data": {"eval_fraction": 0.2 if selection == "--eval-contract" else None},
+        "training": {"steps": 1},
+    }
+    a_rows, b_rows = table, [r for i, r in enumerate(table) if i != held[0]]
+    diff = _compare(tmp_path, tiny_model_dir, write(a_rows), write(b_rows), commands, **sections)
+    # the sweep's release mtimes are another finding (test_sweep_release_files_carry_the_wall_clock)
+    assert [d for d in diff if "held_out_loss" in d or d.startswith("/outputs")] == []
+
+
+def test_sweep_release_files_carry_the_wall_clock(tmp_path, tiny_model_dir, signing_key, rows, monkeypatch):
+    """Finding: the release ``sweep`` makes (the chosen trial, re-signed with the user's key) keeps the mtimes of
+    the moment it was re-signed, after every trial ran, on the record, the card, the adapter config and the
+    folders (and ``sweep.json``): its end time, where every released file must carry the record's ``started_at``
+    (docs/release.md); end - start is the sweep's private wall time (``_release`` never calls ``fix_mtimes``).
+    The sleep only makes the sweep last past one clock second, as any real sweep does."""
+    import base64
+    import json
+    import time
+    from datetime import datetime
+
+    from dplora.tuning import sweep as sweep_mod
+
+    entry = sweep_mod.tuning_entry
+
+    def slow_entry(*args, **kwargs):  # a sweep whose trials take a second longer (tiny ones finish in < 1 s)
+        time.sleep(1.1)
+        return entry(*args, **kwargs)
+
+    monkeypatch.setattr(sweep_mod, "tuning_entry", slow_entry)
+
+    columns, table = rows
+    world = tmp_path / "world"
+    world.mkdir()
+    cfg = _contract(
+        world,
+        tiny_model_dir,
+        _write(world / "data.csv", columns, table),
+        privacy={"num_units": 100, "population": "tickets"},
+        training={"steps": 1},
+    )
+    env = _env(world)
+    cap = ["ledger", "set-cap", "tickets", "--epsilon", "100", "--delta", "1e-3", "--unit", "row"]
+    assert _run([*cap, "--adjacency", "add_remove"], env)["exit"] == 0
+    out = _run(
+        [
+            "sweep",
+            cfg,
+            "training.lr=0.01",
+            "--out",
+            world / "sweep",
+            "--signing-key",
+            signing_key[0],
+            "--eval-tickets",
+            "4",
+            "--no-progress",
+            "--json",
+        ],
+        env,
+    )
+    assert out["exit"] == 0, out
+    release = Path(json.loads(out["stdout"])["release"])
+    envelope = json.loads((release / "release.dsse.json").read_text())
+
+    started = datetime.fromisoformat(json.loads(base64.b64decode(envelope["payload"]))["predicate"]["started_at"])
+    stamps = {
+        str(p.relative_to(world)): int(p.stat().st_mtime) - int(started.timestamp())
+        for p in sorted([release, *release.rglob("*"), world / "sweep" / "sweep.json"])
+    }
+    print(stamps)
+    assert {k: v for k, v in stamps.items() if v != 0} == {}
