@@ -34,6 +34,8 @@ def _compare(tmp_path: Path, model: Path, write_a, write_b, commands, **sections
         world.mkdir()
         cfg = _contract(world, model, write(world), **sections)
         outputs = commands(world, cfg, _env(world))
+        for out in outputs:  # shown when a test fails
+            print(name, out["args"][0], "exit", out["exit"], (out["stderr"] + out["stdout"]).strip()[-300:])
         surfaces.append(_surface(world, outputs, Masks(), {}))
         shutil.move(world, tmp_path / f"done-{name}")
     diff = _diff(*surfaces)
@@ -183,3 +185,105 @@ def test_sweep_release_files_carry_the_wall_clock(tmp_path, tiny_model_dir, sign
     }
     print(stamps)
     assert {k: v for k, v in stamps.items() if v != 0} == {}
+
+
+@pytest.fixture(scope="module")
+def ticket_rows(tmp_path_factory):
+    path = tmp_path_factory.mktemp("attack-tickets3") / "tickets.csv"
+    write_tickets(path, num_tickets=40, seed=3, max_turns=3)
+    return _read(path)
+
+
+def _masked_data_digest(diff: list[str]) -> list[str]:
+    """Drop the keyed data digest (a fresh random salt and an HMAC under the owner's secret key: random to anyone
+    without the key) and the audit's DP outputs (scores, losses, exposures of the DP model; canaries drawn at
+    random)."""
+    random = ("/data/digest/", "/per_canary", "epsilon_lower_bound", "mia_auc", "exposure_", "/correct", "/guesses")
+    random += ("/keyid", "/hint", "audit-run.pub/content", "owner.key")  # the audit run's throw-away key; an input
+    timing = ("run-audit//mtime", "run-audit/audit", "run-audit/audit-run.pub/mtime")  # see the audit mtime test
+    return [d for d in diff if not any(r in d.split(": ")[0] for r in random + timing)]
+
+
+def test_ticket_level_with_data_key_eval_path_auto_batch_and_audit_held(
+    tmp_path, tiny_model_dir, signing_key, ticket_rows
+):
+    """Held (no finding): ticket level, a cap of 2 records a ticket, a data key, a PRIVATE held-out file
+    (data.eval_path) with a group column, ``physical_batch_size: auto``, TensorBoard, checkpoints every step,
+    ``validate``, ``clip-guide`` (demo sample), ``verify --data --data-key``, ``eval --json``; the
+    heaviest ticket removed (from the training file; the held-out file is the same in both worlds)."""
+    from collections import Counter
+
+    columns, table = ticket_rows
+    heaviest = Counter(r["ticket_id"] for r in table).most_common(1)[0][0]
+    held_out = table[-6:]
+
+    def write(keep):
+        def make(world):
+            _write(world / "data.eval.csv", columns, held_out)
+            return _write(world / "data.csv", columns, [r for r in table[:-6] if keep(r)])
+
+        return make
+
+    def commands(world, cfg, env):
+        (world / "owner.key").write_bytes(b"0123456789abcdef0123456789abcdef")
+        key, pub, run = signing_key[0], signing_key[1], world / "run"
+        return [
+            _run(["validate", cfg, "--json"], env),
+            _run(["clip-guide", cfg, "--json", "--sample", "8", "--threads", "1"], env),
+            _run(["budget", cfg, "--json"], env),
+            _run(["train", cfg, "--signing-key", key, "--data-key", world / "owner.key", "--json"], env),
+            _run(
+                ["verify", run, "--public-key", pub, "--data", world / "data.csv", "--data-key", world / "owner.key"],
+                env,
+            ),
+            _run(["eval", run, "--json"], env),
+        ]
+
+    sections = {
+        "privacy": {"protected_unit": "ticket", "unit_key": "ticket_id", "num_units": 40, "max_records_per_unit": 2},
+        "data": {
+            "eval_fraction": None,
+            "eval_path": str(tmp_path / "world" / "data.eval.csv"),
+            "group_column": "customer_id",
+        },
+        "training": {"physical_batch_size": "auto", "report_to": "tensorboard", "checkpoint_every": 1},
+    }
+    a, b = write(lambda r: True), write(lambda r: r["ticket_id"] != heaviest)
+    diff = _masked_data_digest(_compare(tmp_path, tiny_model_dir, a, b, commands, **sections))
+    print("FILTERED", *diff, sep="\n")
+    assert diff == []
+
+
+def test_audit_report_carries_the_wall_clock(tmp_path, tiny_model_dir, rows, monkeypatch):
+    """Finding: ``audit`` writes ``<out>-audit/audit.json`` and ``audit.md`` (the documents ``--attach`` signs into
+    a release) with the wall-clock mtime of the audit's end, while its run's record says when that run started
+    (``run_id`` and the run's ``started_at``): their difference is the audit run's wall time, a function of the
+    private realised batches (and the audit trains on the private data by default). The sleep only makes the
+    scoring last past one clock second, as a real audit does."""
+    import base64
+    import json
+    import time
+    from datetime import datetime
+
+    from dplora.audit import runner
+
+    report = runner._report
+
+    def slow_report(*args, **kwargs):
+        time.sleep(1.1)
+        return report(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "_report", slow_report)
+    columns, table = rows
+    world = tmp_path / "world"
+    world.mkdir()
+    cfg = _contract(world, tiny_model_dir, _write(world / "data.csv", columns, table), privacy={"num_units": 100})
+    out = _run(["audit", cfg, "--canaries", "4", "--candidates", "8", "--no-progress", "--threads", "1"], _env(world))
+    assert out["exit"] == 0, out
+    audit = world / "run-audit"
+    envelope = json.loads((audit / "run" / "release.dsse.json").read_text())
+    started = json.loads(base64.b64decode(envelope["payload"]))["predicate"]["started_at"]
+    start = int(datetime.fromisoformat(started).timestamp())
+    stamps = {p.name: int(p.stat().st_mtime) - start for p in (audit / "audit.json", audit / "audit.md")}
+    print(stamps)
+    assert stamps == {"audit.json": 0, "audit.md": 0}
