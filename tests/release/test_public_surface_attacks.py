@@ -287,3 +287,31 @@ def test_audit_report_carries_the_wall_clock(tmp_path, tiny_model_dir, rows, mon
     stamps = {p.name: int(p.stat().st_mtime) - start for p in (audit / "audit.json", audit / "audit.md")}
     print(stamps)
     assert stamps == {"audit.json": 0, "audit.md": 0}
+
+
+@pytest.mark.parametrize("adjacency", ["add_remove", "replace_one"])
+def test_budget_and_train_without_a_declared_n_held(tmp_path, tiny_model_dir, signing_key, rows, adjacency):
+    """Held (no finding): no ``privacy.num_units`` under add/remove (train refused without the count, budget
+    prints no counted plan under CI) and under replace-one with a held-out split (the same refusal); one row
+    removed (add/remove) or replaced by a new one (replace-one). ``budget --sweep``, ``--recommend`` too."""
+    columns, table = rows
+    other = dict(table[0], message="a brand new message nobody sent", reply="and a new reply")
+    b_rows = table[:-1] if adjacency == "add_remove" else [*table[:-1], other]
+
+    def commands(world, cfg, env):
+        return [
+            _run(["budget", cfg], env),
+            _run(["budget", cfg, "--json"], env),
+            _run(["budget", cfg, "--json", "--sweep"], env),
+            _run(["budget", cfg, "--json", "--recommend"], env),
+            _run(["train", cfg, "--signing-key", signing_key[0], "--json"], env),
+            _run(["train", cfg, "--signing-key", signing_key[0]], env),
+        ]
+
+    sections = {
+        "privacy": {"adjacency": adjacency, "accountant": "pld" if adjacency == "replace_one" else "rdp"},
+        "data": {"eval_fraction": 0.2},
+    }
+    a = lambda w: _write(w / "data.csv", columns, table)  # noqa: E731
+    b = lambda w: _write(w / "data.csv", columns, b_rows)  # noqa: E731
+    assert _compare(tmp_path, tiny_model_dir, a, b, commands, **sections) == []
