@@ -30,10 +30,12 @@ def _compare(tmp_path: Path, model: Path, write_a, write_b, commands, **sections
     """Run ``commands(world, contract, env)`` (a list of ``_run`` results) on world A then B in the same folder;
     return the differences of the public surfaces."""
     world, surfaces = tmp_path / "world", []
+    _compare.exits = []  # each world's exit codes, for the held tests to check the commands ran as meant
     for name, write in (("a", write_a), ("b", write_b)):
         world.mkdir()
         cfg = _contract(world, model, write(world), **sections)
         outputs = commands(world, cfg, _env(world))
+        _compare.exits.append([out["exit"] for out in outputs])
         for out in outputs:  # shown when a test fails
             print(name, out["args"][0], "exit", out["exit"], (out["stderr"] + out["stdout"]).strip()[-300:])
         surfaces.append(_surface(world, outputs, Masks(), {}))
@@ -251,6 +253,7 @@ def test_ticket_level_with_data_key_eval_path_auto_batch_and_audit_held(
     a, b = write(lambda r: True), write(lambda r: r["ticket_id"] != heaviest)
     diff = _masked_data_digest(_compare(tmp_path, tiny_model_dir, a, b, commands, **sections))
     print("FILTERED", *diff, sep="\n")
+    assert _compare.exits == [[0] * 6] * 2
     assert diff == []
 
 
@@ -315,3 +318,62 @@ def test_budget_and_train_without_a_declared_n_held(tmp_path, tiny_model_dir, si
     a = lambda w: _write(w / "data.csv", columns, table)  # noqa: E731
     b = lambda w: _write(w / "data.csv", columns, b_rows)  # noqa: E731
     assert _compare(tmp_path, tiny_model_dir, a, b, commands, **sections) == []
+    assert _compare.exits == [[2] * 6] * 2  # every command refused: no counted private N, in either world
+
+
+SMOLLM2_TOKENIZER = Path.home() / ".cache" / "dplora" / "models" / "smollm2-135m-instruct"
+
+
+@pytest.mark.skipif(not (SMOLLM2_TOKENIZER / "tokenizer.json").is_file(), reason="needs the SmolLM2 tokenizer cache")
+def test_one_reply_starting_with_two_spaces_refuses_the_whole_run(tmp_path, signing_key):
+    """Finding: with SmolLM2's own BPE tokenizer and chat template (the packaged model dplora recommends) and
+    ``train_on: assistant``, ONE conversation whose reply starts with two spaces (or two newlines) refuses the
+    whole run with exit 2, "data row N: the chat template is not prefix-stable" — the BPE merges the generation
+    prompt's ``\\n`` with the reply's leading whitespace, so the context's tokens are not a prefix of the full
+    rendering. World B holds such a customer, its neighbour A does not: A releases (exit 0), B is refused, and the
+    job log names the row. Unlike a bad cell (docs/sharp_edges.md, "A refusal that depends on one unit") nothing
+    is wrong with the record, and the message sends the operator to change the template."""
+    import json
+
+    from tiny import tiny_llama
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(SMOLLM2_TOKENIZER)
+    model = tmp_path / "smol-tiny"
+    tiny_llama(vocab_size=len(tokenizer)).save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    source = tmp_path / "conversations.jsonl"
+    write_tickets(source, num_tickets=20, seed=5, record_format="messages")
+    convs = [json.loads(line) for line in source.read_text().splitlines()]
+    odd = {
+        "customer_id": "C-99999",
+        "messages": [
+            {"role": "user", "content": "where is my parcel?"},
+            {"role": "assistant", "content": "  It left our depot today."},
+        ],
+    }
+
+    def write(rows):
+        def make(world):
+            path = world / "data.jsonl"
+            path.write_text("".join(json.dumps({k: r[k] for k in ("customer_id", "messages")}) + "\n" for r in rows))
+            return path
+
+        return make
+
+    def commands(world, cfg, env):
+        return [_run(["train", cfg, "--signing-key", signing_key[0], "--json"], env)]
+
+    sections = {
+        "privacy": {"protected_unit": "user", "unit_key": "customer_id", "num_units": 40},
+        "data": {
+            "prompt_column": None,
+            "response_column": None,
+            "messages_column": "messages",
+            "record_format": "messages",
+            "eval_fraction": None,
+        },
+        "training": {"max_seq_len": 96},
+    }
+    diff = _compare(tmp_path, model, write(convs), write([*convs, odd]), commands, **sections)
+    assert diff == []
