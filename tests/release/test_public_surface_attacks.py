@@ -377,3 +377,45 @@ def test_one_reply_starting_with_two_spaces_refuses_the_whole_run(tmp_path, sign
     }
     diff = _compare(tmp_path, model, write(convs), write([*convs, odd]), commands, **sections)
     assert diff == []
+
+
+def test_the_folder_train_creates_above_the_release_carries_the_end_time(
+    tmp_path, tiny_model_dir, signing_key, rows, monkeypatch
+):
+    """Finding (low): with ``training.output_dir: jobs/run`` dplora creates ``jobs/`` and publishes the release into
+    it at the end (renames of ``run.partial`` → ``run``, ``run.private`` written last): ``jobs/``'s mtime is the
+    run's END, while every file inside carries ``started_at``. A CI job that uploads ``jobs/`` as an artifact (zip
+    and tar keep folder mtimes) publishes end - start, the private run's wall time. The sleep only makes training
+    last past one clock second, as a real run does."""
+    import base64
+    import json
+    import time
+    from datetime import datetime
+
+    from dplora.recipe import train as train_mod
+
+    real = train_mod._train_and_release
+
+    def slow(*args, **kwargs):
+        time.sleep(1.1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(train_mod, "_train_and_release", slow)
+    columns, table = rows
+    world = tmp_path / "world"
+    world.mkdir()
+    cfg = _contract(
+        world,
+        tiny_model_dir,
+        _write(world / "data.csv", columns, table),
+        privacy={"num_units": 100},
+        training={"output_dir": str(world / "jobs" / "run")},
+    )
+    out = _run(["train", cfg, "--signing-key", signing_key[0], "--json"], _env(world))
+    assert out["exit"] == 0, out
+    envelope = json.loads((world / "jobs" / "run" / "release.dsse.json").read_text())
+    started = json.loads(base64.b64decode(envelope["payload"]))["predicate"]["started_at"]
+    start = int(datetime.fromisoformat(started).timestamp())
+    stamps = {p.name: int(p.stat().st_mtime) - start for p in (world / "jobs", world / "jobs" / "run")}
+    print(stamps)
+    assert stamps == {"jobs": 0, "run": 0}
