@@ -419,3 +419,38 @@ def test_the_folder_train_creates_above_the_release_carries_the_end_time(
     stamps = {p.name: int(p.stat().st_mtime) - start for p in (world / "jobs", world / "jobs" / "run")}
     print(stamps)
     assert stamps == {"jobs": 0, "run": 0}
+
+
+def _hexless(out: dict) -> dict:
+    """``out`` with run ids (32 hex digits) and digests (64) in its stdout masked (random per run)."""
+    import re
+
+    return {**out, "stdout": re.sub(r"\b(?:[0-9a-f]{64}|[0-9a-f]{32})\b", "<hex>", out["stdout"])}
+
+
+def test_population_ledger_and_tuning_trial_held(tmp_path, tiny_model_dir, signing_key, rows):
+    """Held (no finding): a ledger population (``ledger set-cap``, ``ledger check``), a release and a tuning-trial
+    charge on it, ``ledger show`` (text and ``--json``) and ``verify``; one row removed."""
+    columns, table = rows
+
+    def commands(world, cfg, env):
+        key, run = signing_key[0], world / "run"
+        cap = ["ledger", "set-cap", "tickets", "--epsilon", "100", "--delta", "1e-3", "--unit", "row"]
+        return [
+            _run([*cap, "--adjacency", "add_remove"], env),
+            _run(["ledger", "check", "tickets", "--epsilon", "8", "--delta", "1e-5"], env),
+            _run(["train", cfg, "--signing-key", key, "--json"], env),
+            _run(["train", cfg, "--signing-key", key, "--tuning-trial", "--overwrite", "--json"], env),
+            _run(["verify", run, "--public-key", signing_key[1], "--json"], env),
+            _hexless(_run(["ledger", "show"], env)),
+            _run(["ledger", "show", "--json"], env),
+        ]
+
+    sections = {"privacy": {"num_units": 100, "population": "tickets"}}
+    a = lambda w: _write(w / "data.csv", columns, table)  # noqa: E731
+    b = lambda w: _write(w / "data.csv", columns, table[:-1])  # noqa: E731
+    diff = _compare(tmp_path, tiny_model_dir, a, b, commands, **sections)
+    assert _compare.exits == [[0] * 7] * 2
+    # the first (overwritten) run's id and record digest are not in any compared file, so not masked: random
+    diff = [d for d in diff if not d.split(": ")[0].endswith(("/run_id", "/record_sha256"))]
+    assert diff == []
