@@ -454,3 +454,30 @@ def test_population_ledger_and_tuning_trial_held(tmp_path, tiny_model_dir, signi
     # the first (overwritten) run's id and record digest are not in any compared file, so not masked: random
     diff = [d for d in diff if not d.split(": ")[0].endswith(("/run_id", "/record_sha256"))]
     assert diff == []
+
+
+def test_audit_attach_leaves_the_release_with_the_attach_time(tmp_path, tiny_model_dir, signing_key, rows):
+    """Finding: ``audit --attach RUN`` re-signs the release's record and rewrites its card, and leaves both (and
+    ``release.sigstore.json``) with the wall-clock mtime of the attach, where every released file must carry the
+    record's ``started_at`` (``fix_mtimes`` is never called after the rewrite). In a CI job that runs ``train``
+    then ``audit --attach``, mtime − started_at = train's wall time + the audit's, both private."""
+    import base64
+    import json
+    from datetime import datetime
+
+    columns, table = rows
+    world = tmp_path / "world"
+    world.mkdir()
+    cfg = _contract(world, tiny_model_dir, _write(world / "data.csv", columns, table), privacy={"num_units": 100})
+    env, key, run = _env(world), signing_key[0], world / "run"
+    assert _run(["train", cfg, "--signing-key", key, "--json"], env)["exit"] == 0
+    audit = ["audit", cfg, "--canaries", "4", "--candidates", "8", "--no-progress", "--threads", "1"]
+    out = _run([*audit, "--attach", run, "--signing-key", key, "--out", world / "audit"], env)
+    assert out["exit"] == 0, out
+    envelope = json.loads((run / "release.dsse.json").read_text())
+    predicate = json.loads(base64.b64decode(envelope["payload"]))["predicate"]
+    assert "audit" in json.dumps(predicate)  # attached
+    start = int(datetime.fromisoformat(predicate["started_at"]).timestamp())
+    stamps = {str(p.relative_to(run)): int(p.stat().st_mtime) - start for p in sorted([run, *run.rglob("*")])}
+    print(stamps)
+    assert {k: v for k, v in stamps.items() if v != 0} == {}
