@@ -481,3 +481,33 @@ def test_audit_attach_leaves_the_release_with_the_attach_time(tmp_path, tiny_mod
     stamps = {str(p.relative_to(run)): int(p.stat().st_mtime) - start for p in sorted([run, *run.rglob("*")])}
     print(stamps)
     assert {k: v for k, v in stamps.items() if v != 0} == {}
+
+
+def test_a_jsonl_group_column_that_only_one_unit_has_decides_the_run(tmp_path, tiny_model_dir, signing_key, rows):
+    """Finding: in jsonl a column exists when ANY record has the key. With ``data.group_column: category`` and a
+    held-out split, world A has one held-out record carrying ``category`` and trains (exit 0); its neighbour B
+    lacks that record, so the held-out table has no such column and ``train`` refuses (exit 2, "the held-out data
+    has no column 'category' (the group column)"). Whether a release exists depends on one unit's keys; the
+    contract's declared public label does not make the column's presence public."""
+    import json
+
+    columns, table = rows
+    held = _held_out_rows(columns, table, 0.2)
+
+    def write(keep):
+        def make(world):
+            path = world / "data.jsonl"
+            lines = [dict(r, category="billing") if i == held[0] else dict(r) for i, r in enumerate(table)]
+            path.write_text("".join(json.dumps(r) + "\n" for i, r in enumerate(lines) if keep(i)))
+            return path
+
+        return make
+
+    def commands(world, cfg, env):
+        return [_run(["train", cfg, "--signing-key", signing_key[0], "--json"], env)]
+
+    sections = {"privacy": {"num_units": 100}, "data": {"eval_fraction": 0.2, "group_column": "category"}}
+    diff = _compare(
+        tmp_path, tiny_model_dir, write(lambda i: True), write(lambda i: i != held[0]), commands, **sections
+    )
+    assert diff == []
