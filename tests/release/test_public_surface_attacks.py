@@ -511,3 +511,29 @@ def test_a_jsonl_group_column_that_only_one_unit_has_decides_the_run(tmp_path, t
         tmp_path, tiny_model_dir, write(lambda i: True), write(lambda i: i != held[0]), commands, **sections
     )
     assert diff == []
+
+
+def test_resume_after_a_kill_held(tmp_path, tiny_model_dir, signing_key, rows):
+    """Held (no finding): ``train`` SIGKILLed after step 2 of 3 (``$DPLORA_TEST_FAULT``, a real process), then
+    ``train --resume --json`` and ``ledger show``; one row removed. The resumed release and its job log match."""
+    import os
+    import subprocess
+    import sys
+
+    columns, table = rows
+
+    def commands(world, cfg, env):
+        run = dict(os.environ, **env, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+        train = [sys.executable, "-m", "dplora", "train", str(cfg), "--signing-key", str(signing_key[0]), "--json"]
+        outs = []
+        for extra, fault in (([], "after-step:2"), (["--resume"], "")):
+            p = subprocess.run([*train, *extra], env=dict(run, DPLORA_TEST_FAULT=fault), capture_output=True, text=True)
+            outs.append({"args": [*train[3:], *extra], "exit": p.returncode, "stdout": p.stdout, "stderr": p.stderr})
+        return [*outs, _hexless(_run(["ledger", "show"], env))]
+
+    sections = {"privacy": {"num_units": 100}, "training": {"checkpoint_every": 1}}
+    a = lambda w: _write(w / "data.csv", columns, table)  # noqa: E731
+    b = lambda w: _write(w / "data.csv", columns, table[:-1])  # noqa: E731
+    diff = _compare(tmp_path, tiny_model_dir, a, b, commands, **sections)
+    assert _compare.exits == [[-9, 0, 0]] * 2
+    assert diff == []
