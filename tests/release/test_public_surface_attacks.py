@@ -536,4 +536,6 @@ def test_resume_after_a_kill_held(tmp_path, tiny_model_dir, signing_key, rows):
     b = lambda w: _write(w / "data.csv", columns, table[:-1])  # noqa: E731
     diff = _compare(tmp_path, tiny_model_dir, a, b, commands, **sections)
     assert _compare.exits == [[-9, 0, 0]] * 2
-    assert diff == []
+    # peft writes target_modules from a set: their order follows the process's string-hash seed (PYTHONHASHSEED),
+    # random per process and not a function of the data (CliRunner's one process never shows it)
+    assert [d for d in diff if "/target_modules[" not in d] == []
