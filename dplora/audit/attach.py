@@ -13,7 +13,7 @@ Design (README "Attaching an audit to a release"):
   audit's report.
 - A non-private baseline (``privacy.enabled: false``) is never attached: its numbers never go into a signed record.
 - The section holds the audit's numbers, the data it trained on and its ledger charge, the sha256 of
-  ``audit.json``, the dplora version and the UTC time. The record is the release's predicate plus that section,
+  ``audit.json``, the dplora version and the UTC date. The record is the release's predicate plus that section,
   signed again by :func:`dplora.release.envelope.write_release` with the same artifacts; the envelope and bundle are
   replaced so that the old record stays valid until the new one is in place (see there).
 """
@@ -173,7 +173,8 @@ def audit_section(report: dict, report_sha256: str, data_files: list[str]) -> di
         "audit_run_id": report["run_id"],
         "report": {"file": "audit.json", "sha256": report_sha256},
         "dplora_version": dplora.__version__,
-        "attached_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        # the date only: the attach's time minus the release's start would time the private runs (issue 40)
+        "attached_on": dt.datetime.now(dt.timezone.utc).date().isoformat(),
     }
 
 
@@ -331,7 +332,7 @@ def summary_line(section: dict) -> str:
         f"({section.get('inserted')} inserted), {section.get('correct')}/{section.get('guesses')} guesses correct; "
         f"MIA AUC {num(section.get('mia_auc'))}; exposure {num(section.get('exposure_inserted_mean'), '.2f')} bits "
         f"(held out {num(section.get('exposure_held_out_mean'), '.2f')}); data: {data.get('source')}; {charge}; "
-        f"attached {section.get('attached_at')}"
+        f"attached {section.get('attached_on') or section.get('attached_at')}"
     )
 
 

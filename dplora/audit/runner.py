@@ -115,7 +115,20 @@ def run_audit(contract, options: AuditOptions, *, audit_dir: Path, train_kwargs:
     atomic.write_text(audit_dir / SUMMARY_FILENAME, summary_markdown(report))
     if options.plot:
         _plot(audit_dir / PLOT_FILENAME, drawn, measured["score"])
+    _stamp_reports(audit_dir, result)
     return report
+
+
+def _stamp_reports(audit_dir: Path, result) -> None:
+    """The audit's report files carry its run's ``started_at`` (taken before the data was read), not the time they
+    were written: that would time the private audit run (issue 40)."""
+    from dplora.release.read import read_statement
+    from dplora.run.outputs import fix_mtimes
+
+    statement = read_statement(Path(result.release_path)) if result.release_path else None
+    started = (statement or {}).get("predicate", {}).get("started_at")
+    if started:
+        fix_mtimes(audit_dir, started)  # the reports, the audit run's folders and the audit folder itself
 
 
 def _score(run_folder: Path, contract, drawn, options: AuditOptions, threads, log) -> dict:

@@ -143,8 +143,11 @@ def sweep(
         )
         if select_by is SelectBy.DEMO:
             log("note: no --eval-public FILE: trials are compared on demo tickets (public by construction)")
+        from dplora.surface import PREFIX, echo_private
+
+        private_log = (lambda m: log(PREFIX + m)) if echo_private(as_json=as_json) else None
         with contextlib.redirect_stdout(sys.stderr):
-            result = run_sweep(config, grid or [], options, log=log)
+            result = run_sweep(config, grid or [], options, log=log, private_log=private_log)
     except DploraError as err:
         raise fail(err, as_json=as_json) from None
     _report(result, as_json=as_json)

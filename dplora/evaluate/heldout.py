@@ -189,11 +189,19 @@ def _exact_match_rows(model, tokenizer, table, contract: Contract, device) -> li
     from dplora.evaluate.generate import MAX_NEW_TOKENS, Sampling, generate_replies
 
     prompts = [str(p) for p in table[contract.data.prompt_column]]
-    labels = [str(x).strip() for x in table[contract.data.label_column]]
+    label = contract.data.label_column
+    cells = table[label] if label in table.column_names else [None] * table.num_rows  # jsonl: no record has it
+    labels = ["" if x is None else str(x).strip() for x in cells]
     longest = max(len(ids) for ids in tokenize_cells(tokenizer, labels, contract.training.max_seq_len))
     sampling = Sampling(max_new_tokens=min(longest + 2, MAX_NEW_TOKENS))
     replies = generate_replies(model, tokenizer, prompts, contract=contract, sampling=sampling, device=device)
     return [r.strip() == y for r, y in zip(replies, labels, strict=True)]
+
+
+class HeldOutDataProblem(BadInputError):
+    """A held-out set that cannot be evaluated because of what its RECORDS hold (none, or no target token left),
+    not because of its schema: on a private set, a statistic of the private data (``train`` then skips the
+    evaluation instead of refusing; see :func:`dplora.recipe.build`)."""
 
 
 def check_held_out(table, tokenizer, contract: Contract, group_column: str | None = None) -> None:
@@ -201,18 +209,30 @@ def check_held_out(table, tokenizer, contract: Contract, group_column: str | Non
     no group column (``group_column``, else ``data.group_column``).
 
     Raises:
-        BadInputError: naming the problem (never a record's text).
+        HeldOutDataProblem: no record, or no target token (a fact about the records).
+        BadInputError: a label or group column missing from a csv header or parquet schema (a schema fact),
+            naming the problem (never a record's text).
     """
     from dplora.data.units import tokenize_records
 
+    if table.num_rows == 0:
+        raise HeldOutDataProblem("the held-out set is empty (no unit fell on the held-out side of data.eval_fraction)")
     if not any(y != -100 for _, labels in tokenize_records(table, tokenizer, contract) for y in labels):
-        raise BadInputError("the held-out set has no target token (every reply was truncated away?)")
+        raise HeldOutDataProblem("the held-out set has no target token (every reply was truncated away?)")
     label = contract.data.label_column
-    if label is not None and label not in table.column_names:
+    if label is not None and label not in table.column_names and _schema_is_public(contract):
         raise BadInputError(f"the held-out data has no column {label!r} (data.label_column)")
     group = group_column or contract.data.group_column
-    if group is not None and group not in table.column_names:
+    if group is not None and group not in table.column_names and _schema_is_public(contract):
         raise BadInputError(f"the held-out data has no column {excerpt(group)} (the group column)")
+
+
+def _schema_is_public(contract: Contract) -> bool:
+    """A missing column is a schema fact only where the columns do not depend on the records: a csv header or a
+    parquet schema. In jsonl a column exists when ANY record has the key, so its absence is a statistic of the
+    records: there a missing label or group column reads as empty cells, never a refusal (issue 40)."""
+    path = contract.data.eval_path or contract.data.path
+    return contract.data.format in ("csv", "parquet") or str(path).lower().endswith((".csv", ".parquet"))
 
 
 def evaluate_model(
@@ -283,8 +303,10 @@ def evaluate_model(
         accuracy = {"column": contract.data.label_column, "records": table.num_rows}
         accuracy |= {m: sum(rows[m][2]) / len(rows[m][2]) for m in ("base", "adapter")}
     if group_column is not None:
-        # an empty cell is one more group: never a refusal (an exit code that read private cells would be private)
-        values = ["(empty)" if v is None else v for v in table[group_column]]
+        # an empty cell is one more group: never a refusal (an exit code that read private cells would be private);
+        # a jsonl column no held-out record has is all empty cells
+        cells = table[group_column] if group_column in table.column_names else [None] * table.num_rows
+        values = ["(empty)" if v is None else v for v in cells]
         groups = {"column": group_column}
         for m in ("base", "adapter"):
             groups[m], groups["hidden"] = group_stats(values, *rows[m])

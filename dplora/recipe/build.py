@@ -127,9 +127,18 @@ def _build(
         entry = base_model_entry(contract.model, io.log)
         distributed.check_same_inputs(io.world, distributed.model_digests(entry, examples, named))
     if held_out is not None:  # before training, not after it
-        from dplora.evaluate.heldout import check_held_out
+        from dplora.evaluate.heldout import HeldOutDataProblem, check_held_out
 
-        check_held_out(held_out, tokenizer, contract)
+        try:
+            check_held_out(held_out, tokenizer, contract)
+        except HeldOutDataProblem as err:
+            if contract.data.eval_public:  # a public file: its problem is public, refuse before training
+                raise
+            # A private held-out set that cannot be evaluated (no unit fell on the held-out side, every reply cut
+            # away) must not decide whether the run releases: that would make the exit code a statistic of the
+            # private data (issue 40). Train and release; skip the evaluation, and say why privately.
+            io.private(f"held-out evaluation skipped: {err}")
+            held_out = None
     if not named:
         raise BadInputError("no trainable parameters: check lora.target_modules")
     with _Stage("setting up per-sample gradients", device):

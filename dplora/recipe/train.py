@@ -192,6 +192,8 @@ def run_training(
             lock.close()
         if bad_input:  # bad input writes nothing: not even the folders above the output
             outputs.remove_empty_folders(created)
+        elif created:  # the folders this run made above the output carry the record's start, never the end
+            outputs.stamp_folders(created, started_at)
         distributed.finish(world)
 
 

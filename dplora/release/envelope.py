@@ -212,6 +212,10 @@ def write_release(*, output_dir: Path, record: dict, artifact_files: list[Path],
         private_key: The Ed25519 signing key.
     Returns:
         The path of the written envelope.
+    Every file and folder under ``output_dir`` then gets the record's ``started_at`` as its mtime (taken before
+    the data was read): a re-signed record (``audit --attach``, a sweep's release) must not carry the time it was
+    signed, which times the private run (issue 40).
+
     Raises:
         BadInputError: If no artifact is given, one is missing or outside ``output_dir``, or bad JSON.
         OSError: If a file cannot be written (the previous files, if any, are restored).
@@ -238,6 +242,10 @@ def write_release(*, output_dir: Path, record: dict, artifact_files: list[Path],
         for tmp, target in temps:
             os.replace(tmp, target)
         atomic.fsync_dir(root)
+        if record.get("started_at"):  # every released file carries the record's start, never the signing time
+            from dplora.run.outputs import fix_mtimes
+
+            fix_mtimes(root, record["started_at"])
     except BaseException:
         for tmp, target in temps:
             tmp.unlink(missing_ok=True)

@@ -46,6 +46,13 @@ def resolve_run_folder(target: Path, overrides: list[str] | None = None) -> Path
     raise BadInputError(f"{target}: no such run folder or contract file")
 
 
+def read_statement(envelope_path: Path) -> dict | None:
+    """The in-toto statement inside ``envelope_path`` (``release.dsse.json``), read WITHOUT verifying its
+    signature: for metadata only (e.g. the record's ``started_at``), never for a trust decision. None if unreadable.
+    """
+    return _statement(envelope_path)
+
+
 def _statement(envelope_path: Path) -> dict | None:
     """The release's in-toto statement, read without verifying the signature (None if unreadable)."""
     try:

@@ -191,6 +191,21 @@ def missing_parents(out: Path) -> list[Path]:
     return missing
 
 
+def stamp_folders(folders: list[Path], when: str) -> None:
+    """Set the mtime of each existing folder in ``folders`` (not their contents) to ``when`` (ISO 8601).
+
+    The folders a run created above its output (:func:`missing_parents`) change when the release, the private and
+    tracking folders and the lock come and go, so their real mtime is the run's end (issue 40); ``when`` is the
+    record's ``started_at``. A folder that existed before the run is the user's and is left alone.
+    """
+    import datetime as dt
+
+    stamp = dt.datetime.fromisoformat(when).timestamp()
+    for folder in folders:
+        if folder.is_dir():
+            os.utime(folder, (stamp, stamp))
+
+
 def remove_empty_folders(folders: list[Path]) -> None:
     """Remove each folder if it is empty, deepest first; never a folder that holds anything."""
     for folder in folders:

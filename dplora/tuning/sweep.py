@@ -246,13 +246,17 @@ def _evaluate(result, table, source: str, public: bool, options: SweepOptions, l
     )
 
 
-def run_sweep(config: Path, args: list[str], options: SweepOptions, *, log=print) -> SweepResult:
+def run_sweep(config: Path, args: list[str], options: SweepOptions, *, log=print, private_log=None) -> SweepResult:
     """Run the grid, charge every trial, pick by held-out loss and sign one release stating the composed ε.
 
     Args:
         config: the contract file.
         args: ``KEY=VALUE`` (every trial) and ``KEY=V1,V2,...`` (an axis of the grid) arguments.
         options: :class:`SweepOptions`.
+        log: the public log (stderr; a CI job publishes it).
+        private_log: where each trial's loss on a PRIVATE selection set goes (an interactive operator's terminal),
+            or None to keep it in ``<out_dir>.private/sweep.json`` only: such a loss is a statistic of the private
+            data that no accountant charges (issue 40). Losses on a public set go to ``log``.
 
     Returns:
         :class:`SweepResult`.
@@ -306,8 +310,15 @@ def run_sweep(config: Path, args: list[str], options: SweepOptions, *, log=print
             done.append(result.output_dir)
             evaluation = _evaluate(result, table, source, public, options, log)
             results.append((trial, result, evaluation))
-            label = "" if public else " (NOT COVERED BY DP: private evaluation set)"
-            log(f"sweep: trial {i}: ε={result.epsilon_spent:.4f}, held-out loss {evaluation.adapter.loss:.4f}{label}")
+            if public:
+                log(f"sweep: trial {i}: ε={result.epsilon_spent:.4f}, held-out loss {evaluation.adapter.loss:.4f}")
+            else:
+                log(f"sweep: trial {i}: ε={result.epsilon_spent:.4f}")
+                if private_log is not None:
+                    private_log(
+                        f"sweep: trial {i}: held-out loss {evaluation.adapter.loss:.4f} "
+                        "(NOT COVERED BY DP: private evaluation set)"
+                    )
         chosen = min(range(len(results)), key=lambda k: results[k][2].adapter.loss)
         tuning = tuning_entry(results, chosen, source=source, public=public, adjacency=contracts[0].privacy.adjacency)
         release_dir = _release(results[chosen][1], tuning, private_key, options, trial_pub)
@@ -322,8 +333,18 @@ def run_sweep(config: Path, args: list[str], options: SweepOptions, *, log=print
         if k != chosen:
             shutil.rmtree(folder, ignore_errors=True)
             shutil.rmtree(outputs.private_path(folder), ignore_errors=True)
-    summary = _summary(results, chosen, tuning, release_dir)
+    summary, private = _summary(results, chosen, tuning, release_dir)
+    if private is not None:  # losses on private data: the sweep's private folder, never beside the release
+        folder = outputs.private_path(out_dir)
+        folder.mkdir(exist_ok=True)
+        atomic.write_json(folder / SUMMARY_FILENAME, private, sort_keys=False)
     atomic.write_json(out_dir / SUMMARY_FILENAME, summary, sort_keys=False)
+    from dplora.release.read import read_statement
+
+    started = (read_statement(release_dir / release.RELEASE_FILENAME) or {}).get("predicate", {}).get("started_at")
+    if started:  # the summary carries the chosen release's start, not the time the sweep ended
+        outputs.fix_mtimes(out_dir / SUMMARY_FILENAME, started)
+        outputs.stamp_folders([out_dir], started)
     return SweepResult(release_dir=release_dir, tuning=tuning, summary=summary)
 
 
@@ -395,15 +416,22 @@ def _release(result, tuning: dict, private_key, options: SweepOptions, trial_pub
     return folder
 
 
-def _summary(results, chosen: int, tuning: dict, release_dir: Path) -> dict:
-    """``sweep.json``: the tuning entry, the release folder, and (labelled) private losses when not public."""
+def _summary(results, chosen: int, tuning: dict, release_dir: Path) -> tuple[dict, dict | None]:
+    """(``sweep.json``: the tuning entry and the release folder; the private summary, or None on a public set).
+
+    Losses on a public selection set are public (in the tuning entry); on a private set they go to the private
+    summary only (``<out_dir>.private/sweep.json``), labelled NOT covered by DP.
+    """
     summary = {"release": str(release_dir), "tuning": tuning}
-    if not tuning["covered"]:
-        summary["not_covered_by_dp"] = {
+    if tuning["covered"]:
+        return summary, None  # the public losses are in the signed tuning entry (per_trial)
+    private = {
+        "not_covered_by_dp": {
             "held_out_loss": [e.adapter.loss for _, _, e in results],
-            "note": "losses on a private evaluation set; never in the signed record",
+            "note": "losses on a private evaluation set: computed on private data, NOT covered by DP; never publish",
         }
-    return summary
+    }
+    return summary, private
 
 
 def tuning_claim(predicate: dict) -> str | None:

@@ -64,7 +64,7 @@ def test_attach_signs_the_audit_into_the_record_and_verify_shows_it(tmp_path, ti
     assert section["ledger"]["charged"] is True and section["ledger"]["unassigned"] is True  # every DP run is charged
     assert section["ledger"]["population"] is None and section["audit_run_id"] == report["run_id"]
     assert section["report"]["sha256"] == hashlib.sha256(report_path.read_bytes()).hexdigest()
-    assert dt.datetime.fromisoformat(section["attached_at"]).tzinfo is not None
+    assert dt.date.fromisoformat(section["attached_on"]) == dt.datetime.now(dt.timezone.utc).date()  # a date, no time
     assert "per_canary" not in section  # the section carries no secrets and no per-canary scores
 
     pub = str(signing_key[1])

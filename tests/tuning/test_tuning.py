@@ -164,7 +164,9 @@ def test_sweep_chosen_on_private_data_is_marked_not_covered(tmp_path, tiny_model
     assert tuning["covered"] is False and tuning["statement"].startswith("NOT COVERED")
     assert tuning["selection"]["eval_set"] == "private" and "evaluation" not in tuning["selection"]
     assert all("held_out_loss" not in t for t in tuning["per_trial"])
-    assert "not_covered_by_dp" in json.loads((out / "sweep.json").read_text())
+    assert "not_covered_by_dp" not in json.loads((out / "sweep.json").read_text())  # public, beside the release
+    private = json.loads((out.with_name(out.name + ".private") / "sweep.json").read_text())
+    assert len(private["not_covered_by_dp"]["held_out_loss"]) == tuning["trials"]
     check = runner.invoke(app, ["verify", str(release_dir), "--public-key", str(signing_key[1])])
     assert check.exit_code == 0 and "NOT COVERED: chosen on private data" in check.stdout
 
