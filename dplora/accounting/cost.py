@@ -10,15 +10,24 @@ is the grid size, and it can be known before the call from q, σ, T, δ and the 
   Opacus also refuses when ``eps(longdouble) · size > δ - δ_err`` (floating point would dominate): checked here.
 - **PLD**: dp_accounting builds one step's privacy-loss pmf over the loss range of the truncated Gaussian
   (``connect_dots_bounds``, exact and cheap), point by point, then self-composes it T times by FFT over a range
-  it truncates with a Chernoff bound at tail mass 1e-15. :func:`pld_grid_points` counts the one-step points
+  it truncates with a Chernoff bound at tail mass 1e-15. :func:`pld_seconds` counts the one-step points
   (exact) and an estimate of the composed range, ``3 · (one-step range + ε_RDP(T, 1e-15))``, which covered
   the composed range (1.4-20x over) on every setting measured (``tests/accounting/test_accounting_range.py``). Its
   truncated mass (1e-15) makes ε = ∞ for δ near 1e-15: PLD is used only for δ ≥ ``PLD_MIN_DELTA``.
 
-Costs are in work units of about one PRV grid point each (~1 µs and ~80 bytes): measured on the 2-core reference
-machine, a one-step PLD point costs about 10 (one privacy-loss evaluation each) and a composed PLD point about
-0.5 of the estimate. Past ``MAX_GRID_POINTS`` units the accountant is not called: the plan uses RDP (add/remove)
-or refuses (replace-one). The rule is deterministic: σ never depends on how fast the machine is.
+Costs: PRV in work units of about one PRV grid point each (~1 µs and ~80 bytes); past ``MAX_GRID_POINTS`` units
+PRV is not called. PLD in seconds of dp_accounting's own time, from a cost model fitted to measurements on the
+2-core reference machine (2026-12-03, dp-accounting 0.6.0, one ``PLDAccountant`` ε per case, the machine shared
+with one other job): 33 cases, every PLD case of the project's accountant tests and of ``../shared/cases``
+(A1-A10, F6-F8: 0.05-3.4 s), the two issue-41 cases (q 0.2, σ 0.5, T 3: 3.5 s add/remove, 4.8 s replace-one;
+q 0.01, σ 0.35, T 120: 4.8 s, 6.1 s) and larger ones (q 0.05, σ 0.4, T 3000: 7.2 s; q 0.1, σ 0.3, T 1000:
+12.9 s). Least squares on the relative error gave 6.6 µs per point of each one-step pmf (add/remove; one
+privacy-loss evaluation each), 10.1 µs per point of the replace-one pmf, and 0.19 µs per point of the
+composed-range estimate per pmf; measured/predicted lay in 0.73-1.38 on all 33. Past ``PLD_MAX_SECONDS`` = 15
+predicted seconds (at most ~21 s measured at that spread; every case measured under 10 s predicts under 13.7 s)
+PLD is not called: the plan uses RDP (add/remove) or refuses (replace-one). The rule is deterministic: σ never
+depends on how fast the machine is. (Until issue 41.5 the PLD limit was 2^22 work units with guessed weights, about
+3-5 s here: it refused the issue's cases.)
 
 Events with a closed form take the exact route and have no grid cost: q = 1 (the Gaussian mechanism, sensitivity C
 under add/remove and 2C under replace-one: the analytic Gaussian mechanism of Balle & Wang 2018) and a single step
@@ -36,11 +45,14 @@ import numpy as np
 from dplora.accounting.backends import has_exact_route, prv_domain, rdp_epsilons
 from dplora.accounting.events import Accountant, Adjacency, DpSgdEvent
 
-# One accountant evaluation may cost at most this many work units: about 2-4 s on one core of the reference
-# machine (2-4 s idle/loaded) and under 0.5 GB (PRV: ~80 bytes per grid point).
+# One PRV evaluation may cost at most this many work units: about 2-4 s on one core of the reference machine
+# and under 0.5 GB (~80 bytes per grid point). PLD has its own measured limit, PLD_MAX_SECONDS.
 MAX_GRID_POINTS = 2**22
-PLD_STEP_POINT_WEIGHT = 10.0  # a one-step PLD point: one privacy-loss evaluation (~10 µs, measured)
-PLD_COMPOSED_WEIGHT = 0.5  # a point of the composed-range estimate (FFT; the estimate runs 1.4-20x high)
+# PLD's cost model, in seconds of dp_accounting's own time on the reference machine (measured: module docstring)
+PLD_STEP_POINT_SECONDS = 6.6e-6  # a point of an add/remove one-step pmf: one privacy-loss evaluation
+PLD_REPLACE_STEP_POINT_SECONDS = 1.01e-5  # a point of the replace-one one-step pmf
+PLD_COMPOSED_POINT_SECONDS = 1.9e-7  # a point of the composed-range estimate, per pmf (FFT; the estimate runs high)
+PLD_MAX_SECONDS = 15.0  # predicted; measured/predicted 0.73-1.38, so every case measured under 10 s is answered
 PLD_TAIL_MASS = 1e-15  # dp_accounting's self_compose(tail_mass_truncation=1e-15), counted as infinite loss
 PLD_MIN_DELTA = 100 * PLD_TAIL_MASS  # the truncated mass then moves δ by at most 1 %
 PLD_COMPOSED_FACTOR = 3.0
@@ -69,7 +81,7 @@ class Tolerance:
 
     def key(self) -> str:
         """A stable string for cache keys."""
-        return f"{self.eps_error!r}/{self.pld_interval!r}/{MAX_GRID_POINTS}"
+        return f"{self.eps_error!r}/{self.pld_interval!r}/{MAX_GRID_POINTS}/{PLD_MAX_SECONDS!r}"
 
 
 def tolerance_for(target_epsilon: float | None) -> Tolerance:
@@ -109,17 +121,28 @@ def pld_step_range(event: DpSgdEvent) -> float:
     return width
 
 
-def pld_grid_points(event: DpSgdEvent, interval: float) -> float:
-    """Estimated work of one PLD evaluation of ``event``, in work units (see the module docstring)."""
+def pld_seconds(event: DpSgdEvent, interval: float) -> float:
+    """Predicted seconds of one PLD evaluation of ``event`` on the reference machine (see the module docstring).
+
+    Args:
+        event: the T-step event (``event.steps`` the largest step count asked for).
+        interval: the value discretisation interval, ε units.
+
+    Returns:
+        Seconds (∞ when one step's loss range is unbounded): one-step pmf points × their measured cost plus
+        composed-range estimate points × theirs.
+    """
     one_step = pld_step_range(event)
     if not math.isfinite(one_step):
         return math.inf
     tail = _rdp_eps(event, max(event.steps, 1), PLD_TAIL_MASS)
-    if event.adjacency is Adjacency.REPLACE_ONE:
+    replace = event.adjacency is Adjacency.REPLACE_ONE
+    if replace:
         tail *= 2.0  # a replacement is a removal and an addition (group privacy of size 2)
     composed = min(event.steps * one_step, PLD_COMPOSED_FACTOR * (one_step + tail)) / interval
-    pmfs = 1 if event.adjacency is Adjacency.REPLACE_ONE or event.sample_rate == 1.0 else 2
-    return pmfs * (PLD_STEP_POINT_WEIGHT * one_step / interval + PLD_COMPOSED_WEIGHT * composed)
+    pmfs = 1 if replace or event.sample_rate == 1.0 else 2
+    step_cost = PLD_REPLACE_STEP_POINT_SECONDS if replace else PLD_STEP_POINT_SECONDS
+    return pmfs * (step_cost * one_step / interval + PLD_COMPOSED_POINT_SECONDS * composed)
 
 
 def out_of_range(accountant: Accountant, event: DpSgdEvent, delta: float, tolerance: Tolerance) -> str | None:
@@ -141,7 +164,10 @@ def out_of_range(accountant: Accountant, event: DpSgdEvent, delta: float, tolera
         return None  # q = 1 or T = 1: dp_accounting's closed form, no grid (backends.exact_epsilon)
     if delta < PLD_MIN_DELTA:
         return f"δ={delta:g} is below PLD's range (δ ≥ {PLD_MIN_DELTA:g}; it truncates mass {PLD_TAIL_MASS:g})"
-    points = pld_grid_points(event, tolerance.pld_interval)
-    if points > MAX_GRID_POINTS:
-        return f"PLD would cost {points:.3g} work units (limit {MAX_GRID_POINTS:.3g}, see docs/sharp_edges.md)"
+    seconds = pld_seconds(event, tolerance.pld_interval)
+    if seconds > PLD_MAX_SECONDS:
+        return (
+            f"PLD would take about {seconds:.3g} s per evaluation (limit {PLD_MAX_SECONDS:g} s on the reference "
+            "machine, see docs/sharp_edges.md)"
+        )
     return None

@@ -207,7 +207,9 @@ def attach(target: AttachTarget, section: dict) -> Path:
     card = target.folder / "adapter" / "README.md"
     old_card = card.read_bytes() if card.is_file() else None
     _rewrite_card(target.folder, record)  # the card states the composed claim too; it is re-signed below
-    artifacts = [target.folder / s["name"] for s in target.statement["subject"]]
+    # subject names are relative to the release folder, and write_release resolves them against it: joined to a
+    # relative --attach folder they would be resolved twice ("artifact run/adapter/README.md is missing")
+    artifacts = [Path(s["name"]) for s in target.statement["subject"]]
     try:
         return write_release(
             output_dir=target.folder, record=record, artifact_files=artifacts, private_key=target.private_key

@@ -12,7 +12,8 @@ templating docs ("prefix" / ``add_generation_prompt``).
 Truncation (``training.max_seq_len`` tokens): whole turns are kept from the start and later ones dropped; the first
 user turn's content is cut at the token level when the context before the first reply leaves that reply fewer than
 ``min(its tokens + 2, max_seq_len // 2)`` tokens (as the raw prompt/response rule, where the prompt keeps at most
-half); the assistant turn that does not fit whole is cut at the token
+half), and if that is not enough the system turn is cut too (the record's own, or the template's default one, then
+written as an explicit system turn with its content cut); the assistant turn that does not fit whole is cut at the token
 level (``train_on: all``: whichever turn does not fit). A record left with no target token is kept with no target
 (loss 0, zero gradient): dropped from the loss by a rule that looks at that record alone, never refused. Every
 message's content is cut to :func:`dplora.data.cells.cell_char_bound` characters before rendering.
@@ -171,6 +172,80 @@ class ChatEncoder:
             "masked; set data.train_on=all or use another template"
         )
 
+    def _fit_first_reply(self, msgs: list[dict], row: int) -> tuple[list[dict], bool]:
+        """Cut the context before the first reply so that it keeps ``min(its tokens + 2, max_seq_len // 2)`` tokens.
+
+        The first user turn followed by an assistant turn (none before it) is cut first, at the token level; if the
+        context is still too long, the system turn before it is cut too: the record's own, or the template's
+        default one (found by :meth:`_default_system`), which is then written as an explicit system turn with its
+        content cut (the same rendering, fewer tokens). Returns (turns, whether anything was cut).
+        """
+        max_len = self.max_len
+        first = next(
+            (
+                i
+                for i in range(len(msgs) - 1)
+                if msgs[i]["role"] == "user"
+                and msgs[i + 1]["role"] == "assistant"
+                and all(m["role"] != "assistant" for m in msgs[:i])
+            ),
+            None,
+        )
+        if first is None:
+            return msgs, False
+        reply_len = len(tokenize_cells(self.tokenizer, [msgs[first + 1]["content"]], max_len)[0]) + 2
+        allowed = max_len - min(reply_len, max_len // 2)
+        cut = False
+        candidates = [first] + [j for j in range(first) if msgs[j]["role"] == "system"][:1]
+        for j in candidates:
+            excess = len(self._render(msgs[: first + 1], True, row)) - allowed
+            if excess <= 0:
+                break
+            content = tokenize_cells(self.tokenizer, [msgs[j]["content"]], max_len)[0]
+            keep = max(len(content) - excess, 0)
+            msgs[j] = {"role": msgs[j]["role"], "content": self.tokenizer.decode(content[:keep])}
+            self.stats.tokens_cut += len(content) - keep
+            cut = True
+        excess = len(self._render(msgs[: first + 1], True, row)) - allowed
+        default = self._default_system(msgs[: first + 1], row) if excess > 0 and msgs[0]["role"] != "system" else None
+        if default is not None:  # the template's own system turn, cut like the record's own
+            content = self.tokenizer(default, add_special_tokens=False)["input_ids"]
+            keep = max(len(content) - excess, 0)
+            msgs = [{"role": "system", "content": self.tokenizer.decode(content[:keep])}] + msgs
+            self.stats.tokens_cut += len(content) - keep
+            cut = True
+        return msgs, cut
+
+    def _default_system(self, msgs: list[dict], row: int) -> str | None:
+        """The content of the system turn the template adds to ``msgs`` (which have none), or None.
+
+        Found by rendering with an explicit system turn holding a marker: the text around the marker must frame
+        the default rendering, and an explicit system turn with the content found must render exactly as the
+        default does (else None: the template's preamble is not a system turn and is never cut).
+        """
+
+        def text(turns: list[dict]) -> str:
+            return self.tokenizer.apply_chat_template(
+                turns, chat_template=self.template, tokenize=False, add_generation_prompt=True
+            )
+
+        marker = "\u2063dplora-system-marker\u2063"
+        try:
+            plain, marked = text(msgs), text([{"role": "system", "content": marker}] + msgs)
+        except Exception:  # a template that refuses an explicit system turn: nothing to cut
+            return None
+        before, found, after = marked.partition(marker)
+        if not found or len(plain) <= len(before) + len(after):
+            return None
+        if not (plain.startswith(before) and plain.endswith(after)):
+            return None
+        default = plain[len(before) : len(plain) - len(after)]
+        try:
+            same = text([{"role": "system", "content": default}] + msgs) == plain
+        except Exception:
+            return None
+        return default if same else None
+
     def encode(self, messages: list[dict], row: int = 0) -> tuple[list[int], list[int]]:
         """(input_ids, labels) of one conversation, each of length ≤ ``max_seq_len``; labels −100 off target.
 
@@ -189,27 +264,17 @@ class ChatEncoder:
         ids: list[int] = []
         labels: list[int] = []
         prev: list[int] = []
-        seen_reply = cut = False
+        cut = False
+        if self.train_on == "assistant":
+            msgs, cut = self._fit_first_reply(msgs, row)
         for i, message in enumerate(msgs):
             reply = message["role"] == "assistant"
-            first_prompt = not seen_reply and message["role"] == "user" and msgs[i + 1 : i + 2] != []
-            if first_prompt and msgs[i + 1]["role"] == "assistant" and self.train_on == "assistant":
-                context = self._render(msgs[: i + 1], True, row)
-                reply_len = len(tokenize_cells(self.tokenizer, [msgs[i + 1]["content"]], max_len)[0]) + 2
-                allowed = max_len - min(reply_len, max_len // 2)
-                if len(context) > allowed:  # the first reply keeps up to half: cut this turn's content
-                    content = tokenize_cells(self.tokenizer, [message["content"]], max_len)[0]
-                    keep = max(len(content) - (len(context) - allowed), 0)
-                    msgs[i] = {"role": "user", "content": self.tokenizer.decode(content[:keep])}
-                    self.stats.tokens_cut += len(content) - keep
-                    cut = True
             if reply and self.train_on == "assistant":
                 context = self._render(msgs[:i], True, row)
                 full = self._render(msgs[: i + 1], False, row)
                 if context[: len(prev)] != prev or full[: len(context)] != context:
                     raise self._prefix_error(row)
                 head, target = context[len(prev) :], full[len(context) :]
-                seen_reply = True
             else:
                 full = self._render(msgs[: i + 1], False, row)
                 if full[: len(prev)] != prev:

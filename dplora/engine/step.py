@@ -316,7 +316,8 @@ def probe_per_sample_gradients(
     The batch is built on the parameters' device. With the fast path (``dp_opt.flat``) the first check is that every
     LoRA layer wrote its slice of G; with Opacus, that every tensor got ``grad_sample``. The second is
     :func:`dplora.engine.gradcheck.check_per_example_gradients` (a batch with padded length ≠ batch size and one with
-    padded length = batch size; dropout masks held fixed; the model restored exactly; no noise, no accountant step).
+    padded length = batch size, both with repeated tokens, and one with no token twice; dropout masks held fixed;
+    the model restored exactly; no noise, no accountant step).
 
     Returns:
         The comparison's report per synthetic batch (records, padded tokens, largest relative difference, rtol);

@@ -98,7 +98,7 @@ def test_single_step_exact_value_is_below_the_grid_and_within_its_interval():
 def test_loose_calibration_says_so_in_the_accountant_note(monkeypatch):
     """With a limit too small for PLD below some σ, replace-one calibration stops at the range edge: the plan's
     accountant_note says the tolerance was not reached (main returned the loose σ without a word)."""
-    monkeypatch.setattr(cost, "MAX_GRID_POINTS", 2**19)
+    monkeypatch.setattr(cost, "PLD_MAX_SECONDS", 0.3)
     raw = {
         "privacy": {
             "protected_unit": "row",

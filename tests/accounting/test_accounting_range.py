@@ -22,7 +22,7 @@ from dplora.accounting.checked import OutOfRangeError, checked_curve, numerical_
 from dplora.accounting.cost import (
     MAX_GRID_POINTS,
     Tolerance,
-    pld_grid_points,
+    pld_seconds,
     pld_step_range,
     prv_grid_points,
     tolerance_for,
@@ -105,11 +105,11 @@ def test_case3_huge_target_is_decided_by_the_cost_estimate(monkeypatch):
     monkeypatch.setattr(backends, "pld_epsilons", _never)
     p = _plan(1000, 32, 24, target_epsilon=1e6, accountant="prv")
     assert p.accountant is RDP
-    assert "PRV would need" in p.accountant_note and "PLD would cost" in p.accountant_note
+    assert "PRV would need" in p.accountant_note and "PLD would take" in p.accountant_note
     _assert_checked(p)
     event = DpSgdEvent(sample_rate=0.032, noise_multiplier=p.noise_multiplier, steps=24)
     assert prv_grid_points(event, 1e-5, 0.01) > 100 * MAX_GRID_POINTS
-    assert pld_grid_points(event, 1e-4) > 100 * MAX_GRID_POINTS
+    assert pld_seconds(event, 1e-4) > 100 * cost.PLD_MAX_SECONDS
 
 
 def test_demo_contract_keeps_prv():
@@ -268,8 +268,9 @@ def test_pld_estimate_covers_dp_accounting(q, sigma, steps, adjacency):
     width = pld_step_range(event)
     assert sum(p.size for p in pmfs) == pytest.approx(len(pmfs) * width / 1e-4, rel=0.01)
     composed_points = composed._pmf_remove.size + (composed._pmf_add.size if len(pmfs) == 2 else 0)
-    estimate = pld_grid_points(event, 1e-4) - cost.PLD_STEP_POINT_WEIGHT * len(pmfs) * width / 1e-4
-    assert estimate / cost.PLD_COMPOSED_WEIGHT >= composed_points
+    step = cost.PLD_REPLACE_STEP_POINT_SECONDS if adjacency == "replace_one" else cost.PLD_STEP_POINT_SECONDS
+    estimate = pld_seconds(event, 1e-4) - step * len(pmfs) * width / 1e-4
+    assert estimate / cost.PLD_COMPOSED_POINT_SECONDS >= composed_points
     # dplora's PLD value is the PLDAccountant's (which also composes with an identity PLD: rounding only)
     acc = pld_privacy_accountant.PLDAccountant(neighboring_relation=relation)
     acc.compose(event.to_dp_accounting())
@@ -297,10 +298,11 @@ HYPO = {"deadline": None, "suppress_health_check": [HealthCheck.function_scoped_
 def test_property_checked_curves(monkeypatch, q, log_sigma, steps, log_delta, log_target, accountant, adjacency):
     """No checked curve is non-finite or decreasing in T, and under add/remove none is above RDP.
 
-    The limit is lowered to 2^17 work units to keep each example under a second; the property holds at any
-    limit (a smaller one only sends more draws to RDP or refusal).
+    The limits are lowered to 2^17 work units (PRV) and 0.08 s (PLD) to keep each example under a second; the
+    property holds at any limit (a smaller one only sends more draws to RDP or refusal).
     """
     monkeypatch.setattr(cost, "MAX_GRID_POINTS", 2**17)
+    monkeypatch.setattr(cost, "PLD_MAX_SECONDS", 0.08)
     if adjacency == "replace_one":
         accountant = "pld"
     event = DpSgdEvent(sample_rate=q, noise_multiplier=10**log_sigma, steps=steps, adjacency=adjacency)
@@ -331,6 +333,7 @@ def test_property_checked_curves(monkeypatch, q, log_sigma, steps, log_delta, lo
 def test_property_calibrated_plans(monkeypatch, n, batch_frac, steps, log_delta, log_target, accountant):
     """A calibrated plan meets its target (ε up to 1e4, δ down to 1e-18) with a checked curve, or is refused."""
     monkeypatch.setattr(cost, "MAX_GRID_POINTS", 2**15)
+    monkeypatch.setattr(cost, "PLD_MAX_SECONDS", 0.02)
     batch = max(1, int(n * batch_frac))
     try:
         p = _plan(n, batch, steps, target_epsilon=10**log_target, delta=10**log_delta, accountant=accountant)

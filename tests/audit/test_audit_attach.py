@@ -264,3 +264,20 @@ def test_audit_with_ledger_is_charged_like_train(tmp_path, tiny_model_dir, ticke
     assert second.exit_code == 2 and "exceeds the cap" in second.output  # as train: refused before training
     assert len(Ledger(db).charges("tickets")) == 2
     assert not (tmp_path / "a2" / "run").exists() and not (tmp_path / "a2" / "audit.json").exists()
+
+
+def test_attach_with_a_relative_run_path(tmp_path, tiny_model_dir, tickets_csv, signing_key, monkeypatch):
+    """Issue 41.5: ``--attach rel`` from the folder that holds it. On main the audit ran, then re-signing failed
+    with "artifact rel/adapter/README.md is missing or not a file" (the subjects were joined to the relative
+    folder, then resolved against the folder again) and exit 2; now it attaches and verifies."""
+    cfg, run = _release(tmp_path, tiny_model_dir, tickets_csv, signing_key)
+    before = _statement(run)
+    monkeypatch.chdir(tmp_path)
+    args = ["audit", cfg.name, *AUDIT, "--data-source", "surrogate", "--attach", "rel"]
+    result = runner.invoke(app, [*args, "--signing-key", str(signing_key[0])])
+    assert result.exit_code == 0, result.output
+    assert "is missing" not in result.output and "attached to the release record" in result.output
+    after = _statement(run)
+    assert "audit" in after["predicate"] and after["subject"] == before["subject"]
+    shown = runner.invoke(app, ["verify", "rel", "--public-key", str(signing_key[1])])
+    assert shown.exit_code == 0 and "OK  audit:" in shown.output, shown.output

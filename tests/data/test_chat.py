@@ -250,3 +250,42 @@ def test_a_conversation_s_loss_and_gradient_do_not_depend_on_its_batch_mates():
     for loss, grad in results[1:]:
         torch.testing.assert_close(loss, results[0][0], atol=1e-6, rtol=1e-6)
         torch.testing.assert_close(grad, results[0][1], atol=1e-6, rtol=1e-5)
+
+
+def test_the_default_system_turn_is_cut_so_a_one_exchange_record_keeps_its_reply(tmp_path):
+    """Issue 41.5: ChatML's own system turn (83 tokens) at max_seq_len 96. On main the first prompt was cut to
+    nothing and the context still left the reply no room: labels all −100, the record dropped from the loss
+    (stats.dropped 1). Now the template's system turn is cut too, at the token level, and the reply keeps
+    min(its tokens + 2, 48) tokens: here all of it."""
+    from tiny import save_chat_model
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(save_chat_model(tmp_path / "model", CHATML))
+    convo = [{"role": "user", "content": "Where is order 12?"}, {"role": "assistant", "content": "It ships today."}]
+    enc = ChatEncoder(tok, CHATML, 96)
+    ids, labels = enc.encode(convo)
+    assert tok.decode([i for i, y in zip(ids, labels, strict=True) if y != IGN]) == "It ships today.<|im_end|>\n"
+    assert (enc.stats.truncated, enc.stats.dropped) == (1, 0)
+    default = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    markup = "<|im_start|>system\n{}<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+    reply = _tok(tok, "It ships today.<|im_end|>\n")
+    allowed = 96 - min(len(_tok(tok, "It ships today.")) + 2, 48)
+    kept = allowed - len(_tok(tok, markup.format("", "")))  # the first prompt is cut first, then the system turn
+    assert 0 < kept < len(default)
+    assert ids == _tok(tok, markup.format(default[:kept], "")) + reply
+    assert len(ids) <= 96
+    # the cut system turn renders exactly as the template's own one does, content cut: no other change
+    assert tok.apply_chat_template(convo, chat_template=CHATML, tokenize=False).startswith(
+        markup.format(default, "Where is order 12?").split("<|im_start|>user")[0]
+    )
+
+
+def test_a_template_without_a_default_system_turn_is_unchanged_by_the_system_cut():
+    """Llama-3 style (no default system turn): no system turn is found to cut, and a one-exchange record at 96
+    keeps its whole reply."""
+    tok = chat_tokenizer(LLAMA3)
+    convo = [{"role": "user", "content": "Where is order 12?"}, {"role": "assistant", "content": "It ships today."}]
+    enc = ChatEncoder(tok, LLAMA3, 96)
+    ids, labels = enc.encode(convo)
+    assert tok.decode([i for i, y in zip(ids, labels, strict=True) if y != IGN]) == "It ships today.<|eot_id|>"
+    assert enc._default_system(convo, 1) is None

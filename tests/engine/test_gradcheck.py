@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import release_statement, train_tiny
 from peft import LoraConfig, get_peft_model
-from tiny import tiny_llama
+from tiny import tiny_causal_lm, tiny_llama
 
 from dplora.engine import clipping, gradcheck
 from dplora.engine import step as engine
@@ -73,7 +73,7 @@ def test_check_passes_on_a_correct_path_and_restores_everything(per_sample, dtyp
     wrapped, dp_opt, accountant, named = _private(per_sample, dtype=dtype)
     before = _snapshot(wrapped, named, dp_opt)
     report = gradcheck.check_per_example_gradients(wrapped, named, dp_opt)
-    assert [(r["records"], r["padded_tokens"]) for r in report] == [(3, 5), (3, 3)]
+    assert [(r["records"], r["padded_tokens"]) for r in report] == [(3, 5), (3, 3), (3, 4)]
     rtol = gradcheck.RTOL_FP32 if dtype is torch.float32 else gradcheck.RTOL_HALF
     assert all(r["rtol"] == rtol and 0 <= r["max_relative_difference"] <= rtol for r in report), report
     if dtype is torch.float32:  # the tiny model agrees far inside the fp32 tolerance
@@ -185,3 +185,99 @@ def test_train_refuses_a_layer_that_sees_tokens_batch_features(tmp_path, tiny_mo
     assert not released and not out.exists()
     assert f"layer {DOWN_PROJ}" in result.output and "got 5 per-sample gradient rows" in result.output
     assert "Traceback" not in result.output
+
+
+# One attention projection or one MLP projection alone, per architecture of tests/engine/test_architectures.py.
+SINGLE_TARGETS = {
+    "llama": ["q_proj", "k_proj", "o_proj", "down_proj"],
+    "qwen2": ["q_proj", "k_proj", "o_proj", "up_proj"],
+    "mistral": ["q_proj", "k_proj", "o_proj", "gate_proj"],
+    "gemma2": ["q_proj", "k_proj", "o_proj", "down_proj"],
+    "phi3": ["qkv_proj", "o_proj", "gate_up_proj"],
+    "gpt2": ["c_attn", "c_proj", "c_fc"],
+}
+
+
+def _single_target(arch: str, target: str, per_sample: str = "fast", *, hidden: int = 128, layers: int = 4):
+    base, _ = tiny_causal_lm(arch, hidden=hidden, layers=layers)
+    peft_model = get_peft_model(base, LoraConfig(r=2, lora_alpha=4, target_modules=[target])).train()
+    named = [(n, p) for n, p in peft_model.named_parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD([p for _, p in named], lr=0.1)
+    plan = SimpleNamespace(noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=4, sample_rate=0.1)
+    wrapped, dp_opt, _ = engine.make_private(peft_model, optimizer, plan=plan, unit_mean=False, per_sample=per_sample)
+    return wrapped, dp_opt, named
+
+
+@pytest.mark.parametrize(
+    ("arch", "target"), [(arch, target) for arch, targets in SINGLE_TARGETS.items() for target in targets]
+)
+def test_single_projection_targets_pass(arch, target):
+    """Issue 41.5 / 48.1: q-only, k-only, o-only and MLP-only LoRA pass the check (hidden 128, 4 layers, where
+    fp32 rounding is visible). On main q_proj or k_proj alone was refused on the repeated-token batch, where every
+    query/key gradient is mathematically zero: "relative difference 1.11 > 0.005" (llama q_proj; 8 of the 22
+    cases). The distinct-token batch has non-zero gradients for every target, so q/k are really compared there."""
+    wrapped, dp_opt, named = _single_target(arch, target)
+    rows, references = [], []
+    judge, reference = gradcheck._judge, gradcheck._plain_reference
+
+    def spy(differences, params, names, rtol, floor, i, size, width):
+        rows.append((width, sum(base for _, base in differences), floor))
+        return judge(differences, params, names, rtol, floor, i, size, width)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gradcheck, "_judge", spy)
+        mp.setattr(gradcheck, "_plain_reference", lambda *a: references.append(reference(*a)) or references[-1])
+        report = gradcheck.check_per_example_gradients(wrapped, named, dp_opt)
+    assert [r["padded_tokens"] for r in report] == [5, 3, 4]
+    assert all(r["max_relative_difference"] <= gradcheck.RTOL_FP32 for r in report), report
+    floor = rows[0][2]
+    distinct = [base for width, base, _ in rows if width == 4]
+    assert len(distinct) == 3 and min(distinct) > 10 * floor  # compared far above the floor there
+    # relative to the check's own scale (no fixed absolute floor): 1e-2 of its largest reference row
+    assert floor == pytest.approx(gradcheck.FLOOR_REL * max(float(r.norm()) for r in references), rel=1e-12)
+    assert floor > 0 and all(f == floor for *_, f in rows)
+
+
+def _per_token_norm_write(monkeypatch):
+    """A planted fast path that clips with per-token norms: each row block keeps its direction but gets the norm
+    √Σ_t ‖g_t‖²‖x_t‖² (no cross-token terms; cases F1: 1.41 instead of 2 for two equal tokens)."""
+    from dplora.engine import fastclip
+
+    original = fastclip._Slot.write
+
+    def write(self, gbs, x, g, hs):
+        G = self.owner._armed
+        first = self.generation != self.owner._generation  # the first write overwrites (the buffer is empty)
+        before = torch.zeros_like(G) if first else G.clone()
+        original(self, gbs, x, g, hs)
+        rows = G.shape[0]
+        for lo, a, b in ((self.off_a, gbs, x), (self.off_b, g, hs)):
+            n = a.shape[2] * b.shape[2]
+            true = G[:, lo : lo + n] - before[:, lo : lo + n]
+            per_token = ((a.float() ** 2).sum(2) * (b.float() ** 2).sum(2)).sum(1).sqrt()  # (B,)
+            scale = per_token / true.norm(dim=1).clamp_min(1e-30)
+            G[:, lo : lo + n] = before[:, lo : lo + n] + true * scale.view(rows, 1)
+
+    monkeypatch.setattr(fastclip._Slot, "write", write)
+
+
+@pytest.mark.parametrize("target", ["v_proj", "down_proj"])
+def test_per_token_norm_error_fails_on_the_repeated_batch(target, monkeypatch):
+    """Issue 48.1: the repeated-token batch ([4, 4, 6], [8, 10], [9, 9, 9]) is kept and, alone, still refuses a
+    fast path whose norms are per token (the floor does not hide it); the same model passes without the plant."""
+    repeated = [gradcheck.synthetic_batches(258)[1]]
+    assert [ids for ids, _ in repeated[0]] == [[4, 4, 6], [8, 10], [9, 9, 9]]
+    wrapped, dp_opt, named = _single_target("llama", target)
+    assert (
+        gradcheck.check_per_example_gradients(wrapped, named, dp_opt, batches=repeated)[0]["max_relative_difference"]
+        <= 1e-3
+    )
+    _per_token_norm_write(monkeypatch)
+    wrapped, dp_opt, named = _single_target("llama", target)
+    with pytest.raises(TrainingFailedError, match=r"padded to 3 tokens: relative difference") as info:
+        gradcheck.check_per_example_gradients(wrapped, named, dp_opt, batches=repeated)
+    rel = float(re.search(r"relative difference ([0-9.e+-]+)", str(info.value)).group(1))
+    assert rel > 0.1, str(info.value)
+    # [9, 9, 9] alone, the F1 record (equal inputs, aligned upstream gradients: 1.41 instead of 2 for two tokens)
+    with pytest.raises(TrainingFailedError, match=r"record 0 of a synthetic batch of 1 records padded to 3 tokens"):
+        gradcheck.check_per_example_gradients(wrapped, named, dp_opt, batches=[[repeated[0][2]]])
