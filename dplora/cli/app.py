@@ -36,6 +36,24 @@ from dplora.cli.options import (
 from dplora.errors import BadInputError, DploraError, one_line
 
 
+def _nearest_option(err) -> str | None:
+    """``No such option: --overwite; did you mean --overwrite?`` for click's ``NoSuchOption``: the one nearest of the
+    command's options (``difflib``, cutoff 0.5), instead of click's list of possibilities; None for other errors or
+    when no option is near."""
+    import difflib
+
+    if err.__class__.__name__ != "NoSuchOption":  # typer vendors click (typer._click): match by name
+        return None
+    ctx = getattr(err, "ctx", None)
+    names = [o for p in (ctx.command.params if ctx is not None else []) for o in (*p.opts, *p.secondary_opts)]
+    names = [n for n in names if n.startswith("-")] or list(err.possibilities or [])
+    name = err.option_name.split("=", 1)[0]
+    near = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
+    if not near:
+        return None
+    return f"No such option: {name}; did you mean {near[0]}?"
+
+
 class OneLineErrorGroup(typer.core.TyperGroup):
     """Usage errors (unknown command or option, bad option value) as one ``error:`` line on stderr, exit 2."""
 
@@ -55,7 +73,8 @@ class OneLineErrorGroup(typer.core.TyperGroup):
             else:
                 ctx = getattr(err, "ctx", None)
                 where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-                message = one_line(f"{' '.join(err.format_message().split())}{where}")
+                text = _nearest_option(err) or " ".join(err.format_message().split())
+                message = one_line(f"{text}{where}")
                 typer.echo(f"error: {message}", err=True)
                 if "--json" in (sys.argv[1:] if args is None else args):
                     emit_json(error_doc(2, message))
