@@ -116,8 +116,11 @@ def _public_mtimes(folder: Path, started_at: str | None) -> None:
 def _check_out(out: Path, run_folder: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise BadInputError(f"--out {out}: exists and is not an empty folder (nothing was written)")
-    if not out.parent.is_dir():
-        raise BadInputError(f"--out {out}: folder {out.parent} does not exist")
+    ancestor = out.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent  # missing parents are created once every check has passed (as `train` does)
+    if not ancestor.is_dir():
+        raise BadInputError(f"--out {out}: {ancestor} is not a folder")
     if out.resolve().is_relative_to(run_folder.resolve()):
         raise BadInputError(f"--out {out}: write outside the run folder (an unsigned file there fails verify)")
 
