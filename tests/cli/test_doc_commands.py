@@ -90,19 +90,38 @@ def _demo_config(folder: Path, model: Path) -> None:
     (folder / "configs" / "demo.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
 
 
-def _run(folder: Path, script: str) -> subprocess.CompletedProcess:
-    prelude = (
-        "set -euo pipefail\n"
-        f'dplora() {{ "{sys.executable}" -m dplora "$@"; }}\n'
-        f'python() {{ "{sys.executable}" "$@"; }}\n'
-    )
-    env_path = {"PYTHONPATH": str(ROOT)}
+def _run(folder: Path, script: str, monkeypatch) -> tuple[int, str]:
+    """Run the script's lines in order in ``folder``: a simple ``dplora ...`` line in-process (the CLI's own entry,
+    as the console script calls it: no interpreter start per line), any other line through bash. Returns (exit code
+    of the first failing line or 0, the output)."""
     import os
+    import shlex
 
-    env = {**os.environ, **env_path, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run(
-        ["bash", "-c", prelude + script], cwd=folder, env=env, capture_output=True, text=True, timeout=900
-    )
+    from typer.testing import CliRunner
+
+    from dplora.cli.app import app
+
+    monkeypatch.chdir(folder)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    py = sys.executable
+    prelude = f'set -euo pipefail\ndplora() {{ "{py}" -m dplora "$@"; }}\npython() {{ "{py}" "$@"; }}\n'
+    output = []
+    for line in script.splitlines():
+        words = shlex.split(line, comments=True)
+        if not words:
+            continue
+        if words[0] == "dplora" and not any(c in line.split("#")[0] for c in "|&;$`<>()"):
+            result = CliRunner().invoke(app, words[1:])
+            code, text = result.exit_code, result.output
+        else:
+            done = subprocess.run(
+                ["bash", "-c", prelude + line], cwd=folder, env=env, capture_output=True, text=True, timeout=900
+            )
+            code, text = done.returncode, done.stdout + done.stderr
+        output.append(f"$ {line}\n{text}")
+        if code != 0:
+            return code, "\n".join(output)
+    return 0, "\n".join(output)
 
 
 def _own_data(folder: Path) -> None:
@@ -116,7 +135,7 @@ def _own_data(folder: Path) -> None:
             out.write(json.dumps({"message": row["message"], "reply": row["reply"]}) + "\n")
 
 
-def test_the_readme_and_docs_blocks_run_as_written(tmp_path, tiny_model_dir):
+def test_the_readme_and_docs_blocks_run_as_written(tmp_path, tiny_model_dir, monkeypatch):
     tour, fresh = tmp_path / "tour", tmp_path / "fresh"
     for folder in (tour, fresh):
         folder.mkdir()
@@ -130,9 +149,9 @@ def test_the_readme_and_docs_blocks_run_as_written(tmp_path, tiny_model_dir):
         script = _substitute(_block(file, heading), tiny_model_dir)
         if where == "fresh":
             script = first_two + script
-        result = _run(folder, script)
-        assert result.returncode == 0, f"{file} / {heading}: exit {result.returncode}\n{result.stdout}\n{result.stderr}"
-        done.append((file, heading, result.stdout))
+        code, output = _run(folder, script, monkeypatch)
+        assert code == 0, f"{file} / {heading}: exit {code}\n{output}"
+        done.append((file, heading, output))
     tour_out = done[0][2]
     assert "OK  signature" in tour_out and "OK  artifacts" in tour_out
     assert (tour / "demo" / "run" / "release.dsse.json").is_file()
