@@ -298,23 +298,44 @@ def generate(
             out.print(reply if len(texts) == 1 else f"> {text}\n{reply}\n", markup=False, soft_wrap=True)
 
 
-@app.command(short_help="Check a contract without reading data or a model.")
+CheckFilesOpt = Annotated[
+    bool,
+    typer.Option(
+        "--check-files",
+        help="Also check the model (config.json, weights, tokenizer, chat template) and the data file (its columns "
+        "and conversation shape) from their headers and schema, without torch.",
+    ),
+]
+
+
+@app.command(short_help="Check a contract (--check-files: and its model and data files).")
 def validate(
     config: ConfigArg,
     overrides: OverridesArg = None,
+    check_files: CheckFilesOpt = False,
     as_json: JsonLineOpt = False,
 ) -> None:
-    """Check a contract (keys, values, allowed choices) without reading data or loading a model."""
+    """Check a contract (keys, values, allowed choices) without reading data or loading a model; with
+    --check-files also the model folder and the data file's header or schema (never its values)."""
     from dplora.contract.loader import load_contract
 
+    lines: list[str] = []
     try:
         contract = load_contract(config, overrides or [])
+        if check_files:
+            from dplora.recipe.precheck import check_files as run_checks
+
+            lines = run_checks(contract)
     except DploraError as err:
         raise fail(err, as_json=as_json) from None
     if as_json:
-        emit_json({"ok": True, "contract": str(config), "sha256": contract.sha256})
+        doc = {"ok": True, "contract": str(config), "sha256": contract.sha256}
+        emit_json({**doc, "files": lines} if check_files else doc)
         return
-    out.print(f"OK: contract {config} is valid (sha256 {contract.sha256[:16]}…)", markup=False)
+    checked = "" if check_files else "; files not checked (--check-files)"
+    out.print(f"OK: contract {config} is valid (sha256 {contract.sha256[:16]}…){checked}", markup=False)
+    for line in lines:
+        out.print(line, markup=False, soft_wrap=True)
 
 
 DemoPathArg = Annotated[Path, typer.Argument(metavar="PATH", help="Output file (.csv or .jsonl).")]

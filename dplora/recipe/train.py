@@ -30,6 +30,7 @@ from dplora.recipe.finish import (
 )
 from dplora.recipe.inputs import protected_inputs
 from dplora.recipe.planning import plan_for, resolve_auto
+from dplora.recipe.precheck import check_model_files
 from dplora.recipe.setup import (
     _lock_output,
     _prepare_output,
@@ -144,6 +145,7 @@ def run_training(
                     ledger_path=ledger_path,
                 )
                 check_model_cache(contract.model)  # a packaged model's cache folder, before any conversion
+                check_model_files(contract.model)  # the model folder, before the data is read or σ calibrated
                 out, staging = _prepare_output(contract, overwrite, protected)
             if control.is_control(contract) and world.distributed:
                 raise BadInputError("privacy.enabled=false (the non-private control) runs in one process only")
