@@ -7,6 +7,7 @@ and every other bash block of the README and docs/ must be listed as run: a new 
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -158,5 +159,7 @@ def test_the_readme_and_docs_blocks_run_as_written(tmp_path, tiny_model_dir, mon
     assert (tour / "my" / "run" / "release.dsse.json").is_file()
     assert (tour / "served" / "demo" / "dplora-export.dsse.json").is_file()
     assert (fresh / "served" / "demo" / "dplora-export.dsse.json").is_file()
+    local = json.loads((fresh / "served" / "demo-peft" / "adapter_config.json").read_text())
+    assert local["base_model_name_or_path"] == str(tiny_model_dir.resolve())  # what AutoPeft loaded from
     assert "OK  merge" in done[4][2] and "OK  base model" in done[3][2]
     shutil.rmtree(tmp_path, ignore_errors=True)
