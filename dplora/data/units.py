@@ -479,8 +479,5 @@ def split_eval(table, contract: Contract, *, light: bool = False):
     train_rows = [i for i, h in enumerate(held) if not h]
     if not eval_rows or not train_rows:
         side = "held-out" if not eval_rows else "training"
-        raise BadInputError(
-            f"data.eval_fraction={fraction:g} leaves the {side} side empty ({table.num_rows} records); "
-            "choose another fraction"
-        )
+        raise BadInputError(f"data.eval_fraction={fraction:g} leaves the {side} side empty; choose another fraction")
     return table.select(train_rows), table.select(eval_rows)
