@@ -92,15 +92,19 @@ def merged_model(base: Path, adapter: Path):
         model = AutoModelForCausalLM.from_pretrained(str(base), dtype="auto", local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(str(base), local_files_only=True)
     except (OSError, ValueError, KeyError) as err:
-        raise BadInputError(f"cannot load the base model from {base}: {err.__class__.__name__}") from None
+        from dplora.engine.model import load_error
+
+        raise load_error(Path(base), err) from None
     dtype = str(model.dtype).removeprefix("torch.")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Unexpected keyword arguments")  # a control's privacy note
+        # peft asks transformers' deprecated is_gradient_checkpointing (transformers 5.2x): not the user's to act on
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
         try:
             peft_model = PeftModel.from_pretrained(model, str(adapter), is_trainable=False)
         except (OSError, ValueError, KeyError, RuntimeError) as err:
             raise BadInputError(f"cannot load the adapters in {adapter}: {err.__class__.__name__}") from None
-    merged = peft_model.merge_and_unload()
+        merged = peft_model.merge_and_unload()
     merged.eval()
     return merged, tokenizer, dtype
 

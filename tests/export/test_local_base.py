@@ -86,3 +86,35 @@ def test_local_base_refuses_another_base_and_a_merge(run, signing_key, tmp_path,
     assert not out.exists()
     merge = _export(run, tmp_path / "b", signing_key[0], "--local-base")
     assert merge.exit_code == 2 and "--local-base goes with --format peft" in merge.output
+
+
+def test_export_and_verify_export_print_no_library_future_warning(run, signing_key, tmp_path, tiny_model_dir):
+    """Issue 42.10: transformers' `is_gradient_checkpointing` FutureWarning (asked by peft) is not the user's."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    out = tmp_path / "served"
+    cmds = [
+        ["export", str(run), "--merge", "--out", str(out), "--signing-key", str(signing_key[0])],
+        [
+            "verify",
+            str(run),
+            "--public-key",
+            str(signing_key[1]),
+            "--export",
+            str(out),
+            "--base-model",
+            str(tiny_model_dir),
+        ],
+    ]
+    for args in cmds:
+        done = subprocess.run(
+            [sys.executable, "-m", "dplora", *args], capture_output=True, text=True, env=env, timeout=600
+        )
+        assert done.returncode == 0, done.stderr
+        assert "FutureWarning" not in done.stderr and "is_gradient_checkpointing" not in done.stderr
+    assert "OK  merge" in done.stdout
