@@ -116,16 +116,16 @@ def _columns(path: Path, builder: str, label: str) -> tuple[list[str], object]:
     """(column names, the first record's cells or None) from the file's header or schema only."""
     try:
         if builder == "csv":
-            with open(path, newline="", encoding="utf-8") as fh:
+            with open(path, newline="", encoding="utf-8-sig") as fh:  # a byte-order mark is fine, as in train
                 header = next(csv.reader(fh), None)
             if not header:
                 raise BadInputError(f"{label}: {path} has no header row")
-            return [c.strip() for c in header], None
+            return list(header), None  # as train reads it (dplora.data.readers): names kept as written
         if builder == "parquet":
             import pyarrow.parquet as pq
 
             return list(pq.read_schema(path).names), None
-        with open(path, encoding="utf-8") as fh:
+        with open(path, encoding="utf-8-sig") as fh:
             if path.suffix.lower() == ".json":
                 first = json.load(fh)
                 first = first[0] if isinstance(first, list) and first else first

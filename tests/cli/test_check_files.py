@@ -146,3 +146,11 @@ def test_train_checks_the_model_before_reading_the_data(tmp_path, signing_key):
     assert result.exit_code == 2
     assert "model not found: model.path=" in result.output and "data file not found" not in result.output
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
+
+
+def test_a_byte_order_mark_is_fine_and_names_are_kept_as_written(tmp_path, tiny_model_dir):
+    data = tmp_path / "bom.csv"
+    data.write_bytes("\ufeffmessage, reply\nhi,there\n".encode())
+    result = _validate(_cfg(tmp_path, tiny_model_dir, data))
+    assert result.exit_code == 2  # " reply" (with its space) is not "reply", as train reads the header
+    assert result.output == f"error: data.path: {data} has no column 'reply'; columns are: message,  reply\n"
