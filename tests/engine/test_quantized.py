@@ -278,8 +278,8 @@ def test_a_4bit_load_with_an_8bit_layer_is_refused(monkeypatch, model_dir):
 
     real = model_mod._load_4bit
 
-    def with_int8(folder, device, dtype):
-        model = real(folder, device, dtype)
+    def with_int8(folder, device, dtype, attn):
+        model = real(folder, device, dtype, attn)
         layer = model.model.layers[0].self_attn.q_proj
         model.model.layers[0].self_attn.q_proj = bnb.nn.Linear8bitLt(layer.in_features, layer.out_features, bias=False)
         return model
