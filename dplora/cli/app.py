@@ -36,6 +36,24 @@ from dplora.cli.options import (
 from dplora.errors import BadInputError, DploraError, one_line
 
 
+def _nearest_option(err) -> str | None:
+    """``No such option: --overwite; did you mean --overwrite?`` for click's ``NoSuchOption``: the one nearest of the
+    command's options (``difflib``, cutoff 0.5), instead of click's list of possibilities; None for other errors or
+    when no option is near."""
+    import difflib
+
+    if err.__class__.__name__ != "NoSuchOption":  # typer vendors click (typer._click): match by name
+        return None
+    ctx = getattr(err, "ctx", None)
+    names = [o for p in (ctx.command.params if ctx is not None else []) for o in (*p.opts, *p.secondary_opts)]
+    names = [n for n in names if n.startswith("-")] or list(err.possibilities or [])
+    name = err.option_name.split("=", 1)[0]
+    near = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
+    if not near:
+        return None
+    return f"No such option: {name}; did you mean {near[0]}?"
+
+
 class OneLineErrorGroup(typer.core.TyperGroup):
     """Usage errors (unknown command or option, bad option value) as one ``error:`` line on stderr, exit 2."""
 
@@ -55,7 +73,8 @@ class OneLineErrorGroup(typer.core.TyperGroup):
             else:
                 ctx = getattr(err, "ctx", None)
                 where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-                message = one_line(f"{' '.join(err.format_message().split())}{where}")
+                text = _nearest_option(err) or " ".join(err.format_message().split())
+                message = one_line(f"{text}{where}")
                 typer.echo(f"error: {message}", err=True)
                 if "--json" in (sys.argv[1:] if args is None else args):
                     emit_json(error_doc(2, message))
@@ -279,23 +298,44 @@ def generate(
             out.print(reply if len(texts) == 1 else f"> {text}\n{reply}\n", markup=False, soft_wrap=True)
 
 
-@app.command(short_help="Check a contract without reading data or a model.")
+CheckFilesOpt = Annotated[
+    bool,
+    typer.Option(
+        "--check-files",
+        help="Also check the model (config.json, weights, tokenizer, chat template) and the data file (its columns "
+        "and conversation shape) from their headers and schema, without torch.",
+    ),
+]
+
+
+@app.command(short_help="Check a contract (--check-files: and its model and data files).")
 def validate(
     config: ConfigArg,
     overrides: OverridesArg = None,
+    check_files: CheckFilesOpt = False,
     as_json: JsonLineOpt = False,
 ) -> None:
-    """Check a contract (keys, values, allowed choices) without reading data or loading a model."""
+    """Check a contract (keys, values, allowed choices) without reading data or loading a model; with
+    --check-files also the model folder and the data file's header or schema (never its values)."""
     from dplora.contract.loader import load_contract
 
+    lines: list[str] = []
     try:
         contract = load_contract(config, overrides or [])
+        if check_files:
+            from dplora.recipe.precheck import check_files as run_checks
+
+            lines = run_checks(contract)
     except DploraError as err:
         raise fail(err, as_json=as_json) from None
     if as_json:
-        emit_json({"ok": True, "contract": str(config), "sha256": contract.sha256})
+        doc = {"ok": True, "contract": str(config), "sha256": contract.sha256}
+        emit_json({**doc, "files": lines} if check_files else doc)
         return
-    out.print(f"OK: contract {config} is valid (sha256 {contract.sha256[:16]}…)", markup=False)
+    checked = "" if check_files else "; files not checked (--check-files)"
+    out.print(f"OK: contract {config} is valid (sha256 {contract.sha256[:16]}…){checked}", markup=False)
+    for line in lines:
+        out.print(line, markup=False, soft_wrap=True)
 
 
 DemoPathArg = Annotated[Path, typer.Argument(metavar="PATH", help="Output file (.csv or .jsonl).")]

@@ -26,6 +26,14 @@ PublicKeyOpt = Annotated[
 BaseOpt = Annotated[
     Path | None, typer.Option(metavar="DIR", help="Base model folder to merge into. Default: the contract's model.")
 ]
+LocalBaseOpt = Annotated[
+    bool,
+    typer.Option(
+        "--local-base",
+        help="With --format peft: name this machine's base folder in adapter_config.json, so that peft's "
+        "AutoPeftModelForCausalLM loads the copy here (a local path: do not ship that folder).",
+    ),
+]
 AllowControlOpt = Annotated[
     bool, typer.Option("--allow-control", help="Export a non-private control run, labelled NO DP GUARANTEE.")
 ]
@@ -39,6 +47,7 @@ def export(
     public_key: PublicKeyOpt = None,
     signing_key: PemSigningKeyOpt = None,
     base_model: BaseOpt = None,
+    local_base: LocalBaseOpt = False,
     allow_control: AllowControlOpt = False,
     as_json: JsonLineOpt = False,
 ) -> None:
@@ -61,6 +70,7 @@ def export(
             private_key=key,
             public_key=public_key,
             base_model=base_model,
+            local_base=local_base,
             allow_control=allow_control,
             log=log,
         )

@@ -238,21 +238,35 @@ def _key(key: str | None) -> str:
     return "key unknown" if key is None else (key or "none (row level)")
 
 
+def _tighter(p: dict) -> tuple[str, str | None]:
+    """(ε spent, ε left) of one population as the cap check counts it: the smaller of the exact basic total and the
+    composed ε (4 decimals), and the cap minus it (None without a cap)."""
+    from decimal import Decimal
+
+    basic, composed = Decimal(p["epsilon_spent"]), p["epsilon_composed"]
+    spent = basic if composed is None or basic <= Decimal(repr(composed)) else Decimal(format(composed, ".4f"))
+    if p["epsilon_max"] is None:
+        return str(spent), None
+    return str(spent), str(Decimal(p["epsilon_max"]) - spent)
+
+
 def _show_lines(pops: list[dict], charges: list[dict], releases: list[dict], unassigned=()) -> list[str]:
     """Plain lines under 80 columns: full run ids, record digests and exact decimal numbers, never cut.
 
     Unassigned runs (no ``privacy.population``) are listed one by one, never summed: each holds for its own data.
     """
-    lines = ["populations (totals at δ = Σδ: basic composition, and the events composed)"]
+    lines = ["populations (ε at δ = Σδ: the tighter of basic and composed totals)"]
     for p in pops:
         flag = "  OVER CAP" if p["over_cap"] else ""
         composed = p["epsilon_composed"]
+        spent, left = _tighter(p)
         lines += [
             f"  {p['name']}{flag}",
             f"    protected unit {p['protected_unit']}, unit key {p['unit_key']}, adjacency {p['adjacency']}",
-            f"    ε spent {p['epsilon_spent']} (basic) of cap {p['epsilon_max']}, left {p['epsilon_left']}",
-            f"    ε composed {'n/a' if composed is None else format(composed, '.4f')} at the same δ"
-            f" ({p['composed_by'] or 'no events to compose'})",
+            f"    ε spent {spent} of cap {p['epsilon_max']}, left {left} (the tighter total)",
+            f"      basic {p['epsilon_spent']}; composed "
+            + ("n/a" if composed is None else format(composed, ".4f"))
+            + f" ({p['composed_by'] or 'no events to compose'})",
             f"    δ spent {p['delta_spent']} of cap {p['delta_max']}, left {p['delta_left']}",
         ]
     lines.append("charges")

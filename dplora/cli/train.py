@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from dplora.cli.common import emit_json, error_doc, fail, log, out
+from dplora.cli.common import console, emit_json, error_doc, fail, log, out
 from dplora.cli.options import ConfigArg, LedgerOpt, OverridesArg
 from dplora.errors import BadInputError, DploraError, one_line
 
@@ -90,7 +90,7 @@ def budget(
     if as_json:
         emit_json({"ok": True, **report})
     else:
-        budget_mod.print_report(report, out)
+        budget_mod.print_report(report, out, warn=console)  # warnings on stderr, as train prints them
 
 
 SigningKeyOpt = Annotated[

@@ -244,16 +244,44 @@ def _is_union_tag(part) -> bool:
     return isinstance(part, str) and _UNION_TAG.fullmatch(part) is not None
 
 
+def _loc(error: dict) -> str:
+    parts = [p for p in error["loc"] if not (error["type"] != "extra_forbidden" and _is_union_tag(p))]
+    return "".join(_loc_part(p) for p in parts).lstrip(".") or "contract"
+
+
+def _unknown(error: dict) -> str:
+    """``unknown key 'training.learning_rate': dplora calls it training.lr``: the nearest key or another tool's
+    name (:func:`dplora.contract.aliases.suggest`), else a pointer to the reference."""
+    from dplora.contract.aliases import suggest
+
+    loc = _loc(error)
+    names = [p for p in error["loc"] if isinstance(p, str)]
+    hint = ""
+    if len(names) == 2:
+        hint = suggest(names[0], names[1], Contract)
+    elif len(names) == 1:
+        hint = suggest(None, names[0], Contract)
+    return f"unknown key {loc!r}" + (f": {hint}" if hint else "")
+
+
 def _format_error(err: ValidationError) -> str:
-    """The first validation error in the contract's own terms: the dotted key, the value, what is allowed."""
-    first = err.errors()[0]
-    parts = [p for p in first["loc"] if not (first["type"] != "extra_forbidden" and _is_union_tag(p))]
-    loc = "".join(_loc_part(p) for p in parts).lstrip(".") or "contract"
+    """The contract's validation errors in its own terms, on one line: every unknown key (with the nearest key or
+    another tool's name for it) and every missing key at once; otherwise the first error: the dotted key, the
+    value, what is allowed."""
+    errors = err.errors()
+    unknown = [_unknown(e) for e in errors if e["type"] == "extra_forbidden"]
+    missing = [_loc(e) for e in errors if e["type"] == "missing"]
+    if unknown or missing:
+        parts = list(unknown)
+        if len(missing) == 1:
+            parts.append(f"missing key {missing[0]!r}")
+        elif missing:
+            parts.append("missing keys " + ", ".join(repr(m) for m in missing))
+        tail = "" if all(":" in u for u in unknown) and not missing else "; every key: docs/contract.md"
+        return "; ".join(parts) + tail
+    first = errors[0]
+    loc = _loc(first)
     kind, ctx = first["type"], first.get("ctx", {})
-    if kind == "extra_forbidden":
-        return f"unknown key {loc!r}: see the README's contract reference for the allowed keys"
-    if kind == "missing":
-        return f"missing key {loc!r}"
     if kind == "value_error":  # our own validators: the message already names the keys
         return str(ctx.get("error", first["msg"].removeprefix("Value error, ")))
     phrase = _PHRASES.get(kind)

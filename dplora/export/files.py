@@ -15,6 +15,7 @@ release's ``adapter/`` files as they are. Beside them ``dplora-export.dsse.json`
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import tempfile
@@ -91,15 +92,19 @@ def merged_model(base: Path, adapter: Path):
         model = AutoModelForCausalLM.from_pretrained(str(base), dtype="auto", local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(str(base), local_files_only=True)
     except (OSError, ValueError, KeyError) as err:
-        raise BadInputError(f"cannot load the base model from {base}: {err.__class__.__name__}") from None
+        from dplora.engine.model import load_error
+
+        raise load_error(Path(base), err) from None
     dtype = str(model.dtype).removeprefix("torch.")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Unexpected keyword arguments")  # a control's privacy note
+        # peft asks transformers' deprecated is_gradient_checkpointing (transformers 5.2x): not the user's to act on
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
         try:
             peft_model = PeftModel.from_pretrained(model, str(adapter), is_trainable=False)
         except (OSError, ValueError, KeyError, RuntimeError) as err:
             raise BadInputError(f"cannot load the adapters in {adapter}: {err.__class__.__name__}") from None
-    merged = peft_model.merge_and_unload()
+        merged = peft_model.merge_and_unload()
     merged.eval()
     return merged, tokenizer, dtype
 
@@ -113,11 +118,45 @@ def _public_mtimes(folder: Path, started_at: str | None) -> None:
         fix_mtimes(folder, started_at)
 
 
+LOCAL_BASE_NOTE = (
+    "adapter_config.json names the base model's folder on the machine that exported it, so that peft's "
+    "AutoPeftModelForCausalLM loads it there; the signed release names the base by a Hub id or folder name only"
+)
+
+
+def _name_local_base(folder: Path, predicate: dict, base: Path) -> None:
+    """Point the copied ``adapter_config.json`` at ``base`` (absolute), after checking that ``base`` holds the
+    files the record names (the base the adapters were trained on).
+
+    Raises:
+        VerificationError: ``base`` is not that base (exit 3).
+        BadInputError: a ``.gguf`` base (peft loads a folder) or an unreadable adapter config.
+    """
+    from dplora.release.verify import _check_base_model
+
+    if Path(base).is_file():
+        raise BadInputError("--local-base needs a base folder; a .gguf file cannot be loaded by peft's Auto class")
+    try:
+        _check_base_model(predicate, base)
+    except VerificationError as err:
+        raise VerificationError(f"not the base this release was trained on: {err}") from None
+    path = folder / "adapter_config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise BadInputError(f"cannot read {path.name} of the release's adapter") from None
+    config["base_model_name_or_path"] = str(Path(base).resolve())
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
 def _check_out(out: Path, run_folder: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise BadInputError(f"--out {out}: exists and is not an empty folder (nothing was written)")
-    if not out.parent.is_dir():
-        raise BadInputError(f"--out {out}: folder {out.parent} does not exist")
+    ancestor = out.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent  # missing parents are created once every check has passed (as `train` does)
+    if not ancestor.is_dir():
+        raise BadInputError(f"--out {out}: {ancestor} is not a folder")
     if out.resolve().is_relative_to(run_folder.resolve()):
         raise BadInputError(f"--out {out}: write outside the run folder (an unsigned file there fails verify)")
 
@@ -130,6 +169,7 @@ def export_release(
     private_key,
     public_key=None,
     base_model: Path | None = None,
+    local_base: bool = False,
     allow_control: bool = False,
     log=print,
 ) -> ExportResult:
@@ -146,6 +186,10 @@ def export_release(
         private_key: Ed25519 signing key for the manifest (:func:`dplora.release.keys.load_private_key`).
         public_key: the release signer's Ed25519 public key or its PEM path.
         base_model: the base folder to merge into (default: the contract's model).
+        local_base: ``peft`` only: the copy's ``adapter_config.json`` names the absolute path of the base folder
+            on this machine (checked against the record's digests first), so that peft's
+            ``AutoPeftModelForCausalLM.from_pretrained(out)`` loads it here; the release itself keeps a name
+            (never a machine path). The manifest says so (``local_base: true``) but holds no path.
         allow_control: export a non-private control (labelled NO DP GUARANTEE in the manifest).
 
     Returns:
@@ -164,6 +208,8 @@ def export_release(
 
     if fmt not in FORMATS:
         raise BadInputError(f"--format {fmt}: allowed values are {', '.join(FORMATS)}")
+    if local_base and fmt != "peft":
+        raise BadInputError("--local-base goes with --format peft (a merged model needs no base)")
     out = Path(out)
     run = read_run(target)
     _check_out(out, run.folder)
@@ -205,6 +251,8 @@ def export_release(
             for p in sorted(adapter.iterdir()):
                 if p.is_file():
                     shutil.copy2(p, tmp / p.name)
+            if local_base:
+                _name_local_base(tmp, predicate, base_folder(run, base_model, log))
         names = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
         subject = [{"name": n, "digest": {"sha256": sha256_file(tmp / n)}} for n in names]
         export_predicate = {
@@ -221,6 +269,9 @@ def export_release(
             },
             "merge": {"method": "peft merge_and_unload", "dtype": dtype} if fmt == "merge" else None,
         }
+        if local_base:
+            export_predicate["local_base"] = True
+            export_predicate["local_base_note"] = LOCAL_BASE_NOTE
         if not private:
             export_predicate["warning"] = NO_DP_GUARANTEE
         ptype = EXPORT_PREDICATE_TYPE if private else NON_PRIVATE_EXPORT_PREDICATE_TYPE

@@ -296,6 +296,12 @@ def make_plan(contract: Contract, *, num_units: int, num_units_source: str) -> T
     small = small_population_warning(num_units, q)
     if small:
         warnings.append(small)
+    held = contract.data.eval_fraction
+    if held is not None and held >= 0.5:  # from the contract alone: public (issue 42.10)
+        warnings.append(
+            f"data.eval_fraction={held:g} holds out about {held:.1%} of the protected units for evaluation: "
+            f"training sees about {1 - held:.1%} of them (is a small fraction such as 0.1 meant?)"
+        )
     return TrainingPlan(
         protected_unit=privacy.protected_unit,
         unit_key=privacy.unit_key,

@@ -190,6 +190,7 @@ def _build(
         tokenizer=tokenizer,
         held_out=held_out,
         physical_batch=physical,
+        attn_implementation=getattr(model.config, "_attn_implementation", None),  # auto resolved at load
     )
     from dplora.engine.schedule import make_scheduler
 

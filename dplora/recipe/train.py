@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from dplora.atomic import DiskFullError
-from dplora.contract.spec import Contract, ProtectedUnit
+from dplora.contract.spec import Contract, ProtectedUnit, Quantization
 from dplora.data import units as data_mod
 from dplora.engine import control, distributed
 from dplora.engine.model import check_model_cache
@@ -30,6 +30,7 @@ from dplora.recipe.finish import (
 )
 from dplora.recipe.inputs import protected_inputs
 from dplora.recipe.planning import plan_for, resolve_auto
+from dplora.recipe.precheck import check_model_files
 from dplora.recipe.setup import (
     _lock_output,
     _prepare_output,
@@ -144,6 +145,7 @@ def run_training(
                     ledger_path=ledger_path,
                 )
                 check_model_cache(contract.model)  # a packaged model's cache folder, before any conversion
+                check_model_files(contract.model)  # the model folder, before the data is read or σ calibrated
                 out, staging = _prepare_output(contract, overwrite, protected)
             if control.is_control(contract) and world.distributed:
                 raise BadInputError("privacy.enabled=false (the non-private control) runs in one process only")
@@ -251,8 +253,10 @@ def _run_locked(
         if control.is_control(contract)
         else f"σ={plan.noise_multiplier:.4f}, ε={plan.epsilon:.4f} ({plan.accountant.value})"
     )
+    quantized = Quantization(contract.model.quantization) is not Quantization.NONE
+    base = f"NF4 4-bit base, {spec.dtype} compute" if quantized else f"{spec.dtype} base"  # issue 42.10
     log(
-        f"device: {spec.device} ({spec.dtype} base, fp32 LoRA), threads: {spec.threads}; N={plan.num_units} units, "
+        f"device: {spec.device} ({base}, fp32 LoRA), threads: {spec.threads}; N={plan.num_units} units, "
         f"q={plan.sample_rate:.4g}, T={plan.steps}, {mechanism}"
     )
     if control.is_control(contract):

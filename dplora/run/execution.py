@@ -35,7 +35,9 @@ def execution_entry(spec, *, reducer=None, ranks=None) -> dict:
 
 
 def memory_entry(spec) -> dict:
-    """The memory settings (public; none changes the privacy event): the attention kernel, gradient checkpointing,
+    """The memory settings (public; none changes the privacy event): the attention kernel as resolved for the model
+    (``spec.attn_implementation``: ``auto`` as sdpa or eager, :func:`dplora.engine.model.resolve_attn_implementation`),
+    gradient checkpointing,
     and the physical batch with where it came from. ``auto`` is probed on synthetic batches of ``max_seq_len``
     tokens before step 1, so the value depends on the model, device and contract, never on the data; a smaller batch
     after an out-of-memory retry mid-run is data-dependent and is not recorded.
@@ -48,7 +50,8 @@ def memory_entry(spec) -> dict:
     else:
         source = "auto: the CPU default"
     return {
-        "attn_implementation": spec.contract.model.attn_implementation.value,
+        "attn_implementation": getattr(spec, "attn_implementation", None)
+        or spec.contract.model.attn_implementation.value,
         "gradient_checkpointing": "non-reentrant" if training.gradient_checkpointing else "off",
         "physical_batch_size": spec.physical_batch_size,
         "physical_batch_source": source,

@@ -52,6 +52,8 @@ class RunSpec:
         held_out: the held-out records (``datasets.Dataset``; private unless declared public), or None.
         physical_batch: records per forward resolved before step 1 (``training.physical_batch_size: auto`` probed by
             :func:`dplora.engine.membatch.probe_physical_batch`), or None to use the contract's number.
+        attn_implementation: the attention kernel the model loaded with ("sdpa", "eager", ...; ``auto`` resolved
+            by :func:`dplora.engine.model.resolve_attn_implementation`), or None for the contract's value.
     """
 
     contract: Contract
@@ -70,6 +72,7 @@ class RunSpec:
     tokenizer: Any = None
     held_out: Any = None
     physical_batch: int | None = None
+    attn_implementation: str | None = None
 
     @property
     def physical_batch_size(self) -> int:

@@ -71,7 +71,7 @@ def check_resumable(info: CheckpointInfo, contract, plan, unit_index, digest: st
     ):
         raise BadInputError(
             f"--resume: the data changed since the checkpoint: {contract.data.path} differs from the file the run "
-            f"started on ({data['num_records']} records then, {unit_index.num_records} now); resume needs the same data"
+            "started on (its sha256 or its records); resume needs the same data"  # no counts: they are private
         )
     saved = info.meta["plan"]
     keys = ("steps", "sample_rate", "noise_multiplier", "accountant", "delta", "max_grad_norm", "num_units")

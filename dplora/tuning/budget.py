@@ -241,8 +241,10 @@ def plot_curve(report: dict, path: Path) -> None:
         plt.close(fig)
 
 
-def print_report(report: dict, console) -> None:
-    """Render the report as rich tables."""
+def print_report(report: dict, console, warn=None) -> None:
+    """Render the report as rich tables on ``console``; ``warning:`` lines go to ``warn`` (a stderr console, as
+    ``train`` prints its warnings; default ``console``)."""
+    warn = console if warn is None else warn
     from rich.table import Table
 
     t = Table(title="dplora budget", show_header=False)
@@ -289,7 +291,7 @@ def print_report(report: dict, console) -> None:
     if private:
         console.print(f"note: rows marked 'not covered by DP' are {private['note']}", markup=False, soft_wrap=True)
     for w in report["warnings"]:
-        console.print(f"warning: {w}", markup=False, soft_wrap=True)  # one line each, never wrapped
+        warn.print(f"warning: {w}", markup=False, soft_wrap=True)  # one line each, never wrapped
     if "recommendation" in report:
         _print_recommendation(report["recommendation"], console)
     if "sweep" in report:

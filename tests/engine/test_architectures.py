@@ -110,7 +110,7 @@ def test_fast_path_matches_one_record_reference(arch):
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_attention_kernels_keep_the_reference(attn):
-    """``model.attn_implementation`` sdpa (the default) and eager: fast rows equal the one-record reference."""
+    """``model.attn_implementation`` sdpa (what auto picks here) and eager: fast rows equal the one-record reference."""
     base, targets = tiny_causal_lm("llama")
     base.set_attn_implementation(attn)
     assert base.config._attn_implementation == attn

@@ -278,8 +278,8 @@ def test_a_4bit_load_with_an_8bit_layer_is_refused(monkeypatch, model_dir):
 
     real = model_mod._load_4bit
 
-    def with_int8(folder, device, dtype):
-        model = real(folder, device, dtype)
+    def with_int8(folder, device, dtype, attn):
+        model = real(folder, device, dtype, attn)
         layer = model.model.layers[0].self_attn.q_proj
         model.model.layers[0].self_attn.q_proj = bnb.nn.Linear8bitLt(layer.in_features, layer.out_features, bias=False)
         return model
@@ -314,6 +314,7 @@ def test_train_4bit_and_verify(tmp_path, model_dir, tickets_csv, signing_key):
         tmp_path, model_dir, tickets_csv, signing_key, model={"quantization": "4bit"}, training={"steps": 2}
     )
     assert result.exit_code == 0, result.output
+    assert "device: cpu (NF4 4-bit base, fp32 compute, fp32 LoRA)" in result.output  # not "fp32 base" (issue 42.10)
     verified = CliRunner().invoke(app, ["verify", str(out), "--public-key", str(signing_key[1])])
     assert verified.exit_code == 0, verified.output
     base = release_statement(out)["predicate"]["base_model"]

@@ -218,7 +218,9 @@ def test_auto_is_recorded_under_execution_and_other_values_are_refused():
     raw["training"]["physical_batch_size"] = "auto"
     contract = parse_contract(raw)
     assert contract.training.fixed_physical_batch_size == 8
-    spec = types.SimpleNamespace(contract=contract, device=torch.device("cuda"), physical_batch_size=16)
+    spec = types.SimpleNamespace(
+        contract=contract, device=torch.device("cuda"), physical_batch_size=16, attn_implementation="sdpa"
+    )  # the default `auto`, resolved at load (issue 42.2)
     entry = memory_entry(spec)
     assert entry["physical_batch_size"] == 16 and entry["physical_batch_source"].startswith("auto: probed")
     assert entry["gradient_checkpointing"] == "off" and entry["attn_implementation"] == "sdpa"

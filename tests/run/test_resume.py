@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -403,6 +404,7 @@ def test_resume_refuses_changed_contract_or_data_naming_them(
     data.write_text("\n".join([*lines[:-1], lines[-1].replace(",", ",x", 1)]) + "\n")
     result = _train(cfg, db, signing_key, "--resume")
     assert result.exit_code == 2 and "the data changed since the checkpoint" in result.output
+    assert "records then" not in result.output  # a count of the private data is never printed (issue 42.10)
     assert checkpoint.read_info(_partial(out)).step == 2  # refusals leave the checkpoint alone
 
 
@@ -501,3 +503,15 @@ def test_resume_restores_the_lr_schedule(tmp_path, monkeypatch, tiny_model_dir, 
     for s in range(T):
         assert seen[s] == pytest.approx(expected(s), rel=1e-9), s
     assert _record(out)["optimization"]["lr_schedule"] == "linear"
+
+
+def test_a_data_file_moved_mid_run_does_not_stop_it(tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key):
+    """Issue 42.10 (docs/resume.md): the data is read once before step 1, so moving the file after step 2 changes
+    nothing: the run finishes all T steps and releases; a later --resume would refuse the missing file."""
+    data = tmp_path / "moved.csv"
+    shutil.copy(tickets_csv, data)
+    cfg, out, db = _setup(tmp_path, tiny_model_dir, data, "moved")
+    _hook(monkeypatch, "after-step", 2, lambda: data.rename(tmp_path / "elsewhere.csv"))
+    result = _train(cfg, db, signing_key)
+    assert result.exit_code == 0, result.output
+    assert not data.exists() and _record(out)["accounting"]["steps_done"] == T

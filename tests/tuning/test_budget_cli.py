@@ -251,8 +251,9 @@ def test_small_population_warning_for_10_units_not_for_the_demo(config):
     _write_csv(Path("data.csv"), [(f"u{i}", f"question {i}", f"answer {i}") for i in range(10)])
     small = budget(config, "privacy.num_units=10", "training.expected_batch_size=2", "privacy.delta=1e-3")
     assert small.exit_code == 0, small.output
-    lines = [line for line in small.stdout.splitlines() if "small population" in line]
+    lines = [line for line in small.stderr.splitlines() if "small population" in line]  # stderr, as train's
     assert len(lines) == 1 and lines[0].startswith("warning: N=10 protected units") and "k·ε" in lines[0]
+    assert "warning:" not in small.stdout
     assert "q=0.2 is above 0.1" in lines[0]
     Path("demo").mkdir()
     _write_csv(Path("demo/tickets.csv"), [(f"c{i}", f"question {i}", f"answer {i}") for i in range(1000)])
@@ -392,3 +393,22 @@ def test_budget_states_what_the_unit_covers(config):
         config, *common, "privacy.protected_unit=ticket", "privacy.unit_key=user_id", "training.expected_batch_size=4"
     )
     assert "group privacy" in ticket["unit_note"]
+
+
+def test_a_large_eval_fraction_says_how_much_is_held_out(config):
+    """Issue 42.10: eval_fraction 0.999 warns that 99.9 % of the units are held out (from the contract alone); an
+    empty side is refused without a count of the records."""
+    _write_csv(Path("data.csv"), [(f"u{i}", f"question {i}", f"answer {i}") for i in range(3000)])
+    held = budget(config, "privacy.num_units=3000", "data.eval_fraction=0.999", "privacy.delta=1e-5")
+    assert held.exit_code == 0, held.output
+    assert (
+        "warning: data.eval_fraction=0.999 holds out about 99.9% of the protected units for evaluation: training "
+        "sees about 0.1% of them"
+    ) in held.stderr
+    normal = budget(config, "privacy.num_units=3000", "data.eval_fraction=0.1", "privacy.delta=1e-5")
+    assert normal.exit_code == 0 and "holds out about" not in normal.output
+    _write_csv(Path("data.csv"), [(f"u{i}", f"question {i}", f"answer {i}") for i in range(3)])
+    empty = budget(config, "privacy.num_units=3", "data.eval_fraction=0.999", "privacy.delta=1e-2")
+    assert empty.exit_code == 2
+    assert "data.eval_fraction=0.999 leaves the training side empty; choose another fraction" in empty.output
+    assert "records" not in empty.output

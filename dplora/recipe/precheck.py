@@ -1,0 +1,205 @@
+"""Fail fast (issue 42.6): the contract's model and data files checked without torch or transformers, in about a
+second: ``dplora validate --check-files``, and the model part at the start of ``dplora train`` (before the data is
+read or σ calibrated).
+
+Only structure is read: the model's ``config.json`` and tokenizer files, the data file's header or schema (column
+names) and, for conversations, the shape of the first record's conversation cell (a list of ``{role, content}``).
+Nothing printed is computed from the records' values (issue 49): no counts, lengths or text; a refusal names the
+file, the column and the expected keys.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from dplora.contract.spec import PACKAGED_MODELS, Contract, ModelSection
+from dplora.errors import BadInputError, excerpt
+
+WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json", "pytorch_model.bin.index.json")
+SLOW_TOKENIZER_FILES = (("vocab.json", "merges.txt"), ("tokenizer.model",), ("spiece.model",), ("vocab.txt",))
+
+
+def _first_sentence(err: BaseException) -> str:
+    text = " ".join(str(err).split()) or err.__class__.__name__
+    head = text.split(". ", 1)[0].rstrip(".")
+    return head if len(head) <= 160 else head[:157] + "..."
+
+
+def _folder_checks(folder: Path, label: str) -> tuple[str, bool]:
+    """(OK line, has a chat template) for a Hugging Face folder: config.json, weights, tokenizer."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BadInputError(f"{label}: {folder} has no config.json: not a Hugging Face model folder") from None
+    except (OSError, ValueError) as err:
+        raise BadInputError(f"{label}: {folder}/config.json cannot be read ({_first_sentence(err)})") from None
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise BadInputError(f"{label}: {folder}/config.json names no model_type: not a transformers model config")
+    weights = sorted({p.name for pat in WEIGHT_PATTERNS for p in folder.glob(pat)})
+    if not weights:
+        raise BadInputError(f"{label}: {folder} has no weight files (*.safetensors or pytorch_model*.bin)")
+    tokenizer_file = folder / "tokenizer.json"
+    if tokenizer_file.is_file():
+        from tokenizers import Tokenizer  # the Rust library: no torch
+
+        try:
+            Tokenizer.from_file(str(tokenizer_file))
+        except Exception as err:  # noqa: BLE001 - any parse failure of the file is the same refusal
+            raise BadInputError(f"{label}: {tokenizer_file} cannot be read ({_first_sentence(err)})") from None
+        tokenizer = "tokenizer.json"
+    else:
+        found = next((files for files in SLOW_TOKENIZER_FILES if all((folder / f).is_file() for f in files)), None)
+        if found is None:
+            raise BadInputError(
+                f"{label}: {folder} has no tokenizer (tokenizer.json, or vocab.json + merges.txt, tokenizer.model)"
+            )
+        tokenizer = " + ".join(found)
+    template = (folder / "chat_template.jinja").is_file() or (folder / "chat_template.json").is_file()
+    try:
+        tok_config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+        template = template or bool(isinstance(tok_config, dict) and tok_config.get("chat_template"))
+    except (OSError, ValueError):
+        pass
+    line = (
+        f"OK  model: {folder} (model_type {config['model_type']}; {len(weights)} weight file(s); {tokenizer}; "
+        f"{'a' if template else 'no'} chat template)"
+    )
+    return line, template
+
+
+def check_model_files(section: ModelSection) -> tuple[str, bool | None]:
+    """Check the contract's model without loading it: the folder's config.json, weight files and tokenizer, a
+    .gguf file's magic bytes, the packaged model's package, a Hub id's cached snapshot.
+
+    Returns:
+        (one ``OK  model: ...`` line, whether the tokenizer has a chat template; None when not known before the
+        model is loaded: a .gguf file, or the packaged model not yet converted).
+    Raises:
+        BadInputError: a missing folder or file (a Hub id in ``model.path`` points to ``model.name``), an unreadable
+            config.json or tokenizer.json, no weights, no tokenizer, a file that is not GGUF.
+    """
+    from dplora.engine.model import (
+        SMOLLM2_GGUF,
+        _smollm2_cache,
+        check_model_cache,
+        hub_snapshot,
+        packaged_gguf,
+        resolve_model,
+    )
+
+    if section.name in PACKAGED_MODELS:
+        packaged_gguf()
+        check_model_cache(section)
+        converted = _smollm2_cache()
+        if (converted / "config.json").is_file():
+            return _folder_checks(converted, f"model.name={section.name}")
+        return f"OK  model: {section.name} ({SMOLLM2_GGUF} installed; converted on first use)", None
+    if section.name is not None:
+        return _folder_checks(hub_snapshot(section.name, section.revision), f"model.name={section.name}")
+    folder, gguf = resolve_model(section)  # a missing path, a folder without config.json, a Hub id
+    if gguf is None:
+        return _folder_checks(folder, f"model.path={section.path}")
+    path = folder / gguf
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+    except OSError as err:
+        raise BadInputError(f"model.path={section.path}: cannot read {path} ({err.strerror or err})") from None
+    if magic != b"GGUF":
+        raise BadInputError(f"model.path={section.path}: {path} does not start with the GGUF magic bytes: not GGUF")
+    return f"OK  model: {path} (a GGUF file)", None
+
+
+def _columns(path: Path, builder: str, label: str) -> tuple[list[str], object]:
+    """(column names, the first record's cells or None) from the file's header or schema only."""
+    try:
+        if builder == "csv":
+            with open(path, newline="", encoding="utf-8-sig") as fh:  # a byte-order mark is fine, as in train
+                header = next(csv.reader(fh), None)
+            if not header:
+                raise BadInputError(f"{label}: {path} has no header row")
+            return list(header), None  # as train reads it (dplora.data.readers): names kept as written
+        if builder == "parquet":
+            import pyarrow.parquet as pq
+
+            return list(pq.read_schema(path).names), None
+        with open(path, encoding="utf-8-sig") as fh:
+            if path.suffix.lower() == ".json":
+                first = json.load(fh)
+                first = first[0] if isinstance(first, list) and first else first
+            else:
+                line = next((ln for ln in fh if ln.strip()), None)
+                if line is None:
+                    raise BadInputError(f"{label}: {path} has no records")
+                first = json.loads(line)
+    except UnicodeDecodeError:
+        raise BadInputError(f"{label}: {path} is not UTF-8") from None
+    except (OSError, ValueError) as err:
+        if isinstance(err, BadInputError):
+            raise
+        raise BadInputError(f"{label}: {path} cannot be read as {builder} ({err.__class__.__name__})") from None
+    except Exception as err:  # noqa: BLE001 - pyarrow's own errors: not a parquet file
+        raise BadInputError(f"{label}: {path} cannot be read as {builder} ({err.__class__.__name__})") from None
+    if not isinstance(first, dict):
+        raise BadInputError(f"{label}: {path}: the first record is not a JSON object with named fields")
+    return list(first), first
+
+
+def check_data_files(contract: Contract, *, chat_template: bool | None) -> list[str]:
+    """Check the data file (and ``data.eval_path``): it exists, its type, the contract's columns in its header or
+    schema, and for conversations the first record's cell shape and the model's chat template.
+
+    Args:
+        contract: the validated contract.
+        chat_template: whether the model's tokenizer has a chat template (None: not known yet).
+    Returns:
+        ``OK  data: ...`` lines (column names only: the file's schema, never a value or a count).
+    Raises:
+        BadInputError: missing file, unknown type, a missing column, a conversation cell that is not a list of
+            ``{role, content}``.
+    """
+    from dplora.data.chat import check_messages
+    from dplora.data.units import _builder, required_columns
+
+    data = contract.data
+    wanted = required_columns(contract)
+    lines = []
+    for key, value in (("data.path", data.path), ("data.eval_path", data.eval_path)):
+        if value is None:
+            continue
+        path = Path(value)
+        if path.is_dir():
+            raise BadInputError(f"{key}={excerpt(str(path), 200)} is a folder; give a csv, jsonl or parquet file")
+        if not path.is_file():
+            raise BadInputError(f"data file not found: {key}={path}")
+        builder = _builder(data, path)
+        columns, first = _columns(path, builder, key)
+        needed = [c for c in wanted if key == "data.path" or c != contract.privacy.unit_key]
+        needed += [c for c in (data.label_column, data.group_column) if c and key == "data.eval_path"]
+        missing = [c for c in needed if c not in columns]
+        if missing:
+            shown = ", ".join(columns)
+            shown = shown if len(shown) <= 200 else shown[:197] + "..."
+            raise BadInputError(f"{key}: {path} has no column {missing[0]!r}; columns are: {shown}")
+        kind = {"json": "jsonl" if path.suffix.lower() != ".json" else "json"}.get(builder, builder)
+        line = f"OK  {key}: {path} ({kind}; columns {', '.join(needed)} present)"
+        if data.messages_key is not None:
+            if first is not None:
+                check_messages(first[data.messages_key], 1, data.messages_key)
+            line += f"; {data.messages_key} holds lists of {{role, content}}"
+        lines.append(line)
+    if data.messages_key is not None and chat_template is False:
+        lines.append("note: the model has no chat template: conversations are rendered with dplora's plain template")
+    return lines
+
+
+def check_files(contract: Contract) -> list[str]:
+    """:func:`check_model_files` then :func:`check_data_files`: the ``OK`` lines of ``validate --check-files``.
+
+    Raises:
+        BadInputError: the first check that fails (one line, exit 2).
+    """
+    model_line, template = check_model_files(contract.model)
+    return [model_line, *check_data_files(contract, chat_template=template)]
