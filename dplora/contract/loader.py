@@ -294,7 +294,8 @@ def load_contract(path: str | Path, overrides: list[str] | None = None) -> Contr
 
     Returns:
         The frozen :class:`Contract`. Relative ``data.path`` / ``model.path`` stay as written (relative to the
-        working directory).
+        working directory). ``data.record_format: auto`` with no column named is resolved from the data file's
+        structure (:func:`dplora.contract.shape.resolve_auto`: TRL prompt/completion, ShareGPT ``conversations``).
 
     Raises:
         BadInputError: missing file, bad YAML, unknown key, bad value.
@@ -324,4 +325,6 @@ def load_contract(path: str | Path, overrides: list[str] | None = None) -> Contr
         raw = {}
     if isinstance(raw, dict) and overrides:
         raw = apply_overrides(raw, overrides)
-    return parse_contract(raw)
+    from dplora.contract.shape import resolve_auto
+
+    return resolve_auto(parse_contract(raw))
