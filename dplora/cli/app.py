@@ -196,6 +196,26 @@ def eval_(
         out.print(line, markup=False, soft_wrap=True)
 
 
+@app.command(short_help="Plot loss, ε and step time of a run (a PRIVATE figure in <run>.private/).")
+def plot(run: RunArg) -> None:
+    """Plot the training loss, ε spent and step time against the logical step from <run>.private/metrics.jsonl into
+    <run>.private/training.png. The figure is PRIVATE (loss and step times are computed on private data, NOT
+    covered by DP): keep it local, never ship it."""
+    from dplora.evaluate.plot import plot_run
+    from dplora.release.read import resolve_run_folder
+
+    try:
+        result = plot_run(resolve_run_folder(run))
+    except DploraError as err:
+        raise fail(err) from None
+    out.print(
+        f"wrote {result.path} ({len(result.series.steps)} steps): PRIVATE, loss and step time are computed on "
+        "private data and NOT covered by DP; keep it local, never ship it",
+        markup=False,
+        soft_wrap=True,
+    )
+
+
 PromptOpt = Annotated[str | None, typer.Option(metavar="TEXT", help="One prompt.")]
 PromptsOpt = Annotated[Path | None, typer.Option(metavar="FILE", help="A UTF-8 file with one prompt per line.")]
 MessagesOpt = Annotated[
