@@ -98,7 +98,7 @@ def test_the_probe_is_synthetic_and_leaves_no_gradient(monkeypatch):
     seconds = membatch.time_synthetic_step(gsm, dp_opt, named, batch_size=3, max_seq_len=16, pad_id=256,
                                            device=torch.device("cpu"))  # fmt: skip
     assert seconds is not None and seconds > 0
-    assert seen == [[([1] * 16, [1] * 16)] * 3]  # three records of token 1, 16 tokens: no data
+    assert seen == [[([1] * 16, [1] * 16)] * 3] * 2  # warm-up and timed run: three records of token 1, 16 tokens
     assert all(p.grad is None and getattr(p, "grad_sample", None) is None for _, p in named)
 
 
