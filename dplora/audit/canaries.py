@@ -74,6 +74,9 @@ def canary_rows(contract: Contract, unit_id: str, secret: str, copies: int = 1) 
     row: dict = {}
     if data.text_column:
         row[data.text_column] = f"{PROMPT}\n{reply}"
+    elif data.completion_column is not None:  # TRL conversational prompt/completion: the secret is the completion
+        row[data.messages_key] = [{"role": "user", "content": PROMPT}]
+        row[data.completion_column] = [{"role": "assistant", "content": reply}]
     elif data.messages_key is not None:
         row[data.messages_key] = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": reply}]
     else:

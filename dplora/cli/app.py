@@ -215,6 +215,26 @@ def eval_(
         out.print(line, markup=False, soft_wrap=True)
 
 
+@app.command(short_help="Plot loss, ε and step time of a run (a PRIVATE figure in <run>.private/).")
+def plot(run: RunArg) -> None:
+    """Plot the training loss, ε spent and step time against the logical step from <run>.private/metrics.jsonl into
+    <run>.private/training.png. The figure is PRIVATE (loss and step times are computed on private data, NOT
+    covered by DP): keep it local, never ship it."""
+    from dplora.evaluate.plot import plot_run
+    from dplora.release.read import resolve_run_folder
+
+    try:
+        result = plot_run(resolve_run_folder(run))
+    except DploraError as err:
+        raise fail(err) from None
+    out.print(
+        f"wrote {result.path} ({len(result.series.steps)} steps): PRIVATE, loss and step time are computed on "
+        "private data and NOT covered by DP; keep it local, never ship it",
+        markup=False,
+        soft_wrap=True,
+    )
+
+
 PromptOpt = Annotated[str | None, typer.Option(metavar="TEXT", help="One prompt.")]
 PromptsOpt = Annotated[Path | None, typer.Option(metavar="FILE", help="A UTF-8 file with one prompt per line.")]
 MessagesOpt = Annotated[
@@ -336,6 +356,48 @@ def validate(
     out.print(f"OK: contract {config} is valid (sha256 {contract.sha256[:16]}…){checked}", markup=False)
     for line in lines:
         out.print(line, markup=False, soft_wrap=True)
+
+
+InitDataArg = Annotated[
+    Path,
+    typer.Argument(metavar="DATA", help="The data file (csv, jsonl, json or parquet): only its structure is read."),
+]
+InitModelArg = Annotated[
+    str, typer.Argument(metavar="MODEL", help="smollm2-135m, a local model folder or .gguf file, or a Hub id ORG/NAME.")
+]
+InitOutOpt = Annotated[Path, typer.Option("--out", metavar="FILE", help="Where to write the contract.")]
+
+
+@app.command(short_help="Write a commented contract for a data file and a model.")
+def init(
+    data: InitDataArg,
+    model: InitModelArg,
+    out_path: InitOutOpt = Path("contract.yaml"),
+    overwrite: ReplaceFileOpt = False,
+) -> None:
+    """Write a commented contract for DATA and MODEL: format, columns and chat shape from the file's structure only
+    (column names and types, never values or counts). N, ε and δ are left as DECLARE with the reasons in comments:
+    the contract fails validation until you declare them."""
+    from dplora import atomic
+    from dplora.contract.init import contract_text
+
+    try:
+        if out_path.exists() and not overwrite:
+            raise BadInputError(f"{out_path} exists; pass --overwrite to replace it")
+        if out_path.is_dir():
+            raise BadInputError(f"--out {out_path} is a folder; give a file name such as contract.yaml")
+        text, shape = contract_text(data, model)
+        atomic.write_text(out_path, text)
+    except DploraError as err:
+        raise fail(err) from None
+    except OSError as err:
+        raise fail(BadInputError(f"cannot write {out_path}: {err.strerror or err.__class__.__name__}")) from None
+    out.print(
+        f"wrote {out_path}: {shape.name}; declare privacy.num_units, privacy.target_epsilon and privacy.delta "
+        f"(marked DECLARE), then: dplora validate {out_path}",
+        markup=False,
+        soft_wrap=True,
+    )
 
 
 DemoPathArg = Annotated[Path, typer.Argument(metavar="PATH", help="Output file (.csv or .jsonl).")]

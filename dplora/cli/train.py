@@ -25,6 +25,14 @@ BudgetWorldSizeOpt = Annotated[
 BudgetRecommendOpt = Annotated[
     bool, typer.Option(help="Let the planner choose B, T and lr from public inputs (declared N); no data read.")
 ]
+BudgetEstimateOpt = Annotated[
+    bool,
+    typer.Option(
+        "--estimate",
+        help="Also load the model and time one synthetic step (max_seq_len tokens, no data): a public time estimate "
+        "for the run from the plan's T and B.",
+    ),
+]
 BudgetMaxStepsOpt = Annotated[
     int | None, typer.Option(min=1, max=1_000_000, metavar="T", help="With --recommend: cap on logical steps T.")
 ]
@@ -55,8 +63,9 @@ def budget(
     max_steps: BudgetMaxStepsOpt = None,
     epochs: BudgetEpochsOpt = None,
     show_private: ShowPrivateOpt = False,
+    estimate: BudgetEstimateOpt = False,
 ) -> None:
-    """Dry run: plan N, q, T and σ and report ε, without loading a model.
+    """Dry run: plan N, q, T and σ and report ε, without loading a model (--estimate loads it to time a step).
 
     N comes from privacy.num_units if declared, else from counting protected units in the data. Under CI, without a
     terminal or with --json the report is public: no records-per-unit statistics or data-count warnings, and no plan
@@ -80,6 +89,8 @@ def budget(
             epochs=epochs,
             max_steps=max_steps,
             show_private=private,
+            estimate=estimate,
+            log=log,
         )
         if plot is not None:
             budget_mod.plot_curve(report, plot)

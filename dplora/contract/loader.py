@@ -294,18 +294,64 @@ def _format_error(err: ValidationError) -> str:
     return f"{loc}: {phrase}"
 
 
+# A value the user must declare (``dplora init`` writes it for N, ε and δ): read as a missing key.
+DECLARE = "DECLARE"
+
+
+def _placeholders(raw: dict) -> tuple[dict, list[str]]:
+    """``raw`` without its ``DECLARE`` values (one level of sections), and their dotted keys in file order."""
+    out, keys = {}, []
+    for name, section in raw.items():
+        if isinstance(section, dict):
+            kept = {}
+            for key, value in section.items():
+                if isinstance(value, str) and value == DECLARE:
+                    keys.append(f"{name}.{key}")
+                else:
+                    kept[key] = value
+            out[name] = kept
+        else:
+            out[name] = section
+    return out, keys
+
+
+def _missing_line(missing: list[str], declare: list[str]) -> str:
+    parts = []
+    if missing:
+        parts.append(f"missing key{'s' if len(missing) > 1 else ''} {', '.join(repr(m) for m in missing)}")
+    if declare:
+        parts.append(
+            f"declare {', '.join(declare)} (written as {DECLARE}: the comments beside them say why dplora cannot "
+            "fill them)"
+        )
+    return "contract: " + "; ".join(parts)
+
+
 def parse_contract(raw: Any) -> Contract:
     """Validate a raw mapping into a :class:`Contract`.
 
+    Every missing key, and every key written as :data:`DECLARE` (a value left for the user, as ``dplora init``
+    writes N, ε and δ), is reported at once on one line; otherwise the first offending key.
+
     Raises:
-        BadInputError: one line naming the first offending key and what is allowed.
+        BadInputError: one line naming every missing or undeclared key, else the first offending key and what is
+            allowed.
     """
     if not isinstance(raw, dict):
         raise BadInputError("the contract must be a YAML mapping with sections privacy, model, data, lora, training")
+    raw, declare = _placeholders(raw)
     try:
         contract = Contract.model_validate(raw)
     except ValidationError as err:
+        missing = [
+            ".".join(str(p) for p in e["loc"] if not _is_union_tag(p)) for e in err.errors() if e["type"] == "missing"
+        ]
+        missing = [m for m in dict.fromkeys(missing) if m not in declare]
+        if missing or declare:
+            raise BadInputError(_missing_line(missing, declare)) from None
         raise BadInputError(f"contract: {_format_error(err)}") from None
+    if declare:  # keys that have a default (privacy.num_units) but were left for the user to declare
+        raise BadInputError(_missing_line([], declare))
     for name in ("target_epsilon", "max_grad_norm", "delta"):
         value = getattr(contract.privacy, name)
         if not math.isfinite(value):  # pragma: no cover - pydantic already rejects inf/nan
@@ -322,7 +368,8 @@ def load_contract(path: str | Path, overrides: list[str] | None = None) -> Contr
 
     Returns:
         The frozen :class:`Contract`. Relative ``data.path`` / ``model.path`` stay as written (relative to the
-        working directory).
+        working directory). ``data.record_format: auto`` with no column named is resolved from the data file's
+        structure (:func:`dplora.contract.shape.resolve_auto`: TRL prompt/completion, ShareGPT ``conversations``).
 
     Raises:
         BadInputError: missing file, bad YAML, unknown key, bad value.
@@ -352,4 +399,6 @@ def load_contract(path: str | Path, overrides: list[str] | None = None) -> Contr
         raw = {}
     if isinstance(raw, dict) and overrides:
         raw = apply_overrides(raw, overrides)
-    return parse_contract(raw)
+    from dplora.contract.shape import resolve_auto
+
+    return resolve_auto(parse_contract(raw))

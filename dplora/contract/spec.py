@@ -284,6 +284,9 @@ class DataSection(_Section):
     prompt_column: Name | None = None
     response_column: Name | None = None
     messages_column: Name | None = None  # None: DEFAULT_MESSAGES_COLUMN when the records are conversations
+    # TRL conversational prompt/completion: messages_column holds the prompt turns, this column the completion turns;
+    # the loss covers the completion only (dplora.data.chat.ChatEncoder's first_target)
+    completion_column: Name | None = None
     train_on: Literal["assistant", "all"] = "assistant"  # messages: loss on the assistant turns, or on every token
     chat_template: Literal["auto", "none"] = "auto"  # prompt/response: through the model's template (auto) or raw
     # The held-out set (dplora.evaluate.heldout): a separate file, or a split of `path` by protected unit.
@@ -331,6 +334,13 @@ class DataSection(_Section):
 
     @model_validator(mode="after")
     def _columns(self) -> DataSection:
+        if self.completion_column is not None and self.kind != "messages":
+            raise ValueError(
+                "data.completion_column (TRL conversational prompt/completion: message lists) goes with "
+                "data.messages_column (the prompt's messages), not with text/prompt/response columns"
+            )
+        if self.completion_column is not None and self.completion_column == self.messages_key:
+            raise ValueError("data.completion_column must differ from data.messages_column")
         has_text = self.text_column is not None
         has_pair = self.prompt_column is not None or self.response_column is not None
         if has_text and has_pair:

@@ -104,6 +104,8 @@ def tokenization_entry(tokenizer, data) -> dict:
     else:
         source = "plain fallback" if template == PLAIN_TEMPLATE else "model"
     train_on = {"text": "all", "prompt_response": "response"}.get(data.kind, data.train_on)
+    if data.kind == "messages" and data.completion_column is not None:
+        train_on = f"completion ({data.train_on})"
     return {
         "record_format": data.kind,
         "train_on": train_on,
@@ -112,29 +114,58 @@ def tokenization_entry(tokenizer, data) -> dict:
     }
 
 
+# ShareGPT turns (axolotl's default ``conversations`` format): ``{"from", "value"}``, roles mapped to ours.
+SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system"}
+_SHAPES = (
+    'expected {"role", "content"} (roles system, user, assistant) or ShareGPT {"from", "value"} (from human, gpt, '
+    "system)"
+)
+
+
 def check_messages(value, row: int, column: str) -> list[dict]:
     """One conversation cell as a list of ``{"role", "content"}`` (other keys dropped), or a one-line error.
+
+    A message is ``{"role", "content"}`` (TRL/OpenAI, roles :data:`ROLES`) or ShareGPT ``{"from", "value"}``
+    (axolotl's default; ``from`` mapped by :data:`SHAREGPT_ROLES`: human → user, gpt → assistant, system → system).
+    The shape is decided per message by its keys (``role`` present: TRL; else ``from``: ShareGPT).
 
     Args:
         value: the cell as read (a list of dicts).
         row: the record's 1-based row (a jsonl file's line when it has no blank lines).
+        column: the column name, for error messages.
+
+    Returns:
+        The turns, shape [turns] of ``{"role": str, "content": str}``.
 
     Raises:
-        BadInputError: not a non-empty list, a turn that is not an object, an unknown role, non-text content;
-            names the row and column, never the text.
+        BadInputError: not a non-empty list, a turn that is not an object or has neither key pair, an unknown role,
+            non-text content; names the row, the column and the expected keys, never the text.
+
+    Source: TRL dataset formats (conversational), axolotl ``sharegpt`` type (``conversations``, ``from``/``value``).
     """
     where = f"column {excerpt(column)}, data row {row}"
     if not isinstance(value, list | tuple) or not value:
-        raise BadInputError(f"{where}: a conversation must be a non-empty list of {{role, content}} messages")
+        raise BadInputError(f"{where}: a conversation must be a non-empty list of messages, {_SHAPES}")
     out = []
     for turn, message in enumerate(value, start=1):
         if not isinstance(message, dict):
-            raise BadInputError(f"{where}: message {turn} is not an object with role and content")
-        role, content = message.get("role"), message.get("content")
-        if role not in ROLES:
-            raise BadInputError(f"{where}: message {turn} has a role other than {', '.join(ROLES)}")
+            raise BadInputError(f"{where}: message {turn} is not an object; {_SHAPES}")
+        if message.get("role") is not None:
+            role, content = message.get("role"), message.get("content")
+            if role not in ROLES:
+                raise BadInputError(f"{where}: message {turn} has a role other than {', '.join(ROLES)}")
+        elif message.get("from") is not None:
+            role, content = SHAREGPT_ROLES.get(message.get("from")), message.get("value")
+            if role is None:
+                raise BadInputError(
+                    f"{where}: message {turn} (ShareGPT) has a 'from' other than {', '.join(SHAREGPT_ROLES)}"
+                )
+        else:
+            keys = ", ".join(excerpt(str(k), 20) for k in list(message)[:4]) or "none"
+            raise BadInputError(f"{where}: message {turn} has keys {keys}; {_SHAPES}")
         if not isinstance(content, str):
-            raise BadInputError(f"{where}: message {turn} has non-text content ({type(content).__name__})")
+            key = "content" if "role" in message and message.get("role") is not None else "value"
+            raise BadInputError(f"{where}: message {turn} has non-text {key} ({type(content).__name__})")
         out.append({"role": role, "content": content})
     return out
 
@@ -246,12 +277,15 @@ class ChatEncoder:
             return None
         return default if same else None
 
-    def encode(self, messages: list[dict], row: int = 0) -> tuple[list[int], list[int]]:
+    def encode(self, messages: list[dict], row: int = 0, first_target: int = 0) -> tuple[list[int], list[int]]:
         """(input_ids, labels) of one conversation, each of length ≤ ``max_seq_len``; labels −100 off target.
 
         Args:
             messages: the checked turns (:func:`check_messages`); contents are cut to the cell bound here.
             row: 1-based row, for error messages only.
+            first_target: turns before this index are context whatever their role (TRL conversational
+                prompt/completion: the prompt's length in turns, so only the completion is a target; 0: every
+                assistant turn, or with ``train_on: all`` every token).
 
         Raises:
             BadInputError: the template fails on the record or is not prefix-stable.
@@ -265,10 +299,10 @@ class ChatEncoder:
         labels: list[int] = []
         prev: list[int] = []
         cut = False
-        if self.train_on == "assistant":
+        if self.train_on == "assistant" and first_target == 0:  # a completion's context is cut by the usual rule
             msgs, cut = self._fit_first_reply(msgs, row)
         for i, message in enumerate(msgs):
-            reply = message["role"] == "assistant"
+            reply = message["role"] == "assistant" and i >= first_target
             if reply and self.train_on == "assistant":
                 context = self._render(msgs[:i], True, row)
                 full = self._render(msgs[: i + 1], False, row)
@@ -279,7 +313,8 @@ class ChatEncoder:
                 full = self._render(msgs[: i + 1], False, row)
                 if full[: len(prev)] != prev:
                     raise self._prefix_error(row)
-                head, target = (full[len(prev) :], []) if self.train_on == "assistant" else ([], full[len(prev) :])
+                context_only = self.train_on == "assistant" or i < first_target
+                head, target = (full[len(prev) :], []) if context_only else ([], full[len(prev) :])
             room = max_len - len(ids)
             if len(head) + len(target) > room:
                 cut = True

@@ -44,6 +44,9 @@ def demo_rows(contract: Contract, num_tickets: int, *, seed: int = DEMO_SEED) ->
         row = {}
         if data.text_column:
             row[data.text_column] = f"{t['message']}\n{t['reply']}"
+        elif data.completion_column is not None:  # TRL conversational prompt/completion: the reply is the completion
+            row[data.messages_key] = [{"role": "user", "content": t["message"]}]
+            row[data.completion_column] = [{"role": "assistant", "content": t["reply"]}]
         elif data.messages_key is not None:  # a conversations contract: the ticket as one user → assistant exchange
             row[data.messages_key] = [
                 {"role": "user", "content": t["message"]},

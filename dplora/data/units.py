@@ -39,7 +39,7 @@ def required_columns(contract: Contract) -> list[str]:
     """Columns the contract reads: text, prompt/response or the conversations, plus the unit key."""
     data = contract.data
     if data.kind == "messages":
-        cols = [data.messages_key]
+        cols = [data.messages_key] + ([data.completion_column] if data.completion_column else [])
     else:
         cols = [data.text_column] if data.text_column else [data.prompt_column, data.response_column]
     if contract.privacy.unit_key:
@@ -82,14 +82,23 @@ def load_table(contract: Contract, *, light: bool = False):
     if missing:
         columns = ", ".join(table.column_names)  # header names come from the file: bounded below
         columns = columns if len(columns) <= 200 else columns[:197] + "..."
-        raise BadInputError(f"data file {path} has no column {missing[0]!r}; columns are: {columns}")
-    text_columns = [c for c in required_columns(contract) if c != contract.data.messages_key]
+        hint = ""
+        if contract.data.record_format == "auto" and missing[0] == contract.data.messages_key == "messages":
+            hint = (
+                " (data.record_format: auto reads a 'messages' or ShareGPT 'conversations' column of message lists, "
+                "or TRL 'prompt' + 'completion' columns; else name data.text_column or data.prompt_column + "
+                "data.response_column)"
+            )
+        raise BadInputError(f"data file {path} has no column {missing[0]!r}; columns are: {columns}{hint}")
+    message_columns = [contract.data.messages_key, contract.data.completion_column]
+    text_columns = [c for c in required_columns(contract) if c not in message_columns]
     for column in text_columns:
         _check_cells(table[column], column, path)
     if isinstance(table, TextTable):
         return table  # every cell is already text
-    if contract.data.messages_key is not None:
-        table = _as_messages(table, contract.data.messages_key)
+    for column in message_columns:
+        if column is not None:
+            table = _as_messages(table, column)
     return _as_text(table, text_columns, path)
 
 
@@ -370,7 +379,8 @@ def encode_records(table, tokenizer, contract: Contract):
       + EOS``, the prompt keeping at most half of ``max_seq_len`` when the pair is too long.
     * ``messages`` records are rendered by the model's chat template (:mod:`dplora.data.chat`, plain fallback when the
       model has none), targets on the assistant turns (``data.train_on: assistant``) or every token (``all``),
-      truncated by whole turns.
+      truncated by whole turns. With ``data.completion_column`` (TRL conversational prompt/completion) a record is
+      the prompt's turns followed by the completion's, and only the completion's turns are targets.
 
     Each cell is cut to :func:`cell_char_bound` characters before tokenizing (:func:`cut_cells`).
 
@@ -398,14 +408,23 @@ def encode_records(table, tokenizer, contract: Contract):
     template = template_in_use(tokenizer, data)
     if template is not None:
         encoder = ChatEncoder(tokenizer, template, max_len, data.train_on if data.kind == "messages" else "assistant")
-        if data.kind == "messages":
+        starts = None
+        if data.kind == "messages" and data.completion_column:  # TRL conversational prompt/completion
+            prompts, completions = table[data.messages_key], table[data.completion_column]
+            conversations = [list(p) + list(c) for p, c in zip(prompts, completions, strict=True)]
+            starts = [len(p) for p in prompts]  # each record's own prompt length: the completion alone is a target
+        elif data.kind == "messages":
             conversations = table[data.messages_key]
         else:
             conversations = [
                 [{"role": "user", "content": str(p)}, {"role": "assistant", "content": str(r)}]
                 for p, r in zip(table[data.prompt_column], table[data.response_column], strict=True)
             ]
-        out = [encoder.encode(messages, row) for row, messages in enumerate(conversations, start=1)]
+        starts = starts or [0] * len(conversations)
+        out = [
+            encoder.encode(messages, row, first)
+            for row, (messages, first) in enumerate(zip(conversations, starts, strict=True), start=1)
+        ]
         return out, encoder.stats
     prompts = enc([f"{p}\n" for p in table[data.prompt_column]])  # cells are checked non-empty at load
     responses = enc(table[data.response_column])

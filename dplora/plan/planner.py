@@ -11,7 +11,10 @@ averaged gradient and the number of steps (Sander et al. 2023, "TAN without a bu
 
 - T = ceil(E·N/B), capped at ``max_steps`` when given;
 - σ = the calibrated σ for (q = B/N, T) under the contract's accountant (checked ε(σ, T) ≤ target);
-- eligible when T ≥ :data:`MIN_STEPS` (too few steps cannot use the signal) and σ is reachable.
+- eligible when T ≥ :data:`MIN_STEPS` (too few steps cannot use the signal) and σ is reachable; a step cap below
+  :data:`MIN_STEPS` is the user's explicit compute budget and lowers the floor to the cap (:func:`step_floor`), so
+  the planner then chooses B at T = the cap (issue 42: the shipped configs' ``steps: 20``/``24`` with
+  ``expected_batch_size: auto`` were refused).
 
 The choice is the eligible candidate with the smallest σ/B; ties (relative 1e-9) go to the larger T, then the
 smaller B. The learning rate scales with √(B/B_ref) from the contract's ``training.lr`` read as the rate at
@@ -79,7 +82,7 @@ class Recommendation:
                 "num_units": self.num_units,
                 "epochs": self.epochs,
                 "max_steps": self.max_steps,
-                "min_steps": MIN_STEPS,
+                "min_steps": step_floor(self.max_steps),
                 "batch_grid": list(BATCH_GRID),
                 "reference_batch": REFERENCE_BATCH,
             },
@@ -93,9 +96,18 @@ class Recommendation:
 
 RULE = (
     "B in the grid with B ≤ N/4; T = ceil(E·N/B) (capped at max_steps); σ calibrated to the target; smallest σ/B "
-    "among T ≥ 50; ties: larger T, then smaller B; lr = lr_ref·sqrt(B/32), constant, no warmup (Sander et al. 2023; "
-    "McKenna et al. 2025; Malladi et al. 2022)"
+    "among T ≥ min(50, max_steps); ties: larger T, then smaller B; lr = lr_ref·sqrt(B/32), constant, no warmup "
+    "(Sander et al. 2023; McKenna et al. 2025; Malladi et al. 2022)"
 )
+
+
+def step_floor(max_steps: int | None) -> int:
+    """The least T a candidate may have: :data:`MIN_STEPS`, or a lower step cap (the user's compute budget).
+
+    Returns:
+        min(MIN_STEPS, max_steps), or MIN_STEPS without a cap; steps.
+    """
+    return MIN_STEPS if max_steps is None else min(MIN_STEPS, max_steps)
 
 
 def scaled_lr(lr_ref: float, batch: int) -> float:
@@ -128,8 +140,10 @@ def recommend(
         A :class:`Recommendation`; every candidate's ε ≤ target under the same accountant and integer T.
 
     Raises:
-        PlanRefusedError: no candidate is eligible (N too small for B ≥ 32 and T ≥ 50, or the target unreachable).
+        PlanRefusedError: no candidate is eligible (N too small for B ≥ 32 and T ≥ min(50, max_steps), or the
+            target unreachable).
     """
+    floor = step_floor(max_steps)
     e = Fraction(str(DEFAULT_EPOCHS if epochs is None else epochs))
     chain = numerical_chain(accountant, adjacency)
     cands = []
@@ -141,8 +155,8 @@ def recommend(
             steps = min(steps, max_steps)
         q = batch / num_units
         lr = scaled_lr(lr_ref, batch)
-        if steps < MIN_STEPS or steps > MAX_STEPS:
-            why = f"T={steps} below the minimum {MIN_STEPS}" if steps < MIN_STEPS else f"T above {MAX_STEPS}"
+        if steps < floor or steps > MAX_STEPS:
+            why = f"T={steps} below the minimum {floor}" if steps < floor else f"T above {MAX_STEPS}"
             cands.append(_cand(batch, steps, q, None, None, lr, why))
             continue
         try:
@@ -162,7 +176,7 @@ def recommend(
     eligible = [c for c in cands if c.excluded is None]
     if not eligible:
         raise PlanRefusedError(
-            f"the planner found no batch B ≥ {BATCH_GRID[0]} with B ≤ N/4 and T ≥ {MIN_STEPS} for N={num_units}, "
+            f"the planner found no batch B ≥ {BATCH_GRID[0]} with B ≤ N/4 and T ≥ {floor} for N={num_units}, "
             f"E={float(e):g}"
             + (f", max steps {max_steps}" if max_steps else "")
             + ": raise the epochs or the step cap, or set training.expected_batch_size and steps yourself"

@@ -198,3 +198,107 @@ def _build(
         optimizer, schedule=plan.lr_schedule, warmup_steps=plan.warmup_steps, total_steps=plan.steps
     )
     return spec, RunState(model=gsm, optimizer=dp_opt, accountant=accountant, named=named, scheduler=scheduler)
+
+
+def probe_estimate(
+    contract: Contract,
+    plan: TrainingPlan,
+    model,
+    optimizer,
+    named,
+    *,
+    pad_id: int,
+    physical: int,
+    world_size=1,
+    done_steps: int = 0,
+):
+    """Time one synthetic step and return the public estimate's inputs (:mod:`dplora.plan.estimate`), or None.
+
+    Args:
+        model, optimizer, named: the run's per-example model, its optimizer and trainable tensors.
+        pad_id: the tokenizer's pad id; physical: records per forward; world_size: W; done_steps: steps already run.
+
+    Returns:
+        :class:`dplora.plan.estimate.EstimateInputs`, or None when the probe batch does not fit in memory.
+    """
+    from dplora.engine import step as engine
+    from dplora.engine.membatch import time_synthetic_step
+    from dplora.plan.estimate import estimate_inputs
+
+    device = engine.parameter_device(model)
+    with _Stage("timing a synthetic step", device):
+        seconds = time_synthetic_step(
+            model,
+            optimizer,
+            named,
+            batch_size=physical,
+            max_seq_len=contract.training.max_seq_len,
+            pad_id=pad_id,
+            device=device,
+        )
+    if seconds is None:
+        return None
+    return estimate_inputs(
+        contract,
+        plan,
+        physical_batch=physical,
+        probe_seconds=seconds,
+        device=str(device),
+        world_size=world_size,
+        done_steps=done_steps,
+    )
+
+
+def estimate_without_data(contract: Contract, plan: TrainingPlan, *, threads: int | None = None, log=print):
+    """``dplora budget --estimate``: load the model and engine as ``train`` does (no data) and time a synthetic step.
+
+    The per-example path, the optimizer and the physical batch (the contract's, or probed on synthetic batches
+    for ``auto``) are those of a run; no token of the data is read (the plan is made before, from public inputs).
+
+    Returns:
+        :class:`dplora.plan.estimate.EstimateInputs`, or None when the probe batch does not fit in memory.
+
+    Raises:
+        BadInputError, TrainingFailedError: the model cannot be loaded or set up (as in ``train``).
+    """
+    import torch
+
+    from dplora.engine import step as engine
+    from dplora.engine.model import resolve_precision, select_device
+
+    warnings.filterwarnings("ignore", message="Full backward hook is firing")
+    n_threads = threads or contract.training.threads or max(1, engine.free_threads())
+    torch.set_num_threads(n_threads)
+    device = select_device()
+    dtype, allow_tf32 = resolve_precision(contract.model, device)
+    with _Stage("loading the model", device):
+        model, tokenizer = _setup_model(contract, device, dtype, allow_tf32, log)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not named:
+        raise BadInputError("no trainable parameters: check lora.target_modules")
+    with _Stage("setting up per-sample gradients", device):
+        optimizer = _make_optimizer(contract, [p for _, p in named])
+        if control.is_control(contract):
+            gsm, dp_opt, _ = control.make_non_private(model, optimizer, plan=plan)
+        else:
+            gsm, dp_opt, _ = engine.make_private(
+                model,
+                optimizer,
+                plan=plan,
+                unit_mean=contract.privacy.unit_clipping is UnitClipping.MEAN,
+                per_sample=contract.privacy.per_sample.value,
+            )
+    physical = contract.training.physical_batch_size
+    if physical == "auto":
+        from dplora.engine.membatch import probe_physical_batch
+
+        with _Stage("probing the physical batch", device):
+            physical = probe_physical_batch(
+                gsm,
+                dp_opt,
+                named,
+                max_seq_len=contract.training.max_seq_len,
+                pad_id=tokenizer.pad_token_id,
+                device=engine.parameter_device(model),
+            )
+    return probe_estimate(contract, plan, gsm, dp_opt, named, pad_id=tokenizer.pad_token_id, physical=physical)

@@ -267,6 +267,7 @@ def _run_locked(
             f"distributed: {io.world.world_size} processes ({io.world.launcher}, {io.world.backend}); units sharded "
             f"by rank, expected {low:.4g}–{high:.4g} units per rank per step; noise drawn once per step on rank 0"
         )
+    _log_estimate(spec, state, log)
     try:
         ledger = _reserve(ledger, contract, plan, spec, io, resumed)
     except BaseException:
@@ -345,6 +346,31 @@ def _run_locked(
         evaluation=evaluation,
         run_id=spec.run_id,
     )
+
+
+def _log_estimate(spec, state, log) -> None:
+    """Time one synthetic step and print the public estimate before step 1 (:mod:`dplora.plan.estimate`).
+
+    Its inputs are the plan's public numbers, public contract keys and the probe's time: never the data.
+    """
+    from dplora.plan.estimate import estimate_line
+    from dplora.recipe.build import probe_estimate
+
+    inputs = probe_estimate(
+        spec.contract,
+        spec.plan,
+        state.model,
+        state.optimizer,
+        state.named,
+        pad_id=spec.pad_id,
+        physical=spec.physical_batch_size,
+        world_size=spec.world.world_size,
+        done_steps=state.step,
+    )
+    if inputs is None:
+        log("estimate: none (the synthetic probe batch did not fit in accelerator memory)")
+    elif inputs.steps > 0:
+        log(estimate_line(inputs))
 
 
 def _reserve(ledger, contract: Contract, plan: TrainingPlan, spec, io: _RunIO, resumed):

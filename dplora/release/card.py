@@ -123,6 +123,9 @@ def _columns(d) -> str:
     """What the loss covered, in words."""
     if d.text_column is not None:
         return f"every token of column `{d.text_column}`"
+    if d.kind == "messages" and d.completion_column is not None:
+        turns = "the assistant turns" if d.train_on == "assistant" else "every token"
+        return f"{turns} of the completions in column `{d.completion_column}` given the prompts in `{d.messages_key}`"
     if d.kind == "messages":
         turns = "the assistant turns" if d.train_on == "assistant" else "every token"
         return f"{turns} of the conversations in column `{d.messages_key}`"

@@ -191,7 +191,12 @@ def build_rows(
     column = messages_column(contract)
     rows = []
     for prompt, gen in zip(prompts, generated, strict=True):
-        if record_format == "messages":
+        if record_format == "messages" and contract.data.completion_column is not None:  # TRL prompt/completion
+            row = {
+                column: [{"role": "user", "content": prompt}],
+                contract.data.completion_column: [{"role": "assistant", "content": gen}],
+            }
+        elif record_format == "messages":
             row = {column: [{"role": "user", "content": prompt}, {"role": "assistant", "content": gen}]}
         else:
             row = {first: prompt + gen} if response is None else {first: prompt, response: gen}
@@ -237,12 +242,17 @@ def memorisation_counts(rows: list[dict], contract, log=print, *, table=None) ->
     except BadInputError:
         return {"checked": False, "note": "the training data file is not readable here: verbatim check not run"}
     if contract.data.kind == "messages":  # whole conversations, and the generated reply against every assistant turn
-        key = contract.data.messages_key
-        generated = f"{key} (assistant turns)"
-        train_rows = {_canonical(c) for c in table[key]}
-        train_generated = {m["content"] for c in table[key] for m in c if m["role"] == "assistant"}
-        row_hits = [i for i, r in enumerate(rows) if _canonical(r[key]) in train_rows]
-        field_hits = [i for i, r in enumerate(rows) if r[key][-1]["content"] in train_generated]
+        key, tail = contract.data.messages_key, contract.data.completion_column
+        generated = f"{tail or key} (assistant turns)"
+        whole = [list(c) + (list(table[tail][i]) if tail else []) for i, c in enumerate(table[key])]
+        train_rows = {_canonical(c) for c in whole}
+        train_generated = {m["content"] for c in whole for m in c if m["role"] == "assistant"}
+
+        def conversation(r):
+            return list(r[key]) + (list(r[tail]) if tail else [])
+
+        row_hits = [i for i, r in enumerate(rows) if _canonical(conversation(r)) in train_rows]
+        field_hits = [i for i, r in enumerate(rows) if conversation(r)[-1]["content"] in train_generated]
     else:
         first, response = _columns(contract)
         generated = response or first

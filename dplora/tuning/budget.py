@@ -32,6 +32,8 @@ def budget_report(
     epochs: float | None = None,
     max_steps: int | None = None,
     show_private: bool = True,
+    estimate: bool = False,
+    log=None,
 ) -> dict:
     """Plan a run and describe it as one JSON-ready dict.
 
@@ -149,7 +151,28 @@ def budget_report(
         }
     if sweep:
         report["sweep"] = sweep_table(contract, plan)
+    if estimate:
+        report["estimate"] = _estimate(contract, plan, why, log)
     return report
+
+
+def _estimate(contract, plan: TrainingPlan, why: str | None, log) -> dict | None:
+    """``--estimate``: the public time estimate (:mod:`dplora.plan.estimate`) after loading the model; None when
+    the probe batch does not fit in memory.
+
+    Raises:
+        BadInputError: the plan rests on a counted private N (the estimate is public: it may use public numbers
+            only).
+    """
+    if why is not None:
+        raise BadInputError(
+            f"--estimate is a public number and this plan rests on a counted N ({why}): declare privacy.num_units"
+        )
+    from dplora.plan.estimate import estimate_doc
+    from dplora.recipe.build import estimate_without_data
+
+    inputs = estimate_without_data(contract, plan, log=log or (lambda _m: None))
+    return None if inputs is None else estimate_doc(inputs)
 
 
 def _units_per_rank(plan: TrainingPlan, world_size: int) -> dict:
@@ -292,6 +315,13 @@ def print_report(report: dict, console, warn=None) -> None:
         console.print(f"note: rows marked 'not covered by DP' are {private['note']}", markup=False, soft_wrap=True)
     for w in report["warnings"]:
         warn.print(f"warning: {w}", markup=False, soft_wrap=True)  # one line each, never wrapped
+    if "estimate" in report:
+        from dplora.plan.estimate import EstimateInputs, estimate_line
+
+        doc = report["estimate"]
+        line = "estimate: none (the synthetic probe batch did not fit in accelerator memory)"
+        console.print(line if doc is None else estimate_line(EstimateInputs(**doc["inputs"])), markup=False,
+                      soft_wrap=True)  # fmt: skip
     if "recommendation" in report:
         _print_recommendation(report["recommendation"], console)
     if "sweep" in report:

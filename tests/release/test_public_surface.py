@@ -21,6 +21,7 @@ import base64
 import csv
 import hashlib
 import json
+import re
 import shutil
 from collections import Counter
 from datetime import datetime
@@ -39,6 +40,12 @@ NOT_PUBLIC = ("data.", "ledger.sqlite3", "cache", "twcs.csv")  # prefixes: ledge
 # Sizes: 120 demo tickets (row level), 60 with up to 3 exchanges each (ticket level), 60 conversations (customer).
 
 
+ESTIMATE_TIMES = re.compile(
+    r"(estimate: about )[^()]*?( for \d+ steps \()[\d.e+-]+( s/step: \d+ forward\(s\) of \d+ synthetic records × \d+ "
+    r"tokens at )[\d.e+-]+( s on )"
+)
+
+
 class Masks:
     """Named values of one world that may differ between neighbours without depending on the private data.
 
@@ -51,7 +58,12 @@ class Masks:
       different moment, not a different dataset;
     - ``sha256:<file>``: the digest of a compared file (adapter weights, card, synthetic file, exported model, a
       signed payload): the file's own content is compared (masked) beside it, so the mask hides nothing new;
-    - ``signature``: Ed25519 signatures over payloads that are themselves compared decoded.
+    - ``signature``: Ed25519 signatures over payloads that are themselves compared decoded;
+    - ``probe time``: the three durations of ``train``'s ``estimate:`` line (total, per step, per synthetic
+      forward), the wall time of a forward and backward of SYNTHETIC records (token 1, ``max_seq_len`` tokens) on
+      this machine, which differs between any two runs; every other number on that line (T, forwards per step,
+      records, tokens, B) stays compared, and ``tests/run/test_estimate.py`` checks that the estimate's inputs are
+      identical on neighbouring datasets once the clock is fixed.
 
     DP outputs are compared by their public shape only, never by value, since they are random by design (fresh
     noise and Poisson batches from OS entropy) even on identical data: safetensors files by their header (tensor
@@ -69,6 +81,7 @@ class Masks:
             self.values[str(value)[:12]] = f"<{name}[:12]>"  # verify prints a digest's first 12 hex digits
 
     def text(self, text: str) -> str:
+        text = ESTIMATE_TIMES.sub(r"\1<probe time>\2<probe time>\3<probe time>\4", text)
         for value in sorted(self.values, key=len, reverse=True):
             text = text.replace(value, self.values[value])
         return text

@@ -1,0 +1,169 @@
+"""A data file's shape from its structure only: column names and column types, never values or counts.
+
+Used by ``data.record_format: auto`` (when the contract names no column) and by ``dplora init``. What is read: a csv
+file's header; a jsonl file's first record's keys, the JSON type of each value (text or a list) and, for a list of
+objects, the keys of its first object; a parquet file's schema. Nothing computed from the records (no value, no
+count, no length) is read, so the shape is a function of the file's schema: jsonl columns hold one JSON type in
+the whole file (:func:`dplora.data.readers._check_jsonl` refuses a column whose type changes), so a neighbouring
+file (one unit's records removed) has the same shape (issue 49: "read the schema and column names only").
+
+Shapes detected, in this order (the first that fits):
+
+========================  =======================================  ===========================================
+file has                  shape                                    contract keys
+========================  =======================================  ===========================================
+``messages`` (list)       conversations, ``{role, content}``        (the default: ``messages_column: messages``)
+``conversations`` (list)  ShareGPT (axolotl), ``{from, value}``     ``messages_column: conversations``
+``prompt`` + ``completion``  TRL conversational prompt/completion   ``messages_column: prompt``,
+(lists)                                                             ``completion_column: completion``
+``prompt`` + ``completion``  TRL standard prompt/completion         ``prompt_column: prompt``,
+(text)                                                              ``response_column: completion``
+========================  =======================================  ===========================================
+
+Source: TRL "Dataset formats and types" (prompt-completion, conversational), axolotl ``sharegpt`` (``conversations``).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+from pathlib import Path
+
+SUFFIX_FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Structure:
+    """A data file's structure.
+
+    Attributes:
+        format: ``csv``, ``jsonl`` or ``parquet``.
+        columns: column name → ``text``, ``list`` or ``other`` (a number, an object, ...), in file order.
+        turn_keys: for a ``list`` column whose first record holds objects: the keys of its first object (e.g.
+            ``("role", "content")`` or ``("from", "value")``); jsonl only (a parquet schema gives the struct's fields).
+    """
+
+    format: str
+    columns: dict[str, str]
+    turn_keys: dict[str, tuple[str, ...]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """A detected record shape: its name for people and the ``data`` keys that read it (empty: the defaults)."""
+
+    name: str
+    keys: dict[str, str]
+
+
+def read_structure(path: Path, fmt: str = "auto") -> Structure | None:
+    """The structure of the data file at ``path`` (``fmt``: ``data.format``), or None when it cannot be read.
+
+    Reads the csv header, the first non-blank jsonl line, or the parquet schema; never more of the records.
+
+    Returns:
+        A :class:`Structure`, or None (no file, an unknown suffix, an unreadable first record: the data reader
+        reports those later with its own one-line errors).
+    """
+    path = Path(path)
+    fmt = SUFFIX_FORMATS.get(path.suffix.lower()) if fmt == "auto" else fmt
+    try:
+        if fmt == "csv":
+            with open(path, encoding="utf-8-sig", newline="") as fh:
+                header = next(csv.reader(fh), None)
+            return Structure("csv", {name: "text" for name in header or []}, {}) if header else None
+        if fmt == "jsonl":
+            return _jsonl_structure(path)
+        if fmt == "parquet":
+            return _parquet_structure(path)
+    except (OSError, UnicodeDecodeError, csv.Error, ValueError, ImportError):
+        return None
+    return None
+
+
+def _kind(value) -> str:
+    if isinstance(value, str):
+        return "text"
+    return "list" if isinstance(value, list) else "other"
+
+
+def _jsonl_structure(path: Path) -> Structure | None:
+    with open(path, encoding="utf-8-sig") as fh:
+        for line in fh:
+            if line.strip():
+                first = json.loads(line)
+                break
+        else:
+            return None
+    if not isinstance(first, dict):
+        return None
+    turns = {k: tuple(v[0]) for k, v in first.items() if isinstance(v, list) and v and isinstance(v[0], dict)}
+    return Structure("jsonl", {str(k): _kind(v) for k, v in first.items()}, turns)
+
+
+def _parquet_structure(path: Path) -> Structure:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pq.read_schema(path)
+    columns, turns = {}, {}
+    for field in schema:
+        t = field.type
+        if pa.types.is_string(t) or pa.types.is_large_string(t):
+            columns[field.name] = "text"
+        elif pa.types.is_list(t) or pa.types.is_large_list(t):
+            columns[field.name] = "list"
+            if pa.types.is_struct(t.value_type):
+                turns[field.name] = tuple(t.value_type.field(i).name for i in range(t.value_type.num_fields))
+        else:
+            columns[field.name] = "other"
+    return Structure("parquet", columns, turns)
+
+
+def detect_shape(structure: Structure) -> Shape | None:
+    """The record shape that ``structure`` fits (module table), or None.
+
+    Returns:
+        A :class:`Shape`; ``keys`` are the ``data`` keys to set (``{}`` for the default ``messages`` column).
+    """
+    cols = structure.columns
+    if cols.get("messages") == "list":
+        return Shape("conversations ({role, content} messages)", {})
+    if cols.get("conversations") == "list":
+        keys = structure.turn_keys.get("conversations", ())
+        name = "ShareGPT conversations ({from, value})" if "from" in keys else "conversations ({role, content})"
+        return Shape(name, {"messages_column": "conversations"})
+    if "prompt" in cols and "completion" in cols:
+        if cols["prompt"] == "list" and cols["completion"] == "list":
+            return Shape(
+                "TRL conversational prompt/completion (message lists)",
+                {"messages_column": "prompt", "completion_column": "completion"},
+            )
+        if cols["prompt"] == "text" and cols["completion"] == "text":
+            return Shape("TRL prompt/completion (text)", {"prompt_column": "prompt", "response_column": "completion"})
+    return None
+
+
+COLUMN_KEYS = ("text_column", "prompt_column", "response_column", "messages_column", "completion_column")
+
+
+def resolve_auto(contract):
+    """``contract`` with ``data.record_format: auto`` resolved from the data file's structure, when it names no column.
+
+    A contract that names a column, sets another record format, or whose file has a ``messages`` column or cannot
+    be read is returned unchanged (the data reader then reports a missing file or column). The resolved keys go
+    into the resolved contract (and so into a release's ``contract.yaml``): they are column names, structure only.
+
+    Returns:
+        The :class:`dplora.contract.spec.Contract`, possibly with ``data`` column keys filled in.
+    """
+    data = contract.data
+    if data.record_format != "auto" or any(getattr(data, k) is not None for k in COLUMN_KEYS):
+        return contract
+    structure = read_structure(Path(data.path), data.format)
+    shape = detect_shape(structure) if structure is not None else None
+    if shape is None or not shape.keys:
+        return contract
+    section = type(data).model_validate(data.model_dump() | shape.keys)
+    return type(contract).model_validate(contract.model_dump() | {"data": section.model_dump()})

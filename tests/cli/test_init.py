@@ -1,0 +1,164 @@
+"""Issue 42.4: ``dplora init DATA MODEL`` writes a commented contract from the data file's structure only; N, ε and δ
+are left for the user (the file fails validation with one line naming all of them); every missing key at once."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from dplora.cli.app import app
+from dplora.contract.loader import load_contract, parse_contract
+from dplora.errors import BadInputError
+
+DECLARED = {
+    "target_epsilon: DECLARE": "target_epsilon: 8.0",
+    "delta: DECLARE": "delta: 1.0e-5",
+    "num_units: DECLARE": "num_units: 200",
+}
+
+
+def run(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _filled(path, n: int = 200):
+    text = path.read_text()
+    for old, new in DECLARED.items():
+        new = new.replace("200", str(n))
+        assert text.count(old) == 1
+        text = text.replace(old, new)
+    path.write_text(text)
+    return load_contract(path)
+
+
+TURN = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+SHAPES = [
+    ("chat.jsonl", [{"customer_id": "c1", "messages": TURN}], {"messages_column": "messages"}, "user"),
+    (
+        "sharegpt.jsonl",
+        [{"id": "a", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}],
+        {"messages_column": "conversations"},
+        "row",
+    ),
+    (
+        "trl_conv.jsonl",
+        [{"user_id": "u", "prompt": TURN[:1], "completion": TURN[1:]}],
+        {"messages_column": "prompt", "completion_column": "completion"},
+        "user",
+    ),
+    (
+        "trl.jsonl",
+        [{"prompt": "hi", "completion": "yo"}],
+        {"prompt_column": "prompt", "response_column": "completion"},
+        "row",
+    ),
+    (
+        "alpaca.jsonl",
+        [{"instruction": "hi", "input": "", "output": "yo"}],
+        {"prompt_column": "instruction", "response_column": "output"},
+        "row",
+    ),
+    ("lm.jsonl", [{"text": "hello world", "ticket_id": "t"}], {"text_column": "text"}, "ticket"),
+]
+
+
+@pytest.mark.parametrize(("name", "rows", "keys", "unit"), SHAPES, ids=[s[0] for s in SHAPES])
+def test_init_writes_a_contract_that_fails_until_n_eps_delta_are_declared(
+    tmp_path, monkeypatch, name, rows, keys, unit
+):
+    monkeypatch.chdir(tmp_path)
+    data = _jsonl(tmp_path / name, rows)
+    res = run("init", data, "smollm2-135m", "--out", "c.yaml")
+    assert res.exit_code == 0, res.output
+    res = run("validate", "c.yaml")
+    assert res.exit_code == 2
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert lines == [
+        "error: contract: declare privacy.target_epsilon, privacy.delta, privacy.num_units (written as DECLARE: the "
+        "comments beside them say why dplora cannot fill them)"
+    ]
+    contract = _filled(tmp_path / "c.yaml")
+    d = contract.data
+    got = {
+        k: getattr(d, k)
+        for k in ("text_column", "prompt_column", "response_column", "messages_column", "completion_column")
+        if getattr(d, k) is not None
+    }
+    assert got == keys
+    assert contract.privacy.protected_unit.value == unit
+    assert (contract.privacy.num_units, contract.privacy.target_epsilon, contract.privacy.delta) == (200, 8.0, 1e-5)
+    assert contract.training.expected_batch_size == "auto" and contract.model.name == "smollm2-135m"
+    assert run("validate", "c.yaml").exit_code == 0
+
+
+def test_init_reads_structure_only_neighbouring_files_give_identical_contracts(tmp_path):
+    """Removing a unit's records, or changing every value and length, changes nothing in the contract."""
+    rows = [{"customer_id": f"c{i}", "messages": TURN * (i % 3 + 1)} for i in range(30)]
+    a = _jsonl(tmp_path / "a" / "chat.jsonl", rows) if (tmp_path / "a").mkdir() is None else None
+    b = _jsonl(tmp_path / "b" / "chat.jsonl", rows[1:]) if (tmp_path / "b").mkdir() is None else None
+    other = [{"customer_id": "zz" * 40, "messages": [{"role": "user", "content": "x" * 999}]}]
+    c = _jsonl(tmp_path / "c" / "chat.jsonl", other) if (tmp_path / "c").mkdir() is None else None
+    texts = []
+    for path in (a, b, c):
+        assert run("init", path, "smollm2-135m", "--out", path.parent / "c.yaml").exit_code == 0
+        texts.append((path.parent / "c.yaml").read_text().replace(str(path.parent), "DIR"))
+    assert texts[0] == texts[1] == texts[2]
+
+
+def test_init_model_forms_and_bad_inputs(tmp_path, tiny_model_dir):
+    data = _jsonl(tmp_path / "pc.jsonl", [{"prompt": "p", "completion": "c"}])
+    assert run("init", data, tiny_model_dir, "--out", tmp_path / "a.yaml").exit_code == 0
+    assert f'path: "{tiny_model_dir}"' in (tmp_path / "a.yaml").read_text()
+    assert run("init", data, "Org/Model-1", "--out", tmp_path / "b.yaml").exit_code == 0
+    assert "  name: Org/Model-1 " in (tmp_path / "b.yaml").read_text()
+    res = run("init", data, "smollm2-135m", "--out", tmp_path / "a.yaml")
+    assert res.exit_code == 2 and "exists; pass --overwrite" in res.output
+    res = run("init", data, "no-such-model", "--out", tmp_path / "c.yaml")
+    assert res.exit_code == 2 and "MODEL='no-such-model'" in res.output and not (tmp_path / "c.yaml").exists()
+    odd = _jsonl(tmp_path / "odd.jsonl", [{"question_text": "private words", "n": 1}])
+    res = run("init", odd, "smollm2-135m", "--out", tmp_path / "d.yaml")
+    assert res.exit_code == 2 and "cannot tell the record shape from the columns ('question_text', 'n')" in res.output
+    assert "private" not in res.output and "Traceback" not in res.output
+    res = run("init", tmp_path / "missing.csv", "smollm2-135m", "--out", tmp_path / "e.yaml")
+    assert res.exit_code == 2 and "data file not found" in res.output
+
+
+def test_every_missing_key_is_named_at_once():
+    raw = {
+        "privacy": {"protected_unit": "row", "target_epsilon": 3.0, "delta": 1e-5},
+        "model": {"name": "smollm2-135m"},
+        "data": {"path": "x.csv"},
+        "training": {"steps": 3},
+    }
+    with pytest.raises(BadInputError) as err:
+        parse_contract(raw)
+    assert str(err.value) == (
+        "contract: missing keys 'privacy.adjacency', 'privacy.max_grad_norm', 'training.expected_batch_size'"
+    )
+    raw["privacy"] |= {"adjacency": "add_remove", "max_grad_norm": 1.0, "num_units": "DECLARE"}
+    raw["training"]["expected_batch_size"] = 8
+    with pytest.raises(BadInputError, match=r"^contract: declare privacy.num_units \(written as DECLARE"):
+        parse_contract(raw)
+    raw["privacy"]["num_units"] = 100
+    assert parse_contract(raw).privacy.num_units == 100
+
+
+def test_an_init_contract_plans_with_the_planner_once_declared(tmp_path, monkeypatch):
+    from dplora.data.demo import write_tickets
+
+    monkeypatch.chdir(tmp_path)
+    write_tickets(tmp_path / "t.jsonl", num_tickets=40, seed=0, record_format="messages")
+    assert run("init", "t.jsonl", "smollm2-135m", "--out", "c.yaml").exit_code == 0
+    _filled(tmp_path / "c.yaml", n=1000)
+    res = CliRunner().invoke(app, ["budget", "c.yaml", "privacy.accountant=rdp", "--json"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    # the rule's brute force for N=1000, ε=8, δ=1e-5, RDP (tests/plan/test_planner.py): B=48, T=ceil(3000/48)=63
+    assert report["num_units"] == 1000 and (report["expected_batch_size"], report["steps"]) == (48, 63)
