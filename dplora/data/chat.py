@@ -48,6 +48,7 @@ class TruncationStats:
         dropped: records left with no target token (trained on with loss 0).
         turns_dropped: whole turns dropped after the cut.
         tokens_cut: tokens of the turn that was cut (rendered but not kept), not counting dropped turns.
+        unstable: records on which the template stopped being prefix-stable at some turn (kept up to that turn).
     """
 
     records: int = 0
@@ -55,6 +56,7 @@ class TruncationStats:
     dropped: int = 0
     turns_dropped: int = 0
     tokens_cut: int = 0
+    unstable: int = 0
 
     def to_dict(self) -> dict:
         """The counts as a dict, labelled as not covered by DP."""
@@ -196,12 +198,40 @@ class ChatEncoder:
             ) from None
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def _prefix_error(self, row: int) -> BadInputError:
-        return BadInputError(
-            f"data row {row}: the chat template is not prefix-stable (rendering a conversation's first turns does not "
-            "start its full rendering, e.g. a template that rewrites earlier turns), so the assistant tokens cannot be "
-            "masked; set data.train_on=all or use another template"
-        )
+    SYNTHETIC = (
+        {"role": "user", "content": "Hello, my order has not arrived."},
+        {"role": "assistant", "content": "Sorry to hear that. What is the order number?"},
+        {"role": "user", "content": "It is 4417."},
+        {"role": "assistant", "content": "Thanks, it ships tomorrow."},
+    )
+
+    def check_template(self) -> None:
+        """Refuse a template that is not prefix-stable on a fixed synthetic conversation (a property of the
+        template, public), before any record is read.
+
+        A RECORD on which the template is not prefix-stable (e.g. SmolLM2's tokenizer merging the prompt's last
+        newline with a reply that starts with spaces) is never refused: refusing would make whether a release
+        exists depend on one unit's text (issue 40). That record is kept up to the turn where the rendering stops
+        being a prefix, like a cut (its later turns are not trained on), and counted in ``stats.unstable``
+        (private).
+
+        Raises:
+            BadInputError: the template rewrites earlier turns on the synthetic conversation.
+        """
+        if self.train_on != "assistant":
+            return
+        prev: list[int] = []
+        turns = list(self.SYNTHETIC)
+        for i in range(len(turns)):
+            full = self._render(turns[: i + 1], False, 0)
+            context = self._render(turns[:i], True, 0) if turns[i]["role"] == "assistant" else full
+            if full[: len(prev)] != prev or full[: len(context)] != context:
+                raise BadInputError(
+                    "the chat template is not prefix-stable (rendering a conversation's first turns does not start "
+                    "its full rendering, e.g. a template that rewrites earlier turns), so the assistant tokens cannot "
+                    "be masked; set data.train_on=all or use another template"
+                )
+            prev = full
 
     def _fit_first_reply(self, msgs: list[dict], row: int) -> tuple[list[dict], bool]:
         """Cut the context before the first reply so that it keeps ``min(its tokens + 2, max_seq_len // 2)`` tokens.
@@ -288,7 +318,8 @@ class ChatEncoder:
                 assistant turn, or with ``train_on: all`` every token).
 
         Raises:
-            BadInputError: the template fails on the record or is not prefix-stable.
+            BadInputError: the template fails on the record (a record where it is not prefix-stable is kept up to
+                that turn and counted in ``stats.unstable``, never refused; see :meth:`check_template`).
         """
         max_len = self.max_len
         msgs = [
@@ -307,12 +338,16 @@ class ChatEncoder:
                 context = self._render(msgs[:i], True, row)
                 full = self._render(msgs[: i + 1], False, row)
                 if context[: len(prev)] != prev or full[: len(context)] != context:
-                    raise self._prefix_error(row)
+                    self.stats.unstable += 1  # this record alone: kept up to here (see _unstable_here)
+                    cut = True
+                    break
                 head, target = context[len(prev) :], full[len(context) :]
             else:
                 full = self._render(msgs[: i + 1], False, row)
                 if full[: len(prev)] != prev:
-                    raise self._prefix_error(row)
+                    self.stats.unstable += 1
+                    cut = True
+                    break
                 context_only = self.train_on == "assistant" or i < first_target
                 head, target = (full[len(prev) :], []) if context_only else ([], full[len(prev) :])
             room = max_len - len(ids)

@@ -408,6 +408,7 @@ def encode_records(table, tokenizer, contract: Contract):
     template = template_in_use(tokenizer, data)
     if template is not None:
         encoder = ChatEncoder(tokenizer, template, max_len, data.train_on if data.kind == "messages" else "assistant")
+        encoder.check_template()  # a template property, on a synthetic conversation: the only prefix refusal
         starts = None
         if data.kind == "messages" and data.completion_column:  # TRL conversational prompt/completion
             prompts, completions = table[data.messages_key], table[data.completion_column]

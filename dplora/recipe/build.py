@@ -119,6 +119,12 @@ def _build(
             f"truncated to training.max_seq_len={contract.training.max_seq_len}, {truncation.dropped} dropped from "
             f"the loss (no target token left), {truncation.turns_dropped} turns and {truncation.tokens_cut} tokens "
             "not trained on"
+            + (
+                f"; on {truncation.unstable} records the chat template stopped being prefix-stable at a turn "
+                "(kept up to that turn)"
+                if truncation.unstable
+                else ""
+            )
         )
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if io.world.distributed:  # the same weights, tokenizer, tokens, LoRA init and library versions on every rank

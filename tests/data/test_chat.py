@@ -144,8 +144,34 @@ def test_a_template_that_rewrites_earlier_turns_is_refused_by_name():
     tok = chat_tokenizer(CHATML)
     rewriting = "{% for m in messages %}{{ m['role'] }}{% if loop.last %}!{% endif %}:{{ m['content'] }}\n{% endfor %}"
     with pytest.raises(BadInputError, match="not prefix-stable") as err:
-        ChatEncoder(tok, rewriting, 512).encode(CONVO)
+        ChatEncoder(tok, rewriting, 512).check_template()  # on a synthetic conversation, before any record
     assert "Order 12" not in str(err.value)
+
+
+def test_a_record_where_the_template_is_not_prefix_stable_is_kept_up_to_that_turn_not_refused():
+    """Issue 40 (red team): one record must never decide whether the run releases. A template that is
+    prefix-stable on the synthetic conversation but not on one record (its rendering of a later turn rewrites an
+    earlier one only for that record's text) keeps that record up to the turn, counts it, and refuses nothing."""
+    tok = chat_tokenizer(CHATML)
+    # rewrites earlier turns only when the last message holds "REWRITE": prefix-stable on every other conversation
+    tricky = (
+        "{% set flag = 'REWRITE' in messages[-1]['content'] %}"
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+        "{% if flag and not loop.last %}*{% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    enc = ChatEncoder(tok, tricky, 512)
+    enc.check_template()  # stable on the synthetic conversation
+    convo = [
+        {"role": "user", "content": "first question"},
+        {"role": "assistant", "content": "first answer"},
+        {"role": "user", "content": "REWRITE please"},
+        {"role": "assistant", "content": "second answer"},
+    ]
+    ids, labels = enc.encode(convo)
+    first, _ = enc.encode(convo[:2])  # the first exchange alone, through the same template
+    assert enc.stats.unstable == 1 and any(y != IGN for y in labels)
+    assert ids == first and labels == enc.encode(convo[:2])[1]  # kept up to the unstable turn, nothing after
 
 
 @pytest.mark.parametrize(
