@@ -201,3 +201,48 @@ def test_a_run_stopped_at_step_k_stays_charged_k_steps(tmp_path, tiny_model_dir,
     stopped_at = result.plan.epsilon_at(3)
     assert settled.status == "failed"
     assert float(settled.epsilon) >= stopped_at - 1e-9, f"charged ε={settled.epsilon}, 3 steps are ε={stopped_at}"
+
+
+# --- 5. A longer record zeroes a shorter one through the padding (a non-finite pad embedding) -----------------------
+
+
+def test_a_neighbours_length_does_not_zero_my_record_through_padding():
+    """Guarantee (batch.py, issue 41.4): 'the padding width changes nothing'; a record's overflow contributes zero
+    for THAT record only. Attack: a public base whose <pad> embedding row is non-finite (an untrained or overflowed
+    row; every real token's row is finite). Alone, record i's loss and per-example row are finite. In one physical
+    batch with a longer record j, i is right-padded: attention multiplies the pad keys' NaN values by their zero
+    weights (0·NaN = NaN), so i's loss and row become NaN and i is zeroed. Removing j changes i's contribution
+    (from 0 to g_i): two units move, sensitivity 2C, and the only difference between the neighbours is j's length.
+    Found: i's loss is NaN with j in the batch."""
+    from peft import LoraConfig, get_peft_model
+    from tiny import tiny_llama
+
+    from dplora.engine.batch import collate, per_sequence_loss
+    from dplora.engine.fastclip import FlatLoRAGrads
+
+    model = tiny_llama()
+    pad = 256  # byte_tokenizer's <pad>, the tiny Llama's pad_token_id
+    with torch.no_grad():
+        model.get_input_embeddings().weight[pad] = float("nan")
+    peft_model = get_peft_model(
+        model, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )
+    peft_model.train()
+    flat = FlatLoRAGrads(peft_model)
+    mine = ([10, 20, 30, 40], [-100, 20, 30, 40])
+    longer = ([11, 21, 31, 41, 51, 61, 71], [-100, 21, 31, 41, 51, 61, 71])
+
+    def first_row(examples):
+        flat.buffer(len(examples))
+        losses = per_sequence_loss(peft_model, collate(examples, pad))
+        finite = torch.isfinite(losses.detach())
+        torch.where(finite, losses, torch.zeros_like(losses)).sum().backward()
+        row = flat.gradients()[0].clone()
+        peft_model.zero_grad(set_to_none=True)
+        return losses.detach()[0], row
+
+    loss_alone, row_alone = first_row([mine])
+    assert torch.isfinite(loss_alone) and torch.isfinite(row_alone).all()
+    loss_with, row_with = first_row([mine, longer])
+    assert torch.isfinite(loss_with), "my loss is non-finite only because a longer neighbour padded me"
+    assert torch.allclose(row_with, row_alone, atol=1e-6)
