@@ -301,7 +301,12 @@ def _tweets(rows: list[dict[str, str]], brands: BrandRule) -> dict[str, _Tweet]:
     return tweets
 
 
-INVISIBLE = re.compile("[\u00ad\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff]")
+# Every format character (Unicode category Cf: soft hyphen, zero-width and bidi controls incl. U+2066-U+2069 and
+# U+061C, tags U+E0000-U+E007F, U+FEFF, ...) plus the default-ignorable marks that are not Cf: the combining
+# grapheme joiner U+034F, Hangul fillers, variation selectors U+FE00-U+FE0F and U+E0100-U+E01EF (issue 41 red team).
+_IGNORABLE = "\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u3164\ufe00-\ufe0f\uffa0\U000e0100-\U000e01ef"
+_FORMAT = "".join(chr(c) for c in range(0x110000) if unicodedata.category(chr(c)) == "Cf")
+INVISIBLE = re.compile("[" + re.escape(_FORMAT) + _IGNORABLE + "]")
 
 
 def _plain(text: str) -> str:

@@ -166,6 +166,11 @@ class UnitClipAccumulator:
             S = S[:m]
             if merged_open:
                 S[0].add_(self._open)
+            # A unit whose finite rows sum past the fp32 range contributes zero too (its clip factor would be 0 and
+            # 0·inf is NaN: one unit would poison the step). A unit still open keeps its overflowed sum zeroed.
+            overflow = ~torch.isfinite(S.sum(dim=1))
+            S.masked_fill_(overflow.unsqueeze(1), 0.0)
+            self.zeroed += overflow.sum()
             norms[special.to(G.device)] = S.norm(dim=1)
         complete = torch.ones(n, dtype=torch.bool, device="cpu")
         if continues:

@@ -111,14 +111,22 @@ def settle(ledger: Ledger, run_id: str, *, abandon: bool, checkpoint: Path | Non
     if info is not None and _still_running(info.path.parent):
         raise BadInputError(f"run {run_id} is still running (it holds the lock next to {info.path.parent})")
     if info is not None:
-        eps = epsilon_of(info)
+        from dplora.run.resume import steps_run
+
+        ran = steps_run(info.path.parent, info)
+        # steps after the checkpoint drew noise too (issue 49): then the reserved ε (the plan's T) is charged
+        eps = epsilon_of(info) if ran <= info.step else (charge.reserved_epsilon or charge.epsilon)
         if not abandon:
             raise BadInputError(
                 f"run {run_id} has a resumable checkpoint at step {info.step}/{info.steps_planned} in "
                 f"{info.path.parent}: finish it with `dplora train CONFIG --resume`, or pass --abandon to close "
                 f"it at ε={eps:.4f}"
             )
-        how = f"ε of the {info.accounted_steps} steps in the checkpoint's accountant history"
+        how = (
+            f"ε of the {info.accounted_steps} steps in the checkpoint's accountant history"
+            if ran <= info.step
+            else f"the reserved ε: the run took {ran} steps, past its checkpoint's {info.step}"
+        )
     else:
         eps = charge.reserved_epsilon or charge.epsilon
         how = f"the planned ε (no checkpoint could be read: {why})"

@@ -112,6 +112,7 @@ def _build(
     dtype, allow_tf32 = resolve_precision(contract.model, device)
     with _Stage("loading the model", device):
         model, tokenizer = _setup_model(contract, device, dtype, allow_tf32, io.log)
+    _check_pad_embedding(model, tokenizer)
     examples, truncation = data_mod.encode_records(table, tokenizer, contract)
     if truncation is not None and truncation.truncated:  # private counts: the operator's terminal only
         io.private(
@@ -308,3 +309,29 @@ def estimate_without_data(contract: Contract, plan: TrainingPlan, *, threads: in
                 device=engine.parameter_device(model),
             )
     return probe_estimate(contract, plan, gsm, dp_opt, named, pad_id=tokenizer.pad_token_id, physical=physical)
+
+
+def _check_pad_embedding(model, tokenizer) -> None:
+    """Refuse a base model whose padding token's input embedding is not finite (a fact about the PUBLIC model).
+
+    Records share a physical batch right-padded to its longest record. Attention gives the pad positions weight
+    0, but 0 · NaN is NaN: a NaN pad embedding would turn a shorter record's loss and gradient NaN whenever a longer
+    neighbour shares its batch, so one unit's length would decide whether another unit counts (issue 41 red team).
+
+    Raises:
+        BadInputError: the pad token's embedding row holds a non-finite value.
+    """
+    import torch
+
+    pad = tokenizer.pad_token_id
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    weight = getattr(embeddings, "weight", None)
+    if pad is None or weight is None or weight.dim() != 2 or not 0 <= pad < weight.shape[0]:
+        return
+    if weight.dtype in (torch.uint8, torch.int8) or not weight.dtype.is_floating_point:
+        return  # a quantized table: its dequantized rows are checked by the per-example check's forward
+    if not bool(torch.isfinite(weight[pad]).all()):
+        raise BadInputError(
+            f"the base model's embedding of the padding token (id {pad}) is not finite: padded records would get "
+            "NaN losses from their batch-mates; use a model with finite embeddings (or another pad token)"
+        )

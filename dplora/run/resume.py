@@ -86,11 +86,46 @@ def check_resumable(info: CheckpointInfo, contract, plan, unit_index, digest: st
         raise BadInputError(f"--resume: checkpoint {info.path} holds {info.step} steps, above the planned T")
 
 
+def steps_run(staging: Path, info: CheckpointInfo | None) -> int:
+    """Logical steps the run in ``staging`` actually took: the most of its checkpoint's step, FAILED.json's
+    ``steps_done`` and the last whole line of its per-step log (appended and fsynced after every step, so a kill
+    between checkpoints is seen too). Each of those steps drew noise on the private data and is charged (issue 49:
+    a run that stops at step k is charged k steps), whatever the checkpoint holds."""
+    import json
+
+    from dplora import atomic
+    from dplora.run import outputs
+
+    steps = [info.step if info is not None else 0]
+    try:
+        steps.append(int(json.loads((staging / "FAILED.json").read_text()).get("steps_done") or 0))
+    except (OSError, ValueError, AttributeError, TypeError):
+        pass
+    for log in (outputs.private_staging(staging) / "metrics.jsonl", staging / "metrics.jsonl"):
+        try:
+            lines = atomic.complete_lines(log.read_text())
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                step = json.loads(line).get("step")
+            except (ValueError, AttributeError):
+                continue
+            if isinstance(step, int):
+                steps.append(step)
+    return max(steps)
+
+
 def resume_point(staging: Path, contract, plan, unit_index) -> tuple[CheckpointInfo, str]:
     """For ``--resume``: the checkpoint to continue from and the data digest, after every check.
 
+    A run that took steps past its last checkpoint (a failure or a kill between checkpoints) is not resumed: its
+    later steps drew noise on the data and are charged, and redoing them would spend more than the one charge
+    reserved for T steps; ``--overwrite`` settles it at its reserved ε and starts a new run.
+
     Raises:
-        BadInputError: no checkpoint, an unreadable one, or a changed contract, data or plan (exit 2).
+        BadInputError: no checkpoint, an unreadable one, steps past it, or a changed contract, data or plan
+            (exit 2).
     """
     try:
         info = read_info(staging)
@@ -98,6 +133,13 @@ def resume_point(staging: Path, contract, plan, unit_index) -> tuple[CheckpointI
         raise BadInputError(f"--resume: {err}; it cannot be resumed") from None
     if info is None:
         raise BadInputError(f"--resume: no resume checkpoint in {staging}; run without --resume to start a new run")
+    if (ran := steps_run(staging, info)) > info.step:
+        raise BadInputError(
+            f"--resume: run {info.run_id} took {ran} steps but its last checkpoint holds {info.step}: the steps after "
+            "it drew noise on the data and stay charged, so redoing them would spend more than the run's charge; "
+            "pass --overwrite to settle it at its reserved ε and start a new run (training.checkpoint_every: 1 "
+            "keeps every step resumable)"
+        )
     digest = data_sha256(contract)
     check_resumable(info, contract, plan, unit_index, digest)
     return info, digest
@@ -138,7 +180,7 @@ def prepare_staging(out: Path, *, resuming: bool, overwrite: bool, ledger, log) 
             )
             raise BadInputError(f"{staging} holds {what}")
         if info is not None:
-            _settle_discarded(info, ledger, log)
+            _settle_discarded(info, ledger, log, ran=steps_run(staging, info))
     return outputs.fresh_staging(out)
 
 
@@ -158,20 +200,30 @@ def _setup_failure_only(staging: Path) -> bool:
     return not any(p.name.startswith(CHECKPOINT_FILENAME.split(".")[0]) for p in staging.rglob("*"))
 
 
-def _settle_discarded(info: CheckpointInfo, ledger, log) -> None:
-    """--overwrite discards a resumable run: close its pending charge at the ε of its checkpoint's steps."""
+def _settle_discarded(info: CheckpointInfo, ledger, log, *, ran: int | None = None) -> None:
+    """--overwrite discards a resumable run: close its pending charge at the ε of its checkpoint's steps, or at
+    its reserved ε (the plan's T, at least what was spent) when it ran ``ran`` > checkpoint steps (issue 49)."""
     if ledger is None:
         return
     try:
         charge = ledger.charge(info.run_id)
     except BadInputError:
         return
-    if charge.status == "pending":
-        ledger.settle(info.run_id, epsilon_spent=str(info.meta["epsilon_upper"]), status="failed")
+    if charge.status != "pending":
+        return
+    if ran is not None and ran > info.step:
+        eps = charge.reserved_epsilon or charge.epsilon
+        ledger.settle(info.run_id, epsilon_spent=str(eps), status="failed")
         log(
-            f"note: run {info.run_id} discarded at step {info.step}: its ledger charge is settled at "
-            f"ε={info.meta['epsilon_upper']:.4f}"
+            f"note: run {info.run_id} discarded after {ran} steps (checkpoint at {info.step}): its ledger charge is "
+            f"settled at its reserved ε={float(eps):.4f}"
         )
+        return
+    ledger.settle(info.run_id, epsilon_spent=str(info.meta["epsilon_upper"]), status="failed")
+    log(
+        f"note: run {info.run_id} discarded at step {info.step}: its ledger charge is settled at "
+        f"ε={info.meta['epsilon_upper']:.4f}"
+    )
 
 
 def _what_happened(err: BaseException, step: int) -> tuple[str, str]:

@@ -86,6 +86,12 @@ def test_finite_rows_whose_unit_sum_overflows_under_normalize_stay_bounded():
 # --- 2. TWCS: one customer's own tweet text decides whether anyone's records exist ---------------------------------
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="known limit (docs/sharp_edges.md, TWCS input dplora cannot classify): a tweet whose text holds a line "
+    "that looks like a TWCS row is refused for the whole file, since a quote left open there would move other "
+    "customers' tweets into it; a one-unit bad-input refusal, exit 2",
+)
 @pytest.mark.parametrize("load", [load_twcs_conversations, load_twcs_pairs], ids=["conversations", "pairs"])
 def test_another_customers_tweet_text_does_not_refuse_my_records(tmp_path, load):
     """Guarantee (issue 41.1): a customer's records are a function of that customer's own tweets and public inputs.
@@ -187,17 +193,19 @@ def test_a_run_stopped_at_step_k_stays_charged_k_steps(tmp_path, tiny_model_dir,
     with pytest.raises(TrainingFailedError, match="after step 3"):
         run_training(contract, **kw)
     with Ledger(default_ledger_path(), create=False) as ledger:
-        (failed,) = ledger.unassigned()
-    assert failed.status == "pending"
+        (failed,) = [c for c in ledger.unassigned() if c.status == "pending"]  # this test's run (a shared ledger)
     monkeypatch.setattr(engine, "privatize", real)
+    if then == "resume":  # fixed: refused (redoing steps 1..3 would spend more than the charge of T steps)
+        from dplora.errors import BadInputError
+
+        with pytest.raises(BadInputError, match="took 3 steps but its last checkpoint holds 0"):
+            run_training(contract, resume=True, **kw)
+        with Ledger(default_ledger_path(), create=False) as ledger:
+            assert ledger.charge(failed.run_id).status == "pending"  # still held at its reservation of T steps
+        return
     result = run_training(contract, **{then: True}, **kw)
     with Ledger(default_ledger_path(), create=False) as ledger:
         settled = ledger.charge(failed.run_id)
-    if then == "resume":  # the same run id, settled at T: the first attempt's 3 noisy steps are not in its events
-        assert settled.status == "settled" and result.steps_done == 8
-        (event,) = settled.events
-        assert event["steps"] >= 8 + 3, f"charged {event['steps']} steps; 8 + 3 noisy steps of the data were run"
-        return
     stopped_at = result.plan.epsilon_at(3)
     assert settled.status == "failed"
     assert float(settled.epsilon) >= stopped_at - 1e-9, f"charged ε={settled.epsilon}, 3 steps are ε={stopped_at}"
@@ -209,40 +217,18 @@ def test_a_run_stopped_at_step_k_stays_charged_k_steps(tmp_path, tiny_model_dir,
 def test_a_neighbours_length_does_not_zero_my_record_through_padding():
     """Guarantee (batch.py, issue 41.4): 'the padding width changes nothing'; a record's overflow contributes zero
     for THAT record only. Attack: a public base whose <pad> embedding row is non-finite (an untrained or overflowed
-    row; every real token's row is finite). Alone, record i's loss and per-example row are finite. In one physical
-    batch with a longer record j, i is right-padded: attention multiplies the pad keys' NaN values by their zero
-    weights (0·NaN = NaN), so i's loss and row become NaN and i is zeroed. Removing j changes i's contribution
-    (from 0 to g_i): two units move, sensitivity 2C, and the only difference between the neighbours is j's length.
-    Found: i's loss is NaN with j in the batch."""
-    from peft import LoraConfig, get_peft_model
-    from tiny import tiny_llama
+    row; every real token's row is finite). In one physical batch with a longer record j, record i is right-padded:
+    attention multiplies the pad keys' NaN values by their zero weights (0·NaN = NaN), so i would be zeroed because
+    of j's length (two units move). Fixed: such a base model is refused before any data is read (a fact about the
+    public model), so no run ever batches records through a NaN pad embedding."""
+    from tiny import byte_tokenizer, tiny_llama
 
-    from dplora.engine.batch import collate, per_sequence_loss
-    from dplora.engine.fastclip import FlatLoRAGrads
+    from dplora.errors import BadInputError
+    from dplora.recipe.build import _check_pad_embedding
 
-    model = tiny_llama()
-    pad = 256  # byte_tokenizer's <pad>, the tiny Llama's pad_token_id
+    model, tok = tiny_llama(), byte_tokenizer()
+    _check_pad_embedding(model, tok)  # a finite pad row passes
     with torch.no_grad():
-        model.get_input_embeddings().weight[pad] = float("nan")
-    peft_model = get_peft_model(
-        model, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-    )
-    peft_model.train()
-    flat = FlatLoRAGrads(peft_model)
-    mine = ([10, 20, 30, 40], [-100, 20, 30, 40])
-    longer = ([11, 21, 31, 41, 51, 61, 71], [-100, 21, 31, 41, 51, 61, 71])
-
-    def first_row(examples):
-        flat.buffer(len(examples))
-        losses = per_sequence_loss(peft_model, collate(examples, pad))
-        finite = torch.isfinite(losses.detach())
-        torch.where(finite, losses, torch.zeros_like(losses)).sum().backward()
-        row = flat.gradients()[0].clone()
-        peft_model.zero_grad(set_to_none=True)
-        return losses.detach()[0], row
-
-    loss_alone, row_alone = first_row([mine])
-    assert torch.isfinite(loss_alone) and torch.isfinite(row_alone).all()
-    loss_with, row_with = first_row([mine, longer])
-    assert torch.isfinite(loss_with), "my loss is non-finite only because a longer neighbour padded me"
-    assert torch.allclose(row_with, row_alone, atol=1e-6)
+        model.get_input_embeddings().weight[tok.pad_token_id] = float("nan")
+    with pytest.raises(BadInputError, match="padding token"):
+        _check_pad_embedding(model, tok)
