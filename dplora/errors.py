@@ -54,6 +54,11 @@ class TrainingFailedError(DploraError):
     exit_code = 4
 
 
+class NoisyUpdateError(TrainingFailedError):
+    """A trainable tensor became non-finite after a noisy update: the one stop rule, read from DP outputs only
+    (issue 41.4). The steps the run took are charged, even those after its last checkpoint (exit code 4)."""
+
+
 class UncoveredParameterError(TrainingFailedError):
     """A trainable tensor that the chosen per-example gradient path does not cover (exit code 4)."""
 

@@ -315,8 +315,9 @@ def _placeholders(raw: dict) -> tuple[dict, list[str]]:
     return out, keys
 
 
-def _missing_line(missing: list[str], declare: list[str]) -> str:
-    parts = []
+def _missing_line(missing: list[str], declare: list[str], unknown: list[str] = ()) -> str:
+    """One line: every unknown key (with its suggestion), every missing key, every key left as DECLARE."""
+    parts = list(unknown)
     if missing:
         parts.append(f"missing key{'s' if len(missing) > 1 else ''} {', '.join(repr(m) for m in missing)}")
     if declare:
@@ -324,7 +325,8 @@ def _missing_line(missing: list[str], declare: list[str]) -> str:
             f"declare {', '.join(declare)} (written as {DECLARE}: the comments beside them say why dplora cannot "
             "fill them)"
         )
-    return "contract: " + "; ".join(parts)
+    tail = "; every key: docs/contract.md" if missing or any(":" not in u for u in unknown) else ""
+    return "contract: " + "; ".join(parts) + tail
 
 
 def parse_contract(raw: Any) -> Contract:
@@ -348,7 +350,8 @@ def parse_contract(raw: Any) -> Contract:
         ]
         missing = [m for m in dict.fromkeys(missing) if m not in declare]
         if missing or declare:
-            raise BadInputError(_missing_line(missing, declare)) from None
+            unknown = [_unknown(e) for e in err.errors() if e["type"] == "extra_forbidden"]
+            raise BadInputError(_missing_line(missing, declare, unknown)) from None
         raise BadInputError(f"contract: {_format_error(err)}") from None
     if declare:  # keys that have a default (privacy.num_units) but were left for the user to declare
         raise BadInputError(_missing_line([], declare))

@@ -69,7 +69,8 @@ def _try_batch(model, optimizer, named, batch_size: int, max_seq_len: int, pad_i
     optimizer.begin_logical_step(0)
     optimizer.prepare_batch(batch_size)
     per_sequence_loss(model, batch).sum().backward()
-    optimizer.accumulate(torch.arange(batch_size), row_weight=torch.ones(batch_size))
+    host = torch.device("cpu")  # host-side bookkeeping, as the loop passes it (no device sync)
+    optimizer.accumulate(torch.arange(batch_size, device=host), row_weight=torch.ones(batch_size, device=host))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 

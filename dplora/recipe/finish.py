@@ -10,7 +10,7 @@ from pathlib import Path
 
 from dplora import atomic
 from dplora.engine import control
-from dplora.errors import DploraError
+from dplora.errors import DploraError, NoisyUpdateError
 from dplora.recipe.setup import _RunIO, _write_json
 from dplora.release import envelope as release
 from dplora.release.record import build_record, non_private_record
@@ -96,6 +96,8 @@ def _failure_entry(run_id: str | None, done: int, planned: int, spent: float, er
         "steps_planned": planned,
         "epsilon_charged_upper_bound": spent if math.isfinite(spent) else "infinite (non-private control)",
         "reason": _failure_reason(err),
+        # the stop rule read DP outputs of the steps taken: those steps stay charged, past any checkpoint
+        "stopped_on_dp_output": isinstance(err, NoisyUpdateError),
         "time": utc_now(),
         "release": "none (run failed)",
     }

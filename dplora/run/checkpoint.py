@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from dplora import atomic
-from dplora.errors import BadInputError, TrainingFailedError
+from dplora.errors import BadInputError, NoisyUpdateError, TrainingFailedError
 from dplora.signals import GracefulStop
 
 CHECKPOINT_FILENAME = "resume.safetensors"  # dplora.run.outputs accepts it in a .partial folder
@@ -180,7 +180,7 @@ def write(spec, state, *, started_at: str, data_digest: str) -> CheckpointInfo:
     if state.accountant.steps != state.step:
         raise TrainingFailedError(f"accountant counted {state.accountant.steps} steps, run took {state.step}")
     if float(_finite_flag(state.named)) != 1.0:  # never checkpoint a NaN: resuming from it could not recover
-        raise TrainingFailedError(f"non-finite parameter after step {state.step}")
+        raise NoisyUpdateError(f"non-finite parameter after step {state.step}")
     tensors = {
         f"adapter.{k}": v.detach().to("cpu", copy=True).contiguous()
         for k, v in get_peft_model_state_dict(unwrap(state.model)).items()

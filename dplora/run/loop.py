@@ -26,7 +26,7 @@ from dplora import atomic
 from dplora.contract.spec import Contract
 from dplora.data.units import PoissonUnitSampler, UnitIndex
 from dplora.engine import distributed
-from dplora.errors import TrainingFailedError
+from dplora.errors import NoisyUpdateError, TrainingFailedError
 from dplora.plan.training import TrainingPlan
 
 
@@ -206,7 +206,7 @@ def _physical_batches(spec: RunSpec, state: RunState, units, rows, local, weight
         [loss_sum.float(), _finite_flag(state.named).float(), zeroed.to(loss_sum.device).float()]
     ).tolist()
     if params_ok != 1.0:
-        raise TrainingFailedError(f"non-finite parameter after step {state.step}")
+        raise NoisyUpdateError(f"non-finite parameter after step {state.step}")
     state.records_zeroed += int(zeroed_rows)
     return loss_value, len(rows)
 
@@ -298,7 +298,7 @@ def run_steps(spec: RunSpec, state: RunState, *, metrics, progress, after_step=N
         if after_step is not None:
             after_step(spec, state)
     if float(_finite_flag(state.named)) != 1.0:
-        raise TrainingFailedError(f"non-finite parameter after step {state.step}")
+        raise NoisyUpdateError(f"non-finite parameter after step {state.step}")
 
 
 def _units(state: RunState, units) -> int:

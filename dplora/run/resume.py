@@ -87,41 +87,34 @@ def check_resumable(info: CheckpointInfo, contract, plan, unit_index, digest: st
 
 
 def steps_run(staging: Path, info: CheckpointInfo | None) -> int:
-    """Logical steps the run in ``staging`` actually took: the most of its checkpoint's step, FAILED.json's
-    ``steps_done`` and the last whole line of its per-step log (appended and fsynced after every step, so a kill
-    between checkpoints is seen too). Each of those steps drew noise on the private data and is charged (issue 49:
-    a run that stops at step k is charged k steps), whatever the checkpoint holds."""
+    """Logical steps whose outputs the run in ``staging`` made public in any way: its checkpoint's step, or, when
+    it stopped by the DP stop rule (FAILED.json ``stopped_on_dp_output``: a non-finite parameter after a noisy
+    update), the steps it took. That stop is a function of the noisy updates of every step taken, past the last
+    checkpoint too, so those steps are charged (issue 49: a run that stops at step k is charged k steps).
+
+    A run killed or interrupted between checkpoints is different: its later steps' outputs were lost unseen (the
+    kill does not read them; the log shows only the plan's numbers), so redoing them from the checkpoint with fresh
+    noise and sampling releases nothing more, and the run stays resumable."""
     import json
 
-    from dplora import atomic
-    from dplora.run import outputs
-
-    steps = [info.step if info is not None else 0]
+    steps = info.step if info is not None else 0
     try:
-        steps.append(int(json.loads((staging / "FAILED.json").read_text()).get("steps_done") or 0))
-    except (OSError, ValueError, AttributeError, TypeError):
-        pass
-    for log in (outputs.private_staging(staging) / "metrics.jsonl", staging / "metrics.jsonl"):
-        try:
-            lines = atomic.complete_lines(log.read_text())
-        except OSError:
-            continue
-        for line in lines:
-            try:
-                step = json.loads(line).get("step")
-            except (ValueError, AttributeError):
-                continue
-            if isinstance(step, int):
-                steps.append(step)
-    return max(steps)
+        failed = json.loads((staging / "FAILED.json").read_text())
+    except (OSError, ValueError):
+        return steps
+    if isinstance(failed, dict) and failed.get("stopped_on_dp_output") is True:
+        done = failed.get("steps_done")
+        if isinstance(done, int) and not isinstance(done, bool):
+            steps = max(steps, done)
+    return steps
 
 
 def resume_point(staging: Path, contract, plan, unit_index) -> tuple[CheckpointInfo, str]:
     """For ``--resume``: the checkpoint to continue from and the data digest, after every check.
 
-    A run that took steps past its last checkpoint (a failure or a kill between checkpoints) is not resumed: its
-    later steps drew noise on the data and are charged, and redoing them would spend more than the one charge
-    reserved for T steps; ``--overwrite`` settles it at its reserved ε and starts a new run.
+    A run stopped by the DP stop rule after steps past its last checkpoint is not resumed (:func:`steps_run`): those
+    steps are charged, and redoing them would spend more than the one charge reserved for T steps; ``--overwrite``
+    settles it at its reserved ε and starts a new run.
 
     Raises:
         BadInputError: no checkpoint, an unreadable one, steps past it, or a changed contract, data or plan
@@ -135,10 +128,9 @@ def resume_point(staging: Path, contract, plan, unit_index) -> tuple[CheckpointI
         raise BadInputError(f"--resume: no resume checkpoint in {staging}; run without --resume to start a new run")
     if (ran := steps_run(staging, info)) > info.step:
         raise BadInputError(
-            f"--resume: run {info.run_id} took {ran} steps but its last checkpoint holds {info.step}: the steps after "
-            "it drew noise on the data and stay charged, so redoing them would spend more than the run's charge; "
-            "pass --overwrite to settle it at its reserved ε and start a new run (training.checkpoint_every: 1 "
-            "keeps every step resumable)"
+            f"--resume: run {info.run_id} took {ran} steps but its last checkpoint holds {info.step}, and it stopped "
+            "on a non-finite noisy update (a DP output of those steps): they stay charged, so redoing them would "
+            "spend more than the run's charge; pass --overwrite to settle it at its reserved ε and start a new run"
         )
     digest = data_sha256(contract)
     check_resumable(info, contract, plan, unit_index, digest)

@@ -140,7 +140,8 @@ def test_every_missing_key_is_named_at_once():
     with pytest.raises(BadInputError) as err:
         parse_contract(raw)
     assert str(err.value) == (
-        "contract: missing keys 'privacy.adjacency', 'privacy.max_grad_norm', 'training.expected_batch_size'"
+        "contract: missing keys 'privacy.adjacency', 'privacy.max_grad_norm', 'training.expected_batch_size'; "
+        "every key: docs/contract.md"
     )
     raw["privacy"] |= {"adjacency": "add_remove", "max_grad_norm": 1.0, "num_units": "DECLARE"}
     raw["training"]["expected_batch_size"] = 8
