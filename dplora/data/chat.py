@@ -34,7 +34,7 @@ IGNORE = -100
 PLAIN_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}"
     "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}\n{% endfor %}"
-    "{% if add_generation_prompt %}assistant: {% endif %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
 )
 
 

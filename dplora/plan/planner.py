@@ -179,7 +179,12 @@ def recommend(
             f"the planner found no batch B ≥ {BATCH_GRID[0]} with B ≤ N/4 and T ≥ {floor} for N={num_units}, "
             f"E={float(e):g}"
             + (f", max steps {max_steps}" if max_steps else "")
-            + ": raise the epochs or the step cap, or set training.expected_batch_size and steps yourself"
+            + (
+                f": N/4 < {BATCH_GRID[0]}, so no batch is eligible (the planner needs N ≥ {4 * BATCH_GRID[0]} "
+                "units); set training.expected_batch_size and training.steps yourself"
+                if num_units < 4 * BATCH_GRID[0]
+                else ": raise the epochs or the step cap, or set training.expected_batch_size and steps yourself"
+            )
         )
     best = min(c.noise_per_unit for c in eligible)
     tied = [c for c in eligible if c.noise_per_unit <= best * (1 + TIE_RTOL)]

@@ -315,3 +315,25 @@ def test_a_template_without_a_default_system_turn_is_unchanged_by_the_system_cut
     ids, labels = enc.encode(convo)
     assert tok.decode([i for i, y in zip(ids, labels, strict=True) if y != IGN]) == "It ships today.<|eot_id|>"
     assert enc._default_system(convo, 1) is None
+
+
+def test_the_plain_fallback_is_prefix_stable_under_a_bpe_that_merges_the_space():
+    """New-user blocker (issue 42): with a model that has no chat template, SmolLM2's BPE tokenizer merged the plain
+    template's generation prompt "assistant: " with the reply's first word, so every conversation was refused as
+    not prefix-stable. The generation prompt is now "assistant:" and the reply keeps its leading space."""
+    from pathlib import Path
+
+    cache = Path.home() / ".cache" / "dplora" / "models" / "smollm2-135m-instruct"
+    if not (cache / "tokenizer.json").is_file():
+        pytest.skip("needs the packaged SmolLM2 tokenizer (converted on first use of the packaged model)")
+    from transformers import AutoTokenizer
+
+    from dplora.data.chat import PLAIN_TEMPLATE
+
+    tok = AutoTokenizer.from_pretrained(str(cache))
+    enc = ChatEncoder(tok, PLAIN_TEMPLATE, 512)
+    enc.check_template()
+    ids, labels = enc.encode(CONVO)
+    target = tok.decode([i for i, y in zip(ids, labels, strict=True) if y != IGN])
+    replies = [m["content"] for m in CONVO if m["role"] == "assistant"]
+    assert enc.stats.unstable == 0 and all(r in target for r in replies)
