@@ -104,7 +104,7 @@ def test_entry_sentence_and_comparison():
     assert entry["available"] is True
     assert set(entry["true_positive_rate_at"]) == {"0.1%", "1%", "10%"}
     assert entry["accountant_version"].startswith("dp-accounting ")
-    sentence = ceiling_sentence(entry, "one customer's records")
+    sentence = ceiling_sentence(entry, "one customer's records were used")
     assert "exceed 3.1 % true positives at 1 % false positives" in sentence
     assert "this release alone" in sentence
     assert same_ceiling(entry, entry) is None
