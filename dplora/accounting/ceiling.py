@@ -209,6 +209,53 @@ def _cached(key: str, fprs) -> tuple[float, ...] | None:
     return tuple(value)
 
 
+def composed_ceiling(events: list[dict], adjacency: str, fprs: tuple[float, ...] = CEILING_FPRS) -> dict:
+    """The attack ceiling of several mechanisms on the same units composed (a population's charges in the ledger).
+
+    The events (``dp_sgd``, ``gaussian`` or ``laplace`` dicts, as the ledger stores them:
+    :func:`dplora.accounting.composition.validate_events`) are composed by dp_accounting's ``PLDAccountant``
+    (interval 1e-4, pessimistic) and the trade-off formula of this module is applied to the composed profile. The
+    composition is called only inside dplora's PLD range (:func:`dplora.accounting.composition._range`).
+
+    Returns:
+        ``{"available": True, "true_positive_rate_at": {...}, "method", "accountant_version", "scope"}`` or
+        ``{"available": False, "reason"}``.
+    """
+    import dp_accounting
+    from dp_accounting.pld import PLDAccountant
+
+    from dplora.accounting.backends import accountant_version
+    from dplora.accounting.composition import _dp_event, _range
+    from dplora.accounting.cost import PLD_MIN_DELTA
+    from dplora.accounting.events import Accountant
+
+    if not events:
+        return {"available": False, "reason": "no events to compose"}
+    sgd = [e for e in events if e["mechanism"] == "dp_sgd"]
+    history = [(float(e["noise_multiplier"]), e["sample_rate"], e["steps"]) for e in sgd]
+    if history and (why := _range("pld", history, PLD_MIN_DELTA, adjacency)) is not None:
+        return {"available": False, "reason": why}
+    if adjacency != "add_remove" and any(e["mechanism"] == "laplace" for e in events):
+        return {"available": False, "reason": "dp_accounting's PLD has no Laplace event under replace-one"}
+    relation = (
+        dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+        if adjacency == "add_remove"
+        else dp_accounting.NeighboringRelation.REPLACE_ONE
+    )
+    accountant = PLDAccountant(neighboring_relation=relation, value_discretization_interval=CEILING_INTERVALS[0])
+    with np.errstate(all="ignore"):
+        for event in events:
+            accountant.compose(_dp_event(event))
+        deltas = np.asarray(accountant._pld.get_delta_for_epsilon(EPS_GRID), dtype=float)  # noqa: SLF001
+    return {
+        "available": True,
+        "true_positive_rate_at": {fpr_label(a): round(tradeoff_tpr(deltas, EPS_GRID, a), 6) for a in fprs},
+        "method": METHOD.replace("of the T-step mechanism", "of all the population's charges composed"),
+        "accountant_version": accountant_version(Accountant.PLD),
+        "scope": "every charge on this population together",
+    }
+
+
 def ceiling_entry(event: DpSgdEvent, *, use_cache: bool = True) -> dict:
     """The release record's ``attack_ceiling`` entry for ``event`` (``{"available": false, ...}`` when not stated)."""
     ceiling = attack_ceiling(event, use_cache=use_cache)
