@@ -329,9 +329,10 @@ def summary_line(section: dict) -> str:
         return "n/a" if x is None else x if isinstance(x, str) else format(x, fmt)
 
     verdict = "VIOLATION (the bound exceeds the claimed ε)" if section.get("violation") else "no violation"
-    if section.get("violation") and section.get("ceiling_exceeded"):
-        verdict = "VIOLATION (a measured TPR exceeds the release's attack ceiling)"
-        if section.get("bound_violation"):
+    if section.get("violation"):
+        if section.get("ceiling_exceeded") and not section.get("bound_violation"):
+            verdict = "VIOLATION (a measured TPR exceeds the release's attack ceiling)"
+        elif section.get("ceiling_exceeded"):
             verdict = "VIOLATION (the bound exceeds the claimed ε; a measured TPR exceeds the attack ceiling)"
     elif section.get("verdict") == "uninformative":
         verdict = "uninformative, not a pass (" + "; ".join(section.get("uninformative_reasons") or []) + ")"
