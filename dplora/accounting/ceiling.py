@@ -258,7 +258,10 @@ def composed_ceiling(events: list[dict], adjacency: str, fprs: tuple[float, ...]
 
 def ceiling_entry(event: DpSgdEvent, *, use_cache: bool = True) -> dict:
     """The release record's ``attack_ceiling`` entry for ``event`` (``{"available": false, ...}`` when not stated)."""
-    ceiling = attack_ceiling(event, use_cache=use_cache)
+    try:
+        ceiling = attack_ceiling(event, use_cache=use_cache)
+    except (ValueError, ArithmeticError, MemoryError) as err:  # never fail a finished run over its ceiling
+        return {"available": False, "reason": f"PLD failed numerically ({err.__class__.__name__})", "method": METHOD}
     if ceiling is None:
         return {
             "available": False,

@@ -110,3 +110,16 @@ def test_entry_sentence_and_comparison():
     assert same_ceiling(entry, entry) is None
     tampered = {**entry, "true_positive_rate_at": {**entry["true_positive_rate_at"], "1%": 0.02}}
     assert "TPR at 1%" in same_ceiling(tampered, entry)
+
+
+def test_a_numerical_failure_is_stated_not_raised(monkeypatch):
+    import dplora.accounting.ceiling as ceiling
+
+    def boom(*args, **kwargs):
+        raise FloatingPointError("overflow")
+
+    monkeypatch.setattr(ceiling, "_profile", boom)
+    ceiling._computed.cache_clear()
+    entry = ceiling_entry(DpSgdEvent(sample_rate=0.2, noise_multiplier=0.9, steps=7), use_cache=False)
+    assert entry["available"] is False and "FloatingPointError" in entry["reason"]
+    assert "not stated" in ceiling_sentence(entry)
