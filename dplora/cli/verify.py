@@ -168,8 +168,10 @@ def _verify_checks(result, key_path: Path, public, data: list[Path], base_model:
         checks.append(("audit", True, "the attached audit section is signed with the record and names its mechanism"))
     if result.attack_ceiling is not None:
         from dplora.accounting.ceiling import ceiling_sentence
+        from dplora.release.card import CEILING_UNIT_WORDS
 
-        said = ceiling_sentence(result.attack_ceiling)
+        unit = (statement.get("predicate", {}).get("privacy") or {}).get("protected_unit")
+        said = ceiling_sentence(result.attack_ceiling, CEILING_UNIT_WORDS.get(unit, "one protected unit was used"))
         how = "recomputed from the record's q, σ, T and adjacency"
         if result.ceiling_recorded:
             checks.append(("attack ceiling", True, f"{how}; equals the recorded one: {said}"))
