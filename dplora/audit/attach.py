@@ -148,6 +148,15 @@ def audit_section(report: dict, report_sha256: str, data_files: list[str]) -> di
         "delta",
         "confidence",
         "violation",
+        "verdict",
+        "bound_violation",
+        "epsilon_lower_bound_ceiling",
+        "epsilon_lower_bound_ceiling_delta0",
+        "informative",
+        "uninformative_reasons",
+        "ceiling_exceeded",
+        "tpr_vs_ceiling",
+        "power_check",
         "canaries",
         "inserted",
         "records_per_canary",
@@ -166,7 +175,7 @@ def audit_section(report: dict, report_sha256: str, data_files: list[str]) -> di
     source = report["data_source"]
     return {
         "method": report["audit"],
-        **{k: report[k] for k in keys},
+        **{k: report[k] for k in keys if k in report},
         "mechanism": report["mechanism"],
         "data": {"source": source, "files": data_files, "note": DATA_NOTES[source]},
         "ledger": report["ledger"],
@@ -320,6 +329,15 @@ def summary_line(section: dict) -> str:
         return "n/a" if x is None else x if isinstance(x, str) else format(x, fmt)
 
     verdict = "VIOLATION (the bound exceeds the claimed ε)" if section.get("violation") else "no violation"
+    if section.get("violation"):
+        if section.get("ceiling_exceeded") and not section.get("bound_violation"):
+            verdict = "VIOLATION (a measured TPR exceeds the release's attack ceiling)"
+        elif section.get("ceiling_exceeded"):
+            verdict = "VIOLATION (the bound exceeds the claimed ε; a measured TPR exceeds the attack ceiling)"
+    elif section.get("verdict") == "uninformative":
+        verdict = "uninformative, not a pass (" + "; ".join(section.get("uninformative_reasons") or []) + ")"
+    if section.get("epsilon_lower_bound_ceiling") is not None:
+        verdict += f"; this audit could show at most ε̂ {num(section['epsilon_lower_bound_ceiling'])}"
     ledger = section.get("ledger") or {}
     charge = (
         f"charged ε={num(ledger.get('epsilon'), '.4f')} "

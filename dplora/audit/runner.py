@@ -22,6 +22,7 @@ from dplora.errors import BadInputError
 REPORT_FILENAME = "audit.json"
 SUMMARY_FILENAME = "audit.md"
 PLOT_FILENAME = "audit_scores.png"
+TPR_KEYS = ("fpr", "tpr", "true_positives", "inserted", "false_positives")  # the power check's measured points
 
 
 class DataSource(str, enum.Enum):
@@ -80,7 +81,16 @@ def check_options(contract, options: AuditOptions) -> None:
         raise BadInputError(f"--candidates={options.candidates}: give at least 1")
 
 
-def run_audit(contract, options: AuditOptions, *, audit_dir: Path, train_kwargs: dict, log=print) -> dict:
+def run_audit(
+    contract,
+    options: AuditOptions,
+    *,
+    audit_dir: Path,
+    train_kwargs: dict,
+    log=print,
+    power_contract=None,
+    power_source: DataSource | None = None,
+) -> dict:
     """Insert canaries, train as ``dplora train`` does, score them and write ``audit.json`` and ``audit.md``.
 
     Args:
@@ -88,6 +98,11 @@ def run_audit(contract, options: AuditOptions, *, audit_dir: Path, train_kwargs:
         options: :class:`AuditOptions`.
         audit_dir: the audit's folder (created).
         train_kwargs: passed on to :func:`dplora.recipe.train.run_training` (threads, progress, contract_path, ...).
+        power_contract: for the power check, a non-private control contract (``privacy.enabled: false``, no
+            population) on PUBLIC or surrogate data only (:func:`check_power_contract`), output in
+            ``<audit_dir>/power-run``: the same inserted canaries go through it and the report says how near the
+            audit's ε̂ ceiling it gets. None: no power check.
+        power_source: what the power check's data is (public or surrogate).
 
     Returns:
         The report (a dict, as written to ``audit.json``).
@@ -111,12 +126,76 @@ def run_audit(contract, options: AuditOptions, *, audit_dir: Path, train_kwargs:
         key.unlink(missing_ok=True)
     measured = _score(result.output_dir, contract, drawn, options, train_kwargs.get("threads"), log)
     report = _report(result, contract, drawn, measured, options)
+    if power_contract is not None:
+        report["power_check"] = _power_check(power_contract, power_source, drawn, options, audit_dir, train_kwargs, log)
     atomic.write_json(audit_dir / REPORT_FILENAME, report, sort_keys=False)
     atomic.write_text(audit_dir / SUMMARY_FILENAME, summary_markdown(report))
     if options.plot:
         _plot(audit_dir / PLOT_FILENAME, drawn, measured["score"])
     _stamp_reports(audit_dir, result)
     return report
+
+
+def check_power_contract(power_contract, source: DataSource | None) -> None:
+    """Refuse a power check that is not a non-private control on public or surrogate data (exit 2).
+
+    Raises:
+        BadInputError: DP still on, a ledger population set, or data declared private.
+    """
+    from dplora.engine import control
+
+    if source not in (DataSource.PUBLIC, DataSource.SURROGATE):
+        raise BadInputError(
+            "the power check trains without noise: it runs on public or surrogate data only, never the private data"
+        )
+    if not control.is_control(power_contract) or power_contract.privacy.population:
+        raise BadInputError("the power check's contract must be a control (privacy.enabled=false, no population)")
+
+
+def _power_check(power_contract, source, drawn, options: AuditOptions, audit_dir: Path, train_kwargs, log) -> dict:
+    """The same inserted canaries through a run without noise on public data: how near the ε̂ ceiling it gets."""
+    from dplora.audit import power
+    from dplora.recipe.train import run_training
+    from dplora.release.keys import generate_keypair
+
+    check_power_contract(power_contract, source)
+    extra = [
+        row
+        for c in drawn
+        if c.inserted
+        for row in canaries.canary_rows(power_contract, c.unit_id, c.secret, options.copies)
+    ]
+    key, _ = generate_keypair(audit_dir / "power-run.key", overwrite=True)
+    kwargs = {**train_kwargs, "ledger_path": None}  # a control without population is never charged
+    try:
+        result = run_training(power_contract, signing_key=key, data_key=None, extra_records=extra, log=log, **kwargs)
+    finally:
+        key.unlink(missing_ok=True)
+    measured = _score(result.output_dir, power_contract, drawn, options, train_kwargs.get("threads"), log)
+    m = len(drawn)
+    k = options.guesses if options.guesses is not None else m // 4
+    inserted = [c.inserted for c in drawn]
+    r, v = bound.count_correct(measured["score"], inserted, k_in=k, k_out=k)
+    delta = result.plan.delta
+    lower = bound.epsilon_lower_bound(m=m, r=r, v=v, delta=delta, confidence=options.confidence)
+    ceiling = power.bound_ceiling(m=m, r=r, delta=delta, confidence=options.confidence)
+    members = [s for s, i in zip(measured["score"], inserted, strict=True) if i]
+    others = [s for s, i in zip(measured["score"], inserted, strict=True) if not i]
+    points = power.ceiling_comparison(measured["score"], inserted, None, confidence=options.confidence)["points"]
+    return {
+        "what": "the same canaries through a run without clipping or noise (privacy.enabled=false) on public data",
+        "data_source": source.value,
+        "run_folder": str(result.output_dir),
+        "run_id": result.run_id,
+        "steps": result.steps_done,
+        "guesses": r,
+        "correct": v,
+        "epsilon_lower_bound": lower,
+        "epsilon_lower_bound_ceiling": ceiling,
+        "fraction_of_ceiling": lower / ceiling if ceiling > 0 else 0.0,
+        "mia_auc": scores.auc(members, others) if members and others else None,
+        "tpr_at": [{key: p[key] for key in TPR_KEYS} for p in points],
+    }
 
 
 def _stamp_reports(audit_dir: Path, result) -> None:
@@ -185,6 +264,12 @@ def _report(result, contract, drawn, measured: dict, options: AuditOptions) -> d
     exp_in = [e for e, i in zip(measured["exposure"], inserted, strict=True) if i]
     exp_out = [e for e, i in zip(measured["exposure"], inserted, strict=True) if not i]
     auc = scores.auc(members, others) if members and others else None
+    from dplora.audit import power
+
+    info = power.informativeness(m=m, r=r, delta=plan.delta, claimed_epsilon=claimed, confidence=options.confidence)
+    event = plan.event if result.differentially_private else None
+    versus = power.ceiling_comparison(measured["score"], inserted, event, confidence=options.confidence)
+    bound_violation = lower > claimed
     return {
         "audit": "one-run canary audit (Steinke, Nasr & Jagielski 2023, arXiv 2305.08846, Thm 3)",
         "run_folder": str(result.output_dir),
@@ -195,7 +280,17 @@ def _report(result, contract, drawn, measured: dict, options: AuditOptions) -> d
         "delta": plan.delta,
         "epsilon_lower_bound": lower,
         "confidence": options.confidence,
-        "violation": lower > claimed,
+        "violation": bound_violation or versus["exceeded"],
+        "verdict": power.verdict(
+            bound_violation=bound_violation, ceiling_exceeded=versus["exceeded"], informative=info["informative"]
+        ),
+        "bound_violation": bound_violation,
+        "epsilon_lower_bound_ceiling": info["epsilon_lower_bound_ceiling"],
+        "epsilon_lower_bound_ceiling_delta0": info["epsilon_lower_bound_ceiling_delta0"],
+        "informative": info["informative"],
+        "uninformative_reasons": info["reasons"],
+        "ceiling_exceeded": versus["exceeded"],
+        "tpr_vs_ceiling": versus["points"],
         "canaries": m,
         "inserted": sum(inserted),
         "records_per_canary": options.copies,
@@ -246,9 +341,48 @@ def _fmt(x) -> str:
     return "n/a" if x is None else x if isinstance(x, str) else f"{x:.3f}"
 
 
+def _verdict_words(report: dict) -> str:
+    """The verdict in words (reports written before issue 46 have only ``violation``)."""
+    if report["violation"]:
+        what = []
+        if report.get("bound_violation", True):
+            what.append("the lower bound exceeds the claimed ε")
+        if report.get("ceiling_exceeded"):
+            what.append("a measured TPR exceeds the release's attack ceiling beyond its confidence interval")
+        return "**VIOLATION**: " + " and ".join(what)
+    if report.get("verdict") == "uninformative":
+        return "**uninformative** (not a pass): " + "; ".join(report["uninformative_reasons"])
+    return "no violation detected"
+
+
+def _tpr_lines(report: dict) -> list[str]:
+    """One line per FPR: measured TPR (lower limit) against the ceiling."""
+    lines = []
+    for p in report.get("tpr_vs_ceiling") or []:
+        ceiling = "n/a (no DP)" if p["ceiling"] is None else f"{p['ceiling']:.4f}"
+        at_upper = "" if p["ceiling_at_fpr_upper"] is None else f" ({p['ceiling_at_fpr_upper']:.4f} at the FPR's upper "
+        at_upper += f"limit {p['fpr_upper']:.4f})" if at_upper else ""
+        lines.append(
+            f"- TPR at FPR {100 * p['fpr']:g} %: measured {p['tpr']:.4f} ({p['true_positives']}/{p['inserted']}, "
+            f"lower limit {p['tpr_lower']:.4f}; {p['false_positives']}/{p['held_out']} false positives); release "
+            f"ceiling {ceiling}{at_upper}" + (" — EXCEEDED" if p["exceeded"] else "")
+        )
+    return lines
+
+
 def summary_markdown(report: dict) -> str:
     """A short markdown summary of the report."""
-    verdict = "**VIOLATION**: the lower bound exceeds the claimed ε" if report["violation"] else "no violation detected"
+    verdict = _verdict_words(report)
+    ceiling = report.get("epsilon_lower_bound_ceiling")
+    power_line = (
+        []
+        if ceiling is None
+        else [
+            f"- this audit's ceiling: with {report['canaries']} canaries and {report['guesses']} guesses no outcome "
+            f"can show more than ε̂ = {ceiling:.3f} (δ={report['delta']:g}; "
+            f"{report['epsilon_lower_bound_ceiling_delta0']:.3f} at δ = 0)"
+        ]
+    )
     return "\n".join(
         [
             "# dplora audit",
@@ -260,6 +394,9 @@ def summary_markdown(report: dict) -> str:
             f"correct: {report['correct']}",
             f"- ε lower bound ({report['confidence']:.0%}, δ={report['delta']:g}): {report['epsilon_lower_bound']:.3f}"
             f"; claimed ε: {_fmt(report['claimed_epsilon'])} — {verdict}",
+            *power_line,
+            *_tpr_lines(report),
+            *_power_check_lines(report),
             f"- MIA AUC: {_fmt(report['mia_auc'])}",
             f"- exposure (bits, {report['candidates']} candidates; chance ≈ {report['exposure_chance_bits']:.2f}, "
             f"max {report['exposure_max_bits']:.2f}): inserted {_fmt(report['exposure_inserted_mean'])}, "
@@ -267,6 +404,19 @@ def summary_markdown(report: dict) -> str:
             "",
         ]
     )
+
+
+def _power_check_lines(report: dict) -> list[str]:
+    """The power check's line ([] without one)."""
+    check = report.get("power_check")
+    if not check:
+        return []
+    return [
+        f"- power check (the same canaries, a run without noise on {check['data_source']} data): ε̂ "
+        f"{check['epsilon_lower_bound']:.3f} of the ceiling {check['epsilon_lower_bound_ceiling']:.3f} "
+        f"({100 * check['fraction_of_ceiling']:.0f} %), {check['correct']}/{check['guesses']} correct, "
+        f"MIA AUC {_fmt(check['mia_auc'])}"
+    ]
 
 
 def _plot(path: Path, drawn, score: list[float]) -> None:

@@ -41,6 +41,19 @@ SigningKeyOpt = Annotated[
     Path | None,
     typer.Option(metavar="PATH", help="With --attach: the release's Ed25519 key. Default: $DPLORA_SIGNING_KEY."),
 ]
+PowerCheckOpt = Annotated[
+    bool,
+    typer.Option(
+        "--power-check",
+        help="Also train the same canaries without noise on public data (never private) and report how near "
+        "the audit's ceiling that gets.",
+    ),
+]
+PowerDataOpt = Annotated[
+    Path | None,
+    typer.Option(metavar="FILE", help="Public or surrogate data for --power-check (default: the audit's own data, "
+                 "when --data-source is public or surrogate)."),
+]  # fmt: skip
 AuditThreadsOpt = Annotated[int | None, typer.Option(min=1, metavar="N", help="CPU threads.")]
 
 
@@ -60,11 +73,15 @@ def audit(
     signing_key: SigningKeyOpt = None,
     threads: AuditThreadsOpt = None,
     progress: TrainingProgressOpt = True,
+    power_check: PowerCheckOpt = False,
+    power_data: PowerDataOpt = None,
 ) -> None:
     """Insert canaries with probability 1/2, train exactly as `dplora train`, score and bound ε from below.
 
-    Writes <audit>/audit.json and audit.md; exit 5 when the lower bound exceeds the claimed ε. With --attach,
-    the results are signed into the release's record (the audit must run the release's mechanism).
+    Writes <audit>/audit.json and audit.md; exit 5 when the lower bound exceeds the claimed ε or a measured TPR
+    exceeds the release's attack ceiling beyond its confidence interval; fewer than 1,000 canaries report
+    "uninformative", not a pass. With --attach, the results are signed into the release's record (the audit must
+    run the release's mechanism). --power-check also trains the same canaries without noise on public data.
     """
     from dplora.audit.runner import REPORT_FILENAME, AuditOptions, run_audit, summary_markdown
     from dplora.errors import DploraError
@@ -89,7 +106,16 @@ def audit(
             "ledger_path": ledger,
             "contract_path": config,
         }
-        report = run_audit(contract, options, audit_dir=folder, train_kwargs=train_kwargs, log=log)
+        power = _power_contract(config, overrides or [], contract, source, folder, power_check, power_data)
+        report = run_audit(
+            contract,
+            options,
+            audit_dir=folder,
+            train_kwargs=train_kwargs,
+            log=log,
+            power_contract=power[0] if power else None,
+            power_source=power[1] if power else None,
+        )
         if target is not None:
             envelope = _attach(target, report, contract, folder, ledger)
     except DploraError as err:
@@ -135,6 +161,50 @@ def _prepare(config: Path, overrides: list[str], data_source: str, audit_dir, at
         if pinned:
             log(f"attach: the audit declares the release's N ({pinned[0]}), so q, T and σ are the release's")
     return contract, source, folder, target
+
+
+def _power_contract(config: Path, overrides: list[str], contract, source, folder: Path, wanted: bool, data):
+    """(the power check's control contract, its data source), or None without --power-check; checked before any
+    training. Its data is --power-data (public or surrogate, declared by the user) or the audit's own data when
+    that is public or surrogate; never the audit's private data file.
+
+    Raises:
+        BadInputError: --power-data without --power-check, a private audit without --power-data, or --power-data
+            naming the private data file.
+    """
+    from dplora.audit.runner import DataSource, check_power_contract
+    from dplora.contract.loader import load_contract, replace_overrides
+    from dplora.errors import BadInputError
+    from dplora.recipe.planning import resolve_auto
+
+    if data is not None and not wanted:
+        raise BadInputError("--power-data is the public data of --power-check: give --power-check too")
+    if not wanted:
+        return None
+    if data is None and source is DataSource.PRIVATE:
+        raise BadInputError(
+            "--power-check trains without noise, so never on the private data: pass --power-data FILE (public or "
+            "surrogate data with the same columns) or audit with --data-source public|surrogate"
+        )
+    if data is not None:
+        if not Path(data).is_file():
+            raise BadInputError(f"--power-data {data}: no such file")
+        if source is DataSource.PRIVATE and Path(data).resolve() == Path(contract.data.path).resolve():
+            raise BadInputError("--power-data is the audit's private data file: the power check needs public data")
+    power_source = DataSource.PUBLIC if data is not None else source
+    pinned = [
+        "privacy.enabled=false",
+        "privacy.population=null",
+        f"training.output_dir={folder / 'power-run'}",
+        *([f"data.path={Path(data).resolve()}"] if data is not None else [f"data.path={contract.data.path}"]),
+        f"privacy.num_units={contract.privacy.num_units}" if contract.privacy.num_units else "",
+        f"training.expected_batch_size={contract.training.expected_batch_size}",
+        f"training.steps={contract.training.steps}",
+        f"training.lr={contract.training.lr}",
+    ]
+    power, _ = resolve_auto(load_contract(config, replace_overrides(overrides, [p for p in pinned if p])))
+    check_power_contract(power, power_source)
+    return power, power_source
 
 
 def _attach(target, report: dict, contract, folder: Path, ledger: Path | None) -> Path:

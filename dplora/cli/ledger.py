@@ -221,6 +221,8 @@ def show(
             c["age"] = _age(c["created_at"]) if c["status"] == "pending" else None
         releases = ledger.releases(population=population)
         unassigned = [] if population is not None else [c.to_dict() for c in ledger.unassigned()]
+    for p in pops:
+        p["attack_ceiling"] = _population_ceiling(p, charges)
     if not show_private:
         charges = [public_times(c, ("created_at",)) for c in charges]
         unassigned = [public_times(c, ("created_at",)) for c in unassigned]
@@ -231,6 +233,30 @@ def show(
         return
     for line in _show_lines(pops, charges, releases, unassigned):
         typer.echo(line)
+
+
+def _population_ceiling(pop: dict, charges: list[dict]) -> dict:
+    """The attack ceiling of a population's charges composed (:func:`dplora.accounting.ceiling.composed_ceiling`),
+    stated only when every charge stores its mechanism and all name the same known unit key (as the composed ε)."""
+    from dplora.accounting.ceiling import composed_ceiling
+
+    mine = [c for c in charges if c["population"] == pop["name"]]
+    keys, relations = {c.get("unit_key") for c in mine}, {c.get("adjacency") for c in mine}
+    if not mine or any(c.get("events") is None for c in mine) or None in keys or len(keys) != 1 or len(relations) != 1:
+        return {"available": False, "reason": "a charge's mechanism or unit key is unknown (or no charges)"}
+    return composed_ceiling([e for c in mine for e in c["events"]], relations.pop())
+
+
+def _ceiling_line(entry: dict | None) -> str:
+    """``    attack ceiling (all charges): TPR 3.1 % at 1 % FPR ...`` or why it is not stated."""
+    if not entry or not entry.get("available"):
+        return "    attack ceiling: not stated (" + str((entry or {}).get("reason", "not computed")) + ")"
+    at = entry["true_positive_rate_at"]
+    return (
+        "    attack ceiling (all charges): TPR "
+        + ", ".join(f"{100 * v:.3g} % at {k.replace('%', ' %')}" for k, v in at.items())
+        + " FPR"
+    )
 
 
 def _key(key: str | None) -> str:
@@ -268,6 +294,7 @@ def _show_lines(pops: list[dict], charges: list[dict], releases: list[dict], una
             + ("n/a" if composed is None else format(composed, ".4f"))
             + f" ({p['composed_by'] or 'no events to compose'})",
             f"    δ spent {p['delta_spent']} of cap {p['delta_max']}, left {p['delta_left']}",
+            _ceiling_line(p.get("attack_ceiling")),
         ]
     lines.append("charges")
     for c in charges:

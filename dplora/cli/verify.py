@@ -114,7 +114,7 @@ def _emit(result, synth, checks, shipping: str, code: int, release_path: Path, e
     doc |= {"synthetic": synth.claims} if synth else {}
     doc |= {"export": exported.claims} if exported else {}
     doc |= {"shipping": shipping}
-    emit_json(doc | {"checks": checks, "claims": _claims(result.statement), "audit": result.audit})
+    emit_json(doc | {"checks": checks, "claims": _claims(result), "audit": result.audit})
 
 
 def _print(result, synth, checks: list[dict], shipping: str) -> None:
@@ -166,6 +166,17 @@ def _verify_checks(result, key_path: Path, public, data: list[Path], base_model:
         checks.append(("base model", True, f"sha256 of {', '.join(result.base_model_files)} matches the record"))
     if result.audit is not None:
         checks.append(("audit", True, "the attached audit section is signed with the record and names its mechanism"))
+    if result.attack_ceiling is not None:
+        from dplora.accounting.ceiling import ceiling_sentence
+        from dplora.release.card import CEILING_UNIT_WORDS
+
+        unit = (statement.get("predicate", {}).get("privacy") or {}).get("protected_unit")
+        said = ceiling_sentence(result.attack_ceiling, CEILING_UNIT_WORDS.get(unit, "one protected unit was used"))
+        how = "recomputed from the record's q, σ, T and adjacency"
+        if result.ceiling_recorded:
+            checks.append(("attack ceiling", True, f"{how}; equals the recorded one: {said}"))
+        else:
+            checks.append(("attack ceiling", False, f"not recorded (an older release); {how}: {said}"))
     return [{"check": name, "ok": ok, "detail": detail} for name, ok, detail in checks]
 
 
@@ -194,8 +205,10 @@ def _tuning_line(statement: dict) -> str | None:
     return tuning_claim(statement.get("predicate"))
 
 
-def _claims(statement: dict) -> dict:
-    """What a verified release claims (``verify --json``): the unit, the accounting, the run id and the files."""
+def _claims(result) -> dict:
+    """What a verified release claims (``verify --json``): the unit, the accounting, the run id, the files and the
+    attack ceiling as recomputed (equal to the recorded one, or verify failed)."""
+    statement = result.statement
     predicate = statement["predicate"]
     acc, unit = predicate.get("accounting") or {}, predicate.get("privacy") or {}
     keys = ("epsilon_spent", "target_epsilon", "delta", "accountant", "accountant_version", "steps_done")
@@ -205,6 +218,7 @@ def _claims(statement: dict) -> dict:
         "adjacency": unit.get("adjacency"),
         **{k: acc.get(k) for k in keys},
         "artifacts": [s["name"] for s in statement["subject"]],
+        **({"attack_ceiling": result.attack_ceiling} if result.attack_ceiling is not None else {}),
         **({"tuning": predicate["tuning"]} if "tuning" in predicate else {}),
         **(
             {"composed_with_audit": (predicate.get("audit") or {})["composed"]}

@@ -74,10 +74,33 @@ def _guarantee(record: dict) -> str:
             f"- Mechanism: Poisson sampling of units at q = {acc['sample_rate']:.6g}, {privacy['clipping']} "
             f"with C = {mech['max_grad_norm']:g}, Gaussian noise σ = {acc['noise_multiplier']:.6g} (std σ·C) once per "
             f"step from OS entropy.\n"
-            f"- N = {acc['num_units']} protected units, {n_source}.\n"
+            f"- N = {acc['num_units']} protected units, {n_source}.\n" + _ceiling(record)
         )
         + _tuning(record)
         + _audit(record)
+    )
+
+
+CEILING_UNIT_WORDS = {
+    "row": "one data row was used",
+    "ticket": "one ticket was used",
+    "user": "one customer's records were used",
+}
+
+
+def _ceiling(record: dict) -> str:
+    """The attack ceiling in plain words ('' for a record written before issue 46)."""
+    from dplora.accounting.ceiling import ceiling_sentence
+
+    entry = record.get("attack_ceiling")
+    if not entry:
+        return ""
+    unit = record["privacy"]["protected_unit"]
+    words = ceiling_sentence(entry, CEILING_UNIT_WORDS.get(unit, "one protected unit was used"))
+    return f"- What ε means to an attacker: {words}" + (
+        " (from the whole privacy profile of this mechanism, not from one (ε, δ) pair).\n"
+        if entry.get("available")
+        else ".\n"
     )
 
 

@@ -2,9 +2,10 @@
 
 Everything here is public by construction: the contract's privacy settings, the mechanism as data (the
 ``DpSgdEvent``), the accountant and its version, library versions, digests. Never raw text, never losses on
-private data, never per-unit record counts (the maximum is one person's count). An optional ``audit`` section
-is added after training by ``dplora audit --attach`` (:mod:`dplora.audit.attach`): an audit's summary numbers
-on fake canaries, no secrets and no scores.
+private data, never per-unit record counts (the maximum is one person's count). The ``attack_ceiling`` entry
+(:mod:`dplora.accounting.ceiling`) is computed from the mechanism entry's public q, σ, T and adjacency. An
+optional ``audit`` section is added after training by ``dplora audit --attach`` (:mod:`dplora.audit.attach`): an
+audit's summary numbers on fake canaries, no secrets and no scores.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import importlib.metadata
 import platform
 
 import dplora
+from dplora.accounting.ceiling import ceiling_entry
 from dplora.contract.spec import Contract, ProtectedUnit
 from dplora.engine.control import NO_DP_STATEMENT
 from dplora.plan.training import TrainingPlan
@@ -132,6 +134,7 @@ def build_record(
             "num_units_note": num_units_note(plan.num_units_source),
             "composition": "single run; see `dplora ledger` for releases on the same population",
         },
+        "attack_ceiling": ceiling_entry(plan.event),  # from the public q, σ, T, adjacency only (issue 46)
         "population": contract.privacy.population,
         **run_provenance(
             contract, base_model=base_model, data_digest=data_digest, execution=execution, lora_targets=lora_targets

@@ -46,6 +46,8 @@ class VerifiedRelease:
     key_id_rule: KeyIdRule
     bundle: bool  # release.sigstore.json was present and holds the same envelope
     base_model_files: tuple[str, ...] = ()  # base-model files whose sha256 matched (empty: not checked)
+    attack_ceiling: dict | None = None  # recomputed from the record's mechanism (None: a non-private record)
+    ceiling_recorded: bool = False  # the record holds an attack_ceiling entry (older records do not)
 
     @property
     def audit(self) -> dict | None:
@@ -241,6 +243,44 @@ def _check_audit(predicate) -> None:
         raise VerificationError(f"the audit's claimed ε={claimed!r} is not the record's ε={spent!r}")
 
 
+def _check_attack_ceiling(predicate) -> tuple[dict | None, bool]:
+    """(the attack ceiling recomputed from the record's mechanism, whether the record states one).
+
+    (None, False) for a predicate with neither a mechanism nor a ceiling entry.
+
+    The ceiling is recomputed (never read, never cached) from the public q, σ, T and adjacency of the record's
+    ``mechanism`` entry (:func:`dplora.accounting.ceiling.ceiling_entry`); a recorded ceiling that differs by more
+    than 1e-4 in any TPR fails.
+
+    Raises:
+        VerificationError: the mechanism entry is malformed, or the recorded ceiling differs.
+    """
+    from dplora.accounting.ceiling import ceiling_entry, same_ceiling
+    from dplora.accounting.events import DpSgdEvent
+
+    mech = predicate.get("mechanism") if isinstance(predicate, dict) else None
+    if mech is None and predicate.get("attack_ceiling") is None:
+        return None, False  # not a dplora training record (no mechanism to state a ceiling of)
+    try:
+        event = DpSgdEvent(
+            sample_rate=mech["sample_rate"],
+            noise_multiplier=mech["noise_multiplier"],
+            steps=mech["steps"],
+            adjacency=mech["adjacency"],
+        )
+    except (KeyError, TypeError, ValueError):
+        raise VerificationError("the record's mechanism entry is malformed (q, σ, T, adjacency)") from None
+    recomputed = ceiling_entry(event, use_cache=False)
+    recorded = predicate.get("attack_ceiling")
+    if recorded is None:
+        return recomputed, False
+    if not isinstance(recorded, dict):
+        raise VerificationError("the record's attack_ceiling entry is malformed")
+    if (what := same_ceiling(recorded, recomputed)) is not None:
+        raise VerificationError(f"the record's attack ceiling is not its mechanism's ({what})")
+    return recomputed, True
+
+
 def verify_release(
     release_path: Path,
     public_key,
@@ -258,7 +298,8 @@ def verify_release(
     envelope; with ``data_files`` and ``data_key``, each data file's HMAC-SHA256 (RFC 2104) by basename; with
     ``base_model``, the sha256 of every recorded base-model file in that folder (or of that one file). An
     ``audit`` section (``dplora audit --attach``) is covered by the signature like the rest of the record and
-    must name this record's mechanism and ε.
+    must name this record's mechanism and ε. A private record's attack ceiling is recomputed from its mechanism
+    (:func:`_check_attack_ceiling`) and must equal the recorded one.
 
     Args:
         release_path: The envelope file, or the folder holding ``release.dsse.json``.
@@ -299,4 +340,14 @@ def verify_release(
     if data_files:
         _check_data(statement.get("predicate"), data_files, data_key)
     matched = _check_base_model(statement.get("predicate"), Path(base_model)) if base_model is not None else ()
-    return VerifiedRelease(statement=statement, key_id_rule=rule, bundle=bundle, base_model_files=matched)
+    ceiling, recorded = (None, False)
+    if ptype == PREDICATE_TYPE and isinstance(statement.get("predicate"), dict):
+        ceiling, recorded = _check_attack_ceiling(statement.get("predicate"))
+    return VerifiedRelease(
+        statement=statement,
+        key_id_rule=rule,
+        bundle=bundle,
+        base_model_files=matched,
+        attack_ceiling=ceiling,
+        ceiling_recorded=recorded,
+    )

@@ -120,8 +120,14 @@ def budget_report(
     }
     report["clipping"] = plan.clipping
     report["lr"], report["lr_schedule"], report["warmup_steps"] = plan.lr, plan.lr_schedule, plan.warmup_steps
+    if contract.privacy.enabled:
+        from dplora.accounting.ceiling import ceiling_entry
+
+        report["attack_ceiling"] = ceiling_entry(plan.event)  # public q, σ, T, adjacency only (issue 46)
     if rec is not None:
         report["recommendation"] = rec.to_dict()
+        if contract.privacy.enabled:
+            add_candidate_ceilings(report["recommendation"], plan.adjacency)
     if unit_index is not None and show_private:
         report["not_covered_by_dp"] = {"note": PRIVATE_STATS_NOTE, "unit_stats": unit_index.stats()}
     if not contract.privacy.enabled:  # the non-private control: report its DP twin's plan, check no cap
@@ -154,6 +160,38 @@ def budget_report(
     if estimate:
         report["estimate"] = _estimate(contract, plan, why, log)
     return report
+
+
+CANDIDATE_CEILING_NOTE = (
+    "attack ceiling: the highest true-positive rate of any membership test at 1 % false positives, from each "
+    "candidate's PLD privacy profile (interval 1e-3: an upper bound within about 1e-4 of the record's)"
+)
+
+
+def add_candidate_ceilings(rec: dict, adjacency) -> None:
+    """Add ``attack_ceiling`` (TPR at each FPR of :data:`~dplora.accounting.ceiling.CEILING_FPRS`, or None) to each
+    calibrated candidate of a recommendation dict, in place, so a user can choose by attack success.
+
+    Each comes from the candidate's public q, σ, T and the contract's adjacency
+    (:func:`dplora.accounting.ceiling.attack_ceiling`, PLD interval from 1e-3 up).
+    """
+    from dplora.accounting import DpSgdEvent
+    from dplora.accounting.ceiling import CEILING_INTERVALS, attack_ceiling, fpr_label
+
+    for row in [*rec["candidates"], rec["choice"]]:
+        ceiling = None
+        if row.get("noise_multiplier") is not None:
+            event = DpSgdEvent(
+                sample_rate=row["sample_rate"],
+                noise_multiplier=row["noise_multiplier"],
+                steps=row["steps"],
+                adjacency=adjacency,
+            )
+            ceiling = attack_ceiling(event, intervals=CEILING_INTERVALS[1:])
+        row["attack_ceiling"] = (
+            None if ceiling is None else {fpr_label(a): t for a, t in zip(ceiling.fprs, ceiling.tprs, strict=True)}
+        )
+    rec["attack_ceiling_note"] = CANDIDATE_CEILING_NOTE
 
 
 def _estimate(contract, plan: TrainingPlan, why: str | None, log) -> dict | None:
@@ -305,12 +343,19 @@ def print_report(report: dict, console, warn=None) -> None:
             "records dropped by cap (not covered by DP)",
             f"{stats['dropped_by_cap']} (max per unit after cap: {stats['max_records_per_unit_after_cap']})",
         )
+    if report.get("attack_ceiling"):
+        t.add_row("attack ceiling (TPR at FPR)", _ceiling_cell(report["attack_ceiling"]))
     if "ledger" in report:
         t.add_row(
             "ledger", f"{report['ledger']['population']}: ε spent before {report['ledger']['epsilon_spent_before']}"
         )
     console.print(t)
     console.print(f"note: {report['unit_note']}", markup=False, soft_wrap=True)
+    if report.get("attack_ceiling"):
+        from dplora.accounting.ceiling import ceiling_sentence
+
+        said = ceiling_sentence(report["attack_ceiling"], f"one {report['protected_unit']} was used")
+        console.print(f"note: {said}", markup=False, soft_wrap=True)
     if private:
         console.print(f"note: rows marked 'not covered by DP' are {private['note']}", markup=False, soft_wrap=True)
     for w in report["warnings"]:
@@ -340,6 +385,19 @@ def print_report(report: dict, console, warn=None) -> None:
         console.print(s)
 
 
+def _ceiling_cell(entry: dict) -> str:
+    """``0.89 % at 0.1 %, 3.06 % at 1 %, 14.1 % at 10 %`` (or why it is not stated)."""
+    if not entry.get("available"):
+        return "not stated: " + str(entry.get("reason"))
+    at = entry["true_positive_rate_at"]
+    return ", ".join(f"{100 * v:.3g} % at {k.replace('%', ' %')}" for k, v in at.items())
+
+
+def _tpr_cell(ceiling: dict | None) -> str:
+    """A candidate's ceiling at 1 % false positives, in percent (``-``: not calibrated or not stated)."""
+    return "-" if ceiling is None else f"{100 * ceiling['1%']:.2f} %"
+
+
 def _print_recommendation(rec: dict, console) -> None:
     """The planner's choice (B, T, q, σ, σ/B, lr) and the candidates it weighed, one row each."""
     from rich.table import Table
@@ -354,7 +412,8 @@ def _print_recommendation(rec: dict, console) -> None:
     )
     console.print(f"rule: {rec['rule']}", markup=False, soft_wrap=True)
     t = Table(title=f"candidates weighed (E={rec['inputs']['epochs']:g}, N={rec['inputs']['num_units']})")
-    for col in ("B", "T", "q", "σ", "ε", "σ/B", "lr", "note"):
+    ceilings = "attack_ceiling_note" in rec
+    for col in ("B", "T", "q", "σ", "ε", "σ/B", *(("TPR@1%",) if ceilings else ()), "lr", "note"):
         t.add_column(col)
     for row in rec["candidates"]:
         sig = row["noise_multiplier"]
@@ -366,7 +425,10 @@ def _print_recommendation(rec: dict, console) -> None:
             "-" if sig is None else f"{sig:.4f}",
             "-" if row["epsilon"] is None else f"{row['epsilon']:.4f}",
             "-" if sig is None else f"{row['noise_per_unit']:.5f}",
+            *((_tpr_cell(row.get("attack_ceiling")),) if ceilings else ()),
             f"{row['lr']:.3g}",
             "chosen" if chosen else (row["excluded"] or ""),
         )
     console.print(t)
+    if ceilings:
+        console.print(f"note: {rec['attack_ceiling_note']}", markup=False, soft_wrap=True)

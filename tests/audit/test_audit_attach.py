@@ -72,7 +72,10 @@ def test_attach_signs_the_audit_into_the_record_and_verify_shows_it(tmp_path, ti
     assert shown.exit_code == 0, shown.output
     assert "OK  audit:" in shown.output
     line = next(x for x in shown.output.splitlines() if x.startswith("audit: "))
-    assert f"ε lower bound {report['epsilon_lower_bound']:.3f} (95%)" in line and "no violation" in line
+    assert f"ε lower bound {report['epsilon_lower_bound']:.3f} (95%)" in line
+    # issue 49: 8 canaries is never a pass; issue 46: the line states the most this audit could show
+    assert "uninformative, not a pass (8 canaries, fewer than 1000" in line and "could show at most ε̂" in line
+    assert section["verdict"] == "uninformative" and section["tpr_vs_ceiling"] == report["tpr_vs_ceiling"]
     assert f"{report['correct']}/{report['guesses']} guesses correct" in line and "data: surrogate" in line
     doc = json.loads(runner.invoke(app, ["verify", str(run), "--public-key", pub, "--json"]).output)
     assert doc["ok"] is True and doc["audit"] == section

@@ -368,6 +368,8 @@ def test_cli_set_cap_show_check(db: Path) -> None:
         "composition": None,
         "composed_by": None,
         "epsilon_tightest": 2.5,
+        # issue 46: no events, so no composed attack ceiling either
+        "attack_ceiling": {"available": False, "reason": "a charge's mechanism or unit key is unknown (or no charges)"},
     }
     assert [c["run_id"] for c in data["charges"]] == ["r1"] and data["releases"][0]["label"] == "final"
     res = _cli("show", POP, "--db", str(db))

@@ -63,6 +63,15 @@ def test_neighbouring_files_give_identical_records(tmp_path, tiny_model_dir, tic
     assert (acc["num_units"], acc["num_units_source"]) == (119, "contract")
     assert acc["sample_rate"] == pytest.approx(8 / 119)
     assert "120" not in json.dumps(records[0]["accounting"])
+    # issue 46: the attack ceiling is a function of the public q, σ, T and adjacency only; verify recomputes it
+    ceilings = [r["attack_ceiling"] for r in records]
+    assert ceilings[0] == ceilings[1] and ceilings[0]["available"] is True
+    assert 0.01 < ceilings[0]["true_positive_rate_at"]["1%"] <= 1.0
+    from dplora.release.verify import verify_release
+
+    for name in ("big", "small"):
+        result = verify_release(tmp_path / name, signing_key[1])
+        assert result.ceiling_recorded and result.attack_ceiling == ceilings[0]
 
 
 def test_undeclared_n_under_add_remove_refuses_to_release(tmp_path, tiny_model_dir, tickets_csv, signing_key):

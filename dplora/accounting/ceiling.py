@@ -1,0 +1,305 @@
+"""What ε means to an attacker: the highest true-positive rate any membership test can reach on a mechanism.
+
+A membership test (did unit u's data take part?) is a hypothesis test between the mechanism on neighbouring
+datasets. For a mechanism with privacy profile δ(ε) (its hockey-stick divergences, both directions), every test
+with false-positive rate α has true-positive rate at most
+
+    TPR(α) ≤ min over ε ≥ 0 of min{ e^ε·α + δ(ε),  1 − e^(−ε)·(1 − δ(ε) − α) }
+
+(the f-DP trade-off curve of the profile: Dong, Roth & Su 2022, Prop. 2.12 / Kairouz, Oh & Viswanath 2015; the
+second term is the same inequality applied to the test's complement). ε runs over a grid 0–30 in steps of 0.01
+(``EPS_GRID``); every grid point gives a valid bound, so the grid only costs tightness. δ(ε) comes from
+dp_accounting's pessimistic PLD of the whole T-step mechanism (``from_gaussian_mechanism`` then ``self_compose``,
+Doroshenko et al. 2022), an upper bound on the true profile, so the ceiling is an upper bound too. It reproduces
+``../shared/cases`` F7 (which used dp_accounting's ``PldPrivacyAccountant.get_true_positive_rates``, main branch
+2026) within ±0.002 and in fact to 4 decimals.
+
+The ceiling is a function of the mechanism only: q, σ, T and the adjacency, the public numbers of the release
+record's ``mechanism`` entry. It never reads data, a private count or a single (ε, δ) pair (the single-pair bound
+e^ε·α + δ is vacuous, 1.0, at ε ≈ 7 and α = 1 %). It holds for one release; releases on the same population
+compose (``dplora ledger``) and their joint ceiling is higher.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import numpy as np
+
+from dplora.accounting.cost import PLD_MAX_SECONDS, pld_seconds
+from dplora.accounting.events import Adjacency, DpSgdEvent
+
+CEILING_FPRS = (0.001, 0.01, 0.1)  # the false-positive rates every release reports
+EPS_GRID = np.arange(3001) / 100.0  # ε = 0, 0.01, ..., 30 (F7's grid)
+# Discretisation intervals tried in order (finest first); a coarser pessimistic PLD is still an upper bound.
+CEILING_INTERVALS = (1e-4, 1e-3, 1e-2)
+METHOD = (
+    "f-DP trade-off of the PLD privacy profile: TPR(α) = min over ε in 0..30 (step 0.01) of "
+    "min(e^ε·α + δ(ε), 1 − e^(−ε)·(1 − δ(ε) − α)); δ(ε) from dp_accounting's pessimistic PLD of the T-step "
+    "mechanism at the public q, σ and adjacency"
+)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AttackCeiling:
+    """The membership-test ceiling of one mechanism.
+
+    Attributes:
+        fprs: false-positive rates α (probabilities in (0, 1)).
+        tprs: the highest true-positive rate any test reaches at each α (probabilities in [α, 1]), same order.
+        interval: the PLD value discretisation interval used (ε units).
+        accountant_version: e.g. ``"dp-accounting 0.6.0"``.
+    """
+
+    fprs: tuple[float, ...]
+    tprs: tuple[float, ...]
+    interval: float
+    accountant_version: str
+
+    def at(self, fpr: float) -> float:
+        """The ceiling at false-positive rate ``fpr`` (one of :attr:`fprs`). Raises KeyError otherwise."""
+        for a, t in zip(self.fprs, self.tprs, strict=True):
+            if math.isclose(a, fpr, rel_tol=1e-12):
+                return t
+        raise KeyError(fpr)
+
+    def to_dict(self) -> dict:
+        """The release record's ``attack_ceiling`` entry (JSON-ready; TPRs rounded to 6 decimals)."""
+        return {
+            "true_positive_rate_at": {fpr_label(a): round(t, 6) for a, t in zip(self.fprs, self.tprs, strict=True)},
+            "method": METHOD,
+            "pld_interval": self.interval,
+            "accountant_version": self.accountant_version,
+            "scope": "this release alone; releases on the same population compose and their ceiling is higher",
+        }
+
+
+def fpr_label(fpr: float) -> str:
+    """``0.001`` → ``"0.1%"``, ``0.01`` → ``"1%"``, ``0.1`` → ``"10%"`` (the record's keys)."""
+    return f"{fpr * 100:g}%"
+
+
+def tradeoff_tpr(deltas: np.ndarray, eps: np.ndarray, fpr: float) -> float:
+    """TPR ceiling at ``fpr`` from a privacy profile sampled at ``eps`` (the formula of the module docstring).
+
+    Args:
+        deltas: δ(ε) at each ε of ``eps`` (shape [K], probabilities), an upper bound of the true profile.
+        eps: ε values ≥ 0 (shape [K], natural-log units).
+        fpr: α ∈ [0, 1].
+
+    Returns:
+        A probability in [α, 1].
+
+    Raises:
+        ValueError: shapes differ or α is outside [0, 1].
+    """
+    deltas, eps = np.asarray(deltas, dtype=float), np.asarray(eps, dtype=float)
+    if deltas.shape != eps.shape or not 0.0 <= fpr <= 1.0:
+        raise ValueError(f"expected matching shapes and 0 <= fpr <= 1, got {deltas.shape}, {eps.shape}, {fpr}")
+    with np.errstate(over="ignore", invalid="ignore"):
+        first = np.exp(eps) * fpr + deltas
+        second = 1.0 - np.exp(-eps) * (1.0 - deltas - fpr)
+        bound = np.nanmin(np.minimum(first, second)) if len(eps) else 1.0
+    return float(min(1.0, max(fpr, bound)))
+
+
+def _profile(event: DpSgdEvent, interval: float) -> np.ndarray:
+    """δ(ε) on ``EPS_GRID`` of the T-step mechanism (dp_accounting pessimistic PLD, both directions)."""
+    import dp_accounting
+    from dp_accounting.pld import privacy_loss_distribution
+
+    relation = {
+        Adjacency.ADD_REMOVE: dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
+        Adjacency.REPLACE_ONE: dp_accounting.NeighboringRelation.REPLACE_ONE,
+    }[event.adjacency]
+    with np.errstate(all="ignore"):
+        one = privacy_loss_distribution.from_gaussian_mechanism(
+            standard_deviation=event.noise_multiplier,
+            value_discretization_interval=interval,
+            sampling_prob=event.sample_rate,
+            neighboring_relation=relation,
+        )
+        composed = one.self_compose(event.steps) if event.steps > 1 else one
+        return np.asarray(composed.get_delta_for_epsilon(EPS_GRID), dtype=float)
+
+
+def ceiling_interval(event: DpSgdEvent, intervals: tuple[float, ...] = CEILING_INTERVALS) -> float | None:
+    """The finest of ``intervals`` whose PLD fits dplora's PLD time limit for ``event`` (None: none does).
+
+    The choice is a deterministic function of (q, σ, T, adjacency) through the cost model of
+    :mod:`dplora.accounting.cost`, so ``verify`` picks the interval the record was computed with.
+    """
+    for interval in intervals:
+        if pld_seconds(event, interval) <= PLD_MAX_SECONDS:
+            return interval
+    return None
+
+
+def attack_ceiling(
+    event: DpSgdEvent,
+    fprs: tuple[float, ...] = CEILING_FPRS,
+    *,
+    use_cache: bool = True,
+    intervals: tuple[float, ...] = CEILING_INTERVALS,
+) -> AttackCeiling | None:
+    """The highest TPR any membership test reaches at each false-positive rate, for the mechanism ``event``.
+
+    One PLD evaluation (about 1-7 s on the reference machine); results are kept in dplora's on-disk cache
+    (:mod:`dplora.accounting.cache`, keyed by the mechanism, interval, α's and dp_accounting version) unless
+    ``use_cache`` is False, as ``dplora verify`` asks: it recomputes (memoised within one process only).
+
+    Args:
+        event: q, σ, T and adjacency (public plan values; nothing else is read).
+        fprs: false-positive rates α ∈ (0, 1) (pass many for the curve).
+        use_cache: read and write the on-disk cache.
+        intervals: PLD discretisation intervals to try, finest first (the record uses the default; the planner's
+            candidate table starts at 1e-3, ten times faster and still an upper bound).
+
+    Returns:
+        :class:`AttackCeiling`, or None when no PLD interval fits the time limit (the ceiling is then not
+        stated, never guessed). T = 0 gives TPR = α; σ = 0 gives 1.
+
+    Raises:
+        ValueError: an α outside (0, 1).
+    """
+    from dplora.accounting.backends import accountant_version
+    from dplora.accounting.events import Accountant
+
+    if not all(0.0 < a < 1.0 for a in fprs):
+        raise ValueError(f"false-positive rates must lie in (0, 1), got {fprs!r}")
+    version = accountant_version(Accountant.PLD)
+    if event.steps == 0 or event.noise_multiplier == 0.0:
+        tprs = tuple(float(a) if event.steps == 0 else 1.0 for a in fprs)
+        return AttackCeiling(fprs=tuple(fprs), tprs=tprs, interval=0.0, accountant_version=version)
+    interval = ceiling_interval(event, intervals)
+    if interval is None:
+        return None
+    key = (
+        f"ceiling-v1/{version}/{event.sample_rate!r}/{event.noise_multiplier!r}/{event.steps}/"
+        f"{event.adjacency.value}/{interval!r}/{','.join(map(repr, fprs))}"
+    )
+    tprs = _cached(key, fprs) if use_cache else None
+    if tprs is None:
+        tprs = _computed(event, interval, tuple(fprs))
+        if use_cache:
+            from dplora.accounting import cache
+
+            cache.put(key, list(tprs))
+    return AttackCeiling(fprs=tuple(fprs), tprs=tprs, interval=interval, accountant_version=version)
+
+
+@functools.lru_cache(maxsize=64)
+def _computed(event: DpSgdEvent, interval: float, fprs: tuple[float, ...]) -> tuple[float, ...]:
+    """The ceilings at ``fprs``, computed (memoised in this process only: a pure function of its arguments)."""
+    deltas = _profile(event, interval)
+    return tuple(tradeoff_tpr(deltas, EPS_GRID, a) for a in fprs)
+
+
+def _cached(key: str, fprs) -> tuple[float, ...] | None:
+    """A cached ceiling, validated (one float in [α, 1] per α), or None."""
+    from dplora.accounting import cache
+
+    value = cache.load().get(key)
+    if not isinstance(value, list) or len(value) != len(fprs):
+        return None
+    if not all(isinstance(t, float) and a <= t <= 1.0 for a, t in zip(fprs, value, strict=True)):
+        return None
+    return tuple(value)
+
+
+def composed_ceiling(events: list[dict], adjacency: str, fprs: tuple[float, ...] = CEILING_FPRS) -> dict:
+    """The attack ceiling of several mechanisms on the same units composed (a population's charges in the ledger).
+
+    The events (``dp_sgd``, ``gaussian`` or ``laplace`` dicts, as the ledger stores them:
+    :func:`dplora.accounting.composition.validate_events`) are composed by dp_accounting's ``PLDAccountant``
+    (interval 1e-4, pessimistic) and the trade-off formula of this module is applied to the composed profile. The
+    composition is called only inside dplora's PLD range (:func:`dplora.accounting.composition._range`).
+
+    Returns:
+        ``{"available": True, "true_positive_rate_at": {...}, "method", "accountant_version", "scope"}`` or
+        ``{"available": False, "reason"}``.
+    """
+    import dp_accounting
+    from dp_accounting.pld import PLDAccountant
+
+    from dplora.accounting.backends import accountant_version
+    from dplora.accounting.composition import _dp_event, _range
+    from dplora.accounting.cost import PLD_MIN_DELTA
+    from dplora.accounting.events import Accountant
+
+    if not events:
+        return {"available": False, "reason": "no events to compose"}
+    sgd = [e for e in events if e["mechanism"] == "dp_sgd"]
+    history = [(float(e["noise_multiplier"]), e["sample_rate"], e["steps"]) for e in sgd]
+    if history and (why := _range("pld", history, PLD_MIN_DELTA, adjacency)) is not None:
+        return {"available": False, "reason": why}
+    if adjacency != "add_remove" and any(e["mechanism"] == "laplace" for e in events):
+        return {"available": False, "reason": "dp_accounting's PLD has no Laplace event under replace-one"}
+    relation = (
+        dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+        if adjacency == "add_remove"
+        else dp_accounting.NeighboringRelation.REPLACE_ONE
+    )
+    accountant = PLDAccountant(neighboring_relation=relation, value_discretization_interval=CEILING_INTERVALS[0])
+    with np.errstate(all="ignore"):
+        for event in events:
+            accountant.compose(_dp_event(event))
+        deltas = np.asarray(accountant._pld.get_delta_for_epsilon(EPS_GRID), dtype=float)  # noqa: SLF001
+    return {
+        "available": True,
+        "true_positive_rate_at": {fpr_label(a): round(tradeoff_tpr(deltas, EPS_GRID, a), 6) for a in fprs},
+        "method": METHOD.replace("of the T-step mechanism", "of all the population's charges composed"),
+        "accountant_version": accountant_version(Accountant.PLD),
+        "scope": "every charge on this population together",
+    }
+
+
+def ceiling_entry(event: DpSgdEvent, *, use_cache: bool = True) -> dict:
+    """The release record's ``attack_ceiling`` entry for ``event`` (``{"available": false, ...}`` when not stated)."""
+    try:
+        ceiling = attack_ceiling(event, use_cache=use_cache)
+    except (ValueError, ArithmeticError, MemoryError) as err:  # never fail a finished run over its ceiling
+        return {"available": False, "reason": f"PLD failed numerically ({err.__class__.__name__})", "method": METHOD}
+    if ceiling is None:
+        return {
+            "available": False,
+            "reason": f"the PLD of this mechanism exceeds dplora's time limit ({PLD_MAX_SECONDS:g} s) at every "
+            f"interval tried ({', '.join(map(str, CEILING_INTERVALS))})",
+            "method": METHOD,
+        }
+    return {"available": True, **ceiling.to_dict()}
+
+
+def ceiling_sentence(entry: dict, unit_words: str = "one unit's data was used") -> str:
+    """The ceiling in plain words, from a record's ``attack_ceiling`` entry (the model card and ``budget``).
+
+    Args:
+        entry: :func:`ceiling_entry`'s dict.
+        unit_words: what the test asks, e.g. ``"one customer's records were used"``.
+    """
+    if not entry.get("available"):
+        return "attack ceiling: not stated (" + str(entry.get("reason", "not computed")) + ")"
+    at = entry["true_positive_rate_at"]
+    one = at.get("1%")
+    others = ", ".join(f"{100 * v:.1f} % at {k.replace('%', ' %')}" for k, v in at.items() if k != "1%")
+    return (
+        f"no test of whether {unit_words} can exceed {100 * one:.1f} % true positives at 1 % false "
+        f"positives ({others} false positives); this holds for this release alone"
+    )
+
+
+def same_ceiling(recorded: dict, recomputed: dict, tolerance: float = 1e-4) -> str | None:
+    """None when two ``attack_ceiling`` entries agree (each TPR within ``tolerance``), else what differs."""
+    if bool(recorded.get("available")) != bool(recomputed.get("available")):
+        return f"recorded available={recorded.get('available')!r}, recomputed {recomputed.get('available')!r}"
+    if not recomputed.get("available"):
+        return None
+    got, want = recorded.get("true_positive_rate_at"), recomputed["true_positive_rate_at"]
+    if not isinstance(got, dict) or set(got) != set(want):
+        return "the recorded false-positive rates are not " + ", ".join(want)
+    for key, value in want.items():
+        if not isinstance(got[key], (int, float)) or abs(float(got[key]) - value) > tolerance:
+            return f"TPR at {key}: recorded {got[key]!r}, recomputed {value:.6f}"
+    return None
