@@ -744,7 +744,10 @@ STUDY_LEVERS: dict[str, tuple[dict, str]] = {
     "v-only": ({"targets": ("v_proj",)}, "LoRA r 8 on v only"),
     "ffa": ({"freeze_a": True}, "FFA-LoRA: A frozen at init, B trained (Sun et al., ICLR 2024)"),
     "epochs3": ({"epochs": 3.0}, "E 3 epochs (planner's B, T and sqrt(B) lr)"),
+    # the demo's hand B = 32 and lr 0.002 (HAND) at E = 3: T = 150 at the σ the accountant gives for them
+    "epochs3-b32": ({"epochs": 3.0, "arm": "hand"}, "E 3 epochs at B 32, lr 0.002 (T 150)"),
 }
+STUDY_NOT_TASK = ("arm",)  # lever keys that are not Task fields: the contract's arm (planner or hand B and lr)
 
 
 def bitext_validation(settings: Settings, count: int) -> list[dict]:
@@ -787,7 +790,14 @@ def study_task(task: Task, levers: list[str]) -> Task:
             if k in changes and changes[k] != v:
                 raise ValueError(f"levers set {k} twice: {changes[k]!r} and {v!r}")
             changes[k] = v
-    return dataclasses.replace(task, **changes)
+    return dataclasses.replace(task, **{k: v for k, v in changes.items() if k not in STUDY_NOT_TASK})
+
+
+def study_arm(levers: list[str]) -> str:
+    """The contract arm of a study row: ``hand`` (:data:`HAND`'s B and lr) when a lever asks for it, else
+    ``planner`` (the planner's B, T and √B lr rule, as today's row)."""
+    arms = {STUDY_LEVERS[n][0].get("arm", "planner") for n in levers}
+    return "hand" if "hand" in arms else "planner"
 
 
 def study_share(loss: float, reference: dict = STUDY_REFERENCE) -> float:
@@ -840,7 +850,7 @@ def study_row(levers: list[str], settings: Settings, out: Path, threads: int, mo
         base_val = bitext_eval(scorer, scorer.base, val, contract)["loss"]
         name = "study-" + "+".join(levers)
         folder = out / "runs" / name
-        kw = {"model": model_section, "arm": "planner", "epsilon": STUDY_EPSILON}
+        kw = {"model": model_section, "arm": study_arm(levers), "epsilon": STUDY_EPSILON}
         raw = contract_for(task, settings, path, columns, folder, **kw)
         run = train_one(raw, key, threads)
         model = scorer.model(run["folder"])
@@ -850,6 +860,7 @@ def study_row(levers: list[str], settings: Settings, out: Path, threads: int, mo
         "levers": list(levers),
         "changes": [STUDY_LEVERS[n][1] for n in levers],
         "epsilon": STUDY_EPSILON,
+        "arm": study_arm(levers),
         "lora": raw["lora"],
         "epochs": task.epochs,
         "trained_parameters": trained_parameters(Path(run["folder"]), task.freeze_a),

@@ -222,6 +222,8 @@ def test_study_levers_combine_and_refuse_conflicts():
     assert bench.study_task(bench.CPU.bitext, ["none"]) == bench.CPU.bitext
     with pytest.raises(ValueError, match="r twice"):
         bench.study_task(bench.CPU.bitext, ["rank2", "rank1-all"])
+    e3 = bench.study_task(bench.CPU.bitext, ["epochs3-b32"])
+    assert e3.epochs == 3.0 and bench.study_arm(["epochs3-b32"]) == "hand" and bench.study_arm(["ffa"]) == "planner"
     with pytest.raises(ValueError, match="unknown lever"):
         bench.study_task(bench.CPU.bitext, ["rank3"])
     # the share is on the FIXED reference rows: today's DP row gives its documented 48.5 %
