@@ -744,6 +744,9 @@ STUDY_LEVERS: dict[str, tuple[dict, str]] = {
     "v-only": ({"targets": ("v_proj",)}, "LoRA r 8 on v only"),
     "ffa": ({"freeze_a": True}, "FFA-LoRA: A frozen at init, B trained (Sun et al., ICLR 2024)"),
     "epochs3": ({"epochs": 3.0}, "E 3 epochs (planner's B, T and sqrt(B) lr)"),
+    # the learning rate (the planner's reference at B = 32, scaled by sqrt(B/32) as before)
+    "lr-x3": ({"lr": 0.006}, "lr 0.006 (3x the reference 0.002)"),
+    "lr-x0.5": ({"lr": 0.001}, "lr 0.001 (half the reference 0.002)"),
     # the demo's hand B = 32 and lr 0.002 (HAND) at E = 3: T = 150 at the σ the accountant gives for them
     "epochs3-b32": ({"epochs": 3.0, "arm": "hand"}, "E 3 epochs at B 32, lr 0.002 (T 150)"),
 }
