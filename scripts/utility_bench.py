@@ -793,6 +793,8 @@ def study_task(task: Task, levers: list[str]) -> Task:
             if k in changes and changes[k] != v:
                 raise ValueError(f"levers set {k} twice: {changes[k]!r} and {v!r}")
             changes[k] = v
+    if changes.get("arm") == "hand" and "lr" in changes:
+        raise ValueError("a hand-settings lever fixes lr 0.002: it does not combine with an lr lever")
     return dataclasses.replace(task, **{k: v for k, v in changes.items() if k not in STUDY_NOT_TASK})
 
 

@@ -224,6 +224,9 @@ def test_study_levers_combine_and_refuse_conflicts():
         bench.study_task(bench.CPU.bitext, ["rank2", "rank1-all"])
     e3 = bench.study_task(bench.CPU.bitext, ["epochs3-b32"])
     assert e3.epochs == 3.0 and bench.study_arm(["epochs3-b32"]) == "hand" and bench.study_arm(["ffa"]) == "planner"
+    with pytest.raises(ValueError, match="does not combine"):
+        bench.study_task(bench.CPU.bitext, ["epochs3-b32", "lr-x3"])
+    assert bench.study_task(bench.CPU.bitext, ["lr-x3"]).lr == 0.006
     with pytest.raises(ValueError, match="unknown lever"):
         bench.study_task(bench.CPU.bitext, ["rank3"])
     # the share is on the FIXED reference rows: today's DP row gives its documented 48.5 %
