@@ -747,7 +747,9 @@ STUDY_LEVERS: dict[str, tuple[dict, str]] = {
     # the learning rate (the planner's reference at B = 32, scaled by sqrt(B/32) as before)
     "lr-x3": ({"lr": 0.006}, "lr 0.006 (3x the reference 0.002)"),
     "lr-x0.5": ({"lr": 0.001}, "lr 0.001 (half the reference 0.002)"),
+    "lr-x6": ({"lr": 0.012}, "lr 0.012 (6x the reference 0.002)"),
     "lr-x10": ({"lr": 0.02}, "lr 0.02 (10x the reference 0.002)"),
+    "lr-x20": ({"lr": 0.04}, "lr 0.04 (20x the reference 0.002)"),
     # the demo's hand B = 32 and lr 0.002 (HAND) at E = 3: T = 150 at the σ the accountant gives for them
     "epochs3-b32": ({"epochs": 3.0, "arm": "hand"}, "E 3 epochs at B 32, lr 0.002 (T 150)"),
 }
