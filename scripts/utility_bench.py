@@ -40,6 +40,13 @@ Output: ``DIR/utility.json``, ``DIR/utility.md`` and ``DIR/utility.png`` (utilit
     .venv/bin/python scripts/utility_bench.py --full --out bench-utility-full     # a GPU; days on a CPU
     .venv/bin/python scripts/utility_bench.py --cpu --jobs 2 --out bench-utility-cpu  # ~2.5 h on 2 cores
     .venv/bin/python scripts/utility_bench.py --toy --full --out /tmp/u            # the --full design, tiny model
+    .venv/bin/python scripts/utility_bench.py --study lr-x3 --threads 1 --out /tmp/s  # issue 43: one Bitext DP row
+    .venv/bin/python scripts/utility_bench.py --study ffa --toy --out /tmp/s          # the same on the tiny model
+
+``--study LEVER [LEVER …]`` (issue 43) trains one Bitext DP row at ε = 8 with the ``--cpu`` preset and only the
+named levers (:data:`STUDY_LEVERS`) changed, scores it on the held-out rows and on validation rows carved from the
+training rows after the first N (:func:`bitext_validation`), and appends it to ``docs/utility-study.json`` and the
+table in ``docs/utility.md`` (``--study-json``/``--study-md`` elsewhere); base and control are not retrained.
 """
 
 from __future__ import annotations
