@@ -40,6 +40,13 @@ Output: ``DIR/utility.json``, ``DIR/utility.md`` and ``DIR/utility.png`` (utilit
     .venv/bin/python scripts/utility_bench.py --full --out bench-utility-full     # a GPU; days on a CPU
     .venv/bin/python scripts/utility_bench.py --cpu --jobs 2 --out bench-utility-cpu  # ~2.5 h on 2 cores
     .venv/bin/python scripts/utility_bench.py --toy --full --out /tmp/u            # the --full design, tiny model
+    .venv/bin/python scripts/utility_bench.py --study lr-x3 --threads 1 --out /tmp/s  # issue 43: one Bitext DP row
+    .venv/bin/python scripts/utility_bench.py --study ffa --toy --out /tmp/s          # the same on the tiny model
+
+``--study LEVER [LEVER …]`` (issue 43) trains one Bitext DP row at ε = 8 with the ``--cpu`` preset and only the
+named levers (:data:`STUDY_LEVERS`) changed, scores it on the held-out rows and on validation rows carved from the
+training rows after the first N (:func:`bitext_validation`), and appends it to ``docs/utility-study.json`` and the
+table in ``docs/utility.md`` (``--study-json``/``--study-md`` elsewhere); base and control are not retrained.
 """
 
 from __future__ import annotations
@@ -79,7 +86,8 @@ class Task:
     r: int
     physical: int
     eval_rows: int  # per intent (Banking77) or in all (Bitext)
-    targets: tuple[str, ...] = ("q_proj", "v_proj")
+    targets: tuple[str, ...] = ("q_proj", "v_proj")  # ("all-linear",): peft's keyword
+    freeze_a: bool = False  # FFA-LoRA: A frozen at its init, only B trained (lora.freeze_a)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -360,7 +368,12 @@ def contract_for(task: Task, settings: Settings, path: Path, columns: dict, out:
         },
         "model": kw.get("model") or {"name": "smollm2-135m"},
         "data": {"path": str(path), **columns},
-        "lora": {"r": task.r, "alpha": 2.0 * task.r, "target_modules": list(task.targets)},
+        "lora": {
+            "r": task.r,
+            "alpha": 2.0 * task.r,
+            "target_modules": task.targets[0] if task.targets == ("all-linear",) else list(task.targets),
+            **({"freeze_a": True} if task.freeze_a else {}),
+        },
         "training": training,
     }
 
@@ -717,6 +730,213 @@ def device_label(threads: int) -> str:
     return f"CPU, {threads} threads"
 
 
+# --- the study (issue 43): one Bitext DP row at ε = 8 per call, the --cpu preset with only the named levers changed ---
+# Today's --cpu rows (docs/utility.md, 2026-12-02) are the FIXED reference of every share: base and control are not
+# trained again. Validation: the next STUDY_VALIDATION_ROWS training rows after the first N = 1,600 (rows the
+# training never sees and that are not the held-out rows), so N stays 1,600; settings are chosen on it.
+STUDY_REFERENCE = {
+    "base": 3.0793,
+    "control": 1.4329,
+    "dp_eps8": 2.2804,
+    "source": "docs/utility.md, --cpu table (2026-12-02): Bitext N 1,600, base, control and DP-planner at ε = 8",
+}
+STUDY_EPSILON = 8.0
+STUDY_VALIDATION_ROWS = 200
+# lever name → (what it changes in the Bitext task, one line for the table)
+STUDY_LEVERS: dict[str, tuple[dict, str]] = {
+    "none": ({}, "today's row (r 8 on q,v, E 1)"),
+    "rank2": ({"r": 2}, "LoRA r 2 on q,v"),
+    "rank1-all": ({"r": 1, "targets": ("all-linear",)}, "LoRA r 1 on all linear layers"),
+    "rank4": ({"r": 4}, "LoRA r 4 on q,v"),
+    "v-only": ({"targets": ("v_proj",)}, "LoRA r 8 on v only"),
+    "ffa": ({"freeze_a": True}, "FFA-LoRA: A frozen at init, B trained (Sun et al., ICLR 2024)"),
+    "epochs3": ({"epochs": 3.0}, "E 3 epochs (planner's B, T and sqrt(B) lr)"),
+    # the learning rate (the planner's reference at B = 32, scaled by sqrt(B/32) as before)
+    "lr-x3": ({"lr": 0.006}, "lr 0.006 (3x the reference 0.002)"),
+    "lr-x0.5": ({"lr": 0.001}, "lr 0.001 (half the reference 0.002)"),
+    "lr-x6": ({"lr": 0.012}, "lr 0.012 (6x the reference 0.002)"),
+    "lr-x10": ({"lr": 0.02}, "lr 0.02 (10x the reference 0.002)"),
+    "lr-x20": ({"lr": 0.04}, "lr 0.04 (20x the reference 0.002)"),
+    # the demo's hand B = 32 and lr 0.002 (HAND) at E = 3: T = 150 at the σ the accountant gives for them
+    "epochs3-b32": ({"epochs": 3.0, "arm": "hand"}, "E 3 epochs at B 32, lr 0.002 (T 150)"),
+}
+STUDY_NOT_TASK = ("arm",)  # lever keys that are not Task fields: the contract's arm (planner or hand B and lr)
+
+
+def bitext_validation(settings: Settings, count: int) -> list[dict]:
+    """The validation conversations of the study: the ``count`` training rows (not held out) right after the first
+    ``settings.max_train_rows``, in file order; disjoint from both the trained and the held-out rows.
+
+    Args:
+        settings: a preset with ``max_train_rows`` set (the trained rows are the first that many).
+        count: validation rows wanted (conversations).
+    Returns:
+        ``count`` conversation records (``messages``, ``category``), fewer if the file runs out.
+    Raises:
+        ValueError: ``settings.max_train_rows`` is None (every training row is trained: nothing left).
+    Source: the seeded hash split of :func:`bitext_data` (held-out fraction 0.1).
+    """
+    if settings.max_train_rows is None:
+        raise ValueError("the study's validation rows come after max_train_rows: set it")
+    rows = _read_csv(BITEXT)
+    for r in rows:
+        r["response"] = r["response"].replace("\r\n", "\n")
+        if settings.max_chars is not None:
+            cut = settings.max_chars
+            r["instruction"], r["response"] = r["instruction"][:cut], r["response"][:cut]
+    train = [r for i, r in enumerate(rows) if not _held_out(i, settings.seed, 0.1)]
+    n = settings.max_train_rows
+    return [conversation(r) for r in train[n : n + count]]
+
+
+def study_task(task: Task, levers: list[str]) -> Task:
+    """``task`` with the named levers applied (:data:`STUDY_LEVERS`); several levers combine.
+
+    Raises:
+        ValueError: an unknown lever, or two levers that set the same field differently.
+    """
+    changes: dict = {}
+    for name in levers:
+        if name not in STUDY_LEVERS:
+            raise ValueError(f"unknown lever {name!r}; known: {', '.join(STUDY_LEVERS)}")
+        for k, v in STUDY_LEVERS[name][0].items():
+            if k in changes and changes[k] != v:
+                raise ValueError(f"levers set {k} twice: {changes[k]!r} and {v!r}")
+            changes[k] = v
+    if changes.get("arm") == "hand" and "lr" in changes:
+        raise ValueError("a hand-settings lever fixes lr 0.002: it does not combine with an lr lever")
+    return dataclasses.replace(task, **{k: v for k, v in changes.items() if k not in STUDY_NOT_TASK})
+
+
+def study_arm(levers: list[str]) -> str:
+    """The contract arm of a study row: ``hand`` (:data:`HAND`'s B and lr) when a lever asks for it, else
+    ``planner`` (the planner's B, T and √B lr rule, as today's row)."""
+    arms = {STUDY_LEVERS[n][0].get("arm", "planner") for n in levers}
+    return "hand" if "hand" in arms else "planner"
+
+
+def study_share(loss: float, reference: dict = STUDY_REFERENCE) -> float:
+    """Share of the control's gain kept by a DP row: (base − loss)/(base − control), on the fixed reference rows.
+
+    Args:
+        loss: held-out loss per target token (nats) of the DP row.
+        reference: ``base`` and ``control`` held-out losses (nats per target token).
+    Returns:
+        The share (1 = all of the control's gain, 0 = none, negative = worse than base).
+    """
+    return (reference["base"] - loss) / (reference["base"] - reference["control"])
+
+
+def trained_parameters(folder: Path, freeze_a: bool) -> int:
+    """LoRA weights the run trained (count), read from its released adapter: every ``lora_A``/``lora_B`` tensor,
+    or the ``lora_B`` ones only when A was frozen (FFA-LoRA)."""
+    from safetensors import safe_open
+
+    total = 0
+    with safe_open(str(Path(folder) / "adapter" / "adapter_model.safetensors"), framework="pt") as fh:
+        for k in fh.keys():
+            if "lora_B" in k or ("lora_A" in k and not freeze_a):
+                total += math.prod(fh.get_slice(k).get_shape())
+    return total
+
+
+def study_row(levers: list[str], settings: Settings, out: Path, threads: int, model_path: str | None) -> dict:
+    """Train one Bitext DP row at ε = 8 with the levers applied and score it on held-out and validation rows."""
+    from dplora.release.envelope import generate_keypair
+
+    started = time.perf_counter()
+    task = study_task(settings.bitext, levers)
+    with tempfile.TemporaryDirectory(prefix="dplora-study-") as tmp_name:
+        tmp = Path(tmp_name)
+        isolate_user_state(tmp)
+        key, _ = generate_keypair(tmp / "bench.key", None, overwrite=False)
+        path, held = bitext_data(settings, tmp)
+        val = bitext_validation(settings, STUDY_VALIDATION_ROWS)
+        columns = {"record_format": "messages", "messages_column": "messages"}
+        if settings.toy:
+            model_section = {"path": str(toy_model(out / "toy-model"))}
+        else:
+            model_section = {"path": model_path} if model_path else None
+        scorer = Scorer(threads, model_section)
+        from dplora.contract.loader import parse_contract
+
+        contract = parse_contract(contract_for(task, settings, path, columns, tmp / "unused", model=model_section))
+        base_held = bitext_eval(scorer, scorer.base, held, contract)["loss"]
+        base_val = bitext_eval(scorer, scorer.base, val, contract)["loss"]
+        name = "study-" + "+".join(levers)
+        folder = out / "runs" / name
+        kw = {"model": model_section, "arm": study_arm(levers), "epsilon": STUDY_EPSILON}
+        raw = contract_for(task, settings, path, columns, folder, **kw)
+        run = train_one(raw, key, threads)
+        model = scorer.model(run["folder"])
+        held_eval, val_eval = bitext_eval(scorer, model, held, contract), bitext_eval(scorer, model, val, contract)
+        scorer.release(model)
+    return {
+        "levers": list(levers),
+        "changes": [STUDY_LEVERS[n][1] for n in levers],
+        "epsilon": STUDY_EPSILON,
+        "arm": study_arm(levers),
+        "lora": raw["lora"],
+        "epochs": task.epochs,
+        "trained_parameters": trained_parameters(Path(run["folder"]), task.freeze_a),
+        **{k: run[k] for k in ("batch", "steps", "q", "sigma", "lr", "epsilon_spent", "train_seconds", "s_per_step")},
+        "heldout_loss": round(held_eval["loss"], 4),
+        "heldout_rows": held_eval["records"],
+        "share_of_control_gain": round(study_share(held_eval["loss"]), 4),
+        "validation_loss": round(val_eval["loss"], 4),
+        "validation_rows": val_eval["records"],
+        "base_validation_loss": round(base_val, 4),
+        "base_heldout_loss": round(base_held, 4),  # must reproduce the reference's base (same evaluation)
+        "wall_minutes": round((time.perf_counter() - started) / 60, 1),
+        "hardware": device_label(threads),
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "reference": STUDY_REFERENCE,
+        "groups": held_eval["groups"],
+    }
+
+
+STUDY_START = "<!-- study (issue 43): rows from docs/utility-study.json, written by utility_bench.py --study -->"
+STUDY_END = "<!-- /study -->"
+
+
+def study_table_md(rows: list[dict]) -> str:
+    """The study's table (markdown): one line per row of ``utility-study.json``, today's reference first."""
+    ref = rows[0]["reference"] if rows else STUDY_REFERENCE
+    lines = [
+        "| levers | change | trained d | B | T | σ | ε spent | validation loss (base) | held-out loss | share "
+        "| train min | wall min |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| reference | today's DP-planner row (not retrained) | 460,800 | 32 | 50 | 0.500 | ≤ 8 | — | "
+        f"{ref['dp_eps8']:.4f} | {study_share(ref['dp_eps8'], ref):.3f} | — | 47.4 |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {'+'.join(r['levers'])} | {'; '.join(r['changes'])} | {r['trained_parameters']:,} | {r['batch']} | "
+            f"{r['steps']} | {r['sigma']:.3f} | {r['epsilon_spent']:.3f} | {r['validation_loss']:.4f} "
+            f"({r['base_validation_loss']:.4f}) | {r['heldout_loss']:.4f} | {r['share_of_control_gain']:.3f} | "
+            f"{r['train_seconds'] / 60:.1f} | {r['wall_minutes']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def write_study(row: dict, json_path: Path, md_path: Path) -> list[dict]:
+    """Append ``row`` to the study's JSON (a list of rows) and rewrite the table between the markers of
+    ``md_path`` (a "Study (issue 43)" section is appended when the markers are missing); returns every row."""
+    rows = json.loads(json_path.read_text()) if json_path.exists() else []
+    rows.append(row)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(rows, indent=2, ensure_ascii=False) + "\n")
+    text = md_path.read_text() if md_path.exists() else ""
+    block = f"{STUDY_START}\n{study_table_md(rows)}\n{STUDY_END}"
+    if STUDY_START in text and STUDY_END in text:
+        head, rest = text.split(STUDY_START, 1)
+        text = head + block + rest.split(STUDY_END, 1)[1]
+    else:
+        text = text.rstrip("\n") + ("\n\n" if text else "") + "## Study (issue 43)\n\n" + block + "\n"
+    md_path.write_text(text)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = ap.add_mutually_exclusive_group()
@@ -738,7 +958,27 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--epsilons", type=float, nargs="+", help="ε of the DP rows (--full: 1 3 8)")
     ap.add_argument("--max-train-rows", type=int, help="training rows kept per task, in file order")
     ap.add_argument("--model-path", help="a local Hugging Face model folder instead of the packaged SmolLM2-135M")
+    ap.add_argument(
+        "--study",
+        nargs="+",
+        choices=tuple(STUDY_LEVERS),
+        help="issue 43: train ONE Bitext DP row at ε = 8 (the --cpu preset, or --toy) with these levers changed",
+    )
+    ap.add_argument("--study-json", type=Path, help="the study's rows (default docs/utility-study.json; --toy: OUT)")
+    ap.add_argument("--study-md", type=Path, help="the page its table goes in (default docs/utility.md; --toy: OUT)")
     args = ap.parse_args(argv)
+    if args.study:
+        if args.quick or args.full:
+            ap.error("--study runs the --cpu preset (or --toy): drop --quick/--full")
+        settings = TOY_FULL if args.toy else CPU
+        args.out.mkdir(parents=True, exist_ok=True)
+        row = study_row(args.study, settings, args.out, args.threads, args.model_path)
+        docs = args.out if args.toy else ROOT / "docs"
+        json_path = args.study_json or docs / "utility-study.json"
+        md_path = args.study_md or docs / "utility.md"
+        write_study(row, json_path, md_path)
+        print(json.dumps({k: v for k, v in row.items() if k not in ("groups", "reference")}, indent=2))
+        return row
     if not (args.quick or args.full or args.cpu or args.toy):
         ap.error("one of --quick, --full, --cpu or --toy is required")
     if args.toy and (args.quick or args.cpu):

@@ -131,6 +131,8 @@ def _print(result, synth, checks: list[dict], shipping: str) -> None:
         out.print(composed, markup=False, soft_wrap=True)
     if tuning := _tuning_line(result.statement):
         out.print(tuning, markup=False, soft_wrap=True)
+    if lora := _lora_line(result.statement):
+        out.print(lora, markup=False, soft_wrap=True)
     if synth:
         out.print(synth.line, markup=False, soft_wrap=True)
 
@@ -205,6 +207,18 @@ def _tuning_line(statement: dict) -> str | None:
     return tuning_claim(statement.get("predicate"))
 
 
+def _lora_line(statement: dict) -> str | None:
+    """A release trained with ``lora.freeze_a`` (FFA-LoRA) says so in one line; None otherwise."""
+    predicate = statement.get("predicate") or {}
+    if not (predicate.get("lora") or {}).get("freeze_a"):
+        return None
+    seed = (predicate.get("seed") or {}).get("value")
+    return (
+        f"lora: A frozen (lora.freeze_a, FFA-LoRA): every LoRA A stays at its initialisation under the recorded seed "
+        f"{seed}; only B was trained, clipped and noised"
+    )
+
+
 def _claims(result) -> dict:
     """What a verified release claims (``verify --json``): the unit, the accounting, the run id, the files and the
     attack ceiling as recomputed (equal to the recorded one, or verify failed)."""
@@ -219,6 +233,7 @@ def _claims(result) -> dict:
         **{k: acc.get(k) for k in keys},
         "artifacts": [s["name"] for s in statement["subject"]],
         **({"attack_ceiling": result.attack_ceiling} if result.attack_ceiling is not None else {}),
+        "lora_freeze_a": bool((predicate.get("lora") or {}).get("freeze_a")),
         **({"tuning": predicate["tuning"]} if "tuning" in predicate else {}),
         **(
             {"composed_with_audit": (predicate.get("audit") or {})["composed"]}

@@ -387,6 +387,10 @@ class LoraSection(_Section):
     # auto: the model's attention projections, read from its module names after it loads; all-linear: peft's
     # shorthand for every linear layer but the output layer; else a list of module names
     target_modules: TargetModules = "auto"
+    # FFA-LoRA (Sun et al., ICLR 2024, "Improving LoRA in Privacy-preserving Federated Learning"): every A stays at
+    # its seeded initialisation (not trainable: no gradient, no noise, no update); only B is trained, which halves
+    # (or more) the dimension the noise is spread over
+    freeze_a: Annotated[bool, Field(strict=True)] = False
 
     @field_validator("target_modules", mode="before")
     @classmethod

@@ -6,8 +6,9 @@ the LoRA branch is s·(x Aᵀ) Bᵀ and, with the upstream gradient g (B, T, d_o
     grad_B[b] = Σ_t g[b,t]ᵀ (s·x[b,t] Aᵀ)          (d_out, r)
     grad_A[b] = Σ_t (s·g[b,t] B)ᵀ x[b,t]           (r, d_in)
 
-one batched matmul each, the FLOPs of the ordinary gradient without the sum over b (Goodfellow 2015,
-"Efficient per-example gradient computations"; ``../shared/DESIGN-fast-clipping.md``). :class:`FlatLoRAGrads`
+one batched matmul each (grad_A is skipped when A is frozen: FFA-LoRA, ``lora.freeze_a``), the FLOPs of the
+ordinary gradient without the sum over b (Goodfellow 2015, "Efficient per-example gradient computations";
+``../shared/DESIGN-fast-clipping.md``). :class:`FlatLoRAGrads`
 replaces each LoRA layer's ``forward`` (per instance; the class and the base layer are untouched) by the base
 layer plus a custom autograd Function whose backward writes these into the layer's column slice of one
 preallocated buffer G (B, P) fp32, P = all LoRA parameters. It returns the input gradient as usual and no
@@ -42,11 +43,12 @@ from dplora.errors import TrainingFailedError, UncoveredParameterError
 
 @dataclasses.dataclass(eq=False)
 class _Slot:
-    """Where one LoRA layer's per-example gradients go: columns [off_a, off_a + r·d_in) and [off_b, off_b + d_out·r)."""
+    """Where one LoRA layer's per-example gradients go: columns [off_a, off_a + r·d_in) and [off_b, off_b + d_out·r);
+    ``off_a`` is None when A is frozen (FFA-LoRA, ``lora.freeze_a``): A then has no columns and nothing is written."""
 
     owner: FlatLoRAGrads
     name_a: str
-    off_a: int
+    off_a: int | None
     off_b: int
     r: int
     d_in: int
@@ -66,15 +68,19 @@ class _Slot:
         rows = G.shape[0]
         if g.shape[0] != rows:
             raise TrainingFailedError(f"fast per-example gradients: the backward has batch {g.shape[0]}, buffer {rows}")
-        view_a = G[:, self.off_a : self.off_a + self.r * self.d_in].view(rows, self.r, self.d_in)
         view_b = G[:, self.off_b : self.off_b + self.d_out * self.r].view(rows, self.d_out, self.r)
+        view_a = None
+        if self.off_a is not None:
+            view_a = G[:, self.off_a : self.off_a + self.r * self.d_in].view(rows, self.r, self.d_in)
         self.writes += 1
         if self.generation != self.owner._generation:
-            torch.bmm(gbs.transpose(1, 2), x, out=view_a)
+            if view_a is not None:
+                torch.bmm(gbs.transpose(1, 2), x, out=view_a)
             torch.bmm(g.transpose(1, 2), hs, out=view_b)
             self.generation = self.owner._generation
         else:
-            view_a.baddbmm_(gbs.transpose(1, 2), x)
+            if view_a is not None:
+                view_a.baddbmm_(gbs.transpose(1, 2), x)
             view_b.baddbmm_(g.transpose(1, 2), hs)
 
 
@@ -175,7 +181,8 @@ class FlatLoRAGrads:
         named_params: the covered (name, parameter) pairs in the model's ``named_parameters`` order; their
             gradients are the columns [offsets[i], offsets[i] + numel) of G, flattened in row-major order.
         offsets: the first column of each parameter in G.
-        P: the number of LoRA parameters (columns of G).
+        P: the number of trainable LoRA parameters (columns of G); a frozen A (FFA-LoRA, ``lora.freeze_a``) has no
+            columns, so it gets no per-example gradient, no noise and no update.
 
     Raises (constructor):
         UncoveredParameterError: a trainable tensor is not the A or B weight of a vanilla peft ``lora.Linear`` or
@@ -202,7 +209,10 @@ class FlatLoRAGrads:
             if adapter in getattr(layer, "lora_variant", {}) or layer.lora_B[adapter].bias is not None:
                 continue  # DoRA, LoRA bias, ...: their tensors stay uncovered and are refused below
             layers.append((layer, adapter))
-        covered = {id(p) for layer, a in layers for p in (layer.lora_A[a].weight, layer.lora_B[a].weight)}
+        # a frozen A (FFA-LoRA, lora.freeze_a) gets no columns: only trainable tensors are covered
+        covered = {
+            id(p) for layer, a in layers for p in (layer.lora_A[a].weight, layer.lora_B[a].weight) if p.requires_grad
+        }
         for name, p in model.named_parameters():
             if p.requires_grad and id(p) not in covered:
                 raise UncoveredParameterError(
@@ -227,10 +237,16 @@ class FlatLoRAGrads:
         self._layers = []
         for layer, adapter in layers:
             a, b = layer.lora_A[adapter].weight, layer.lora_B[adapter].weight
+            if not b.requires_grad:  # B frozen: A alone is not a LoRA variant this path covers
+                if a.requires_grad:
+                    raise UncoveredParameterError(
+                        f"trainable tensor {names[id(a)]}: its B is frozen; the fast per-example path needs B trained"
+                    )
+                continue  # a fully frozen layer: no columns, its forward stays peft's own
             slot = _Slot(
                 owner=self,
                 name_a=names[id(a)],
-                off_a=offset_of[id(a)],
+                off_a=offset_of.get(id(a)),
                 off_b=offset_of[id(b)],
                 r=a.shape[0],
                 d_in=a.shape[1],

@@ -88,12 +88,35 @@ def _setup_model(contract: Contract, device, dtype: str, allow_tf32: bool, log):
         except ValueError as err:
             shown = targets if isinstance(targets, str) else list(targets)
             raise BadInputError(f"lora.target_modules={shown}: {library_error_line(err)}") from None
+    if lora.freeze_a:  # FFA-LoRA: A keeps its seeded init; only B is trained (no gradient, noise or update for A)
+        freeze_lora_a(peft_model)
     for _, p in peft_model.named_parameters():
         if p.requires_grad and p.dtype != torch.float32:
             p.data = p.data.float()
     torch.seed()  # everything random from here on (dropout) draws from OS entropy, not the recorded seed
     peft_model.train()
     return peft_model, tokenizer
+
+
+def freeze_lora_a(peft_model) -> list[str]:
+    """Make every LoRA A weight of ``peft_model`` non-trainable (FFA-LoRA, ``lora.freeze_a``): A keeps its value.
+
+    Args:
+        peft_model: a peft model with LoRA adapters (``lora_A`` modules), before the optimizer is built.
+    Returns:
+        The names of the tensors frozen, in ``named_parameters`` order.
+    Raises:
+        BadInputError: the model has no LoRA A tensor (nothing to freeze).
+    Source: Sun, Qin, Wang, Zhu, Wang and Li (ICLR 2024), "Improving LoRA in Privacy-preserving Federated
+    Learning", §4: A fixed at its random initialisation, only B trained.
+    """
+    names = [n for n, p in peft_model.named_parameters() if ".lora_A." in n and p.requires_grad]
+    if not names:
+        raise BadInputError("lora.freeze_a: the model has no trainable LoRA A tensor")
+    for n, p in peft_model.named_parameters():
+        if n in names:
+            p.requires_grad_(False)
+    return names
 
 
 def _conv1d_targets(model, targets) -> bool:

@@ -45,9 +45,10 @@ def model_card(record: dict, contract: Contract) -> str:
 def _intro(record: dict) -> str:
     lora, base = record["lora"], record["base_model"]["name_or_path"]
     targets = ", ".join(f"`{m}`" for m in lora["target_modules"])
+    frozen = "; A frozen at its seeded initialisation, only B trained (FFA-LoRA)" if lora.get("freeze_a") else ""
     return (
         f"# DP-LoRA adapter for {base}\n\n"
-        f"A LoRA adapter (r={lora['r']}, alpha={lora['alpha']:g}, on {targets}) fine-tuned with differentially "
+        f"A LoRA adapter (r={lora['r']}, alpha={lora['alpha']:g}, on {targets}{frozen}) fine-tuned with differentially "
         f"private SGD by dplora {record['versions'].get('dplora', '?')}. This card restates the signed release "
         "record (`release.dsse.json` beside this folder); the record is the authority.\n"
     )

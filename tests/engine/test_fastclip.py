@@ -262,6 +262,62 @@ def test_matches_opacus_grad_sample_in_the_same_layout(pristine):
     assert all(p.grad_sample is None for p in params)
 
 
+def _ffa(model):
+    """FFA-LoRA (lora.freeze_a): the recipe's own freeze, on a tiny model."""
+    from dplora.recipe.setup import freeze_lora_a
+
+    return freeze_lora_a(model)
+
+
+def test_ffa_lora_b_columns_match_brute_force_and_a_gets_none(pristine, reference):
+    """lora.freeze_a: G holds the B columns only, equal to per-record autograd with A frozen, and to the B columns
+    of the full brute force (freezing A does not change B's gradient); A gets no per-example gradient or .grad."""
+    model = copy.deepcopy(pristine)
+    frozen = _ffa(model)
+    assert len(frozen) == 4 and all(".lora_A." in n for n in frozen)
+    brute = _brute_force(copy.deepcopy(model), RECORDS)  # autograd over the trainable (B) tensors only, stock peft
+    flat = FlatLoRAGrads(model)
+    names = [n for n, _ in flat.named_params]
+    assert names and all(".lora_B." in n for n in names)
+    assert flat.P == 2 * 2 * (16 * 4)  # layers · targets · B only
+    G = _fast_grads(model, flat, RECORDS)
+    assert brute.shape == G.shape and (G - brute).abs().max() < 1e-5
+    full_names = [n for n, p in pristine.named_parameters() if p.requires_grad]
+    cols, off = [], 0
+    for n, p in pristine.named_parameters():
+        if p.requires_grad:
+            if ".lora_B." in n:
+                cols += range(off, off + p.numel())
+            off += p.numel()
+    assert len(full_names) == 8 and (G - reference[:, cols]).abs().max() < 1e-5
+    assert float(G.abs().max()) > 0
+    assert all(p.grad is None for n, p in model.named_parameters() if ".lora_A." in n)
+
+
+def test_ffa_lora_opacus_reference_path_agrees(pristine):
+    """The Opacus path with A frozen: grad_sample only on B, equal to the fast path's G in the same layout."""
+    fast_model = _lora_model(targets=ALL_7)
+    _ffa(fast_model)
+    opacus_model = copy.deepcopy(fast_model)
+    flat = FlatLoRAGrads(fast_model)
+    G = _fast_grads(fast_model, flat, RECORDS)
+    gsm = GradSampleModule(opacus_model, batch_first=True, loss_reduction="sum")
+    engine.per_sequence_loss(gsm, engine.collate(RECORDS, PAD)).sum().backward()
+    params = [p for n, p in opacus_model.named_parameters() if p.requires_grad]
+    assert len(params) == 2 * 7 and flat.P == sum(p.numel() for p in params)
+    assert all(getattr(p, "grad_sample", None) is None for n, p in opacus_model.named_parameters() if "lora_A" in n)
+    assert (opacus_flat(params) - G).abs().max() < 1e-5
+
+
+def test_ffa_lora_refuses_a_trainable_a_with_a_frozen_b():
+    model = _lora_model()
+    for n, p in model.named_parameters():
+        if ".lora_B." in n:
+            p.requires_grad_(False)
+    with pytest.raises(UncoveredParameterError, match="lora_A.*its B is frozen"):
+        FlatLoRAGrads(model)
+
+
 # ------------------------------------------------------------------------------------------ refusals and misuse
 
 

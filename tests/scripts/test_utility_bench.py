@@ -194,3 +194,73 @@ def test_each_task_process_gets_the_arguments_but_jobs_and_out():
     bench = _bench()
     argv = ["--cpu", "--jobs", "2", "--out", "o", "--threads", "1", "--jobs=3", "--out=x", "--epsilons", "3", "8"]
     assert bench.child_argv(argv) == ["--cpu", "--threads", "1", "--epsilons", "3", "8"]
+
+
+@pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "bitext_customer_support").is_dir(), reason="no data")
+def test_study_validation_rows_are_neither_trained_nor_held_out(tmp_path):
+    """Issue 43: the study's validation rows are the 200 training rows after the first N = 1,600 of --cpu; the
+    trained jsonl keeps exactly 1,600 rows and none of them, nor any held-out row, is a validation row."""
+    bench = _bench()
+    path, held = bench.bitext_data(bench.CPU, tmp_path)
+    trained = [json.loads(line) for line in path.read_text().splitlines()]
+    val = bench.bitext_validation(bench.CPU, bench.STUDY_VALIDATION_ROWS)
+    assert len(trained) == 1600 and len(val) == 200 and len(held) == 100
+
+    def key(r):
+        return json.dumps(r["messages"], sort_keys=True)
+
+    assert not {key(r) for r in val} & {key(r) for r in trained}
+    assert not {key(r) for r in val} & {key(r) for r in held}
+    with pytest.raises(ValueError, match="max_train_rows"):
+        bench.bitext_validation(bench.FULL, 10)
+
+
+def test_study_levers_combine_and_refuse_conflicts():
+    bench = _bench()
+    task = bench.study_task(bench.CPU.bitext, ["ffa", "rank2"])
+    assert (task.r, task.freeze_a, task.targets, task.epochs) == (2, True, ("q_proj", "v_proj"), 1.0)
+    assert bench.study_task(bench.CPU.bitext, ["none"]) == bench.CPU.bitext
+    with pytest.raises(ValueError, match="r twice"):
+        bench.study_task(bench.CPU.bitext, ["rank2", "rank1-all"])
+    e3 = bench.study_task(bench.CPU.bitext, ["epochs3-b32"])
+    assert e3.epochs == 3.0 and bench.study_arm(["epochs3-b32"]) == "hand" and bench.study_arm(["ffa"]) == "planner"
+    with pytest.raises(ValueError, match="does not combine"):
+        bench.study_task(bench.CPU.bitext, ["epochs3-b32", "lr-x3"])
+    assert bench.study_task(bench.CPU.bitext, ["lr-x3"]).lr == 0.006
+    with pytest.raises(ValueError, match="unknown lever"):
+        bench.study_task(bench.CPU.bitext, ["rank3"])
+    # the share is on the FIXED reference rows: today's DP row gives its documented 48.5 %
+    assert bench.study_share(2.2804) == pytest.approx(0.485, abs=5e-4)
+    assert bench.study_share(3.0793) == 0 and bench.study_share(1.4329) == pytest.approx(1.0)
+
+
+@pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "bitext_customer_support").is_dir(), reason="no data")
+def test_toy_study_trains_one_ffa_row_and_appends_it(tmp_path):
+    """--study ffa --toy: one DP row at ε = 8 with A frozen; the row and the markdown table land in the given files,
+    a second row is appended (the table replaced, the page's other text kept)."""
+    from safetensors import safe_open
+
+    bench = _bench()
+    out, js, md = tmp_path / "s", tmp_path / "study.json", tmp_path / "page.md"
+    md.write_text("# page\n\nkept text\n")
+    row = bench.main(["--study", "ffa", "--toy", "--threads", "1", "--out", str(out), "--study-json", str(js),
+                      "--study-md", str(md)])  # fmt: skip
+    assert row["levers"] == ["ffa"] and row["lora"]["freeze_a"] is True and row["epsilon"] == 8.0
+    assert 0 < row["epsilon_spent"] <= 8.0 and row["steps"] == 50 and row["sigma"] > 0
+    folder = out / "runs" / "study-ffa"
+    assert release_statement(folder)["predicate"]["lora"]["freeze_a"] is True
+    with safe_open(str(folder / "adapter" / "adapter_model.safetensors"), framework="pt") as fh:
+        b = sum(math.prod(fh.get_slice(k).get_shape()) for k in fh.keys() if "lora_B" in k)
+        a = sum(math.prod(fh.get_slice(k).get_shape()) for k in fh.keys() if "lora_A" in k)
+    assert a > 0 and row["trained_parameters"] == b
+    assert row["share_of_control_gain"] == pytest.approx((3.0793 - row["heldout_loss"]) / (3.0793 - 1.4329), abs=1e-4)
+    assert row["validation_rows"] == 200 and math.isfinite(row["validation_loss"])
+    assert row["base_validation_loss"] != row["validation_loss"]  # the adapter changed the model
+    rows = json.loads(js.read_text())
+    assert rows == [json.loads(json.dumps(row))]
+    bench.write_study(row | {"levers": ["rank2"], "changes": ["LoRA r 2 on q,v"]}, js, md)
+    text = md.read_text()
+    assert len(json.loads(js.read_text())) == 2
+    assert text.startswith("# page\n\nkept text\n") and text.count("## Study (issue 43)") == 1
+    table = text.split(bench.STUDY_START)[1].split(bench.STUDY_END)[0]
+    assert table.count("\n| ffa |") == 1 and table.count("\n| rank2 |") == 1 and "| reference |" in table
