@@ -155,3 +155,26 @@ def test_finding_power_check_runs_noiseless_on_a_second_name_for_the_private_fil
     os.link(tickets_csv, second) if how == "hardlink" else shutil.copyfile(tickets_csv, second)
     with pytest.raises(BadInputError):
         _power_contract(cfg, [], contract, DataSource.PRIVATE, tmp_path / "o-audit", True, second)
+
+
+def test_finding_verify_line_calls_an_older_200_canary_audit_no_violation():
+    """An audit section attached before issue 46/49 (no ``verdict``/``informative`` keys, but its ``canaries`` count
+    is there) is summarised by ``dplora verify`` as "no violation", not "uninformative", though it has 200 < 1,000
+    canaries (issue 49: such audits report uninformative rather than pass)."""
+    from dplora.audit.attach import summary_line
+
+    older = {
+        "epsilon_lower_bound": 0.4,
+        "claimed_epsilon": 8.0,
+        "confidence": 0.95,
+        "violation": False,
+        "canaries": 200,
+        "inserted": 100,
+        "guesses": 50,
+        "correct": 30,
+        "data": {"source": "surrogate"},
+        "ledger": {},
+        "attached_at": "2026-11-30T10:00:00Z",
+    }
+    line = summary_line(older)
+    assert "uninformative" in line and "no violation;" not in line, line
