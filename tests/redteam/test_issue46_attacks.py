@@ -178,3 +178,18 @@ def test_finding_verify_line_calls_an_older_200_canary_audit_no_violation():
     }
     line = summary_line(older)
     assert "uninformative" in line and "no violation;" not in line, line
+
+
+@pytest.mark.parametrize("sigma", [2.214, 8.2])
+def test_finding_plain_words_ceiling_rounds_down(sigma):
+    """The card, ``verify`` and ``budget`` state the ceiling as "no test ... can exceed X %" with X rounded to the
+    nearest 0.1 %: at q = 1, T = 1, σ = 8.2 (exact μ = 1/8.2) the ceiling at 0.1 % FPR is 0.1497 % and the sentence
+    says 0.1 % (a third lower, 'no better than guessing'); at σ = 2.214 the 1 % ceiling 3.042 % reads 3.0 %."""
+    from dplora.accounting.ceiling import ceiling_sentence
+
+    event = DpSgdEvent(sample_rate=1.0, noise_multiplier=sigma, steps=1)
+    said = ceiling_sentence(ceiling_entry(event, use_cache=False))
+    one = float(re.search(r"exceed ([0-9.]+) % true positives at 1 %", said).group(1)) / 100
+    tenth = float(re.search(r"([0-9.]+) % at 0\.1 %", said).group(1)) / 100
+    assert one >= _gaussian_tpr(1 / sigma, 0.01), said
+    assert tenth >= _gaussian_tpr(1 / sigma, 0.001), said
