@@ -98,11 +98,20 @@ def tradeoff_tpr(deltas: np.ndarray, eps: np.ndarray, fpr: float) -> float:
     deltas, eps = np.asarray(deltas, dtype=float), np.asarray(eps, dtype=float)
     if deltas.shape != eps.shape or not 0.0 <= fpr <= 1.0:
         raise ValueError(f"expected matching shapes and 0 <= fpr <= 1, got {deltas.shape}, {eps.shape}, {fpr}")
+    if len(eps) and not np.isfinite(deltas).all():
+        return 1.0  # a profile with a NaN/inf is no bound at all: the most pessimistic ceiling, never α
     with np.errstate(over="ignore", invalid="ignore"):
         first = np.exp(eps) * fpr + deltas
         second = 1.0 - np.exp(-eps) * (1.0 - deltas - fpr)
         bound = np.nanmin(np.minimum(first, second)) if len(eps) else 1.0
     return float(min(1.0, max(fpr, bound)))
+
+
+def percent_up(tpr: float, digits: int = 1) -> str:
+    """``tpr`` as a percentage rounded UP at ``digits`` decimals (a ceiling is never printed below its value):
+    0.001497 → ``0.2``, 0.03042 → ``3.1``."""
+    scale = 10**digits
+    return f"{math.ceil(round(100 * tpr * scale, 9)) / scale:.{digits}f}"
 
 
 def _profile(event: DpSgdEvent, interval: float) -> np.ndarray:
@@ -283,9 +292,9 @@ def ceiling_sentence(entry: dict, unit_words: str = "one unit's data was used") 
         return "attack ceiling: not stated (" + str(entry.get("reason", "not computed")) + ")"
     at = entry["true_positive_rate_at"]
     one = at.get("1%")
-    others = ", ".join(f"{100 * v:.1f} % at {k.replace('%', ' %')}" for k, v in at.items() if k != "1%")
+    others = ", ".join(f"{percent_up(v)} % at {k.replace('%', ' %')}" for k, v in at.items() if k != "1%")
     return (
-        f"no test of whether {unit_words} can exceed {100 * one:.1f} % true positives at 1 % false "
+        f"no test of whether {unit_words} can exceed {percent_up(one)} % true positives at 1 % false "
         f"positives ({others} false positives); this holds for this release alone"
     )
 

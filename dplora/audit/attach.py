@@ -336,6 +336,14 @@ def summary_line(section: dict) -> str:
             verdict = "VIOLATION (the bound exceeds the claimed ε; a measured TPR exceeds the attack ceiling)"
     elif section.get("verdict") == "uninformative":
         verdict = "uninformative, not a pass (" + "; ".join(section.get("uninformative_reasons") or []) + ")"
+    elif "verdict" not in section and isinstance(section.get("canaries"), int):
+        from dplora.audit.power import MIN_INFORMATIVE_CANARIES
+
+        if section["canaries"] < MIN_INFORMATIVE_CANARIES:  # a section attached before verdicts existed
+            verdict = (
+                f"uninformative, not a pass ({section['canaries']} canaries < {MIN_INFORMATIVE_CANARIES}; "
+                "attached before audits stated their power)"
+            )
     if section.get("epsilon_lower_bound_ceiling") is not None:
         verdict += f"; this audit could show at most ε̂ {num(section['epsilon_lower_bound_ceiling'])}"
     ledger = section.get("ledger") or {}

@@ -189,7 +189,7 @@ def _power_contract(config: Path, overrides: list[str], contract, source, folder
     if data is not None:
         if not Path(data).is_file():
             raise BadInputError(f"--power-data {data}: no such file")
-        if source is DataSource.PRIVATE and Path(data).resolve() == Path(contract.data.path).resolve():
+        if source is DataSource.PRIVATE and _same_content(Path(data), Path(contract.data.path)):
             raise BadInputError("--power-data is the audit's private data file: the power check needs public data")
     power_source = DataSource.PUBLIC if data is not None else source
     pinned = [
@@ -232,3 +232,16 @@ def _separate(audit_folder: Path, run_dir: Path) -> None:
     a, r = audit_folder.resolve(), run_dir.resolve()
     if a.is_relative_to(r) or r.is_relative_to(a):
         raise BadInputError(f"--attach {run_dir}: the audit folder {audit_folder} must lie outside the release folder")
+
+
+def _same_content(a: Path, b: Path) -> bool:
+    """The same file under another name (a hard link, a symlink) or a byte-identical copy: either is the private
+    data, which a noiseless power check must never read (issue 46 red team)."""
+    from dplora.data.digest import sha256_file
+
+    try:
+        if a.resolve() == b.resolve() or a.samefile(b):
+            return True
+        return a.stat().st_size == b.stat().st_size and sha256_file(a) == sha256_file(b)
+    except OSError:
+        return False

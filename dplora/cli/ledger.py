@@ -247,16 +247,22 @@ def _population_ceiling(pop: dict, charges: list[dict]) -> dict:
     return composed_ceiling([e for c in mine for e in c["events"]], relations.pop())
 
 
-def _ceiling_line(entry: dict | None) -> str:
-    """``    attack ceiling (all charges): TPR 3.1 % at 1 % FPR ...`` or why it is not stated."""
+def _ceiling_lines(entry: dict | None) -> list[str]:
+    """The population's composed attack ceiling in two lines under 80 columns (TPRs rounded UP), or why not."""
     if not entry or not entry.get("available"):
-        return "    attack ceiling: not stated (" + str((entry or {}).get("reason", "not computed")) + ")"
+        import textwrap
+
+        reason = str((entry or {}).get("reason", "not computed"))
+        return ["    attack ceiling: not stated:"] + textwrap.wrap(
+            reason, 80, initial_indent=" " * 6, subsequent_indent=" " * 6
+        )
+    from dplora.accounting.ceiling import percent_up
+
     at = entry["true_positive_rate_at"]
-    return (
-        "    attack ceiling (all charges): TPR "
-        + ", ".join(f"{100 * v:.3g} % at {k.replace('%', ' %')}" for k, v in at.items())
-        + " FPR"
-    )
+    return [
+        "    attack ceiling (all charges), TPR at FPR:",
+        "      " + ", ".join(f"{percent_up(v, 2)} % at {k.replace('%', ' %')}" for k, v in at.items()),
+    ]
 
 
 def _key(key: str | None) -> str:
@@ -294,7 +300,7 @@ def _show_lines(pops: list[dict], charges: list[dict], releases: list[dict], una
             + ("n/a" if composed is None else format(composed, ".4f"))
             + f" ({p['composed_by'] or 'no events to compose'})",
             f"    δ spent {p['delta_spent']} of cap {p['delta_max']}, left {p['delta_left']}",
-            _ceiling_line(p.get("attack_ceiling")),
+            *_ceiling_lines(p.get("attack_ceiling")),
         ]
     lines.append("charges")
     for c in charges:

@@ -154,6 +154,7 @@ def test_a_run_stopped_at_step_k_stays_charged_k_steps(tmp_path, tiny_model_dir,
     from dplora.ledger.store import Ledger, default_ledger_path
     from dplora.recipe.train import run_training
 
+    monkeypatch.setenv("DPLORA_LEDGER", str(tmp_path / "ledger.sqlite3"))  # this test's own ledger
     csv_path = tmp_path / "data.csv"
     csv_path.write_text("text\n" + "".join(f"record {i} asks about order {1000 + i}\n" for i in range(8)))
     raw = {
