@@ -153,18 +153,8 @@ def _build(
         if io.world.distributed:
             num_params = sum(p.numel() for _, p in named)
             reducer = distributed.StepReducer(io.world, num_params, engine.parameter_device(model))
-        optimizer = _make_optimizer(contract, [p for _, p in named])
-        if control.is_control(contract):  # no clipping, no noise, no accountant (one process only)
-            gsm, dp_opt, accountant = control.make_non_private(model, optimizer, plan=plan)
-        else:
-            gsm, dp_opt, accountant = engine.make_private(
-                model,
-                optimizer,
-                plan=plan,
-                unit_mean=contract.privacy.unit_clipping is UnitClipping.MEAN,
-                per_sample=contract.privacy.per_sample.value,
-                reducer=reducer,
-            )
+        optimizer, (gsm, dp_opt, accountant) = _step_parts(contract, model, named, plan, reducer=reducer)
+        if not control.is_control(contract):
             engine.probe_per_sample_gradients(gsm, named, dp_opt)
     physical = None
     if contract.training.physical_batch_size == "auto":  # synthetic batches of max_seq_len tokens, no private data
@@ -284,17 +274,7 @@ def estimate_without_data(contract: Contract, plan: TrainingPlan, *, threads: in
     if not named:
         raise BadInputError("no trainable parameters: check lora.target_modules")
     with _Stage("setting up per-sample gradients", device):
-        optimizer = _make_optimizer(contract, [p for _, p in named])
-        if control.is_control(contract):
-            gsm, dp_opt, _ = control.make_non_private(model, optimizer, plan=plan)
-        else:
-            gsm, dp_opt, _ = engine.make_private(
-                model,
-                optimizer,
-                plan=plan,
-                unit_mean=contract.privacy.unit_clipping is UnitClipping.MEAN,
-                per_sample=contract.privacy.per_sample.value,
-            )
+        _, (gsm, dp_opt, _) = _step_parts(contract, model, named, plan)
     physical = contract.training.physical_batch_size
     if physical == "auto":
         from dplora.engine.membatch import probe_physical_batch
@@ -335,3 +315,23 @@ def _check_pad_embedding(model, tokenizer) -> None:
             f"the base model's embedding of the padding token (id {pad}) is not finite: padded records would get "
             "NaN losses from their batch-mates; use a model with finite embeddings (or another pad token)"
         )
+
+
+def _step_parts(contract: Contract, model, named, plan: TrainingPlan, *, reducer=None):
+    """The optimizer and the step's engine parts for ``named`` (the trainable LoRA tensors): (optimizer, (per-sample
+    model, step optimizer, accountant)) from :func:`dplora.engine.step.make_private`, or the non-private control's from
+    :func:`dplora.engine.control.make_non_private` (no clipping, no noise, no accountant). Shared by training and
+    the time estimate's synthetic probe, so both time the same per-example path."""
+    from dplora.engine import step as engine
+
+    optimizer = _make_optimizer(contract, [p for _, p in named])
+    if control.is_control(contract):
+        return optimizer, control.make_non_private(model, optimizer, plan=plan)
+    return optimizer, engine.make_private(
+        model,
+        optimizer,
+        plan=plan,
+        unit_mean=contract.privacy.unit_clipping is UnitClipping.MEAN,
+        per_sample=contract.privacy.per_sample.value,
+        reducer=reducer,
+    )
