@@ -1,7 +1,7 @@
 """SIGTERM/SIGINT as a request to stop at the next logical-step boundary; a second signal stops at once.
 
 One helper for the two places that need it: :class:`dplora.run.checkpoint.Checkpointer` (rank 0 and single-process
-runs, which write a resume checkpoint first) and :class:`dplora.engine.distributed.FollowerSignals` (other ranks, which
+runs, which write a resume checkpoint first) and :class:`dplora.mechanism.reduction.FollowerSignals` (other ranks, which
 pass the request on through the step's reduction). Handlers are installed only on the main thread (Python allows
 nothing else) and the previous handlers are restored on exit.
 """

@@ -2,7 +2,7 @@
 
 Modes (each in its own subprocess, so peak memory is per mode; the order rotates over repeats):
   non_dp, non_dp_2  plain peft LoRA, per-sequence loss, AdamW (run twice: the second shows the noise floor)
-  dplora_fast       the engine with privacy.per_sample: fast (engine.make_private → UnitDPOptimizer): FlatLoRAGrads
+  dplora_fast       the engine with privacy.per_sample: fast (dpopt.make_private → UnitDPOptimizer): FlatLoRAGrads
                     → UnitClipAccumulator → one noise draw → .grad views → AdamW
   dplora_opacus     the engine with per_sample: opacus: Opacus hooks → opacus_flat → the same clipping and noise
   opacus            plain Opacus: GradSampleModule hooks + DPOptimizer (flat clipping, noise) → AdamW
@@ -98,7 +98,7 @@ def _batches(n: int, batch: int, seq: int, vocab: int, device):
     """n right-padded batches: lengths in [seq/2, seq], the first 8 tokens a masked prompt (same for every mode)."""
     import torch
 
-    from dplora.engine import step as engine
+    from dplora.engine import batch as batching
 
     gen = torch.Generator().manual_seed(1234)
     out = []
@@ -108,8 +108,8 @@ def _batches(n: int, batch: int, seq: int, vocab: int, device):
         records = []
         for length in lengths:
             ids = torch.randint(0, vocab, (length,), generator=gen).tolist()
-            records.append((ids, [engine.IGNORE_INDEX] * 8 + ids[8:]))
-        out.append({k: v.to(device) for k, v in engine.collate(records, pad_id=0).items()})
+            records.append((ids, [batching.IGNORE_INDEX] * 8 + ids[8:]))
+        out.append({k: v.to(device) for k, v in batching.collate(records, pad_id=0).items()})
     return out
 
 
@@ -136,7 +136,8 @@ def _step_fn(mode: str, model, batch_size: int, device):
     """A function(batch) running one full logical step of this mode."""
     import torch
 
-    from dplora.engine import step as engine
+    from dplora.engine import batch as batching
+    from dplora.mechanism import optimizer as dpopt
 
     sigma, clip = 1.0, 1.0
     params = [p for p in model.parameters() if p.requires_grad]
@@ -144,7 +145,7 @@ def _step_fn(mode: str, model, batch_size: int, device):
     if mode.startswith("non_dp"):
 
         def step(batch):
-            engine.per_sequence_loss(model, batch).mean().backward()
+            batching.per_sequence_loss(model, batch).mean().backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
@@ -164,7 +165,7 @@ def _step_fn(mode: str, model, batch_size: int, device):
         )
 
         def step(batch):
-            engine.per_sequence_loss(gsm, batch).sum().backward()
+            batching.per_sequence_loss(gsm, batch).sum().backward()
             dp_opt.step()
             dp_opt.zero_grad(set_to_none=True)
 
@@ -174,13 +175,13 @@ def _step_fn(mode: str, model, batch_size: int, device):
 
     plan = SimpleNamespace(noise_multiplier=sigma, max_grad_norm=clip, expected_batch_size=batch_size, sample_rate=0.01)
     per_sample = {"dplora_fast": "fast", "dplora_opacus": "opacus"}[mode]
-    forward, dp_opt, _ = engine.make_private(model, optimizer, plan=plan, unit_mean=False, per_sample=per_sample)
+    forward, dp_opt, _ = dpopt.make_private(model, optimizer, plan=plan, unit_mean=False, per_sample=per_sample)
 
     def step(batch):
         rows = batch["input_ids"].shape[0]
         dp_opt.begin_logical_step()
         dp_opt.prepare_batch(rows)
-        engine.per_sequence_loss(forward, batch).sum().backward()
+        batching.per_sequence_loss(forward, batch).sum().backward()
         dp_opt.accumulate(torch.arange(rows))  # row level: every record its own unit
         dp_opt.step()
         dp_opt.zero_grad(set_to_none=True)
@@ -451,7 +452,7 @@ def main() -> None:
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cpu":
-        from dplora.engine.step import free_threads
+        from dplora.engine.runtime import free_threads
 
         threads = args.threads or free_threads()
     else:

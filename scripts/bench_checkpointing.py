@@ -4,7 +4,7 @@ A random Llama stand-in (hidden 256, 4 layers, 4 heads, vocab 258), LoRA r=8 on 
 fp32, 1 thread. Each measurement is a fresh process (subprocess) that builds the model, runs one step and reports
 its peak RSS (getrusage ru_maxrss):
   nondp   plain peft LoRA: summed backward, SGD step
-  dp      dplora's fast path through the engine (engine.make_private: FlatLoRAGrads, per-unit clipping, noise,
+  dp      dplora's fast path through the engine (dpopt.make_private: FlatLoRAGrads, per-unit clipping, noise,
           accountant step)
 with ``gradient_checkpointing`` off and on (transformers, non-reentrant, as ``training.gradient_checkpointing``).
 
@@ -30,8 +30,9 @@ def _child(mode: str, checkpointing: bool, seq: int, batch: int, layers: int) ->
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from dplora.engine import step as engine
+    from dplora.engine import batch as batching
     from dplora.engine.model import enable_gradient_checkpointing
+    from dplora.mechanism import optimizer as dpopt
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
@@ -54,23 +55,23 @@ def _child(mode: str, checkpointing: bool, seq: int, batch: int, layers: int) ->
     opt = torch.optim.SGD(params, lr=1e-3)
     gen = torch.Generator().manual_seed(1)
     records = [(ids, ids) for ids in (torch.randint(0, 256, (seq,), generator=gen).tolist() for _ in range(batch))]
-    data = engine.collate(records, 256)
+    data = batching.collate(records, 256)
     if mode == "dp":
         plan = types.SimpleNamespace(
             noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=batch, sample_rate=0.1
         )
-        model, dp_opt, _ = engine.make_private(model, opt, plan=plan, unit_mean=False, per_sample="fast")
+        model, dp_opt, _ = dpopt.make_private(model, opt, plan=plan, unit_mean=False, per_sample="fast")
 
     def step():
         if mode == "dp":
             dp_opt.begin_logical_step(batch)
             dp_opt.prepare_batch(batch)
-            engine.per_sequence_loss(model, data).sum().backward()
+            batching.per_sequence_loss(model, data).sum().backward()
             dp_opt.accumulate(torch.arange(batch))
             dp_opt.step()
             dp_opt.zero_grad(set_to_none=True)
         else:
-            engine.per_sequence_loss(model, data).sum().backward()
+            batching.per_sequence_loss(model, data).sum().backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
 

@@ -2,8 +2,8 @@
 
 Wide LoRA (r=16 on all 7 projections) on a small-but-wide random Llama (hidden 128, 2 layers), sequence 32,
 physical batch 32, units of 1–5 records (ticket-like) plus one unit of 45 records that spans two physical
-batches. Both per-sample paths run through the engine (``engine.make_private``, ``UnitDPOptimizer``, whose
-:class:`dplora.engine.clipping.UnitClipAccumulator` keeps one running clipped sum and at most one open unit):
+batches. Both per-sample paths run through the engine (``dpopt.make_private``, ``UnitDPOptimizer``, whose
+:class:`dplora.mechanism.clipping.UnitClipAccumulator` keeps one running clipped sum and at most one open unit):
   fast    FlatLoRAGrads writes each record's LoRA gradient into one (B, P) buffer
   opacus  Opacus hooks' grad_sample, copied into the same (B, P) layout
 Each process builds the model, runs a warm-up logical step of 32 records, then the measured step, and reports its
@@ -71,28 +71,28 @@ def _model():
 def _batch(unit_rows: list[int], gen):
     import torch
 
-    from dplora.engine import step as engine
+    from dplora.engine import batch as batching
 
     records = []
     for _ in unit_rows:
         length = int(torch.randint(SEQ // 2, SEQ + 1, (1,), generator=gen))
         ids = torch.randint(1, 512, (length,), generator=gen).tolist()
-        records.append((ids, [engine.IGNORE_INDEX] * 4 + ids[4:]))
-    return engine.collate(records, pad_id=0)
+        records.append((ids, [batching.IGNORE_INDEX] * 4 + ids[4:]))
+    return batching.collate(records, pad_id=0)
 
 
 def _step(model, dp_opt, unit_of_row, gen):
     """One logical step through the engine: records of each unit contiguous, cut into physical batches."""
     import torch
 
-    from dplora.engine import step as engine
+    from dplora.engine import batch as batching
 
     dp_opt.begin_logical_step()
     for start in range(0, len(unit_of_row), PHYSICAL):
         chunk = unit_of_row[start : start + PHYSICAL]
         continues = start + PHYSICAL < len(unit_of_row) and unit_of_row[start + PHYSICAL] == chunk[-1]
         dp_opt.prepare_batch(len(chunk))
-        engine.per_sequence_loss(model, _batch(chunk, gen)).sum().backward()
+        batching.per_sequence_loss(model, _batch(chunk, gen)).sum().backward()
         dp_opt.accumulate(torch.tensor(chunk), continues=continues)
     dp_opt.step()
     dp_opt.zero_grad(set_to_none=True)
@@ -112,10 +112,10 @@ def worker(path: str, rows: int, threads: int) -> dict:
     optimizer = torch.optim.AdamW(params, lr=1e-4)
     warm = list(range(PHYSICAL))
     measured = [u + 10**6 for u in _units(rows)]
-    from dplora.engine import step as engine
+    from dplora.mechanism import optimizer as dpopt
 
     plan = SimpleNamespace(noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=100, sample_rate=0.01)
-    forward, dp_opt, _ = engine.make_private(model, optimizer, plan=plan, unit_mean=False, per_sample=path)
+    forward, dp_opt, _ = dpopt.make_private(model, optimizer, plan=plan, unit_mean=False, per_sample=path)
     _step(forward, dp_opt, warm, gen)
     start, t0 = _rss_now(), time.perf_counter()
     _step(forward, dp_opt, measured, gen)

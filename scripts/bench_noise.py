@@ -1,7 +1,7 @@
 """Cost of dplora's cryptographic noise per logical step at 0.5M, 5M and 40M LoRA parameters (one run, ~1 min).
 
 For each size P it times, on the chosen device: the ChaCha20 keystream alone (32 bytes per value), one full
-:meth:`dplora.engine.noise.CsprngGaussian.normal` draw (stream + copy + fp64 Box–Muller, 4 draws summed, → fp32),
+:meth:`dplora.mechanism.noise.CsprngGaussian.normal` draw (stream + copy + fp64 Box–Muller, 4 draws summed, → fp32),
 torch's
 non-cryptographic ``torch.normal`` (the old generator) for comparison, and a rough step time: one AdamW update
 of P fp32 parameters plus a (B, min(P, 5M)) per-sample gradient clip-and-sum with B = 8 (a lower bound on a real
@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from dplora.engine.noise import BYTES_PER_VALUE, CsprngGaussian, chacha20_keystream
+from dplora.mechanism.noise import BYTES_PER_VALUE, CsprngGaussian, chacha20_keystream
 
 
 def _timed(fn, device: torch.device, repeat: int = 1) -> float:

@@ -19,8 +19,10 @@ import torch
 
 from dplora.contract.spec import ModelSection
 from dplora.data.demo import generate_tickets
-from dplora.engine import step as engine
+from dplora.engine import batch as batching
+from dplora.engine import runtime
 from dplora.engine.model import load_model_and_tokenizer
+from dplora.mechanism import optimizer as dpopt
 
 
 def _lora(model_section, r):
@@ -42,7 +44,7 @@ def _batches(tok, n, batch, seq):
         for r in rows[i * batch : (i + 1) * batch]:
             ids = tok(f"{r['message']}\n{r['reply']}", add_special_tokens=False)["input_ids"][:seq]
             ex.append((ids, ids))
-        out.append(engine.collate(ex, tok.pad_token_id))
+        out.append(batching.collate(ex, tok.pad_token_id))
     return out
 
 
@@ -57,7 +59,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
-    threads = args.threads or engine.free_threads()
+    threads = args.threads or runtime.free_threads()
     torch.set_num_threads(threads)
     section = ModelSection(name=args.model) if args.model == "smollm2-135m" else ModelSection(path=args.model)
 
@@ -68,17 +70,17 @@ def main() -> None:
     plan = type(
         "P", (), {"noise_multiplier": 1.0, "max_grad_norm": 1.0, "expected_batch_size": args.batch, "sample_rate": 0.01}
     )()
-    gsm, dp_opt, _ = engine.make_private(dp_model, torch.optim.AdamW(params, lr=1e-3), plan=plan, unit_mean=False)
+    gsm, dp_opt, _ = dpopt.make_private(dp_model, torch.optim.AdamW(params, lr=1e-3), plan=plan, unit_mean=False)
     batches = _batches(tok, args.steps + 1, args.batch, args.seq)
 
     def plain_step(b):
-        engine.per_sequence_loss(plain, b).mean().backward()
+        batching.per_sequence_loss(plain, b).mean().backward()
         plain_opt.step()
         plain_opt.zero_grad(set_to_none=True)
 
     def dp_step(b):
         dp_opt.begin_logical_step(args.batch)
-        engine.per_sequence_loss(gsm, b).sum().backward()
+        batching.per_sequence_loss(gsm, b).sum().backward()
         dp_opt.accumulate(torch.arange(args.batch))
         dp_opt.step()
         dp_opt.zero_grad(set_to_none=True)

@@ -21,9 +21,9 @@ import warnings
 
 import torch
 
-from dplora.engine import step as engine
-from dplora.engine.clipping import UnitClipAccumulator
+from dplora.engine import batch as batching
 from dplora.engine.fastclip import FlatLoRAGrads
+from dplora.mechanism.clipping import UnitClipAccumulator
 
 ALL_7 = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 GROUPS, PHYSICAL = [[0, 1, 2], [3], [4, 5, 6, 7]], 3
@@ -72,7 +72,7 @@ def _records(vocab: int = 49152):
     for i, length in enumerate([16, 40, 96, 23, 64, 31, 50, 77]):
         ids = torch.randint(1, vocab, (length,), generator=gen).tolist()
         prompt = length if i == 3 else 5 * (i % 3)  # record 3: no target token
-        records.append((ids, [engine.IGNORE_INDEX] * prompt + ids[prompt:]))
+        records.append((ids, [batching.IGNORE_INDEX] * prompt + ids[prompt:]))
     return records
 
 
@@ -80,8 +80,8 @@ def _brute_force(model, records, device) -> torch.Tensor:
     params = [p for p in model.parameters() if p.requires_grad]
     rows = []
     for record in records:
-        batch = {k: v.to(device) for k, v in engine.collate([record], pad_id=0).items()}
-        grads = torch.autograd.grad(engine.per_sequence_loss(model, batch)[0], params, allow_unused=True)
+        batch = {k: v.to(device) for k, v in batching.collate([record], pad_id=0).items()}
+        grads = torch.autograd.grad(batching.per_sequence_loss(model, batch)[0], params, allow_unused=True)
         flat = [(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(grads, params, strict=True)]
         rows.append(torch.cat(flat))
     return torch.stack(rows).float()
@@ -89,8 +89,8 @@ def _brute_force(model, records, device) -> torch.Tensor:
 
 def _fast(model, flat, records, device) -> torch.Tensor:
     flat.buffer(len(records))
-    batch = {k: v.to(device) for k, v in engine.collate(records, pad_id=0).items()}
-    engine.per_sequence_loss(model, batch).sum().backward()
+    batch = {k: v.to(device) for k, v in batching.collate(records, pad_id=0).items()}
+    batching.per_sequence_loss(model, batch).sum().backward()
     return flat.gradients().clone()
 
 
@@ -103,8 +103,8 @@ def _unit_step(model, flat, records, device, clip) -> torch.Tensor:
         ids = torch.tensor([unit_of[r] for r in chunk])
         continues = start + PHYSICAL < len(order) and unit_of[order[start + PHYSICAL]] == int(ids[-1])
         flat.buffer(len(chunk))
-        batch = {k: v.to(device) for k, v in engine.collate([records[r] for r in chunk], pad_id=0).items()}
-        engine.per_sequence_loss(model, batch).sum().backward()
+        batch = {k: v.to(device) for k, v in batching.collate([records[r] for r in chunk], pad_id=0).items()}
+        batching.per_sequence_loss(model, batch).sum().backward()
         acc.add(flat.gradients(), ids, last_unit_continues=continues)
     return acc.finish()[0].clone()
 

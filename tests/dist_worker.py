@@ -26,10 +26,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from dplora.engine import batch as batching
 from dplora.engine import distributed
-from dplora.engine import step as engine
-from dplora.engine.clipping import UnitClipAccumulator
 from dplora.errors import BadInputError, TrainingFailedError
+from dplora.mechanism import optimizer as dpopt
+from dplora.mechanism.clipping import UnitClipAccumulator
 
 N_UNITS, RATE, SAMPLER_STEPS = 100, 0.1, 400  # shards of 50 units: ranks seeded alike draw alike
 NOISE_P, NOISE_STEPS, SIGMA, CLIP = 256, 200, 1.3, 0.5
@@ -53,7 +54,7 @@ def _noise_only(world) -> tuple[np.ndarray, list[float], int, bool]:
     whether every rank got the same output."""
     reducer = distributed.StepReducer(world, NOISE_P, "cpu")
     acc = UnitClipAccumulator(NOISE_P, CLIP, "cpu")
-    gen = engine.os_entropy_generator()
+    gen = dpopt.os_entropy_generator()
     outputs, draws = [], []
     for _ in range(NOISE_STEPS):
         acc.begin_step()
@@ -79,7 +80,7 @@ def _two_draws(world) -> str:
             noise_multiplier=1.0,
             max_grad_norm=1.0,
             expected_batch_size=1.0,
-            generator=engine.os_entropy_generator(),
+            generator=dpopt.os_entropy_generator(),
         )
     except TrainingFailedError as err:
         return str(err)
@@ -99,7 +100,7 @@ def _failures_reach_every_rank(world) -> dict:
             noise_multiplier=1.0,
             max_grad_norm=1.0,
             expected_batch_size=1.0,
-            generator=engine.os_entropy_generator(),
+            generator=dpopt.os_entropy_generator(),
         )
         out["step"] = ["none", ""]
     except TrainingFailedError as err:
@@ -162,7 +163,7 @@ def _one_step(model, units, per_sample: str, world) -> tuple[torch.Tensor, int]:
     reducer = distributed.StepReducer(world, before.numel(), "cpu") if world.distributed else None
     optimizer = torch.optim.SGD([p for _, p in named], lr=1.0)
     plan = SimpleNamespace(noise_multiplier=0.0, max_grad_norm=STEP_CLIP, expected_batch_size=STEP_E, sample_rate=0.5)
-    gsm, dp_opt, acc = engine.make_private(
+    gsm, dp_opt, acc = dpopt.make_private(
         model, optimizer, plan=plan, unit_mean=False, per_sample=per_sample, reducer=reducer
     )
     spec = SimpleNamespace(
@@ -184,7 +185,7 @@ def _brute_force(model, units) -> tuple[torch.Tensor, torch.Tensor]:
         unit_sum = None
         for r in UNITS[u]:
             model.zero_grad(set_to_none=True)
-            engine.per_sequence_loss(model, engine.collate([RECORDS[r]], PAD)).sum().backward()
+            batching.per_sequence_loss(model, batching.collate([RECORDS[r]], PAD)).sum().backward()
             g = torch.cat([p.grad.reshape(-1).double() for _, p in model.named_parameters() if p.requires_grad])
             unit_sum = g if unit_sum is None else unit_sum + g
         norms.append(float(unit_sum.norm()))

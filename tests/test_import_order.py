@@ -3,8 +3,13 @@
 Every module's imports are read with ``ast`` (imports inside functions included) by ``scripts/import_graph.py``.
 A module may import its own stage and the stages below it, never one above it. The order, lowest first:
 
-    core (dplora, errors, signals, atomic, surface) → accounting → contract → plan → data → engine → run →
+    core (dplora, errors, signals, atomic, surface) → accounting → contract → plan → data → engine → mechanism → run →
     release → ledger → evaluate → recipe → audit, synth, export, tuning → cli (and ``python -m dplora``)
+
+Issue 44: only ``dplora/mechanism/`` samples, clips, draws noise or reduces across ranks. The rule names the
+forbidden calls (issue 49), so that legitimate collectives (``all_gather_object``, ``broadcast_object_list``,
+``barrier``) and initialisers (``torch.randn`` for LoRA or a perturbation) outside the package still pass:
+:data:`FORBIDDEN_CALLS` lists them, and :func:`forbidden_calls` finds each call by name or attribute with ``ast``.
 
 The checker itself is tested on planted graphs and on a planted upward import in a temporary package, so the
 test on the real tree cannot pass by checking nothing.
@@ -30,6 +35,7 @@ STAGES: list[tuple[str, ...]] = [
     ("dplora.plan",),
     ("dplora.data",),
     ("dplora.engine",),
+    ("dplora.mechanism",),
     ("dplora.run",),
     ("dplora.release",),
     ("dplora.ledger",),
@@ -38,6 +44,48 @@ STAGES: list[tuple[str, ...]] = [
     ("dplora.audit", "dplora.synth", "dplora.export", "dplora.tuning"),
     ("dplora.cli", "dplora.__main__"),
 ]
+
+
+# The calls that make the DP mechanism, by what they do; a call whose function name (or attribute) is one of these
+# is allowed only inside dplora.mechanism.
+# rng.normal legitimately elsewhere? no: it is not matched, being another attribute owner).
+FORBIDDEN_CALLS: dict[str, tuple[str, ...]] = {
+    "noise": ("CsprngGaussian", "chacha20_keystream", "box_muller_pair_sums_fp64", "privatize", "ChaCha20"),
+    "sampling": ("PoissonUnitSampler", "ShardedPoissonSampler", "bernoulli", "binomial"),
+    "clipping": ("UnitClipAccumulator", "clip_grad_norm_"),
+    "reduction": ("all_reduce", "all_reduce_coalesced", "reduce_scatter", "reduce_scatter_tensor", "StepReducer"),
+}
+TORCH_ONLY = ("normal",)  # forbidden as ``torch.normal(...)`` (a Gaussian draw), not as any object's ``.normal``
+MECHANISM = "dplora.mechanism"
+
+
+def forbidden_calls(root: Path) -> list[str]:
+    """Every call of :data:`FORBIDDEN_CALLS` (and ``torch.normal``) outside ``dplora.mechanism``, as
+    ``module:line kind name``, sorted; imports inside functions and ``TYPE_CHECKING`` blocks are read too."""
+    import ast
+
+    from import_graph import module_name
+
+    names = {n: kind for kind, ns in FORBIDDEN_CALLS.items() for n in ns}
+    found = []
+    root = root.resolve()
+    for path in sorted(root.rglob("*.py")):
+        module = module_name(path, root)
+        if module == MECHANISM or module.startswith(MECHANISM + "."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+            torch_call = (
+                isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "torch"
+            )
+            if name in names:
+                found.append(f"{module}:{node.lineno} {names[name]} {name}")
+            elif name in TORCH_ONLY and torch_call:
+                found.append(f"{module}:{node.lineno} noise torch.{name}")
+    return sorted(found)
 
 
 def stage_of(module: str, stages=STAGES) -> int:
@@ -111,3 +159,55 @@ def test_checker_finds_a_planted_upward_import_in_a_package(tmp_path):
     (pkg / "plan" / "training.py").write_text("class TrainingPlan:\n    pass\n")
     graph = module_imports(pkg)
     assert upward_imports(graph) == [] and cycles(graph) == []
+
+
+def test_only_the_mechanism_samples_clips_draws_noise_or_reduces():
+    assert forbidden_calls(ROOT / "dplora") == []
+
+
+PLANTED = {
+    "noise draw": (
+        "import torch\n\ndef step(g, sigma, c):\n    return g + torch.normal(0.0, sigma * c, g.shape)\n",
+        "noise torch.normal",
+    ),
+    "CSPRNG draw": (
+        "from dplora.mechanism.noise import CsprngGaussian\n\ndef noise(p):\n"
+        "    return CsprngGaussian().normal(p, 1.0)\n",
+        "noise CsprngGaussian",
+    ),
+    "sampler": (
+        "from dplora.mechanism.sampling import PoissonUnitSampler\n\ndef batch(n, q):\n"
+        "    return PoissonUnitSampler(n, q).sample()\n",
+        "sampling PoissonUnitSampler",
+    ),
+    "bernoulli sampler": (
+        "import torch\n\ndef batch(n, q):\n    return torch.bernoulli(torch.full((n,), q))\n",
+        "sampling bernoulli",
+    ),
+    "all_reduce": (
+        "import torch.distributed as dist\n\ndef reduce(t):\n    dist.all_reduce(t)\n",
+        "reduction all_reduce",
+    ),
+}
+
+
+@pytest.mark.parametrize("what", sorted(PLANTED))
+def test_rule_fails_on_a_planted_call_outside_the_mechanism(tmp_path, what):
+    """A noise draw, a sampler or an all_reduce planted in ``dplora/run``: found; the same file inside
+    ``dplora/mechanism``: allowed; legitimate collectives and initialisers elsewhere: allowed."""
+    source, expected = PLANTED[what]
+    pkg = tmp_path / "dplora"
+    for sub in ("run", "mechanism", "engine"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "engine" / "ok.py").write_text(
+        "import torch\nimport torch.distributed as dist\n\n"
+        "def agree(obj, n):\n    out = [None] * n\n    dist.all_gather_object(out, obj)\n"
+        "    dist.broadcast_object_list(out)\n    dist.barrier()\n    return torch.randn(3), out\n"
+    )
+    (pkg / "mechanism" / "planted.py").write_text(source)
+    assert forbidden_calls(pkg) == []
+    (pkg / "run" / "planted.py").write_text(source)
+    found = forbidden_calls(pkg)
+    assert len(found) == 1 and found[0].startswith("dplora.run.planted:") and found[0].endswith(expected), found

@@ -86,7 +86,7 @@ def pin_overrides(contract, target: AttachTarget) -> list[str]:
     Raises:
         BadInputError: a non-private baseline (never attached).
     """
-    from dplora.engine import control
+    from dplora.mechanism import control
 
     if control.is_control(contract):
         raise BadInputError(

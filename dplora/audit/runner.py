@@ -63,7 +63,7 @@ def check_options(contract, options: AuditOptions) -> None:
         BadInputError: a non-private baseline on private data, copies at row level, too few canaries or
             guesses out of range.
     """
-    from dplora.engine import control
+    from dplora.mechanism import control
 
     if control.is_control(contract) and options.data_source is DataSource.PRIVATE:
         raise BadInputError(
@@ -142,7 +142,7 @@ def check_power_contract(power_contract, source: DataSource | None) -> None:
     Raises:
         BadInputError: DP still on, a ledger population set, or data declared private.
     """
-    from dplora.engine import control
+    from dplora.mechanism import control
 
     if source not in (DataSource.PUBLIC, DataSource.SURROGATE):
         raise BadInputError(

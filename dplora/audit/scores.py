@@ -13,7 +13,7 @@ def sequence_losses(model, examples: list, *, pad_id: int, device, batch_size: i
     """
     import torch
 
-    from dplora.engine.step import collate
+    from dplora.engine.batch import collate
     from dplora.evaluate.heldout import token_nll
 
     losses: list[float] = []

@@ -227,7 +227,7 @@ def _report(result, *, as_json: bool, private_log) -> None:
         f"{_eval_time(result)}"
     )
     if not result.differentially_private:
-        from dplora.engine.control import NO_DP_STATEMENT
+        from dplora.mechanism.control import NO_DP_STATEMENT
 
         log(f"done: {result.steps_done}/{p.steps} steps, {result.threads} threads; {NO_DP_STATEMENT}")
         if as_json:

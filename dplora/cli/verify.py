@@ -186,7 +186,7 @@ def _claim_line(result) -> str:
     """What the release claims, in one line (a non-private control says so)."""
     statement = result.statement
     if not result.differentially_private:
-        from dplora.engine.control import NOT_DP
+        from dplora.mechanism.control import NOT_DP
 
         return (
             f"{NOT_DP}: the record is a non-private control run (privacy.enabled=false): no clipping, no noise, "

@@ -339,31 +339,6 @@ def count_units(contract: Contract) -> UnitIndex:
     return build_unit_index(train, contract.privacy, seed=contract.training.seed)
 
 
-class PoissonUnitSampler:
-    """Poisson sampling over protected units: each unit joins a logical batch independently with probability q.
-
-    The randomness comes from OS entropy (``numpy.random.default_rng()`` with no seed), never from the
-    recorded seed, so nobody holding the release record can regenerate batch membership. Empty batches
-    happen and must still be stepped (Abadi et al. 2016; Opacus ``UniformWithReplacementSampler``).
-
-    Args:
-        num_units: N.
-        sample_rate: q ∈ (0, 1].
-        rng: only for tests; production passes None.
-    """
-
-    def __init__(self, num_units: int, sample_rate: float, rng: np.random.Generator | None = None):
-        if not 0 < sample_rate <= 1:
-            raise ValueError(f"Expected 0 < sample_rate <= 1, got {sample_rate}")
-        self.num_units = num_units
-        self.sample_rate = sample_rate
-        self._rng = rng if rng is not None else np.random.default_rng()
-
-    def sample(self) -> np.ndarray:
-        """Unit indices of one logical batch, shape (k,) with k ~ Binomial(N, q) (k = 0 happens)."""
-        return np.flatnonzero(self._rng.random(self.num_units) < self.sample_rate)
-
-
 def tokenize_records(table, tokenizer, contract: Contract) -> list[tuple[list[int], list[int]]]:
     """Token ids and labels for every record: :func:`encode_records` without the truncation counts."""
     return encode_records(table, tokenizer, contract)[0]

@@ -1,7 +1,7 @@
 """Token batches and the per-sequence loss: what every per-example gradient path (fast, Opacus, the gradient check,
 evaluation) feeds the model and differentiates.
 
-Shared by :mod:`dplora.engine.step` and :mod:`dplora.engine.gradcheck`, which imports it instead of the step
+Shared by :mod:`dplora.mechanism.optimizer` and :mod:`dplora.engine.gradcheck`, which imports it instead of the step
 module (no import cycle).
 """
 

@@ -12,7 +12,7 @@ ordinary gradient without the sum over b (Goodfellow 2015, "Efficient per-exampl
 replaces each LoRA layer's ``forward`` (per instance; the class and the base layer are untouched) by the base
 layer plus a custom autograd Function whose backward writes these into the layer's column slice of one
 preallocated buffer G (B, P) fp32, P = all LoRA parameters. It returns the input gradient as usual and no
-``.grad`` for A and B: the caller writes ``.grad`` from the clipped, noised sum (:mod:`dplora.engine.clipping`).
+``.grad`` for A and B: the caller writes ``.grad`` from the clipped, noised sum (:mod:`dplora.mechanism.clipping`).
 
 LoRA dropout is exact: the Function receives the dropped-out input the forward used, so each example's gradient
 is the gradient of the forward that ran. A 4-bit NF4 base (peft ``lora.bnb.Linear4bit``) takes the same path: its
@@ -168,13 +168,13 @@ class FlatLoRAGrads:
     """Per-example LoRA gradients of a peft model, written by the backward into one buffer G (B, P) fp32.
 
     Usage for one physical batch of B examples (``losses``: (B,) one loss per sequence, see
-    :func:`dplora.engine.step.per_sequence_loss`)::
+    :func:`dplora.engine.batch.per_sequence_loss`)::
 
         flat = FlatLoRAGrads(peft_model)      # refuses any trainable tensor it does not cover
         G = flat.buffer(B)                    # armed for the next backward
         losses.sum().backward()               # row b of G: d losses[b] / d θ, θ = all LoRA tensors, flat
         G = flat.gradients()                  # checks every LoRA layer wrote its slice
-        ...                                   # clip, sum, noise (dplora.engine.clipping)
+        ...                                   # clip, sum, noise (dplora.mechanism.clipping)
         flat.remove()                         # plain peft forward again
 
     Attributes:

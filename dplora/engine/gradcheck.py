@@ -51,6 +51,7 @@ import contextlib
 
 import torch
 
+from dplora.engine import batch as batching
 from dplora.errors import TrainingFailedError
 
 RTOL_FP32 = 5e-3  # 2.8e-4 measured on the packaged SmolLM2-135M (fp32, CPU); a wrong path differs by O(1)
@@ -258,7 +259,7 @@ def _plain_reference(model, flat, params, batch, per_sequence_loss) -> torch.Ten
 
 def _batched_rows(model, flat, params, names, batch, size: int, per_sequence_loss) -> torch.Tensor:
     """The active path's per-example rows for the batch: (B, P) fp32. Raises when a tensor's rows are not B."""
-    from dplora.engine.clipping import opacus_flat
+    from dplora.engine.perexample import opacus_flat
 
     if flat is not None:
         flat.buffer(size)
@@ -295,11 +296,12 @@ def check_per_example_gradients(
         model: what the run forwards: the peft model (fast path, ``dp_opt.flat`` set) or its Opacus
             ``GradSampleModule``; in train mode, on its device.
         named_trainable: (name, parameter) of every trainable tensor (names for the error).
-        dp_opt: the run's :class:`dplora.engine.step.UnitDPOptimizer` (only ``flat`` and ``params`` are read: no step,
+        dp_opt: the run's :class:`dplora.mechanism.optimizer.UnitDPOptimizer` (only ``flat`` and ``params`` are read:
+        no step,
             no noise draw, no accountant step).
         batches: lists of (input_ids, labels) records to check on (tests); None: :func:`synthetic_batches`.
         loss, collate: the step's per-sequence loss ((B, L) batch → (B,) nats) and batch builder, as the step module
-            holds them (:func:`dplora.engine.step.probe_per_sample_gradients` passes its own); None: those of
+            holds them (:func:`dplora.engine.gradcheck.probe_per_sample_gradients` passes its own); None: those of
             :mod:`dplora.engine.batch`.
 
     Returns:
@@ -310,10 +312,8 @@ def check_per_example_gradients(
         TrainingFailedError: a tensor's per-example rows are not B, or differ from the one-record backward beyond
             the tolerance; the message names the first layer and tensor (exit 4).
     """
-    from dplora.engine import batch as batch_mod
-
-    loss = loss or batch_mod.per_sequence_loss
-    collate = collate or batch_mod.collate
+    loss = loss or batching.per_sequence_loss
+    collate = collate or batching.collate
     flat = getattr(dp_opt, "flat", None)
     params = list(flat.parameters) if flat is not None else list(dp_opt.params)
     names = {id(p): n for n, p in named_trainable}
@@ -399,3 +399,57 @@ def _judge(differences, params, names, rtol: float, floor: float, i: int, size: 
             )
         worst = max(worst, rel)
     return worst
+
+
+def probe_per_sample_gradients(
+    model: torch.nn.Module, named_trainable: list[tuple[str, torch.nn.Parameter]], dp_opt=None
+) -> list[dict]:
+    """Before step 1, on synthetic batches (no private data): every trainable tensor gets a per-sample gradient,
+    and (with ``dp_opt``) the active path's per-example rows equal a one-record-at-a-time backward.
+
+    The batch is built on the parameters' device. With the fast path (``dp_opt.flat``) the first check is that every
+    LoRA layer wrote its slice of G; with Opacus, that every tensor got ``grad_sample``. The second is
+    :func:`dplora.engine.gradcheck.check_per_example_gradients` (a batch with padded length ≠ batch size and one with
+    padded length = batch size, both with repeated tokens, and one with no token twice; dropout masks held fixed;
+    the model restored exactly; no noise, no accountant step).
+
+    Returns:
+        The comparison's report per synthetic batch (records, padded tokens, largest relative difference, rtol);
+        [] without ``dp_opt``.
+
+    Raises:
+        TrainingFailedError: naming the first tensor that got none (cases T2), or the first layer and tensor whose
+            per-example gradient differs from the one-record backward (issue 22).
+    """
+    device = next((p.device for _, p in named_trainable), torch.device("cpu"))
+    batch = batching.collate([([1, 2, 3, 4], [1, 2, 3, 4]), ([5, 6, 7], [5, 6, 7])], pad_id=0, device=device)
+    flat = getattr(dp_opt, "flat", None)
+    if flat is not None:
+        flat.buffer(2)
+    batching.per_sequence_loss(model, batch).sum().backward()
+    if flat is not None:
+        flat.gradients()  # raises naming the first LoRA tensor whose slice was not written
+        missing = []
+    else:
+        missing = [n for n, p in named_trainable if getattr(p, "grad_sample", None) is None]
+    for _, p in named_trainable:
+        p.grad_sample = None
+        p.grad = None
+    if missing:
+        raise TrainingFailedError(f"trainable parameter {missing[0]} gets no per-sample gradient; freeze or remove it")
+    if dp_opt is None:
+        return []
+    return check_per_example_gradients(
+        model, named_trainable, dp_opt, loss=batching.per_sequence_loss, collate=batching.collate
+    )
+
+
+def check_all_moved(before: dict[str, torch.Tensor], named_trainable) -> None:
+    """Abort naming the first trainable LoRA tensor that did not change (max |Δ| == 0; cases T1).
+
+    Raises:
+        TrainingFailedError: a tensor did not move.
+    """
+    for name, p in named_trainable:
+        if float((p.detach() - before[name]).abs().max()) == 0.0:
+            raise TrainingFailedError(f"trainable tensor {name} did not change after the first step")

@@ -82,7 +82,7 @@ def probe_physical_batch(
 
     Args:
         model: the model to forward (the Opacus wrapper or the fast-path peft model), in train mode.
-        optimizer: the :class:`dplora.engine.step.UnitDPOptimizer` (its per-unit sum is reset afterwards) or the
+        optimizer: the :class:`dplora.mechanism.optimizer.UnitDPOptimizer` (its per-unit sum is reset afterwards) or the
             non-private control's optimizer.
         named: (name, parameter) of the trainable tensors.
         max_seq_len: tokens per synthetic record (the contract's ``training.max_seq_len``).

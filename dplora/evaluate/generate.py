@@ -268,8 +268,8 @@ def generate_from_run(
         VerificationError: the release does not verify with ``public_key`` (exit 3), before any privacy verdict.
         NotPrivateError: the run is a non-private control and ``allow_non_private`` is False (exit 6).
     """
-    from dplora.engine.control import NOT_DP
     from dplora.errors import VerificationError
+    from dplora.mechanism.control import NOT_DP
     from dplora.release.read import load_adapter_model, read_run
     from dplora.release.verify import verify_release
 

@@ -1,7 +1,7 @@
 """Held-out evaluation: per-token loss and perplexity of the base model and of base + adapters.
 
 The held-out records are tokenized and masked exactly as in training (:func:`dplora.data.units.tokenize_records`,
-:func:`dplora.engine.step.collate`): prompt and padding tokens carry label −100 and count for nothing, EOS is a
+:func:`dplora.engine.batch.collate`): prompt and padding tokens carry label −100 and count for nothing, EOS is a
 target. The loss is the mean negative log-likelihood per target token over the whole set, in nats::
 
     loss = Σ_records Σ_targets −log p(token | prefix) / (number of target tokens),   perplexity = exp(loss)
@@ -112,14 +112,14 @@ def token_nll(model, batch: dict):
     """Per-sequence summed token NLL and target-token count, masked as in training.
 
     Args:
-        model: a causal LM; ``batch`` from :func:`dplora.engine.step.collate` (shapes (B, L)).
+        model: a causal LM; ``batch`` from :func:`dplora.engine.batch.collate` (shapes (B, L)).
 
     Returns:
         (nll_sum, tokens): tensors of shape (B,), nats and counts.
     """
     import torch.nn.functional as F
 
-    from dplora.engine.step import IGNORE_INDEX
+    from dplora.engine.batch import IGNORE_INDEX
 
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     logits, targets = logits[:, :-1, :].float(), batch["labels"][:, 1:]
@@ -144,7 +144,7 @@ def record_nll(
     """
     import torch
 
-    from dplora.engine.step import collate
+    from dplora.engine.batch import collate
 
     nll, tokens = [], []
     with torch.no_grad():

@@ -83,7 +83,7 @@ def group_stats(
 def report_lines(evaluation) -> list[str]:
     """The evaluation (a :class:`dplora.evaluate.heldout.Evaluation`) as a few lines of text for the operator
     (numbers only, never held-out text)."""
-    from dplora.engine.control import NOT_DP
+    from dplora.mechanism.control import NOT_DP
 
     b, a = evaluation.base, evaluation.adapter
     lines = [

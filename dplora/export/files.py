@@ -199,7 +199,7 @@ def export_release(
         VerificationError: the release does not verify, or the base is not the one trained on (exit 3).
         NotPrivateError: a non-private control without ``allow_control`` (exit 6).
     """
-    from dplora.engine.control import NOT_DP
+    from dplora.mechanism.control import NOT_DP
     from dplora.release.envelope import RELEASE_FILENAME, STATEMENT_TYPE, _temp_json, sha256_file, sign_statement
     from dplora.release.keys import load_public_key
     from dplora.release.read import ADAPTER_DIR, read_run

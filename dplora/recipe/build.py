@@ -10,8 +10,10 @@ from pathlib import Path
 
 from dplora.contract.spec import Contract, UnitClipping
 from dplora.data import units as data_mod
-from dplora.engine import control, distributed
+from dplora.engine import distributed
 from dplora.errors import BadInputError, DploraError, PlanRefusedError, TrainingFailedError
+from dplora.mechanism import control
+from dplora.mechanism.reduction import step_reducer
 from dplora.plan.training import TrainingPlan, ledger_event
 from dplora.recipe.setup import (
     _make_optimizer,
@@ -98,7 +100,7 @@ def _build(
     """Model, tokens and the private engine on the chosen device: (RunSpec, RunState). Writes nothing."""
     import torch
 
-    from dplora.engine import step as engine
+    from dplora.engine import gradcheck, runtime
     from dplora.engine.model import resolve_precision, select_device
     from dplora.run.loop import RunSpec, RunState
 
@@ -106,7 +108,7 @@ def _build(
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
     # W processes on one node share its free cores
-    n_threads = io.threads or contract.training.threads or max(1, engine.free_threads() // io.world.local_world_size)
+    n_threads = io.threads or contract.training.threads or max(1, runtime.free_threads() // io.world.local_world_size)
     torch.set_num_threads(n_threads)
     device = select_device()
     dtype, allow_tf32 = resolve_precision(contract.model, device)
@@ -149,13 +151,11 @@ def _build(
     if not named:
         raise BadInputError("no trainable parameters: check lora.target_modules")
     with _Stage("setting up per-sample gradients", device):
-        reducer = None
-        if io.world.distributed:
-            num_params = sum(p.numel() for _, p in named)
-            reducer = distributed.StepReducer(io.world, num_params, engine.parameter_device(model))
+        num_params = sum(p.numel() for _, p in named)
+        reducer = step_reducer(io.world, num_params, runtime.parameter_device(model))
         optimizer, (gsm, dp_opt, accountant) = _step_parts(contract, model, named, plan, reducer=reducer)
         if not control.is_control(contract):
-            engine.probe_per_sample_gradients(gsm, named, dp_opt)
+            gradcheck.probe_per_sample_gradients(gsm, named, dp_opt)
     physical = None
     if contract.training.physical_batch_size == "auto":  # synthetic batches of max_seq_len tokens, no private data
         from dplora.engine.membatch import probe_physical_batch
@@ -167,7 +167,7 @@ def _build(
                 named,
                 max_seq_len=contract.training.max_seq_len,
                 pad_id=tokenizer.pad_token_id,
-                device=engine.parameter_device(model),
+                device=runtime.parameter_device(model),
             )
         io.log(f"physical batch: {physical} records per forward (probed on synthetic batches)")
     spec = RunSpec(
@@ -218,11 +218,11 @@ def probe_estimate(
     Returns:
         :class:`dplora.plan.estimate.EstimateInputs`, or None when the probe batch does not fit in memory.
     """
-    from dplora.engine import step as engine
+    from dplora.engine import runtime
     from dplora.engine.membatch import time_synthetic_step
     from dplora.plan.estimate import estimate_inputs
 
-    device = engine.parameter_device(model)
+    device = runtime.parameter_device(model)
     with _Stage("timing a synthetic step", device):
         seconds = time_synthetic_step(
             model,
@@ -260,11 +260,11 @@ def estimate_without_data(contract: Contract, plan: TrainingPlan, *, threads: in
     """
     import torch
 
-    from dplora.engine import step as engine
+    from dplora.engine import runtime
     from dplora.engine.model import resolve_precision, select_device
 
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
-    n_threads = threads or contract.training.threads or max(1, engine.free_threads())
+    n_threads = threads or contract.training.threads or max(1, runtime.free_threads())
     torch.set_num_threads(n_threads)
     device = select_device()
     dtype, allow_tf32 = resolve_precision(contract.model, device)
@@ -286,7 +286,7 @@ def estimate_without_data(contract: Contract, plan: TrainingPlan, *, threads: in
                 named,
                 max_seq_len=contract.training.max_seq_len,
                 pad_id=tokenizer.pad_token_id,
-                device=engine.parameter_device(model),
+                device=runtime.parameter_device(model),
             )
     return probe_estimate(contract, plan, gsm, dp_opt, named, pad_id=tokenizer.pad_token_id, physical=physical)
 
@@ -319,15 +319,16 @@ def _check_pad_embedding(model, tokenizer) -> None:
 
 def _step_parts(contract: Contract, model, named, plan: TrainingPlan, *, reducer=None):
     """The optimizer and the step's engine parts for ``named`` (the trainable LoRA tensors): (optimizer, (per-sample
-    model, step optimizer, accountant)) from :func:`dplora.engine.step.make_private`, or the non-private control's from
-    :func:`dplora.engine.control.make_non_private` (no clipping, no noise, no accountant). Shared by training and
+    model, step optimizer, accountant)) from :func:`dplora.mechanism.optimizer.make_private`, or the non-private
+    control's from
+    :func:`dplora.mechanism.control.make_non_private` (no clipping, no noise, no accountant). Shared by training and
     the time estimate's synthetic probe, so both time the same per-example path."""
-    from dplora.engine import step as engine
+    from dplora.mechanism import optimizer as dpopt
 
     optimizer = _make_optimizer(contract, [p for _, p in named])
     if control.is_control(contract):
         return optimizer, control.make_non_private(model, optimizer, plan=plan)
-    return optimizer, engine.make_private(
+    return optimizer, dpopt.make_private(
         model,
         optimizer,
         plan=plan,

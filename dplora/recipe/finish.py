@@ -9,8 +9,8 @@ import math
 from pathlib import Path
 
 from dplora import atomic
-from dplora.engine import control
 from dplora.errors import DploraError, NoisyUpdateError
+from dplora.mechanism import control
 from dplora.recipe.setup import _RunIO, _write_json
 from dplora.release import envelope as release
 from dplora.release.record import build_record, non_private_record
@@ -115,7 +115,7 @@ def _failure_reason(err: BaseException) -> str:
 def _write_outputs(spec, state, *, started: str, epsilon_spent: float, io: _RunIO, ranks=None, evaluation=None) -> None:
     """Save the adapters and the resolved contract, then finish and sign the release (inside ``staging``).
 
-    A control run signs its own non-private record (:mod:`dplora.engine.control`), never the DP one. A held-out
+    A control run signs its own non-private record (:mod:`dplora.mechanism.control`), never the DP one. A held-out
     evaluation enters the record only when its set is declared public.
     """
     from dplora.engine.model import base_model_entry
@@ -123,7 +123,7 @@ def _write_outputs(spec, state, *, started: str, epsilon_spent: float, io: _RunI
     contract, plan = spec.contract, spec.plan
     staging = spec.staging.resolve()
     from dplora.engine.lora import adapted_module_names
-    from dplora.engine.step import unwrap
+    from dplora.engine.perexample import unwrap
 
     adapters = unwrap(state.model)
     size = sum(p.numel() * p.element_size() for p in adapters.parameters() if p.requires_grad)

@@ -8,8 +8,9 @@ import json
 import time
 
 from dplora import atomic
-from dplora.engine import control, distributed
+from dplora.engine import distributed
 from dplora.errors import TrainingFailedError
+from dplora.mechanism import control
 from dplora.recipe.finish import (
     _open_metrics,
     _write_outputs,
@@ -96,7 +97,7 @@ def _evaluate_held_out(spec, state, io: _RunIO):
     """
     if spec.held_out is None:
         return None
-    from dplora.engine.step import unwrap
+    from dplora.engine.perexample import unwrap
     from dplora.evaluate.heldout import evaluate_model, held_out_source
     from dplora.evaluate.report import report_lines
     from dplora.run.progress import BatchReporter
@@ -160,7 +161,7 @@ def _check_accounted(spec, state) -> list[dict] | None:
         raise TrainingFailedError(f"accounted {state.accountant.steps} steps, planned {spec.plan.steps}: no release")
     if not spec.world.distributed:
         return None
-    from dplora.engine.step import unwrap
+    from dplora.engine.perexample import unwrap
 
     digest = distributed.adapter_digest(unwrap(state.model))
     return distributed.check_agreement(spec.world, steps=state.accountant.steps, digest=digest)

@@ -17,9 +17,10 @@ from pathlib import Path
 from dplora.atomic import DiskFullError
 from dplora.contract.spec import Contract, ProtectedUnit, Quantization
 from dplora.data import units as data_mod
-from dplora.engine import control, distributed
+from dplora.engine import distributed
 from dplora.engine.model import check_model_cache
 from dplora.errors import BadInputError, DploraError, TrainingFailedError
+from dplora.mechanism import control
 from dplora.plan.training import TrainingPlan, ledger_event
 from dplora.recipe.build import _build, _open_ledger
 from dplora.recipe.finish import (

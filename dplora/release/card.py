@@ -240,7 +240,7 @@ NON_PRIVATE_TAGS = ("not-differentially-private", "lora", "peft", "dplora")
 
 
 def _non_private_card(record: dict, contract: Contract) -> str:
-    """The card of a non-private control run (:mod:`dplora.engine.control`): it says so first, and states no ε."""
+    """The card of a non-private control run (:mod:`dplora.mechanism.control`): it says so first, and states no ε."""
     from huggingface_hub import ModelCardData
 
     base, training = record["base_model"], record["training"]

@@ -43,8 +43,8 @@ from dplora.release.keys import (  # noqa: F401 - re-exported: the key functions
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://dplora.dev/release/v1"
-# A non-private control run (privacy.enabled: false, see dplora.engine.control) signs under its own predicate type, so
-# that no verifier can take it for a DP release; `dplora verify` reports it as NOT DIFFERENTIALLY PRIVATE.
+# A non-private control run (privacy.enabled: false, see dplora.mechanism.control) signs under its own predicate
+# type, so that no verifier can take it for a DP release; `dplora verify` reports it as NOT DIFFERENTIALLY PRIVATE.
 NON_PRIVATE_PREDICATE_TYPE = "https://dplora.dev/non-private/v1"
 RELEASE_FILENAME = "release.dsse.json"
 SIGSTORE_FILENAME = "release.sigstore.json"

@@ -119,7 +119,7 @@ def load_adapter_model(run: ReleasedRun, *, threads: int | None = None, log=prin
     from peft import PeftModel
 
     from dplora.engine.model import load_base_model, resolve_precision, select_device
-    from dplora.engine.step import free_threads
+    from dplora.engine.runtime import free_threads
 
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")  # transformers 5, as train
     torch.set_num_threads(threads or run.contract.training.threads or free_threads())

@@ -16,7 +16,7 @@ import platform
 import dplora
 from dplora.accounting.ceiling import ceiling_entry
 from dplora.contract.spec import Contract, ProtectedUnit
-from dplora.engine.control import NO_DP_STATEMENT
+from dplora.mechanism.control import NO_DP_STATEMENT
 from dplora.plan.training import TrainingPlan
 
 CONTROL_RECORD_VERSION = 1  # the non-private control's record (non_private_record)

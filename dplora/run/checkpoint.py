@@ -124,7 +124,7 @@ def data_sha256(contract) -> str:
 
 def _adapter_config(spec, state) -> dict:
     """The adapter_config.json a release of these tensors needs (base model named, never a local path)."""
-    from dplora.engine.step import unwrap
+    from dplora.engine.perexample import unwrap
 
     config = unwrap(state.model).peft_config["default"].to_dict()
     config["base_model_name_or_path"] = spec.contract.model.name or Path(spec.contract.model.path).name
@@ -173,7 +173,7 @@ def write(spec, state, *, started_at: str, data_digest: str) -> CheckpointInfo:
     from peft import get_peft_model_state_dict
     from safetensors.torch import save
 
-    from dplora.engine.step import unwrap
+    from dplora.engine.perexample import unwrap
     from dplora.run.execution import execution_entry, utc_now
     from dplora.run.loop import _finite_flag
 
@@ -277,7 +277,7 @@ def restore(spec, state, info: CheckpointInfo) -> None:
         check_tokenization(info, _tokenization(spec))
     tensors = load_file(info.path, device="cpu")
     adapter = {k.removeprefix("adapter."): v for k, v in tensors.items() if k.startswith("adapter.")}
-    from dplora.engine.step import unwrap
+    from dplora.engine.perexample import unwrap
 
     peft_model = unwrap(state.model)
     set_peft_model_state_dict(peft_model, adapter)

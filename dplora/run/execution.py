@@ -19,7 +19,7 @@ def execution_entry(spec, *, reducer=None, ranks=None) -> dict:
     the world size and launcher (with W processes: backend, sharding, noise draws, each rank's steps and digest),
     and the memory settings of :func:`memory_entry`.
     """
-    from dplora.engine.step import noise_generator_name  # torch: imported only when a run records its execution
+    from dplora.mechanism.optimizer import noise_generator_name  # torch: imported only when a run records its execution
 
     return {
         "device_type": spec.device.type,
@@ -30,7 +30,7 @@ def execution_entry(spec, *, reducer=None, ranks=None) -> dict:
         "noise_generator": noise_generator_name(spec.device),
         **memory_entry(spec),
         "noise_floating_point_note": FLOATING_POINT_NOTE,
-        **world_entry(spec.world, reducer, ranks),
+        **world_entry(spec.world, getattr(reducer, "noise_draws", None), ranks),
     }
 
 

@@ -24,9 +24,10 @@ from typing import Any
 
 from dplora import atomic
 from dplora.contract.spec import Contract
-from dplora.data.units import PoissonUnitSampler, UnitIndex
+from dplora.data.units import UnitIndex
 from dplora.engine import distributed
 from dplora.errors import NoisyUpdateError, TrainingFailedError
+from dplora.mechanism.sampling import unit_sampler
 from dplora.plan.training import TrainingPlan
 
 
@@ -88,8 +89,9 @@ class RunState:
 
     Attributes:
         model: the per-sample-gradient wrapper around the peft model (Opacus ``GradSampleModule``).
-        optimizer: the :class:`dplora.engine.step.UnitDPOptimizer` (clip per unit, noise, normalise, step hook).
-        accountant: the :class:`dplora.engine.step.StepAccountant`, stepped by the optimizer on every logical step.
+        optimizer: the :class:`dplora.mechanism.optimizer.UnitDPOptimizer` (clip per unit, noise, normalise, step hook).
+        accountant: the :class:`dplora.mechanism.optimizer.StepAccountant`, stepped by the optimizer on every logical
+        step.
         named: (name, parameter) of every trainable LoRA tensor.
         step: logical steps done (equals ``accountant.steps`` between steps).
         empty_steps: logical steps whose Poisson batch was empty.
@@ -176,16 +178,16 @@ def _physical_batches(spec: RunSpec, state: RunState, units, rows, local, weight
     """The records ``rows`` of ``units`` in physical batches of ``physical``, into the optimizer's per-unit sum."""
     import torch
 
-    from dplora.engine import step as engine
+    from dplora.engine import batch as batching
 
     model, optimizer = state.model, state.optimizer
     optimizer.begin_logical_step(len(units))
     loss_sum = torch.zeros((), device=spec.device)
     for start in range(0, len(rows), physical):
         end = min(start + physical, len(rows))
-        batch = engine.collate([spec.examples[r] for r in rows[start:end]], spec.pad_id, device=spec.device)
+        batch = batching.collate([spec.examples[r] for r in rows[start:end]], spec.pad_id, device=spec.device)
         optimizer.prepare_batch(end - start)
-        losses = engine.per_sequence_loss(model, batch)
+        losses = batching.per_sequence_loss(model, batch)
         # A record whose loss overflows contributes zero (issue 41.4): it is left out of the backward, and the
         # optimizer zeroes its per-example row (and any row that overflows in the backward) after it is formed.
         # Its unit still counts; noise and the accountant step are unchanged; only a count reaches the private log.
@@ -257,12 +259,11 @@ def run_steps(spec: RunSpec, state: RunState, *, metrics, progress, after_step=N
     Raises:
         TrainingFailedError: the budget check, a non-finite value, or a LoRA tensor that did not move at step 1.
     """
-    from dplora.engine import step as engine
+
+    from dplora.engine import gradcheck
 
     plan = spec.plan
-    sampler = PoissonUnitSampler(spec.unit_index.num_units, plan.sample_rate)  # OS entropy, never the seed
-    if spec.world.distributed:  # W processes: each rank samples its own shard of the units at rate q
-        sampler = distributed.ShardedPoissonSampler(spec.unit_index.num_units, plan.sample_rate, spec.world)
+    sampler = unit_sampler(spec.unit_index.num_units, plan.sample_rate, spec.world)  # OS entropy, never the seed
     # Every LoRA tensor must move at step 1 (noise moves them all). A non-private control is exempt: lora_B starts
     # at zero, so lora_A's gradient is exactly zero at step 1 (Hu et al. 2021) and only noise would move it.
     check_moved = state.step == 0 and spec.contract.privacy.enabled
@@ -278,7 +279,7 @@ def run_steps(spec: RunSpec, state: RunState, *, metrics, progress, after_step=N
         state.step = step
         state.empty_steps += records == 0
         if before is not None:
-            engine.check_all_moved(before, state.named)
+            gradcheck.check_all_moved(before, state.named)
             before = None
         seconds = time.perf_counter() - t_step
         mean_loss = loss_sum / records if records else None

@@ -257,7 +257,7 @@ def resume_hint(spec, last: CheckpointInfo | None, advice: str = "") -> str:
 
 def _charged(contract) -> bool:
     """Whether the run holds a ledger charge: every DP run (unassigned without a population), a control on one."""
-    from dplora.engine import control
+    from dplora.mechanism import control
 
     return bool(contract.privacy.population) or not control.is_control(contract)
 

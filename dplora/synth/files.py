@@ -322,8 +322,8 @@ def synthesize(
         NotPrivateError: a non-private control without ``allow_non_private`` (exit 6).
     """
     from dplora.data.units import load_table
-    from dplora.engine.control import NOT_DP
     from dplora.evaluate.generate import generate_replies
+    from dplora.mechanism.control import NOT_DP
     from dplora.release.envelope import (
         RELEASE_FILENAME,
         STATEMENT_TYPE,

@@ -215,7 +215,7 @@ def _estimate(contract, plan: TrainingPlan, why: str | None, log) -> dict | None
 
 def _units_per_rank(plan: TrainingPlan, world_size: int) -> dict:
     """Expected units per rank per logical step with W processes (round-robin shards of the N units)."""
-    from dplora.engine.distributed import expected_units_per_rank
+    from dplora.mechanism.sampling import expected_units_per_rank
 
     if world_size < 1:
         raise BadInputError(f"--world-size {world_size}: expected an integer ≥ 1")

@@ -5,9 +5,10 @@ Learning with Adaptive Clipping", NeurIPS, which tracks the median norm privatel
 clips almost every unit and biases the update towards the clipped direction; a C far above it adds noise σC that
 the gradients never use. This module measures the norms the engine would clip, exactly as it clips them: the
 contract's model and LoRA initialisation (:func:`dplora.recipe.setup._setup_model`, the same seed), the engine's
-per-sample path (:func:`dplora.engine.step.make_private`: ``privacy.per_sample`` fast or Opacus), and one logical step's
+per-sample path (:func:`dplora.mechanism.optimizer.make_private`: ``privacy.per_sample`` fast or Opacus), and one
+logical step's
 forward/backward over the sample (:func:`dplora.run.loop._forward_backward`), whose
-:class:`dplora.engine.clipping.UnitClipAccumulator` returns each unit's norm before clipping (a unit's vector is the
+:class:`dplora.mechanism.clipping.UnitClipAccumulator` returns each unit's norm before clipping (a unit's vector is the
 sum,
 or with ``unit_clipping: mean`` the mean, of its records' gradients). Nothing is stepped, noised or released.
 
@@ -125,14 +126,15 @@ def unit_norms(contract: Contract, table, *, sample: int = DEFAULT_SAMPLE, threa
     import torch
 
     from dplora.data import units as data_mod
-    from dplora.engine import step as engine
+    from dplora.engine import gradcheck, runtime
     from dplora.engine.model import resolve_precision, select_device
+    from dplora.mechanism import optimizer as dpopt
     from dplora.recipe.setup import _setup_model
     from dplora.run.loop import RunSpec, RunState, _forward_backward
 
     warnings.filterwarnings("ignore", message="Full backward hook is firing")  # as train: Opacus on a frozen base
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
-    torch.set_num_threads(threads or contract.training.threads or engine.free_threads())
+    torch.set_num_threads(threads or contract.training.threads or runtime.free_threads())
     device = select_device()
     dtype, allow_tf32 = resolve_precision(contract.model, device)
     model, tokenizer = _setup_model(contract, device, dtype, allow_tf32, log)
@@ -143,14 +145,14 @@ def unit_norms(contract: Contract, table, *, sample: int = DEFAULT_SAMPLE, threa
     plan = types.SimpleNamespace(
         noise_multiplier=0.0, max_grad_norm=contract.privacy.max_grad_norm, expected_batch_size=1, sample_rate=1.0
     )
-    wrapped, dp_opt, accountant = engine.make_private(
+    wrapped, dp_opt, accountant = dpopt.make_private(
         model,
         optimizer,
         plan=plan,
         unit_mean=contract.privacy.unit_clipping is UnitClipping.MEAN,
         per_sample=contract.privacy.per_sample.value,
     )
-    engine.probe_per_sample_gradients(wrapped, named, dp_opt)  # as train: norms of a wrong per-example path mislead
+    gradcheck.probe_per_sample_gradients(wrapped, named, dp_opt)  # as train: norms of a wrong per-example path mislead
     spec = RunSpec(
         contract=contract,
         plan=None,

@@ -97,7 +97,7 @@ def test_planted_bug_no_noise_is_flagged_with_exit_5(tmp_path, monkeypatch):
     """
     from tiny import byte_tokenizer, tiny_llama
 
-    import dplora.engine.step
+    import dplora.mechanism.optimizer
     from dplora.data.demo import write_tickets
 
     model = tiny_llama(hidden=64)
@@ -116,9 +116,9 @@ def test_planted_bug_no_noise_is_flagged_with_exit_5(tmp_path, monkeypatch):
         training={"expected_batch_size": 16, "physical_batch_size": 32, "steps": 120, "lr": 0.01, "max_seq_len": 128},
     )
     cfg = write_contract(tmp_path / "bug.yaml", raw)
-    honest = dplora.engine.step.privatize
+    honest = dplora.mechanism.optimizer.privatize
     monkeypatch.setattr(
-        dplora.engine.step,
+        dplora.mechanism.optimizer,
         "privatize",
         lambda s, **kw: honest(s, **(kw | {"noise_multiplier": kw["noise_multiplier"] * 1e-6})),
     )

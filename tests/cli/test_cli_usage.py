@@ -157,19 +157,19 @@ def test_threads_follow_the_cores_free_now(monkeypatch):
     """4 cores, 3 of them busy in the last 0.3 s (from /proc/stat), whatever the 1-minute load says: 1 thread."""
     import time
 
-    from dplora.engine import step as engine
+    from dplora.engine import runtime
 
     # cpu total and idle+iowait jiffies over the window: 400 jiffies, 100 idle → 3 busy cores of 4
     samples = iter(["cpu  1000 0 0 1000 0 0 0 0 0 0\n", "cpu  1300 0 0 1100 0 0 0 0 0 0\n"])
-    monkeypatch.setattr(engine, "open", lambda *a, **k: io.StringIO(next(samples)), raising=False)
+    monkeypatch.setattr(runtime, "open", lambda *a, **k: io.StringIO(next(samples)), raising=False)
     monkeypatch.setattr(time, "sleep", lambda s: None)
-    monkeypatch.setattr(engine.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
-    monkeypatch.setattr(engine.os, "cpu_count", lambda: 4)
-    monkeypatch.setattr(engine.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
-    assert engine.free_threads() == 1
+    monkeypatch.setattr(runtime.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.setattr(runtime.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(runtime.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert runtime.free_threads() == 1
     samples = iter(["cpu  1000 0 0 1000 0 0 0 0 0 0\n", "cpu  1000 0 0 1400 0 0 0 0 0 0\n"])  # all idle now
-    monkeypatch.setattr(engine.os, "getloadavg", lambda: (4.0, 4.0, 4.0))  # a job that just ended
-    assert engine.free_threads() == 4
+    monkeypatch.setattr(runtime.os, "getloadavg", lambda: (4.0, 4.0, 4.0))  # a job that just ended
+    assert runtime.free_threads() == 4
 
 
 # --- item 5: progress lines for CI logs -----------------------------------------------------------------------------

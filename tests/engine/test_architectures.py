@@ -15,13 +15,13 @@ import torch
 from peft import LoraConfig, get_peft_model
 from tiny import tiny_causal_lm
 
-from dplora.engine import step as engine
-from dplora.engine.clipping import UnitClipAccumulator
+from dplora.engine import batch as batching
 from dplora.engine.fastclip import FlatLoRAGrads
+from dplora.mechanism.clipping import UnitClipAccumulator
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning")
 
-PAD, IGNORE = 256, engine.IGNORE_INDEX
+PAD, IGNORE = 256, batching.IGNORE_INDEX
 RECORDS = [
     ([1, 2, 3, 4, 5], [IGNORE, IGNORE, 3, 4, 5]),
     ([6, 7, 8], [6, 7, 8]),
@@ -51,7 +51,7 @@ def brute_force(model, records) -> torch.Tensor:
     params = [p for p in model.parameters() if p.requires_grad]
     rows = []
     for record in records:
-        loss = engine.per_sequence_loss(model, engine.collate([record], PAD))[0]
+        loss = batching.per_sequence_loss(model, batching.collate([record], PAD))[0]
         grads = torch.autograd.grad(loss, params, allow_unused=True)
         flat = [(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(grads, params, strict=True)]
         rows.append(torch.cat(flat))
@@ -79,7 +79,7 @@ def fast_logical_step(model, flat, records, groups, physical, c):
         ids = torch.tensor([unit_of[r] for r in chunk])
         nxt = order[start + physical] if start + physical < len(order) else None
         flat.buffer(len(chunk))
-        engine.per_sequence_loss(model, engine.collate([records[r] for r in chunk], PAD)).sum().backward()
+        batching.per_sequence_loss(model, batching.collate([records[r] for r in chunk], PAD)).sum().backward()
         G = flat.gradients()
         rows.append(G.clone())
         acc.add(G, ids, last_unit_continues=nxt is not None and unit_of[nxt] == int(ids[-1]))

@@ -16,10 +16,11 @@ from peft import LoraConfig, get_peft_model
 from test_architectures import RECORDS, brute_force, clipped_unit_sum, fast_logical_step, rel
 from tiny import tiny_causal_lm
 
-from dplora.engine import step as engine
+from dplora.engine import batch as batching
 from dplora.engine.fastclip import FlatLoRAGrads, checkpointing_mode
 from dplora.engine.model import enable_gradient_checkpointing
 from dplora.errors import TrainingFailedError
+from dplora.mechanism import optimizer as dpopt
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning")
 
@@ -133,7 +134,7 @@ def test_checkpointing_equals_no_checkpointing_under_the_same_seed(arch):
         flat = FlatLoRAGrads(model)
         torch.manual_seed(1234)
         G = flat.buffer(len(RECORDS))
-        engine.per_sequence_loss(model, engine.collate(RECORDS, PAD)).sum().backward()
+        batching.per_sequence_loss(model, batching.collate(RECORDS, PAD)).sum().backward()
         assert flat.gradients() is G
         assert all(s.writes == s.forwards == 1 for s in flat._slots)  # written exactly once per backward
         rows[checkpointing] = G.clone()
@@ -151,7 +152,7 @@ def test_reentrant_checkpointing_and_a_second_write_are_refused():
     model = _model(checkpointing=True, dropout=0.0, targets=["q_proj"])
     flat = FlatLoRAGrads(model)
     flat.buffer(2)
-    losses = engine.per_sequence_loss(model, engine.collate(RECORDS[:2], PAD))
+    losses = batching.per_sequence_loss(model, batching.collate(RECORDS[:2], PAD))
     losses.sum().backward(retain_graph=True)
     losses.sum().backward()  # a second backward of the same forward: two writes for one forward
     with pytest.raises(TrainingFailedError, match="2 per-example gradient writes for 1 forwards"):
@@ -165,5 +166,5 @@ def test_opacus_path_refuses_checkpointing():
         "Plan", (), {"noise_multiplier": 1.0, "max_grad_norm": 1.0, "expected_batch_size": 2, "sample_rate": 0.1}
     )
     with pytest.raises(TrainingFailedError, match="re-fires Opacus hooks"):
-        engine.make_private(model, torch.optim.SGD(params, lr=0.1), plan=plan, unit_mean=False, per_sample="opacus")
-    engine.make_private(model, torch.optim.SGD(params, lr=0.1), plan=plan, unit_mean=False, per_sample="fast")
+        dpopt.make_private(model, torch.optim.SGD(params, lr=0.1), plan=plan, unit_mean=False, per_sample="opacus")
+    dpopt.make_private(model, torch.optim.SGD(params, lr=0.1), plan=plan, unit_mean=False, per_sample="fast")

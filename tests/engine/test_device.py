@@ -19,9 +19,11 @@ from tiny import tiny_llama
 
 import dplora
 from dplora.contract.loader import parse_contract
-from dplora.engine import step as engine
+from dplora.engine import batch as batching
+from dplora.engine import gradcheck
 from dplora.engine.model import resolve_precision
 from dplora.errors import TrainingFailedError
+from dplora.mechanism import optimizer as dpopt
 from dplora.recipe.train import run_training
 from dplora.release import envelope as release
 
@@ -101,7 +103,7 @@ def _contract(tmp_path, model_dir, data_csv, **model):
 def test_every_engine_tensor_names_its_device(tmp_path, tiny_model_dir, tickets_csv, signing_key):
     """A full run (probe, unit-level steps split across physical batches, noise, release) under DevicePolice.
 
-    On the code before issue 10 this fails at the probe: ``engine.collate`` built its batch with ``torch.full``
+    On the code before issue 10 this fails at the probe: ``batching.collate`` built its batch with ``torch.full``
     and no device (``no device: engine.py:… full``), which is the index_select mismatch seen on cuda:0.
     """
     contract = _contract(tmp_path, tiny_model_dir, tickets_csv)
@@ -118,7 +120,7 @@ def test_device_police_catches_a_cpu_default():
     """The check itself can fail: a factory call from dplora code without a device is recorded."""
     police = DevicePolice(torch.device("cpu"))
     with police:
-        engine.collate([([1, 2], [1, 2])], pad_id=0, device="cpu")  # names its device: fine
+        batching.collate([([1, 2], [1, 2])], pad_id=0, device="cpu")  # names its device: fine
     assert police.violations == []
     code = compile("torch.zeros(3)", str(Path(PACKAGE) / "fake.py"), "exec")
     with police:
@@ -135,7 +137,7 @@ def test_failure_before_the_loop_is_one_line_and_leaves_failed_json(
     def broken_probe(gsm, named, dp_opt=None):
         raise RuntimeError("Expected all tensors to be on the same device, but found cuda:0 and cpu!\nsecond line")
 
-    monkeypatch.setattr(engine, "probe_per_sample_gradients", broken_probe)
+    monkeypatch.setattr(gradcheck, "probe_per_sample_gradients", broken_probe)
     contract = _contract(tmp_path, tiny_model_dir, tickets_csv)
     with pytest.raises(TrainingFailedError) as info:
         run_training(contract, signing_key=signing_key[0], data_key=None, progress=False, threads=1, log=lambda *_: 0)
@@ -206,13 +208,13 @@ def test_bf16_base_per_example_norms_match_one_at_a_time():
     expected = []
     for example in records:
         reference.zero_grad(set_to_none=True)
-        engine.per_sequence_loss(reference, engine.collate([example], 256)).sum().backward()
+        batching.per_sequence_loss(reference, batching.collate([example], 256)).sum().backward()
         ref_named = [p for n, p in reference.named_parameters() if p.requires_grad]
         expected.append(float(torch.cat([p.grad.reshape(-1) for p in ref_named]).norm()))
     optimizer = torch.optim.SGD([p for _, p in named], lr=0.0)
     plan = type("P", (), {"noise_multiplier": 0.0, "max_grad_norm": 1.0, "expected_batch_size": 4, "sample_rate": 0.5})
-    gsm, _, _ = engine.make_private(model, optimizer, plan=plan, unit_mean=False)
-    engine.per_sequence_loss(gsm, engine.collate(records, 256)).sum().backward()
+    gsm, _, _ = dpopt.make_private(model, optimizer, plan=plan, unit_mean=False)
+    batching.per_sequence_loss(gsm, batching.collate(records, 256)).sum().backward()
     got = torch.cat([p.grad_sample.reshape(len(records), -1) for _, p in named], dim=1).norm(dim=1)
     assert min(expected) > 1e-3
     for g, e in zip(got.tolist(), expected, strict=True):

@@ -1,4 +1,4 @@
-"""Tests of dplora.engine.step: per-sample gradients, per-unit clipping, noise, accounting and failed runs.
+"""Tests of dplora.mechanism.optimizer: per-sample gradients, per-unit clipping, noise, accounting and failed runs.
 
 Every number is checked against an independent reference: a brute-force backward of one example at a time on
 an unwrapped copy of the model, a clipped sum computed by hand, or the moments of the Gaussian. The model is a
@@ -21,9 +21,11 @@ from peft import LoraConfig, get_peft_model
 from tiny import save_tiny_model, tiny_llama
 
 from dplora.contract.loader import parse_contract
-from dplora.engine import step as engine
-from dplora.engine.noise import CsprngGaussian
+from dplora.engine import batch as batching
+from dplora.engine import gradcheck, perexample
 from dplora.errors import TrainingFailedError
+from dplora.mechanism import optimizer as dpopt
+from dplora.mechanism.noise import CsprngGaussian
 from dplora.recipe.train import run_training
 from dplora.release import envelope as release
 
@@ -32,7 +34,7 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 PAD = 256  # tests/tiny.py: <pad> = 256, <eos> = 257
-IGNORE = engine.IGNORE_INDEX
+IGNORE = batching.IGNORE_INDEX
 
 # (input_ids, labels) records of different lengths; record 0 masks a two-token prompt.
 RECORDS = [
@@ -79,7 +81,7 @@ def _plan(*, sigma=0.0, clip=1.0, batch=4, q=0.5):
 def _private(model, *, lr=0.0, unit_mean=False, per_sample="opacus", **plan):
     named = _trainable(model)
     optimizer = torch.optim.SGD([p for _, p in named], lr=lr)
-    gsm, dp_opt, accountant = engine.make_private(
+    gsm, dp_opt, accountant = dpopt.make_private(
         model, optimizer, plan=_plan(**plan), unit_mean=unit_mean, per_sample=per_sample
     )
     return gsm, dp_opt, accountant, named
@@ -91,7 +93,7 @@ def _brute_force(model, examples) -> list[dict[str, torch.Tensor]]:
     out = []
     for example in examples:
         reference.zero_grad(set_to_none=True)
-        engine.per_sequence_loss(reference, engine.collate([example], PAD)).sum().backward()
+        batching.per_sequence_loss(reference, batching.collate([example], PAD)).sum().backward()
         out.append(
             {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p)) for n, p in _trainable(reference)}
         )
@@ -120,12 +122,12 @@ def _logical_step(gsm, dp_opt, records, units, physical, *, apply=False) -> dict
     """
     dp_opt.begin_logical_step(max(units) + 1 if units else 0)
     for start in range(0, len(records), physical):
-        batch = engine.collate(records[start : start + physical], PAD)
+        batch = batching.collate(records[start : start + physical], PAD)
         dp_opt.prepare_batch(batch["input_ids"].shape[0])
-        engine.per_sequence_loss(gsm, batch).sum().backward()
+        batching.per_sequence_loss(gsm, batch).sum().backward()
         _accumulate(dp_opt, units, start, min(start + physical, len(units)))
     dp_opt.step() if apply else dp_opt.pre_step()
-    names = [n for n, _ in _trainable(engine.unwrap(gsm))]
+    names = [n for n, _ in _trainable(perexample.unwrap(gsm))]
     out = {n: p.grad.detach().clone() * dp_opt.expected_batch_size for n, p in zip(names, dp_opt.params, strict=True)}
     dp_opt.zero_grad(set_to_none=True)
     return out
@@ -178,7 +180,7 @@ def test_per_sample_grads_match_brute_force(pristine):
     examples = RECORDS[:4]
     expected = _brute_force(model, examples)
     gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum")
-    losses = engine.per_sequence_loss(gsm, engine.collate(examples, PAD))
+    losses = batching.per_sequence_loss(gsm, batching.collate(examples, PAD))
     losses.sum().backward()
     named = _trainable(model)
     assert len(named) == 8 and all("lora_" in n for n, _ in named)
@@ -211,9 +213,9 @@ def test_padding_width_changes_nothing_and_all_prompt_is_zero(pristine):
     named = _trainable(model)
     results = {}
     for width in (8, 16):
-        batch = _pad_to(engine.collate(examples, PAD), width)
+        batch = _pad_to(batching.collate(examples, PAD), width)
         assert batch["input_ids"].shape == (5, width)
-        losses = engine.per_sequence_loss(gsm, batch)
+        losses = batching.per_sequence_loss(gsm, batch)
         losses.sum().backward()
         results[width] = (losses.detach(), {n: p.grad_sample.clone() for n, p in named})
         for _, p in named:
@@ -330,7 +332,7 @@ def _scalar_step(dp_opt, num_units, physical_batches) -> float:
 def test_alice_and_bao_example(unit_mean):
     """Seeds' example: Alice [0.5, 5.0], Bao [0.25], C=1, normalizer 2 → 0.625; removing Alice: −0.500."""
     lin = torch.nn.Linear(1, 1, bias=False)
-    _, dp_opt, _ = engine.make_private(
+    _, dp_opt, _ = dpopt.make_private(
         lin, torch.optim.SGD(lin.parameters(), lr=0.0), plan=_plan(clip=1.0, batch=2), unit_mean=unit_mean
     )
     # Alice's records land in two physical batches.
@@ -369,7 +371,7 @@ def test_noise_std_is_sigma_c_on_empty_batch():
     """Empty step: p.grad·B is N(0, (σC)²); sample mean and std of 10⁴ draws within 5 standard errors."""
     sigma, clip, batch = 1.5, 0.4, 8
     lin = torch.nn.Linear(100, 100, bias=False)
-    _, dp_opt, accountant = engine.make_private(
+    _, dp_opt, accountant = dpopt.make_private(
         lin,
         torch.optim.SGD(lin.parameters(), lr=0.0),
         plan=_plan(sigma=sigma, clip=clip, batch=batch),
@@ -400,7 +402,7 @@ def test_noise_drawn_once_per_logical_step(pristine, monkeypatch):
     records, units = _flatten_units(UNITS)
     dp_opt.begin_logical_step(3)
     for start in range(0, len(records), 3):  # 7 records: three physical batches
-        engine.per_sequence_loss(gsm, engine.collate(records[start : start + 3], PAD)).sum().backward()
+        batching.per_sequence_loss(gsm, batching.collate(records[start : start + 3], PAD)).sum().backward()
         _accumulate(dp_opt, units, start, min(start + 3, len(units)))
     assert calls == []  # nothing drawn per physical batch
     dp_opt.step()
@@ -416,7 +418,7 @@ def test_noise_does_not_follow_the_global_seed():
     for _ in range(2):
         torch.manual_seed(0)
         lin = torch.nn.Linear(20, 20, bias=False)
-        _, dp_opt, _ = engine.make_private(
+        _, dp_opt, _ = dpopt.make_private(
             lin,
             torch.optim.SGD(lin.parameters(), lr=0.0),
             plan=_plan(sigma=1.0, clip=1.0, batch=1),
@@ -431,7 +433,7 @@ def test_noise_does_not_follow_the_global_seed():
     draws = []
     for _ in range(2):
         torch.manual_seed(0)
-        draws.append(engine.os_entropy_generator().normal(8, 1.0))
+        draws.append(dpopt.os_entropy_generator().normal(8, 1.0))
     torch.manual_seed(0)
     seeded = torch.randn(8)
     assert not torch.equal(draws[0], draws[1])
@@ -467,13 +469,13 @@ def test_first_step_moves_every_lora_tensor_and_check_names_stuck_one():
     before = {n: p.detach().clone() for n, p in named}
     _logical_step(gsm, dp_opt, RECORDS[:2], [0, 1], 4, apply=True)
     assert all(float((p.detach() - before[n]).abs().max()) > 0 for n, p in named)
-    engine.check_all_moved(before, named)  # passes
+    gradcheck.check_all_moved(before, named)  # passes
     stuck = named[3][0]
     partial = {n: p.detach().clone() if n == stuck else p.detach() + 1.0 for n, p in named}
     with pytest.raises(TrainingFailedError, match=re.escape(stuck)):
-        engine.check_all_moved(partial, named)
+        gradcheck.check_all_moved(partial, named)
     with pytest.raises(TrainingFailedError, match=re.escape(named[0][0])):
-        engine.check_all_moved({n: p.detach().clone() for n, p in named}, named)
+        gradcheck.check_all_moved({n: p.detach().clone() for n, p in named}, named)
 
 
 def test_without_noise_lora_a_is_stuck_at_step_one():
@@ -484,7 +486,7 @@ def test_without_noise_lora_a_is_stuck_at_step_one():
     _logical_step(gsm, dp_opt, RECORDS[:2], [0, 1], 4, apply=True)
     assert all(float((p.detach() - before[n]).abs().max()) > 0 for n, p in named if "lora_B" in n)
     with pytest.raises(TrainingFailedError, match=r"lora_A"):
-        engine.check_all_moved(before, named)
+        gradcheck.check_all_moved(before, named)
 
 
 def test_probe_names_unused_trainable_parameter():
@@ -493,7 +495,7 @@ def test_probe_names_unused_trainable_parameter():
     model.base_model.model.unused_head = torch.nn.Linear(2, 2)
     gsm, _, _, named = _private(model)
     with pytest.raises(TrainingFailedError, match=re.escape("base_model.model.unused_head.weight")):
-        engine.probe_per_sample_gradients(gsm, named)
+        gradcheck.probe_per_sample_gradients(gsm, named)
 
 
 def test_trainable_parameter_on_module_with_buffers_fails_before_training():
@@ -514,8 +516,8 @@ def test_trainable_rmsnorm_matches_brute_force():
     examples = RECORDS[:4]
     expected = _brute_force(model, examples)
     gsm, _, _, named = _private(model)
-    engine.probe_per_sample_gradients(gsm, named)  # does not raise
-    engine.per_sequence_loss(gsm, engine.collate(examples, PAD)).sum().backward()
+    gradcheck.probe_per_sample_gradients(gsm, named)  # does not raise
+    batching.per_sequence_loss(gsm, batching.collate(examples, PAD)).sum().backward()
     assert "base_model.model.model.norm.weight" in dict(named)
     for name, p in named:
         for i in range(len(examples)):
@@ -585,7 +587,7 @@ def test_run_training_steps_accountant_on_empty_batches(tmp_path, tiny_model_dir
         training={"expected_batch_size": 1, "steps": 8},
     )
     spy = {"units": [], "moved": [], "batch_sizes": []}
-    real_make_private, real_loss = engine.make_private, engine.per_sequence_loss
+    real_make_private, real_loss = dpopt.make_private, batching.per_sequence_loss
 
     def make_private_spy(model, optimizer, **kw):
         gsm, dp_opt, accountant = real_make_private(model, optimizer, **kw)
@@ -621,8 +623,8 @@ def test_run_training_steps_accountant_on_empty_batches(tmp_path, tiny_model_dir
         return real_run_steps(*args, **kwargs)
 
     spy["setup_sizes"] = []
-    monkeypatch.setattr(engine, "make_private", make_private_spy)
-    monkeypatch.setattr(engine, "per_sequence_loss", loss_spy)
+    monkeypatch.setattr(dpopt, "make_private", make_private_spy)
+    monkeypatch.setattr(batching, "per_sequence_loss", loss_spy)
     monkeypatch.setattr(loop, "run_steps", run_steps_spy)
     result = run_training(
         contract, signing_key=signing_key, data_key=None, progress=False, threads=1, log=lambda *_: None
@@ -654,7 +656,7 @@ def test_non_finite_losses_are_zero_contributions_not_a_failure(tmp_path, tiny_m
     contract = _contract(tmp_path, tiny_model_dir, rows=4, privacy={}, training={"expected_batch_size": 4, "steps": 2})
     from dplora.run import loop
 
-    real_loss, real_run_steps, calls, training = engine.per_sequence_loss, loop.run_steps, [], []
+    real_loss, real_run_steps, calls, training = batching.per_sequence_loss, loop.run_steps, [], []
 
     def nan_in_training(model, batch):  # the setup probes and the per-example check see finite losses
         if not training:
@@ -666,7 +668,7 @@ def test_non_finite_losses_are_zero_contributions_not_a_failure(tmp_path, tiny_m
         training.append(True)
         return real_run_steps(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "per_sequence_loss", nan_in_training)
+    monkeypatch.setattr(batching, "per_sequence_loss", nan_in_training)
     monkeypatch.setattr(loop, "run_steps", run_steps)
     result = run_training(contract, signing_key=signing_key, data_key=None, progress=False, threads=1, log=print)
     assert result.release_path.is_file() and result.steps_done == 2

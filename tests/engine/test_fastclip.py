@@ -1,7 +1,7 @@
-"""Tests of dplora.engine.fastclip and dplora.engine.clipping against one-example-at-a-time brute force.
+"""Tests of dplora.engine.fastclip and dplora.mechanism.clipping against one-example-at-a-time brute force.
 
 The reference: each record alone, trimmed to its real length, its own autograd gradient of
-``engine.per_sequence_loss`` on an unmodified copy of the peft model (stock peft forward), flattened over all LoRA
+``batching.per_sequence_loss`` on an unmodified copy of the peft model (stock peft forward), flattened over all LoRA
 tensors in ``named_parameters`` order; units are summed (or averaged), clipped to C in flat L2 and summed by hand.
 Noise is off, fp32 on CPU. The model is a tiny random Llama (hidden 16, 2 layers) with peft LoRA.
 """
@@ -17,16 +17,19 @@ from peft import LoraConfig, get_peft_model
 from tiny import tiny_llama
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from dplora.engine import step as engine
-from dplora.engine.clipping import UnitClipAccumulator, assign_flat_grads, opacus_flat, privatize
+from dplora.engine import batch as batching
 from dplora.engine.fastclip import FlatLoRAGrads
+from dplora.engine.perexample import assign_flat_grads, opacus_flat
 from dplora.errors import TrainingFailedError, UncoveredParameterError
+from dplora.mechanism import optimizer as dpopt
+from dplora.mechanism.clipping import UnitClipAccumulator
+from dplora.mechanism.noise import privatize
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning"
 )
 
-PAD, IGNORE = 256, engine.IGNORE_INDEX
+PAD, IGNORE = 256, batching.IGNORE_INDEX
 ALL_7 = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 # (input_ids, labels): different lengths (right padding), masked prompts, one record with no target token.
@@ -70,7 +73,7 @@ def _brute_force(model, records) -> torch.Tensor:
         for m in model.modules():
             if isinstance(m, _ReplayDropout):
                 m.example = i
-        loss = engine.per_sequence_loss(model, engine.collate([record], PAD))[0]
+        loss = batching.per_sequence_loss(model, batching.collate([record], PAD))[0]
         grads = torch.autograd.grad(loss, _trainable(model), allow_unused=True)
         rows.append(
             torch.cat(
@@ -85,7 +88,7 @@ def _brute_force(model, records) -> torch.Tensor:
 
 def _fast_grads(model, flat, records) -> torch.Tensor:
     G = flat.buffer(len(records))
-    engine.per_sequence_loss(model, engine.collate(records, PAD)).sum().backward()
+    batching.per_sequence_loss(model, batching.collate(records, PAD)).sum().backward()
     assert flat.gradients() is G
     return G.clone()
 
@@ -113,7 +116,7 @@ def _logical_step(model, flat, records, groups, physical, c, *, mean=False):
         ids = torch.tensor([unit_of[r] for r in chunk])
         nxt = order[start + physical] if start + physical < len(order) else None
         flat.buffer(len(chunk))
-        engine.per_sequence_loss(model, engine.collate([records[r] for r in chunk], PAD)).sum().backward()
+        batching.per_sequence_loss(model, batching.collate([records[r] for r in chunk], PAD)).sum().backward()
         weight = torch.tensor([1.0 / len(groups[unit_of[r]]) for r in chunk]) if mean else None
         acc.add(
             flat.gradients(), ids, last_unit_continues=nxt is not None and unit_of[nxt] == ids[-1], row_weight=weight
@@ -157,7 +160,7 @@ def test_row_level_matches_brute_force_with_padding_prompts_and_clipping(pristin
 def test_padding_width_changes_nothing(pristine, reference):
     model = copy.deepcopy(pristine)
     flat = FlatLoRAGrads(model)
-    batch = engine.collate(RECORDS, PAD)
+    batch = batching.collate(RECORDS, PAD)
     extra = 6
     batch = {
         "input_ids": torch.nn.functional.pad(batch["input_ids"], (0, extra), value=PAD),
@@ -165,7 +168,7 @@ def test_padding_width_changes_nothing(pristine, reference):
         "labels": torch.nn.functional.pad(batch["labels"], (0, extra), value=IGNORE),
     }
     flat.buffer(len(RECORDS))
-    engine.per_sequence_loss(model, batch).sum().backward()
+    batching.per_sequence_loss(model, batch).sum().backward()
     assert (flat.gradients() - reference).abs().max() < 1e-5
 
 
@@ -255,7 +258,7 @@ def test_matches_opacus_grad_sample_in_the_same_layout(pristine):
     flat = FlatLoRAGrads(fast_model)
     G = _fast_grads(fast_model, flat, RECORDS)
     gsm = GradSampleModule(opacus_model, batch_first=True, loss_reduction="sum")
-    engine.per_sequence_loss(gsm, engine.collate(RECORDS, PAD)).sum().backward()
+    batching.per_sequence_loss(gsm, batching.collate(RECORDS, PAD)).sum().backward()
     params = [p for n, p in opacus_model.named_parameters() if p.requires_grad]
     assert [n for n, _ in flat.named_params] == [n for n, p in opacus_model.named_parameters() if p.requires_grad]
     assert (opacus_flat(params) - G).abs().max() < 1e-5
@@ -302,7 +305,7 @@ def test_ffa_lora_opacus_reference_path_agrees(pristine):
     flat = FlatLoRAGrads(fast_model)
     G = _fast_grads(fast_model, flat, RECORDS)
     gsm = GradSampleModule(opacus_model, batch_first=True, loss_reduction="sum")
-    engine.per_sequence_loss(gsm, engine.collate(RECORDS, PAD)).sum().backward()
+    batching.per_sequence_loss(gsm, batching.collate(RECORDS, PAD)).sum().backward()
     params = [p for n, p in opacus_model.named_parameters() if p.requires_grad]
     assert len(params) == 2 * 7 and flat.P == sum(p.numel() for p in params)
     assert all(getattr(p, "grad_sample", None) is None for n, p in opacus_model.named_parameters() if "lora_A" in n)
@@ -338,12 +341,12 @@ def test_refuses_dora():
 def test_backward_without_armed_buffer_and_missing_slices_are_errors(pristine):
     model = copy.deepcopy(pristine)
     flat = FlatLoRAGrads(model)
-    batch = engine.collate(RECORDS[:3], PAD)
+    batch = batching.collate(RECORDS[:3], PAD)
     with pytest.raises(TrainingFailedError, match="no armed buffer"):
-        engine.per_sequence_loss(model, batch).sum().backward()
+        batching.per_sequence_loss(model, batch).sum().backward()
     flat.buffer(2)
     with pytest.raises(TrainingFailedError, match="batch 3, buffer 2"):
-        engine.per_sequence_loss(model, batch).sum().backward()
+        batching.per_sequence_loss(model, batch).sum().backward()
     flat.buffer(3)
     with pytest.raises(TrainingFailedError, match="got no per-example gradient"):
         flat.gradients()  # no backward ran: every slice is stale
@@ -351,14 +354,14 @@ def test_backward_without_armed_buffer_and_missing_slices_are_errors(pristine):
 
 def test_remove_restores_peft(pristine):
     model = copy.deepcopy(pristine)
-    batch = engine.collate(RECORDS, PAD)
+    batch = batching.collate(RECORDS, PAD)
     with torch.no_grad():
-        before = engine.per_sequence_loss(model, batch)
+        before = batching.per_sequence_loss(model, batch)
     flat = FlatLoRAGrads(model)
     with torch.no_grad():
-        assert (engine.per_sequence_loss(model, batch) - before).abs().max() < 1e-6
+        assert (batching.per_sequence_loss(model, batch) - before).abs().max() < 1e-6
     flat.remove()
-    engine.per_sequence_loss(model, batch).sum().backward()
+    batching.per_sequence_loss(model, batch).sum().backward()
     assert all(p.grad is not None for p in _trainable(model))
 
 
@@ -369,7 +372,7 @@ def test_assign_flat_grads_are_views_and_privatize_noise_is_sigma_c_over_e():
     assert params[1].grad[0] == 12 and params[0].grad.data_ptr() == flat.data_ptr()
     with pytest.raises(ValueError):
         assign_flat_grads(params, torch.zeros(18))
-    gen = engine.os_entropy_generator()
+    gen = dpopt.os_entropy_generator()
     noisy = privatize(
         torch.full((200_000,), 4.0), noise_multiplier=1.5, max_grad_norm=2.0, expected_batch_size=4.0, generator=gen
     )

@@ -16,7 +16,7 @@ import torch
 from conftest import release_statement, train_tiny
 from safetensors.torch import load_file
 
-from dplora.engine import noise as noise_mod
+from dplora.mechanism import noise as noise_mod
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning"

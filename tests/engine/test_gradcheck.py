@@ -18,9 +18,11 @@ from conftest import release_statement, train_tiny
 from peft import LoraConfig, get_peft_model
 from tiny import tiny_causal_lm, tiny_llama
 
-from dplora.engine import clipping, gradcheck
-from dplora.engine import step as engine
+from dplora.engine import batch as batching
+from dplora.engine import gradcheck
 from dplora.errors import TrainingFailedError
+from dplora.mechanism import clipping
+from dplora.mechanism import optimizer as dpopt
 
 TARGETS = ["q_proj", "v_proj", "down_proj"]
 DOWN_PROJ = "base_model.model.model.layers.0.mlp.down_proj"
@@ -47,7 +49,7 @@ def _private(per_sample: str, *, dropout: float = 0.1, dtype=torch.float32):
     named = [(n, p) for n, p in peft_model.named_parameters() if p.requires_grad]
     optimizer = torch.optim.SGD([p for _, p in named], lr=0.1)
     plan = SimpleNamespace(noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=4, sample_rate=0.1)
-    wrapped, dp_opt, accountant = engine.make_private(
+    wrapped, dp_opt, accountant = dpopt.make_private(
         peft_model, optimizer, plan=plan, unit_mean=False, per_sample=per_sample
     )
     return wrapped, dp_opt, accountant, named
@@ -87,7 +89,7 @@ def test_check_passes_on_a_correct_path_and_restores_everything(per_sample, dtyp
     assert before["noise"] == after["noise"] and torch.equal(before["global_rng"], after["global_rng"])
     assert accountant.steps == 0 and dp_opt.accumulator.units == 0
     assert all(p.grad is None and getattr(p, "grad_sample", None) is None for _, p in named)
-    assert engine.probe_per_sample_gradients(wrapped, named, dp_opt) == report  # the run's call site
+    assert gradcheck.probe_per_sample_gradients(wrapped, named, dp_opt) == report  # the run's call site
 
 
 @pytest.mark.parametrize("per_sample", ["fast", "opacus"])
@@ -96,7 +98,7 @@ def test_transposed_layer_is_refused_when_padded_length_equals_batch(per_sample,
     _transposed_mlp(monkeypatch)
     wrapped, dp_opt, _, named = _private(per_sample)
     equal = [gradcheck.synthetic_batches(258)[1]]
-    assert engine.collate(equal[0], 0)["input_ids"].shape == (3, 3)
+    assert batching.collate(equal[0], 0)["input_ids"].shape == (3, 3)
     with pytest.raises(TrainingFailedError, match=re.escape(f"layer {DOWN_PROJ} (tensor {DOWN_PROJ}.lora_A")) as info:
         gradcheck.check_per_example_gradients(wrapped, named, dp_opt, batches=equal)
     message = str(info.value)
@@ -112,7 +114,7 @@ def test_transposed_layer_with_other_padded_length_is_refused_by_row_count(monke
     _transposed_mlp(monkeypatch)
     wrapped, dp_opt, _, named = _private("opacus")
     with pytest.raises(TrainingFailedError, match=re.escape(f"{DOWN_PROJ}.lora_A.default.weight) got 5 per-sample")):
-        engine.probe_per_sample_gradients(wrapped, named, dp_opt)
+        gradcheck.probe_per_sample_gradients(wrapped, named, dp_opt)
 
 
 def test_dropout_must_be_held_fixed_for_the_comparison(monkeypatch):
@@ -204,7 +206,7 @@ def _single_target(arch: str, target: str, per_sample: str = "fast", *, hidden: 
     named = [(n, p) for n, p in peft_model.named_parameters() if p.requires_grad]
     optimizer = torch.optim.SGD([p for _, p in named], lr=0.1)
     plan = SimpleNamespace(noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=4, sample_rate=0.1)
-    wrapped, dp_opt, _ = engine.make_private(peft_model, optimizer, plan=plan, unit_mean=False, per_sample=per_sample)
+    wrapped, dp_opt, _ = dpopt.make_private(peft_model, optimizer, plan=plan, unit_mean=False, per_sample=per_sample)
     return wrapped, dp_opt, named
 
 

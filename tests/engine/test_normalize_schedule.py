@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from dplora.engine.clipping import UnitClipAccumulator
+from dplora.mechanism.clipping import UnitClipAccumulator
 
 C, GAMMA = 1.5, 0.015
 
@@ -64,7 +64,7 @@ def test_normalize_gamma_must_be_positive():
 def test_make_private_reads_the_plans_clipping():
     from types import SimpleNamespace
 
-    from dplora.engine.step import normalize_gamma
+    from dplora.mechanism.optimizer import normalize_gamma
 
     assert normalize_gamma(SimpleNamespace(clipping="normalize", max_grad_norm=2.0)) == pytest.approx(0.02)
     assert normalize_gamma(SimpleNamespace(clipping="clip", max_grad_norm=2.0)) is None

@@ -16,9 +16,9 @@ import torch
 from tiny import byte_tokenizer, save_tiny_model, tiny_llama
 
 from dplora.contract.loader import parse_contract
-from dplora.engine import step as engine
-from dplora.engine.clipping import UnitClipAccumulator
 from dplora.errors import TrainingFailedError
+from dplora.mechanism import optimizer as dpopt
+from dplora.mechanism.clipping import UnitClipAccumulator
 from dplora.recipe.train import run_training
 
 C = 1.0
@@ -153,14 +153,14 @@ def test_only_a_non_finite_noisy_update_stops_the_run_and_k_steps_are_charged(
     """A noisy update that is NaN (a DP output: the only stop rule) stops the run after step 1: exit 4, no release,
     FAILED.json charging exactly the 1 step taken."""
     contract = _contract(tmp_path, save_tiny_model(tmp_path / "clean"))
-    real = engine.privatize
+    real = dpopt.privatize
     calls = []
 
     def nan_update(clipped_sum, **kw):
         calls.append(1)
         return real(clipped_sum, **kw) * float("nan")
 
-    monkeypatch.setattr(engine, "privatize", nan_update)
+    monkeypatch.setattr(dpopt, "privatize", nan_update)
     with pytest.raises(TrainingFailedError, match="non-finite parameter after step 1") as info:
         run_training(contract, signing_key=signing_key[0], data_key=None, progress=False, threads=1, log=print)
     assert info.value.exit_code == 4 and len(calls) == 1

@@ -26,9 +26,9 @@ bnb = pytest.importorskip("bitsandbytes")  # the `quant` extra; CI installs it (
 from peft import LoraConfig, get_peft_model  # noqa: E402
 from tiny import byte_tokenizer, tiny_llama  # noqa: E402
 
-from dplora.engine import step as engine  # noqa: E402
-from dplora.engine.clipping import UnitClipAccumulator  # noqa: E402
+from dplora.engine import batch as batching  # noqa: E402
 from dplora.engine.fastclip import FlatLoRAGrads  # noqa: E402
+from dplora.mechanism.clipping import UnitClipAccumulator  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Full backward hook is firing:UserWarning",
@@ -37,7 +37,7 @@ pytestmark = pytest.mark.filterwarnings(
     "ignore::UserWarning",
 )
 
-PAD, IGNORE = 256, engine.IGNORE_INDEX
+PAD, IGNORE = 256, batching.IGNORE_INDEX
 OUTLIER, HOT = 99, 3
 ALL_7 = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 RECORDS = [
@@ -108,7 +108,7 @@ def _brute_force(model, records) -> torch.Tensor:
     """(N, P): each record alone (trimmed), stock peft forward, its own autograd gradient, flat."""
     rows = []
     for record in records:
-        loss = engine.per_sequence_loss(model, engine.collate([record], PAD))[0]
+        loss = batching.per_sequence_loss(model, batching.collate([record], PAD))[0]
         grads = torch.autograd.grad(loss, _trainable(model), allow_unused=True)
         rows.append(
             torch.cat(
@@ -123,7 +123,7 @@ def _brute_force(model, records) -> torch.Tensor:
 
 def _fast(model, flat, records) -> torch.Tensor:
     flat.buffer(len(records))
-    engine.per_sequence_loss(model, engine.collate(records, PAD)).sum().backward()
+    batching.per_sequence_loss(model, batching.collate(records, PAD)).sum().backward()
     return flat.gradients().clone()
 
 
@@ -211,7 +211,7 @@ def test_opacus_per_sample_gradients_on_a_4bit_base_match_the_reference(pristine
     records = [RECORDS[0], OUTLIER_RECORD, RECORDS[2]]
     reference = _brute_force(copy.deepcopy(pristine), records)
     gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum")
-    engine.per_sequence_loss(gsm, engine.collate(records, PAD)).sum().backward()
+    batching.per_sequence_loss(gsm, batching.collate(records, PAD)).sum().backward()
     G = torch.cat([p.grad_sample.reshape(len(records), -1) for p in _trainable(model)], dim=1)
     for i in range(len(records)):
         assert _rel(G[i], reference[i]) < 1e-5, i

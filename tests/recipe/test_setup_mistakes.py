@@ -13,6 +13,7 @@ import pytest
 from conftest import release_statement, train_tiny
 from tiny import save_tiny_model
 
+from dplora.engine import gradcheck
 from dplora.ledger.store import Ledger
 
 LLAMA_LINEAR = ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
@@ -141,7 +142,6 @@ def test_a_fault_during_setup_leaves_a_partial_the_next_run_replaces_and_no_open
 ):
     """A training fault before step 0 work (exit 4) is recorded as a setup failure: no ledger charge was reserved,
     and the next run replaces the .partial without --overwrite. A failure after step 0 work began still blocks."""
-    from dplora.engine import step as engine
 
     def broken(*_a, **_k):
         raise RuntimeError("injected: per-sample gradients probe")
@@ -149,7 +149,7 @@ def test_a_fault_during_setup_leaves_a_partial_the_next_run_replaces_and_no_open
     db = tmp_path / "ledger.sqlite3"
     Ledger(db).set_cap("tickets", epsilon_max="100", delta_max="1e-3", protected_unit="row", adjacency="add_remove")
     with monkeypatch.context() as m:
-        m.setattr(engine, "probe_per_sample_gradients", broken)
+        m.setattr(gradcheck, "probe_per_sample_gradients", broken)
         result, out = train_tiny(
             tmp_path, tiny_model_dir, tickets_csv, signing_key, "--ledger", str(db), privacy={"population": "tickets"}
         )

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from dplora.data.twcs import load_twcs_conversations, load_twcs_pairs
-from dplora.engine.clipping import UnitClipAccumulator
 from dplora.errors import BadInputError
+from dplora.mechanism.clipping import UnitClipAccumulator
 
 C = 1.0
 HEADER = ["tweet_id", "author_id", "inbound", "created_at", "text", "response_tweet_id", "in_response_to_tweet_id"]
@@ -149,9 +149,9 @@ def test_a_run_stopped_at_step_k_stays_charged_k_steps(tmp_path, tiny_model_dir,
     import yaml
 
     from dplora.contract.loader import parse_contract
-    from dplora.engine import step as engine
     from dplora.errors import TrainingFailedError
     from dplora.ledger.store import Ledger, default_ledger_path
+    from dplora.mechanism import optimizer as dpopt
     from dplora.recipe.train import run_training
 
     monkeypatch.setenv("DPLORA_LEDGER", str(tmp_path / "ledger.sqlite3"))  # this test's own ledger
@@ -182,20 +182,20 @@ def test_a_run_stopped_at_step_k_stays_charged_k_steps(tmp_path, tiny_model_dir,
         },
     }
     contract = parse_contract(yaml.safe_load(yaml.safe_dump(raw)))
-    real, calls = engine.privatize, []
+    real, calls = dpopt.privatize, []
 
     def nan_at_step_3(clipped_sum, **kw):
         calls.append(1)
         out = real(clipped_sum, **kw)
         return out * float("nan") if len(calls) == 3 else out
 
-    monkeypatch.setattr(engine, "privatize", nan_at_step_3)
+    monkeypatch.setattr(dpopt, "privatize", nan_at_step_3)
     kw = {"signing_key": signing_key[0], "data_key": None, "progress": False, "threads": 1, "log": print}
     with pytest.raises(TrainingFailedError, match="after step 3"):
         run_training(contract, **kw)
     with Ledger(default_ledger_path(), create=False) as ledger:
         (failed,) = [c for c in ledger.unassigned() if c.status == "pending"]  # this test's run (a shared ledger)
-    monkeypatch.setattr(engine, "privatize", real)
+    monkeypatch.setattr(dpopt, "privatize", real)
     if then == "resume":  # fixed: refused (redoing steps 1..3 would spend more than the charge of T steps)
         from dplora.errors import BadInputError
 

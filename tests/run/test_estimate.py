@@ -83,18 +83,19 @@ def test_the_probe_is_synthetic_and_leaves_no_gradient(monkeypatch):
     from peft import LoraConfig, get_peft_model
     from tiny import tiny_llama
 
-    from dplora.engine import step as engine
+    from dplora.engine import batch as batching
+    from dplora.mechanism import optimizer as dpopt
 
     model = get_peft_model(tiny_llama(seed=0), LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]))
     model.train()
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     plan = types.SimpleNamespace(noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=2.0, sample_rate=0.5,
                                  steps=3, target_epsilon=10.0)  # fmt: skip
-    gsm, dp_opt, _ = engine.make_private(model, torch.optim.SGD([p for _, p in named], lr=0.1), plan=plan,
+    gsm, dp_opt, _ = dpopt.make_private(model, torch.optim.SGD([p for _, p in named], lr=0.1), plan=plan,
                                          unit_mean=False, per_sample="fast")  # fmt: skip
     seen = []
     monkeypatch.setattr(membatch, "collate", lambda records, pad, device: seen.append(records) or
-                        engine.collate(records, pad, device=device))  # fmt: skip
+                        batching.collate(records, pad, device=device))  # fmt: skip
     seconds = membatch.time_synthetic_step(gsm, dp_opt, named, batch_size=3, max_seq_len=16, pad_id=256,
                                            device=torch.device("cpu"))  # fmt: skip
     assert seconds is not None and seconds > 0

@@ -20,14 +20,15 @@ from peft import LoraConfig, get_peft_model
 from tiny import tiny_llama
 
 from dplora.contract.loader import parse_contract
+from dplora.engine import batch as batching
 from dplora.engine import distributed, membatch
-from dplora.engine import step as engine
+from dplora.mechanism import optimizer as dpopt
 from dplora.run import loop
 from dplora.run.execution import memory_entry
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning")
 
-PAD, IGNORE = 256, engine.IGNORE_INDEX
+PAD, IGNORE = 256, batching.IGNORE_INDEX
 RECORDS = [
     ([1, 2, 3, 4, 5], [IGNORE, IGNORE, 3, 4, 5]),
     ([6, 7, 8], [6, 7, 8]),
@@ -76,14 +77,14 @@ class OOMAbove:
 def _engine(model, monkeypatch, noise, per_sample="fast"):
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     opt = torch.optim.SGD([p for _, p in named], lr=0.5)
-    wrapped, dp_opt, accountant = engine.make_private(model, opt, plan=PLAN, unit_mean=False, per_sample=per_sample)
+    wrapped, dp_opt, accountant = dpopt.make_private(model, opt, plan=PLAN, unit_mean=False, per_sample=per_sample)
     sums = []
 
     def fixed_noise(clipped_sum, *, noise_multiplier, max_grad_norm, expected_batch_size, generator):
         sums.append(clipped_sum.clone())
         return (clipped_sum + noise).div_(expected_batch_size)
 
-    monkeypatch.setattr(engine, "privatize", fixed_noise)
+    monkeypatch.setattr(dpopt, "privatize", fixed_noise)
     return wrapped, dp_opt, accountant, named, sums
 
 

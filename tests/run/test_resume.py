@@ -198,7 +198,7 @@ def test_checkpoint_holds_no_generator_or_sampler_state(tmp_path, monkeypatch, t
 
     def spy_write(spec, state, **kw):
         info = real_write(spec, state, **kw)
-        gen_state = state.optimizer.generator._key  # the 256-bit ChaCha20 key (dplora.engine.noise.CsprngGaussian)
+        gen_state = state.optimizer.generator._key  # the 256-bit ChaCha20 key (dplora.mechanism.noise.CsprngGaussian)
         pcg = samplers[-1]._rng.bit_generator.state["state"] if samplers else None
         seen.append((info.path.read_bytes(), gen_state, pcg, info))
         return info

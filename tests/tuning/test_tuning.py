@@ -21,8 +21,8 @@ def _brute_force_unit_norms(contract, table) -> np.ndarray:
     import torch
 
     from dplora.data import units as data_mod
+    from dplora.engine.batch import collate, per_sequence_loss
     from dplora.engine.model import select_device
-    from dplora.engine.step import collate, per_sequence_loss
     from dplora.recipe.setup import _setup_model
 
     model, tokenizer = _setup_model(contract, select_device(), "fp32", False, lambda *_: None)  # the same LoRA init

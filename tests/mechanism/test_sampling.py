@@ -16,8 +16,9 @@ from tiny import byte_tokenizer
 
 from dplora.contract.loader import parse_contract
 from dplora.contract.spec import PrivacySection
-from dplora.data.units import PoissonUnitSampler, build_unit_index, tokenize_records
+from dplora.data.units import build_unit_index, tokenize_records
 from dplora.errors import BadInputError
+from dplora.mechanism.sampling import PoissonUnitSampler
 
 EOS = 257
 

@@ -2,25 +2,21 @@
 
 One logical step (Abadi et al. 2016, Alg. 1; units as in Charles et al. 2024, arXiv 2407.07737) sees the records of
 its sampled units in physical batches; each batch arrives as G (B, P): row i is record i's gradient over all P
-trainable LoRA parameters, flat (from :class:`dplora.engine.fastclip.FlatLoRAGrads` or :func:`opacus_flat`). The records
+trainable LoRA parameters, flat (from :class:`dplora.engine.fastclip.FlatLoRAGrads` or
+:func:`dplora.engine.perexample.opacus_flat`). The records
 of a unit are contiguous, in non-decreasing unit id. :class:`UnitClipAccumulator` sums each unit's rows (optionally
 weighted, e.g. 1/records for a per-unit mean), clips the unit's vector to C in flat L2 and adds it to one running
 clipped sum (P,). A unit that continues into the next physical batch keeps ONE open running row (P,) until its
-last record; nothing of size (units, P) exists. :func:`privatize` then adds N(0, σ²C²) once and divides by the
-public normalizer; :func:`assign_flat_grads` makes each parameter's ``.grad`` a view of the result.
+last record; nothing of size (units, P) exists. :func:`dplora.mechanism.noise.privatize` then adds N(0, σ²C²)
+once and divides by the public normalizer; :func:`dplora.engine.perexample.assign_flat_grads` makes each
+parameter's ``.grad`` a view of the result.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
 import torch
 
 from dplora.errors import TrainingFailedError
-
-if TYPE_CHECKING:
-    from dplora.engine.noise import CsprngGaussian
 
 EPS = 1e-6  # clip factor min(1, C / (norm + EPS)), as Opacus
 
@@ -212,79 +208,3 @@ class UnitClipAccumulator:
             raise TrainingFailedError(f"unit {self._open_id} was still open at the end of the logical step")
         norms = torch.cat(self._norms) if self._norms else torch.zeros(0, device=self.device)
         return self._sum, norms
-
-
-def privatize(
-    clipped_sum: torch.Tensor,
-    *,
-    noise_multiplier: float,
-    max_grad_norm: float,
-    expected_batch_size: float,
-    generator: CsprngGaussian,
-) -> torch.Tensor:
-    """(clipped_sum + N(0, (σC)² I)) / E, one noise draw of P values: the noisy mean gradient (P,) fp32.
-
-    ``generator`` is this process's :class:`dplora.engine.noise.CsprngGaussian` (ChaCha20 keyed from ``os.urandom``;
-    :func:`dplora.engine.step.os_entropy_generator`), never a recorded seed; the noise is made on ``clipped_sum``'s
-    device. E is the public expected number of units per step, never the realised count (Abadi et al. 2016, Alg. 1).
-    """
-    std = noise_multiplier * max_grad_norm
-    noise = generator.normal(clipped_sum.numel(), std, device=clipped_sum.device).view(clipped_sum.shape)
-    return (clipped_sum + noise).div_(expected_batch_size)
-
-
-def assign_flat_grads(params: Sequence[torch.nn.Parameter], flat: torch.Tensor) -> None:
-    """Set each parameter's ``.grad`` to its view of ``flat`` (P,), in the column order of G (no copy)."""
-    offset = 0
-    for p in params:
-        n = p.numel()
-        p.grad = flat[offset : offset + n].view_as(p).to(p.dtype)
-        offset += n
-    if offset != flat.numel():
-        raise ValueError(f"flat gradient has {flat.numel()} values, the parameters {offset}")
-
-
-def opacus_flat(
-    params: Sequence[torch.nn.Parameter], out: torch.Tensor | None = None, *, expected_rows: int | None = None
-) -> torch.Tensor:
-    """Copy Opacus ``p.grad_sample`` (B, *p.shape) of each parameter into one (B, P) fp32 buffer; clears them.
-
-    Columns follow ``params`` order (use :attr:`FlatLoRAGrads.named_params` order for the same layout).
-
-    Args:
-        params: the trainable tensors, in column order.
-        out: a (B, P) fp32 buffer to fill, or None (allocated).
-        expected_rows: B, the physical batch's records (the engine passes it): every ``grad_sample`` must have
-            exactly B rows. Opacus takes its rows from dimension 0 of each layer's input, so a layer that sees
-            (tokens, batch, features) gives one row per position (issue 22); None: rows from the first tensor.
-
-    Raises:
-        TrainingFailedError: a parameter has no per-sample gradient (names its shape), or a parameter's rows are
-            not ``expected_rows`` (nor those of ``out``).
-    """
-    samples = []
-    for p in params:
-        gs = getattr(p, "grad_sample", None)
-        if gs is None:
-            raise TrainingFailedError(f"a trainable tensor of shape {tuple(p.shape)} got no per-sample gradient")
-        samples.append(torch.cat(gs, dim=0) if isinstance(gs, list) else gs)
-        p.grad_sample = None
-    rows = samples[0].shape[0] if samples else 0
-    if expected_rows is None and out is not None:
-        expected_rows = out.shape[0]
-    if expected_rows is not None:
-        for p, gs in zip(params, samples, strict=True):
-            if gs.shape[0] != expected_rows:
-                raise TrainingFailedError(
-                    f"a trainable tensor of shape {tuple(p.shape)} got {gs.shape[0]} per-sample gradient rows for a "
-                    f"physical batch of {expected_rows} records: a layer does not keep the batch in dimension 0"
-                )
-        rows = expected_rows
-    total = sum(p.numel() for p in params)
-    if out is None:
-        out = torch.empty((rows, total), dtype=torch.float32, device=samples[0].device if samples else "cpu")
-    offset = 0
-    for p, gs in zip(params, samples, strict=True):
-        out[:, offset : offset + p.numel()].copy_(gs.reshape(rows, -1))
-        offset += p.numel()
-    return out

@@ -1,4 +1,4 @@
-"""The noise source (dplora.engine.noise): ChaCha20 known answers, key sensitivity, moments, entropy width, key
+"""The noise source (dplora.mechanism.noise): ChaCha20 known answers, key sensitivity, moments, entropy width, key
 hygiene."""
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from dplora.engine import step as engine
-from dplora.engine.clipping import privatize
-from dplora.engine.noise import CsprngGaussian, chacha20_keystream
+from dplora.mechanism import optimizer as dpopt
+from dplora.mechanism.noise import CsprngGaussian, chacha20_keystream, privatize
 
 # RFC 8439 §2.4.2: key 00..1f, nonce 00000000 0000004a 00000000, initial counter 1.
 RFC_KEY = bytes(range(32))
@@ -90,7 +89,7 @@ def test_successive_draws_and_generators_differ():
     gen = CsprngGaussian(key=RFC_KEY)
     a, b = gen.normal(32, 1.0), gen.normal(32, 1.0)
     assert bool((a != b).all())  # a fresh nonce per draw
-    x, y = engine.os_entropy_generator().normal(32, 1.0), engine.os_entropy_generator().normal(32, 1.0)
+    x, y = dpopt.os_entropy_generator().normal(32, 1.0), dpopt.os_entropy_generator().normal(32, 1.0)
     assert bool((x != y).all())  # two processes' keys from os.urandom
 
 
@@ -114,7 +113,7 @@ def test_noise_depends_on_entropy_above_bit_32(monkeypatch):
     monkeypatch.setattr(os, "urandom", urandom)
     draws = []
     for _ in range(2):
-        gen = engine.os_entropy_generator()
+        gen = dpopt.os_entropy_generator()
         draws.append(
             privatize(torch.zeros(256), noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=1.0, generator=gen)
         )
@@ -122,10 +121,10 @@ def test_noise_depends_on_entropy_above_bit_32(monkeypatch):
 
 
 def test_record_names_the_generator_truthfully():
-    name = engine.noise_generator_name("cpu")
+    name = dpopt.noise_generator_name("cpu")
     assert "ChaCha20" in name and "256 bits from os.urandom" in name and "cpu device" in name
     assert "mt19937" not in name and "Mersenne" not in name and "63 bits" not in name
-    assert "cuda device" in engine.noise_generator_name("cuda")
+    assert "cuda device" in dpopt.noise_generator_name("cuda")
 
 
 def test_the_key_never_leaves_the_generator():
@@ -142,7 +141,7 @@ def test_the_key_never_leaves_the_generator():
 
 def test_chunked_draw_equals_one_piece(monkeypatch):
     """A draw larger than one host→device chunk is the same stream, cut in chunks (no repeated or skipped bytes)."""
-    from dplora.engine import noise
+    from dplora.mechanism import noise
 
     whole = CsprngGaussian(key=RFC_KEY).normal(1000, 1.0)
     monkeypatch.setattr(noise, "CHUNK_VALUES", 300)
@@ -156,7 +155,7 @@ def test_optimizer_noisy_step_has_std_sigma_c_over_e():
     with torch.no_grad():
         lin.weight.zero_()
     plan = SimpleNamespace(noise_multiplier=sigma, max_grad_norm=clip, expected_batch_size=expected, sample_rate=0.1)
-    _, dp_opt, accountant = engine.make_private(
+    _, dp_opt, accountant = dpopt.make_private(
         lin, torch.optim.SGD(lin.parameters(), lr=1.0), plan=plan, unit_mean=False
     )
     assert isinstance(dp_opt.generator, CsprngGaussian)

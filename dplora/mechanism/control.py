@@ -3,7 +3,7 @@
 A control trains the same contract with the same data, model, LoRA, steps T, learning rate, Poisson sampling
 of protected units (rate q) and physical batching as its DP twin, so that the held-out loss of the two
 measures what privacy cost. Only the step differs: :class:`NonPrivateStep` has the interface of
-:class:`dplora.engine.step.UnitDPOptimizer` (``begin_logical_step`` / ``prepare_batch`` / ``accumulate`` /
+:class:`dplora.mechanism.optimizer.UnitDPOptimizer` (``begin_logical_step`` / ``prepare_batch`` / ``accumulate`` /
 ``step``) but sums the records' gradients with no per-unit clip and no noise, then divides by the same public
 normaliser (expected units per step). No accountant runs; :class:`StepCounter` only counts steps, so the
 "every planned step was taken" check still holds.

@@ -12,8 +12,8 @@ from conftest import contract_dict, release_statement, train_tiny, write_contrac
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
-from dplora.engine.control import NonPrivateStep, StepCounter
 from dplora.ledger.store import Ledger
+from dplora.mechanism.control import NonPrivateStep, StepCounter
 
 runner = CliRunner()
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")

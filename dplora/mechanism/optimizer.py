@@ -5,7 +5,7 @@ One logical step (Abadi et al. 2016, Alg. 1, with units as in Charles et al. 202
   2. forward/backward every record of the sampled units in physical batches; Opacus hooks give each
      record's gradient; :meth:`UnitDPOptimizer.accumulate` sums them into one vector per unit;
   3. clip each unit's vector to C (flat L2 over all trainable LoRA tensors) and sum over units;
-  4. add N(0, σ²C²) once, from a ChaCha20 keystream keyed with 256 bits of OS entropy (:mod:`dplora.engine.noise`);
+  4. add N(0, σ²C²) once, from a ChaCha20 keystream keyed with 256 bits of OS entropy (:mod:`dplora.mechanism.noise`);
   5. divide by the public normalizer (expected units per step), step the optimizer and the accountant.
 Empty batches skip 2 and still run 3–5. Only this module (with ``model``) imports torch, peft and opacus.
 """
@@ -13,65 +13,25 @@ Empty batches skip 2 and still run 3–5. Only this module (with ``model``) impo
 from __future__ import annotations
 
 import enum
-import os
 
 import torch
-from opacus import GradSampleModule
 from opacus.optimizers import DPOptimizer
 
-from dplora.engine.batch import IGNORE_INDEX, collate, per_sequence_loss  # noqa: F401 - re-exported
-from dplora.engine.clipping import UnitClipAccumulator, assign_flat_grads, opacus_flat, privatize
 from dplora.engine.fastclip import FlatLoRAGrads, checkpointing_mode
-from dplora.engine.noise import CsprngGaussian, generator_name
+from dplora.engine.perexample import assign_flat_grads, opacus_flat, opacus_module
 from dplora.errors import TrainingFailedError
+from dplora.mechanism.clipping import UnitClipAccumulator
+from dplora.mechanism.noise import CsprngGaussian, generator_name, privatize
 
 
 def os_entropy_generator() -> CsprngGaussian:
     """This process's Gaussian noise source: ChaCha20 keyed with 256 bits from ``os.urandom``, never stored.
 
-    Device-agnostic: :meth:`dplora.engine.noise.CsprngGaussian.normal` makes the stream on the host and transforms it on
-    the output's device (see :mod:`dplora.engine.noise`). Replaces a torch ``Generator`` (mt19937 keeps 32 bits of its
-    seed).
+    Device-agnostic: :meth:`dplora.mechanism.noise.CsprngGaussian.normal` makes the stream on the host and
+    transforms it on the output's device (see :mod:`dplora.mechanism.noise`). Replaces a torch ``Generator``
+    (mt19937 keeps 32 bits of its seed).
     """
     return CsprngGaussian()
-
-
-def _busy_cores(interval_s: float = 0.3) -> float | None:
-    """Cores busy with other work right now, from two /proc/stat samples (Linux); None elsewhere."""
-    import time
-
-    def sample():
-        with open("/proc/stat") as fh:
-            fields = [float(x) for x in fh.readline().split()[1:]]
-        return sum(fields), fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # total, idle + iowait
-
-    try:
-        total0, idle0 = sample()
-        time.sleep(interval_s)
-        total1, idle1 = sample()
-    except (OSError, ValueError, IndexError):
-        return None
-    if total1 <= total0:
-        return None
-    return (1.0 - (idle1 - idle0) / (total1 - total0)) * (os.cpu_count() or 1)
-
-
-def free_threads() -> int:
-    """CPU threads to use: the cores available to this process minus those busy with other work, at least 1.
-
-    Busy cores are measured over 0.3 s from /proc/stat (the 1-minute load average lags behind and would
-    count work that has just finished); elsewhere the load average is used.
-    """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    busy = _busy_cores()
-    if busy is None:
-        busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    return max(1, cores - int(busy + 0.5))
-
-
-def parameter_device(model: torch.nn.Module) -> torch.device:
-    """The device of the first trainable parameter (every tensor the engine creates goes there)."""
-    return next((p.device for p in model.parameters() if p.requires_grad), torch.device("cpu"))
 
 
 def noise_generator_name(device: torch.device | str) -> str:
@@ -84,14 +44,13 @@ class UnitDPOptimizer(DPOptimizer):
 
     Per-record gradients arrive as one flat buffer G (B, P) per physical batch, from either per-sample path:
     ``fast`` (:class:`dplora.engine.fastclip.FlatLoRAGrads`: each LoRA layer's backward writes its columns) or
-    ``opacus``
-    (Opacus hooks' ``p.grad_sample``, copied by :func:`dplora.engine.clipping.opacus_flat`). :meth:`accumulate` folds it
-    into a :class:`dplora.engine.clipping.UnitClipAccumulator`, which sums each unit's records (contiguous, in unit
-    order), clips the unit to C and keeps one running clipped sum plus at most one open unit: nothing scales with
-    the number of units in a logical step. :meth:`pre_step` adds N(0, (σC)² I) once (one draw of P values from
-    ``generator``, a :class:`dplora.engine.noise.CsprngGaussian`), divides by the public ``expected_batch_size``
-    (expected units per step, never the realised count), writes each tensor's ``.grad`` and calls the step hook
-    (the accountant).
+    ``opacus`` (Opacus hooks' ``p.grad_sample``, copied by :func:`dplora.engine.perexample.opacus_flat`).
+    :meth:`accumulate` folds it into a :class:`dplora.mechanism.clipping.UnitClipAccumulator`, which sums each
+    unit's records (contiguous, in unit order), clips the unit to C and keeps one running clipped sum plus at most
+    one open unit: nothing scales with the number of units in a logical step. :meth:`pre_step` adds N(0, (σC)² I)
+    once (one draw of P values from ``generator``, a :class:`dplora.mechanism.noise.CsprngGaussian`), divides by the
+    public ``expected_batch_size`` (expected units per step, never the realised count), writes each tensor's
+    ``.grad`` and calls the step hook (the accountant).
     """
 
     def __init__(
@@ -117,7 +76,7 @@ class UnitDPOptimizer(DPOptimizer):
         )
         self.unit_mean = unit_mean
         self.flat = flat
-        self.reducer = reducer  # a dplora.engine.distributed.StepReducer for a multi-process run, else None
+        self.reducer = reducer  # a dplora.mechanism.reduction.StepReducer for a multi-process run, else None
         if flat is not None and [id(p) for p in flat.parameters] != [id(p) for p in self.params]:
             raise TrainingFailedError("the optimizer's parameters are not the fast path's LoRA tensors in order")
         device = self.params[0].device if self.params else torch.device("cpu")
@@ -255,7 +214,7 @@ def make_private(model: torch.nn.Module, optimizer, *, plan, unit_mean: bool, pe
         unit_mean: a unit's vector is the mean of its records' gradients (else the sum).
         per_sample: ``fast`` (:class:`dplora.engine.fastclip.FlatLoRAGrads`; the model is returned as is) or
             ``opacus`` (Opacus ``GradSampleModule`` hooks; the wrapper is returned).
-        reducer: a :class:`dplora.engine.distributed.StepReducer` for a multi-process run (None: one process).
+        reducer: a :class:`dplora.mechanism.reduction.StepReducer` for a multi-process run (None: one process).
 
     Raises:
         TrainingFailedError: gradient checkpointing on the ``opacus`` path (it re-fires hooks and breaks per-sample
@@ -270,7 +229,7 @@ def make_private(model: torch.nn.Module, optimizer, *, plan, unit_mean: bool, pe
         flat = FlatLoRAGrads(model)
         wrapped = model
     else:
-        wrapped = _opacus_module(model)
+        wrapped = opacus_module(model)
     dp_opt = UnitDPOptimizer(
         optimizer,
         noise_multiplier=plan.noise_multiplier,
@@ -285,77 +244,3 @@ def make_private(model: torch.nn.Module, optimizer, *, plan, unit_mean: bool, pe
     accountant = StepAccountant(plan.noise_multiplier, plan.sample_rate)
     dp_opt.attach_step_hook(accountant.step)
     return wrapped, dp_opt, accountant
-
-
-def _opacus_module(model: torch.nn.Module) -> GradSampleModule:
-    try:
-        return GradSampleModule(model, batch_first=True, loss_reduction="sum")
-    except NotImplementedError:  # Opacus refuses a trainable module that holds buffers (cases T6): name it
-        bad = [
-            f"{name or 'model'} ({type(m).__name__})"
-            for name, m in model.named_modules()
-            if any(p.requires_grad for p in m.parameters(recurse=False)) and any(True for _ in m.buffers())
-        ]
-        raise TrainingFailedError(
-            f"Opacus cannot compute per-sample gradients for trainable module {', '.join(bad) or '?'}: "
-            "it holds buffers; freeze its parameters"
-        ) from None
-
-
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The peft model inside an Opacus wrapper (or the model itself on the fast path)."""
-    return model._module if isinstance(model, GradSampleModule) else model
-
-
-def probe_per_sample_gradients(
-    model: torch.nn.Module, named_trainable: list[tuple[str, torch.nn.Parameter]], dp_opt=None
-) -> list[dict]:
-    """Before step 1, on synthetic batches (no private data): every trainable tensor gets a per-sample gradient,
-    and (with ``dp_opt``) the active path's per-example rows equal a one-record-at-a-time backward.
-
-    The batch is built on the parameters' device. With the fast path (``dp_opt.flat``) the first check is that every
-    LoRA layer wrote its slice of G; with Opacus, that every tensor got ``grad_sample``. The second is
-    :func:`dplora.engine.gradcheck.check_per_example_gradients` (a batch with padded length ≠ batch size and one with
-    padded length = batch size, both with repeated tokens, and one with no token twice; dropout masks held fixed;
-    the model restored exactly; no noise, no accountant step).
-
-    Returns:
-        The comparison's report per synthetic batch (records, padded tokens, largest relative difference, rtol);
-        [] without ``dp_opt``.
-
-    Raises:
-        TrainingFailedError: naming the first tensor that got none (cases T2), or the first layer and tensor whose
-            per-example gradient differs from the one-record backward (issue 22).
-    """
-    from dplora.engine.gradcheck import check_per_example_gradients
-
-    device = next((p.device for _, p in named_trainable), torch.device("cpu"))
-    batch = collate([([1, 2, 3, 4], [1, 2, 3, 4]), ([5, 6, 7], [5, 6, 7])], pad_id=0, device=device)
-    flat = getattr(dp_opt, "flat", None)
-    if flat is not None:
-        flat.buffer(2)
-    per_sequence_loss(model, batch).sum().backward()
-    if flat is not None:
-        flat.gradients()  # raises naming the first LoRA tensor whose slice was not written
-        missing = []
-    else:
-        missing = [n for n, p in named_trainable if getattr(p, "grad_sample", None) is None]
-    for _, p in named_trainable:
-        p.grad_sample = None
-        p.grad = None
-    if missing:
-        raise TrainingFailedError(f"trainable parameter {missing[0]} gets no per-sample gradient; freeze or remove it")
-    if dp_opt is None:
-        return []
-    return check_per_example_gradients(model, named_trainable, dp_opt, loss=per_sequence_loss, collate=collate)
-
-
-def check_all_moved(before: dict[str, torch.Tensor], named_trainable) -> None:
-    """Abort naming the first trainable LoRA tensor that did not change (max |Δ| == 0; cases T1).
-
-    Raises:
-        TrainingFailedError: a tensor did not move.
-    """
-    for name, p in named_trainable:
-        if float((p.detach() - before[name]).abs().max()) == 0.0:
-            raise TrainingFailedError(f"trainable tensor {name} did not change after the first step")

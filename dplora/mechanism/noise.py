@@ -160,3 +160,23 @@ class CsprngGaussian:
 def generator_name(device: torch.device | str) -> str:
     """The noise generator in words, for the release record's ``execution.noise_generator``."""
     return GENERATOR_NAME.format(device=torch.device(device).type)
+
+
+def privatize(
+    clipped_sum: torch.Tensor,
+    *,
+    noise_multiplier: float,
+    max_grad_norm: float,
+    expected_batch_size: float,
+    generator: CsprngGaussian,
+) -> torch.Tensor:
+    """(clipped_sum + N(0, (σC)² I)) / E, one noise draw of P values: the noisy mean gradient (P,) fp32.
+
+    ``generator`` is this process's :class:`dplora.mechanism.noise.CsprngGaussian` (ChaCha20 keyed from ``os.urandom``;
+    :func:`dplora.mechanism.optimizer.os_entropy_generator`), never a recorded seed; the noise is made on
+    ``clipped_sum``'s
+    device. E is the public expected number of units per step, never the realised count (Abadi et al. 2016, Alg. 1).
+    """
+    std = noise_multiplier * max_grad_norm
+    noise = generator.normal(clipped_sum.numel(), std, device=clipped_sum.device).view(clipped_sum.shape)
+    return (clipped_sum + noise).div_(expected_batch_size)

@@ -1,0 +1,45 @@
+"""The process's runtime: CPU threads free for a run and the device the trainable tensors live on."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def _busy_cores(interval_s: float = 0.3) -> float | None:
+    """Cores busy with other work right now, from two /proc/stat samples (Linux); None elsewhere."""
+    import time
+
+    def sample():
+        with open("/proc/stat") as fh:
+            fields = [float(x) for x in fh.readline().split()[1:]]
+        return sum(fields), fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # total, idle + iowait
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(interval_s)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    if total1 <= total0:
+        return None
+    return (1.0 - (idle1 - idle0) / (total1 - total0)) * (os.cpu_count() or 1)
+
+
+def free_threads() -> int:
+    """CPU threads to use: the cores available to this process minus those busy with other work, at least 1.
+
+    Busy cores are measured over 0.3 s from /proc/stat (the 1-minute load average lags behind and would
+    count work that has just finished); elsewhere the load average is used.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    busy = _busy_cores()
+    if busy is None:
+        busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    return max(1, cores - int(busy + 0.5))
+
+
+def parameter_device(model: torch.nn.Module) -> torch.device:
+    """The device of the first trainable parameter (every tensor the engine creates goes there)."""
+    return next((p.device for p in model.parameters() if p.requires_grad), torch.device("cpu"))
