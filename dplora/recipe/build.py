@@ -13,7 +13,6 @@ from dplora.data import units as data_mod
 from dplora.engine import distributed
 from dplora.errors import BadInputError, DploraError, PlanRefusedError, TrainingFailedError
 from dplora.mechanism import control
-from dplora.mechanism.reduction import step_reducer
 from dplora.plan.training import TrainingPlan, ledger_event
 from dplora.recipe.setup import (
     _make_optimizer,
@@ -151,10 +150,10 @@ def _build(
     if not named:
         raise BadInputError("no trainable parameters: check lora.target_modules")
     with _Stage("setting up per-sample gradients", device):
-        num_params = sum(p.numel() for _, p in named)
-        reducer = step_reducer(io.world, num_params, runtime.parameter_device(model))
-        optimizer, (gsm, dp_opt, accountant) = _step_parts(contract, model, named, plan, reducer=reducer)
-        if not control.is_control(contract):
+        mechanism = mechanism_for(contract, plan, io.world)
+        reducer = mechanism.reducer(sum(p.numel() for _, p in named), runtime.parameter_device(model))
+        optimizer, (gsm, dp_opt, accountant) = _step_parts(contract, model, named, mechanism, reducer=reducer)
+        if mechanism.private:
             gradcheck.probe_per_sample_gradients(gsm, named, dp_opt)
     physical = None
     if contract.training.physical_batch_size == "auto":  # synthetic batches of max_seq_len tokens, no private data
@@ -188,6 +187,7 @@ def _build(
         held_out=held_out,
         physical_batch=physical,
         attn_implementation=getattr(model.config, "_attn_implementation", None),  # auto resolved at load
+        mechanism=mechanism,
     )
     from dplora.engine.schedule import make_scheduler
 
@@ -274,7 +274,7 @@ def estimate_without_data(contract: Contract, plan: TrainingPlan, *, threads: in
     if not named:
         raise BadInputError("no trainable parameters: check lora.target_modules")
     with _Stage("setting up per-sample gradients", device):
-        _, (gsm, dp_opt, _) = _step_parts(contract, model, named, plan)
+        _, (gsm, dp_opt, _) = _step_parts(contract, model, named, mechanism_for(contract, plan, distributed.SINGLE))
     physical = contract.training.physical_batch_size
     if physical == "auto":
         from dplora.engine.membatch import probe_physical_batch
@@ -317,22 +317,21 @@ def _check_pad_embedding(model, tokenizer) -> None:
         )
 
 
-def _step_parts(contract: Contract, model, named, plan: TrainingPlan, *, reducer=None):
-    """The optimizer and the step's engine parts for ``named`` (the trainable LoRA tensors): (optimizer, (per-sample
-    model, step optimizer, accountant)) from :func:`dplora.mechanism.optimizer.make_private`, or the non-private
-    control's from
-    :func:`dplora.mechanism.control.make_non_private` (no clipping, no noise, no accountant). Shared by training and
-    the time estimate's synthetic probe, so both time the same per-example path."""
-    from dplora.mechanism import optimizer as dpopt
+def mechanism_for(contract: Contract, plan: TrainingPlan, world):
+    """The run's :class:`dplora.mechanism.core.DPMechanism`: the plan, the per-example path and unit clipping
+    (``privacy.per_sample``, ``privacy.unit_clipping``), the process group; the control for ``privacy.enabled:
+    false``."""
+    from dplora.mechanism.core import PerformanceFlags, make_mechanism
 
+    flags = PerformanceFlags(per_sample=contract.privacy.per_sample)
+    unit_mean = contract.privacy.unit_clipping is UnitClipping.MEAN
+    return make_mechanism(plan, flags, world, private=contract.privacy.enabled, unit_mean=unit_mean)
+
+
+def _step_parts(contract: Contract, model, named, mechanism, *, reducer=None):
+    """The optimizer and the step's parts for ``named`` (the trainable LoRA tensors): (optimizer, (per-sample
+    model, step optimizer, accountant)) from ``mechanism.wrap`` (:class:`dplora.mechanism.core.DPMechanism`: the
+    DP optimizer over units, or the control's step with no clipping, noise or accountant). Shared by training and
+    the time estimate's synthetic probe, so both time the same per-example path."""
     optimizer = _make_optimizer(contract, [p for _, p in named])
-    if control.is_control(contract):
-        return optimizer, control.make_non_private(model, optimizer, plan=plan)
-    return optimizer, dpopt.make_private(
-        model,
-        optimizer,
-        plan=plan,
-        unit_mean=contract.privacy.unit_clipping is UnitClipping.MEAN,
-        per_sample=contract.privacy.per_sample.value,
-        reducer=reducer,
-    )
+    return optimizer, mechanism.wrap(model, optimizer, reducer=reducer)

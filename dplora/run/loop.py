@@ -27,7 +27,6 @@ from dplora.contract.spec import Contract
 from dplora.data.units import UnitIndex
 from dplora.engine import distributed
 from dplora.errors import NoisyUpdateError, TrainingFailedError
-from dplora.mechanism.sampling import unit_sampler
 from dplora.plan.training import TrainingPlan
 
 
@@ -55,6 +54,8 @@ class RunSpec:
             :func:`dplora.engine.membatch.probe_physical_batch`), or None to use the contract's number.
         attn_implementation: the attention kernel the model loaded with ("sdpa", "eager", ...; ``auto`` resolved
             by :func:`dplora.engine.model.resolve_attn_implementation`), or None for the contract's value.
+        mechanism: the run's :class:`dplora.mechanism.core.DPMechanism` (sampler, private or control); None only
+            for callers that run no steps.
     """
 
     contract: Contract
@@ -74,6 +75,7 @@ class RunSpec:
     held_out: Any = None
     physical_batch: int | None = None
     attn_implementation: str | None = None
+    mechanism: Any = None
 
     @property
     def physical_batch_size(self) -> int:
@@ -263,10 +265,10 @@ def run_steps(spec: RunSpec, state: RunState, *, metrics, progress, after_step=N
     from dplora.engine import gradcheck
 
     plan = spec.plan
-    sampler = unit_sampler(spec.unit_index.num_units, plan.sample_rate, spec.world)  # OS entropy, never the seed
+    sampler = spec.mechanism.sampler(spec.unit_index.num_units)  # OS entropy, never the seed
     # Every LoRA tensor must move at step 1 (noise moves them all). A non-private control is exempt: lora_B starts
     # at zero, so lora_A's gradient is exactly zero at step 1 (Hu et al. 2021) and only noise would move it.
-    check_moved = state.step == 0 and spec.contract.privacy.enabled
+    check_moved = state.step == 0 and spec.mechanism.private
     before = {n: p.detach().clone() for n, p in state.named} if check_moved else None
     while state.step < plan.steps:
         step = state.step + 1

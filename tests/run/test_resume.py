@@ -184,11 +184,12 @@ def test_checkpoint_holds_no_generator_or_sampler_state(tmp_path, monkeypatch, t
 
     from dplora.contract.loader import parse_contract
     from dplora.recipe.train import run_training
-    from dplora.run import loop as run_mod
 
     samplers = []
 
-    class RecordingSampler(run_mod.PoissonUnitSampler):
+    from dplora.mechanism import sampling  # the run's sampler is the mechanism's
+
+    class RecordingSampler(sampling.PoissonUnitSampler):
         def __init__(self, *args, **kw):
             super().__init__(*args, **kw)
             samplers.append(self)
@@ -203,7 +204,7 @@ def test_checkpoint_holds_no_generator_or_sampler_state(tmp_path, monkeypatch, t
         seen.append((info.path.read_bytes(), gen_state, pcg, info))
         return info
 
-    monkeypatch.setattr(run_mod, "PoissonUnitSampler", RecordingSampler)
+    monkeypatch.setattr(sampling, "PoissonUnitSampler", RecordingSampler)
     monkeypatch.setattr(checkpoint, "write", spy_write)
     raw = contract_dict(tiny_model_dir, tickets_csv, tmp_path / "run", training={"steps": 4, "checkpoint_every": 2})
     contract = parse_contract(raw)
