@@ -26,12 +26,13 @@ FILES = {
     "contract/__init__.py": '"""Contract."""\n',
     "contract/spec.py": "class Contract:\n    pass\n",
     "plan/__init__.py": '"""Plan."""\n',
-    # errors: imported at module level and again inside a def (not inside-only); recipe.setup: inside only, upward,
-    # and an underscore name used as an attribute of the imported module (crosses packages)
+    # errors: imported at module level and again inside a def (not inside-only); recipe.setup: inside only (in a
+    # try), upward, and an underscore name used as an attribute of the imported module (crosses packages)
     "plan/steps.py": (
         "from dplora.errors import BadInputError\n\n\n"
         "def check():\n    from dplora.errors import BadInputError as again\n\n    return again\n\n\n"
-        "def climb():\n    import dplora.recipe.setup as setup\n\n    return setup._helper()\n"
+        "def climb():\n    try:\n        import dplora.recipe.setup as setup\n    except ImportError:\n        raise\n"
+        "    return setup._helper()\n"
     ),
     "recipe/__init__.py": '"""Recipe."""\n',
     "recipe/setup.py": (
