@@ -45,13 +45,13 @@ def main() -> None:
         table = data.load_table(contract)
         unit_index = data.build_unit_index(table, contract.privacy, seed=contract.training.seed)
         plan = planning.plan_for(contract, unit_index)
-        io_ = setup._RunIO(
+        io_ = setup.RunIO(
             private_key=None, data_key=None, ledger_path=None, threads=args.threads, progress=False,
             tuning_trial=False, log=lambda *_: None,
         )  # fmt: skip
         staging = tmp / "run.partial"
         staging.mkdir()
-        spec, state = build._build(contract, plan, table, unit_index, out=tmp / "run", staging=staging, io=io_)
+        spec, state = build.build_run(contract, plan, table, unit_index, out=tmp / "run", staging=staging, io=io_)
         run_steps(spec, state, metrics=io.StringIO(), progress=type("P", (), {"update": lambda *a: None})())
         digest = checkpoint.data_sha256(contract)
         writes, restores = [], []

@@ -24,7 +24,7 @@ from dplora.errors import BadInputError, excerpt
 _FORMATS = {".csv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
-def _builder(section: DataSection, path: Path) -> str:
+def dataset_builder(section: DataSection, path: Path) -> str:
     if section.format != "auto":
         return {"csv": "csv", "jsonl": "json", "parquet": "parquet"}[section.format]
     try:
@@ -67,7 +67,7 @@ def load_table(contract: Contract, *, light: bool = False):
             raise BadInputError(f"data.path={excerpt(str(path), 200)} is a folder; give a csv, jsonl or parquet file")
         if not path.is_file():
             raise BadInputError(f"data file not found: {path}")
-        builder = _builder(contract.data, path)
+        builder = dataset_builder(contract.data, path)
         if path.stat().st_size == 0 or (builder == "csv" and _csv_has_no_rows(path)):
             raise BadInputError(f"data file {path} has no rows")
         if light and builder == "csv" and contract.data.messages_key is None:

@@ -60,7 +60,7 @@ def packaged_gguf() -> Path:
     return path
 
 
-def _quiet_transformers() -> None:
+def quiet_transformers() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     import transformers
@@ -79,7 +79,7 @@ def _from_gguf(gguf: Path, attn: str | None = None):
     return model, tokenizer
 
 
-def _smollm2_cache() -> Path:
+def smollm2_cache() -> Path:
     return cache_dir() / "models" / "smollm2-135m-instruct"
 
 
@@ -92,7 +92,7 @@ def check_model_cache(section: ModelSection) -> None:
     """
     if section.name is None:
         return
-    target = _smollm2_cache()
+    target = smollm2_cache()
     if not (target / "config.json").is_file():
         _check_writable(target)
 
@@ -121,12 +121,12 @@ def converted_smollm2(log=print) -> Path:
     Raises:
         BadInputError: the package is missing, or the cache folder is not writable (:func:`check_model_cache`).
     """
-    target = _smollm2_cache()
+    target = smollm2_cache()
     if (target / "config.json").is_file():
         return target
     gguf = packaged_gguf()
     _check_writable(target)  # before the conversion, not after it
-    _quiet_transformers()
+    quiet_transformers()
     log(f"converting {gguf.name} to safetensors once (about 40 s); cached at {target}")
     model, tokenizer = _from_gguf(gguf)
     # The weights are already de-quantized to fp32; drop the GGUF quantizer marker so they save as safetensors.
@@ -414,7 +414,7 @@ def load_base_model(section: ModelSection, device, dtype: str, allow_tf32: bool,
     ``BitsAndBytesConfig`` (NF4, double quantization, compute dtype = ``dtype``), non-quantized tensors (embeddings,
     norms, lm_head) in ``dtype``. ``prepare_model_for_kbit_training`` is not called: it would enable gradient
     checkpointing (refused by per-example gradients) and upcast every non-quantized tensor to fp32; the LoRA
-    tensors are fp32 anyway (:func:`dplora.recipe.setup._setup_model`). Source: transformers "bitsandbytes" docs.
+    tensors are fp32 anyway (:func:`dplora.recipe.setup.setup_model`). Source: transformers "bitsandbytes" docs.
 
     Returns:
         (model, tokenizer); the tokenizer has a pad token (EOS if it had none).
@@ -432,7 +432,7 @@ def load_base_model(section: ModelSection, device, dtype: str, allow_tf32: bool,
         raise BadInputError(
             "model.quantization=4bit needs a Hugging Face folder (model.name or a model.path folder), not a .gguf file"
         )
-    _quiet_transformers()
+    quiet_transformers()
     from transformers import AutoTokenizer
 
     _set_tf32(device, allow_tf32)
@@ -501,7 +501,7 @@ def load_model_and_tokenizer(section: ModelSection, log=print):
 
 def _load_resolved(section: ModelSection, folder: Path, gguf: str | None):
     """:func:`load_model_and_tokenizer` for a model already found by :func:`resolve_model` (``folder``, ``gguf``)."""
-    _quiet_transformers()
+    quiet_transformers()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     attn = resolve_attn_implementation(section, folder, gguf)

@@ -83,9 +83,9 @@ def merged_model(base: Path, adapter: Path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dplora.engine.model import _quiet_transformers
+    from dplora.engine.model import quiet_transformers
 
-    _quiet_transformers()
+    quiet_transformers()
     if (Path(base) / "adapter_config.json").exists():  # transformers would load that adapter onto the base too
         raise BadInputError(f"{base} holds an adapter_config.json: give the plain base model folder")
     try:

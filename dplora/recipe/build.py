@@ -15,9 +15,9 @@ from dplora.errors import BadInputError, DploraError, PlanRefusedError, Training
 from dplora.mechanism import control
 from dplora.plan.training import TrainingPlan, ledger_event
 from dplora.recipe.setup import (
-    _make_optimizer,
-    _RunIO,
-    _setup_model,
+    RunIO,
+    make_optimizer,
+    setup_model,
 )
 
 
@@ -39,7 +39,7 @@ class _Stage:
         ) from err
 
 
-def _open_ledger(contract: Contract, plan: TrainingPlan, io: _RunIO, resumed_run: str | None = None):
+def open_ledger(contract: Contract, plan: TrainingPlan, io: RunIO, resumed_run: str | None = None):
     """The ledger with room for the plan; a resumed run instead needs its own charge still pending.
 
     Every DP run is recorded: without ``privacy.population`` as an unassigned run, whose ledger is opened (and
@@ -93,8 +93,8 @@ def _check_resumable(ledger, resumed_run: str) -> None:
         raise BadInputError(f"--resume: run {resumed_run} is already {status} in ledger {ledger.path}: start anew")
 
 
-def _build(
-    contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Path, staging: Path, io: _RunIO, held_out=None
+def build_run(
+    contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Path, staging: Path, io: RunIO, held_out=None
 ):
     """Model, tokens and the private engine on the chosen device: (RunSpec, RunState). Writes nothing."""
     import torch
@@ -112,7 +112,7 @@ def _build(
     device = select_device()
     dtype, allow_tf32 = resolve_precision(contract.model, device)
     with _Stage("loading the model", device):
-        model, tokenizer = _setup_model(contract, device, dtype, allow_tf32, io.log)
+        model, tokenizer = setup_model(contract, device, dtype, allow_tf32, io.log)
     _check_pad_embedding(model, tokenizer)
     examples, truncation = data_mod.encode_records(table, tokenizer, contract)
     if truncation is not None and truncation.truncated:  # private counts: the operator's terminal only
@@ -269,7 +269,7 @@ def estimate_without_data(contract: Contract, plan: TrainingPlan, *, threads: in
     device = select_device()
     dtype, allow_tf32 = resolve_precision(contract.model, device)
     with _Stage("loading the model", device):
-        model, tokenizer = _setup_model(contract, device, dtype, allow_tf32, log)
+        model, tokenizer = setup_model(contract, device, dtype, allow_tf32, log)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
         raise BadInputError("no trainable parameters: check lora.target_modules")
@@ -333,5 +333,5 @@ def _step_parts(contract: Contract, model, named, mechanism, *, reducer=None):
     model, step optimizer, accountant)) from ``mechanism.wrap`` (:class:`dplora.mechanism.core.DPMechanism`: the
     DP optimizer over units, or the control's step with no clipping, noise or accountant). Shared by training and
     the time estimate's synthetic probe, so both time the same per-example path."""
-    optimizer = _make_optimizer(contract, [p for _, p in named])
+    optimizer = make_optimizer(contract, [p for _, p in named])
     return optimizer, mechanism.wrap(model, optimizer, reducer=reducer)

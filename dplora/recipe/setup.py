@@ -12,7 +12,7 @@ from dplora.errors import BadInputError, excerpt
 from dplora.run import outputs
 
 
-def _prepare_output(contract: Contract, overwrite: bool, protected=()) -> tuple[Path, Path]:
+def prepare_output(contract: Contract, overwrite: bool, protected=()) -> tuple[Path, Path]:
     """The output folder and its ``.partial`` sibling; refusals follow :func:`dplora.run.outputs.check_output_dir`."""
     try:
         out = outputs.check_output_dir(contract.training.output_dir, overwrite=overwrite, protected=protected)
@@ -22,7 +22,7 @@ def _prepare_output(contract: Contract, overwrite: bool, protected=()) -> tuple[
     return out, outputs.staging_path(out)
 
 
-def _lock_output(out: Path):
+def lock_output(out: Path):
     """Hold an exclusive lock on ``<output_dir>.lock`` for the run (released when the process ends).
 
     Raises:
@@ -46,12 +46,12 @@ def _lock_output(out: Path):
     return handle
 
 
-def _write_json(path: Path, obj) -> None:
+def write_json(path: Path, obj) -> None:
     """Write ``obj`` as JSON to ``path`` whole or not at all (:func:`dplora.atomic.write_json`)."""
     atomic.write_json(path, obj)
 
 
-def _setup_model(contract: Contract, device, dtype: str, allow_tf32: bool, log):
+def setup_model(contract: Contract, device, dtype: str, allow_tf32: bool, log):
     """Load the base model in ``dtype`` on ``device``, then wrap it with fp32 LoRA adapters (peft).
 
     ``lora.target_modules`` is resolved against the loaded model (:func:`dplora.engine.lora.resolve_target_modules`);
@@ -128,7 +128,7 @@ def _conv1d_targets(model, targets) -> bool:
     return any(isinstance(m, Conv1D) and n.rsplit(".", 1)[-1] in targets for n, m in model.named_modules())
 
 
-def _make_optimizer(contract: Contract, params):
+def make_optimizer(contract: Contract, params):
     import torch
 
     lr, wd = contract.training.lr, contract.training.weight_decay
@@ -140,12 +140,12 @@ def _make_optimizer(contract: Contract, params):
     return torch.optim.AdamW(params, lr=lr, weight_decay=wd)
 
 
-def _quiet(message: str) -> None:
+def quiet_log(message: str) -> None:
     """The log of ranks other than 0: rank 0 reports for the run."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class _RunIO:
+class RunIO:
     """The run's inputs that are not the contract: keys, ledger, threads and how to report."""
 
     private_key: object

@@ -22,24 +22,24 @@ from dplora.engine.model import check_model_cache
 from dplora.errors import BadInputError, DploraError, TrainingFailedError
 from dplora.mechanism import control
 from dplora.plan.training import TrainingPlan, ledger_event
-from dplora.recipe.build import _build, _open_ledger
+from dplora.recipe.build import build_run, open_ledger
 from dplora.recipe.finish import (
-    _failure_entry,
-    _memory_kind,
-    _record_failure,
+    failure_entry,
+    memory_kind,
     peak_memory_gib,
+    record_failure,
 )
 from dplora.recipe.inputs import protected_inputs
 from dplora.recipe.planning import plan_for, resolve_auto
 from dplora.recipe.precheck import check_model_files
 from dplora.recipe.setup import (
-    _lock_output,
-    _prepare_output,
-    _quiet,
-    _RunIO,
-    _write_json,
+    RunIO,
+    lock_output,
+    prepare_output,
+    quiet_log,
+    write_json,
 )
-from dplora.recipe.steps import _check_accounted, _train_and_release
+from dplora.recipe.steps import check_accounted, train_and_release
 from dplora.release import envelope as release
 from dplora.release.record import unit_statement
 from dplora.run import outputs, tracking
@@ -147,7 +147,7 @@ def run_training(
                 )
                 check_model_cache(contract.model)  # a packaged model's cache folder, before any conversion
                 check_model_files(contract.model)  # the model folder, before the data is read or σ calibrated
-                out, staging = _prepare_output(contract, overwrite, protected)
+                out, staging = prepare_output(contract, overwrite, protected)
             if control.is_control(contract) and world.distributed:
                 raise BadInputError("privacy.enabled=false (the non-private control) runs in one process only")
             table, held_out = data_mod.split_eval(data_mod.load_table(contract), contract)
@@ -161,13 +161,13 @@ def run_training(
                 if control.is_control(contract):  # the DP twin's N, q and T; σ = 0, ε = ∞
                     plan = control.control_plan(plan)
                 created = outputs.missing_parents(out)  # removed again if the run ends in exit 2
-                lock = _lock_output(out)
+                lock = lock_output(out)
                 # re-check under the lock: another run may have finished meanwhile
-                _prepare_output(contract, overwrite, protected)
+                prepare_output(contract, overwrite, protected)
         plan = distributed.broadcast(world, plan)  # one plan (q, T, σ, ε curve), computed on rank 0
         if world.distributed:  # every rank read the same rows in the same order, the same contract and plan
             distributed.check_same_inputs(world, distributed.input_digests(contract, plan, table, unit_index))
-        io = _RunIO(
+        io = RunIO(
             private_key=private_key,
             data_key=key,
             ledger_path=ledger_path,
@@ -175,7 +175,7 @@ def run_training(
             progress=progress and main,
             tuning_trial=tuning_trial,
             non_private=non_private,
-            log=log if main else _quiet,
+            log=log if main else quiet_log,
             overwrite=overwrite,
             resume=resume,
             world=world,
@@ -201,7 +201,7 @@ def run_training(
 
 
 def _run_locked(
-    contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Path, staging: Path, io: _RunIO, held_out=None
+    contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Path, staging: Path, io: RunIO, held_out=None
 ):
     """The run proper, holding the output lock: ledger check, model and engine, the loop, the release."""
     log = io.log
@@ -211,14 +211,16 @@ def _run_locked(
     resumed = digest = None
     with distributed.gate(io.world):  # ranks other than 0 pass the same gate (see _follow)
         resumed, digest = resume_mod.resume_point(staging, contract, plan, unit_index) if io.resume else (None, None)
-        ledger = _open_ledger(contract, plan, io, resumed and resumed.run_id)
+        ledger = open_ledger(contract, plan, io, resumed and resumed.run_id)
         staging = resume_mod.prepare_staging(
             out, resuming=resumed is not None, overwrite=io.overwrite, ledger=ledger, log=log
         )
         io.private.attach(outputs.private_staging(staging))  # private diagnostics from here on: <output_dir>.private
     try:
         with distributed.gate(io.world):
-            spec, state = _build(contract, plan, table, unit_index, out=out, staging=staging, io=io, held_out=held_out)
+            spec, state = build_run(
+                contract, plan, table, unit_index, out=out, staging=staging, io=io, held_out=held_out
+            )
             if resumed is not None:  # same run id: the ledger charge is the original reservation
                 spec = dataclasses.replace(spec, run_id=resumed.run_id)
                 ckpt.restore(spec, state, resumed)
@@ -231,9 +233,9 @@ def _run_locked(
         if getattr(err, "exit_code", None) == 2 and resumed is None:  # bad input: nothing written
             shutil.rmtree(staging, ignore_errors=True)
         elif resumed is None:  # before step 0 work and before the ledger charge: the next run replaces it
-            entry = _failure_entry(None, 0, plan.steps, 0.0, err) | {"stage": resume_mod.SETUP_STAGE}
+            entry = failure_entry(None, 0, plan.steps, 0.0, err) | {"stage": resume_mod.SETUP_STAGE}
             try:  # whole or not at all; a full disk must not hide the original error
-                _write_json(staging / "FAILED.json", entry)
+                write_json(staging / "FAILED.json", entry)
             except (OSError, DiskFullError):
                 pass
         raise
@@ -283,12 +285,12 @@ def _run_locked(
     )
     t0, first_step = time.perf_counter(), state.step
     try:
-        evaluation, train_seconds, eval_seconds = _train_and_release(
+        evaluation, train_seconds, eval_seconds = train_and_release(
             spec, state, io=io, started=started, checkpointer=checkpointer
         )
         seconds = time.perf_counter() - t0
     except BaseException as err:
-        _record_failure(spec, state, err, ledger, checkpointer.last)
+        record_failure(spec, state, err, ledger, checkpointer.last)
         if isinstance(err, KeyboardInterrupt):
             name = str(err.args[0]) if err.args else "Ctrl-C"
             hint = resume_mod.resume_hint(spec, checkpointer.last)
@@ -299,7 +301,7 @@ def _run_locked(
         raise TrainingFailedError(resume_mod.failure_line(err, spec, state, checkpointer.last)) from err
     epsilon_spent = plan.epsilon_at(state.step)
     peak = peak_memory_gib(spec.device)  # private: activations grow with the realised (private) batch
-    io.private(f"peak memory: {peak:.2f} GiB ({_memory_kind(spec.device)})")
+    io.private(f"peak memory: {peak:.2f} GiB ({memory_kind(spec.device)})")
     ckpt.discard(staging)  # a resume checkpoint never leaves the partial folder
     kept = outputs.publish(staging, out)
     outputs.fix_mtimes(out, started)  # released files carry the record's start time, never the run's end
@@ -374,7 +376,7 @@ def _log_estimate(spec, state, log) -> None:
         log(estimate_line(inputs))
 
 
-def _reserve(ledger, contract: Contract, plan: TrainingPlan, spec, io: _RunIO, resumed):
+def _reserve(ledger, contract: Contract, plan: TrainingPlan, spec, io: RunIO, resumed):
     """Reserve the run's charge and return the ledger it is in (None: not charged, a control without population).
 
     Under its population; as an unassigned run without one (the ledger, default path or ``--ledger``, is opened
@@ -417,7 +419,7 @@ def _reserve(ledger, contract: Contract, plan: TrainingPlan, spec, io: _RunIO, r
     return ledger
 
 
-def _follow(contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Path, staging: None, io: _RunIO):
+def _follow(contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Path, staging: None, io: RunIO):
     """A rank other than 0: the same gates, engine and steps as rank 0 on its shard; writes nothing (no staging).
 
     Raises:
@@ -431,13 +433,13 @@ def _follow(contract: Contract, plan: TrainingPlan, table, unit_index, *, out: P
     with distributed.gate(io.world):  # rank 0 reads a resume checkpoint and checks the ledger here
         pass
     with distributed.gate(io.world):  # rank 0 also restores a resume checkpoint here
-        spec, state = _build(contract, plan, table, unit_index, out=out, staging=staging, io=io)
+        spec, state = build_run(contract, plan, table, unit_index, out=out, staging=staging, io=io)
     distributed.sync_state(io.world, state)  # rank 0's LoRA tensors, optimizer state and step counts
     t0, first_step = time.perf_counter(), state.step
     signals = distributed.FollowerSignals(state.optimizer.reducer)
     with open(os.devnull, "w") as metrics, ProgressReporter(enabled=False) as bar, signals:
         run_steps(spec, state, metrics=metrics, progress=bar, after_step=signals.after_step)
-    _check_accounted(spec, state)
+    check_accounted(spec, state)
     seconds = time.perf_counter() - t0
     return RunResult(
         output_dir=out,

@@ -137,7 +137,7 @@ def _batches(spec: RunSpec, units) -> tuple[list[int], Any, Any]:
     return rows, local, np.repeat(1.0 / sizes, sizes).astype(np.float32)
 
 
-def _finite_flag(named):
+def finite_flag(named):
     """A 0-d bool tensor on the parameters' device: every trainable tensor is finite (no host sync)."""
     import torch
 
@@ -145,7 +145,7 @@ def _finite_flag(named):
     return torch.isfinite(torch.stack(norms).sum())
 
 
-def _forward_backward(spec: RunSpec, state: RunState, units) -> tuple[float, int]:
+def forward_backward(spec: RunSpec, state: RunState, units) -> tuple[float, int]:
     """This process's records of ``units``: per-record gradients, summed and clipped per unit into the optimizer.
 
     Returns:
@@ -207,7 +207,7 @@ def _physical_batches(spec: RunSpec, state: RunState, units, rows, local, weight
     # The one host read per logical step: the loss sum, "all parameters finite after the last step" (a function of
     # DP outputs: the only stop rule), and the records zeroed for an overflow (a private count).
     loss_value, params_ok, zeroed_rows = torch.stack(
-        [loss_sum.float(), _finite_flag(state.named).float(), zeroed.to(loss_sum.device).float()]
+        [loss_sum.float(), finite_flag(state.named).float(), zeroed.to(loss_sum.device).float()]
     ).tolist()
     if params_ok != 1.0:
         raise NoisyUpdateError(f"non-finite parameter after step {state.step}")
@@ -231,7 +231,7 @@ def logical_step(spec: RunSpec, state: RunState, units) -> tuple[float | None, i
     """
     reducer = getattr(state.optimizer, "reducer", None)
     try:
-        loss_value, records = _forward_backward(spec, state, units)
+        loss_value, records = forward_backward(spec, state, units)
     except Exception as err:
         if reducer is None:
             raise
@@ -300,7 +300,7 @@ def run_steps(spec: RunSpec, state: RunState, *, metrics, progress, after_step=N
         )
         if after_step is not None:
             after_step(spec, state)
-    if float(_finite_flag(state.named)) != 1.0:
+    if float(finite_flag(state.named)) != 1.0:
         raise NoisyUpdateError(f"non-finite parameter after step {state.step}")
 
 
