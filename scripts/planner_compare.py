@@ -79,10 +79,11 @@ def _contract(setup: dict, out: Path, *, arm: str, enabled: bool = True) -> dict
 
 def _train(raw: dict, key: Path) -> dict:
     from dplora.contract.loader import parse_contract
+    from dplora.recipe.options import RunOptions
     from dplora.recipe.train import run_training
 
     result = run_training(
-        parse_contract(raw), signing_key=key, data_key=None, overwrite=True, progress=False, log=_quiet
+        parse_contract(raw), RunOptions(signing_key=key, data_key=None, overwrite=True, progress=False), log=_quiet
     )
     p = result.plan
     return {

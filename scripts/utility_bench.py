@@ -417,10 +417,13 @@ def resolved_settings(raw: dict) -> dict:
 def train_one(raw: dict, key: Path, threads: int) -> dict:
     """Train through dplora's own path; returns the plan's public numbers and seconds."""
     from dplora.contract.loader import parse_contract
+    from dplora.recipe.options import RunOptions
     from dplora.recipe.train import run_training
 
     result = run_training(
-        parse_contract(raw), signing_key=key, data_key=None, overwrite=True, threads=threads, progress=False, log=_quiet
+        parse_contract(raw),
+        RunOptions(signing_key=key, data_key=None, overwrite=True, threads=threads, progress=False),
+        log=_quiet,
     )
     p = result.plan
     return {

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from dplora import atomic
 from dplora.errors import BadInputError, DploraError
-from dplora.release.audit_section import first_mismatch, record_mechanism, same_value  # noqa: F401 - re-exported
+from dplora.release.audit_section import first_mismatch, record_mechanism
 
 SECTION = "audit"
 DATA_NOTES = {

@@ -85,6 +85,7 @@ def audit(
     """
     from dplora.audit.runner import REPORT_FILENAME, AuditOptions, run_audit, summary_markdown
     from dplora.errors import DploraError
+    from dplora.recipe.options import RunOptions
 
     envelope = None
     try:
@@ -99,19 +100,15 @@ def audit(
             data_source=source,
             plot=plot,
         )
-        train_kwargs = {
-            "overwrite": overwrite,
-            "threads": threads,
-            "progress": progress,
-            "ledger_path": ledger,
-            "contract_path": config,
-        }
+        run_options = RunOptions(
+            overwrite=overwrite, threads=threads, progress=progress, ledger_path=ledger, contract_path=config
+        )
         power = _power_contract(config, overrides or [], contract, source, folder, power_check, power_data)
         report = run_audit(
             contract,
             options,
             audit_dir=folder,
-            train_kwargs=train_kwargs,
+            run_options=run_options,
             log=log,
             power_contract=power[0] if power else None,
             power_source=power[1] if power else None,

@@ -167,7 +167,9 @@ def train(
     from dplora.surface import PrivateLog, echo_private
 
     private_log = PrivateLog(log if echo_private(as_json=as_json, show_private=show_private) else None)
-    options = dict(
+    from dplora.recipe.options import RunOptions
+
+    options = RunOptions(
         signing_key=signing_key,
         data_key=data_key,
         overwrite=overwrite,
@@ -178,14 +180,13 @@ def train(
         non_private=non_private,
         contract_path=config,
         resume=resume,
-        private_log=private_log,
     )
-    result = _run(config, overrides or [], options, as_json=as_json)
+    result = _run(config, overrides or [], options, as_json=as_json, private_log=private_log)
     if result.release_path is not None:  # None on a rank other than 0 of a multi-process run: rank 0 reports
         _report(result, as_json=as_json, private_log=private_log)
 
 
-def _run(config: Path, overrides: list[str], options: dict, *, as_json: bool):
+def _run(config: Path, overrides: list[str], options, *, as_json: bool, private_log=None):
     """Load the contract and run :func:`dplora.recipe.train.run_training`; errors and Ctrl-C/SIGTERM as exits."""
     import contextlib
     import signal
@@ -204,7 +205,7 @@ def _run(config: Path, overrides: list[str], options: dict, *, as_json: bool):
         with contextlib.redirect_stdout(sys.stderr):
             contract = load_contract(config, overrides)
             output_dir = contract.training.output_dir
-            return run_training(contract, **options, log=log)
+            return run_training(contract, options, log=log, private_log=private_log)
     except DploraError as err:
         raise fail(err, as_json=as_json) from None
     except KeyboardInterrupt as err:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from dplora.contract.spec import Contract, DataSection, PrivacySection, ProtectedUnit
-from dplora.data.cells import CHARS_PER_TOKEN_BOUND, cell_char_bound, cut_cells, tokenize_cells  # noqa: F401 (re-exported)
+from dplora.data.cells import tokenize_cells
 from dplora.data.readers import TextTable, read_csv_text, read_table
 from dplora.errors import BadInputError, excerpt
 

@@ -77,8 +77,8 @@ def prompt_ids(contract: Contract, tokenizer, prompt, max_new_tokens: int) -> li
             cannot render it.
     """
     max_len = contract.training.max_seq_len
+    from dplora.data.cells import tokenize_cells
     from dplora.data.chat import generation_ids, template_in_use
-    from dplora.data.units import tokenize_cells
 
     template = template_in_use(tokenizer, contract.data)
     conversation = not isinstance(prompt, str)

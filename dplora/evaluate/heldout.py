@@ -185,7 +185,7 @@ def _exact_match(model, tokenizer, table, contract: Contract, device) -> float:
 
 def _exact_match_rows(model, tokenizer, table, contract: Contract, device) -> list[bool]:
     """Whether each held-out prompt's greedy reply equals its label (both stripped)."""
-    from dplora.data.units import tokenize_cells
+    from dplora.data.cells import tokenize_cells
     from dplora.evaluate.generate import MAX_NEW_TOKENS, Sampling, generate_replies
 
     prompts = [str(p) for p in table[contract.data.prompt_column]]

@@ -53,19 +53,19 @@ def open_ledger(contract: Contract, plan: TrainingPlan, io: RunIO, resumed_run: 
         if control.is_control(contract):
             return None
         if resumed_run is None:  # --overwrite may discard an unassigned run's checkpoint: settle its charge then
-            path = io.ledger_path or default_ledger_path()
-            return Ledger(path, create=False) if io.overwrite and Path(path).is_file() else None
-        ledger = Ledger(io.ledger_path or default_ledger_path(), create=False)
+            path = io.options.ledger_path or default_ledger_path()
+            return Ledger(path, create=False) if io.options.overwrite and Path(path).is_file() else None
+        ledger = Ledger(io.options.ledger_path or default_ledger_path(), create=False)
         _check_resumable(ledger, resumed_run)
         return ledger
 
-    if control.is_control(contract) and not io.non_private:
+    if control.is_control(contract) and not io.options.non_private:
         pop = contract.privacy.population
         raise PlanRefusedError(
             f"privacy.enabled=false on population {pop!r}: a non-private run is charged ε=∞ in the ledger, over "
             f"any cap, and every later DP run on {pop!r} is then refused; pass --non-private to run it anyway"
         )
-    ledger = Ledger(io.ledger_path or default_ledger_path(), create=False)  # a missing ledger fails closed
+    ledger = Ledger(io.options.ledger_path or default_ledger_path(), create=False)  # a missing ledger fails closed
     if resumed_run is None and not control.is_control(contract):
         ledger.check(
             contract.privacy.population,
@@ -107,7 +107,9 @@ def build_run(
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
     # W processes on one node share its free cores
-    n_threads = io.threads or contract.training.threads or max(1, runtime.free_threads() // io.world.local_world_size)
+    n_threads = (
+        io.options.threads or contract.training.threads or max(1, runtime.free_threads() // io.world.local_world_size)
+    )
     torch.set_num_threads(n_threads)
     device = select_device()
     dtype, allow_tf32 = resolve_precision(contract.model, device)

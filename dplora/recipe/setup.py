@@ -9,6 +9,7 @@ from dplora import atomic
 from dplora.contract.spec import Contract
 from dplora.engine import distributed
 from dplora.errors import BadInputError, excerpt
+from dplora.recipe.options import RunOptions
 from dplora.run import outputs
 
 
@@ -146,19 +147,25 @@ def quiet_log(message: str) -> None:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunIO:
-    """The run's inputs that are not the contract: keys, ledger, threads and how to report."""
+    """What one run holds besides the contract, the plan and the mechanism: the caller's options and what the run
+    resolved from them (loaded keys, the process group, the logs, the start time).
 
+    Attributes:
+        options: the caller's :class:`dplora.recipe.options.RunOptions` (unchanged).
+        private_key: the loaded Ed25519 signing key (rank 0), or None.
+        data_key: the data owner's HMAC key bytes, or None.
+        log: the public log (rank 0's; other ranks print nothing).
+        progress: progress reports on (``options.progress`` on rank 0 only).
+        world: the run's processes.
+        private: :class:`dplora.surface.PrivateLog`, the run's private diagnostics (never on the public log).
+        started_at: UTC, taken before the data is read: the only time a release records.
+    """
+
+    options: RunOptions
     private_key: object
     data_key: bytes | None
-    ledger_path: Path | None
-    threads: int | None
-    progress: bool
-    tuning_trial: bool
     log: object
-    overwrite: bool = False
-    resume: bool = False
+    progress: bool
     world: distributed.World = distributed.SINGLE
-    non_private: bool = False
-    ledger_release: bool = True
-    private: object = None  # dplora.surface.PrivateLog: the run's private diagnostics (never on the public log)
-    started_at: str = ""  # UTC, taken before the data is read: the only time a release records
+    private: object = None
+    started_at: str = ""

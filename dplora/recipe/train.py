@@ -30,6 +30,7 @@ from dplora.recipe.finish import (
     record_failure,
 )
 from dplora.recipe.inputs import protected_inputs
+from dplora.recipe.options import RunOptions
 from dplora.recipe.planning import plan_for, resolve_auto
 from dplora.recipe.precheck import check_model_files
 from dplora.recipe.setup import (
@@ -69,46 +70,17 @@ class RunResult:
     run_id: str = ""
 
 
-def run_training(
-    contract: Contract,
-    *,
-    signing_key: Path | None,
-    data_key: Path | None,
-    overwrite: bool = False,
-    ledger_path: Path | None = None,
-    threads: int | None = None,
-    progress: bool = True,
-    tuning_trial: bool = False,
-    non_private: bool = False,
-    contract_path: Path | None = None,
-    resume: bool = False,
-    log=print,
-    extra_records: list[dict] | None = None,
-    ledger_release: bool = True,
-    private_log=None,
-) -> RunResult:
+def run_training(contract: Contract, options: RunOptions | None = None, *, log=print, private_log=None) -> RunResult:
     """Train DP-LoRA adapters under ``contract`` and write them with a signed release record.
 
     Args:
         contract: the validated contract (overrides applied).
-        signing_key: Ed25519 private key PEM (else ``$DPLORA_SIGNING_KEY``).
-        data_key: the data owner's HMAC key file (else ``$DPLORA_DATA_KEY``; else no data digest).
-        overwrite: replace a non-empty output folder (only after the new run succeeded).
-        ledger_path: SQLite budget ledger (used when ``privacy.population`` is set).
-        threads: CPU threads (default: free cores).
-        progress: report progress on stderr (a bar on a terminal, plain lines otherwise; see dplora.run.progress).
-        tuning_trial: charge the ledger as a hyperparameter-tuning trial (it counts like any release).
-        non_private: allow a ``privacy.enabled: false`` control on a ledger population (charged ε = ∞).
-        contract_path: the contract file, which the output folder must not hold.
-        resume: continue from the resume checkpoint in ``<output_dir>.partial`` (same contract and data).
+        options: keys, ledger and output policy, threads, progress (:class:`dplora.recipe.options.RunOptions`;
+            None: the defaults).
         log: one-line message sink for public lines (a function of the contract, the plan and DP outputs only).
         private_log: a :class:`dplora.surface.PrivateLog` for the private diagnostics (counts, timings, held-out
             numbers, local data warnings); they are written to ``<output_dir>.private/`` and echoed only where
             it echoes. Default: a silent one (the private folder only).
-        extra_records: rows appended to the training table after the held-out split (the audit's canaries,
-            each its own protected unit); every column of the data file, text values.
-        ledger_release: record the signed release in the ledger (False: a ``dplora sweep`` trial, signed with a
-            throw-away key and not a release; the sweep records the one release it makes). The charge is the same.
 
     Returns:
         :class:`RunResult`.
@@ -123,6 +95,8 @@ def run_training(
     from dplora.surface import PrivateLog
 
     private_log = private_log if private_log is not None else PrivateLog()
+    options = options if options is not None else RunOptions()
+    signing_key, data_key, ledger_path = options.signing_key, options.data_key, options.ledger_path
     started_at = utc_now()  # before the data is read: the record's only time (its end would time the private run)
     # training.expected_batch_size: auto: B, T and lr from the planner (public inputs only; no data read)
     contract, recommendation = resolve_auto(contract)
@@ -140,19 +114,19 @@ def run_training(
                 key = release.load_data_key(data_key)
                 protected = protected_inputs(
                     contract,
-                    contract_path=contract_path,
+                    contract_path=options.contract_path,
                     signing_key=signing_key,
                     data_key=data_key,
                     ledger_path=ledger_path,
                 )
                 check_model_cache(contract.model)  # a packaged model's cache folder, before any conversion
                 check_model_files(contract.model)  # the model folder, before the data is read or σ calibrated
-                out, staging = prepare_output(contract, overwrite, protected)
+                out, staging = prepare_output(contract, options.overwrite, protected)
             if control.is_control(contract) and world.distributed:
                 raise BadInputError("privacy.enabled=false (the non-private control) runs in one process only")
             table, held_out = data_mod.split_eval(data_mod.load_table(contract), contract)
-            if extra_records:
-                table = data_mod.append_records(table, extra_records)
+            if options.extra_records:
+                table = data_mod.append_records(table, list(options.extra_records))
             unit_index = data_mod.build_unit_index(table, contract.privacy, seed=contract.training.seed)
             if main:
                 plan = plan_for(contract, unit_index, log=private_log)
@@ -163,23 +137,17 @@ def run_training(
                 created = outputs.missing_parents(out)  # removed again if the run ends in exit 2
                 lock = lock_output(out)
                 # re-check under the lock: another run may have finished meanwhile
-                prepare_output(contract, overwrite, protected)
+                prepare_output(contract, options.overwrite, protected)
         plan = distributed.broadcast(world, plan)  # one plan (q, T, σ, ε curve), computed on rank 0
         if world.distributed:  # every rank read the same rows in the same order, the same contract and plan
             distributed.check_same_inputs(world, distributed.input_digests(contract, plan, table, unit_index))
         io = RunIO(
+            options=options,
             private_key=private_key,
             data_key=key,
-            ledger_path=ledger_path,
-            threads=threads,
-            progress=progress and main,
-            tuning_trial=tuning_trial,
-            non_private=non_private,
+            progress=options.progress and main,
             log=log if main else quiet_log,
-            overwrite=overwrite,
-            resume=resume,
             world=world,
-            ledger_release=ledger_release,
             private=private_log if main else PrivateLog(),
             started_at=started_at,
         )
@@ -210,10 +178,12 @@ def _run_locked(
 
     resumed = digest = None
     with distributed.gate(io.world):  # ranks other than 0 pass the same gate (see _follow)
-        resumed, digest = resume_mod.resume_point(staging, contract, plan, unit_index) if io.resume else (None, None)
+        resumed, digest = (
+            resume_mod.resume_point(staging, contract, plan, unit_index) if io.options.resume else (None, None)
+        )
         ledger = open_ledger(contract, plan, io, resumed and resumed.run_id)
         staging = resume_mod.prepare_staging(
-            out, resuming=resumed is not None, overwrite=io.overwrite, ledger=ledger, log=log
+            out, resuming=resumed is not None, overwrite=io.options.overwrite, ledger=ledger, log=log
         )
         io.private.attach(outputs.private_staging(staging))  # private diagnostics from here on: <output_dir>.private
     try:
@@ -326,7 +296,7 @@ def _run_locked(
         log(f"warning: files appeared in {out} during the run; the old folder was kept as {kept}")
     if ledger is not None:
         ledger.settle(spec.run_id, epsilon_spent=epsilon_spent, status="settled")
-    if ledger is not None and not control.is_control(contract) and io.ledger_release:
+    if ledger is not None and not control.is_control(contract) and io.options.ledger_release:
         ledger.record_release(
             run_id=spec.run_id,
             record_sha256=release.sha256_file(out / release.RELEASE_FILENAME),
@@ -392,10 +362,10 @@ def _reserve(ledger, contract: Contract, plan: TrainingPlan, spec, io: RunIO, re
     if ledger is None and not contract.privacy.population and not control.is_control(contract):
         from dplora.ledger.store import Ledger, default_ledger_path
 
-        ledger = Ledger(io.ledger_path or default_ledger_path(), create=True)
+        ledger = Ledger(io.options.ledger_path or default_ledger_path(), create=True)
     if ledger is None:
         return None
-    purpose = "tuning" if io.tuning_trial else "release"
+    purpose = "tuning" if io.options.tuning_trial else "release"
     if control.is_control(contract):
         ledger.reserve_non_private(
             population=contract.privacy.population, run_id=spec.run_id, adjacency=plan.adjacency.value, purpose=purpose

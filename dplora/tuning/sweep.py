@@ -266,6 +266,7 @@ def run_sweep(config: Path, args: list[str], options: SweepOptions, *, log=print
         TrainingFailedError: a trial failed (its charge stays; no release; finished trials are deleted).
     """
     from dplora.recipe.inputs import protected_inputs
+    from dplora.recipe.options import RunOptions
     from dplora.recipe.train import run_training
     from dplora.release import envelope as release
     from dplora.release.keys import generate_keypair
@@ -297,15 +298,17 @@ def run_sweep(config: Path, args: list[str], options: SweepOptions, *, log=print
             log(f"sweep: trial {i}/{len(grid)}: {' '.join(trial) or '(no overrides)'}")
             result = run_training(
                 contract,
-                signing_key=trial_key,
-                data_key=options.data_key,
-                ledger_path=options.ledger_path,
-                threads=options.threads,
-                progress=options.progress,
-                tuning_trial=True,
-                contract_path=config,
+                RunOptions(
+                    signing_key=trial_key,
+                    data_key=options.data_key,
+                    ledger_path=options.ledger_path,
+                    threads=options.threads,
+                    progress=options.progress,
+                    tuning_trial=True,
+                    contract_path=config,
+                    ledger_release=False,
+                ),
                 log=log,
-                ledger_release=False,
             )
             done.append(result.output_dir)
             evaluation = _evaluate(result, table, source, public, options, log)

@@ -183,6 +183,7 @@ def test_checkpoint_holds_no_generator_or_sampler_state(tmp_path, monkeypatch, t
     from safetensors import safe_open
 
     from dplora.contract.loader import parse_contract
+    from dplora.recipe.options import RunOptions
     from dplora.recipe.train import run_training
 
     samplers = []
@@ -212,7 +213,7 @@ def test_checkpoint_holds_no_generator_or_sampler_state(tmp_path, monkeypatch, t
     from dplora.release.envelope import generate_keypair
 
     generate_keypair(key)
-    run_training(contract, signing_key=key, data_key=None, progress=False, log=lambda *_: None)
+    run_training(contract, RunOptions(signing_key=key, data_key=None, progress=False), log=lambda *_: None)
     assert [s[3].step for s in seen] == [0, 2, 4]
     for blob, gen_state, pcg, info in seen:
         assert len(gen_state) == 32
