@@ -32,6 +32,14 @@ from dplora.cli.options import (
     SeedOpt,
     ThreadsOpt,
     TopPOpt,
+    allow_non_private_option,
+    json_option,
+    max_new_tokens_option,
+    overwrite_option,
+    prompts_option,
+    public_key_option,
+    show_private_option,
+    temperature_option,
 )
 from dplora.errors import BadInputError, DploraError, one_line
 
@@ -122,7 +130,7 @@ KeyPathArg = Annotated[Path, typer.Argument(metavar="PATH", help="Where to write
 KeyPublicOpt = Annotated[
     Path | None, typer.Option(metavar="PATH", help="Public key path. Default: PATH with suffix .pub.")
 ]
-KeyOverwriteOpt = Annotated[bool, typer.Option(help="Replace existing key files.")]
+KeyOverwriteOpt = Annotated[bool, overwrite_option("existing key files")]
 
 
 @app.command(short_help="Create an Ed25519 signing key pair.")
@@ -160,9 +168,8 @@ GroupColumnOpt = Annotated[
 
 EvalShowPrivateOpt = Annotated[
     bool,
-    typer.Option(
-        "--show-private",
-        help="Print numbers on a private held-out set (NOT covered by DP) under CI, without a terminal or with "
+    show_private_option(
+        "Print numbers on a private held-out set (NOT covered by DP) under CI, without a terminal or with "
         "--json too. They are always written to <run>.private/eval.json.",
     ),
 ]
@@ -236,7 +243,7 @@ def plot(run: RunArg) -> None:
 
 
 PromptOpt = Annotated[str | None, typer.Option(metavar="TEXT", help="One prompt.")]
-PromptsOpt = Annotated[Path | None, typer.Option(metavar="FILE", help="A UTF-8 file with one prompt per line.")]
+PromptsOpt = Annotated[Path | None, prompts_option("A UTF-8 file with one prompt per line.")]
 MessagesOpt = Annotated[
     Path | None,
     typer.Option(
@@ -245,21 +252,18 @@ MessagesOpt = Annotated[
         "column), rendered through the run's chat template with the generation prompt.",
     ),
 ]
-MaxNewTokensOpt = Annotated[
-    int, typer.Option(min=1, metavar="N", help="Tokens generated at most per reply (1 … 4096).")
-]
-TemperatureOpt = Annotated[float, typer.Option(min=0.0, help="0 is greedy (deterministic); > 0 samples.")]
+MaxNewTokensOpt = Annotated[int, max_new_tokens_option("reply")]
+TemperatureOpt = Annotated[float, temperature_option("0 is greedy (deterministic); > 0 samples.")]
 GenerateAllowNonPrivateOpt = Annotated[
-    bool, typer.Option("--allow-non-private", help="Generate from a non-private control run (no DP guarantee).")
+    bool, allow_non_private_option("Generate from a non-private control run (no DP guarantee).")
 ]
 GeneratePublicKeyOpt = Annotated[
-    Path | None,
-    typer.Option(metavar="PATH", help="The signer's Ed25519 public key (PEM): the release is verified first."),
+    Path | None, public_key_option("The signer's Ed25519 public key (PEM): the release is verified first.")
 ]
 NoVerifyOpt = Annotated[
     bool, typer.Option("--no-verify", help="Generate without verifying the release (the output says unverified).")
 ]
-GenerateJsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON line per prompt.")]
+GenerateJsonOpt = Annotated[bool, json_option("one JSON line per prompt.")]
 
 
 @app.command(short_help="Replies from the base model + the run's adapters.")
@@ -473,9 +477,8 @@ BrandsOpt = Annotated[
 
 TwcsShowPrivateOpt = Annotated[
     bool,
-    typer.Option(
-        "--show-private",
-        help="Print the counts of the private file (customers, pairs or conversations, turns, redactions: NOT "
+    show_private_option(
+        "Print the counts of the private file (customers, pairs or conversations, turns, redactions: NOT "
         "covered by DP) under CI or without a terminal; the operator then owns that log",
     ),
 ]
