@@ -20,7 +20,7 @@ from dplora.data import units as data_mod
 from dplora.engine import distributed
 from dplora.engine.model import check_model_cache
 from dplora.errors import BadInputError, DploraError, TrainingFailedError
-from dplora.mechanism import control
+from dplora.mechanism import control, reduction, sampling
 from dplora.plan.training import TrainingPlan, ledger_event
 from dplora.recipe.build import build_run, open_ledger
 from dplora.recipe.finish import (
@@ -235,7 +235,7 @@ def _run_locked(
     if control.is_control(contract):
         log(f"warning: {control.NO_DP_STATEMENT}")
     if io.world.distributed:
-        low, high = distributed.expected_units_per_rank(plan.sample_rate, plan.num_units, io.world.world_size)
+        low, high = sampling.expected_units_per_rank(plan.sample_rate, plan.num_units, io.world.world_size)
         log(
             f"distributed: {io.world.world_size} processes ({io.world.launcher}, {io.world.backend}); units sharded "
             f"by rank, expected {low:.4g}–{high:.4g} units per rank per step; noise drawn once per step on rank 0"
@@ -406,7 +406,7 @@ def _follow(contract: Contract, plan: TrainingPlan, table, unit_index, *, out: P
         spec, state = build_run(contract, plan, table, unit_index, out=out, staging=staging, io=io)
     distributed.sync_state(io.world, state)  # rank 0's LoRA tensors, optimizer state and step counts
     t0, first_step = time.perf_counter(), state.step
-    signals = distributed.FollowerSignals(state.optimizer.reducer)
+    signals = reduction.FollowerSignals(state.optimizer.reducer)
     with open(os.devnull, "w") as metrics, ProgressReporter(enabled=False) as bar, signals:
         run_steps(spec, state, metrics=metrics, progress=bar, after_step=signals.after_step)
     check_accounted(spec, state)
