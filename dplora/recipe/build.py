@@ -96,81 +96,28 @@ def _check_resumable(ledger, resumed_run: str) -> None:
 def build_run(
     contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Path, staging: Path, io: RunIO, held_out=None
 ):
-    """Model, tokens and the private engine on the chosen device: (RunSpec, RunState). Writes nothing."""
-    import torch
+    """Model, tokens and the private engine on the chosen device: (RunSpec, RunState). Writes nothing.
 
-    from dplora.engine import gradcheck, runtime
-    from dplora.engine.model import resolve_precision, select_device
+    Raises:
+        BadInputError: the model, its tokens or the held-out set (when public) cannot be used (exit 2).
+        TrainingFailedError: a setup stage failed (named in the one-line message).
+    """
     from dplora.run.loop import RunSpec, RunState
 
-    # Opacus hooks on a frozen base: inputs need no grad, which is expected here.
-    warnings.filterwarnings("ignore", message="Full backward hook is firing")
-    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
-    # W processes on one node share its free cores
-    n_threads = (
-        io.options.threads or contract.training.threads or max(1, runtime.free_threads() // io.world.local_world_size)
-    )
-    torch.set_num_threads(n_threads)
-    device = select_device()
-    dtype, allow_tf32 = resolve_precision(contract.model, device)
-    with _Stage("loading the model", device):
-        model, tokenizer = setup_model(contract, device, dtype, allow_tf32, io.log)
-    _check_pad_embedding(model, tokenizer)
-    examples, truncation = data_mod.encode_records(table, tokenizer, contract)
-    if truncation is not None and truncation.truncated:  # private counts: the operator's terminal only
-        io.private(
-            f"data: {truncation.truncated} of {truncation.records} records "
-            f"truncated to training.max_seq_len={contract.training.max_seq_len}, {truncation.dropped} dropped from "
-            f"the loss (no target token left), {truncation.turns_dropped} turns and {truncation.tokens_cut} tokens "
-            "not trained on"
-            + (
-                f"; on {truncation.unstable} records the chat template stopped being prefix-stable at a turn "
-                "(kept up to that turn)"
-                if truncation.unstable
-                else ""
-            )
-        )
+    loaded = _load(contract, io)
+    model, tokenizer, device = loaded["model"], loaded["tokenizer"], loaded["device"]
+    examples = _encode(contract, table, tokenizer, io)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if io.world.distributed:  # the same weights, tokenizer, tokens, LoRA init and library versions on every rank
         from dplora.engine.model import base_model_entry
 
         entry = base_model_entry(contract.model, io.log)
         distributed.check_same_inputs(io.world, distributed.model_digests(entry, examples, named))
-    if held_out is not None:  # before training, not after it
-        from dplora.evaluate.heldout import HeldOutDataProblem, check_held_out
-
-        try:
-            check_held_out(held_out, tokenizer, contract)
-        except HeldOutDataProblem as err:
-            if contract.data.eval_public:  # a public file: its problem is public, refuse before training
-                raise
-            # A private held-out set that cannot be evaluated (no unit fell on the held-out side, every reply cut
-            # away) must not decide whether the run releases: that would make the exit code a statistic of the
-            # private data (issue 40). Train and release; skip the evaluation, and say why privately.
-            io.private(f"held-out evaluation skipped: {err}")
-            held_out = None
+    held_out = _checked_held_out(contract, held_out, tokenizer, io)
     if not named:
         raise BadInputError("no trainable parameters: check lora.target_modules")
-    with _Stage("setting up per-sample gradients", device):
-        mechanism = mechanism_for(contract, plan, io.world)
-        reducer = mechanism.reducer(sum(p.numel() for _, p in named), runtime.parameter_device(model))
-        optimizer, (gsm, dp_opt, accountant) = _step_parts(contract, model, named, mechanism, reducer=reducer)
-        if mechanism.private:
-            gradcheck.probe_per_sample_gradients(gsm, named, dp_opt)
-    physical = None
-    if contract.training.physical_batch_size == "auto":  # synthetic batches of max_seq_len tokens, no private data
-        from dplora.engine.membatch import probe_physical_batch
-
-        with _Stage("probing the physical batch", device):
-            physical = probe_physical_batch(
-                gsm,
-                dp_opt,
-                named,
-                max_seq_len=contract.training.max_seq_len,
-                pad_id=tokenizer.pad_token_id,
-                device=runtime.parameter_device(model),
-            )
-        io.log(f"physical batch: {physical} records per forward (probed on synthetic batches)")
+    mechanism, optimizer, (gsm, dp_opt, accountant) = _private_engine(contract, plan, model, named, device, io)
+    physical = _physical_batch(contract, gsm, dp_opt, named, tokenizer, device, io)
     spec = RunSpec(
         contract=contract,
         plan=plan,
@@ -178,9 +125,9 @@ def build_run(
         examples=examples,
         pad_id=tokenizer.pad_token_id,
         device=device,
-        dtype=dtype,
-        allow_tf32=allow_tf32,
-        threads=n_threads,
+        dtype=loaded["dtype"],
+        allow_tf32=loaded["allow_tf32"],
+        threads=loaded["threads"],
         run_id=uuid.uuid4().hex,
         out=out,
         staging=staging,
@@ -197,6 +144,108 @@ def build_run(
         optimizer, schedule=plan.lr_schedule, warmup_steps=plan.warmup_steps, total_steps=plan.steps
     )
     return spec, RunState(model=gsm, optimizer=dp_opt, accountant=accountant, named=named, scheduler=scheduler)
+
+
+def _load(contract: Contract, io: RunIO) -> dict:
+    """Threads, device, precision, then the model with its LoRA adapters and the tokenizer (stage "loading the
+    model"): a dict of model, tokenizer, device, dtype, allow_tf32, threads."""
+    import torch
+
+    from dplora.engine import runtime
+    from dplora.engine.model import resolve_precision, select_device
+
+    # Opacus hooks on a frozen base: inputs need no grad, which is expected here.
+    warnings.filterwarnings("ignore", message="Full backward hook is firing")
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
+    # W processes on one node share its free cores
+    n_threads = (
+        io.options.threads or contract.training.threads or max(1, runtime.free_threads() // io.world.local_world_size)
+    )
+    torch.set_num_threads(n_threads)
+    device = select_device()
+    dtype, allow_tf32 = resolve_precision(contract.model, device)
+    with _Stage("loading the model", device):
+        model, tokenizer = setup_model(contract, device, dtype, allow_tf32, io.log)
+    _check_pad_embedding(model, tokenizer)
+    return {
+        "model": model, "tokenizer": tokenizer, "device": device, "dtype": dtype, "allow_tf32": allow_tf32,
+        "threads": n_threads,
+    }  # fmt: skip
+
+
+def _encode(contract: Contract, table, tokenizer, io: RunIO):
+    """Token ids and labels per record; the truncation counts go to the private log only (they are private)."""
+    examples, truncation = data_mod.encode_records(table, tokenizer, contract)
+    if truncation is not None and truncation.truncated:  # private counts: the operator's terminal only
+        io.private(
+            f"data: {truncation.truncated} of {truncation.records} records "
+            f"truncated to training.max_seq_len={contract.training.max_seq_len}, {truncation.dropped} dropped from "
+            f"the loss (no target token left), {truncation.turns_dropped} turns and {truncation.tokens_cut} tokens "
+            "not trained on"
+            + (
+                f"; on {truncation.unstable} records the chat template stopped being prefix-stable at a turn "
+                "(kept up to that turn)"
+                if truncation.unstable
+                else ""
+            )
+        )
+    return examples
+
+
+def _checked_held_out(contract: Contract, held_out, tokenizer, io: RunIO):
+    """The held-out set checked before training: a public file's problem refuses the run (exit 2); a private
+    set's problem skips the evaluation (said privately), so the exit code never depends on private data."""
+    if held_out is None:
+        return None
+    from dplora.evaluate.heldout import HeldOutDataProblem, check_held_out
+
+    try:
+        check_held_out(held_out, tokenizer, contract)
+    except HeldOutDataProblem as err:
+        if contract.data.eval_public:  # a public file: its problem is public, refuse before training
+            raise
+        # A private held-out set that cannot be evaluated (no unit fell on the held-out side, every reply cut
+        # away) must not decide whether the run releases: that would make the exit code a statistic of the
+        # private data (issue 40). Train and release; skip the evaluation, and say why privately.
+        io.private(f"held-out evaluation skipped: {err}")
+        held_out = None
+    return held_out
+
+
+def _private_engine(contract: Contract, plan: TrainingPlan, model, named, device, io: RunIO):
+    """The mechanism (:func:`mechanism_for`), its cross-rank reducer, the optimizer and the wrapped step; for a DP
+    run the per-example check on synthetic batches (stage "setting up per-sample gradients").
+    Returns (mechanism, optimizer, (per-sample model, step optimizer, accountant))."""
+    from dplora.engine import gradcheck, runtime
+
+    with _Stage("setting up per-sample gradients", device):
+        mechanism = mechanism_for(contract, plan, io.world)
+        reducer = mechanism.reducer(sum(p.numel() for _, p in named), runtime.parameter_device(model))
+        optimizer, parts = _step_parts(contract, model, named, mechanism, reducer=reducer)
+        if mechanism.private:
+            gradcheck.probe_per_sample_gradients(parts[0], named, parts[1])
+    return mechanism, optimizer, parts
+
+
+def _physical_batch(contract: Contract, gsm, dp_opt, named, tokenizer, device, io: RunIO) -> int | None:
+    """Records per forward for ``training.physical_batch_size: auto``, probed on synthetic batches (no private
+    data); None for a fixed number."""
+    if contract.training.physical_batch_size != "auto":
+        return None
+    from dplora.engine import runtime
+    from dplora.engine.membatch import probe_physical_batch
+
+    with _Stage("probing the physical batch", device):
+        physical = probe_physical_batch(
+            gsm,
+            dp_opt,
+            named,
+            max_seq_len=contract.training.max_seq_len,
+            pad_id=tokenizer.pad_token_id,
+            device=runtime.parameter_device(gsm),
+        )
+    io.log(f"physical batch: {physical} records per forward (probed on synthetic batches)")
+    return physical
 
 
 def probe_estimate(
