@@ -158,7 +158,7 @@ def record_release(
     from safetensors.numpy import load_file, save_file
 
     from dplora.contract.loader import parse_contract
-    from dplora.engine.model import base_model_entry
+    from dplora.engine.basefiles import base_model_entry
     from dplora.release import envelope as release
     from dplora.release.record import build_record
 

@@ -109,7 +109,7 @@ def build_run(
     examples = _encode(contract, table, tokenizer, io)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if io.world.distributed:  # the same weights, tokenizer, tokens, LoRA init and library versions on every rank
-        from dplora.engine.model import base_model_entry
+        from dplora.engine.basefiles import base_model_entry
 
         entry = base_model_entry(contract.model, io.log)
         distributed.check_same_inputs(io.world, distributed.model_digests(entry, examples, named))

