@@ -105,7 +105,7 @@ def _held_out_loss(setup: dict, folder: str | None) -> float:
 
     from dplora.contract.loader import parse_contract
     from dplora.contract.spec import ModelSection
-    from dplora.data.units import tokenize_records
+    from dplora.data.tokens import tokenize_records
     from dplora.engine.model import load_model_and_tokenizer
     from dplora.evaluate.heldout import record_nll
 

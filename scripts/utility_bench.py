@@ -473,7 +473,7 @@ class Scorer:
 
     def nll(self, model, table, contract, batch: int):
         """Per-record NLL and target tokens, tokenized and masked as training did (the template for conversations)."""
-        from dplora.data.units import tokenize_records
+        from dplora.data.tokens import tokenize_records
         from dplora.evaluate.heldout import record_nll
 
         examples = tokenize_records(table, self.tokenizer, contract)

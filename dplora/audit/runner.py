@@ -220,7 +220,7 @@ def _score(run_folder: Path, contract, drawn, options: AuditOptions, threads, lo
     """Per canary: adapter loss, base loss, score = base − adapter; exposure against random candidates."""
     import datasets
 
-    from dplora.data.units import tokenize_records
+    from dplora.data.tokens import tokenize_records
     from dplora.release.read import load_adapter_model, read_run
 
     model, tokenizer, device = load_adapter_model(read_run(run_folder), threads=threads, log=log)

@@ -56,7 +56,7 @@ class Sampling:
 
 
 def prompt_ids(contract: Contract, tokenizer, prompt, max_new_tokens: int) -> list[int]:
-    """Token ids of ``prompt`` formatted and truncated as in training (:func:`dplora.data.units.tokenize_records`).
+    """Token ids of ``prompt`` formatted and truncated as in training (:func:`dplora.data.tokens.tokenize_records`).
 
     Args:
         prompt: text (``--prompt``/``--prompts``), or a conversation (``--messages``: a checked list of

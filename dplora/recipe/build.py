@@ -9,7 +9,7 @@ import warnings
 from pathlib import Path
 
 from dplora.contract.spec import Contract, UnitClipping
-from dplora.data import units as data_mod
+from dplora.data import tokens as tokenizing
 from dplora.engine import distributed
 from dplora.errors import BadInputError, DploraError, PlanRefusedError, TrainingFailedError
 from dplora.mechanism import control
@@ -175,7 +175,7 @@ def _load(contract: Contract, io: RunIO) -> dict:
 
 def _encode(contract: Contract, table, tokenizer, io: RunIO):
     """Token ids and labels per record; the truncation counts go to the private log only (they are private)."""
-    examples, truncation = data_mod.encode_records(table, tokenizer, contract)
+    examples, truncation = tokenizing.encode_records(table, tokenizer, contract)
     if truncation is not None and truncation.truncated:  # private counts: the operator's terminal only
         io.private(
             f"data: {truncation.truncated} of {truncation.records} records "

@@ -125,7 +125,7 @@ def unit_norms(contract: Contract, table, *, sample: int = DEFAULT_SAMPLE, threa
     """
     import torch
 
-    from dplora.data import units as data_mod
+    from dplora.data import tokens as tokenizing
     from dplora.engine import gradcheck, runtime
     from dplora.engine.model import resolve_precision, select_device
     from dplora.mechanism import optimizer as dpopt
@@ -157,7 +157,7 @@ def unit_norms(contract: Contract, table, *, sample: int = DEFAULT_SAMPLE, threa
         contract=contract,
         plan=None,
         unit_index=index,
-        examples=data_mod.tokenize_records(table, tokenizer, contract),
+        examples=tokenizing.tokenize_records(table, tokenizer, contract),
         pad_id=tokenizer.pad_token_id,
         device=device,
         dtype=dtype,
