@@ -392,7 +392,7 @@ def test_the_folder_train_creates_above_the_release_carries_the_end_time(
     import time
     from datetime import datetime
 
-    from dplora.recipe import train as train_mod
+    from dplora.recipe import phases as train_mod  # the locked run's phases call train_and_release
 
     real = train_mod.train_and_release
 
