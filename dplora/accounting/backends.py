@@ -381,6 +381,6 @@ def epsilons(
     account = registry.make(accountant, event.adjacency)
     if event.noise_multiplier == 0.0:
         return [0.0 if t == 0 else math.inf for t in steps]
-    account.require_supported()
+    account.require_supports(event)
     values = account.epsilons(event, delta, list(steps), tolerance)
     return [v if math.isnan(v) else max(0.0, v) for v in values]  # never negative; NaN stays NaN (a failed check)

@@ -13,7 +13,8 @@ import math
 from decimal import Decimal
 
 from dplora.accounting import registry
-from dplora.accounting.events import Accountant
+from dplora.accounting.cost import Tolerance, out_of_range
+from dplora.accounting.events import Accountant, DpSgdEvent
 
 FLOOR = Accountant.RDP.value  # composes every add/remove sweep: a valid bound whatever each trial's accountant
 
@@ -96,9 +97,6 @@ def _guarded(method: str, compute, reason: str | None = None) -> dict:
 
 def _range(accountant: str, history, delta: float, adjacency: str = "add_remove") -> str | None:
     """Why the accountant must not compose these trials (each trial's event over all steps bounds the cost)."""
-    from dplora.accounting import DpSgdEvent
-    from dplora.accounting.cost import Tolerance, out_of_range
-
     total = sum(t for _, _, t in history)
     for sigma, q, _ in history:
         event = DpSgdEvent(sample_rate=q, noise_multiplier=sigma, steps=total, adjacency=adjacency)
@@ -130,8 +128,6 @@ def pld_composed(history: list[tuple[float, float, int]], delta: float, adjacenc
     import dp_accounting
     from dp_accounting.pld import PLDAccountant
 
-    from dplora.accounting import DpSgdEvent
-
     relation = (
         dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
         if adjacency == "add_remove"
@@ -158,8 +154,6 @@ def validate_events(events: list, adjacency: str) -> list[dict]:
     Raises:
         ValueError: a malformed event (the message names it).
     """
-    from dplora.accounting.events import DpSgdEvent
-
     out = []
     for event in events:
         if not isinstance(event, dict) or event.get("mechanism") not in MECHANISMS:
@@ -183,8 +177,6 @@ def validate_events(events: list, adjacency: str) -> list[dict]:
 
 def _dp_event(event: dict):
     import dp_accounting
-
-    from dplora.accounting import DpSgdEvent
 
     if event["mechanism"] == "dp_sgd":
         return DpSgdEvent(

@@ -81,6 +81,16 @@ class PrivacyAccountant(abc.ABC):
         if self.adjacency not in self.relations:
             raise UnsupportedAccountingError(self.unsupported_message())
 
+    def require_supports(self, event) -> None:
+        """Raise UnsupportedAccountingError unless :meth:`supports` ``event`` (the relation's refusal first).
+
+        Raises:
+            UnsupportedAccountingError: the relation, or another property of ``event``, is not supported.
+        """
+        self.require_supported()
+        if not self.supports(event):
+            raise UnsupportedAccountingError(f"accountant={self.name} does not account the event {event!r}")
+
     def numerical_chain(self) -> tuple[str, ...]:
         """The registry names tried in order for a checked ε (see :attr:`chain`).
 
