@@ -106,11 +106,12 @@ def calibrate(
 
     Args:
         target_epsilon, sample_rate, steps, delta, adjacency: the contract's numbers.
-        accountant: the contract's accountant.
+        accountant: the contract's accountant (a registry name, :mod:`dplora.accounting.registry`).
         chain: the numerical accountants to try (default :func:`numerical_chain`); ``()`` means RDP alone.
         notes: a list that receives a note when the tolerance was not reached (also from the cache).
 
     Raises:
+        BadInputError: no accountant of that name is registered (:func:`dplora.accounting.registry.get`).
         PlanRefusedError: the target cannot be reached (e.g. ε < 0.1 with RDP).
         UnsupportedAccountingError: RDP or PRV asked for replace-one.
         AccountingNumericalError: the checked ε was not non-increasing in σ.

@@ -13,10 +13,9 @@ import math
 from decimal import Decimal
 
 from dplora.accounting import registry
+from dplora.accounting.checked import FLOOR
 from dplora.accounting.cost import Tolerance, out_of_range
-from dplora.accounting.events import Accountant, DpSgdEvent
-
-FLOOR = Accountant.RDP.value  # composes every add/remove sweep: a valid bound whatever each trial's accountant
+from dplora.accounting.events import DpSgdEvent
 
 BASIC = "basic composition: Σε, Σδ (Dwork & Roth 2014, The Algorithmic Foundations of DP, Thm 3.16)"
 RDP = (
@@ -69,16 +68,16 @@ def compose(per_trial: list[dict], adjacency: str) -> dict:
 def composers(accountants: set[str], adjacency: str) -> list[str]:
     """Registry names of the accountants that compose trials run under ``accountants`` at ``adjacency``.
 
-    The floor accountant (RDP: its bound holds for any add/remove trial) first wherever it applies, then every
-    other registered accountant that composes runs, supports the relation and ran every trial, in registry order.
+    The floor accountant (RDP, :data:`~dplora.accounting.checked.FLOOR`: its bound holds for any add/remove trial,
+    whatever accountant planned it) first wherever it applies, then every other registered accountant that
+    composes runs, supports the relation and planned every trial, in registry order.
     """
-    floor = registry.make(FLOOR, adjacency)
-    out = [FLOOR] if floor.composition_method and floor.adjacency in floor.relations else []
-    for name in registry.names():
+    out = []
+    for name in (FLOOR.value, *(n for n in registry.names() if n != FLOOR.value)):
         account = registry.make(name, adjacency)
-        if name == FLOOR or not account.composition_method or account.adjacency not in account.relations:
+        if account.composition_method is None or account.adjacency not in account.relations:
             continue
-        if accountants == {name}:
+        if name == FLOOR.value or accountants == {name}:
             out.append(name)
     return out
 
