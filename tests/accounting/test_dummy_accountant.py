@@ -86,3 +86,17 @@ class TestGaussianQ1(AccountantContract):
 def test_registered_here_is_found_by_name():
     assert registry.get("gaussian_q1_test") is GaussianQ1Accountant
     assert registry.key("gaussian_q1_test") == "gaussian_q1_test"  # not a contract accountant: a plain name
+
+
+def test_public_api_and_calibration_take_a_registered_name():
+    """``epsilon`` and ``calibrate_noise`` accept the registered name: σ meets the target, 1 % less does not, and
+    the checked ε (floored by RDP) never needs more noise than RDP alone."""
+    from dplora.accounting import calibrate_noise, epsilon
+
+    def eps(sigma: float, accountant: str = "gaussian_q1_test") -> float:
+        return epsilon(sample_rate=1.0, noise_multiplier=sigma, steps=10, delta=1e-5, accountant=accountant)
+
+    assert eps(1.0) == pytest.approx(17.857, abs=0.02)
+    sigma = calibrate_noise(target_epsilon=2.0, sample_rate=1.0, steps=10, delta=1e-5, accountant="gaussian_q1_test")
+    assert eps(sigma) <= 2.0 < eps(sigma / 1.01)
+    assert sigma <= calibrate_noise(target_epsilon=2.0, sample_rate=1.0, steps=10, delta=1e-5, accountant="rdp")
