@@ -13,14 +13,15 @@ from decimal import Decimal
 
 from dplora.accounting.composition import exact
 from dplora.contract.spec import PrivacySection
+from dplora.ledger.store import Ledger
 from dplora.plan.training import TrainingPlan, ledger_event
 
 
-def check_plans(ledger, privacy: PrivacySection, plans: Sequence[TrainingPlan]) -> None:
+def check_plans(ledger: Ledger, privacy: PrivacySection, plans: Sequence[TrainingPlan]) -> None:
     """Refuse ``plans`` if together they do not fit ``privacy.population`` in ``ledger``; write nothing.
 
     Args:
-        ledger: an open :class:`dplora.ledger.store.Ledger`.
+        ledger: an open ledger.
         privacy: the contract's privacy section (``population`` set, ``protected_unit``, ``unit_key``).
         plans: one or more plans; ε (unitless) and δ (a probability) are summed as exact decimals of their
             shortest repr (:func:`dplora.accounting.composition.exact`); the adjacency is the first plan's (a
