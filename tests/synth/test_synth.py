@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from dplora.cli.app import app
 from dplora.contract.loader import load_contract
-from dplora.synth.files import MARKER_COLUMN, NO_DP_GUARANTEE, build_rows, memorisation_counts
+from dplora.release.derived import NO_DP_GUARANTEE
+from dplora.synth.files import MARKER_COLUMN, build_rows, memorisation_counts
 
 runner = CliRunner()
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")
