@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="runs at once (each at --threads)")
     parser.add_argument("--toy", action="store_true", help="tiny random model and generated tickets")
     args = parser.parse_args(argv)
-    from dplora.release.envelope import generate_keypair
+    from dplora.release.keys import generate_keypair
 
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="dplora-planner-") as tmp:

@@ -845,7 +845,7 @@ def trained_parameters(folder: Path, freeze_a: bool) -> int:
 
 def study_row(levers: list[str], settings: Settings, out: Path, threads: int, model_path: str | None) -> dict:
     """Train one Bitext DP row at ε = 8 with the levers applied and score it on held-out and validation rows."""
-    from dplora.release.envelope import generate_keypair
+    from dplora.release.keys import generate_keypair
 
     started = time.perf_counter()
     task = study_task(settings.bitext, levers)
@@ -1008,7 +1008,7 @@ def main(argv: list[str] | None = None) -> dict:
         rows, model_section = _parallel_tasks(argv if argv is not None else sys.argv[1:], selected, args.out)
         return _report(rows, settings, mode_name, model_section, args, started)
     from dplora.contract.loader import parse_contract
-    from dplora.release.envelope import generate_keypair
+    from dplora.release.keys import generate_keypair
 
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="dplora-utility-") as tmp_name:

@@ -15,35 +15,15 @@ from __future__ import annotations
 
 import math
 
-from dplora.accounting import accountants, registry  # noqa: F401 - importing accountants registers the built-ins
-from dplora.accounting.backends import (
-    RDP_ORDERS,
-    AccountingNumericalError,
-    accountant_version,
-    epsilons,
-    rdp_epsilons,
-    require_supported,
-)
+import dplora.accounting.accountants  # noqa: F401 - registers the built-in accountants (RDP, PRV, PLD)
+from dplora.accounting import registry
+from dplora.accounting.backends import AccountingNumericalError, epsilons, require_supported
 from dplora.accounting.calibration import calibrate
 from dplora.accounting.cost import Tolerance, out_of_range
-from dplora.accounting.events import Accountant, Adjacency, DpSgdEvent, Sampler, sensitivity
+from dplora.accounting.events import Accountant, Adjacency, DpSgdEvent
 from dplora.errors import BadInputError
 
-__all__ = [
-    "RDP_ORDERS",
-    "Accountant",
-    "AccountingNumericalError",
-    "Adjacency",
-    "DpSgdEvent",
-    "Sampler",
-    "accountant_version",
-    "calibrate_noise",
-    "epsilon",
-    "epsilons",
-    "rdp_epsilons",
-    "sensitivity",
-    "validate_delta",
-]
+__all__ = ["calibrate_noise", "epsilon", "validate_delta"]
 
 
 def validate_delta(delta: float) -> None:

@@ -17,13 +17,13 @@ from collections.abc import Callable
 
 from dplora.accounting import cache, registry
 from dplora.accounting.backends import AccountingNumericalError, accountant_version
-from dplora.accounting.cache import RULE_VERSION, cache_dir
+from dplora.accounting.cache import RULE_VERSION
 from dplora.accounting.checked import FLOOR, OutOfRangeError, checked_curve, numerical_chain, sigma_problem
 from dplora.accounting.cost import tolerance_for
 from dplora.accounting.events import Accountant, Adjacency, DpSgdEvent
 from dplora.errors import PlanRefusedError
 
-__all__ = ["SIGMA_MAX", "SIGMA_MIN", "cache_dir", "calibrate"]
+__all__ = ["SIGMA_MAX", "SIGMA_MIN", "calibrate"]
 
 SIGMA_MAX = 1e4
 SIGMA_MIN = 1e-3

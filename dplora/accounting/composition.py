@@ -52,7 +52,7 @@ def compose(per_trial: list[dict], adjacency: str) -> dict:
     accountants = {t["accountant"] for t in per_trial}
     for name in composers(accountants, adjacency):
         account = registry.make(name, adjacency)
-        reason = _range(name, history, delta, adjacency)
+        reason = out_of_range_reason(name, history, delta, adjacency)
         out[name] = _guarded(account.composition_method, lambda a=account: a.compose(history, delta), reason)
     best = min((k for k in out if "epsilon" in out[k]), key=lambda k: out[k]["epsilon"])
     computed = ", ".join(f"{k} {v['epsilon']:.4f}" for k, v in out.items() if "epsilon" in v)
@@ -94,7 +94,7 @@ def _guarded(method: str, compute, reason: str | None = None) -> dict:
     return {"method": method, "epsilon": eps}
 
 
-def _range(accountant: str, history, delta: float, adjacency: str = "add_remove") -> str | None:
+def out_of_range_reason(accountant: str, history, delta: float, adjacency: str = "add_remove") -> str | None:
     """Why the accountant must not compose these trials (each trial's event over all steps bounds the cost)."""
     total = sum(t for _, _, t in history)
     for sigma, q, _ in history:
@@ -174,7 +174,7 @@ def validate_events(events: list, adjacency: str) -> list[dict]:
     return out
 
 
-def _dp_event(event: dict):
+def dp_event_of(event: dict):
     import dp_accounting
 
     if event["mechanism"] == "dp_sgd":
@@ -211,12 +211,14 @@ def compose_events(events: list[dict], delta: float, adjacency: str) -> dict:
     def pld() -> float:
         accountant = PLDAccountant(neighboring_relation=relation)
         for event in events:
-            accountant.compose(_dp_event(event))
+            accountant.compose(dp_event_of(event))
         return accountant.get_epsilon(delta)
 
     laplace_replace = adjacency != "add_remove" and any(e["mechanism"] == "laplace" for e in events)
     reason = "dp_accounting's PLD has no Laplace event under replace-one" if laplace_replace else None
-    out["pld"] = _guarded(PLD, pld, reason or (_range("pld", history, delta, adjacency) if history else None))
+    out["pld"] = _guarded(
+        PLD, pld, reason or (out_of_range_reason("pld", history, delta, adjacency) if history else None)
+    )
     if adjacency == "add_remove" and len(sgd) == len(events):
         out["rdp"] = _guarded(RDP, lambda: rdp_composed(history, delta))
     return out

@@ -137,7 +137,7 @@ def keygen(
     overwrite: KeyOverwriteOpt = False,
 ) -> None:
     """Create an Ed25519 signing key pair for release records."""
-    from dplora.release.envelope import generate_keypair
+    from dplora.release.keys import generate_keypair
 
     try:
         priv, pub = generate_keypair(path, public, overwrite=overwrite)

@@ -223,7 +223,7 @@ def _attach(target, report: dict, contract, folder: Path, ledger: Path | None) -
     """Sign the finished audit into the release's record and note it in the ledger; the new envelope's path."""
     from dplora.audit import attach as attaching
     from dplora.audit.runner import REPORT_FILENAME
-    from dplora.release.envelope import sha256_file
+    from dplora.data.digest import sha256_file
 
     data_files = [contract.data.path.rsplit("/", 1)[-1]]
     section = attaching.audit_section(report, sha256_file(folder / REPORT_FILENAME), data_files)

@@ -148,9 +148,10 @@ def record_release(
     """Sign an intermediate release of a charged run from its latest resume checkpoint (not a new charge)."""
     from dplora.ledger import recovery
     from dplora.release import envelope as release
+    from dplora.release import keys as release_keys
 
     with _user_errors():
-        private_key = release.load_private_key(signing_key)
+        private_key = release_keys.load_private_key(signing_key)
         key = release.load_data_key(data_key)
         with Ledger(db or default_ledger_path(), create=False) as ledger:
             folder, eps, steps = recovery.record_release(

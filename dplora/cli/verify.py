@@ -77,7 +77,8 @@ def verify(
 def _verified(release_path, public_key, data, data_key, base_model, synthetic, manifest, *, as_json: bool):
     """Verify the release (and the synthetic file): (result, the public key, the synthetic check or None)."""
     from dplora.cli.synth import check_synthetic
-    from dplora.release.envelope import load_data_key, load_public_key
+    from dplora.release.envelope import load_data_key
+    from dplora.release.keys import load_public_key
     from dplora.release.verify import verify_release
 
     if data_key is not None and not data:

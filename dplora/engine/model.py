@@ -17,7 +17,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from dplora.accounting.calibration import cache_dir
+from dplora.accounting.cache import cache_dir
 from dplora.contract.spec import PACKAGED_MODELS, ModelSection, Precision, Quantization, is_hub_id
 from dplora.engine import quantize
 from dplora.errors import BadInputError

@@ -199,9 +199,10 @@ def export_release(
         VerificationError: the release does not verify, or the base is not the one trained on (exit 3).
         NotPrivateError: a non-private control without ``allow_control`` (exit 6).
     """
+    from dplora.data.digest import sha256_file
     from dplora.mechanism.control import NOT_DP
     from dplora.release.derived import NO_DP_GUARANTEE, guarantee_text, release_payload, source_release_entry
-    from dplora.release.envelope import RELEASE_FILENAME, STATEMENT_TYPE, sha256_file, sign_statement, temp_json
+    from dplora.release.envelope import RELEASE_FILENAME, STATEMENT_TYPE, sign_statement, temp_json
     from dplora.release.keys import load_public_key
     from dplora.release.read import ADAPTER_DIR, read_run
     from dplora.release.verify import check_base_model, verify_release

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from dplora.atomic import DiskFullError
 from dplora.contract.spec import Contract, ProtectedUnit, Quantization
+from dplora.data import digest as digests
 from dplora.engine import distributed
 from dplora.errors import DploraError, TrainingFailedError
 from dplora.mechanism import control, sampling
@@ -205,7 +206,7 @@ def publish(spec, state, io: RunIO, ledger, *, started: str, timing: Timing) -> 
     if ledger is not None and spec.mechanism.private and io.options.ledger_release:
         ledger.record_release(
             run_id=spec.run_id,
-            record_sha256=release.sha256_file(out / release.RELEASE_FILENAME),
+            record_sha256=digests.sha256_file(out / release.RELEASE_FILENAME),
             epsilon=epsilon_spent,
             delta=plan.delta,
             label="final",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from dplora.accounting import Adjacency
+from dplora.accounting.events import Adjacency
 from dplora.contract.spec import Contract
 from dplora.data import units as data_mod
 from dplora.errors import BadInputError

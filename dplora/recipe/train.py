@@ -34,6 +34,7 @@ from dplora.recipe.setup import (
 )
 from dplora.recipe.steps import check_accounted
 from dplora.release import envelope as release
+from dplora.release import keys as release_keys
 from dplora.run import outputs, tracking
 from dplora.run.execution import utc_now
 
@@ -166,7 +167,7 @@ def _admit(contract: Contract, options: RunOptions, world, recommendation, held:
     with distributed.gate(world):  # a refusal on any rank stops every rank here
         tracking.check_backend(contract.training.report_to)  # a missing tracker library: exit 2, nothing written
         if main:
-            private_key = release.load_private_key(options.signing_key)
+            private_key = release_keys.load_private_key(options.signing_key)
             key = release.load_data_key(options.data_key)
             protected = protected_inputs(
                 contract,

@@ -29,16 +29,8 @@ from securesystemslib.dsse import Envelope
 from securesystemslib.signer import CryptoSigner
 
 from dplora import atomic
-from dplora.data.digest import hmac_sha256_file, new_salt, sha256_file  # noqa: F401 - re-exported for callers
+from dplora.data.digest import hmac_sha256_file, new_salt, sha256_file
 from dplora.errors import BadInputError
-from dplora.release.keys import (  # noqa: F401 - re-exported: the key functions lived here before dplora.release.keys
-    NO_SIGNING_KEY,
-    SIGNING_KEY_ENV,
-    generate_keypair,
-    key_id,
-    load_private_key,
-    load_public_key,
-)
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"

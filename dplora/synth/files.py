@@ -277,17 +277,11 @@ def synthesize(
             manifest would chain to adapters nobody signed.
         NotPrivateError: a non-private control without ``allow_non_private`` (exit 6).
     """
+    from dplora.data.digest import sha256_file
     from dplora.data.units import load_table
     from dplora.evaluate.generate import generate_replies
     from dplora.mechanism.control import NOT_DP
-    from dplora.release.envelope import (
-        RELEASE_FILENAME,
-        STATEMENT_TYPE,
-        sha256_file,
-        sign_statement,
-        temp_json,
-        write_temp,
-    )
+    from dplora.release.envelope import RELEASE_FILENAME, STATEMENT_TYPE, sign_statement, temp_json, write_temp
     from dplora.release.read import load_adapter_model, read_run
     from dplora.release.verify import verify_release
 

@@ -269,6 +269,7 @@ def run_sweep(config: Path, args: list[str], options: SweepOptions, *, log=print
     from dplora.recipe.options import RunOptions
     from dplora.recipe.train import run_training
     from dplora.release import envelope as release
+    from dplora.release import keys as release_keys
     from dplora.release.keys import generate_keypair
     from dplora.run import outputs
 
@@ -276,7 +277,7 @@ def run_sweep(config: Path, args: list[str], options: SweepOptions, *, log=print
     grid = trial_overrides(axes)
     out_dir = Path(options.out_dir)
     contracts = _contracts(config, fixed, grid, out_dir)
-    private_key = release.load_private_key(options.signing_key)
+    private_key = release_keys.load_private_key(options.signing_key)
     release.load_data_key(options.data_key)
     protected = protected_inputs(
         contracts[0],
@@ -392,6 +393,7 @@ def tuning_entry(results, chosen: int, *, source: str, public: bool, adjacency) 
 def _release(result, tuning: dict, private_key, options: SweepOptions, trial_pub: Path) -> Path:
     """Re-sign the chosen trial: its record (checked under the throw-away key) plus ``tuning``, by the user's key."""
     from dplora.contract.loader import load_contract
+    from dplora.data import digest as digests
     from dplora.ledger.store import Ledger, default_ledger_path
     from dplora.release import envelope as release
     from dplora.release.verify import verify_release
@@ -411,7 +413,7 @@ def _release(result, tuning: dict, private_key, options: SweepOptions, trial_pub
     with Ledger(options.ledger_path or default_ledger_path(), create=False) as ledger:
         ledger.record_release(
             run_id=result.run_id,
-            record_sha256=release.sha256_file(path),
+            record_sha256=digests.sha256_file(path),
             epsilon=result.epsilon_spent,
             delta=result.plan.delta,
             label=f"sweep: chosen trial {tuning['selection']['chosen_trial']} of {tuning['trials']}",

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 from accountant_contract import AccountantContract
 
-from dplora.accounting import Accountant, backends, composition, cost, registry
+from dplora.accounting import backends, composition, cost, registry
 from dplora.accounting.checked import numerical_chain
-from dplora.accounting.events import DpSgdEvent
+from dplora.accounting.events import Accountant, DpSgdEvent
 from dplora.errors import BadInputError
 
 MNIST_Q = 256 / 60000

@@ -29,6 +29,7 @@ from dplora.mechanism.noise import CsprngGaussian
 from dplora.recipe.options import RunOptions
 from dplora.recipe.train import run_training
 from dplora.release import envelope as release
+from dplora.release import keys as release_keys
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning"
@@ -545,7 +546,7 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture()
 def signing_key(tmp_path, monkeypatch):
     monkeypatch.delenv(release.DATA_KEY_ENV, raising=False)
-    return release.generate_keypair(tmp_path / "keys" / "signing.pem")[0]
+    return release_keys.generate_keypair(tmp_path / "keys" / "signing.pem")[0]
 
 
 def _contract(tmp_path, model_dir, *, rows: int, privacy: dict, training: dict):

@@ -210,7 +210,7 @@ def test_checkpoint_holds_no_generator_or_sampler_state(tmp_path, monkeypatch, t
     raw = contract_dict(tiny_model_dir, tickets_csv, tmp_path / "run", training={"steps": 4, "checkpoint_every": 2})
     contract = parse_contract(raw)
     key = tmp_path / "k.key"
-    from dplora.release.envelope import generate_keypair
+    from dplora.release.keys import generate_keypair
 
     generate_keypair(key)
     run_training(contract, RunOptions(signing_key=key, data_key=None, progress=False), log=lambda *_: None)
