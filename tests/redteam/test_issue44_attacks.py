@@ -501,10 +501,20 @@ def test_tuning_trial_no_ledger_release_and_canaries_are_charged(tmp_path, model
 
     monkeypatch.delenv(envelope.DATA_KEY_ENV, raising=False)
     key = release_keys.generate_keypair(tmp_path / "k" / "s.pem")[0]
-    raw = _contract_raw(tmp_path, model_dir, rows=8, privacy={"num_units": None})
+    from dplora.recipe import train as train_mod
+
+    raw = _contract_raw(tmp_path, model_dir, rows=8, privacy={"num_units": 10})  # public N: 8 rows + 2 canaries
     contract = parse_contract(raw)
     db = tmp_path / "ledger.db"
     extra = ({"text": "canary one 424242"}, {"text": "canary two 737373"})
+    seen = []
+    real_index = train_mod.data_mod.build_unit_index
+
+    def index_spy(table, *args, **kwargs):
+        seen.append([row["text"] for row in table])
+        return real_index(table, *args, **kwargs)
+
+    monkeypatch.setattr(train_mod.data_mod, "build_unit_index", index_spy)
     result = run_training(
         contract,
         RunOptions(
@@ -515,10 +525,10 @@ def test_tuning_trial_no_ledger_release_and_canaries_are_charged(tmp_path, model
             tuning_trial=True,
             ledger_release=False,
             extra_records=extra,
-        ),  # fmt: skip
+        ),
         log=lambda *_: None,
     )
-    assert result.plan.num_units == 10
+    assert len(seen) == 1 and len(seen[0]) == 10 and seen[0][-2:] == [e["text"] for e in extra]
     ledger = Ledger(db, create=False)
     charges = ledger.unassigned()
     assert len(charges) == 1
@@ -526,3 +536,16 @@ def test_tuning_trial_no_ledger_release_and_canaries_are_charged(tmp_path, model
     assert c["purpose"] == "tuning" and c["run_id"] == result.run_id
     assert float(c["epsilon"]) == pytest.approx(result.plan.epsilon)
     assert ledger.releases(result.run_id) == []
+
+
+COMPOSE_MAIN = Path("/tmp/attack44/compose_main.json")
+COMPOSE_I44 = Path("/tmp/attack44/compose_i44.json")
+
+
+@pytest.mark.skipif(
+    not (COMPOSE_MAIN.is_file() and COMPOSE_I44.is_file()), reason="run /tmp/attack44/compose_grid.py first"
+)
+def test_trial_composition_identical_to_main():
+    """dplora.accounting.composition.compose (tuning trials) gives main's compositions, key for key."""
+    main, new = json.loads(COMPOSE_MAIN.read_text()), json.loads(COMPOSE_I44.read_text())
+    assert len(main) == 10 and main == new
