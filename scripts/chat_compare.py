@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--workdir", type=Path, default=None, help="where runs go (default: a temporary folder)")
     args = parser.parse_args(argv)
     from dplora.contract.loader import parse_contract
-    from dplora.release.envelope import generate_keypair
+    from dplora.release.keys import generate_keypair
 
     with tempfile.TemporaryDirectory(prefix="dplora-chat-compare-") as tmp:
         work = args.workdir or Path(tmp)

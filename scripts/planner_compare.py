@@ -79,10 +79,11 @@ def _contract(setup: dict, out: Path, *, arm: str, enabled: bool = True) -> dict
 
 def _train(raw: dict, key: Path) -> dict:
     from dplora.contract.loader import parse_contract
+    from dplora.recipe.options import RunOptions
     from dplora.recipe.train import run_training
 
     result = run_training(
-        parse_contract(raw), signing_key=key, data_key=None, overwrite=True, progress=False, log=_quiet
+        parse_contract(raw), RunOptions(signing_key=key, data_key=None, overwrite=True, progress=False), log=_quiet
     )
     p = result.plan
     return {
@@ -104,7 +105,7 @@ def _held_out_loss(setup: dict, folder: str | None) -> float:
 
     from dplora.contract.loader import parse_contract
     from dplora.contract.spec import ModelSection
-    from dplora.data.units import tokenize_records
+    from dplora.data.tokens import tokenize_records
     from dplora.engine.model import load_model_and_tokenizer
     from dplora.evaluate.heldout import record_nll
 
@@ -261,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="runs at once (each at --threads)")
     parser.add_argument("--toy", action="store_true", help="tiny random model and generated tickets")
     args = parser.parse_args(argv)
-    from dplora.release.envelope import generate_keypair
+    from dplora.release.keys import generate_keypair
 
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="dplora-planner-") as tmp:

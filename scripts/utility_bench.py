@@ -417,10 +417,13 @@ def resolved_settings(raw: dict) -> dict:
 def train_one(raw: dict, key: Path, threads: int) -> dict:
     """Train through dplora's own path; returns the plan's public numbers and seconds."""
     from dplora.contract.loader import parse_contract
+    from dplora.recipe.options import RunOptions
     from dplora.recipe.train import run_training
 
     result = run_training(
-        parse_contract(raw), signing_key=key, data_key=None, overwrite=True, threads=threads, progress=False, log=_quiet
+        parse_contract(raw),
+        RunOptions(signing_key=key, data_key=None, overwrite=True, threads=threads, progress=False),
+        log=_quiet,
     )
     p = result.plan
     return {
@@ -470,7 +473,7 @@ class Scorer:
 
     def nll(self, model, table, contract, batch: int):
         """Per-record NLL and target tokens, tokenized and masked as training did (the template for conversations)."""
-        from dplora.data.units import tokenize_records
+        from dplora.data.tokens import tokenize_records
         from dplora.evaluate.heldout import record_nll
 
         examples = tokenize_records(table, self.tokenizer, contract)
@@ -842,7 +845,7 @@ def trained_parameters(folder: Path, freeze_a: bool) -> int:
 
 def study_row(levers: list[str], settings: Settings, out: Path, threads: int, model_path: str | None) -> dict:
     """Train one Bitext DP row at ε = 8 with the levers applied and score it on held-out and validation rows."""
-    from dplora.release.envelope import generate_keypair
+    from dplora.release.keys import generate_keypair
 
     started = time.perf_counter()
     task = study_task(settings.bitext, levers)
@@ -1005,7 +1008,7 @@ def main(argv: list[str] | None = None) -> dict:
         rows, model_section = _parallel_tasks(argv if argv is not None else sys.argv[1:], selected, args.out)
         return _report(rows, settings, mode_name, model_section, args, started)
     from dplora.contract.loader import parse_contract
-    from dplora.release.envelope import generate_keypair
+    from dplora.release.keys import generate_keypair
 
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="dplora-utility-") as tmp_name:

@@ -104,7 +104,7 @@ def tickets_csv(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def signing_key(tmp_path_factory) -> tuple[Path, Path]:
-    from dplora.release.envelope import generate_keypair
+    from dplora.release.keys import generate_keypair
 
     folder = tmp_path_factory.mktemp("keys")
     return generate_keypair(folder / "test.key")

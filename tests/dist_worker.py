@@ -30,6 +30,7 @@ from dplora.engine import batch as batching
 from dplora.engine import distributed
 from dplora.errors import BadInputError, TrainingFailedError
 from dplora.mechanism import optimizer as dpopt
+from dplora.mechanism import reduction, sampling
 from dplora.mechanism.clipping import UnitClipAccumulator
 
 N_UNITS, RATE, SAMPLER_STEPS = 100, 0.1, 400  # shards of 50 units: ranks seeded alike draw alike
@@ -52,7 +53,7 @@ def _indicators(world, sampler, steps: int) -> np.ndarray:
 def _noise_only(world) -> tuple[np.ndarray, list[float], int, bool]:
     """Reduced outputs (steps, P) of zero clipped sums with E = 1, per-step draw totals, the run's draws, and
     whether every rank got the same output."""
-    reducer = distributed.StepReducer(world, NOISE_P, "cpu")
+    reducer = reduction.StepReducer(world, NOISE_P, "cpu")
     acc = UnitClipAccumulator(NOISE_P, CLIP, "cpu")
     gen = dpopt.os_entropy_generator()
     outputs, draws = [], []
@@ -72,7 +73,7 @@ def _noise_only(world) -> tuple[np.ndarray, list[float], int, bool]:
 def _two_draws(world) -> str:
     """Both ranks act as rank 0 (each draws): the reduction must refuse the step on every rank."""
     liar = distributed.World(rank=0, world_size=world.world_size, launcher="test", backend="gloo")
-    reducer = distributed.StepReducer(liar, 8, "cpu")
+    reducer = reduction.StepReducer(liar, 8, "cpu")
     acc = UnitClipAccumulator(8, 1.0, "cpu")
     try:
         reducer.privatize(
@@ -90,7 +91,7 @@ def _two_draws(world) -> str:
 def _failures_reach_every_rank(world) -> dict:
     """Rank 1 fails inside a step's reduction and inside a setup gate: what each rank raises (class, message)."""
     out = {}
-    reducer = distributed.StepReducer(world, 8, "cpu")
+    reducer = reduction.StepReducer(world, 8, "cpu")
     acc = UnitClipAccumulator(8, 1.0, "cpu")
     if world.rank == 1:
         reducer.fail(TrainingFailedError("non-finite loss at logical step 3: stopping without a release"))
@@ -160,7 +161,7 @@ def _one_step(model, units, per_sample: str, world) -> tuple[torch.Tensor, int]:
 
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     before = torch.cat([p.detach().reshape(-1).clone() for _, p in named])
-    reducer = distributed.StepReducer(world, before.numel(), "cpu") if world.distributed else None
+    reducer = reduction.StepReducer(world, before.numel(), "cpu") if world.distributed else None
     optimizer = torch.optim.SGD([p for _, p in named], lr=1.0)
     plan = SimpleNamespace(noise_multiplier=0.0, max_grad_norm=STEP_CLIP, expected_batch_size=STEP_E, sample_rate=0.5)
     gsm, dp_opt, acc = dpopt.make_private(
@@ -196,7 +197,7 @@ def _brute_force(model, units) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _model_step(world) -> dict:
     pristine = _lora_model()
-    shard = distributed.shard_units(len(UNITS), world)
+    shard = sampling.shard_units(len(UNITS), world)
     mine = np.intersect1d(SAMPLED, shard)
     out = {}
     for path in ("fast", "opacus"):
@@ -220,9 +221,9 @@ def main(folder: Path, resume_args: list[str]) -> None:
     warnings.filterwarnings("ignore")  # Opacus/transformers notices on a frozen base; stderr stays readable
     world = distributed.init_world()
     torch.set_num_threads(1)
-    real = _indicators(world, distributed.ShardedPoissonSampler(N_UNITS, RATE, world), SAMPLER_STEPS)
+    real = _indicators(world, sampling.ShardedPoissonSampler(N_UNITS, RATE, world), SAMPLER_STEPS)
     shared_rng = np.random.default_rng(1234)  # the defect the test must catch: ranks seeded alike
-    shared = _indicators(world, distributed.ShardedPoissonSampler(N_UNITS, RATE, world, shared_rng), SAMPLER_STEPS)
+    shared = _indicators(world, sampling.ShardedPoissonSampler(N_UNITS, RATE, world, shared_rng), SAMPLER_STEPS)
     noise, draws, run_draws, noise_same = _noise_only(world)
     refused = _two_draws(world)
     failures = _failures_reach_every_rank(world)
@@ -240,7 +241,7 @@ def main(folder: Path, resume_args: list[str]) -> None:
             noise_same_on_ranks=noise_same,
             two_draws=refused,
             failures=failures,
-            shards=[distributed.shard_units(N_UNITS, distributed.World(rank=r, world_size=2)).tolist() for r in (0, 1)],
+            shards=[sampling.shard_units(N_UNITS, distributed.World(rank=r, world_size=2)).tolist() for r in (0, 1)],
         )
         (folder / "results.json").write_text(json.dumps(summary))
     if resume_args:

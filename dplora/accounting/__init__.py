@@ -1,7 +1,9 @@
 """Privacy accounting for DP-SGD: ε of a mechanism, and σ calibrated to a target ε.
 
-Three accountants behind one interface (:class:`Accountant`): Opacus PRV and RDP (add/remove only) and
-dp_accounting PLD (add/remove and replace-one). The mechanism is described as data (:class:`DpSgdEvent`).
+Three accountants behind one interface, found by name (:mod:`~dplora.accounting.registry`; the contract's
+:class:`Accountant` values are their names): Opacus PRV and RDP (add/remove only) and dp_accounting PLD
+(add/remove and replace-one), in :mod:`~dplora.accounting.accountants`.
+The mechanism is described as data (:class:`DpSgdEvent`).
 No GDP/CLT accountant is offered: it underestimates ε at few steps (cases A5). PRV and PLD are called only
 inside their range (:mod:`~dplora.accounting.cost`); plans use checked curves (:mod:`~dplora.accounting.checked`).
 
@@ -13,34 +15,15 @@ from __future__ import annotations
 
 import math
 
-from dplora.accounting.backends import (
-    RDP_ORDERS,
-    AccountingNumericalError,
-    accountant_version,
-    epsilons,
-    rdp_epsilons,
-    require_supported,
-)
+import dplora.accounting.accountants  # noqa: F401 - registers the built-in accountants (RDP, PRV, PLD)
+from dplora.accounting import registry
+from dplora.accounting.backends import AccountingNumericalError, epsilons, require_supported
 from dplora.accounting.calibration import calibrate
 from dplora.accounting.cost import Tolerance, out_of_range
-from dplora.accounting.events import Accountant, Adjacency, DpSgdEvent, Sampler, sensitivity
+from dplora.accounting.events import Accountant, Adjacency, DpSgdEvent
 from dplora.errors import BadInputError
 
-__all__ = [
-    "RDP_ORDERS",
-    "Accountant",
-    "AccountingNumericalError",
-    "Adjacency",
-    "DpSgdEvent",
-    "Sampler",
-    "accountant_version",
-    "calibrate_noise",
-    "epsilon",
-    "epsilons",
-    "rdp_epsilons",
-    "sensitivity",
-    "validate_delta",
-]
+__all__ = ["calibrate_noise", "epsilon", "validate_delta"]
 
 
 def validate_delta(delta: float) -> None:
@@ -49,14 +32,8 @@ def validate_delta(delta: float) -> None:
         raise BadInputError(f"Expected 0 < delta < 1, got delta={delta!r}")
 
 
-def _accountant(accountant) -> Accountant:
-    try:
-        return Accountant(accountant)
-    except ValueError:
-        offered = ", ".join(repr(a.value) for a in Accountant)
-        raise BadInputError(
-            f"accountant={accountant!r} is not offered; use one of {offered} (no GDP/CLT: it underestimates ε)"
-        ) from None
+def _accountant(accountant) -> Accountant | str:
+    return registry.key(accountant)  # BadInputError naming the offered accountants for an unknown name
 
 
 def _adjacency(adjacency) -> Adjacency:
@@ -113,7 +90,7 @@ def epsilon(
         reason = out_of_range(acc, event, delta, Tolerance())
         if reason is not None:
             fix = "use accountant='rdp'" if event.adjacency is Adjacency.ADD_REMOVE else "change q, σ, T or δ"
-            raise AccountingNumericalError(f"{acc.value} is not called here: {reason}; {fix}")
+            raise AccountingNumericalError(f"{registry.get(acc).name} is not called here: {reason}; {fix}")
     return epsilons(event, delta, acc, [steps])[0]
 
 

@@ -11,7 +11,6 @@ a stub, so the default accountant (PRV) also plans without torch.
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import importlib.util
 import math
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dplora.accounting import registry
 from dplora.accounting.events import Accountant, Adjacency, DpSgdEvent
 from dplora.errors import UnsupportedAccountingError
 
@@ -127,24 +127,36 @@ def _load_compose(full: str, path: Path) -> None:
     exec(code, module.__dict__)  # noqa: S102 - Opacus's own file, one import line deferred
 
 
-def accountant_version(accountant: Accountant) -> str:
-    """Library and version that computes ``accountant``, e.g. ``"opacus 1.6.0"``."""
-    package = "dp-accounting" if Accountant(accountant) is Accountant.PLD else "opacus"
-    return f"{package} {importlib.metadata.version(package)}"
+def accountant_version(accountant: Accountant | str) -> str:
+    """Library and version that computes ``accountant``, e.g. ``"opacus 1.6.0"`` (its registry object's).
+
+    Raises:
+        BadInputError: no accountant of that name is registered.
+    """
+    return registry.get(accountant).version()
 
 
-def require_supported(accountant: Accountant, adjacency: Adjacency) -> None:
-    """Raise UnsupportedAccountingError unless ``accountant`` accounts ``adjacency`` (replace-one: PLD only)."""
-    accountant, adjacency = Accountant(accountant), Adjacency(adjacency)
-    if adjacency is not Adjacency.ADD_REMOVE and accountant is not Accountant.PLD:
-        raise UnsupportedAccountingError(
-            f"accountant={accountant.value} supports only adjacency=add_remove (Opacus's accountants are "
-            f"add/remove only); for adjacency={adjacency.value} use accountant: pld"
-        )
+def require_supported(accountant: Accountant | str, adjacency: Adjacency | str) -> None:
+    """Raise UnsupportedAccountingError unless ``accountant`` accounts ``adjacency`` (replace-one: PLD only).
+
+    Raises:
+        BadInputError: no accountant of that name is registered.
+        UnsupportedAccountingError: the relation is not one the accountant supports.
+    """
+    registry.make(accountant, adjacency).require_supported()
 
 
-def _require_add_remove(event: DpSgdEvent, accountant: Accountant) -> None:
-    require_supported(accountant, event.adjacency)
+def add_remove_only(name: str, adjacency: Adjacency) -> str:
+    """The refusal of an Opacus accountant (``name``) asked for another relation than add/remove."""
+    return (
+        f"accountant={name} supports only adjacency=add_remove (Opacus's accountants are "
+        f"add/remove only); for adjacency={Adjacency(adjacency).value} use accountant: pld"
+    )
+
+
+def _require_add_remove(event: DpSgdEvent, name: str) -> None:
+    if event.adjacency is not Adjacency.ADD_REMOVE:
+        raise UnsupportedAccountingError(add_remove_only(name, event.adjacency))
 
 
 @functools.lru_cache(maxsize=256)
@@ -165,7 +177,7 @@ def rdp_epsilons(event: DpSgdEvent, delta: float, steps: list[int]) -> list[floa
     conversion is Opacus's ``get_privacy_spent`` (Balle et al. 2020, Thm. 21), vectorised over the step counts
     with the same floating-point operations, so each value equals Opacus's own.
     """
-    _require_add_remove(event, Accountant.RDP)
+    _require_add_remove(event, "rdp")
     one = np.asarray(_rdp_one_step(event.sample_rate, event.noise_multiplier))
     orders = np.asarray(RDP_ORDERS)
     counts = np.asarray(steps, dtype=float)
@@ -211,7 +223,7 @@ def prv_epsilon(event: DpSgdEvent, delta: float, eps_error: float = 0.01) -> flo
     that Opacus's slow fractional-order RDP is not recomputed on every call; a test checks that the value
     equals ``PRVAccountant``'s.
     """
-    _require_add_remove(event, Accountant.PRV)
+    _require_add_remove(event, "prv")
     prv = _opacus_prv()
 
     delta_error = delta / 1000
@@ -343,40 +355,32 @@ def pld_epsilon(event: DpSgdEvent, delta: float, interval: float = 1e-4) -> floa
     return pld_epsilons(event, delta, [event.steps], interval)[0]
 
 
-def epsilons(event: DpSgdEvent, delta: float, accountant: Accountant, steps: list[int], tolerance=None) -> list[float]:
+def epsilons(
+    event: DpSgdEvent, delta: float, accountant: Accountant | str, steps: list[int], tolerance=None
+) -> list[float]:
     """The accountant's own ε (≥ 0) after each step count in ``steps``, unchecked (see ``checked.py``).
 
     Args:
         event: q, σ and adjacency (its ``steps`` is ignored).
         delta: δ ∈ (0, 1).
-        accountant: which library computes ε.
+        accountant: the registry name of the accountant that computes ε (:mod:`dplora.accounting.registry`).
         steps: step counts (integers ≥ 0).
         tolerance: a :class:`dplora.accounting.cost.Tolerance` (PRV eps_error, PLD interval); library defaults
             when None.
 
+    Returns:
+        ε per step count: 0 at T = 0 and ∞ at σ = 0 (T > 0) for every accountant, else the accountant's number
+        floored at 0 (NaN stays NaN: a failed check).
+
     Raises:
-        UnsupportedAccountingError: RDP or PRV asked for replace-one.
+        BadInputError: no accountant of that name is registered.
+        UnsupportedAccountingError: the accountant does not support the event's relation (RDP or PRV asked for
+            replace-one).
         AccountingNumericalError: the accountant failed numerically.
     """
-    accountant = Accountant(accountant)
-    eps_error = 0.01 if tolerance is None else tolerance.eps_error
-    interval = 1e-4 if tolerance is None else tolerance.pld_interval
+    account = registry.make(accountant, event.adjacency)
     if event.noise_multiplier == 0.0:
         return [0.0 if t == 0 else math.inf for t in steps]
-    if accountant is Accountant.RDP:
-        values = rdp_epsilons(event, delta, steps)
-    elif accountant is Accountant.PRV:
-        values = [0.0 if t == 0 else prv_epsilon(_with_steps(event, t), delta, eps_error) for t in steps]
-    else:
-        values = pld_epsilons(event, delta, steps, interval)
+    account.require_supports(event)
+    values = account.epsilons(event, delta, list(steps), tolerance)
     return [v if math.isnan(v) else max(0.0, v) for v in values]  # never negative; NaN stays NaN (a failed check)
-
-
-def _with_steps(event: DpSgdEvent, steps: int) -> DpSgdEvent:
-    return DpSgdEvent(
-        sample_rate=event.sample_rate,
-        noise_multiplier=event.noise_multiplier,
-        steps=steps,
-        adjacency=event.adjacency,
-        sampler=event.sampler,
-    )

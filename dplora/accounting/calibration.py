@@ -15,24 +15,23 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from dplora.accounting import cache
+from dplora.accounting import cache, registry
 from dplora.accounting.backends import AccountingNumericalError, accountant_version
-from dplora.accounting.cache import RULE_VERSION, cache_dir
-from dplora.accounting.checked import OutOfRangeError, checked_curve, numerical_chain, sigma_problem
+from dplora.accounting.cache import RULE_VERSION
+from dplora.accounting.checked import FLOOR, OutOfRangeError, checked_curve, numerical_chain, sigma_problem
 from dplora.accounting.cost import tolerance_for
 from dplora.accounting.events import Accountant, Adjacency, DpSgdEvent
 from dplora.errors import PlanRefusedError
 
-__all__ = ["SIGMA_MAX", "SIGMA_MIN", "cache_dir", "calibrate"]
+__all__ = ["SIGMA_MAX", "SIGMA_MIN", "calibrate"]
 
 SIGMA_MAX = 1e4
 SIGMA_MIN = 1e-3
-RTOL = {Accountant.RDP: 1e-4, Accountant.PRV: 4e-3, Accountant.PLD: 4e-3}
 
 
 def _cache_key(chain, adjacency, q, steps, delta, target) -> str:
-    versions = sorted({accountant_version(a) for a in (*chain, Accountant.RDP)})
-    names = "+".join(a.value for a in chain) or "rdp"
+    versions = sorted({accountant_version(a) for a in (*chain, FLOOR)})
+    names = "+".join(registry.get(a).name for a in chain) or FLOOR.value
     parts = [RULE_VERSION, names, *versions, adjacency.value, repr(q), str(steps), repr(delta)]
     return "|".join([*parts, repr(target), tolerance_for(target).key()])
 
@@ -68,16 +67,16 @@ def _bisect(eps_of: Callable[[float], float], target: float, lo: float, hi: floa
     return hi, eps_hi
 
 
-def _bracket(eps_of, target, start: float, accountant: Accountant, event_desc: str) -> tuple[float, float]:
+def _bracket(eps_of, target, start: float, accountant: Accountant | str, event_desc: str) -> tuple[float, float]:
     """Find lo < hi with ε(lo) > target ≥ ε(hi), starting from a guess σ = start."""
+    account = registry.get(accountant)
     hi = start
     while eps_of(hi) > target:
         hi *= 2.0
         if hi > SIGMA_MAX:
-            hint = " RDP with orders up to 63 cannot certify ε below about 0.1 at δ=1e-5; use accountant: pld or prv"
             raise PlanRefusedError(
-                f"target ε={target} cannot be reached with accountant={accountant.value} for {event_desc} even at "
-                f"σ={SIGMA_MAX:g}." + (hint if accountant is Accountant.RDP else "")
+                f"target ε={target} cannot be reached with accountant={account.name} for {event_desc} even at "
+                f"σ={SIGMA_MAX:g}." + account.refusal_hint
             )
     lo = hi / 1.25
     while eps_of(lo) <= target:
@@ -107,16 +106,17 @@ def calibrate(
 
     Args:
         target_epsilon, sample_rate, steps, delta, adjacency: the contract's numbers.
-        accountant: the contract's accountant.
+        accountant: the contract's accountant (a registry name, :mod:`dplora.accounting.registry`).
         chain: the numerical accountants to try (default :func:`numerical_chain`); ``()`` means RDP alone.
         notes: a list that receives a note when the tolerance was not reached (also from the cache).
 
     Raises:
+        BadInputError: no accountant of that name is registered (:func:`dplora.accounting.registry.get`).
         PlanRefusedError: the target cannot be reached (e.g. ε < 0.1 with RDP).
         UnsupportedAccountingError: RDP or PRV asked for replace-one.
         AccountingNumericalError: the checked ε was not non-increasing in σ.
     """
-    accountant, adjacency = Accountant(accountant), Adjacency(adjacency)
+    accountant, adjacency = registry.key(accountant), Adjacency(adjacency)
     chain = numerical_chain(accountant, adjacency) if chain is None else tuple(chain)
     if steps == 0:
         return SIGMA_MIN, 0.0
@@ -127,7 +127,7 @@ def calibrate(
             notes.append(hit[2])
         return hit[0], hit[1]
     tolerance = tolerance_for(target_epsilon)
-    rtol = RTOL[chain[0] if chain else Accountant.RDP]
+    rtol = registry.get(chain[0] if chain else FLOOR).rtol
     memo: dict[float, float] = {}
     range_errors: list[OutOfRangeError] = []
     out_of_range: dict[float, str] = {}  # σ → why no trusted ε there
@@ -152,7 +152,7 @@ def calibrate(
                 sample_rate=sample_rate,
                 steps=steps,
                 delta=delta,
-                accountant=Accountant.RDP,
+                accountant=FLOOR,
                 adjacency=adjacency,
             )
         except PlanRefusedError:
@@ -161,7 +161,7 @@ def calibrate(
         lo, hi = 0.8 * start, start
     else:
         try:
-            lo, hi = _bracket(eps_of, target_epsilon, start, chain[0] if chain else Accountant.RDP, desc)
+            lo, hi = _bracket(eps_of, target_epsilon, start, chain[0] if chain else FLOOR, desc)
         except PlanRefusedError:
             if range_errors:  # say why PLD could not be used rather than "unreachable"
                 raise range_errors[-1] from None

@@ -224,7 +224,7 @@ def composed_ceiling(events: list[dict], adjacency: str, fprs: tuple[float, ...]
     The events (``dp_sgd``, ``gaussian`` or ``laplace`` dicts, as the ledger stores them:
     :func:`dplora.accounting.composition.validate_events`) are composed by dp_accounting's ``PLDAccountant``
     (interval 1e-4, pessimistic) and the trade-off formula of this module is applied to the composed profile. The
-    composition is called only inside dplora's PLD range (:func:`dplora.accounting.composition._range`).
+    composition is called only inside dplora's PLD range (:func:`dplora.accounting.composition.out_of_range_reason`).
 
     Returns:
         ``{"available": True, "true_positive_rate_at": {...}, "method", "accountant_version", "scope"}`` or
@@ -234,7 +234,7 @@ def composed_ceiling(events: list[dict], adjacency: str, fprs: tuple[float, ...]
     from dp_accounting.pld import PLDAccountant
 
     from dplora.accounting.backends import accountant_version
-    from dplora.accounting.composition import _dp_event, _range
+    from dplora.accounting.composition import dp_event_of, out_of_range_reason
     from dplora.accounting.cost import PLD_MIN_DELTA
     from dplora.accounting.events import Accountant
 
@@ -242,7 +242,7 @@ def composed_ceiling(events: list[dict], adjacency: str, fprs: tuple[float, ...]
         return {"available": False, "reason": "no events to compose"}
     sgd = [e for e in events if e["mechanism"] == "dp_sgd"]
     history = [(float(e["noise_multiplier"]), e["sample_rate"], e["steps"]) for e in sgd]
-    if history and (why := _range("pld", history, PLD_MIN_DELTA, adjacency)) is not None:
+    if history and (why := out_of_range_reason("pld", history, PLD_MIN_DELTA, adjacency)) is not None:
         return {"available": False, "reason": why}
     if adjacency != "add_remove" and any(e["mechanism"] == "laplace" for e in events):
         return {"available": False, "reason": "dp_accounting's PLD has no Laplace event under replace-one"}
@@ -254,7 +254,7 @@ def composed_ceiling(events: list[dict], adjacency: str, fprs: tuple[float, ...]
     accountant = PLDAccountant(neighboring_relation=relation, value_discretization_interval=CEILING_INTERVALS[0])
     with np.errstate(all="ignore"):
         for event in events:
-            accountant.compose(_dp_event(event))
+            accountant.compose(dp_event_of(event))
         deltas = np.asarray(accountant._pld.get_delta_for_epsilon(EPS_GRID), dtype=float)  # noqa: SLF001
     return {
         "available": True,

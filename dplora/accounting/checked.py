@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from dplora.accounting import cache
+from dplora.accounting import cache, registry
 from dplora.accounting.backends import (
     AccountingNumericalError,
     accountant_version,
@@ -34,6 +34,7 @@ from dplora.accounting.cost import Tolerance, out_of_range
 from dplora.accounting.events import Accountant, Adjacency, DpSgdEvent
 from dplora.errors import PlanRefusedError
 
+FLOOR = Accountant.RDP  # the analytic bound every add/remove curve is floored by, and the chain's fallback
 SIGMA_PROBE = 1.01  # the σ-monotonicity probe of a given σ: ε(1.01·σ) must not exceed ε(σ) beyond the slack
 
 
@@ -46,7 +47,8 @@ class CheckedCurve:
     """ε after each step count, every value checked.
 
     Attributes:
-        accountant: whose numbers these are (RDP when no numerical accountant in the chain could be used).
+        accountant: whose numbers these are (RDP when no numerical accountant in the chain could be used): an
+            :class:`Accountant` member for a built-in, else the registered name.
         steps: step counts, increasing.
         epsilons: ε at each step count: finite unless even RDP is unbounded, non-decreasing, and under
             add/remove never above RDP.
@@ -59,17 +61,18 @@ class CheckedCurve:
     notes: tuple[str, ...] = ()
 
 
-def numerical_chain(accountant: Accountant, adjacency: Adjacency) -> tuple[Accountant, ...]:
+def numerical_chain(accountant: Accountant | str, adjacency: Adjacency | str) -> tuple[Accountant | str, ...]:
     """The numerical accountants tried in order for ``accountant`` (RDP follows under add/remove).
 
+    The accountant's object says (:meth:`~dplora.accounting.registry.PrivacyAccountant.numerical_chain`): PRV →
+    PLD for PRV, PLD for PLD, nothing (RDP alone) for RDP. Built-ins are :class:`Accountant` members.
+
     Raises:
-        UnsupportedAccountingError: RDP or PRV asked for replace-one.
+        BadInputError: no accountant of that name is registered.
+        UnsupportedAccountingError: the accountant does not support ``adjacency`` (RDP or PRV asked for
+            replace-one).
     """
-    accountant, adjacency = Accountant(accountant), Adjacency(adjacency)
-    if adjacency is Adjacency.REPLACE_ONE:
-        require_supported(accountant, adjacency)
-        return (Accountant.PLD,)
-    return {Accountant.PRV: (Accountant.PRV, Accountant.PLD), Accountant.PLD: (Accountant.PLD,)}.get(accountant, ())
+    return tuple(registry.key(name) for name in registry.make(accountant, adjacency).numerical_chain())
 
 
 def curve_problem(steps: list[int], values: list[float], slack: float) -> str | None:
@@ -107,7 +110,8 @@ def _values(accountant, event, delta, steps, tolerance, use_cache: bool) -> list
     """The accountant's ε at ``steps``; with ``use_cache``, all but the last step may come from the disk cache."""
     if not use_cache or len(steps) < 2:
         return epsilons(event, delta, accountant, steps, tolerance)
-    parts = [RULE_VERSION, "curve", accountant.value, accountant_version(accountant), event.adjacency.value]
+    name = registry.get(accountant).name
+    parts = [RULE_VERSION, "curve", name, accountant_version(accountant), event.adjacency.value]
     parts += [repr(event.sample_rate), repr(event.noise_multiplier), repr(delta), tolerance.key()]
     key = "|".join([*parts, ",".join(map(str, steps))])
     hit = cache.load().get(key)
@@ -177,7 +181,7 @@ def checked_curve(
     for accountant in chain:
         values, reason = _try(accountant, event, delta, steps, tolerance, probe_sigma, use_cache)
         if values is None:
-            notes.append(f"{accountant.value.upper()} not used: {reason}")
+            notes.append(f"{registry.get(accountant).name.upper()} not used: {reason}")
             continue
         values = _suffix_min(values)
         if floor is not None:
@@ -187,7 +191,7 @@ def checked_curve(
                 notes.append(f"RDP (a valid bound under add/remove) was lower at {lower} of {len(steps)} points")
         return CheckedCurve(accountant=accountant, steps=tuple(steps), epsilons=tuple(values), notes=tuple(notes))
     if floor is None:
-        require_supported(chain[0] if chain else Accountant.RDP, event.adjacency)
+        require_supported(chain[0] if chain else FLOOR, event.adjacency)
         hint = (
             "raise privacy.delta"
             if "δ=" in notes[-1] or "inf" in notes[-1]
@@ -196,4 +200,4 @@ def checked_curve(
         raise OutOfRangeError(
             f"adjacency=replace_one needs PLD, and PLD is outside its checked range here ({notes[-1]}); {hint}"
         )
-    return CheckedCurve(accountant=Accountant.RDP, steps=tuple(steps), epsilons=tuple(floor), notes=tuple(notes))
+    return CheckedCurve(accountant=FLOOR, steps=tuple(steps), epsilons=tuple(floor), notes=tuple(notes))

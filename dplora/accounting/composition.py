@@ -12,6 +12,11 @@ from __future__ import annotations
 import math
 from decimal import Decimal
 
+from dplora.accounting import registry
+from dplora.accounting.checked import FLOOR
+from dplora.accounting.cost import Tolerance, out_of_range
+from dplora.accounting.events import DpSgdEvent
+
 BASIC = "basic composition: Σε, Σδ (Dwork & Roth 2014, The Algorithmic Foundations of DP, Thm 3.16)"
 RDP = (
     "RDP composition: the trials' RDP curves added (Mironov 2017, Prop. 1), converted at the total δ "
@@ -45,13 +50,10 @@ def compose(per_trial: list[dict], adjacency: str) -> dict:
     out = {"basic": {"epsilon": float(basic), "epsilon_exact": str(basic), "method": BASIC}}
     history = [(t["noise_multiplier"], t["sample_rate"], t["steps"]) for t in per_trial]
     accountants = {t["accountant"] for t in per_trial}
-    if adjacency == "add_remove":
-        out["rdp"] = _guarded(RDP, lambda: _opacus_epsilon("rdp", history, delta))
-        if accountants == {"prv"}:
-            out["prv"] = _guarded(PRV, lambda: _opacus_epsilon("prv", history, delta), _range("prv", history, delta))
-    if accountants == {"pld"}:
-        reason = _range("pld", history, delta, adjacency)
-        out["pld"] = _guarded(PLD, lambda: _pld_epsilon(history, delta, adjacency), reason)
+    for name in composers(accountants, adjacency):
+        account = registry.make(name, adjacency)
+        reason = out_of_range_reason(name, history, delta, adjacency)
+        out[name] = _guarded(account.composition_method, lambda a=account: a.compose(history, delta), reason)
     best = min((k for k in out if "epsilon" in out[k]), key=lambda k: out[k]["epsilon"])
     computed = ", ".join(f"{k} {v['epsilon']:.4f}" for k, v in out.items() if "epsilon" in v)
     return {
@@ -61,6 +63,23 @@ def compose(per_trial: list[dict], adjacency: str) -> dict:
         "composition": f"{out[best]['method']}; the smallest of the bounds computed ({computed})",
         "compositions": out,
     }
+
+
+def composers(accountants: set[str], adjacency: str) -> list[str]:
+    """Registry names of the accountants that compose trials run under ``accountants`` at ``adjacency``.
+
+    The floor accountant (RDP, :data:`~dplora.accounting.checked.FLOOR`: its bound holds for any add/remove trial,
+    whatever accountant planned it) first wherever it applies, then every other registered accountant that
+    composes runs, supports the relation and planned every trial, in registry order.
+    """
+    out = []
+    for name in (FLOOR.value, *(n for n in registry.names() if n != FLOOR.value)):
+        account = registry.make(name, adjacency)
+        if account.composition_method is None or account.adjacency not in account.relations:
+            continue
+        if name == FLOOR.value or accountants == {name}:
+            out.append(name)
+    return out
 
 
 def _guarded(method: str, compute, reason: str | None = None) -> dict:
@@ -75,32 +94,38 @@ def _guarded(method: str, compute, reason: str | None = None) -> dict:
     return {"method": method, "epsilon": eps}
 
 
-def _range(accountant: str, history, delta: float, adjacency: str = "add_remove") -> str | None:
+def out_of_range_reason(accountant: str, history, delta: float, adjacency: str = "add_remove") -> str | None:
     """Why the accountant must not compose these trials (each trial's event over all steps bounds the cost)."""
-    from dplora.accounting import Accountant, DpSgdEvent
-    from dplora.accounting.cost import Tolerance, out_of_range
-
     total = sum(t for _, _, t in history)
     for sigma, q, _ in history:
         event = DpSgdEvent(sample_rate=q, noise_multiplier=sigma, steps=total, adjacency=adjacency)
-        if (reason := out_of_range(Accountant(accountant), event, delta, Tolerance())) is not None:
+        if (reason := out_of_range(accountant, event, delta, Tolerance())) is not None:
             return reason
     return None
 
 
-def _opacus_epsilon(name: str, history, delta: float) -> float:
-    from opacus.accountants import PRVAccountant, RDPAccountant
+def rdp_composed(history: list[tuple[float, float, int]], delta: float) -> float:
+    """ε at ``delta`` of the runs' (σ, q, T) composed by Opacus's ``RDPAccountant`` (add/remove)."""
+    from opacus.accountants import RDPAccountant
 
-    accountant = RDPAccountant() if name == "rdp" else PRVAccountant()
+    accountant = RDPAccountant()
     accountant.history = list(history)
     return accountant.get_epsilon(delta=delta)
 
 
-def _pld_epsilon(history, delta: float, adjacency: str) -> float:
+def prv_composed(history: list[tuple[float, float, int]], delta: float) -> float:
+    """ε at ``delta`` of the runs' (σ, q, T) composed by Opacus's ``PRVAccountant`` (add/remove)."""
+    from opacus.accountants import PRVAccountant
+
+    accountant = PRVAccountant()
+    accountant.history = list(history)
+    return accountant.get_epsilon(delta=delta)
+
+
+def pld_composed(history: list[tuple[float, float, int]], delta: float, adjacency: str) -> float:
+    """ε at ``delta`` of the runs' (σ, q, T) composed by dp_accounting's ``PLDAccountant`` under ``adjacency``."""
     import dp_accounting
     from dp_accounting.pld import PLDAccountant
-
-    from dplora.accounting import DpSgdEvent
 
     relation = (
         dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
@@ -128,8 +153,6 @@ def validate_events(events: list, adjacency: str) -> list[dict]:
     Raises:
         ValueError: a malformed event (the message names it).
     """
-    from dplora.accounting.events import DpSgdEvent
-
     out = []
     for event in events:
         if not isinstance(event, dict) or event.get("mechanism") not in MECHANISMS:
@@ -151,10 +174,8 @@ def validate_events(events: list, adjacency: str) -> list[dict]:
     return out
 
 
-def _dp_event(event: dict):
+def dp_event_of(event: dict):
     import dp_accounting
-
-    from dplora.accounting import DpSgdEvent
 
     if event["mechanism"] == "dp_sgd":
         return DpSgdEvent(
@@ -190,14 +211,16 @@ def compose_events(events: list[dict], delta: float, adjacency: str) -> dict:
     def pld() -> float:
         accountant = PLDAccountant(neighboring_relation=relation)
         for event in events:
-            accountant.compose(_dp_event(event))
+            accountant.compose(dp_event_of(event))
         return accountant.get_epsilon(delta)
 
     laplace_replace = adjacency != "add_remove" and any(e["mechanism"] == "laplace" for e in events)
     reason = "dp_accounting's PLD has no Laplace event under replace-one" if laplace_replace else None
-    out["pld"] = _guarded(PLD, pld, reason or (_range("pld", history, delta, adjacency) if history else None))
+    out["pld"] = _guarded(
+        PLD, pld, reason or (out_of_range_reason("pld", history, delta, adjacency) if history else None)
+    )
     if adjacency == "add_remove" and len(sgd) == len(events):
-        out["rdp"] = _guarded(RDP, lambda: _opacus_epsilon("rdp", history, delta))
+        out["rdp"] = _guarded(RDP, lambda: rdp_composed(history, delta))
     return out
 
 

@@ -42,6 +42,7 @@ import math
 
 import numpy as np
 
+from dplora.accounting import registry
 from dplora.accounting.backends import has_exact_route, prv_domain, rdp_epsilons
 from dplora.accounting.events import Accountant, Adjacency, DpSgdEvent
 
@@ -145,21 +146,36 @@ def pld_seconds(event: DpSgdEvent, interval: float) -> float:
     return pmfs * (step_cost * one_step / interval + PLD_COMPOSED_POINT_SECONDS * composed)
 
 
-def out_of_range(accountant: Accountant, event: DpSgdEvent, delta: float, tolerance: Tolerance) -> str | None:
+def out_of_range(accountant: Accountant | str, event: DpSgdEvent, delta: float, tolerance: Tolerance) -> str | None:
     """Why ``accountant`` must not be called on ``event`` at ``delta`` (None when it may be).
 
-    ``event.steps`` must be the largest step count asked for: the cost grows with T.
+    ``event.steps`` must be the largest step count asked for: the cost grows with T. T = 0 is always in range;
+    otherwise the accountant's object decides (:meth:`~dplora.accounting.registry.PrivacyAccountant.out_of_range`:
+    :func:`prv_out_of_range`, :func:`pld_out_of_range`; RDP has no range).
+
+    Raises:
+        BadInputError: no accountant of that name is registered.
     """
-    accountant = Accountant(accountant)
-    if accountant is Accountant.RDP or event.steps == 0:
+    account = registry.make(accountant, event.adjacency)
+    if event.steps == 0:
         return None
-    if accountant is Accountant.PRV:
-        points = prv_grid_points(event, delta, tolerance.eps_error)
-        if points > MAX_GRID_POINTS:
-            return f"PRV would need {points:.3g} grid points (limit {MAX_GRID_POINTS:.3g}, see docs/sharp_edges.md)"
-        if LONGDOUBLE_EPS * points > delta * 0.999:
-            return f"δ={delta:g} is too small for PRV's floating point on {points:.3g} grid points"
-        return None
+    return account.out_of_range(event, delta, tolerance)
+
+
+def prv_out_of_range(event: DpSgdEvent, delta: float, tolerance: Tolerance) -> str | None:
+    """Why Opacus's PRV must not be called on ``event`` (grid above ``MAX_GRID_POINTS``, δ below its floating
+    point), None when it may be."""
+    points = prv_grid_points(event, delta, tolerance.eps_error)
+    if points > MAX_GRID_POINTS:
+        return f"PRV would need {points:.3g} grid points (limit {MAX_GRID_POINTS:.3g}, see docs/sharp_edges.md)"
+    if LONGDOUBLE_EPS * points > delta * 0.999:
+        return f"δ={delta:g} is too small for PRV's floating point on {points:.3g} grid points"
+    return None
+
+
+def pld_out_of_range(event: DpSgdEvent, delta: float, tolerance: Tolerance) -> str | None:
+    """Why dp_accounting's PLD must not be called on ``event`` (δ below ``PLD_MIN_DELTA``, predicted time above
+    ``PLD_MAX_SECONDS``), None when it may be; a closed form (q = 1 or T = 1) is always in range."""
     if has_exact_route(event, event.steps):
         return None  # q = 1 or T = 1: dp_accounting's closed form, no grid (backends.exact_epsilon)
     if delta < PLD_MIN_DELTA:

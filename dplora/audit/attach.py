@@ -26,7 +26,7 @@ from pathlib import Path
 
 from dplora import atomic
 from dplora.errors import BadInputError, DploraError
-from dplora.release.audit_section import first_mismatch, record_mechanism, same_value  # noqa: F401 - re-exported
+from dplora.release.audit_section import first_mismatch, record_mechanism
 
 SECTION = "audit"
 DATA_NOTES = {
@@ -62,7 +62,8 @@ def open_release(run_dir: Path, signing_key: Path | None) -> AttachTarget:
         BadInputError: no key, a release that does not verify under it, a non-private record, or a record that
             already has an audit section (exit 2).
     """
-    from dplora.release.envelope import RELEASE_FILENAME, load_private_key
+    from dplora.release.envelope import RELEASE_FILENAME
+    from dplora.release.keys import load_private_key
     from dplora.release.verify import verify_release
 
     run_dir = Path(run_dir)
@@ -302,8 +303,8 @@ def record_in_ledger(target: AttachTarget, envelope: Path, ledger_path: Path | N
     A release on a population was recorded there by its sha256; the re-signed record has a new one. Nothing to do
     without a population; a ledger without the release's charge gets a warning (the attach itself stands).
     """
+    from dplora.data.digest import sha256_file
     from dplora.ledger.store import Ledger, default_ledger_path
-    from dplora.release.envelope import sha256_file
 
     record = target.record
     if not record.get("population"):

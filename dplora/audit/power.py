@@ -100,7 +100,7 @@ def ceiling_comparison(scores, inserted, event, *, confidence: float = 0.95) -> 
 
     Args:
         scores, inserted: the canaries' scores and membership.
-        event: the audited run's :class:`~dplora.accounting.DpSgdEvent` (None: a run without DP, no ceiling).
+        event: the audited run's :class:`~dplora.accounting.events.DpSgdEvent` (None: a run without DP, no ceiling).
         confidence: joint level of each comparison.
 
     Returns:

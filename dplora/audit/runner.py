@@ -18,6 +18,7 @@ from pathlib import Path
 from dplora import atomic
 from dplora.audit import bound, canaries, scores
 from dplora.errors import BadInputError
+from dplora.recipe.options import RunOptions
 
 REPORT_FILENAME = "audit.json"
 SUMMARY_FILENAME = "audit.md"
@@ -86,7 +87,7 @@ def run_audit(
     options: AuditOptions,
     *,
     audit_dir: Path,
-    train_kwargs: dict,
+    run_options: RunOptions,
     log=print,
     power_contract=None,
     power_source: DataSource | None = None,
@@ -97,7 +98,8 @@ def run_audit(
         contract: the validated contract whose ``training.output_dir`` is ``<audit_dir>/run``.
         options: :class:`AuditOptions`.
         audit_dir: the audit's folder (created).
-        train_kwargs: passed on to :func:`dplora.recipe.train.run_training` (threads, progress, contract_path, ...).
+        run_options: the training options (:class:`dplora.recipe.options.RunOptions`: threads, progress,
+            contract_path, ...); the audit sets the signing key (its own, thrown away), no data key and the canaries.
         power_contract: for the power check, a non-private control contract (``privacy.enabled: false``, no
             population) on PUBLIC or surrogate data only (:func:`check_power_contract`), output in
             ``<audit_dir>/power-run``: the same inserted canaries go through it and the report says how near the
@@ -121,13 +123,14 @@ def run_audit(
     ]
     key, _ = generate_keypair(audit_dir / "audit-run.key", overwrite=True)  # the audit run's own, thrown away
     try:
-        result = run_training(contract, signing_key=key, data_key=None, extra_records=extra, log=log, **train_kwargs)
+        opts = dataclasses.replace(run_options, signing_key=key, data_key=None, extra_records=tuple(extra))
+        result = run_training(contract, opts, log=log)
     finally:
         key.unlink(missing_ok=True)
-    measured = _score(result.output_dir, contract, drawn, options, train_kwargs.get("threads"), log)
+    measured = _score(result.output_dir, contract, drawn, options, run_options.threads, log)
     report = _report(result, contract, drawn, measured, options)
     if power_contract is not None:
-        report["power_check"] = _power_check(power_contract, power_source, drawn, options, audit_dir, train_kwargs, log)
+        report["power_check"] = _power_check(power_contract, power_source, drawn, options, audit_dir, run_options, log)
     atomic.write_json(audit_dir / REPORT_FILENAME, report, sort_keys=False)
     atomic.write_text(audit_dir / SUMMARY_FILENAME, summary_markdown(report))
     if options.plot:
@@ -152,7 +155,7 @@ def check_power_contract(power_contract, source: DataSource | None) -> None:
         raise BadInputError("the power check's contract must be a control (privacy.enabled=false, no population)")
 
 
-def _power_check(power_contract, source, drawn, options: AuditOptions, audit_dir: Path, train_kwargs, log) -> dict:
+def _power_check(power_contract, source, drawn, options: AuditOptions, audit_dir: Path, run_options, log) -> dict:
     """The same inserted canaries through a run without noise on public data: how near the ε̂ ceiling it gets."""
     from dplora.audit import power
     from dplora.recipe.train import run_training
@@ -166,12 +169,15 @@ def _power_check(power_contract, source, drawn, options: AuditOptions, audit_dir
         for row in canaries.canary_rows(power_contract, c.unit_id, c.secret, options.copies)
     ]
     key, _ = generate_keypair(audit_dir / "power-run.key", overwrite=True)
-    kwargs = {**train_kwargs, "ledger_path": None}  # a control without population is never charged
+    # a control without population is never charged: no ledger
+    opts = dataclasses.replace(
+        run_options, signing_key=key, data_key=None, extra_records=tuple(extra), ledger_path=None
+    )
     try:
-        result = run_training(power_contract, signing_key=key, data_key=None, extra_records=extra, log=log, **kwargs)
+        result = run_training(power_contract, opts, log=log)
     finally:
         key.unlink(missing_ok=True)
-    measured = _score(result.output_dir, power_contract, drawn, options, train_kwargs.get("threads"), log)
+    measured = _score(result.output_dir, power_contract, drawn, options, run_options.threads, log)
     m = len(drawn)
     k = options.guesses if options.guesses is not None else m // 4
     inserted = [c.inserted for c in drawn]
@@ -214,7 +220,7 @@ def _score(run_folder: Path, contract, drawn, options: AuditOptions, threads, lo
     """Per canary: adapter loss, base loss, score = base − adapter; exposure against random candidates."""
     import datasets
 
-    from dplora.data.units import tokenize_records
+    from dplora.data.tokens import tokenize_records
     from dplora.release.read import load_adapter_model, read_run
 
     model, tokenizer, device = load_adapter_model(read_run(run_folder), threads=threads, log=log)

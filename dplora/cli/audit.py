@@ -6,7 +6,15 @@ from typing import Annotated
 import typer
 
 from dplora.cli.common import fail, log, out
-from dplora.cli.options import ConfigArg, OverridesArg, TrainingProgressOpt
+from dplora.cli.options import (
+    ConfigArg,
+    OverridesArg,
+    TrainingProgressOpt,
+    ledger_option,
+    overwrite_option,
+    signing_key_option,
+    threads_option,
+)
 
 AUDIT_VIOLATION_EXIT = 5
 
@@ -26,9 +34,9 @@ AuditDirOpt = Annotated[
     Path | None, typer.Option("--out", metavar="DIR", help="Audit folder. Default: <output_dir>-audit.")
 ]
 PlotOpt = Annotated[bool, typer.Option("--plot", help="Write a PNG histogram of member/non-member scores.")]
-OverwriteOpt = Annotated[bool, typer.Option(help="Replace a previous audit's run folder.")]
+OverwriteOpt = Annotated[bool, overwrite_option("a previous audit's run folder")]
 LedgerOpt = Annotated[
-    Path | None, typer.Option(metavar="PATH", help="Budget ledger (privacy.population): charged as by train.")
+    Path | None, ledger_option("Budget ledger (privacy.population): charged as by train.", default=None)
 ]
 AttachOpt = Annotated[
     Path | None,
@@ -37,10 +45,7 @@ AttachOpt = Annotated[
         help="Add the results as an `audit` section to this release's record and re-sign it (same mechanism).",
     ),
 ]
-SigningKeyOpt = Annotated[
-    Path | None,
-    typer.Option(metavar="PATH", help="With --attach: the release's Ed25519 key. Default: $DPLORA_SIGNING_KEY."),
-]
+SigningKeyOpt = Annotated[Path | None, signing_key_option("With --attach: the release's Ed25519 key.")]
 PowerCheckOpt = Annotated[
     bool,
     typer.Option(
@@ -54,7 +59,7 @@ PowerDataOpt = Annotated[
     typer.Option(metavar="FILE", help="Public or surrogate data for --power-check (default: the audit's own data, "
                  "when --data-source is public or surrogate)."),
 ]  # fmt: skip
-AuditThreadsOpt = Annotated[int | None, typer.Option(min=1, metavar="N", help="CPU threads.")]
+AuditThreadsOpt = Annotated[int | None, threads_option(says_default=False)]
 
 
 def audit(
@@ -85,10 +90,11 @@ def audit(
     """
     from dplora.audit.runner import REPORT_FILENAME, AuditOptions, run_audit, summary_markdown
     from dplora.errors import DploraError
+    from dplora.recipe.options import RunOptions
 
     envelope = None
     try:
-        contract, source, folder, target = _prepare(
+        contract, source, folder, target = prepare_audit(
             config, overrides or [], data_source, audit_dir, attach, signing_key
         )
         options = AuditOptions(
@@ -99,19 +105,15 @@ def audit(
             data_source=source,
             plot=plot,
         )
-        train_kwargs = {
-            "overwrite": overwrite,
-            "threads": threads,
-            "progress": progress,
-            "ledger_path": ledger,
-            "contract_path": config,
-        }
+        run_options = RunOptions(
+            overwrite=overwrite, threads=threads, progress=progress, ledger_path=ledger, contract_path=config
+        )
         power = _power_contract(config, overrides or [], contract, source, folder, power_check, power_data)
         report = run_audit(
             contract,
             options,
             audit_dir=folder,
-            train_kwargs=train_kwargs,
+            run_options=run_options,
             log=log,
             power_contract=power[0] if power else None,
             power_source=power[1] if power else None,
@@ -128,10 +130,20 @@ def audit(
         raise typer.Exit(code=AUDIT_VIOLATION_EXIT)
 
 
-def _prepare(config: Path, overrides: list[str], data_source: str, audit_dir, attach, signing_key):
-    """(the audit's contract, its data source, its folder, the release to attach to or None), checked before
-    training: with --attach the release verifies and the audit's plan is the release's mechanism; planner ``auto``
-    values are resolved as train resolves them (:func:`dplora.recipe.planning.resolve_auto`)."""
+def prepare_audit(config: Path, overrides: list[str], data_source: str, audit_dir, attach, signing_key):
+    """(the audit's contract, its :class:`~dplora.audit.runner.DataSource`, its folder, the release to attach to or
+    None), checked before training: with --attach the release verifies and the audit's plan is the release's
+    mechanism; planner ``auto`` values are resolved as train resolves them
+    (:func:`dplora.recipe.planning.resolve_auto`). The audit trains in ``<folder>/run``; ``folder`` is
+    ``audit_dir`` or ``<output_dir>-audit``.
+
+    Raises:
+        BadInputError: an unknown ``data_source``, ``--signing-key`` without ``--attach``, an audit folder inside
+            the release (or the release inside it), or a contract that does not load (exit 2).
+        BadInputError: from :func:`dplora.audit.attach.open_release` and :func:`dplora.audit.attach.check_plan`:
+            no key, a release that does not verify, or an audit plan that differs from the release's mechanism.
+        PlanRefusedError: the audit's plan is refused (planning).
+    """
     from dplora.audit import attach as attaching
     from dplora.audit.runner import DataSource
     from dplora.contract.loader import load_contract, replace_overrides
@@ -211,7 +223,7 @@ def _attach(target, report: dict, contract, folder: Path, ledger: Path | None) -
     """Sign the finished audit into the release's record and note it in the ledger; the new envelope's path."""
     from dplora.audit import attach as attaching
     from dplora.audit.runner import REPORT_FILENAME
-    from dplora.release.envelope import sha256_file
+    from dplora.data.digest import sha256_file
 
     data_files = [contract.data.path.rsplit("/", 1)[-1]]
     section = attaching.audit_section(report, sha256_file(folder / REPORT_FILENAME), data_files)

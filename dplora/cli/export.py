@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from dplora.cli.common import emit_json, fail, log, out
-from dplora.cli.options import JsonLineOpt, PemSigningKeyOpt, RunArg
+from dplora.cli.options import JsonLineOpt, RunArg, SigningKeyOpt, public_key_option
 from dplora.cli.synth import SyntheticPart
 
 ExportOutOpt = Annotated[Path, typer.Option("--out", metavar="DIR", help="A new folder, outside the run folder.")]
@@ -20,9 +20,7 @@ MergeOpt = Annotated[bool, typer.Option("--merge", help="Same as --format merge 
 FormatOpt = Annotated[
     str, typer.Option("--format", metavar="merge|peft", help="merge: merged safetensors model; peft: the adapter.")
 ]
-PublicKeyOpt = Annotated[
-    Path | None, typer.Option(metavar="PATH", help="The release signer's public key. Default: the signing key's.")
-]
+PublicKeyOpt = Annotated[Path | None, public_key_option("The release signer's public key. Default: the signing key's.")]
 BaseOpt = Annotated[
     Path | None, typer.Option(metavar="DIR", help="Base model folder to merge into. Default: the contract's model.")
 ]
@@ -45,7 +43,7 @@ def export(
     merge: MergeOpt = False,
     fmt: FormatOpt = "merge",
     public_key: PublicKeyOpt = None,
-    signing_key: PemSigningKeyOpt = None,
+    signing_key: SigningKeyOpt = None,
     base_model: BaseOpt = None,
     local_base: LocalBaseOpt = False,
     allow_control: AllowControlOpt = False,

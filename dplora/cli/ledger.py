@@ -16,7 +16,14 @@ from typing import Annotated
 
 import typer
 
-from dplora.cli.options import PemSigningKeyOpt
+from dplora.cli.options import (
+    LEDGER_DB_DEFAULT,
+    SigningKeyOpt,
+    data_key_option,
+    json_option,
+    ledger_option,
+    show_private_option,
+)
 from dplora.errors import BadInputError, DploraError, one_line
 from dplora.ledger.store import Ledger, default_ledger_path
 
@@ -28,12 +35,7 @@ ledger_app = typer.Typer(
 
 DbOpt = Annotated[
     Path | None,
-    typer.Option(
-        "--db",
-        "--ledger",
-        metavar="PATH",
-        help="Ledger file [default: $DPLORA_LEDGER, else $XDG_DATA_HOME/dplora/ledger.sqlite3]",
-    ),
+    ledger_option("Ledger file", default=LEDGER_DB_DEFAULT, names=("--db",)),
 ]
 EpsOpt = Annotated[str, typer.Option("--epsilon", metavar="EPS", help="ε (unitless), e.g. 3.0")]
 DeltaOpt = Annotated[str, typer.Option("--delta", metavar="DELTA", help="δ (probability), e.g. 1e-6")]
@@ -130,16 +132,14 @@ def settle(
 ReleaseRunArg = Annotated[
     str, typer.Argument(metavar="RUN", help="A run id, or the run's <output_dir>.partial folder.")
 ]
-DataKeyOpt = Annotated[
-    Path | None, typer.Option(metavar="PATH", help="Data owner's HMAC key. Default: $DPLORA_DATA_KEY.")
-]
+DataKeyOpt = Annotated[Path | None, data_key_option()]
 OutputOpt = Annotated[Path | None, typer.Option(metavar="DIR", help="Release folder. Default: <output_dir>.step-<k>.")]
 
 
 @ledger_app.command("record-release", short_help="Sign an intermediate release from a checkpoint.")
 def record_release(
     run: ReleaseRunArg,
-    signing_key: PemSigningKeyOpt = None,
+    signing_key: SigningKeyOpt = None,
     data_key: DataKeyOpt = None,
     output: OutputOpt = None,
     checkpoint: CheckpointOpt = None,
@@ -148,9 +148,10 @@ def record_release(
     """Sign an intermediate release of a charged run from its latest resume checkpoint (not a new charge)."""
     from dplora.ledger import recovery
     from dplora.release import envelope as release
+    from dplora.release import keys as release_keys
 
     with _user_errors():
-        private_key = release.load_private_key(signing_key)
+        private_key = release_keys.load_private_key(signing_key)
         key = release.load_data_key(data_key)
         with Ledger(db or default_ledger_path(), create=False) as ledger:
             folder, eps, steps = recovery.record_release(
@@ -175,12 +176,11 @@ def _age(created_at: str) -> str:
 
 
 PopulationArg = Annotated[str | None, typer.Argument(metavar="POPULATION", help="Only this population")]
-ShowJsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables")]
+ShowJsonOpt = Annotated[bool, json_option("JSON instead of tables")]
 LedgerShowPrivateOpt = Annotated[
     bool,
-    typer.Option(
-        "--show-private",
-        help="Also show the charges' and releases' full times (settled_at, created_at): their differences are the "
+    show_private_option(
+        "Also show the charges' and releases' full times (settled_at, created_at): their differences are the "
         "private runs' durations, so a CI log gets dates only",
     ),
 ]

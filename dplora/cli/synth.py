@@ -11,7 +11,19 @@ from typing import Annotated
 import typer
 
 from dplora.cli.common import emit_json, fail, log, out
-from dplora.cli.options import JsonLineOpt, PemSigningKeyOpt, RunArg, SeedOpt, ThreadsOpt, TopPOpt
+from dplora.cli.options import (
+    JsonLineOpt,
+    RunArg,
+    SeedOpt,
+    SigningKeyOpt,
+    ThreadsOpt,
+    TopPOpt,
+    allow_non_private_option,
+    max_new_tokens_option,
+    prompts_option,
+    show_private_option,
+    temperature_option,
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -61,11 +73,10 @@ def check_synthetic(synthetic: Path, manifest: Path | None, release_path: Path, 
 RowsOpt = Annotated[int, typer.Option(min=1, metavar="N", help="Records to generate.")]
 OutFileOpt = Annotated[Path, typer.Option("--out", metavar="FILE", help="The synthetic file (.csv or .jsonl).")]
 PromptsOpt = Annotated[
-    Path | None,
-    typer.Option(metavar="FILE", help="Public prompts: a csv column (training's name or 'prompt'), or lines."),
+    Path | None, prompts_option("Public prompts: a csv column (training's name or 'prompt'), or lines.")
 ]
-TemperatureOpt = Annotated[float, typer.Option(min=0.0, help="0 is greedy; > 0 samples.")]
-MaxNewTokensOpt = Annotated[int, typer.Option(min=1, metavar="N", help="Tokens generated at most per row (1 … 4096).")]
+TemperatureOpt = Annotated[float, temperature_option("0 is greedy; > 0 samples.")]
+MaxNewTokensOpt = Annotated[int, max_new_tokens_option("row")]
 SynthFormatOpt = Annotated[
     str,
     typer.Option(
@@ -77,14 +88,11 @@ SynthFormatOpt = Annotated[
 ]
 SynthShowPrivateOpt = Annotated[
     bool,
-    typer.Option(
-        "--show-private",
-        help="Print the verbatim-match counts (private, NOT covered by DP) under CI, without a terminal or in --json.",
+    show_private_option(
+        "Print the verbatim-match counts (private, NOT covered by DP) under CI, without a terminal or in --json."
     ),
 ]
-AllowNonPrivateOpt = Annotated[
-    bool, typer.Option("--allow-non-private", help="Synthesize from a control run, marked NO DP GUARANTEE.")
-]
+AllowNonPrivateOpt = Annotated[bool, allow_non_private_option("Synthesize from a control run, marked NO DP GUARANTEE.")]
 
 
 def synth(
@@ -96,7 +104,7 @@ def synth(
     top_p: TopPOpt = 1.0,
     max_new_tokens: MaxNewTokensOpt = 64,
     seed: SeedOpt = None,
-    signing_key: PemSigningKeyOpt = None,
+    signing_key: SigningKeyOpt = None,
     allow_non_private: AllowNonPrivateOpt = False,
     as_json: JsonLineOpt = False,
     threads: ThreadsOpt = None,

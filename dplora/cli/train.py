@@ -10,10 +10,22 @@ from typing import Annotated
 import typer
 
 from dplora.cli.common import console, emit_json, error_doc, fail, log, out
-from dplora.cli.options import ConfigArg, LedgerOpt, OverridesArg
+from dplora.cli.options import (
+    MOST_THREADS,
+    ConfigArg,
+    LedgerOpt,
+    OverridesArg,
+    data_key_option,
+    json_option,
+    overwrite_option,
+    progress_option,
+    show_private_option,
+    signing_key_option,
+    threads_option,
+)
 from dplora.errors import BadInputError, DploraError, one_line
 
-BudgetAsJsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
+BudgetAsJsonOpt = Annotated[bool, json_option("one JSON object instead of tables.")]
 BudgetPlotOpt = Annotated[
     Path | None, typer.Option(metavar="PNG", help="Write ε against steps to this PNG (matplotlib).")
 ]
@@ -43,9 +55,8 @@ BudgetEpochsOpt = Annotated[
 
 ShowPrivateOpt = Annotated[
     bool,
-    typer.Option(
-        "--show-private",
-        help="Also print the private diagnostics (timings, counts, held-out numbers; NOT covered by DP) on stderr "
+    show_private_option(
+        "Also print the private diagnostics (timings, counts, held-out numbers; NOT covered by DP) on stderr "
         "under CI, without a terminal or with --json. They are always in <output_dir>.private/.",
     ),
 ]
@@ -104,27 +115,14 @@ def budget(
         budget_mod.print_report(report, out, warn=console)  # warnings on stderr, as train prints them
 
 
-SigningKeyOpt = Annotated[
-    Path | None,
-    typer.Option(
-        metavar="PATH", help="Ed25519 private key (PEM) that signs the release. Default: $DPLORA_SIGNING_KEY."
-    ),
-]
-DataKeyOpt = Annotated[
-    Path | None,
-    typer.Option(
-        metavar="PATH", help="Data owner's key for the keyed data digest (HMAC-SHA256). Default: $DPLORA_DATA_KEY."
-    ),
-]
+SigningKeyOpt = Annotated[Path | None, signing_key_option("Ed25519 private key (PEM) that signs the release.")]
+DataKeyOpt = Annotated[Path | None, data_key_option("Data owner's key for the keyed data digest (HMAC-SHA256).")]
 OverwriteOpt = Annotated[
-    bool,
-    typer.Option(help="Replace a previous dplora run's output folder (never another folder) once the run succeeds."),
+    bool, overwrite_option("a previous dplora run's output folder (never another folder) once the run succeeds")
 ]
-TrainThreadsOpt = Annotated[
-    int | None, typer.Option(min=1, max=1024, metavar="N", help="CPU threads. Default: the cores free right now.")
-]
+TrainThreadsOpt = Annotated[int | None, threads_option(most=MOST_THREADS)]
 ProgressOpt = Annotated[
-    bool, typer.Option(help="Report progress on stderr: a bar on a terminal, a plain line every 30 s otherwise.")
+    bool, progress_option("Report progress on stderr: a bar on a terminal, a plain line every 30 s otherwise.")
 ]
 TuningTrialOpt = Annotated[
     bool, typer.Option(help="Charge the ledger as a hyperparameter-tuning trial: it spends budget like a release.")
@@ -139,9 +137,7 @@ NonPrivateOpt = Annotated[
         help="Allow a privacy.enabled=false control on a ledger population; the ledger records it as ε=∞.",
     ),
 ]
-AsJsonOpt = Annotated[
-    bool, typer.Option("--json", help="Print one JSON summary on stdout (progress and messages stay on stderr).")
-]
+AsJsonOpt = Annotated[bool, json_option("one JSON summary on stdout (progress and messages stay on stderr).")]
 
 
 def train(
@@ -167,7 +163,9 @@ def train(
     from dplora.surface import PrivateLog, echo_private
 
     private_log = PrivateLog(log if echo_private(as_json=as_json, show_private=show_private) else None)
-    options = dict(
+    from dplora.recipe.options import RunOptions
+
+    options = RunOptions(
         signing_key=signing_key,
         data_key=data_key,
         overwrite=overwrite,
@@ -178,14 +176,13 @@ def train(
         non_private=non_private,
         contract_path=config,
         resume=resume,
-        private_log=private_log,
     )
-    result = _run(config, overrides or [], options, as_json=as_json)
+    result = _run(config, overrides or [], options, as_json=as_json, private_log=private_log)
     if result.release_path is not None:  # None on a rank other than 0 of a multi-process run: rank 0 reports
         _report(result, as_json=as_json, private_log=private_log)
 
 
-def _run(config: Path, overrides: list[str], options: dict, *, as_json: bool):
+def _run(config: Path, overrides: list[str], options, *, as_json: bool, private_log=None):
     """Load the contract and run :func:`dplora.recipe.train.run_training`; errors and Ctrl-C/SIGTERM as exits."""
     import contextlib
     import signal
@@ -204,7 +201,7 @@ def _run(config: Path, overrides: list[str], options: dict, *, as_json: bool):
         with contextlib.redirect_stdout(sys.stderr):
             contract = load_contract(config, overrides)
             output_dir = contract.training.output_dir
-            return run_training(contract, **options, log=log)
+            return run_training(contract, options, log=log, private_log=private_log)
     except DploraError as err:
         raise fail(err, as_json=as_json) from None
     except KeyboardInterrupt as err:

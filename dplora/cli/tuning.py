@@ -10,7 +10,17 @@ from typing import Annotated
 import typer
 
 from dplora.cli.common import fail, log, out
-from dplora.cli.options import ConfigArg, JsonLinesOpt, OverridesArg, TrainingProgressOpt, TuningThreadsOpt
+from dplora.cli.options import (
+    ConfigArg,
+    JsonLinesOpt,
+    OverridesArg,
+    TrainingProgressOpt,
+    TuningThreadsOpt,
+    data_key_option,
+    json_option,
+    ledger_option,
+    signing_key_option,
+)
 from dplora.errors import BadInputError, DploraError
 
 
@@ -86,15 +96,12 @@ SweepEvalContractOpt = Annotated[
 SweepEvalTicketsOpt = Annotated[
     int, typer.Option(min=1, max=100000, metavar="N", help="Demo tickets for the default public set.")
 ]
-SweepSigningKeyOpt = Annotated[
-    Path | None,
-    typer.Option(metavar="PATH", help="Ed25519 key that signs the one release. Default: $DPLORA_SIGNING_KEY."),
-]
+SweepSigningKeyOpt = Annotated[Path | None, signing_key_option("Ed25519 key that signs the one release.")]
 SweepDataKeyOpt = Annotated[
-    Path | None, typer.Option(metavar="PATH", help="Data owner's key for the keyed data digest.")
+    Path | None, data_key_option("Data owner's key for the keyed data digest.", says_default=False)
 ]
-SweepLedgerOpt = Annotated[Path | None, typer.Option(metavar="PATH", help="Budget ledger (SQLite).")]
-SweepAsJsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON summary on stdout.")]
+SweepLedgerOpt = Annotated[Path | None, ledger_option(default=None)]
+SweepAsJsonOpt = Annotated[bool, json_option("one JSON summary on stdout.")]
 
 
 def sweep(

@@ -8,22 +8,21 @@ from typing import Annotated
 import typer
 
 from dplora.cli.common import emit_json, fail, out
+from dplora.cli.options import allow_non_private_option, data_key_option, json_option, public_key_option
 from dplora.errors import BadInputError, DploraError
 
 ReleasePathArg = Annotated[Path, typer.Argument(metavar="RELEASE", help="release.dsse.json or its folder.")]
-PublicKeyOpt = Annotated[Path, typer.Option(metavar="PATH", help="The signer's Ed25519 public key (PEM).")]
+PublicKeyOpt = Annotated[Path, public_key_option("The signer's Ed25519 public key (PEM).")]
 DataOpt = Annotated[
     list[Path] | None, typer.Option(metavar="FILE", help="Data file(s) to check against the keyed digest.")
 ]
-DataKeyOpt = Annotated[Path | None, typer.Option(metavar="PATH", help="The data owner's HMAC key (with --data).")]
+DataKeyOpt = Annotated[Path | None, data_key_option("The data owner's HMAC key (with --data).", says_default=False)]
 BaseModelOpt = Annotated[
     Path | None,
     typer.Option(metavar="PATH", help="Base model folder or .gguf file to check against the recorded digests."),
 ]
-AllowNonPrivateOpt = Annotated[
-    bool, typer.Option("--allow-non-private", help="Exit 0 for an intact non-private (control) record.")
-]
-AsJsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of lines.")]
+AllowNonPrivateOpt = Annotated[bool, allow_non_private_option("Exit 0 for an intact non-private (control) record.")]
+AsJsonOpt = Annotated[bool, json_option("one JSON document instead of lines.")]
 SyntheticOpt = Annotated[
     Path | None,
     typer.Option(metavar="FILE", help="Also check a synthetic file (dplora synth), its manifest and chain."),
@@ -78,7 +77,8 @@ def verify(
 def _verified(release_path, public_key, data, data_key, base_model, synthetic, manifest, *, as_json: bool):
     """Verify the release (and the synthetic file): (result, the public key, the synthetic check or None)."""
     from dplora.cli.synth import check_synthetic
-    from dplora.release.envelope import load_data_key, load_public_key
+    from dplora.release.envelope import load_data_key
+    from dplora.release.keys import load_public_key
     from dplora.release.verify import verify_release
 
     if data_key is not None and not data:

@@ -32,8 +32,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from dplora.accounting import Accountant, Adjacency, Sampler
 from dplora.accounting.calibration import SIGMA_MAX, SIGMA_MIN
+from dplora.accounting.events import Accountant, Adjacency, Sampler
 from dplora.errors import excerpt
 
 PACKAGED_MODELS = ("smollm2-135m",)

@@ -332,7 +332,7 @@ def model_digests(base_model: dict, examples, named_trainable) -> dict:
     unit is computed (issue 22, red-team finding): the adapters still agree at the end, only the inputs tell.
 
     Args:
-        base_model: the record's ``base_model`` entry on this rank (:func:`dplora.engine.model.base_model_entry`).
+        base_model: the record's ``base_model`` entry on this rank (:func:`dplora.engine.basefiles.base_model_entry`).
         examples: the tokenized records, a list of (token ids, labels) pairs (tokens).
         named_trainable: [(name, tensor)] of the trainable LoRA tensors, before step 1.
 

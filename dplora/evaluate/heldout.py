@@ -1,6 +1,6 @@
 """Held-out evaluation: per-token loss and perplexity of the base model and of base + adapters.
 
-The held-out records are tokenized and masked exactly as in training (:func:`dplora.data.units.tokenize_records`,
+The held-out records are tokenized and masked exactly as in training (:func:`dplora.data.tokens.tokenize_records`,
 :func:`dplora.engine.batch.collate`): prompt and padding tokens carry label −100 and count for nothing, EOS is a
 target. The loss is the mean negative log-likelihood per target token over the whole set, in nats::
 
@@ -136,7 +136,7 @@ def record_nll(
     """Summed target-token NLL (nats) and target-token count of each record, in batches (no gradient).
 
     Args:
-        examples: R (input_ids, labels) pairs as :func:`dplora.data.units.tokenize_records` makes them.
+        examples: R (input_ids, labels) pairs as :func:`dplora.data.tokens.tokenize_records` makes them.
         on_batch: called with no argument after each of the ceil(R / batch_size) batches (progress).
 
     Returns:
@@ -185,7 +185,7 @@ def _exact_match(model, tokenizer, table, contract: Contract, device) -> float:
 
 def _exact_match_rows(model, tokenizer, table, contract: Contract, device) -> list[bool]:
     """Whether each held-out prompt's greedy reply equals its label (both stripped)."""
-    from dplora.data.units import tokenize_cells
+    from dplora.data.cells import tokenize_cells
     from dplora.evaluate.generate import MAX_NEW_TOKENS, Sampling, generate_replies
 
     prompts = [str(p) for p in table[contract.data.prompt_column]]
@@ -213,7 +213,7 @@ def check_held_out(table, tokenizer, contract: Contract, group_column: str | Non
         BadInputError: a label or group column missing from a csv header or parquet schema (a schema fact),
             naming the problem (never a record's text).
     """
-    from dplora.data.units import tokenize_records
+    from dplora.data.tokens import tokenize_records
 
     if table.num_rows == 0:
         raise HeldOutDataProblem("the held-out set is empty (no unit fell on the held-out side of data.eval_fraction)")
@@ -266,7 +266,7 @@ def evaluate_model(
     Raises:
         BadInputError: no target token in the held-out set, or a missing label or group column.
     """
-    from dplora.data.units import tokenize_records
+    from dplora.data.tokens import tokenize_records
 
     group_column = group_column or contract.data.group_column
     check_held_out(table, tokenizer, contract, group_column)

@@ -83,9 +83,9 @@ def merged_model(base: Path, adapter: Path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dplora.engine.model import _quiet_transformers
+    from dplora.engine.model import quiet_transformers
 
-    _quiet_transformers()
+    quiet_transformers()
     if (Path(base) / "adapter_config.json").exists():  # transformers would load that adapter onto the base too
         raise BadInputError(f"{base} holds an adapter_config.json: give the plain base model folder")
     try:
@@ -132,12 +132,12 @@ def _name_local_base(folder: Path, predicate: dict, base: Path) -> None:
         VerificationError: ``base`` is not that base (exit 3).
         BadInputError: a ``.gguf`` base (peft loads a folder) or an unreadable adapter config.
     """
-    from dplora.release.verify import _check_base_model
+    from dplora.release.verify import check_base_model
 
     if Path(base).is_file():
         raise BadInputError("--local-base needs a base folder; a .gguf file cannot be loaded by peft's Auto class")
     try:
-        _check_base_model(predicate, base)
+        check_base_model(predicate, base)
     except VerificationError as err:
         raise VerificationError(f"not the base this release was trained on: {err}") from None
     path = folder / "adapter_config.json"
@@ -199,12 +199,13 @@ def export_release(
         VerificationError: the release does not verify, or the base is not the one trained on (exit 3).
         NotPrivateError: a non-private control without ``allow_control`` (exit 6).
     """
+    from dplora.data.digest import sha256_file
     from dplora.mechanism.control import NOT_DP
-    from dplora.release.envelope import RELEASE_FILENAME, STATEMENT_TYPE, _temp_json, sha256_file, sign_statement
+    from dplora.release.derived import NO_DP_GUARANTEE, guarantee_text, release_payload, source_release_entry
+    from dplora.release.envelope import RELEASE_FILENAME, STATEMENT_TYPE, sign_statement, temp_json
     from dplora.release.keys import load_public_key
     from dplora.release.read import ADAPTER_DIR, read_run
-    from dplora.release.verify import _check_base_model, verify_release
-    from dplora.synth.files import NO_DP_GUARANTEE, guarantee_text, record_digest, release_payload
+    from dplora.release.verify import check_base_model, verify_release
 
     if fmt not in FORMATS:
         raise BadInputError(f"--format {fmt}: allowed values are {', '.join(FORMATS)}")
@@ -241,7 +242,7 @@ def export_release(
         if fmt == "merge":
             base = base_folder(run, base_model, log)
             try:
-                _check_base_model(predicate, base)
+                check_base_model(predicate, base)
             except VerificationError as err:
                 raise VerificationError(f"not the base this release was trained on: {err}") from None
             model, tokenizer, dtype = merged_model(base, adapter)
@@ -258,11 +259,7 @@ def export_release(
         export_predicate = {
             "differentially_private": private,
             "guarantee": guarantee,
-            "source_release": {
-                "record_digest": {"sha256": record_digest(payload)},
-                "predicate_type": statement.get("predicateType"),
-                "run": run.folder.name,
-            },
+            "source_release": source_release_entry(payload, statement, run.folder.name),
             "format": fmt,
             "base_model": {
                 k: base_entry.get(k) for k in ("name_or_path", "revision", "commit", "files") if k in base_entry
@@ -276,7 +273,7 @@ def export_release(
             export_predicate["warning"] = NO_DP_GUARANTEE
         ptype = EXPORT_PREDICATE_TYPE if private else NON_PRIVATE_EXPORT_PREDICATE_TYPE
         manifest = {"_type": STATEMENT_TYPE, "subject": subject, "predicateType": ptype, "predicate": export_predicate}
-        man_tmp = _temp_json(tmp, MANIFEST_NAME, sign_statement(manifest, private_key))
+        man_tmp = temp_json(tmp, MANIFEST_NAME, sign_statement(manifest, private_key))
         os.replace(man_tmp, tmp / MANIFEST_NAME)
         _public_mtimes(tmp, statement["predicate"].get("started_at"))
         if out.is_dir():

@@ -1,7 +1,7 @@
 """Checking an export (``dplora export``) against its signed manifest, the release it came from and the base model.
 
 The manifest ``DIR/dplora-export.dsse.json`` is opened with the release's rules
-(:func:`dplora.release.verify._open_envelope`). The chain: every file in ``DIR`` --sha256--> a manifest subject (no
+(:func:`dplora.release.statement.open_statement`). The chain: every file in ``DIR`` --sha256--> a manifest subject (no
 unsigned file); manifest ``source_release.record_digest`` --sha256--> the release's DSSE payload; release
 --signature, digests--> its files. Given the base model, the merge is redone (peft ``merge_and_unload``) and every
 tensor compared with the exported ones.
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import hmac
-import json
 from pathlib import Path, PurePosixPath
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from dplora.data.digest import sha256_file
 from dplora.errors import BadInputError, VerificationError
 from dplora.export.files import (
     EXPORT_PREDICATE_TYPE,
@@ -24,10 +24,10 @@ from dplora.export.files import (
     NON_PRIVATE_EXPORT_PREDICATE_TYPE,
     merged_model,
 )
-from dplora.release.envelope import STATEMENT_TYPE, sha256_file
+from dplora.release.derived import check_same_privacy, check_source_release
 from dplora.release.keys import load_public_key
-from dplora.release.verify import VerifiedRelease, _open_envelope, _read_envelope, _short, verify_release
-from dplora.synth.verify import release_record_digest
+from dplora.release.statement import open_statement, sha256_mismatch
+from dplora.release.verify import VerifiedRelease, verify_release
 
 # Tolerance of the redone merge (same library, maybe another device): fp32 to 1e-5 relative, 16-bit to one ulp-ish.
 MERGE_TOLERANCE = {"float32": (1e-5, 1e-6), "bfloat16": (1e-2, 1e-3), "float16": (1e-3, 1e-4)}
@@ -51,15 +51,7 @@ def _statement(folder: Path, public_key) -> dict:
     man = folder / MANIFEST_NAME
     if not man.is_file():
         raise BadInputError(f"--export {folder}: no {MANIFEST_NAME} (not a dplora export folder)")
-    payload, _rule = _open_envelope(_read_envelope(man), public_key)
-    try:
-        statement = json.loads(payload.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise VerificationError("export manifest payload is not JSON") from None
-    if not isinstance(statement, dict) or statement.get("_type") != STATEMENT_TYPE:
-        raise VerificationError(f"export manifest is not an in-toto Statement v1 ({STATEMENT_TYPE})")
-    if (ptype := statement.get("predicateType")) not in EXPORT_PREDICATE_TYPES:
-        raise VerificationError(f"export manifest predicateType is {ptype!r}, expected {EXPORT_PREDICATE_TYPE!r}")
+    statement = open_statement(man, public_key, EXPORT_PREDICATE_TYPES, what="export manifest").statement
     if not isinstance(statement.get("subject"), list) or not statement["subject"]:
         raise VerificationError("export manifest names no files")
     return statement
@@ -77,9 +69,7 @@ def _check_files(folder: Path, subjects: list) -> None:
             raise VerificationError(f"{s['name']}: file is missing from the export")
         expected = str(s["digest"].get("sha256", "")).lower()
         if not hmac.compare_digest(found := sha256_file(path), expected):
-            raise VerificationError(
-                f"{s['name']}: sha256 mismatch (expected {_short(expected)}, found {_short(found)})"
-            )
+            raise VerificationError(f"{s['name']}: {sha256_mismatch(expected, found)}")
         names.add(s["name"])
     for p in sorted(folder.rglob("*")):
         name = p.relative_to(folder).as_posix()
@@ -151,18 +141,14 @@ def verify_export(
     statement = _statement(folder, public_key)
     _check_files(folder, statement["subject"])
     predicate = statement.get("predicate") if isinstance(statement.get("predicate"), dict) else {}
-    source = predicate.get("source_release") if isinstance(predicate.get("source_release"), dict) else {}
-    recorded = str((source.get("record_digest") or {}).get("sha256", "")).lower()
-    actual = release_record_digest(release_path)
-    if not hmac.compare_digest(recorded, actual):
-        raise VerificationError(
-            f"the export names release record {_short(recorded)}, but this release's is {_short(actual)}"
-        )
+    check_source_release(predicate, release_path, what="export")
     private = statement["predicateType"] == EXPORT_PREDICATE_TYPE and predicate.get("differentially_private") is True
-    if private != release.differentially_private:
-        said = "DP" if private else f"non-private ({NON_PRIVATE_EXPORT_PREDICATE_TYPE})"
-        whose = "DP" if release.differentially_private else "non-private control"
-        raise VerificationError(f"a {said} export manifest over a {whose} release")
+    check_same_privacy(
+        private,
+        release.differentially_private,
+        non_private_type=NON_PRIVATE_EXPORT_PREDICATE_TYPE,
+        what="export manifest",
+    )
     checked = None
     if base_model is not None and predicate.get("format") == "merge":
         checked = _redo_merge(folder, Path(release_path), Path(base_model))

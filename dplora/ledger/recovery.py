@@ -31,7 +31,7 @@ def plan_from_checkpoint(info: CheckpointInfo):
     Raises:
         CheckpointUnreadableError: the header was written by a dplora whose plan had other fields.
     """
-    from dplora.accounting import Accountant, Adjacency
+    from dplora.accounting.events import Accountant, Adjacency
     from dplora.contract.spec import ProtectedUnit
     from dplora.plan.training import TrainingPlan
 
@@ -158,7 +158,8 @@ def record_release(
     from safetensors.numpy import load_file, save_file
 
     from dplora.contract.loader import parse_contract
-    from dplora.engine.model import base_model_entry
+    from dplora.data import digest as digests
+    from dplora.engine.basefiles import base_model_entry
     from dplora.release import envelope as release
     from dplora.release.record import build_record
 
@@ -205,7 +206,7 @@ def record_release(
             "checkpoint; post-processing of the run, charged with it in the ledger (not a new charge)",
         }
         release.finish_release(tmp, contract, record, private_key=private_key)
-        sha = release.sha256_file(tmp / release.RELEASE_FILENAME)
+        sha = digests.sha256_file(tmp / release.RELEASE_FILENAME)
         ledger.record_release(
             run_id=run_id, record_sha256=sha, epsilon=str(eps), delta=str(plan.delta), label=f"step-{info.step}"
         )

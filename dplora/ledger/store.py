@@ -192,7 +192,7 @@ def _over(pop: str, cap: tuple[Decimal, Decimal], spent: tuple[Decimal, Decimal]
 def _charge_columns(
     run_id, epsilon, delta, accountant, adjacency, protected_unit, events, purpose, unit_key=None
 ) -> dict:
-    """The checked columns of a DP charge (:meth:`Ledger.reserve`, :meth:`Ledger.reserve_unassigned`).
+    """The checked columns of a DP charge (:meth:`Ledger.reserve`, on a population or unassigned).
 
     Raises:
         BadInputError: a bad name or value, or an unknown purpose.
@@ -687,7 +687,7 @@ class Ledger:
     def reserve(
         self,
         *,
-        population: str,
+        population: str | None,
         run_id: str,
         epsilon: object,
         delta: object,
@@ -697,12 +697,17 @@ class Ledger:
         events: list[dict] | None = None,
         purpose: str = "release",
         unit_key: str | None = None,
+        output_dir: str | None = None,
     ) -> Charge:
-        """Atomically check the cap, unit and unit key, and record a pending charge for a run about to touch
-        private data.
+        """Record a pending charge for a DP run about to touch private data: on a population, atomically checking
+        its cap, unit and unit key first; without one (``population=None``), as an unassigned run.
+
+        An unassigned run has its own protected unit, adjacency and events and is never composed with anything (no
+        population total counts it, and no cap applies): ``ledger show`` lists each unassigned run on its own. It
+        settles and records releases like any charge.
 
         Args:
-            population: Name of the protected population.
+            population: Name of the protected population; None: an unassigned run (``output_dir`` required).
             run_id: Unique id of the run (a training run or a hyperparameter-tuning trial).
             epsilon: ε to reserve (unitless, > 0): the run's planned total.
             delta: δ to reserve (probability, in [0, 1)).
@@ -716,20 +721,33 @@ class Ledger:
             purpose: ``"release"`` or ``"tuning"``; both count toward the cap alike.
             unit_key: the column naming the unit (``privacy.unit_key``); must be the population's; None at row
                 level.
+            output_dir: an unassigned run's output folder (absolute path), to find it again; only without a
+                population.
 
         Returns:
-            The pending charge.
+            The pending charge (``population`` None for an unassigned run).
 
         Raises:
             PlanRefusedError: No cap, another unit, unit key or adjacency (naming both), a "unit unknown" or "key
                 unknown" population, or the reservation would exceed the cap; nothing is written.
-            BadInputError: Duplicate run_id, or a bad name or value.
+            BadInputError: Duplicate run_id, a bad name or value, or ``output_dir`` missing without a population
+                (or given with one).
             LedgerError: The database is locked (after ``timeout_s``) or unreadable.
         """
-        population = _name(population, "population")
+        if population is not None:
+            population = _name(population, "population")
+            if output_dir is not None:
+                raise BadInputError("output_dir is recorded for an unassigned run only (no population)")
         charge = _charge_columns(
             run_id, epsilon, delta, accountant, adjacency, protected_unit, events, purpose, unit_key
         )
+        if population is None:
+            if output_dir is None:
+                raise BadInputError("an unassigned run (no population) needs its output_dir")
+            output_dir = _path_text(output_dir)
+            with self._write() as c:
+                _refuse_duplicate(c, charge["run_id"], self.path)
+                return self._insert_charge(c, population=UNASSIGNED, output_dir=output_dir, **charge)
         with self._write() as c:
             _refuse_duplicate(c, charge["run_id"], self.path)
             if (cap := self._cap(c, population)) is None:
@@ -778,52 +796,12 @@ class Ledger:
                 adjacency=adjacency,
             )
 
-    def reserve_unassigned(
-        self,
-        *,
-        run_id: str,
-        output_dir: str,
-        epsilon: object,
-        delta: object,
-        accountant: str,
-        adjacency: str,
-        protected_unit: str,
-        events: list[dict] | None = None,
-        purpose: str = "release",
-        unit_key: str | None = None,
-    ) -> Charge:
-        """Record a pending charge for a DP run without ``privacy.population``: an unassigned run.
+    def reserve_unassigned(self, *, output_dir: str, **fields) -> Charge:
+        """Transitional: :meth:`reserve` with ``population=None`` (remove once ``dplora/recipe/train.py`` calls that).
 
-        It has its own protected unit, adjacency and events and is never composed with anything (no population
-        total counts it, and no cap applies): ``ledger show`` lists each unassigned run on its own. It settles
-        and records releases like any charge.
-
-        Args:
-            run_id: Unique id of the run.
-            output_dir: The run's output folder (absolute path), to find it again.
-            epsilon: ε to reserve (unitless, > 0): the run's planned total.
-            delta: δ to reserve (probability, in [0, 1)).
-            accountant: Accountant that computed ε, e.g. ``"rdp"``.
-            adjacency: ``"add_remove"`` or ``"replace_one"``.
-            protected_unit: ``"row"``, ``"ticket"`` or ``"user"``.
-            events: The run's mechanisms (see :meth:`reserve`).
-            purpose: ``"release"`` or ``"tuning"``.
-            unit_key: the column naming the unit (for the history; None at row level).
-
-        Returns:
-            The pending charge (``population`` None).
-
-        Raises:
-            BadInputError: Duplicate run_id, or a bad name or value.
-            LedgerError: The database is locked or unreadable.
+        Raises: as :meth:`reserve`.
         """
-        charge = _charge_columns(
-            run_id, epsilon, delta, accountant, adjacency, protected_unit, events, purpose, unit_key
-        )
-        output_dir = _path_text(output_dir)
-        with self._write() as c:
-            _refuse_duplicate(c, charge["run_id"], self.path)
-            return self._insert_charge(c, population=UNASSIGNED, output_dir=output_dir, **charge)
+        return self.reserve(population=None, output_dir=output_dir, **fields)
 
     def _insert_charge(self, c, **columns) -> Charge:
         """INSERT one pending charge (``reserved_epsilon`` = ``epsilon``, ``created_at`` now) inside the caller's

@@ -12,11 +12,10 @@ Empty batches skip 2 and still run 3–5. Only this module (with ``model``) impo
 
 from __future__ import annotations
 
-import enum
-
 import torch
 from opacus.optimizers import DPOptimizer
 
+from dplora.contract.spec import PerSamplePath
 from dplora.engine.fastclip import FlatLoRAGrads, checkpointing_mode
 from dplora.engine.perexample import assign_flat_grads, opacus_flat, opacus_module
 from dplora.errors import TrainingFailedError
@@ -187,13 +186,6 @@ class StepAccountant:
             self.history.append((optimizer.noise_multiplier, self.sample_rate, 1))
 
 
-class PerSample(str, enum.Enum):
-    """Where per-record gradients come from: dplora's fast LoRA path, or Opacus hooks (the reference)."""
-
-    FAST = "fast"
-    OPACUS = "opacus"
-
-
 def normalize_gamma(plan) -> float | None:
     """γ = NORMALIZE_GAMMA·C for a plan with ``clipping == "normalize"`` (public: from the contract), else None."""
     from dplora.contract.spec import NORMALIZE_GAMMA
@@ -223,9 +215,9 @@ def make_private(model: torch.nn.Module, optimizer, *, plan, unit_mean: bool, pe
         UncoveredParameterError: ``fast`` and a trainable tensor that is not a vanilla LoRA A/B weight.
     """
     flat = None
-    if PerSample(per_sample) is PerSample.OPACUS and checkpointing_mode(model) != "off":
+    if PerSamplePath(per_sample) is PerSamplePath.OPACUS and checkpointing_mode(model) != "off":
         raise TrainingFailedError("gradient checkpointing re-fires Opacus hooks: use privacy.per_sample: fast")
-    if PerSample(per_sample) is PerSample.FAST:
+    if PerSamplePath(per_sample) is PerSamplePath.FAST:
         flat = FlatLoRAGrads(model)
         wrapped = model
     else:

@@ -16,17 +16,11 @@ import dataclasses
 import math
 from fractions import Fraction
 
-from dplora.accounting import (
-    Accountant,
-    AccountingNumericalError,
-    Adjacency,
-    DpSgdEvent,
-    accountant_version,
-    rdp_epsilons,
-)
+from dplora.accounting.backends import AccountingNumericalError, accountant_version, rdp_epsilons
 from dplora.accounting.calibration import calibrate
 from dplora.accounting.checked import CheckedCurve, checked_curve, numerical_chain
 from dplora.accounting.cost import tolerance_for
+from dplora.accounting.events import Accountant, Adjacency, DpSgdEvent
 from dplora.contract.spec import MAX_STEPS, Contract, ProtectedUnit
 from dplora.errors import BadInputError, PlanRefusedError
 

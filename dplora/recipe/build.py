@@ -9,16 +9,15 @@ import warnings
 from pathlib import Path
 
 from dplora.contract.spec import Contract, UnitClipping
-from dplora.data import units as data_mod
+from dplora.data import tokens as tokenizing
 from dplora.engine import distributed
 from dplora.errors import BadInputError, DploraError, PlanRefusedError, TrainingFailedError
 from dplora.mechanism import control
-from dplora.mechanism.reduction import step_reducer
 from dplora.plan.training import TrainingPlan, ledger_event
 from dplora.recipe.setup import (
-    _make_optimizer,
-    _RunIO,
-    _setup_model,
+    RunIO,
+    make_optimizer,
+    setup_model,
 )
 
 
@@ -40,7 +39,7 @@ class _Stage:
         ) from err
 
 
-def _open_ledger(contract: Contract, plan: TrainingPlan, io: _RunIO, resumed_run: str | None = None):
+def open_ledger(contract: Contract, plan: TrainingPlan, io: RunIO, resumed_run: str | None = None):
     """The ledger with room for the plan; a resumed run instead needs its own charge still pending.
 
     Every DP run is recorded: without ``privacy.population`` as an unassigned run, whose ledger is opened (and
@@ -54,19 +53,19 @@ def _open_ledger(contract: Contract, plan: TrainingPlan, io: _RunIO, resumed_run
         if control.is_control(contract):
             return None
         if resumed_run is None:  # --overwrite may discard an unassigned run's checkpoint: settle its charge then
-            path = io.ledger_path or default_ledger_path()
-            return Ledger(path, create=False) if io.overwrite and Path(path).is_file() else None
-        ledger = Ledger(io.ledger_path or default_ledger_path(), create=False)
+            path = io.options.ledger_path or default_ledger_path()
+            return Ledger(path, create=False) if io.options.overwrite and Path(path).is_file() else None
+        ledger = Ledger(io.options.ledger_path or default_ledger_path(), create=False)
         _check_resumable(ledger, resumed_run)
         return ledger
 
-    if control.is_control(contract) and not io.non_private:
+    if control.is_control(contract) and not io.options.non_private:
         pop = contract.privacy.population
         raise PlanRefusedError(
             f"privacy.enabled=false on population {pop!r}: a non-private run is charged ε=∞ in the ledger, over "
             f"any cap, and every later DP run on {pop!r} is then refused; pass --non-private to run it anyway"
         )
-    ledger = Ledger(io.ledger_path or default_ledger_path(), create=False)  # a missing ledger fails closed
+    ledger = Ledger(io.options.ledger_path or default_ledger_path(), create=False)  # a missing ledger fails closed
     if resumed_run is None and not control.is_control(contract):
         ledger.check(
             contract.privacy.population,
@@ -94,28 +93,89 @@ def _check_resumable(ledger, resumed_run: str) -> None:
         raise BadInputError(f"--resume: run {resumed_run} is already {status} in ledger {ledger.path}: start anew")
 
 
-def _build(
-    contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Path, staging: Path, io: _RunIO, held_out=None
+def build_run(
+    contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Path, staging: Path, io: RunIO, held_out=None
 ):
-    """Model, tokens and the private engine on the chosen device: (RunSpec, RunState). Writes nothing."""
+    """Model, tokens and the private engine on the chosen device: (RunSpec, RunState). Writes nothing.
+
+    Raises:
+        BadInputError: the model, its tokens or the held-out set (when public) cannot be used (exit 2).
+        TrainingFailedError: a setup stage failed (named in the one-line message).
+    """
+    from dplora.run.loop import RunSpec, RunState
+
+    loaded = _load(contract, io)
+    model, tokenizer, device = loaded["model"], loaded["tokenizer"], loaded["device"]
+    examples = _encode(contract, table, tokenizer, io)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if io.world.distributed:  # the same weights, tokenizer, tokens, LoRA init and library versions on every rank
+        from dplora.engine.basefiles import base_model_entry
+
+        entry = base_model_entry(contract.model, io.log)
+        distributed.check_same_inputs(io.world, distributed.model_digests(entry, examples, named))
+    held_out = _checked_held_out(contract, held_out, tokenizer, io)
+    if not named:
+        raise BadInputError("no trainable parameters: check lora.target_modules")
+    mechanism, optimizer, (gsm, dp_opt, accountant) = _private_engine(contract, plan, model, named, device, io)
+    physical = _physical_batch(contract, gsm, dp_opt, named, tokenizer, device, io)
+    spec = RunSpec(
+        contract=contract,
+        plan=plan,
+        unit_index=unit_index,
+        examples=examples,
+        pad_id=tokenizer.pad_token_id,
+        device=device,
+        dtype=loaded["dtype"],
+        allow_tf32=loaded["allow_tf32"],
+        threads=loaded["threads"],
+        run_id=uuid.uuid4().hex,
+        out=out,
+        staging=staging,
+        world=io.world,
+        tokenizer=tokenizer,
+        held_out=held_out,
+        physical_batch=physical,
+        attn_implementation=getattr(model.config, "_attn_implementation", None),  # auto resolved at load
+        mechanism=mechanism,
+    )
+    from dplora.engine.schedule import make_scheduler
+
+    scheduler = make_scheduler(
+        optimizer, schedule=plan.lr_schedule, warmup_steps=plan.warmup_steps, total_steps=plan.steps
+    )
+    return spec, RunState(model=gsm, optimizer=dp_opt, accountant=accountant, named=named, scheduler=scheduler)
+
+
+def _load(contract: Contract, io: RunIO) -> dict:
+    """Threads, device, precision, then the model with its LoRA adapters and the tokenizer (stage "loading the
+    model"): a dict of model, tokenizer, device, dtype, allow_tf32, threads."""
     import torch
 
-    from dplora.engine import gradcheck, runtime
+    from dplora.engine import runtime
     from dplora.engine.model import resolve_precision, select_device
-    from dplora.run.loop import RunSpec, RunState
 
     # Opacus hooks on a frozen base: inputs need no grad, which is expected here.
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
     # W processes on one node share its free cores
-    n_threads = io.threads or contract.training.threads or max(1, runtime.free_threads() // io.world.local_world_size)
+    n_threads = (
+        io.options.threads or contract.training.threads or max(1, runtime.free_threads() // io.world.local_world_size)
+    )
     torch.set_num_threads(n_threads)
     device = select_device()
     dtype, allow_tf32 = resolve_precision(contract.model, device)
     with _Stage("loading the model", device):
-        model, tokenizer = _setup_model(contract, device, dtype, allow_tf32, io.log)
+        model, tokenizer = setup_model(contract, device, dtype, allow_tf32, io.log)
     _check_pad_embedding(model, tokenizer)
-    examples, truncation = data_mod.encode_records(table, tokenizer, contract)
+    return {
+        "model": model, "tokenizer": tokenizer, "device": device, "dtype": dtype, "allow_tf32": allow_tf32,
+        "threads": n_threads,
+    }  # fmt: skip
+
+
+def _encode(contract: Contract, table, tokenizer, io: RunIO):
+    """Token ids and labels per record; the truncation counts go to the private log only (they are private)."""
+    examples, truncation = tokenizing.encode_records(table, tokenizer, contract)
     if truncation is not None and truncation.truncated:  # private counts: the operator's terminal only
         io.private(
             f"data: {truncation.truncated} of {truncation.records} records "
@@ -129,72 +189,63 @@ def _build(
                 else ""
             )
         )
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    if io.world.distributed:  # the same weights, tokenizer, tokens, LoRA init and library versions on every rank
-        from dplora.engine.model import base_model_entry
+    return examples
 
-        entry = base_model_entry(contract.model, io.log)
-        distributed.check_same_inputs(io.world, distributed.model_digests(entry, examples, named))
-    if held_out is not None:  # before training, not after it
-        from dplora.evaluate.heldout import HeldOutDataProblem, check_held_out
 
-        try:
-            check_held_out(held_out, tokenizer, contract)
-        except HeldOutDataProblem as err:
-            if contract.data.eval_public:  # a public file: its problem is public, refuse before training
-                raise
-            # A private held-out set that cannot be evaluated (no unit fell on the held-out side, every reply cut
-            # away) must not decide whether the run releases: that would make the exit code a statistic of the
-            # private data (issue 40). Train and release; skip the evaluation, and say why privately.
-            io.private(f"held-out evaluation skipped: {err}")
-            held_out = None
-    if not named:
-        raise BadInputError("no trainable parameters: check lora.target_modules")
+def _checked_held_out(contract: Contract, held_out, tokenizer, io: RunIO):
+    """The held-out set checked before training: a public file's problem refuses the run (exit 2); a private
+    set's problem skips the evaluation (said privately), so the exit code never depends on private data."""
+    if held_out is None:
+        return None
+    from dplora.evaluate.heldout import HeldOutDataProblem, check_held_out
+
+    try:
+        check_held_out(held_out, tokenizer, contract)
+    except HeldOutDataProblem as err:
+        if contract.data.eval_public:  # a public file: its problem is public, refuse before training
+            raise
+        # A private held-out set that cannot be evaluated (no unit fell on the held-out side, every reply cut
+        # away) must not decide whether the run releases: that would make the exit code a statistic of the
+        # private data (issue 40). Train and release; skip the evaluation, and say why privately.
+        io.private(f"held-out evaluation skipped: {err}")
+        held_out = None
+    return held_out
+
+
+def _private_engine(contract: Contract, plan: TrainingPlan, model, named, device, io: RunIO):
+    """The mechanism (:func:`mechanism_for`), its cross-rank reducer, the optimizer and the wrapped step; for a DP
+    run the per-example check on synthetic batches (stage "setting up per-sample gradients").
+    Returns (mechanism, optimizer, (per-sample model, step optimizer, accountant))."""
+    from dplora.engine import gradcheck, runtime
+
     with _Stage("setting up per-sample gradients", device):
-        num_params = sum(p.numel() for _, p in named)
-        reducer = step_reducer(io.world, num_params, runtime.parameter_device(model))
-        optimizer, (gsm, dp_opt, accountant) = _step_parts(contract, model, named, plan, reducer=reducer)
-        if not control.is_control(contract):
-            gradcheck.probe_per_sample_gradients(gsm, named, dp_opt)
-    physical = None
-    if contract.training.physical_batch_size == "auto":  # synthetic batches of max_seq_len tokens, no private data
-        from dplora.engine.membatch import probe_physical_batch
+        mechanism = mechanism_for(contract, plan, io.world)
+        reducer = mechanism.reducer(sum(p.numel() for _, p in named), runtime.parameter_device(model))
+        optimizer, parts = _step_parts(contract, model, named, mechanism, reducer=reducer)
+        if mechanism.private:
+            gradcheck.probe_per_sample_gradients(parts[0], named, parts[1])
+    return mechanism, optimizer, parts
 
-        with _Stage("probing the physical batch", device):
-            physical = probe_physical_batch(
-                gsm,
-                dp_opt,
-                named,
-                max_seq_len=contract.training.max_seq_len,
-                pad_id=tokenizer.pad_token_id,
-                device=runtime.parameter_device(model),
-            )
-        io.log(f"physical batch: {physical} records per forward (probed on synthetic batches)")
-    spec = RunSpec(
-        contract=contract,
-        plan=plan,
-        unit_index=unit_index,
-        examples=examples,
-        pad_id=tokenizer.pad_token_id,
-        device=device,
-        dtype=dtype,
-        allow_tf32=allow_tf32,
-        threads=n_threads,
-        run_id=uuid.uuid4().hex,
-        out=out,
-        staging=staging,
-        world=io.world,
-        tokenizer=tokenizer,
-        held_out=held_out,
-        physical_batch=physical,
-        attn_implementation=getattr(model.config, "_attn_implementation", None),  # auto resolved at load
-    )
-    from dplora.engine.schedule import make_scheduler
 
-    scheduler = make_scheduler(
-        optimizer, schedule=plan.lr_schedule, warmup_steps=plan.warmup_steps, total_steps=plan.steps
-    )
-    return spec, RunState(model=gsm, optimizer=dp_opt, accountant=accountant, named=named, scheduler=scheduler)
+def _physical_batch(contract: Contract, gsm, dp_opt, named, tokenizer, device, io: RunIO) -> int | None:
+    """Records per forward for ``training.physical_batch_size: auto``, probed on synthetic batches (no private
+    data); None for a fixed number."""
+    if contract.training.physical_batch_size != "auto":
+        return None
+    from dplora.engine import runtime
+    from dplora.engine.membatch import probe_physical_batch
+
+    with _Stage("probing the physical batch", device):
+        physical = probe_physical_batch(
+            gsm,
+            dp_opt,
+            named,
+            max_seq_len=contract.training.max_seq_len,
+            pad_id=tokenizer.pad_token_id,
+            device=runtime.parameter_device(gsm),
+        )
+    io.log(f"physical batch: {physical} records per forward (probed on synthetic batches)")
+    return physical
 
 
 def probe_estimate(
@@ -269,12 +320,12 @@ def estimate_without_data(contract: Contract, plan: TrainingPlan, *, threads: in
     device = select_device()
     dtype, allow_tf32 = resolve_precision(contract.model, device)
     with _Stage("loading the model", device):
-        model, tokenizer = _setup_model(contract, device, dtype, allow_tf32, log)
+        model, tokenizer = setup_model(contract, device, dtype, allow_tf32, log)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
         raise BadInputError("no trainable parameters: check lora.target_modules")
     with _Stage("setting up per-sample gradients", device):
-        _, (gsm, dp_opt, _) = _step_parts(contract, model, named, plan)
+        _, (gsm, dp_opt, _) = _step_parts(contract, model, named, mechanism_for(contract, plan, distributed.SINGLE))
     physical = contract.training.physical_batch_size
     if physical == "auto":
         from dplora.engine.membatch import probe_physical_batch
@@ -317,22 +368,21 @@ def _check_pad_embedding(model, tokenizer) -> None:
         )
 
 
-def _step_parts(contract: Contract, model, named, plan: TrainingPlan, *, reducer=None):
-    """The optimizer and the step's engine parts for ``named`` (the trainable LoRA tensors): (optimizer, (per-sample
-    model, step optimizer, accountant)) from :func:`dplora.mechanism.optimizer.make_private`, or the non-private
-    control's from
-    :func:`dplora.mechanism.control.make_non_private` (no clipping, no noise, no accountant). Shared by training and
-    the time estimate's synthetic probe, so both time the same per-example path."""
-    from dplora.mechanism import optimizer as dpopt
+def mechanism_for(contract: Contract, plan: TrainingPlan, world):
+    """The run's :class:`dplora.mechanism.core.DPMechanism`: the plan, the per-example path and unit clipping
+    (``privacy.per_sample``, ``privacy.unit_clipping``), the process group; the control for ``privacy.enabled:
+    false``."""
+    from dplora.mechanism.core import PerformanceFlags, make_mechanism
 
-    optimizer = _make_optimizer(contract, [p for _, p in named])
-    if control.is_control(contract):
-        return optimizer, control.make_non_private(model, optimizer, plan=plan)
-    return optimizer, dpopt.make_private(
-        model,
-        optimizer,
-        plan=plan,
-        unit_mean=contract.privacy.unit_clipping is UnitClipping.MEAN,
-        per_sample=contract.privacy.per_sample.value,
-        reducer=reducer,
-    )
+    flags = PerformanceFlags(per_sample=contract.privacy.per_sample)
+    unit_mean = contract.privacy.unit_clipping is UnitClipping.MEAN
+    return make_mechanism(plan, flags, world, private=contract.privacy.enabled, unit_mean=unit_mean)
+
+
+def _step_parts(contract: Contract, model, named, mechanism, *, reducer=None):
+    """The optimizer and the step's parts for ``named`` (the trainable LoRA tensors): (optimizer, (per-sample
+    model, step optimizer, accountant)) from ``mechanism.wrap`` (:class:`dplora.mechanism.core.DPMechanism`: the
+    DP optimizer over units, or the control's step with no clipping, noise or accountant). Shared by training and
+    the time estimate's synthetic probe, so both time the same per-example path."""
+    optimizer = make_optimizer(contract, [p for _, p in named])
+    return optimizer, mechanism.wrap(model, optimizer, reducer=reducer)

@@ -11,7 +11,7 @@ from pathlib import Path
 from dplora import atomic
 from dplora.errors import DploraError, NoisyUpdateError
 from dplora.mechanism import control
-from dplora.recipe.setup import _RunIO, _write_json
+from dplora.recipe.setup import RunIO, write_json
 from dplora.release import envelope as release
 from dplora.release.record import build_record, non_private_record
 from dplora.run import outputs
@@ -31,7 +31,7 @@ def metrics_path(staging: Path) -> Path:
     return path
 
 
-def _open_metrics(staging: Path, resume_step: int, header: dict):
+def open_metrics(staging: Path, resume_step: int, header: dict):
     """The private ``metrics.jsonl`` for appending: new with ``header``, or, when resuming, cut back to the
     checkpoint's step."""
     path = metrics_path(staging)
@@ -52,7 +52,7 @@ def _metrics_step(line: str) -> float:
         return float("inf")
 
 
-def _record_failure(spec, state, err: BaseException, ledger, last_checkpoint=None) -> None:
+def record_failure(spec, state, err: BaseException, ledger, last_checkpoint=None) -> None:
     """FAILED.json with the steps done and ε charged (never a release); settle the ledger charge as failed.
 
     With a resume checkpoint the charge stays pending at its reservation (≥ what was spent) until the run is
@@ -62,10 +62,10 @@ def _record_failure(spec, state, err: BaseException, ledger, last_checkpoint=Non
 
     plan, done = spec.plan, state.accountant.steps
     spent = plan.epsilon_spent(done)  # 0.0 at 0 steps; finite (the plan's checked curve)
-    entry = _failure_entry(spec.run_id, done, plan.steps, spent, err)
+    entry = failure_entry(spec.run_id, done, plan.steps, spent, err)
     entry |= failure_fields(spec, state, err, last_checkpoint)
     try:
-        _write_json(spec.staging / "FAILED.json", entry)  # whole or not at all (dplora.atomic)
+        write_json(spec.staging / "FAILED.json", entry)  # whole or not at all (dplora.atomic)
     except (OSError, atomic.DiskFullError):  # a full disk must not hide the original error
         pass
     (spec.staging / release.RELEASE_FILENAME).unlink(missing_ok=True)
@@ -73,7 +73,7 @@ def _record_failure(spec, state, err: BaseException, ledger, last_checkpoint=Non
         ledger.settle(spec.run_id, epsilon_spent=spent, status="failed")
 
 
-def _memory_kind(device) -> str:
+def memory_kind(device) -> str:
     return "torch.cuda.max_memory_allocated" if device.type == "cuda" else "process peak RSS"
 
 
@@ -88,7 +88,7 @@ def peak_memory_gib(device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
 
 
-def _failure_entry(run_id: str | None, done: int, planned: int, spent: float, err: BaseException) -> dict:
+def failure_entry(run_id: str | None, done: int, planned: int, spent: float, err: BaseException) -> dict:
     """The content of FAILED.json: steps done, ε charged, the one-line reason (never training text)."""
     return {
         "run_id": run_id,
@@ -112,13 +112,13 @@ def _failure_reason(err: BaseException) -> str:
     return err.__class__.__name__
 
 
-def _write_outputs(spec, state, *, started: str, epsilon_spent: float, io: _RunIO, ranks=None, evaluation=None) -> None:
+def write_outputs(spec, state, *, started: str, epsilon_spent: float, io: RunIO, ranks=None, evaluation=None) -> None:
     """Save the adapters and the resolved contract, then finish and sign the release (inside ``staging``).
 
     A control run signs its own non-private record (:mod:`dplora.mechanism.control`), never the DP one. A held-out
     evaluation enters the record only when its set is declared public.
     """
-    from dplora.engine.model import base_model_entry
+    from dplora.engine.basefiles import base_model_entry
 
     contract, plan = spec.contract, spec.plan
     staging = spec.staging.resolve()

@@ -10,7 +10,8 @@ import os
 from pathlib import Path
 
 from dplora.ledger.store import default_ledger_path
-from dplora.release.envelope import DATA_KEY_ENV, SIGNING_KEY_ENV
+from dplora.release.envelope import DATA_KEY_ENV
+from dplora.release.keys import SIGNING_KEY_ENV
 
 
 def protected_inputs(contract, *, contract_path, signing_key, data_key, ledger_path) -> list[tuple[str, Path]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from dplora.accounting import Adjacency
+from dplora.accounting.events import Adjacency
 from dplora.contract.spec import Contract
 from dplora.data import units as data_mod
 from dplora.errors import BadInputError
@@ -111,7 +111,13 @@ def resolve_auto(contract: Contract, *, epochs: float | None = None, max_steps: 
         epochs=epochs,
         max_steps=max_steps,
     )
-    choice = rec.choice
+    return _apply_recommendation(contract, rec)
+
+
+def _apply_recommendation(contract: Contract, rec):
+    """``contract`` with the planner's B, T and lr (and its schedule and warmup unless the contract gives them);
+    the recommendation says where the schedule came from. Returns (resolved contract, recommendation)."""
+    training, choice = contract.training, rec.choice
     update = {
         "expected_batch_size": choice.expected_batch_size,
         "steps": choice.steps,

@@ -82,17 +82,17 @@ def check_model_files(section: ModelSection) -> tuple[str, bool | None]:
     """
     from dplora.engine.model import (
         SMOLLM2_GGUF,
-        _smollm2_cache,
         check_model_cache,
         hub_snapshot,
         packaged_gguf,
         resolve_model,
+        smollm2_cache,
     )
 
     if section.name in PACKAGED_MODELS:
         packaged_gguf()
         check_model_cache(section)
-        converted = _smollm2_cache()
+        converted = smollm2_cache()
         if (converted / "config.json").is_file():
             return _folder_checks(converted, f"model.name={section.name}")
         return f"OK  model: {section.name} ({SMOLLM2_GGUF} installed; converted on first use)", None
@@ -161,7 +161,7 @@ def check_data_files(contract: Contract, *, chat_template: bool | None) -> list[
             ``{role, content}``.
     """
     from dplora.data.chat import check_messages
-    from dplora.data.units import _builder, required_columns
+    from dplora.data.units import dataset_builder, required_columns
 
     data = contract.data
     wanted = required_columns(contract)
@@ -174,7 +174,7 @@ def check_data_files(contract: Contract, *, chat_template: bool | None) -> list[
             raise BadInputError(f"{key}={excerpt(str(path), 200)} is a folder; give a csv, jsonl or parquet file")
         if not path.is_file():
             raise BadInputError(f"data file not found: {key}={path}")
-        builder = _builder(data, path)
+        builder = dataset_builder(data, path)
         columns, first = _columns(path, builder, key)
         needed = [c for c in wanted if key == "data.path" or c != contract.privacy.unit_key]
         needed += [c for c in (data.label_column, data.group_column) if c and key == "data.eval_path"]

@@ -9,10 +9,11 @@ from dplora import atomic
 from dplora.contract.spec import Contract
 from dplora.engine import distributed
 from dplora.errors import BadInputError, excerpt
+from dplora.recipe.options import RunOptions
 from dplora.run import outputs
 
 
-def _prepare_output(contract: Contract, overwrite: bool, protected=()) -> tuple[Path, Path]:
+def prepare_output(contract: Contract, overwrite: bool, protected=()) -> tuple[Path, Path]:
     """The output folder and its ``.partial`` sibling; refusals follow :func:`dplora.run.outputs.check_output_dir`."""
     try:
         out = outputs.check_output_dir(contract.training.output_dir, overwrite=overwrite, protected=protected)
@@ -22,7 +23,7 @@ def _prepare_output(contract: Contract, overwrite: bool, protected=()) -> tuple[
     return out, outputs.staging_path(out)
 
 
-def _lock_output(out: Path):
+def lock_output(out: Path):
     """Hold an exclusive lock on ``<output_dir>.lock`` for the run (released when the process ends).
 
     Raises:
@@ -46,12 +47,12 @@ def _lock_output(out: Path):
     return handle
 
 
-def _write_json(path: Path, obj) -> None:
+def write_json(path: Path, obj) -> None:
     """Write ``obj`` as JSON to ``path`` whole or not at all (:func:`dplora.atomic.write_json`)."""
     atomic.write_json(path, obj)
 
 
-def _setup_model(contract: Contract, device, dtype: str, allow_tf32: bool, log):
+def setup_model(contract: Contract, device, dtype: str, allow_tf32: bool, log):
     """Load the base model in ``dtype`` on ``device``, then wrap it with fp32 LoRA adapters (peft).
 
     ``lora.target_modules`` is resolved against the loaded model (:func:`dplora.engine.lora.resolve_target_modules`);
@@ -128,7 +129,7 @@ def _conv1d_targets(model, targets) -> bool:
     return any(isinstance(m, Conv1D) and n.rsplit(".", 1)[-1] in targets for n, m in model.named_modules())
 
 
-def _make_optimizer(contract: Contract, params):
+def make_optimizer(contract: Contract, params):
     import torch
 
     lr, wd = contract.training.lr, contract.training.weight_decay
@@ -140,25 +141,31 @@ def _make_optimizer(contract: Contract, params):
     return torch.optim.AdamW(params, lr=lr, weight_decay=wd)
 
 
-def _quiet(message: str) -> None:
+def quiet_log(message: str) -> None:
     """The log of ranks other than 0: rank 0 reports for the run."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class _RunIO:
-    """The run's inputs that are not the contract: keys, ledger, threads and how to report."""
+class RunIO:
+    """What one run holds besides the contract, the plan and the mechanism: the caller's options and what the run
+    resolved from them (loaded keys, the process group, the logs, the start time).
 
+    Attributes:
+        options: the caller's :class:`dplora.recipe.options.RunOptions` (unchanged).
+        private_key: the loaded Ed25519 signing key (rank 0), or None.
+        data_key: the data owner's HMAC key bytes, or None.
+        log: the public log (rank 0's; other ranks print nothing).
+        progress: progress reports on (``options.progress`` on rank 0 only).
+        world: the run's processes.
+        private: :class:`dplora.surface.PrivateLog`, the run's private diagnostics (never on the public log).
+        started_at: UTC, taken before the data is read: the only time a release records.
+    """
+
+    options: RunOptions
     private_key: object
     data_key: bytes | None
-    ledger_path: Path | None
-    threads: int | None
-    progress: bool
-    tuning_trial: bool
     log: object
-    overwrite: bool = False
-    resume: bool = False
+    progress: bool
     world: distributed.World = distributed.SINGLE
-    non_private: bool = False
-    ledger_release: bool = True
-    private: object = None  # dplora.surface.PrivateLog: the run's private diagnostics (never on the public log)
-    started_at: str = ""  # UTC, taken before the data is read: the only time a release records
+    private: object = None
+    started_at: str = ""

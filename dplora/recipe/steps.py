@@ -12,17 +12,17 @@ from dplora.engine import distributed
 from dplora.errors import TrainingFailedError
 from dplora.mechanism import control
 from dplora.recipe.finish import (
-    _open_metrics,
-    _write_outputs,
     metrics_path,
+    open_metrics,
+    write_outputs,
 )
 from dplora.recipe.setup import (
-    _RunIO,
+    RunIO,
 )
 from dplora.run.tracking import TrackedMetrics
 
 
-def _train_and_release(spec, state, *, io: _RunIO, started: str, checkpointer):
+def train_and_release(spec, state, *, io: RunIO, started: str, checkpointer):
     """Run every planned step, check the accounting, evaluate on the held-out set if any, then write the adapters
     and the signed release.
 
@@ -36,7 +36,7 @@ def _train_and_release(spec, state, *, io: _RunIO, started: str, checkpointer):
     tracker = _tracker(spec, started)
     try:
         with (
-            _open_metrics(spec.staging, state.step, _metrics_header(spec)) as metrics,
+            open_metrics(spec.staging, state.step, _metrics_header(spec)) as metrics,
             ProgressReporter(enabled=io.progress) as bar,
             checkpointer,
         ):
@@ -46,7 +46,7 @@ def _train_and_release(spec, state, *, io: _RunIO, started: str, checkpointer):
             t0 = time.perf_counter()
             run_steps(spec, state, metrics=logged, progress=bar, after_step=_after_step(state, checkpointer))
             train_seconds = time.perf_counter() - t0
-        ranks = _check_accounted(spec, state)
+        ranks = check_accounted(spec, state)
         t0 = time.perf_counter()
         evaluation = _evaluate_held_out(spec, state, io)
         eval_seconds = time.perf_counter() - t0 if evaluation is not None else 0.0
@@ -56,7 +56,7 @@ def _train_and_release(spec, state, *, io: _RunIO, started: str, checkpointer):
         if tracker is not None:
             tracker.close()
     epsilon_spent = spec.plan.epsilon_at(state.step)
-    _write_outputs(spec, state, started=started, epsilon_spent=epsilon_spent, io=io, ranks=ranks, evaluation=evaluation)
+    write_outputs(spec, state, started=started, epsilon_spent=epsilon_spent, io=io, ranks=ranks, evaluation=evaluation)
     return evaluation, train_seconds, eval_seconds
 
 
@@ -88,7 +88,7 @@ def _eval_scalars(evaluation) -> dict[str, float]:
     return flat
 
 
-def _evaluate_held_out(spec, state, io: _RunIO):
+def _evaluate_held_out(spec, state, io: RunIO):
     """Base vs adapters on the held-out set (None without one); logs the numbers labelled, never held-out text.
 
     Private held-out numbers go to the private ``metrics.jsonl`` (:func:`metrics_path`) under ``not_covered_by_dp``
@@ -148,7 +148,7 @@ def _after_step(state, checkpointer):
     return after_step
 
 
-def _check_accounted(spec, state) -> list[dict] | None:
+def check_accounted(spec, state) -> list[dict] | None:
     """Every planned step taken and accounted; with W processes, on every rank, with identical adapters.
 
     Returns:

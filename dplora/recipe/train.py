@@ -10,38 +10,31 @@ metrics, never a release.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import time
 from pathlib import Path
 
-from dplora.atomic import DiskFullError
-from dplora.contract.spec import Contract, ProtectedUnit, Quantization
+from dplora.contract.spec import Contract
 from dplora.data import units as data_mod
 from dplora.engine import distributed
 from dplora.engine.model import check_model_cache
-from dplora.errors import BadInputError, DploraError, TrainingFailedError
-from dplora.mechanism import control
-from dplora.plan.training import TrainingPlan, ledger_event
-from dplora.recipe.build import _build, _open_ledger
-from dplora.recipe.finish import (
-    _failure_entry,
-    _memory_kind,
-    _record_failure,
-    peak_memory_gib,
-)
+from dplora.errors import BadInputError
+from dplora.mechanism import control, reduction
+from dplora.plan.training import TrainingPlan
+from dplora.recipe import phases
+from dplora.recipe.build import build_run
 from dplora.recipe.inputs import protected_inputs
+from dplora.recipe.options import RunOptions
 from dplora.recipe.planning import plan_for, resolve_auto
 from dplora.recipe.precheck import check_model_files
 from dplora.recipe.setup import (
-    _lock_output,
-    _prepare_output,
-    _quiet,
-    _RunIO,
-    _write_json,
+    RunIO,
+    lock_output,
+    prepare_output,
+    quiet_log,
 )
-from dplora.recipe.steps import _check_accounted, _train_and_release
+from dplora.recipe.steps import check_accounted
 from dplora.release import envelope as release
-from dplora.release.record import unit_statement
+from dplora.release import keys as release_keys
 from dplora.run import outputs, tracking
 from dplora.run.execution import utc_now
 
@@ -69,46 +62,17 @@ class RunResult:
     run_id: str = ""
 
 
-def run_training(
-    contract: Contract,
-    *,
-    signing_key: Path | None,
-    data_key: Path | None,
-    overwrite: bool = False,
-    ledger_path: Path | None = None,
-    threads: int | None = None,
-    progress: bool = True,
-    tuning_trial: bool = False,
-    non_private: bool = False,
-    contract_path: Path | None = None,
-    resume: bool = False,
-    log=print,
-    extra_records: list[dict] | None = None,
-    ledger_release: bool = True,
-    private_log=None,
-) -> RunResult:
+def run_training(contract: Contract, options: RunOptions | None = None, *, log=print, private_log=None) -> RunResult:
     """Train DP-LoRA adapters under ``contract`` and write them with a signed release record.
 
     Args:
         contract: the validated contract (overrides applied).
-        signing_key: Ed25519 private key PEM (else ``$DPLORA_SIGNING_KEY``).
-        data_key: the data owner's HMAC key file (else ``$DPLORA_DATA_KEY``; else no data digest).
-        overwrite: replace a non-empty output folder (only after the new run succeeded).
-        ledger_path: SQLite budget ledger (used when ``privacy.population`` is set).
-        threads: CPU threads (default: free cores).
-        progress: report progress on stderr (a bar on a terminal, plain lines otherwise; see dplora.run.progress).
-        tuning_trial: charge the ledger as a hyperparameter-tuning trial (it counts like any release).
-        non_private: allow a ``privacy.enabled: false`` control on a ledger population (charged ε = ∞).
-        contract_path: the contract file, which the output folder must not hold.
-        resume: continue from the resume checkpoint in ``<output_dir>.partial`` (same contract and data).
+        options: keys, ledger and output policy, threads, progress (:class:`dplora.recipe.options.RunOptions`;
+            None: the defaults).
         log: one-line message sink for public lines (a function of the contract, the plan and DP outputs only).
         private_log: a :class:`dplora.surface.PrivateLog` for the private diagnostics (counts, timings, held-out
             numbers, local data warnings); they are written to ``<output_dir>.private/`` and echoed only where
             it echoes. Default: a silent one (the private folder only).
-        extra_records: rows appended to the training table after the held-out split (the audit's canaries,
-            each its own protected unit); every column of the data file, text values.
-        ledger_release: record the signed release in the ledger (False: a ``dplora sweep`` trial, signed with a
-            throw-away key and not a release; the sweep records the one release it makes). The charge is the same.
 
     Returns:
         :class:`RunResult`.
@@ -123,215 +87,153 @@ def run_training(
     from dplora.surface import PrivateLog
 
     private_log = private_log if private_log is not None else PrivateLog()
+    options = options if options is not None else RunOptions()
     started_at = utc_now()  # before the data is read: the record's only time (its end would time the private run)
     # training.expected_batch_size: auto: B, T and lr from the planner (public inputs only; no data read)
     contract, recommendation = resolve_auto(contract)
     world = distributed.init_world()  # one process unless started by torchrun / accelerate launch
-    main = world.is_main  # with W processes only rank 0 reads the keys, locks, charges the ledger and writes
-    lock = private_key = key = plan = None
-    created: list[Path] = []  # folders above the output that this run creates
+    held = _Held()  # the output lock and the folders above the output this run creates, released in `finally`
     bad_input = False
-    out, staging = outputs.output_path(contract.training.output_dir), None  # ranks other than 0 write nothing
     try:
-        with distributed.gate(world):  # a refusal on any rank stops every rank here
-            tracking.check_backend(contract.training.report_to)  # a missing tracker library: exit 2, nothing written
-            if main:
-                private_key = release.load_private_key(signing_key)
-                key = release.load_data_key(data_key)
-                protected = protected_inputs(
-                    contract,
-                    contract_path=contract_path,
-                    signing_key=signing_key,
-                    data_key=data_key,
-                    ledger_path=ledger_path,
-                )
-                check_model_cache(contract.model)  # a packaged model's cache folder, before any conversion
-                check_model_files(contract.model)  # the model folder, before the data is read or σ calibrated
-                out, staging = _prepare_output(contract, overwrite, protected)
-            if control.is_control(contract) and world.distributed:
-                raise BadInputError("privacy.enabled=false (the non-private control) runs in one process only")
-            table, held_out = data_mod.split_eval(data_mod.load_table(contract), contract)
-            if extra_records:
-                table = data_mod.append_records(table, extra_records)
-            unit_index = data_mod.build_unit_index(table, contract.privacy, seed=contract.training.seed)
-            if main:
-                plan = plan_for(contract, unit_index, log=private_log)
-                if recommendation is not None:
-                    plan = dataclasses.replace(plan, planner=recommendation.to_dict())
-                if control.is_control(contract):  # the DP twin's N, q and T; σ = 0, ε = ∞
-                    plan = control.control_plan(plan)
-                created = outputs.missing_parents(out)  # removed again if the run ends in exit 2
-                lock = _lock_output(out)
-                # re-check under the lock: another run may have finished meanwhile
-                _prepare_output(contract, overwrite, protected)
-        plan = distributed.broadcast(world, plan)  # one plan (q, T, σ, ε curve), computed on rank 0
-        if world.distributed:  # every rank read the same rows in the same order, the same contract and plan
-            distributed.check_same_inputs(world, distributed.input_digests(contract, plan, table, unit_index))
-        io = _RunIO(
-            private_key=private_key,
-            data_key=key,
-            ledger_path=ledger_path,
-            threads=threads,
-            progress=progress and main,
-            tuning_trial=tuning_trial,
-            non_private=non_private,
-            log=log if main else _quiet,
-            overwrite=overwrite,
-            resume=resume,
+        admitted = _admit(contract, options, world, recommendation, held, private_log)
+        io = RunIO(
+            options=options,
+            private_key=admitted.private_key,
+            data_key=admitted.data_key,
+            progress=options.progress and world.is_main,
+            log=log if world.is_main else quiet_log,
             world=world,
-            ledger_release=ledger_release,
-            private=private_log if main else PrivateLog(),
+            private=private_log if world.is_main else PrivateLog(),
             started_at=started_at,
         )
-        if not main:
-            return _follow(contract, plan, table, unit_index, out=out, staging=staging, io=io)
-        return _run_locked(contract, plan, table, unit_index, out=out, staging=staging, io=io, held_out=held_out)
+        run = (admitted.plan, admitted.table, admitted.unit_index)
+        if not world.is_main:
+            return _follow(contract, *run, out=admitted.out, staging=admitted.staging, io=io)
+        return _run_locked(
+            contract, *run, out=admitted.out, staging=admitted.staging, io=io, held_out=admitted.held_out
+        )
     except BaseException as err:
         bad_input = getattr(err, "exit_code", None) == 2
         raise
     finally:
-        if lock is not None:
-            Path(lock.name).unlink(missing_ok=True)
-            lock.close()
-        if bad_input:  # bad input writes nothing: not even the folders above the output
-            outputs.remove_empty_folders(created)
-        elif created:  # the folders this run made above the output carry the record's start, never the end
-            outputs.stamp_folders(created, started_at)
+        held.release(bad_input=bad_input, started_at=started_at)
         distributed.finish(world)
 
 
+@dataclasses.dataclass
+class _Held:
+    """What a run holds until it ends: the output lock and the folders above the output it created."""
+
+    lock: object = None
+    created: list[Path] = dataclasses.field(default_factory=list)
+
+    def release(self, *, bad_input: bool, started_at: str) -> None:
+        """Unlock; after bad input remove the folders this run created (it writes nothing), else stamp them with
+        the record's start time (never the end)."""
+        if self.lock is not None:
+            Path(self.lock.name).unlink(missing_ok=True)
+            self.lock.close()
+        if bad_input:
+            outputs.remove_empty_folders(self.created)
+        elif self.created:
+            outputs.stamp_folders(self.created, started_at)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Admitted:
+    """A run past its checks: keys, output paths, the data read and split, the unit index and the plan."""
+
+    private_key: object
+    data_key: bytes | None
+    out: Path
+    staging: Path | None
+    table: object
+    held_out: object
+    unit_index: object
+    plan: TrainingPlan
+
+
+def _admit(contract: Contract, options: RunOptions, world, recommendation, held: _Held, private_log) -> _Admitted:
+    """Every check before the run proper, on every rank behind one gate: keys, tracker, model files and output on
+    rank 0, the data and its unit index everywhere, the plan on rank 0 (broadcast), the output lock (in ``held``);
+    with W processes the ranks' inputs compared.
+
+    Raises:
+        BadInputError, PlanRefusedError: on any rank (every rank raises at the gate); nothing written.
+    """
+    main = world.is_main  # with W processes only rank 0 reads the keys, locks, charges the ledger and writes
+    private_key = key = plan = None
+    out, staging = outputs.output_path(contract.training.output_dir), None  # ranks other than 0 write nothing
+    with distributed.gate(world):  # a refusal on any rank stops every rank here
+        tracking.check_backend(contract.training.report_to)  # a missing tracker library: exit 2, nothing written
+        if main:
+            private_key = release_keys.load_private_key(options.signing_key)
+            key = release.load_data_key(options.data_key)
+            protected = protected_inputs(
+                contract,
+                contract_path=options.contract_path,
+                signing_key=options.signing_key,
+                data_key=options.data_key,
+                ledger_path=options.ledger_path,
+            )
+            check_model_cache(contract.model)  # a packaged model's cache folder, before any conversion
+            check_model_files(contract.model)  # the model folder, before the data is read or σ calibrated
+            out, staging = prepare_output(contract, options.overwrite, protected)
+        if control.is_control(contract) and world.distributed:
+            raise BadInputError("privacy.enabled=false (the non-private control) runs in one process only")
+        table, held_out = data_mod.split_eval(data_mod.load_table(contract), contract)
+        if options.extra_records:
+            table = data_mod.append_records(table, list(options.extra_records))
+        unit_index = data_mod.build_unit_index(table, contract.privacy, seed=contract.training.seed)
+        if main:
+            plan = plan_for(contract, unit_index, log=private_log)
+            if recommendation is not None:
+                plan = dataclasses.replace(plan, planner=recommendation.to_dict())
+            if control.is_control(contract):  # the DP twin's N, q and T; σ = 0, ε = ∞
+                plan = control.control_plan(plan)
+            held.created = outputs.missing_parents(out)  # removed again if the run ends in exit 2
+            held.lock = lock_output(out)
+            # re-check under the lock: another run may have finished meanwhile
+            prepare_output(contract, options.overwrite, protected)
+    plan = distributed.broadcast(world, plan)  # one plan (q, T, σ, ε curve), computed on rank 0
+    if world.distributed:  # every rank read the same rows in the same order, the same contract and plan
+        distributed.check_same_inputs(world, distributed.input_digests(contract, plan, table, unit_index))
+    return _Admitted(
+        private_key=private_key,
+        data_key=key,
+        out=out,
+        staging=staging,
+        table=table,
+        held_out=held_out,
+        unit_index=unit_index,
+        plan=plan,
+    )
+
+
 def _run_locked(
-    contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Path, staging: Path, io: _RunIO, held_out=None
+    contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Path, staging: Path, io: RunIO, held_out=None
 ):
     """The run proper, holding the output lock: ledger check, model and engine, the loop, the release."""
-    log = io.log
     from dplora.run import checkpoint as ckpt
-    from dplora.run import resume as resume_mod
 
-    resumed = digest = None
-    with distributed.gate(io.world):  # ranks other than 0 pass the same gate (see _follow)
-        resumed, digest = resume_mod.resume_point(staging, contract, plan, unit_index) if io.resume else (None, None)
-        ledger = _open_ledger(contract, plan, io, resumed and resumed.run_id)
-        staging = resume_mod.prepare_staging(
-            out, resuming=resumed is not None, overwrite=io.overwrite, ledger=ledger, log=log
-        )
-        io.private.attach(outputs.private_staging(staging))  # private diagnostics from here on: <output_dir>.private
-    try:
-        with distributed.gate(io.world):
-            spec, state = _build(contract, plan, table, unit_index, out=out, staging=staging, io=io, held_out=held_out)
-            if resumed is not None:  # same run id: the ledger charge is the original reservation
-                spec = dataclasses.replace(spec, run_id=resumed.run_id)
-                ckpt.restore(spec, state, resumed)
-                if state.scheduler is not None:  # the schedule is a function of the step: fast-forward it
-                    from dplora.engine.schedule import step_scheduler
-
-                    step_scheduler(state.scheduler, state.step)
-        distributed.sync_state(io.world, state)  # W processes: every rank starts from rank 0's tensors and counts
-    except BaseException as err:
-        if getattr(err, "exit_code", None) == 2 and resumed is None:  # bad input: nothing written
-            shutil.rmtree(staging, ignore_errors=True)
-        elif resumed is None:  # before step 0 work and before the ledger charge: the next run replaces it
-            entry = _failure_entry(None, 0, plan.steps, 0.0, err) | {"stage": resume_mod.SETUP_STAGE}
-            try:  # whole or not at all; a full disk must not hide the original error
-                _write_json(staging / "FAILED.json", entry)
-            except (OSError, DiskFullError):
-                pass
-        raise
-    if resumed is not None:
-        log(
-            f"resuming run {spec.run_id} from its checkpoint at step {state.step}/{plan.steps}; "
-            "noise and sampling reseeded from OS entropy"
-        )
-        note = distributed.resume_note(resumed.meta.get("execution", {}), io.world)
-        if note:
-            log(note)
-    for warning in plan.warnings:  # once the run is set up: bad input (exit 2) prints its one error line only
-        log(f"warning: {warning}")
-    if contract.privacy.protected_unit is ProtectedUnit.TICKET:
-        log(f"note: ticket-level DP {unit_statement(ProtectedUnit.TICKET)}")
-    mechanism = (
-        "no clipping, no noise, no accountant (non-private control)"
-        if control.is_control(contract)
-        else f"σ={plan.noise_multiplier:.4f}, ε={plan.epsilon:.4f} ({plan.accountant.value})"
+    resumed, digest, ledger, staging = phases.open_staging(contract, plan, unit_index, out=out, staging=staging, io=io)
+    spec, state = phases.set_up(
+        contract, plan, table, unit_index, out=out, staging=staging, io=io, held_out=held_out, resumed=resumed
     )
-    quantized = Quantization(contract.model.quantization) is not Quantization.NONE
-    base = f"NF4 4-bit base, {spec.dtype} compute" if quantized else f"{spec.dtype} base"  # issue 42.10
-    log(
-        f"device: {spec.device} ({base}, fp32 LoRA), threads: {spec.threads}; N={plan.num_units} units, "
-        f"q={plan.sample_rate:.4g}, T={plan.steps}, {mechanism}"
-    )
-    if control.is_control(contract):
-        log(f"warning: {control.NO_DP_STATEMENT}")
-    if io.world.distributed:
-        low, high = distributed.expected_units_per_rank(plan.sample_rate, plan.num_units, io.world.world_size)
-        log(
-            f"distributed: {io.world.world_size} processes ({io.world.launcher}, {io.world.backend}); units sharded "
-            f"by rank, expected {low:.4g}–{high:.4g} units per rank per step; noise drawn once per step on rank 0"
-        )
-    _log_estimate(spec, state, log)
-    try:
-        ledger = _reserve(ledger, contract, plan, spec, io, resumed)
-    except BaseException:
-        if resumed is None:  # lost the race for the cap (or any refusal): leave nothing behind, not even .partial
-            shutil.rmtree(staging, ignore_errors=True)
-        raise
-    if ledger is not None:
-        ledger.set_checkpoint_path(spec.run_id, str(staging.resolve()))
+    phases.log_start(spec, state, io, resumed)
+    ledger = phases.reserve_charge(ledger, spec, io, resumed)
     started = resumed.meta["started_at"] if resumed is not None else io.started_at
     checkpointer = ckpt.Checkpointer(
-        spec, state, started_at=started, data_digest=digest or ckpt.data_sha256(contract), log=log, last=resumed
+        spec, state, started_at=started, data_digest=digest or ckpt.data_sha256(contract), log=io.log, last=resumed
     )
     t0, first_step = time.perf_counter(), state.step
-    try:
-        evaluation, train_seconds, eval_seconds = _train_and_release(
-            spec, state, io=io, started=started, checkpointer=checkpointer
-        )
-        seconds = time.perf_counter() - t0
-    except BaseException as err:
-        _record_failure(spec, state, err, ledger, checkpointer.last)
-        if isinstance(err, KeyboardInterrupt):
-            name = str(err.args[0]) if err.args else "Ctrl-C"
-            hint = resume_mod.resume_hint(spec, checkpointer.last)
-            failed = spec.staging / "FAILED.json"
-            raise KeyboardInterrupt(f"interrupted ({name}); no release was written; see {failed}; {hint}") from None
-        if isinstance(err, DploraError) and not isinstance(err, TrainingFailedError | DiskFullError):
-            raise
-        raise TrainingFailedError(resume_mod.failure_line(err, spec, state, checkpointer.last)) from err
-    epsilon_spent = plan.epsilon_at(state.step)
-    peak = peak_memory_gib(spec.device)  # private: activations grow with the realised (private) batch
-    io.private(f"peak memory: {peak:.2f} GiB ({_memory_kind(spec.device)})")
-    ckpt.discard(staging)  # a resume checkpoint never leaves the partial folder
-    kept = outputs.publish(staging, out)
-    outputs.fix_mtimes(out, started)  # released files carry the record's start time, never the run's end
-    outputs.fix_mtimes(tracking.tracking_path(out), started)
-    io.private.attach(outputs.private_path(out))
-    if state.records_zeroed:
-        io.private(
-            f"{state.records_zeroed} record(s) had a non-finite loss or gradient (an overflow) and contributed zero; "
-            "their units were still counted, clipped and noised as usual"
-        )
-    io.private.put(
-        run_id=spec.run_id,
-        seconds=round(seconds, 3),
-        seconds_per_step=round(train_seconds / max(plan.steps - first_step, 1), 3),
-        eval_seconds=round(eval_seconds, 3),
-        empty_steps=state.empty_steps,
-        records_zeroed=state.records_zeroed,
-        peak_memory_gib=round(peak, 3),
-        note="private diagnostics, computed on the private data and NOT covered by DP: never publish",
+    evaluation, train_seconds, eval_seconds = phases.train_or_fail(spec, state, io, started, checkpointer, ledger)
+    timing = phases.Timing(
+        seconds=time.perf_counter() - t0,
+        seconds_per_step=train_seconds / max(plan.steps - first_step, 1),  # the loop alone, not the evaluation
+        eval_seconds=eval_seconds,
     )
-    if kept is not None:
-        log(f"warning: files appeared in {out} during the run; the old folder was kept as {kept}")
-    if ledger is not None:
-        ledger.settle(spec.run_id, epsilon_spent=epsilon_spent, status="settled")
-    if ledger is not None and not control.is_control(contract) and io.ledger_release:
-        ledger.record_release(
-            run_id=spec.run_id,
-            record_sha256=release.sha256_file(out / release.RELEASE_FILENAME),
-            epsilon=epsilon_spent,
-            delta=plan.delta,
-            label="final",
-        )
+    epsilon_spent = phases.publish(spec, state, io, ledger, started=started, timing=timing)
     return RunResult(
         output_dir=out,
         release_path=out / release.RELEASE_FILENAME,
@@ -339,85 +241,17 @@ def _run_locked(
         steps_done=state.step,
         empty_steps=state.empty_steps,
         epsilon_spent=epsilon_spent,
-        seconds=seconds,
-        seconds_per_step=train_seconds / max(plan.steps - first_step, 1),  # the loop alone, not the evaluation
-        eval_seconds=eval_seconds,
+        seconds=timing.seconds,
+        seconds_per_step=timing.seconds_per_step,
+        eval_seconds=timing.eval_seconds,
         threads=spec.threads,
-        differentially_private=not control.is_control(contract),
+        differentially_private=spec.mechanism.private,
         evaluation=evaluation,
         run_id=spec.run_id,
     )
 
 
-def _log_estimate(spec, state, log) -> None:
-    """Time one synthetic step and print the public estimate before step 1 (:mod:`dplora.plan.estimate`).
-
-    Its inputs are the plan's public numbers, public contract keys and the probe's time: never the data.
-    """
-    from dplora.plan.estimate import estimate_line
-    from dplora.recipe.build import probe_estimate
-
-    inputs = probe_estimate(
-        spec.contract,
-        spec.plan,
-        state.model,
-        state.optimizer,
-        state.named,
-        pad_id=spec.pad_id,
-        physical=spec.physical_batch_size,
-        world_size=spec.world.world_size,
-        done_steps=state.step,
-    )
-    if inputs is None:
-        log("estimate: none (the synthetic probe batch did not fit in accelerator memory)")
-    elif inputs.steps > 0:
-        log(estimate_line(inputs))
-
-
-def _reserve(ledger, contract: Contract, plan: TrainingPlan, spec, io: _RunIO, resumed):
-    """Reserve the run's charge and return the ledger it is in (None: not charged, a control without population).
-
-    Under its population; as an unassigned run without one (the ledger, default path or ``--ledger``, is opened
-    and created if missing here); ε = ∞ for a non-private control on a population. A resumed run keeps its
-    original reservation.
-
-    Raises:
-        PlanRefusedError: another run took the room first (the cap is checked again inside the transaction).
-        LedgerError: the ledger cannot be created or opened (exit 2).
-    """
-    if resumed is not None:
-        return ledger
-    if ledger is None and not contract.privacy.population and not control.is_control(contract):
-        from dplora.ledger.store import Ledger, default_ledger_path
-
-        ledger = Ledger(io.ledger_path or default_ledger_path(), create=True)
-    if ledger is None:
-        return None
-    purpose = "tuning" if io.tuning_trial else "release"
-    if control.is_control(contract):
-        ledger.reserve_non_private(
-            population=contract.privacy.population, run_id=spec.run_id, adjacency=plan.adjacency.value, purpose=purpose
-        )
-        return ledger
-    fields = {
-        "run_id": spec.run_id,
-        "epsilon": plan.epsilon,
-        "delta": plan.delta,
-        "accountant": plan.accountant.value,
-        "adjacency": plan.adjacency.value,
-        "protected_unit": contract.privacy.protected_unit.value,
-        "unit_key": contract.privacy.unit_key,
-        "events": [ledger_event(plan)],
-        "purpose": purpose,
-    }
-    if contract.privacy.population:
-        ledger.reserve(population=contract.privacy.population, **fields)
-    else:
-        ledger.reserve_unassigned(output_dir=str(Path(contract.training.output_dir).resolve()), **fields)
-    return ledger
-
-
-def _follow(contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Path, staging: None, io: _RunIO):
+def _follow(contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Path, staging: None, io: RunIO):
     """A rank other than 0: the same gates, engine and steps as rank 0 on its shard; writes nothing (no staging).
 
     Raises:
@@ -431,13 +265,13 @@ def _follow(contract: Contract, plan: TrainingPlan, table, unit_index, *, out: P
     with distributed.gate(io.world):  # rank 0 reads a resume checkpoint and checks the ledger here
         pass
     with distributed.gate(io.world):  # rank 0 also restores a resume checkpoint here
-        spec, state = _build(contract, plan, table, unit_index, out=out, staging=staging, io=io)
+        spec, state = build_run(contract, plan, table, unit_index, out=out, staging=staging, io=io)
     distributed.sync_state(io.world, state)  # rank 0's LoRA tensors, optimizer state and step counts
     t0, first_step = time.perf_counter(), state.step
-    signals = distributed.FollowerSignals(state.optimizer.reducer)
+    signals = reduction.FollowerSignals(state.optimizer.reducer)
     with open(os.devnull, "w") as metrics, ProgressReporter(enabled=False) as bar, signals:
         run_steps(spec, state, metrics=metrics, progress=bar, after_step=signals.after_step)
-    _check_accounted(spec, state)
+    check_accounted(spec, state)
     seconds = time.perf_counter() - t0
     return RunResult(
         output_dir=out,

@@ -29,16 +29,8 @@ from securesystemslib.dsse import Envelope
 from securesystemslib.signer import CryptoSigner
 
 from dplora import atomic
-from dplora.data.digest import hmac_sha256_file, new_salt, sha256_file  # noqa: F401 - re-exported for callers
+from dplora.data.digest import hmac_sha256_file, new_salt, sha256_file
 from dplora.errors import BadInputError
-from dplora.release.keys import (  # noqa: F401 - re-exported: the key functions lived here before dplora.release.keys
-    NO_SIGNING_KEY,
-    SIGNING_KEY_ENV,
-    generate_keypair,
-    key_id,
-    load_private_key,
-    load_public_key,
-)
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -192,7 +184,11 @@ def write_temp(folder: Path, name: str, data: bytes) -> Path:
     return atomic.write_temp(folder, name, data)
 
 
-def _temp_json(folder: Path, name: str, obj) -> Path:
+def temp_json(folder: Path, name: str, obj) -> Path:
+    """Write ``obj`` as indented, key-sorted JSON (UTF-8, one trailing newline) to a temp file (:func:`write_temp`).
+
+    Returns the temp file's path, for the caller to rename over ``folder/name``. Raises: as :func:`write_temp`.
+    """
     return write_temp(folder, name, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"))
 
 
@@ -237,7 +233,7 @@ def write_release(*, output_dir: Path, record: dict, artifact_files: list[Path],
     temps: list[tuple[Path, Path]] = []
     try:
         for name, doc in ((RELEASE_FILENAME, envelope), (SIGSTORE_FILENAME, sigstore_bundle(envelope))):
-            temps.append((_temp_json(root, name, doc), root / name))
+            temps.append((temp_json(root, name, doc), root / name))
         targets[1].unlink(missing_ok=True)  # old envelope, no bundle: still a valid (old) release
         for tmp, target in temps:
             os.replace(tmp, target)

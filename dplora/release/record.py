@@ -98,8 +98,8 @@ def build_record(
     The ``artifacts`` list is added when the release is finished (:func:`dplora.release.envelope.finish_release`).
 
     Args:
-        base_model: :func:`dplora.engine.model.base_model_entry`: a loadable name and the sha256 of the files trained
-            on.
+        base_model: :func:`dplora.engine.basefiles.base_model_entry`: a loadable name and the sha256 of the files
+            trained on.
     Returns:
         A dict ready for canonical JSON (str/int/float/bool/None/list/dict only).
     """
@@ -190,7 +190,7 @@ def run_provenance(
 
     Args:
         contract: The validated contract.
-        base_model: :func:`dplora.engine.model.base_model_entry`.
+        base_model: :func:`dplora.engine.basefiles.base_model_entry`.
         data_digest: :func:`dplora.release.envelope.data_digest_entry` (sha256 or keyed HMAC of the data files).
         execution: :func:`dplora.run.execution.execution_entry`, or None for ``{}``.
         lora_targets: the leaf names of the modules that hold adapters

@@ -1,16 +1,12 @@
 """Checking a release as a reviewer would: the signature, every file, and optionally the data and the base model.
 
-The DSSE envelope is opened by securesystemslib (``dsse.Envelope.from_dict`` and ``Envelope.verify`` with an
-``SSlibKey``): first under securesystemslib's key id rule, then the older raw-key rule, then an empty key
-id (DSSE makes keyid optional); :class:`VerifiedRelease` says which matched. See :mod:`dplora.release.envelope` for
-the format.
+The DSSE envelope and its in-toto statement are opened by :func:`dplora.release.statement.open_statement`
+(securesystemslib's key id rule, then the older raw-key rule, then an empty key id); :class:`VerifiedRelease` says
+which matched. See :mod:`dplora.release.envelope` for the format.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import copy
 import dataclasses
 import hmac
 import json
@@ -18,24 +14,20 @@ import re
 from pathlib import Path, PurePosixPath
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from securesystemslib import exceptions as sslib_errors
-from securesystemslib.dsse import Envelope
 
+from dplora.data.digest import hmac_sha256_file, sha256_file
 from dplora.errors import BadInputError, VerificationError
 from dplora.release.audit_section import first_mismatch, record_mechanism, same_value
 from dplora.release.envelope import (
     BUNDLE_MEDIA_TYPES,
     NON_PRIVATE_PREDICATE_TYPE,
-    PAYLOAD_TYPE,
     PREDICATE_TYPE,
     RELEASE_FILENAME,
     SALTED_HMAC,
     SIGSTORE_FILENAME,
-    STATEMENT_TYPE,
-    hmac_sha256_file,
-    sha256_file,
 )
-from dplora.release.keys import KeyIdRule, key_id, legacy_key_id, load_public_key, sslib_keys
+from dplora.release.keys import KeyIdRule, load_public_key
+from dplora.release.statement import open_statement, sha256_mismatch, short_digest
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -59,48 +51,6 @@ class VerifiedRelease:
     def differentially_private(self) -> bool:
         """False for a non-private control run's record (predicate type ``NON_PRIVATE_PREDICATE_TYPE``)."""
         return self.statement.get("predicateType") == PREDICATE_TYPE
-
-
-def _short(hex_digest: str) -> str:
-    return hex_digest[:12] + "…" if len(hex_digest) > 12 else hex_digest
-
-
-def _read_envelope(path: Path) -> dict:
-    try:
-        env = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInputError(f"cannot read release file {path}: {exc}") from None
-    except json.JSONDecodeError:
-        raise VerificationError(f"{path.name} is not JSON") from None
-    if not isinstance(env, dict) or env.get("payloadType") != PAYLOAD_TYPE:
-        got = env.get("payloadType") if isinstance(env, dict) else None
-        raise VerificationError(f"payloadType is {got!r}, expected {PAYLOAD_TYPE!r}")
-    return env
-
-
-def _open_envelope(env: dict, public_key: Ed25519PublicKey) -> tuple[bytes, KeyIdRule]:
-    """(payload, key id rule) once securesystemslib's ``Envelope.verify`` accepts a signature by the key."""
-    sigs = env.get("signatures")
-    if not isinstance(sigs, list) or not sigs or not all(isinstance(s, dict) for s in sigs):
-        raise VerificationError("envelope has no signatures")
-    try:
-        base64.b64decode(env.get("payload", ""), validate=True)
-        # DSSE makes keyid optional; securesystemslib needs the field, so a missing one reads as empty.
-        plain = {**env, "signatures": [{**s, "keyid": s.get("keyid") or ""} for s in sigs]}
-        envelope = Envelope.from_dict(copy.deepcopy(plain))
-    except (binascii.Error, KeyError, TypeError, ValueError, sslib_errors.Error) as exc:
-        raise VerificationError(f"not a DSSE envelope: {str(exc) or exc.__class__.__name__}") from None
-    candidates = [(rule, key) for rule, key in sslib_keys(public_key) if key.keyid in envelope.signatures]
-    if not candidates:
-        ids = f"{_short(key_id(public_key))}, or {_short(legacy_key_id(public_key))} by the older raw-key rule"
-        raise VerificationError(f"no signature by this public key (keyid {ids})")
-    for rule, key in candidates:
-        try:
-            envelope.verify([key], 1)
-            return envelope.payload, rule
-        except sslib_errors.Error:
-            continue
-    raise VerificationError("signature does not verify with this public key")
 
 
 def _check_bundle(folder: Path, env: dict) -> bool:
@@ -132,7 +82,7 @@ def _check_subject(folder: Path, subject) -> None:
     if not path.is_file():
         raise VerificationError(f"{name}: file is missing")
     if not hmac.compare_digest(found := sha256_file(path), digest.lower()):
-        raise VerificationError(f"{name}: sha256 mismatch (expected {_short(digest)}, found {_short(found)})")
+        raise VerificationError(f"{name}: {sha256_mismatch(digest, found)}")
 
 
 def _salt(digest: dict) -> bytes:
@@ -168,8 +118,19 @@ def _check_data(predicate, data_files: list[Path], data_key: bytes) -> None:
             raise VerificationError(f"{p.name}: data HMAC mismatch (wrong data file or wrong data key)")
 
 
-def _check_base_model(predicate, path: Path) -> tuple[str, ...]:
-    """Names of the recorded base-model files that ``path`` (a folder, or one file such as a .gguf) matches."""
+def check_base_model(predicate, path: Path) -> tuple[str, ...]:
+    """Names of the recorded base-model files that ``path`` (a folder, or one file such as a .gguf) matches.
+
+    Args:
+        predicate: the release record (its ``base_model.files``: ``{file name: sha256 hex}``, and ``package``).
+        path: a base-model folder (every recorded file must match its sha256, FIPS 180-4) or one file (it must
+            match one recorded file, or the packaged ``.gguf``).
+    Returns:
+        The matched file names, sorted for a folder.
+    Raises:
+        VerificationError: no recorded digests, a missing file or a sha256 mismatch (exit 3).
+        BadInputError: ``path`` is neither a file nor a folder (exit 2).
+    """
     base = predicate.get("base_model") if isinstance(predicate, dict) else None
     files = base.get("files") if isinstance(base, dict) else None
     if not isinstance(files, dict) or not files:
@@ -181,7 +142,7 @@ def _check_base_model(predicate, path: Path) -> tuple[str, ...]:
         known = {**files, **({package["file"]: package.get("sha256")} if package.get("file") else {})}
         matched = tuple(n for n, d in known.items() if isinstance(d, str) and hmac.compare_digest(found, d.lower()))
         if not matched:
-            raise VerificationError(f"base model: {path.name} (sha256 {_short(found)}) matches no recorded file")
+            raise VerificationError(f"base model: {path.name} (sha256 {short_digest(found)}) matches no recorded file")
         return matched
     if not path.is_dir():
         raise BadInputError(f"--base-model {path}: no such file or folder")
@@ -191,9 +152,7 @@ def _check_base_model(predicate, path: Path) -> tuple[str, ...]:
         if not (path / name).is_file():
             raise VerificationError(f"base model: {name} is missing in {path}{hint}")
         if not hmac.compare_digest(found := sha256_file(path / name), digest.lower()):
-            raise VerificationError(
-                f"base model: {name}: sha256 mismatch (expected {_short(digest)}, found {_short(found)}){hint}"
-            )
+            raise VerificationError(f"base model: {name}: {sha256_mismatch(digest, found)}{hint}")
     return tuple(sorted(files))
 
 
@@ -320,16 +279,8 @@ def verify_release(
         public_key = load_public_key(Path(public_key))
     if data_files and data_key is None:
         raise BadInputError("data files were given without a data key: pass --data-key or set DPLORA_DATA_KEY")
-    env = _read_envelope(path)
-    payload, rule = _open_envelope(env, public_key)
-    try:
-        statement = json.loads(payload.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise VerificationError("payload is not JSON") from None
-    if not isinstance(statement, dict) or statement.get("_type") != STATEMENT_TYPE:
-        raise VerificationError(f"payload is not an in-toto Statement v1 ({STATEMENT_TYPE})")
-    if (ptype := statement.get("predicateType")) not in (PREDICATE_TYPE, NON_PRIVATE_PREDICATE_TYPE):
-        raise VerificationError(f"predicateType is {ptype!r}, expected {PREDICATE_TYPE!r}")
+    opened = open_statement(path, public_key, (PREDICATE_TYPE, NON_PRIVATE_PREDICATE_TYPE))
+    statement, env, ptype = opened.statement, opened.envelope, opened.statement["predicateType"]
     if not isinstance(statement.get("subject"), list) or not statement["subject"]:
         raise VerificationError("statement has no subjects")
     for subject in statement["subject"]:
@@ -339,13 +290,13 @@ def verify_release(
     _check_audit(statement.get("predicate"))
     if data_files:
         _check_data(statement.get("predicate"), data_files, data_key)
-    matched = _check_base_model(statement.get("predicate"), Path(base_model)) if base_model is not None else ()
+    matched = check_base_model(statement.get("predicate"), Path(base_model)) if base_model is not None else ()
     ceiling, recorded = (None, False)
     if ptype == PREDICATE_TYPE and isinstance(statement.get("predicate"), dict):
         ceiling, recorded = _check_attack_ceiling(statement.get("predicate"))
     return VerifiedRelease(
         statement=statement,
-        key_id_rule=rule,
+        key_id_rule=opened.key_id_rule,
         bundle=bundle,
         base_model_files=matched,
         attack_ceiling=ceiling,

@@ -175,11 +175,11 @@ def write(spec, state, *, started_at: str, data_digest: str) -> CheckpointInfo:
 
     from dplora.engine.perexample import unwrap
     from dplora.run.execution import execution_entry, utc_now
-    from dplora.run.loop import _finite_flag
+    from dplora.run.loop import finite_flag
 
     if state.accountant.steps != state.step:
         raise TrainingFailedError(f"accountant counted {state.accountant.steps} steps, run took {state.step}")
-    if float(_finite_flag(state.named)) != 1.0:  # never checkpoint a NaN: resuming from it could not recover
+    if float(finite_flag(state.named)) != 1.0:  # never checkpoint a NaN: resuming from it could not recover
         raise NoisyUpdateError(f"non-finite parameter after step {state.step}")
     tensors = {
         f"adapter.{k}": v.detach().to("cpu", copy=True).contiguous()

@@ -27,7 +27,6 @@ from dplora.contract.spec import Contract
 from dplora.data.units import UnitIndex
 from dplora.engine import distributed
 from dplora.errors import NoisyUpdateError, TrainingFailedError
-from dplora.mechanism.sampling import unit_sampler
 from dplora.plan.training import TrainingPlan
 
 
@@ -55,6 +54,8 @@ class RunSpec:
             :func:`dplora.engine.membatch.probe_physical_batch`), or None to use the contract's number.
         attn_implementation: the attention kernel the model loaded with ("sdpa", "eager", ...; ``auto`` resolved
             by :func:`dplora.engine.model.resolve_attn_implementation`), or None for the contract's value.
+        mechanism: the run's :class:`dplora.mechanism.core.DPMechanism` (sampler, private or control); None only
+            for callers that run no steps.
     """
 
     contract: Contract
@@ -74,6 +75,7 @@ class RunSpec:
     held_out: Any = None
     physical_batch: int | None = None
     attn_implementation: str | None = None
+    mechanism: Any = None
 
     @property
     def physical_batch_size(self) -> int:
@@ -135,7 +137,7 @@ def _batches(spec: RunSpec, units) -> tuple[list[int], Any, Any]:
     return rows, local, np.repeat(1.0 / sizes, sizes).astype(np.float32)
 
 
-def _finite_flag(named):
+def finite_flag(named):
     """A 0-d bool tensor on the parameters' device: every trainable tensor is finite (no host sync)."""
     import torch
 
@@ -143,7 +145,7 @@ def _finite_flag(named):
     return torch.isfinite(torch.stack(norms).sum())
 
 
-def _forward_backward(spec: RunSpec, state: RunState, units) -> tuple[float, int]:
+def forward_backward(spec: RunSpec, state: RunState, units) -> tuple[float, int]:
     """This process's records of ``units``: per-record gradients, summed and clipped per unit into the optimizer.
 
     Returns:
@@ -205,7 +207,7 @@ def _physical_batches(spec: RunSpec, state: RunState, units, rows, local, weight
     # The one host read per logical step: the loss sum, "all parameters finite after the last step" (a function of
     # DP outputs: the only stop rule), and the records zeroed for an overflow (a private count).
     loss_value, params_ok, zeroed_rows = torch.stack(
-        [loss_sum.float(), _finite_flag(state.named).float(), zeroed.to(loss_sum.device).float()]
+        [loss_sum.float(), finite_flag(state.named).float(), zeroed.to(loss_sum.device).float()]
     ).tolist()
     if params_ok != 1.0:
         raise NoisyUpdateError(f"non-finite parameter after step {state.step}")
@@ -229,7 +231,7 @@ def logical_step(spec: RunSpec, state: RunState, units) -> tuple[float | None, i
     """
     reducer = getattr(state.optimizer, "reducer", None)
     try:
-        loss_value, records = _forward_backward(spec, state, units)
+        loss_value, records = forward_backward(spec, state, units)
     except Exception as err:
         if reducer is None:
             raise
@@ -263,10 +265,10 @@ def run_steps(spec: RunSpec, state: RunState, *, metrics, progress, after_step=N
     from dplora.engine import gradcheck
 
     plan = spec.plan
-    sampler = unit_sampler(spec.unit_index.num_units, plan.sample_rate, spec.world)  # OS entropy, never the seed
+    sampler = spec.mechanism.sampler(spec.unit_index.num_units)  # OS entropy, never the seed
     # Every LoRA tensor must move at step 1 (noise moves them all). A non-private control is exempt: lora_B starts
     # at zero, so lora_A's gradient is exactly zero at step 1 (Hu et al. 2021) and only noise would move it.
-    check_moved = state.step == 0 and spec.contract.privacy.enabled
+    check_moved = state.step == 0 and spec.mechanism.private
     before = {n: p.detach().clone() for n, p in state.named} if check_moved else None
     while state.step < plan.steps:
         step = state.step + 1
@@ -298,7 +300,7 @@ def run_steps(spec: RunSpec, state: RunState, *, metrics, progress, after_step=N
         )
         if after_step is not None:
             after_step(spec, state)
-    if float(_finite_flag(state.named)) != 1.0:
+    if float(finite_flag(state.named)) != 1.0:
         raise NoisyUpdateError(f"non-finite parameter after step {state.step}")
 
 

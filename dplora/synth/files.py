@@ -25,11 +25,8 @@ they stay out of the signed manifest and off a public log (:mod:`dplora.surface`
 
 from __future__ import annotations
 
-import base64
-import binascii
 import csv
 import dataclasses
-import hashlib
 import io
 import json
 import os
@@ -38,11 +35,11 @@ from pathlib import Path
 from dplora.contract.spec import DEFAULT_MESSAGES_COLUMN
 from dplora.errors import BadInputError, NotPrivateError, VerificationError, excerpt
 from dplora.evaluate.generate import Sampling
+from dplora.release.derived import NO_DP_GUARANTEE, guarantee_text, release_payload, source_release_entry
 
 SYNTH_PREDICATE_TYPE = "https://dplora.dev/synthetic/v1"
 NON_PRIVATE_SYNTH_PREDICATE_TYPE = "https://dplora.dev/synthetic-non-private/v1"
 SYNTH_PREDICATE_TYPES = (SYNTH_PREDICATE_TYPE, NON_PRIVATE_SYNTH_PREDICATE_TYPE)
-NO_DP_GUARANTEE = "NO DP GUARANTEE"
 MARKER_COLUMN = "dp_guarantee"  # added to every row of a file drawn from a non-private control
 MANIFEST_SUFFIX = ".dsse.json"
 REPORT_SUFFIX = ".memorisation.json"
@@ -61,47 +58,6 @@ def report_path(out: Path, run_folder: Path) -> Path:
     from dplora.run.outputs import private_path
 
     return private_path(Path(run_folder)) / "synth" / (Path(out).name + REPORT_SUFFIX)
-
-
-def release_payload(release_file: Path) -> tuple[bytes, dict]:
-    """(payload bytes, statement) of a release envelope, read without checking the signature.
-
-    Raises:
-        BadInputError: unreadable envelope or payload.
-    """
-    try:
-        envelope = json.loads(Path(release_file).read_text(encoding="utf-8"))
-        payload = base64.b64decode(envelope["payload"], validate=True)
-        statement = json.loads(payload)
-    except (OSError, ValueError, KeyError, TypeError, binascii.Error):
-        raise BadInputError(f"cannot read the release {release_file}: not a DSSE envelope") from None
-    if not isinstance(statement, dict) or not isinstance(statement.get("predicate"), dict):
-        raise BadInputError(f"the release {release_file} holds no predicate")
-    return payload, statement
-
-
-def record_digest(payload: bytes) -> str:
-    """The release's record digest: hex sha256 (FIPS 180-4) of its DSSE payload (the signed statement bytes)."""
-    return hashlib.sha256(payload).hexdigest()
-
-
-def guarantee_text(predicate: dict, *, private: bool, what: str = "synthetic file") -> str:
-    """The inherited guarantee in words, from the release's predicate (``privacy`` and ``accounting``).
-
-    ``what`` names the derived artifact (``synthetic file``; ``exported model`` for ``dplora export``).
-    """
-    if not private:
-        made = "generated" if what == "synthetic file" else "made"
-        return (
-            f"{NO_DP_GUARANTEE}: {made} from a non-private control run (privacy.enabled=false, ε = ∞); "
-            f"this {what} may reveal the training records"
-        )
-    acc, unit = predicate.get("accounting", {}), predicate.get("privacy", {})
-    return (
-        f"post-processing of a release with ε={acc.get('epsilon_spent'):.4g}, δ={acc.get('delta'):g} "
-        f"({acc.get('accountant')}) at the protected unit {unit.get('protected_unit')} "
-        f"({unit.get('adjacency')}); the {what} carries the same guarantee and no more"
-    )
 
 
 def _public_mtimes(paths, started_at: str | None) -> None:
@@ -321,17 +277,11 @@ def synthesize(
             manifest would chain to adapters nobody signed.
         NotPrivateError: a non-private control without ``allow_non_private`` (exit 6).
     """
+    from dplora.data.digest import sha256_file
     from dplora.data.units import load_table
     from dplora.evaluate.generate import generate_replies
     from dplora.mechanism.control import NOT_DP
-    from dplora.release.envelope import (
-        RELEASE_FILENAME,
-        STATEMENT_TYPE,
-        _temp_json,
-        sha256_file,
-        sign_statement,
-        write_temp,
-    )
+    from dplora.release.envelope import RELEASE_FILENAME, STATEMENT_TYPE, sign_statement, temp_json, write_temp
     from dplora.release.read import load_adapter_model, read_run
     from dplora.release.verify import verify_release
 
@@ -382,11 +332,7 @@ def synthesize(
     predicate = {
         "differentially_private": private,
         "guarantee": guarantee,
-        "source_release": {
-            "record_digest": {"sha256": record_digest(payload)},
-            "predicate_type": statement.get("predicateType"),
-            "run": run.folder.name,
-        },
+        "source_release": source_release_entry(payload, statement, run.folder.name),
         "rows": rows,
         "format": out.suffix.lower().lstrip("."),
         "record_format": "messages" if fmt == "messages" else run.contract.data.kind,
@@ -409,13 +355,13 @@ def synthesize(
         ptype = SYNTH_PREDICATE_TYPE if private else NON_PRIVATE_SYNTH_PREDICATE_TYPE
         manifest = {"_type": STATEMENT_TYPE, "subject": subject, "predicateType": ptype, "predicate": predicate}
         envelope = sign_statement(manifest, private_key)
-        man_tmp = _temp_json(out.parent, manifest_path(out).name, envelope)
+        man_tmp = temp_json(out.parent, manifest_path(out).name, envelope)
         from dplora.run.outputs import private_folder
 
         report = report_path(out, run.folder)
         private_folder(run.folder)
         report.parent.mkdir(exist_ok=True)
-        rep_tmp = _temp_json(report.parent, report.name, memo)
+        rep_tmp = temp_json(report.parent, report.name, memo)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -1,27 +1,25 @@
 """Checking a synthetic file (``dplora synth``) against its signed manifest and the release it came from.
 
 The manifest is a DSSE envelope over an in-toto Statement v1 (see :mod:`dplora.synth.files`), opened with the same
-rules as a release (:func:`dplora.release.verify._open_envelope`: securesystemslib key id, then the older raw-key rule,
-then an empty key id). The chain is: synthetic file --sha256--> manifest subject; manifest
+rules as a release (:func:`dplora.release.statement.open_statement`: securesystemslib key id, then the older raw-key
+rule, then an empty key id). The chain is: synthetic file --sha256--> manifest subject; manifest
 ``source_release.record_digest`` --sha256--> the release's DSSE payload; release --signature, digests--> its files.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import dataclasses
-import hashlib
 import hmac
-import json
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from dplora.data.digest import sha256_file
 from dplora.errors import BadInputError, VerificationError
-from dplora.release.envelope import RELEASE_FILENAME, STATEMENT_TYPE, sha256_file
+from dplora.release.derived import check_same_privacy, check_source_release
 from dplora.release.keys import load_public_key
-from dplora.release.verify import VerifiedRelease, _open_envelope, _read_envelope, _short, verify_release
+from dplora.release.statement import open_statement, sha256_mismatch
+from dplora.release.verify import VerifiedRelease, verify_release
 from dplora.synth.files import (
     NON_PRIVATE_SYNTH_PREDICATE_TYPE,
     SYNTH_PREDICATE_TYPE,
@@ -42,24 +40,6 @@ class VerifiedSynthetic:
     def differentially_private(self) -> bool:
         """False when the manifest is a non-private control's (its release is then one too: checked)."""
         return self.statement.get("predicateType") == SYNTH_PREDICATE_TYPE and self.release.differentially_private
-
-
-def _release_envelope_path(release_path: Path) -> Path:
-    release_path = Path(release_path)
-    return release_path / RELEASE_FILENAME if release_path.is_dir() else release_path
-
-
-def release_record_digest(release_path: Path) -> str:
-    """Hex sha256 (FIPS 180-4) of the release's DSSE payload: the digest a synthetic manifest names.
-
-    Raises:
-        BadInputError: no readable envelope at ``release_path`` (a folder or its ``release.dsse.json``).
-    """
-    env = _read_envelope(_release_envelope_path(release_path))
-    try:
-        return hashlib.sha256(base64.b64decode(env["payload"], validate=True)).hexdigest()
-    except (KeyError, TypeError, ValueError, binascii.Error):
-        raise BadInputError(f"{release_path}: the release envelope has no base64 payload") from None
 
 
 def verify_synthetic(
@@ -103,15 +83,7 @@ def verify_synthetic(
         raise BadInputError(f"no manifest {man} for the synthetic file (pass --manifest PATH)")
     if not synthetic.is_file():
         raise BadInputError(f"synthetic file {synthetic} does not exist")
-    payload, _rule = _open_envelope(_read_envelope(man), public_key)
-    try:
-        statement = json.loads(payload.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise VerificationError("manifest payload is not JSON") from None
-    if not isinstance(statement, dict) or statement.get("_type") != STATEMENT_TYPE:
-        raise VerificationError(f"manifest is not an in-toto Statement v1 ({STATEMENT_TYPE})")
-    if (ptype := statement.get("predicateType")) not in SYNTH_PREDICATE_TYPES:
-        raise VerificationError(f"manifest predicateType is {ptype!r}, expected {SYNTH_PREDICATE_TYPE!r}")
+    statement = open_statement(man, public_key, SYNTH_PREDICATE_TYPES, what="manifest").statement
     subjects = statement.get("subject")
     if not isinstance(subjects, list) or len(subjects) != 1 or not isinstance(subjects[0], dict):
         raise VerificationError("manifest must name exactly one synthetic file")
@@ -119,20 +91,16 @@ def verify_synthetic(
         raise VerificationError(f"manifest covers {subjects[0].get('name')!r}, not {synthetic.name!r}")
     expected = str((subjects[0].get("digest") or {}).get("sha256", "")).lower()
     if not hmac.compare_digest(found := sha256_file(synthetic), expected):
-        raise VerificationError(
-            f"{synthetic.name}: sha256 mismatch (expected {_short(expected)}, found {_short(found)})"
-        )
+        raise VerificationError(f"{synthetic.name}: {sha256_mismatch(expected, found)}")
     predicate = statement.get("predicate") if isinstance(statement.get("predicate"), dict) else {}
-    source = predicate.get("source_release") if isinstance(predicate.get("source_release"), dict) else {}
-    recorded = str((source.get("record_digest") or {}).get("sha256", "")).lower()
-    actual = release_record_digest(release_path)
-    if not hmac.compare_digest(recorded, actual):
-        raise VerificationError(
-            f"the manifest names release record {_short(recorded)}, but this release's is {_short(actual)}"
-        )
-    manifest_private = ptype == SYNTH_PREDICATE_TYPE and predicate.get("differentially_private") is True
-    if manifest_private != release.differentially_private:
-        said = "DP" if manifest_private else f"non-private ({NON_PRIVATE_SYNTH_PREDICATE_TYPE})"
-        whose = "DP" if release.differentially_private else "non-private control"
-        raise VerificationError(f"a {said} synthetic manifest over a {whose} release")
+    check_source_release(predicate, release_path, what="manifest")
+    manifest_private = (
+        statement["predicateType"] == SYNTH_PREDICATE_TYPE and predicate.get("differentially_private") is True
+    )
+    check_same_privacy(
+        manifest_private,
+        release.differentially_private,
+        non_private_type=NON_PRIVATE_SYNTH_PREDICATE_TYPE,
+        what="synthetic manifest",
+    )
     return VerifiedSynthetic(statement=statement, manifest=man, release=release)

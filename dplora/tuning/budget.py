@@ -175,8 +175,8 @@ def add_candidate_ceilings(rec: dict, adjacency) -> None:
     Each comes from the candidate's public q, σ, T and the contract's adjacency
     (:func:`dplora.accounting.ceiling.attack_ceiling`, PLD interval from 1e-3 up).
     """
-    from dplora.accounting import DpSgdEvent
     from dplora.accounting.ceiling import CEILING_INTERVALS, attack_ceiling, fpr_label
+    from dplora.accounting.events import DpSgdEvent
 
     for row in [*rec["candidates"], rec["choice"]]:
         ceiling = None
@@ -228,7 +228,8 @@ def sweep_table(contract, plan: TrainingPlan) -> dict:
 
     Larger batches at the same ε need less noise per example: maximise the batch, set σ just high enough.
     """
-    from dplora.accounting import Accountant, calibrate_noise
+    from dplora.accounting import calibrate_noise
+    from dplora.accounting.events import Accountant
     from dplora.errors import PlanRefusedError
 
     n = plan.num_units

@@ -4,10 +4,10 @@ A clip bound C near the median per-example gradient norm works well (Andrew et a
 Learning with Adaptive Clipping", NeurIPS, which tracks the median norm privately): a C far below the typical norm
 clips almost every unit and biases the update towards the clipped direction; a C far above it adds noise σC that
 the gradients never use. This module measures the norms the engine would clip, exactly as it clips them: the
-contract's model and LoRA initialisation (:func:`dplora.recipe.setup._setup_model`, the same seed), the engine's
+contract's model and LoRA initialisation (:func:`dplora.recipe.setup.setup_model`, the same seed), the engine's
 per-sample path (:func:`dplora.mechanism.optimizer.make_private`: ``privacy.per_sample`` fast or Opacus), and one
 logical step's
-forward/backward over the sample (:func:`dplora.run.loop._forward_backward`), whose
+forward/backward over the sample (:func:`dplora.run.loop.forward_backward`), whose
 :class:`dplora.mechanism.clipping.UnitClipAccumulator` returns each unit's norm before clipping (a unit's vector is the
 sum,
 or with ``unit_clipping: mean`` the mean, of its records' gradients). Nothing is stepped, noised or released.
@@ -125,19 +125,19 @@ def unit_norms(contract: Contract, table, *, sample: int = DEFAULT_SAMPLE, threa
     """
     import torch
 
-    from dplora.data import units as data_mod
+    from dplora.data import tokens as tokenizing
     from dplora.engine import gradcheck, runtime
     from dplora.engine.model import resolve_precision, select_device
     from dplora.mechanism import optimizer as dpopt
-    from dplora.recipe.setup import _setup_model
-    from dplora.run.loop import RunSpec, RunState, _forward_backward
+    from dplora.recipe.setup import setup_model
+    from dplora.run.loop import RunSpec, RunState, forward_backward
 
     warnings.filterwarnings("ignore", message="Full backward hook is firing")  # as train: Opacus on a frozen base
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
     torch.set_num_threads(threads or contract.training.threads or runtime.free_threads())
     device = select_device()
     dtype, allow_tf32 = resolve_precision(contract.model, device)
-    model, tokenizer = _setup_model(contract, device, dtype, allow_tf32, log)
+    model, tokenizer = setup_model(contract, device, dtype, allow_tf32, log)
     index = _units(table, contract, sample)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     optimizer = torch.optim.SGD([p for _, p in named], lr=0.0)  # never stepped
@@ -157,7 +157,7 @@ def unit_norms(contract: Contract, table, *, sample: int = DEFAULT_SAMPLE, threa
         contract=contract,
         plan=None,
         unit_index=index,
-        examples=data_mod.tokenize_records(table, tokenizer, contract),
+        examples=tokenizing.tokenize_records(table, tokenizer, contract),
         pad_id=tokenizer.pad_token_id,
         device=device,
         dtype=dtype,
@@ -168,7 +168,7 @@ def unit_norms(contract: Contract, table, *, sample: int = DEFAULT_SAMPLE, threa
         staging=None,
     )
     state = RunState(model=wrapped, optimizer=dp_opt, accountant=accountant, named=named)
-    _forward_backward(spec, state, np.arange(index.num_units))  # one "logical step" over every sampled unit
+    forward_backward(spec, state, np.arange(index.num_units))  # one "logical step" over every sampled unit
     _, norms = dp_opt.accumulator.finish()
     sizes = np.array([len(r) for r in index.records_of_unit], dtype=np.int64)
     return norms.detach().to("cpu", torch.float64).numpy(), sizes

@@ -266,8 +266,10 @@ def run_sweep(config: Path, args: list[str], options: SweepOptions, *, log=print
         TrainingFailedError: a trial failed (its charge stays; no release; finished trials are deleted).
     """
     from dplora.recipe.inputs import protected_inputs
+    from dplora.recipe.options import RunOptions
     from dplora.recipe.train import run_training
     from dplora.release import envelope as release
+    from dplora.release import keys as release_keys
     from dplora.release.keys import generate_keypair
     from dplora.run import outputs
 
@@ -275,7 +277,7 @@ def run_sweep(config: Path, args: list[str], options: SweepOptions, *, log=print
     grid = trial_overrides(axes)
     out_dir = Path(options.out_dir)
     contracts = _contracts(config, fixed, grid, out_dir)
-    private_key = release.load_private_key(options.signing_key)
+    private_key = release_keys.load_private_key(options.signing_key)
     release.load_data_key(options.data_key)
     protected = protected_inputs(
         contracts[0],
@@ -297,15 +299,17 @@ def run_sweep(config: Path, args: list[str], options: SweepOptions, *, log=print
             log(f"sweep: trial {i}/{len(grid)}: {' '.join(trial) or '(no overrides)'}")
             result = run_training(
                 contract,
-                signing_key=trial_key,
-                data_key=options.data_key,
-                ledger_path=options.ledger_path,
-                threads=options.threads,
-                progress=options.progress,
-                tuning_trial=True,
-                contract_path=config,
+                RunOptions(
+                    signing_key=trial_key,
+                    data_key=options.data_key,
+                    ledger_path=options.ledger_path,
+                    threads=options.threads,
+                    progress=options.progress,
+                    tuning_trial=True,
+                    contract_path=config,
+                    ledger_release=False,
+                ),
                 log=log,
-                ledger_release=False,
             )
             done.append(result.output_dir)
             evaluation = _evaluate(result, table, source, public, options, log)
@@ -389,6 +393,7 @@ def tuning_entry(results, chosen: int, *, source: str, public: bool, adjacency) 
 def _release(result, tuning: dict, private_key, options: SweepOptions, trial_pub: Path) -> Path:
     """Re-sign the chosen trial: its record (checked under the throw-away key) plus ``tuning``, by the user's key."""
     from dplora.contract.loader import load_contract
+    from dplora.data import digest as digests
     from dplora.ledger.store import Ledger, default_ledger_path
     from dplora.release import envelope as release
     from dplora.release.verify import verify_release
@@ -408,7 +413,7 @@ def _release(result, tuning: dict, private_key, options: SweepOptions, trial_pub
     with Ledger(options.ledger_path or default_ledger_path(), create=False) as ledger:
         ledger.record_release(
             run_id=result.run_id,
-            record_sha256=release.sha256_file(path),
+            record_sha256=digests.sha256_file(path),
             epsilon=result.epsilon_spent,
             delta=result.plan.delta,
             label=f"sweep: chosen trial {tuning['selection']['chosen_trial']} of {tuning['trials']}",

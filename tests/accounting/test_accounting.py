@@ -15,17 +15,13 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import dplora.accounting.backends as backends
-from dplora.accounting import (
-    RDP_ORDERS,
-    Accountant,
-    AccountingNumericalError,
-    calibrate_noise,
-    epsilon,
-)
-from dplora.accounting.calibration import SIGMA_MIN, cache_dir
+from dplora.accounting import calibrate_noise, epsilon
+from dplora.accounting.backends import RDP_ORDERS, AccountingNumericalError
+from dplora.accounting.cache import cache_dir
+from dplora.accounting.calibration import SIGMA_MIN
 from dplora.accounting.checked import checked_curve, numerical_chain
 from dplora.accounting.cost import tolerance_for
-from dplora.accounting.events import DpSgdEvent
+from dplora.accounting.events import Accountant, DpSgdEvent
 from dplora.contract.loader import parse_contract
 from dplora.errors import BadInputError, PlanRefusedError, UnsupportedAccountingError
 from dplora.plan.training import make_plan

@@ -14,8 +14,8 @@ from conftest import contract_dict, write_contract
 from typer.testing import CliRunner
 
 import dplora.accounting as accounting
-from dplora.accounting import Accountant, DpSgdEvent
 from dplora.accounting.cost import Tolerance, out_of_range, pld_seconds
+from dplora.accounting.events import Accountant, DpSgdEvent
 from dplora.cli.app import app
 
 MNIST_Q = 256 / 60000

@@ -13,7 +13,8 @@ import pytest
 
 import dplora.accounting.backends as backends
 import dplora.accounting.cost as cost
-from dplora.accounting import DpSgdEvent, calibrate_noise, epsilon
+from dplora.accounting import calibrate_noise, epsilon
+from dplora.accounting.events import DpSgdEvent
 from dplora.contract.loader import parse_contract
 from dplora.plan.training import make_plan
 

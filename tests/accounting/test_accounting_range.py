@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import dplora.accounting.backends as backends
 import dplora.accounting.cost as cost
-from dplora.accounting import Accountant, DpSgdEvent, rdp_epsilons
+from dplora.accounting.backends import rdp_epsilons
 from dplora.accounting.checked import OutOfRangeError, checked_curve, numerical_chain
 from dplora.accounting.cost import (
     MAX_GRID_POINTS,
@@ -27,6 +27,7 @@ from dplora.accounting.cost import (
     prv_grid_points,
     tolerance_for,
 )
+from dplora.accounting.events import Accountant, DpSgdEvent
 from dplora.contract.loader import parse_contract
 from dplora.errors import PlanRefusedError
 from dplora.plan.training import make_plan

@@ -13,7 +13,6 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from dplora.accounting import DpSgdEvent
 from dplora.accounting.ceiling import (
     attack_ceiling,
     ceiling_entry,
@@ -21,6 +20,7 @@ from dplora.accounting.ceiling import (
     same_ceiling,
     tradeoff_tpr,
 )
+from dplora.accounting.events import DpSgdEvent
 
 F7 = [
     ((0.01, 1.0, 1000), (0.0041, 0.0291, 0.1942)),

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from dplora.cli.app import app
 from dplora.errors import VerificationError
 from dplora.release import envelope as rel
+from dplora.release import keys as release_keys
 from dplora.release.verify import verify_release
 
 runner = CliRunner()
@@ -111,14 +112,14 @@ def test_tampered_or_inconsistent_audit_section_fails_verify(tmp_path, tiny_mode
         record = json.loads(json.dumps(statement["predicate"]))
         (record["audit"][part] if part else record["audit"])[key] = value
         artifacts = [run / s["name"] for s in statement["subject"]]
-        private = rel.load_private_key(signing_key[0])
+        private = release_keys.load_private_key(signing_key[0])
         rel.write_release(output_dir=run, record=record, artifact_files=artifacts, private_key=private)
         result = runner.invoke(app, ["verify", str(run), "--public-key", str(signing_key[1])])
         assert result.exit_code == 3 and ("noise_multiplier" in result.output or "claimed ε" in result.output)
     # an intact record whose attached audit found a violation: verify exits 5 (human and --json)
     record = json.loads(json.dumps(statement["predicate"]))
     record["audit"] |= {"violation": True, "epsilon_lower_bound": record["audit"]["claimed_epsilon"] + 1.0}
-    private = rel.load_private_key(signing_key[0])
+    private = release_keys.load_private_key(signing_key[0])
     rel.write_release(output_dir=run, record=record, artifact_files=artifacts, private_key=private)
     result = runner.invoke(app, ["verify", str(run), "--public-key", str(signing_key[1])])
     assert result.exit_code == 5 and "OK  signature" in result.output and "VIOLATION" in result.output
@@ -127,7 +128,7 @@ def test_tampered_or_inconsistent_audit_section_fails_verify(tmp_path, tiny_mode
 
 
 def test_attach_refusals_leave_the_release_byte_identical(tmp_path, tiny_model_dir, tickets_csv, signing_key):
-    from dplora.release.envelope import generate_keypair
+    from dplora.release.keys import generate_keypair
 
     cfg, run = _release(tmp_path, tiny_model_dir, tickets_csv, signing_key)
     good = _files(run)

@@ -50,7 +50,7 @@ def test_a_messages_canary_is_a_conversation_with_the_secret_in_the_assistant_tu
     """Its record renders through the template; the targets are exactly the assistant span (secret included)."""
     import datasets
 
-    from dplora.data.units import tokenize_records
+    from dplora.data.tokens import tokenize_records
     from dplora.engine.model import load_model_and_tokenizer
 
     _, contract = _contract(tmp_path)
@@ -110,7 +110,7 @@ def test_a_pair_canary_under_chat_template_auto_is_scored_on_the_assistant_span(
     import datasets
 
     from dplora.contract.loader import parse_contract
-    from dplora.data.units import tokenize_records
+    from dplora.data.tokens import tokenize_records
     from dplora.engine.model import load_model_and_tokenizer
 
     model = save_chat_model(tmp_path / "model", CHATML)

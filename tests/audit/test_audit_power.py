@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from dplora.accounting import DpSgdEvent
+from dplora.accounting.events import DpSgdEvent
 from dplora.audit import power
 from dplora.audit.bound import epsilon_lower_bound
 

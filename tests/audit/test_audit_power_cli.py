@@ -8,8 +8,8 @@ import json
 from conftest import contract_dict, write_contract
 from typer.testing import CliRunner
 
-from dplora.accounting import DpSgdEvent
 from dplora.accounting.ceiling import attack_ceiling
+from dplora.accounting.events import DpSgdEvent
 from dplora.audit import bound
 from dplora.cli.app import app
 

@@ -7,7 +7,8 @@ from conftest import minimal_contract as _contract
 from datasets import Dataset
 from tiny import byte_tokenizer
 
-from dplora.data.units import CHARS_PER_TOKEN_BOUND, cell_char_bound, tokenize_cells, tokenize_records
+from dplora.data.cells import CHARS_PER_TOKEN_BOUND, cell_char_bound, tokenize_cells
+from dplora.data.tokens import tokenize_records
 from dplora.evaluate.generate import prompt_ids
 
 MB3 = 3 * 1024 * 1024

@@ -13,6 +13,7 @@ import pytest
 from conftest import minimal_contract
 from tiny import CHATML, LLAMA3, chat_tokenizer, tiny_llama
 
+from dplora.data import tokens as tokenizing
 from dplora.data import units
 from dplora.data.chat import ChatEncoder, check_messages, template_sha256
 from dplora.errors import BadInputError
@@ -241,11 +242,11 @@ def test_one_turn_prompt_response_goes_through_the_template_unless_none():
     tok = chat_tokenizer(CHATML)
     table = datasets.Dataset.from_list([{"message": "Order 12 is late", "reply": "Sorry, resent."}])
     contract = minimal_contract(max_len=128)
-    (got,), _ = units.encode_records(table, tok, contract)
+    (got,), _ = tokenizing.encode_records(table, tok, contract)
     assert got == ChatEncoder(tok, CHATML, 128).encode(CONVO[1:3])
     assert tok.decode([i for i, y in zip(*got, strict=True) if y != IGN]) == "Sorry, resent.<|im_end|>\n"
     raw = contract.model_copy(update={"data": contract.data.model_copy(update={"chat_template": "none"})})
-    ids, _labels = units.encode_records(table, tok, raw)[0][0]
+    ids, _labels = tokenizing.encode_records(table, tok, raw)[0][0]
     assert ids == _tok(tok, "Order 12 is late\nSorry, resent.") + [tok.eos_token_id]
     assert template_sha256(tok, contract.data) == hashlib.sha256(CHATML.encode()).hexdigest()
     assert template_sha256(tok, raw.data) is None

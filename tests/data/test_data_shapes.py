@@ -16,6 +16,7 @@ from tiny import CHATML, save_chat_model
 
 from dplora.contract.loader import load_contract
 from dplora.contract.shape import Structure, detect_shape, read_structure
+from dplora.data import tokens as tokenizing
 from dplora.data import units
 from dplora.data.chat import check_messages, tokenization_entry
 from dplora.errors import BadInputError
@@ -66,7 +67,7 @@ def _jsonl(path, rows):
 
 def _encode(contract, tok):
     table = units.load_table(contract)
-    return units.encode_records(table, tok, contract)[0]
+    return tokenizing.encode_records(table, tok, contract)[0]
 
 
 def test_trl_text_prompt_completion_is_detected_and_trains_on_the_completion_only(tmp_path, tok):

@@ -24,6 +24,7 @@ from dplora.engine import gradcheck
 from dplora.engine.model import resolve_precision
 from dplora.errors import TrainingFailedError
 from dplora.mechanism import optimizer as dpopt
+from dplora.recipe.options import RunOptions
 from dplora.recipe.train import run_training
 from dplora.release import envelope as release
 
@@ -110,7 +111,9 @@ def test_every_engine_tensor_names_its_device(tmp_path, tiny_model_dir, tickets_
     police = DevicePolice(torch.device("cpu"))
     with police:
         result = run_training(
-            contract, signing_key=signing_key[0], data_key=None, progress=False, threads=1, log=lambda *_: None
+            contract,
+            RunOptions(signing_key=signing_key[0], data_key=None, progress=False, threads=1),
+            log=lambda *_: None,
         )
     assert police.violations == []
     assert result.steps_done == 2
@@ -140,7 +143,9 @@ def test_failure_before_the_loop_is_one_line_and_leaves_failed_json(
     monkeypatch.setattr(gradcheck, "probe_per_sample_gradients", broken_probe)
     contract = _contract(tmp_path, tiny_model_dir, tickets_csv)
     with pytest.raises(TrainingFailedError) as info:
-        run_training(contract, signing_key=signing_key[0], data_key=None, progress=False, threads=1, log=lambda *_: 0)
+        run_training(
+            contract, RunOptions(signing_key=signing_key[0], data_key=None, progress=False, threads=1), log=lambda *_: 0
+        )
     message = str(info.value)
     assert info.value.exit_code == 4 and "\n" not in message
     assert message.startswith("setting up per-sample gradients failed on cpu: RuntimeError: Expected all tensors")
@@ -229,7 +234,7 @@ def test_bf16_run_records_its_dtype(tmp_path, tiny_model_dir, tickets_csv, signi
 
     contract = _contract(tmp_path, tiny_model_dir, tickets_csv, dtype="bf16")
     result = run_training(
-        contract, signing_key=signing_key[0], data_key=None, progress=False, threads=1, log=lambda *_: None
+        contract, RunOptions(signing_key=signing_key[0], data_key=None, progress=False, threads=1), log=lambda *_: None
     )
     envelope = json.loads(result.release_path.read_text())
     import base64

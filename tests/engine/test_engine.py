@@ -26,8 +26,10 @@ from dplora.engine import gradcheck, perexample
 from dplora.errors import TrainingFailedError
 from dplora.mechanism import optimizer as dpopt
 from dplora.mechanism.noise import CsprngGaussian
+from dplora.recipe.options import RunOptions
 from dplora.recipe.train import run_training
 from dplora.release import envelope as release
+from dplora.release import keys as release_keys
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning"
@@ -544,7 +546,7 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture()
 def signing_key(tmp_path, monkeypatch):
     monkeypatch.delenv(release.DATA_KEY_ENV, raising=False)
-    return release.generate_keypair(tmp_path / "keys" / "signing.pem")[0]
+    return release_keys.generate_keypair(tmp_path / "keys" / "signing.pem")[0]
 
 
 def _contract(tmp_path, model_dir, *, rows: int, privacy: dict, training: dict):
@@ -627,7 +629,7 @@ def test_run_training_steps_accountant_on_empty_batches(tmp_path, tiny_model_dir
     monkeypatch.setattr(batching, "per_sequence_loss", loss_spy)
     monkeypatch.setattr(loop, "run_steps", run_steps_spy)
     result = run_training(
-        contract, signing_key=signing_key, data_key=None, progress=False, threads=1, log=lambda *_: None
+        contract, RunOptions(signing_key=signing_key, data_key=None, progress=False, threads=1), log=lambda *_: None
     )
     plan = result.plan
     assert plan.sample_rate == pytest.approx(0.001) and plan.steps == 8
@@ -670,7 +672,9 @@ def test_non_finite_losses_are_zero_contributions_not_a_failure(tmp_path, tiny_m
 
     monkeypatch.setattr(batching, "per_sequence_loss", nan_in_training)
     monkeypatch.setattr(loop, "run_steps", run_steps)
-    result = run_training(contract, signing_key=signing_key, data_key=None, progress=False, threads=1, log=print)
+    result = run_training(
+        contract, RunOptions(signing_key=signing_key, data_key=None, progress=False, threads=1), log=print
+    )
     assert result.release_path.is_file() and result.steps_done == 2
     report = json.loads((tmp_path / "run.private" / "report.json").read_text())
     assert calls and report["records_zeroed"] == sum(calls)  # every training record, nothing else

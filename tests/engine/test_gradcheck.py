@@ -19,9 +19,8 @@ from peft import LoraConfig, get_peft_model
 from tiny import tiny_causal_lm, tiny_llama
 
 from dplora.engine import batch as batching
-from dplora.engine import gradcheck
+from dplora.engine import gradcheck, perexample
 from dplora.errors import TrainingFailedError
-from dplora.mechanism import clipping
 from dplora.mechanism import optimizer as dpopt
 
 TARGETS = ["q_proj", "v_proj", "down_proj"]
@@ -151,9 +150,9 @@ def test_opacus_flat_refuses_rows_that_are_not_the_physical_batch():
     p = torch.nn.Parameter(torch.zeros(2, 4))
     p.grad_sample = torch.ones(5, 2, 4)
     with pytest.raises(TrainingFailedError, match=r"got 5 per-sample gradient rows for a physical batch of 3"):
-        clipping.opacus_flat([p], expected_rows=3)
+        perexample.opacus_flat([p], expected_rows=3)
     p.grad_sample = torch.arange(24.0).view(3, 2, 4)
-    out = clipping.opacus_flat([p], expected_rows=3)
+    out = perexample.opacus_flat([p], expected_rows=3)
     assert out.shape == (3, 8) and torch.equal(out[2], torch.arange(16.0, 24.0))
 
 

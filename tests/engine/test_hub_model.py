@@ -47,7 +47,8 @@ def _model_section(**model):
 
 
 def test_hub_id_resolves_to_the_cached_snapshot_of_its_revision(hub_cache):
-    from dplora.engine.model import base_model_entry, resolve_model
+    from dplora.engine.basefiles import base_model_entry
+    from dplora.engine.model import resolve_model
 
     folder, gguf = resolve_model(_model_section(name="tiny-org/tiny-llama"))
     assert gguf is None and folder == hub_cache / "models--tiny-org--tiny-llama" / "snapshots" / COMMIT

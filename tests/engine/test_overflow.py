@@ -19,6 +19,7 @@ from dplora.contract.loader import parse_contract
 from dplora.errors import TrainingFailedError
 from dplora.mechanism import optimizer as dpopt
 from dplora.mechanism.clipping import UnitClipAccumulator
+from dplora.recipe.options import RunOptions
 from dplora.recipe.train import run_training
 
 C = 1.0
@@ -137,7 +138,9 @@ def test_a_record_that_overflows_is_a_zero_contribution_not_a_failure(tmp_path, 
     private report only."""
     model = _poisoned_model(tmp_path / "poisoned")
     contract = _contract(tmp_path, model, batch=3 if "num_units" in privacy else 6, **privacy)
-    result = run_training(contract, signing_key=signing_key[0], data_key=None, progress=False, threads=1, log=print)
+    result = run_training(
+        contract, RunOptions(signing_key=signing_key[0], data_key=None, progress=False, threads=1), log=print
+    )
     assert result.release_path.is_file() and result.steps_done == 12
     assert result.epsilon_spent == pytest.approx(result.plan.epsilon_spent(12))
     report = json.loads((tmp_path / "run.private" / "report.json").read_text())
@@ -162,7 +165,9 @@ def test_only_a_non_finite_noisy_update_stops_the_run_and_k_steps_are_charged(
 
     monkeypatch.setattr(dpopt, "privatize", nan_update)
     with pytest.raises(TrainingFailedError, match="non-finite parameter after step 1") as info:
-        run_training(contract, signing_key=signing_key[0], data_key=None, progress=False, threads=1, log=print)
+        run_training(
+            contract, RunOptions(signing_key=signing_key[0], data_key=None, progress=False, threads=1), log=print
+        )
     assert info.value.exit_code == 4 and len(calls) == 1
     failed = json.loads((tmp_path / "run.partial" / "FAILED.json").read_text())
     assert failed["steps_done"] == 1 and failed["release"].startswith("none")

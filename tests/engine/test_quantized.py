@@ -224,7 +224,8 @@ def test_loader_stores_nf4_and_records_the_unquantized_digests(model_dir):
     """``load_base_model`` gives NF4 Linear4bit layers computing in the run's dtype; the record entry names the
     quantization and the digests of the unquantized files (those of the same folder without quantization)."""
     from dplora.contract.spec import ModelSection
-    from dplora.engine.model import base_model_entry, load_base_model
+    from dplora.engine.basefiles import base_model_entry
+    from dplora.engine.model import load_base_model
 
     section = ModelSection(path=str(model_dir), quantization="4bit")
     model, tokenizer = load_base_model(section, torch.device("cpu"), "fp32", False, log=lambda _: None)
@@ -274,9 +275,10 @@ def test_a_4bit_load_with_an_8bit_layer_is_refused(monkeypatch, model_dir):
     """Whatever transformers loaded, a 4-bit run holds only NF4 Linear4bit bitsandbytes layers."""
     from dplora.contract.spec import ModelSection
     from dplora.engine import model as model_mod
+    from dplora.engine import quantize
     from dplora.errors import BadInputError
 
-    real = model_mod._load_4bit
+    real = quantize.load_4bit
 
     def with_int8(folder, device, dtype, attn):
         model = real(folder, device, dtype, attn)
@@ -284,7 +286,7 @@ def test_a_4bit_load_with_an_8bit_layer_is_refused(monkeypatch, model_dir):
         model.model.layers[0].self_attn.q_proj = bnb.nn.Linear8bitLt(layer.in_features, layer.out_features, bias=False)
         return model
 
-    monkeypatch.setattr(model_mod, "_load_4bit", with_int8)
+    monkeypatch.setattr(quantize, "load_4bit", with_int8)
     section = ModelSection(path=str(model_dir), quantization="4bit")
     with pytest.raises(BadInputError, match="as Linear8bitLt, not NF4 Linear4bit"):
         model_mod.load_base_model(section, torch.device("cpu"), "fp32", False, log=lambda _: None)
@@ -308,7 +310,7 @@ def test_train_4bit_and_verify(tmp_path, model_dir, tickets_csv, signing_key):
     from typer.testing import CliRunner
 
     from dplora.cli.app import app
-    from dplora.engine.model import base_model_files
+    from dplora.engine.basefiles import base_model_files
 
     result, out = train_tiny(
         tmp_path, model_dir, tickets_csv, signing_key, model={"quantization": "4bit"}, training={"steps": 2}

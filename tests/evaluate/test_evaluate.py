@@ -319,7 +319,7 @@ def test_per_group_report_matches_a_hand_computation(tmp_path, tiny_model_dir):
     from tiny import byte_tokenizer
     from transformers import AutoModelForCausalLM
 
-    from dplora.data.units import tokenize_records
+    from dplora.data.tokens import tokenize_records
     from dplora.evaluate.heldout import evaluate_model
     from dplora.evaluate.report import MIN_GROUP_RECORDS
 

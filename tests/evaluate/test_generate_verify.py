@@ -46,7 +46,7 @@ def test_tampered_adapter_exits_3_without_a_reply(run_dir, signing_key):
 
 
 def test_another_signers_key_exits_3(run_dir, tmp_path):
-    from dplora.release.envelope import generate_keypair
+    from dplora.release.keys import generate_keypair
 
     _, other = generate_keypair(tmp_path / "other.key")
     result = runner.invoke(app, ["generate", str(run_dir), *PROMPT, "--public-key", str(other)])

@@ -13,8 +13,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from dplora.accounting import DpSgdEvent
 from dplora.accounting.ceiling import attack_ceiling
+from dplora.accounting.events import DpSgdEvent
 from dplora.cli.ledger import ledger_app
 from dplora.ledger.store import Ledger
 

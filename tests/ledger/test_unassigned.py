@@ -37,7 +37,8 @@ def _cli(*args: str):
 
 def _unassigned(ledger: Ledger, run_id: str, eps: str, *, unit="row", adjacency="add_remove", out="/o/run"):
     ev = {**SGD, "adjacency": adjacency, "accountant": "rdp"}
-    return ledger.reserve_unassigned(
+    return ledger.reserve(
+        population=None,
         run_id=run_id,
         output_dir=out,
         epsilon=eps,
@@ -160,3 +161,23 @@ def test_an_unassigned_run_may_have_any_output_path_the_contract_accepts(tmp_pat
     with pytest.raises(BadInputError, match="one-line path"):
         _unassigned(ledger, "r3", "1", out="/o/two\nlines")
     assert len(ledger.unassigned()) == 2
+
+
+def test_one_reserve_takes_an_output_folder_only_without_a_population(tmp_path):
+    """``reserve(population=None)`` is the unassigned run: its folder is required there and refused elsewhere."""
+    fields = {
+        "run_id": "u9", "epsilon": "1.5", "delta": "1e-5", "accountant": "rdp", "adjacency": "add_remove",
+        "protected_unit": "row",
+    }  # fmt: skip
+    with Ledger(tmp_path / "l.sqlite3") as ledger:
+        ledger.set_cap("p", epsilon_max="5", delta_max="1e-4", protected_unit="row", adjacency="add_remove")
+        with pytest.raises(BadInputError, match="^an unassigned run \\(no population\\) needs its output_dir$"):
+            ledger.reserve(population=None, **fields)
+        with pytest.raises(BadInputError, match="^output_dir is recorded for an unassigned run only"):
+            ledger.reserve(population="p", output_dir="/o/run", **fields)
+        assert ledger.charges() == [] and ledger.unassigned() == []  # neither refusal wrote anything
+        charge = ledger.reserve(population=None, output_dir="/o/run", **fields)
+        assert (charge.population, charge.output_dir, charge.epsilon) == (None, "/o/run", Decimal("1.5"))
+        assert ledger.unassigned() == [charge] and ledger.spent("p") == (Decimal(0), Decimal(0))
+        shim = ledger.reserve_unassigned(output_dir="/o/run2", **{**fields, "run_id": "u10"})  # until recipe moves
+        assert (shim.population, shim.output_dir) == (None, "/o/run2")

@@ -16,7 +16,8 @@ from tiny import byte_tokenizer
 
 from dplora.contract.loader import parse_contract
 from dplora.contract.spec import PrivacySection
-from dplora.data.units import build_unit_index, tokenize_records
+from dplora.data.tokens import tokenize_records
+from dplora.data.units import build_unit_index
 from dplora.errors import BadInputError
 from dplora.mechanism.sampling import PoissonUnitSampler
 

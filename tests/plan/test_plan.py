@@ -7,8 +7,9 @@ import math
 
 import pytest
 
-from dplora.accounting import Accountant, DpSgdEvent, epsilon, rdp_epsilons
-from dplora.accounting.backends import pld_epsilons
+from dplora.accounting import epsilon
+from dplora.accounting.backends import pld_epsilons, rdp_epsilons
+from dplora.accounting.events import Accountant, DpSgdEvent
 from dplora.contract.loader import parse_contract
 from dplora.errors import BadInputError, PlanRefusedError
 from dplora.plan.training import check_delta, make_plan, planned_steps

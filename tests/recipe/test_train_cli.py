@@ -157,11 +157,11 @@ def test_noise_and_sampling_are_not_reproducible_from_the_seed(tmp_path, tiny_mo
 def test_same_seed_gives_same_lora_initialisation(tiny_model_dir, tmp_path, tickets_csv):
     """The recorded seed does fix the adapter initialisation (lora_A)."""
     from dplora.contract.loader import parse_contract
-    from dplora.recipe.setup import _setup_model
+    from dplora.recipe.setup import setup_model
 
     contract = parse_contract(contract_dict(tiny_model_dir, tickets_csv, tmp_path / "x"))
-    m1, _ = _setup_model(contract, "cpu", "fp32", False, log=lambda _: None)
-    m2, _ = _setup_model(contract, "cpu", "fp32", False, log=lambda _: None)
+    m1, _ = setup_model(contract, "cpu", "fp32", False, log=lambda _: None)
+    m2, _ = setup_model(contract, "cpu", "fp32", False, log=lambda _: None)
     a1 = {n: p for n, p in m1.named_parameters() if "lora_A" in n}
     a2 = {n: p for n, p in m2.named_parameters() if "lora_A" in n}
     assert a1 and all((a1[n] == a2[n]).all() for n in a1)
@@ -322,9 +322,9 @@ def test_unit_level_runs_label_the_unit(tmp_path, tiny_model_dir, signing_key, u
 
 def test_concurrent_run_into_the_same_output_is_refused(tmp_path, tiny_model_dir, tickets_csv, signing_key):
     """While one run holds <output_dir>.lock, a second run into the same folder exits 2 and touches nothing."""
-    from dplora.recipe.setup import _lock_output
+    from dplora.recipe.setup import lock_output
 
-    lock = _lock_output(tmp_path / "run")
+    lock = lock_output(tmp_path / "run")
     try:
         result, out = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key)
     finally:

@@ -7,6 +7,7 @@ d0874ff). None of them uses real TWCS text: the files are hand-built.
 from __future__ import annotations
 
 import csv
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -152,6 +153,7 @@ def test_a_run_stopped_at_step_k_stays_charged_k_steps(tmp_path, tiny_model_dir,
     from dplora.errors import TrainingFailedError
     from dplora.ledger.store import Ledger, default_ledger_path
     from dplora.mechanism import optimizer as dpopt
+    from dplora.recipe.options import RunOptions
     from dplora.recipe.train import run_training
 
     monkeypatch.setenv("DPLORA_LEDGER", str(tmp_path / "ledger.sqlite3"))  # this test's own ledger
@@ -190,9 +192,9 @@ def test_a_run_stopped_at_step_k_stays_charged_k_steps(tmp_path, tiny_model_dir,
         return out * float("nan") if len(calls) == 3 else out
 
     monkeypatch.setattr(dpopt, "privatize", nan_at_step_3)
-    kw = {"signing_key": signing_key[0], "data_key": None, "progress": False, "threads": 1, "log": print}
+    opts = RunOptions(signing_key=signing_key[0], data_key=None, progress=False, threads=1)
     with pytest.raises(TrainingFailedError, match="after step 3"):
-        run_training(contract, **kw)
+        run_training(contract, opts, log=print)
     with Ledger(default_ledger_path(), create=False) as ledger:
         (failed,) = [c for c in ledger.unassigned() if c.status == "pending"]  # this test's run (a shared ledger)
     monkeypatch.setattr(dpopt, "privatize", real)
@@ -200,11 +202,11 @@ def test_a_run_stopped_at_step_k_stays_charged_k_steps(tmp_path, tiny_model_dir,
         from dplora.errors import BadInputError
 
         with pytest.raises(BadInputError, match="took 3 steps but its last checkpoint holds 0"):
-            run_training(contract, resume=True, **kw)
+            run_training(contract, dataclasses.replace(opts, resume=True), log=print)
         with Ledger(default_ledger_path(), create=False) as ledger:
             assert ledger.charge(failed.run_id).status == "pending"  # still held at its reservation of T steps
         return
-    result = run_training(contract, **{then: True}, **kw)
+    result = run_training(contract, dataclasses.replace(opts, **{then: True}), log=print)
     with Ledger(default_ledger_path(), create=False) as ledger:
         settled = ledger.charge(failed.run_id)
     stopped_at = result.plan.epsilon_at(3)

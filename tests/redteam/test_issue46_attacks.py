@@ -17,10 +17,9 @@ import pytest
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-from dplora.accounting import DpSgdEvent
 from dplora.accounting.backends import exact_epsilon
 from dplora.accounting.ceiling import _computed, ceiling_entry, tradeoff_tpr
-from dplora.accounting.events import Adjacency
+from dplora.accounting.events import Adjacency, DpSgdEvent
 from dplora.audit.attach import composed_claim
 from dplora.audit.power import ceiling_comparison
 from dplora.release.card import _ceiling

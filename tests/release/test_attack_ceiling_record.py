@@ -9,10 +9,11 @@ import copy
 
 import pytest
 
-from dplora.accounting import DpSgdEvent
 from dplora.accounting.ceiling import ceiling_entry
+from dplora.accounting.events import DpSgdEvent
 from dplora.errors import VerificationError
 from dplora.release import envelope as rel
+from dplora.release import keys as release_keys
 from dplora.release.card import _ceiling
 from dplora.release.verify import verify_release
 
@@ -26,8 +27,8 @@ def entry():
 
 @pytest.fixture()
 def keys(tmp_path):
-    priv, pub = rel.generate_keypair(tmp_path / "keys" / "signing.pem")
-    return rel.load_private_key(priv), rel.load_public_key(pub)
+    priv, pub = release_keys.generate_keypair(tmp_path / "keys" / "signing.pem")
+    return release_keys.load_private_key(priv), release_keys.load_public_key(pub)
 
 
 def _release(tmp_path, private_key, record):

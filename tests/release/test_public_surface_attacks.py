@@ -392,15 +392,15 @@ def test_the_folder_train_creates_above_the_release_carries_the_end_time(
     import time
     from datetime import datetime
 
-    from dplora.recipe import train as train_mod
+    from dplora.recipe import phases as train_mod  # the locked run's phases call train_and_release
 
-    real = train_mod._train_and_release
+    real = train_mod.train_and_release
 
     def slow(*args, **kwargs):
         time.sleep(1.1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(train_mod, "_train_and_release", slow)
+    monkeypatch.setattr(train_mod, "train_and_release", slow)
     columns, table = rows
     world = tmp_path / "world"
     world.mkdir()

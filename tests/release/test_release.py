@@ -16,8 +16,10 @@ import pytest
 from cryptography.hazmat.primitives import serialization as ser
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from dplora.data import digest as digests
 from dplora.errors import BadInputError, VerificationError
 from dplora.release import envelope as rel
+from dplora.release import keys as release_keys
 from dplora.release.keys import KeyIdRule
 from dplora.release.verify import verify_release
 
@@ -26,8 +28,8 @@ RECORD = {"run": "demo", "epsilon": 3.0, "delta": 1e-6, "note": "patient said he
 
 @pytest.fixture()
 def keys(tmp_path):
-    priv, pub = rel.generate_keypair(tmp_path / "keys" / "signing.pem")
-    return rel.load_private_key(priv), rel.load_public_key(pub)
+    priv, pub = release_keys.generate_keypair(tmp_path / "keys" / "signing.pem")
+    return release_keys.load_private_key(priv), release_keys.load_public_key(pub)
 
 
 @pytest.fixture()
@@ -69,10 +71,10 @@ def test_round_trip(run_dir, keys):
         assert st["_type"] == rel.STATEMENT_TYPE and st["predicateType"] == rel.PREDICATE_TYPE
         names = [s["name"] for s in st["subject"]]
         assert names == ["adapter/adapter_config.json", "adapter/adapter_model.safetensors"]
-        assert st["subject"][1]["digest"]["sha256"] == rel.sha256_file(_artifacts(run_dir)[0])
+        assert st["subject"][1]["digest"]["sha256"] == digests.sha256_file(_artifacts(run_dir)[0])
     env = json.loads(path.read_text())
     assert env["payloadType"] == rel.PAYLOAD_TYPE
-    assert env["signatures"][0]["keyid"] == rel.key_id(pub)
+    assert env["signatures"][0]["keyid"] == release_keys.key_id(pub)
 
 
 def test_predicate_is_record_exactly(run_dir, keys):
@@ -127,7 +129,7 @@ def test_tamper_payload_without_resigning(run_dir, keys):
 
 def test_signature_from_another_key(tmp_path, run_dir, keys):
     path = _release(run_dir, keys[0])
-    other = rel.load_private_key(rel.generate_keypair(tmp_path / "other.pem")[0])
+    other = release_keys.load_private_key(release_keys.generate_keypair(tmp_path / "other.pem")[0])
     forged = rel.sign_statement(verify_release(path, keys[1]).statement, other)["signatures"][0]
 
     _edit_envelope(path, lambda env: env["signatures"][0].update(sig=forged["sig"]))
@@ -138,7 +140,7 @@ def test_signature_from_another_key(tmp_path, run_dir, keys):
 
 def test_wrong_public_key(tmp_path, run_dir, keys):
     path = _release(run_dir, keys[0])
-    other_pub = rel.load_public_key(rel.generate_keypair(tmp_path / "other.pem")[1])
+    other_pub = release_keys.load_public_key(release_keys.generate_keypair(tmp_path / "other.pem")[1])
     _verify_fails(path, other_pub, "no signature by this public key")
 
 
@@ -201,54 +203,54 @@ def test_key_ids_known_answer(keys):
 
     raw = keys[1].public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw)
     canonical = '{"keytype":"ed25519","keyval":{"public":"' + raw.hex() + '"},"scheme":"ed25519"}'
-    assert rel.key_id(keys[1]) == hashlib.sha256(canonical.encode()).hexdigest()
-    assert legacy_key_id(keys[1]) == hashlib.sha256(raw).hexdigest() != rel.key_id(keys[1])
+    assert release_keys.key_id(keys[1]) == hashlib.sha256(canonical.encode()).hexdigest()
+    assert legacy_key_id(keys[1]) == hashlib.sha256(raw).hexdigest() != release_keys.key_id(keys[1])
 
 
 def test_keygen_mode_overwrite_and_load(tmp_path):
     old = os.umask(0)
     try:
-        priv, pub = rel.generate_keypair(tmp_path / "a" / "b" / "k.pem")
+        priv, pub = release_keys.generate_keypair(tmp_path / "a" / "b" / "k.pem")
     finally:
         os.umask(old)
     assert stat.S_IMODE(priv.stat().st_mode) == 0o600
     assert pub == tmp_path / "a" / "b" / "k.pub"
     before = priv.read_bytes()
     with pytest.raises(BadInputError, match="already exists"):
-        rel.generate_keypair(priv)
+        release_keys.generate_keypair(priv)
     assert priv.read_bytes() == before
     priv.chmod(0o644)
-    rel.generate_keypair(priv, overwrite=True)
+    release_keys.generate_keypair(priv, overwrite=True)
     assert priv.read_bytes() != before and stat.S_IMODE(priv.stat().st_mode) == 0o600
-    key = rel.load_private_key(priv)
-    assert rel.key_id(rel.load_public_key(pub)) == rel.key_id(key.public_key())
+    key = release_keys.load_private_key(priv)
+    assert release_keys.key_id(release_keys.load_public_key(pub)) == release_keys.key_id(key.public_key())
 
 
 def test_load_private_key_env_and_errors(tmp_path, monkeypatch):
-    monkeypatch.delenv(rel.SIGNING_KEY_ENV, raising=False)
+    monkeypatch.delenv(release_keys.SIGNING_KEY_ENV, raising=False)
     with pytest.raises(BadInputError, match="no signing key"):
-        rel.load_private_key(None)
-    priv, pub = rel.generate_keypair(tmp_path / "k.pem")
-    monkeypatch.setenv(rel.SIGNING_KEY_ENV, str(priv))
-    assert rel.load_private_key(None) is not None
+        release_keys.load_private_key(None)
+    priv, pub = release_keys.generate_keypair(tmp_path / "k.pem")
+    monkeypatch.setenv(release_keys.SIGNING_KEY_ENV, str(priv))
+    assert release_keys.load_private_key(None) is not None
     with pytest.raises(BadInputError):
-        rel.load_private_key(pub)  # a public key is not a private key
+        release_keys.load_private_key(pub)  # a public key is not a private key
     with pytest.raises(BadInputError, match="cannot read"):
-        rel.load_private_key(tmp_path / "absent.pem")
+        release_keys.load_private_key(tmp_path / "absent.pem")
     priv.chmod(0o644)
     with pytest.warns(UserWarning, match="readable by group or others"):
-        rel.load_private_key(priv)
+        release_keys.load_private_key(priv)
     with pytest.raises(BadInputError):
-        rel.load_public_key(priv)
+        release_keys.load_public_key(priv)
     rsa_pem = tmp_path / "rsa.pem"
     rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     rsa_pem.write_bytes(rsa_key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8, ser.NoEncryption()))
     rsa_pem.chmod(0o600)
     with pytest.raises(BadInputError, match="not an Ed25519 key"):
-        rel.load_private_key(rsa_pem)
+        release_keys.load_private_key(rsa_pem)
     rsa_pem.write_text("not a pem")
     with pytest.raises(BadInputError, match="not an unencrypted PEM"):
-        rel.load_private_key(rsa_pem)
+        release_keys.load_private_key(rsa_pem)
 
 
 def test_hmac_known_answer_and_keys(tmp_path):
@@ -256,9 +258,9 @@ def test_hmac_known_answer_and_keys(tmp_path):
     data = b'{"text": "secret"}\n' * 1000
     f.write_bytes(data)
     key1, key2 = b"k" * 32, b"j" * 32
-    assert rel.hmac_sha256_file(f, key1) == hmac.new(key1, data, hashlib.sha256).hexdigest()
-    assert rel.hmac_sha256_file(f, key1) != rel.hmac_sha256_file(f, key2)
-    assert rel.sha256_file(f) == hashlib.sha256(data).hexdigest()
+    assert digests.hmac_sha256_file(f, key1) == hmac.new(key1, data, hashlib.sha256).hexdigest()
+    assert digests.hmac_sha256_file(f, key1) != digests.hmac_sha256_file(f, key2)
+    assert digests.sha256_file(f) == hashlib.sha256(data).hexdigest()
 
 
 def test_data_digest_entry(tmp_path):
@@ -350,7 +352,11 @@ def test_verify_checks_the_salted_digest_and_still_reads_an_unsalted_one(tmp_pat
         path = _release(run_dir, keys[0], dict(RECORD, data={"digest": dict(entry, salt=bad)}))
         with pytest.raises(VerificationError, match="salt"):
             verify_release(path, keys[1], data_files=[data], data_key=key)
-    unsalted = {"algorithm": "hmac-sha256", "keyed": True, "files": {"train.jsonl": rel.hmac_sha256_file(data, key)}}
+    unsalted = {
+        "algorithm": "hmac-sha256",
+        "keyed": True,
+        "files": {"train.jsonl": digests.hmac_sha256_file(data, key)},
+    }
     path = _release(run_dir, keys[0], dict(RECORD, data={"digest": unsalted}))  # a record written before issue 41
     verify_release(path, keys[1], data_files=[data], data_key=key)
     data.write_bytes(b"row one\nrow 2\n")
@@ -365,9 +371,9 @@ def test_release_made_before_this_change_still_verifies(tmp_path):
     """A release signed by the old code (key id = sha256 of the raw key) verifies and says which rule matched."""
     from dplora.release.keys import legacy_key_id
 
-    pub = rel.load_public_key(LEGACY / "signing.pub")
+    pub = release_keys.load_public_key(LEGACY / "signing.pub")
     env = json.loads((LEGACY / "run" / rel.RELEASE_FILENAME).read_text())
-    assert env["signatures"][0]["keyid"] == legacy_key_id(pub) != rel.key_id(pub)
+    assert env["signatures"][0]["keyid"] == legacy_key_id(pub) != release_keys.key_id(pub)
     result = verify_release(LEGACY / "run", pub)
     assert result.key_id_rule is KeyIdRule.RAW_KEY and result.bundle is False
     assert result.statement["predicate"]["accounting"]["epsilon_spent"] == pytest.approx(7.9998, abs=1e-4)
@@ -395,7 +401,7 @@ def test_bundle_holds_the_same_envelope(run_dir, keys):
     path = _release(run_dir, keys[0])
     bundle = json.loads((run_dir / rel.SIGSTORE_FILENAME).read_text())
     assert bundle["mediaType"] == "application/vnd.dev.sigstore.bundle.v0.3+json"
-    assert bundle["verificationMaterial"] == {"publicKey": {"hint": rel.key_id(keys[1])}, "tlogEntries": []}
+    assert bundle["verificationMaterial"] == {"publicKey": {"hint": release_keys.key_id(keys[1])}, "tlogEntries": []}
     assert bundle["dsseEnvelope"] == json.loads(path.read_text())
     other = rel.sign_statement(rel.build_statement({"epsilon": 0.1}, {"x": "0" * 64}), keys[0])
     (run_dir / rel.SIGSTORE_FILENAME).write_text(json.dumps(dict(bundle, dsseEnvelope=other)))
@@ -465,13 +471,13 @@ def test_keygen_replaces_a_symlinked_public_key_instead_of_writing_through_it(tm
     keys.mkdir()
     (keys / "k.pub").symlink_to(victim)
     (keys / "k.pem").write_text("old\n")
-    priv, pub = rel.generate_keypair(keys / "k.pem", overwrite=True)
+    priv, pub = release_keys.generate_keypair(keys / "k.pem", overwrite=True)
     assert victim.read_text() == "not a key\n"
     assert not pub.is_symlink() and stat.S_IMODE(pub.stat().st_mode) == 0o644
     assert stat.S_IMODE(priv.stat().st_mode) == 0o600
-    assert rel.load_private_key(priv).public_key().public_bytes(
+    assert release_keys.load_private_key(priv).public_key().public_bytes(
         ser.Encoding.Raw, ser.PublicFormat.Raw
-    ) == rel.load_public_key(pub).public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw)
+    ) == release_keys.load_public_key(pub).public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw)
     assert not [p.name for p in keys.iterdir() if p.name.endswith(".tmp")]
 
 
@@ -488,5 +494,5 @@ def test_keygen_leaves_no_half_pair_when_the_public_key_cannot_be_written(tmp_pa
 
     monkeypatch.setattr(atomic, "write_bytes", failing)
     with pytest.raises(BadInputError, match="cannot write key file"):
-        rel.generate_keypair(tmp_path / "k.pem")
+        release_keys.generate_keypair(tmp_path / "k.pem")
     assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -23,6 +23,7 @@ from dplora.contract.loader import parse_contract
 from dplora.engine import batch as batching
 from dplora.engine import distributed, membatch
 from dplora.mechanism import optimizer as dpopt
+from dplora.mechanism import sampling
 from dplora.run import loop
 from dplora.run.execution import memory_entry
 
@@ -110,7 +111,7 @@ def _run(monkeypatch, hook: OOMAbove | None, physical: int = 4, per_sample: str 
         attempts.append((len(samples), list(units), list(rows), physical))
         return REAL_PHYSICAL_BATCHES(spec, state, units, rows, local, weight, physical)
 
-    monkeypatch.setattr(loop, "PoissonUnitSampler", FixedSampler)
+    monkeypatch.setattr(sampling, "PoissonUnitSampler", FixedSampler)
     monkeypatch.setattr(loop, "_physical_batches", spy)
     spec = types.SimpleNamespace(
         plan=PLAN,
@@ -121,6 +122,10 @@ def _run(monkeypatch, hook: OOMAbove | None, physical: int = 4, per_sample: str 
         physical_batch_size=physical,
         world=distributed.SINGLE,
         contract=types.SimpleNamespace(privacy=types.SimpleNamespace(enabled=False)),
+        # private=False only skips the step-1 "every tensor moved" check; the sampler is the mechanism's
+        mechanism=types.SimpleNamespace(
+            private=False, sampler=lambda n: sampling.unit_sampler(n, PLAN.sample_rate, distributed.SINGLE)
+        ),
     )
     state = loop.RunState(model=wrapped, optimizer=dp_opt, accountant=accountant, named=named)
     progress = types.SimpleNamespace(update=lambda *a: None)

@@ -183,12 +183,14 @@ def test_checkpoint_holds_no_generator_or_sampler_state(tmp_path, monkeypatch, t
     from safetensors import safe_open
 
     from dplora.contract.loader import parse_contract
+    from dplora.recipe.options import RunOptions
     from dplora.recipe.train import run_training
-    from dplora.run import loop as run_mod
 
     samplers = []
 
-    class RecordingSampler(run_mod.PoissonUnitSampler):
+    from dplora.mechanism import sampling  # the run's sampler is the mechanism's
+
+    class RecordingSampler(sampling.PoissonUnitSampler):
         def __init__(self, *args, **kw):
             super().__init__(*args, **kw)
             samplers.append(self)
@@ -203,15 +205,15 @@ def test_checkpoint_holds_no_generator_or_sampler_state(tmp_path, monkeypatch, t
         seen.append((info.path.read_bytes(), gen_state, pcg, info))
         return info
 
-    monkeypatch.setattr(run_mod, "PoissonUnitSampler", RecordingSampler)
+    monkeypatch.setattr(sampling, "PoissonUnitSampler", RecordingSampler)
     monkeypatch.setattr(checkpoint, "write", spy_write)
     raw = contract_dict(tiny_model_dir, tickets_csv, tmp_path / "run", training={"steps": 4, "checkpoint_every": 2})
     contract = parse_contract(raw)
     key = tmp_path / "k.key"
-    from dplora.release.envelope import generate_keypair
+    from dplora.release.keys import generate_keypair
 
     generate_keypair(key)
-    run_training(contract, signing_key=key, data_key=None, progress=False, log=lambda *_: None)
+    run_training(contract, RunOptions(signing_key=key, data_key=None, progress=False), log=lambda *_: None)
     assert [s[3].step for s in seen] == [0, 2, 4]
     for blob, gen_state, pcg, info in seen:
         assert len(gen_state) == 32

@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from dplora.cli.app import app
 from dplora.contract.loader import load_contract
-from dplora.synth.files import MARKER_COLUMN, NO_DP_GUARANTEE, build_rows, memorisation_counts
+from dplora.release.derived import NO_DP_GUARANTEE
+from dplora.synth.files import MARKER_COLUMN, build_rows, memorisation_counts
 
 runner = CliRunner()
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")
@@ -209,7 +210,7 @@ def test_verify_json_holds_the_synthetic_checks_and_one_document_on_a_mismatch(r
 
 
 def test_a_manifest_signed_by_another_key_or_renamed_file_is_caught(runs, signing_key, tmp_path):
-    from dplora.release.envelope import generate_keypair
+    from dplora.release.keys import generate_keypair
 
     dp, _, prompts = runs
     other_priv, other_pub = generate_keypair(tmp_path / "keys" / "other.key")

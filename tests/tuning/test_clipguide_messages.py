@@ -37,9 +37,9 @@ def _brute_force(contract, table) -> np.ndarray:
     from dplora.data import units as data_mod
     from dplora.engine.batch import collate, per_sequence_loss
     from dplora.engine.model import select_device
-    from dplora.recipe.setup import _setup_model
+    from dplora.recipe.setup import setup_model
 
-    model, tokenizer = _setup_model(contract, select_device(), "fp32", False, lambda *_: None)  # the same LoRA init
+    model, tokenizer = setup_model(contract, select_device(), "fp32", False, lambda *_: None)  # the same LoRA init
     named = [p for _, p in model.named_parameters() if p.requires_grad]
     index = data_mod.build_unit_index(table, contract.privacy, seed=contract.training.seed)
     conversations = table["messages"]

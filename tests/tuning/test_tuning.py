@@ -20,14 +20,15 @@ def _brute_force_unit_norms(contract, table) -> np.ndarray:
     """Reference: one record at a time, its own backward; a unit's vector is the sum of its records' gradients."""
     import torch
 
+    from dplora.data import tokens as tokenizing
     from dplora.data import units as data_mod
     from dplora.engine.batch import collate, per_sequence_loss
     from dplora.engine.model import select_device
-    from dplora.recipe.setup import _setup_model
+    from dplora.recipe.setup import setup_model
 
-    model, tokenizer = _setup_model(contract, select_device(), "fp32", False, lambda *_: None)  # the same LoRA init
+    model, tokenizer = setup_model(contract, select_device(), "fp32", False, lambda *_: None)  # the same LoRA init
     named = [p for _, p in model.named_parameters() if p.requires_grad]
-    examples = data_mod.tokenize_records(table, tokenizer, contract)
+    examples = tokenizing.tokenize_records(table, tokenizer, contract)
     index = data_mod.build_unit_index(table, contract.privacy, seed=contract.training.seed)
     norms = []
     for records in index.records_of_unit:

@@ -1,0 +1,139 @@
+"""The DP mechanism of one run as one frozen object, made by one function (issue 44).
+
+:func:`make_mechanism` takes the plan (public: q, σ, C, T, the normaliser, clipping), a frozen set of
+:class:`PerformanceFlags` (how the per-example rows are computed, never what the mechanism is) and the process group,
+and returns a :class:`DPMechanism`. The non-private control comes from the same call with ``private=False``: the
+same sampler, steps and normaliser, no clipping and no noise, and a non-private event in place of the DP-SGD one, so
+callers ask ``mechanism.private`` instead of re-reading the contract. The loop, the record, the ledger and the
+checkpoint read ``mechanism.event``.
+
+Modelled on jax_privacy's ``DPExecutionPlan`` (a frozen plan; ``PerformanceFlags`` apart; ``NonPrivateConfig.make()``
+returning the same type with a non-private event).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from dplora.accounting.events import DpSgdEvent
+from dplora.contract.spec import PerSamplePath
+from dplora.mechanism.control import control_plan, make_non_private
+from dplora.mechanism.reduction import step_reducer
+from dplora.mechanism.sampling import unit_sampler
+
+if TYPE_CHECKING:
+    from dplora.engine.distributed import World
+    from dplora.plan.training import TrainingPlan
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PerformanceFlags:
+    """How the mechanism is computed, never what it computes (equal releases under any value).
+
+    Attributes:
+        per_sample: the per-example path (``fast`` or ``opacus``); both give the same rows (tests/engine/
+            test_fastclip.py checks them against a one-record-at-a-time backward).
+    """
+
+    per_sample: PerSamplePath = PerSamplePath.FAST
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NonPrivateEvent:
+    """The event of a non-private control: no DP guarantee (ε = ∞); dp_accounting's ``NonPrivateDpEvent``."""
+
+    steps: int
+
+    def to_dict(self) -> dict:
+        """JSON-ready description (a control's record and ledger charge say ε = ∞)."""
+        return {"mechanism": "none", "event": "NonPrivate", "steps": self.steps}
+
+    def to_dp_accounting(self):
+        """``dp_accounting.NonPrivateDpEvent()`` (imports dp_accounting lazily)."""
+        import dp_accounting
+
+        return dp_accounting.NonPrivateDpEvent()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DPMechanism:
+    """One run's mechanism: Poisson sampling at q over N units, per-unit clip to C (or normalize), one draw of
+    N(0, σ²C²) per logical step, the public normaliser E = q·N, T steps, on ``world``'s processes.
+
+    Attributes:
+        private: False for the non-private control (no clip, no noise, no accountant; ε = ∞).
+        event: the accounted event (:class:`dplora.accounting.events.DpSgdEvent`, T = planned steps), or a
+            :class:`NonPrivateEvent` for the control.
+        plan: the plan the mechanism was made from (the control's: :func:`dplora.mechanism.control.control_plan`).
+        unit_mean: a unit's vector is the mean of its records' gradients (else the sum); public, from the contract.
+        flags: how the rows are computed.
+        world: the run's processes.
+    """
+
+    private: bool
+    event: DpSgdEvent | NonPrivateEvent
+    plan: TrainingPlan
+    unit_mean: bool
+    flags: PerformanceFlags
+    world: World
+
+    def sampler(self, num_units: int):
+        """The run's Poisson sampler over ``num_units`` units at q (this rank's shard under W > 1); fresh OS
+        entropy. Raises: ValueError for q outside (0, 1]."""
+        return unit_sampler(num_units, self.plan.sample_rate, self.world)
+
+    def reducer(self, num_params: int, device):
+        """The cross-rank reduction for P = ``num_params`` LoRA values, or None in one process (or a control)."""
+        return step_reducer(self.world, num_params, device) if self.private else None
+
+    def wrap(self, model, optimizer, *, reducer=None):
+        """(model to forward, step optimizer, accountant) for ``model`` and its optimizer over the trainable LoRA
+        tensors: the DP optimizer over units (:func:`dplora.mechanism.optimizer.make_private`) or, for the
+        control, :func:`dplora.mechanism.control.make_non_private`.
+
+        Raises:
+            TrainingFailedError, UncoveredParameterError: as :func:`dplora.mechanism.optimizer.make_private`.
+        """
+        if not self.private:
+            return make_non_private(model, optimizer, plan=self.plan)
+        from dplora.mechanism.optimizer import make_private  # torch and opacus: only when a model is wrapped
+
+        return make_private(
+            model,
+            optimizer,
+            plan=self.plan,
+            unit_mean=self.unit_mean,
+            per_sample=self.flags.per_sample.value,
+            reducer=reducer,
+        )
+
+
+def make_mechanism(
+    plan: TrainingPlan, flags: PerformanceFlags, world: World, *, private: bool = True, unit_mean: bool = False
+) -> DPMechanism:
+    """The run's :class:`DPMechanism` from its plan, performance flags and process group.
+
+    Args:
+        plan: the calibrated plan (q, σ, C, T, E, clipping), public.
+        flags: the per-example path.
+        world: the run's processes (:data:`dplora.engine.distributed.SINGLE` in one process).
+        private: False makes the non-private control from the same plan (σ = 0, ε = ∞, same q, T and E).
+        unit_mean: ``privacy.unit_clipping: mean`` (a unit's vector is its records' mean gradient).
+    Returns:
+        The frozen mechanism.
+    Raises:
+        ValueError: the plan's q, σ or T cannot make a DP-SGD event (the plan refuses these earlier).
+    Source: Abadi et al. 2016, Alg. 1; units as in Charles et al. 2024 (arXiv 2407.07737).
+    """
+    if not private:
+        plan = control_plan(plan)
+        event = NonPrivateEvent(steps=plan.steps)
+    else:
+        event = DpSgdEvent(
+            sample_rate=plan.sample_rate,
+            noise_multiplier=plan.noise_multiplier,
+            steps=plan.steps,
+            adjacency=plan.adjacency,
+        )
+    return DPMechanism(private=private, event=event, plan=plan, unit_mean=unit_mean, flags=flags, world=world)
