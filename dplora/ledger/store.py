@@ -796,13 +796,6 @@ class Ledger:
                 adjacency=adjacency,
             )
 
-    def reserve_unassigned(self, *, output_dir: str, **fields) -> Charge:
-        """Transitional: :meth:`reserve` with ``population=None`` (remove once ``dplora/recipe/train.py`` calls that).
-
-        Raises: as :meth:`reserve`.
-        """
-        return self.reserve(population=None, output_dir=output_dir, **fields)
-
     def _insert_charge(self, c, **columns) -> Charge:
         """INSERT one pending charge (``reserved_epsilon`` = ``epsilon``, ``created_at`` now) inside the caller's
         write transaction ``c``; ``columns`` are already checked (:func:`_charge_columns`). Returns it as read back.

@@ -123,12 +123,15 @@ def make_mechanism(
     Returns:
         The frozen mechanism.
     Raises:
-        ValueError: the plan's q, σ or T cannot make a DP-SGD event (the plan refuses these earlier).
+        ValueError: ``private`` with σ ≤ 0, or the plan's q, σ or T cannot make a DP-SGD event (the plan refuses
+            these earlier).
     Source: Abadi et al. 2016, Alg. 1; units as in Charles et al. 2024 (arXiv 2407.07737).
     """
     if not private:
         plan = control_plan(plan)
         event = NonPrivateEvent(steps=plan.steps)
+    elif not plan.noise_multiplier > 0:  # a private mechanism adds noise: σ = 0 is the control, never DP
+        raise ValueError(f"a DP mechanism needs noise_multiplier > 0, got {plan.noise_multiplier!r}")
     else:
         event = DpSgdEvent(
             sample_rate=plan.sample_rate,

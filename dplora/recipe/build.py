@@ -13,7 +13,7 @@ from dplora.data import tokens as tokenizing
 from dplora.engine import distributed
 from dplora.errors import BadInputError, DploraError, PlanRefusedError, TrainingFailedError
 from dplora.mechanism import control
-from dplora.plan.training import TrainingPlan, ledger_event
+from dplora.plan.training import TrainingPlan
 from dplora.recipe.setup import (
     RunIO,
     make_optimizer,
@@ -67,15 +67,9 @@ def open_ledger(contract: Contract, plan: TrainingPlan, io: RunIO, resumed_run: 
         )
     ledger = Ledger(io.options.ledger_path or default_ledger_path(), create=False)  # a missing ledger fails closed
     if resumed_run is None and not control.is_control(contract):
-        ledger.check(
-            contract.privacy.population,
-            epsilon=plan.epsilon,
-            delta=plan.delta,
-            protected_unit=contract.privacy.protected_unit.value,
-            adjacency=plan.adjacency.value,
-            events=[ledger_event(plan)],
-            unit_key=contract.privacy.unit_key,
-        )
+        from dplora.ledger.plans import check_plans
+
+        check_plans(ledger, contract.privacy, [plan])
     elif resumed_run is not None:
         _check_resumable(ledger, resumed_run)
     return ledger

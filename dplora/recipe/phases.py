@@ -275,8 +275,7 @@ def reserve(ledger, contract: Contract, plan: TrainingPlan, spec, io: RunIO, res
         "events": [ledger_event(plan)],
         "purpose": purpose,
     }
-    if contract.privacy.population:
-        ledger.reserve(population=contract.privacy.population, **fields)
-    else:
-        ledger.reserve_unassigned(output_dir=str(Path(contract.training.output_dir).resolve()), **fields)
+    population = contract.privacy.population or None  # None: an unassigned run, found by its output folder
+    output_dir = None if population else str(Path(contract.training.output_dir).resolve())
+    ledger.reserve(population=population, output_dir=output_dir, **fields)
     return ledger

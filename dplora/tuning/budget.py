@@ -7,7 +7,7 @@ from pathlib import Path
 
 from dplora.contract.loader import load_contract
 from dplora.errors import BadInputError
-from dplora.plan.training import TrainingPlan, ledger_event
+from dplora.plan.training import TrainingPlan
 from dplora.release.record import unit_statement
 
 SWEEP_BATCH_FACTORS = (0.5, 1, 2, 4)
@@ -139,15 +139,9 @@ def budget_report(
         from dplora.ledger.store import Ledger, default_ledger_path
 
         ledger = Ledger(ledger_path or default_ledger_path(), create=False)  # a dry run never creates a ledger
-        ledger.check(
-            contract.privacy.population,
-            epsilon=plan.epsilon,
-            delta=plan.delta,
-            protected_unit=contract.privacy.protected_unit.value,
-            adjacency=plan.adjacency.value,
-            events=[ledger_event(plan)],
-            unit_key=contract.privacy.unit_key,
-        )
+        from dplora.ledger.plans import check_plans
+
+        check_plans(ledger, contract.privacy, [plan])
         spent = ledger.spent(contract.privacy.population)
         report["ledger"] = {
             "population": contract.privacy.population,

@@ -26,11 +26,10 @@ import enum
 import itertools
 import shutil
 import tempfile
-from decimal import Decimal
 from pathlib import Path
 
 from dplora import atomic
-from dplora.accounting.composition import compose, exact
+from dplora.accounting.composition import compose
 from dplora.errors import BadInputError, PlanRefusedError, excerpt
 
 MAX_TRIALS = 64
@@ -206,25 +205,15 @@ def _check_budget(contracts, options: SweepOptions) -> list:
         PlanRefusedError: a trial's plan, or the trials together over the cap (exit 2).
     """
     from dplora.data.units import count_units
+    from dplora.ledger.plans import check_plans
     from dplora.ledger.store import Ledger, default_ledger_path
-    from dplora.plan.training import ledger_event
     from dplora.recipe.planning import plan_for, resolve_auto
 
     resolved = [resolve_auto(c)[0] for c in contracts]  # as run_training resolves each trial's contract
     plans = [plan_for(c, count_units(c)) for c in resolved]
-    eps = sum((exact(p.epsilon) for p in plans), Decimal(0))
-    delta = sum((exact(p.delta) for p in plans), Decimal(0))
     with Ledger(options.ledger_path or default_ledger_path(), create=False) as ledger:
         try:
-            ledger.check(
-                contracts[0].privacy.population,
-                epsilon=eps,
-                delta=delta,
-                protected_unit=contracts[0].privacy.protected_unit.value,
-                adjacency=plans[0].adjacency.value,
-                events=[ledger_event(p) for p in plans],
-                unit_key=contracts[0].privacy.unit_key,
-            )
+            check_plans(ledger, contracts[0].privacy, plans)
         except PlanRefusedError as err:
             raise PlanRefusedError(f"the sweep's {len(plans)} trials together: {err}") from None
     return plans

@@ -179,5 +179,3 @@ def test_one_reserve_takes_an_output_folder_only_without_a_population(tmp_path):
         charge = ledger.reserve(population=None, output_dir="/o/run", **fields)
         assert (charge.population, charge.output_dir, charge.epsilon) == (None, "/o/run", Decimal("1.5"))
         assert ledger.unassigned() == [charge] and ledger.spent("p") == (Decimal(0), Decimal(0))
-        shim = ledger.reserve_unassigned(output_dir="/o/run2", **{**fields, "run_id": "u10"})  # until recipe moves
-        assert (shim.population, shim.output_dir) == (None, "/o/run2")

@@ -130,12 +130,6 @@ def test_two_mechanisms_get_two_noise_keys():
     assert float((outs[0] - outs[1]).abs().max()) > 0.1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING (low): make_mechanism(private=True) accepts σ=0 and returns a private mechanism whose every "
-    "step adds exactly zero noise while its event claims DP-SGD; its docstring says it raises ValueError. "
-    "Unreachable from a contract today (plan_for refuses σ=0: ε=∞ > target), so defence in depth only",
-)
 def test_sigma_zero_private_plan_is_refused_by_make_mechanism():
     """make_mechanism's docstring: 'Raises ValueError: the plan's q, σ or T cannot make a DP-SGD event'."""
     with pytest.raises(ValueError):
@@ -352,6 +346,14 @@ def test_performance_flags_only_choose_the_rows():
 # ------------------------------------------------------------------------------- import-order rule misses
 
 PLANTS_CAUGHT = {
+    # found since the red team's round (issue 44): resolved aliases, torch's in-place and *_like draws, reduce, all_gather
+    "torch.randn_like * sigma": "import torch\ndef f(g, s):\n    return g + torch.randn_like(g) * s\n",
+    "tensor.normal_": "import torch\ndef f(g, s):\n    return g + torch.empty_like(g).normal_(0, s)\n",
+    "aliased torch.normal": "import torch as th\ndef f(g, s):\n    return g + th.normal(0.0, s, g.shape)\n",
+    "dist.reduce": "import torch.distributed as dist\ndef f(t):\n    dist.reduce(t, dst=0)\n",
+    "all_gather + sum": "import torch, torch.distributed as dist\ndef f(t, w):\n    out = [torch.empty_like(t) for _ in range(w)]\n    dist.all_gather(out, t)\n    return sum(out)\n",
+    "aliased all_reduce": "from torch.distributed import all_reduce as ar\ndef f(t):\n    ar(t)\n",
+    "opacus clipper": "from opacus.optimizers import DPOptimizer\ndef f(o):\n    return DPOptimizer(o, noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=4)\n",
     "torch.normal": "import torch\ndef f(g, s):\n    return g + torch.normal(0.0, s, g.shape)\n",
     "dist.all_reduce": "import torch.distributed as dist\ndef f(t):\n    dist.all_reduce(t)\n",
     "from-import all_reduce": "from torch.distributed import all_reduce\ndef f(t):\n    all_reduce(t)\n",
@@ -359,18 +361,12 @@ PLANTS_CAUGHT = {
     "torch.bernoulli": "import torch\ndef f(p):\n    return torch.bernoulli(p)\n",
 }
 PLANTS_MISSED = {
-    # realistic: the way most code adds Gaussian noise to a gradient
-    "torch.randn_like * sigma": "import torch\ndef f(g, s):\n    return g + torch.randn_like(g) * s\n",
-    "tensor.normal_": "import torch\ndef f(g, s):\n    return g + torch.empty_like(g).normal_(0, s)\n",
+    # left to review, by decision: torch.randn is an initialiser (LoRA, perturbations) and stays allowed; a uniform
+    # compared with q, getattr and functools.partial are not calls the rule can name without false alarms
     "torch.randn(shape) * sigma": "import torch\ndef f(g, s):\n    return g + s * torch.randn(g.shape)\n",
-    "aliased torch.normal": "import torch as th\ndef f(g, s):\n    return g + th.normal(0.0, s, g.shape)\n",
     "np uniform < q (Poisson)": "import numpy as np\ndef f(n, q):\n    return np.random.default_rng().random(n) < q\n",
-    "dist.reduce": "import torch.distributed as dist\ndef f(t):\n    dist.reduce(t, dst=0)\n",
-    "all_gather + sum": "import torch, torch.distributed as dist\ndef f(t, w):\n    out = [torch.empty_like(t) for _ in range(w)]\n    dist.all_gather(out, t)\n    return sum(out)\n",
-    "aliased all_reduce": "from torch.distributed import all_reduce as ar\ndef f(t):\n    ar(t)\n",
     "getattr all_reduce": "import torch.distributed as dist\ndef f(t):\n    getattr(dist, 'all_reduce')(t)\n",
     "functools.partial all_reduce": "import functools, torch.distributed as dist\ndef f(t):\n    functools.partial(dist.all_reduce)(t)\n",
-    "opacus clipper": "from opacus.optimizers import DPOptimizer\ndef f(o):\n    return DPOptimizer(o, noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=4)\n",
 }
 
 
@@ -396,7 +392,7 @@ def test_import_rule_catches(tmp_path, name):
         pytest.param(
             n,
             marks=pytest.mark.xfail(
-                strict=True, reason=f"FINDING: FORBIDDEN_CALLS misses {n!r} outside dplora/mechanism"
+                strict=True, reason=f"known limit (docs/architecture.md): FORBIDDEN_CALLS misses {n!r}"
             ),
         )
         for n in sorted(PLANTS_MISSED)
@@ -434,27 +430,6 @@ def test_unknown_accountant_name_raises(name):
 def test_unknown_accountant_in_contract_is_bad_input(tmp_path, model_dir, name):
     with pytest.raises(BadInputError):
         parse_contract(_contract_raw(tmp_path, model_dir, privacy={"accountant": name}))
-
-
-GRID_MAIN = Path("/tmp/attack44/main.json")
-GRID_I44 = Path("/tmp/attack44/i44.json")
-
-
-@pytest.mark.skipif(not (GRID_MAIN.is_file() and GRID_I44.is_file()), reason="run /tmp/attack44/acc_grid.py first")
-def test_accountant_grid_identical_to_main():
-    """ε over q×σ×T×δ×adjacency×accountant, σ calibration and ledger composition: i44 equals main exactly
-    (same value, or the same error class)."""
-    main, new = json.loads(GRID_MAIN.read_text()), json.loads(GRID_I44.read_text())
-    assert main.keys() == new.keys() and len(main) > 60
-    diff = {}
-    for k in main:
-        a, b = main[k], new[k]
-        if isinstance(a, str) and isinstance(b, str):
-            if a.split(":")[0] != b.split(":")[0]:
-                diff[k] = (a, b)
-        elif a != b:
-            diff[k] = (a, b)
-    assert not diff, dict(list(diff.items())[:10])
 
 
 # ----------------------------------------------------------------------------------------------- RunOptions
