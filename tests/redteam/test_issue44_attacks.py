@@ -31,7 +31,7 @@ from dplora.engine import distributed
 from dplora.errors import BadInputError
 from dplora.mechanism import control, sampling
 from dplora.mechanism import optimizer as dpopt
-from dplora.mechanism.core import NonPrivateEvent, PerformanceFlags, make_mechanism
+from dplora.mechanism.core import DPMechanism, NonPrivateEvent, PerformanceFlags, make_mechanism
 from dplora.recipe.build import mechanism_for
 from dplora.recipe.options import RunOptions
 
@@ -80,10 +80,15 @@ def _plan(*, sigma=1.0, clip=1.0, batch=4.0, q=0.5, steps=10, clipping="clip"):
 def _wrap(model, plan, *, per_sample="fast", unit_mean=False, private=True):
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     opt = torch.optim.SGD([p for _, p in named], lr=0.0)
-    mech = make_mechanism(
-        plan, PerformanceFlags(per_sample=PerSamplePath(per_sample)), distributed.SINGLE, private=private,
-        unit_mean=unit_mean,
-    )  # fmt: skip
+    flags = PerformanceFlags(per_sample=PerSamplePath(per_sample))
+    if private and plan.noise_multiplier == 0:  # σ = 0 only to read the clipped sum exactly: make_mechanism refuses
+        # a private mechanism without noise, so build the frozen object directly (a test-only mechanism)
+        event = DpSgdEvent(sample_rate=plan.sample_rate, noise_multiplier=0.0, steps=plan.steps)
+        mech = DPMechanism(
+            private=True, event=event, plan=plan, unit_mean=unit_mean, flags=flags, world=distributed.SINGLE
+        )
+    else:
+        mech = make_mechanism(plan, flags, distributed.SINGLE, private=private, unit_mean=unit_mean)
     gsm, step_opt, acc = mech.wrap(model, opt)
     return mech, gsm, step_opt, acc, named
 
