@@ -99,10 +99,6 @@ def test_finding_nan_profile_gives_the_most_optimistic_ceiling():
     assert got == 1.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open (issue 46): NaN held-out canary scores read as a measured TPR of 0, not an uninformative audit",
-)
 def test_finding_nan_held_out_scores_hide_a_ceiling_violation():
     """Every inserted canary scores 5 (TPR 1.0 at every FPR, far above the ceiling 0.09 at 1 %); held-out canaries
     scoring NaN (a diverged adapter: inf − inf) make the threshold NaN, TPR 0 and no violation (not exit 5)."""
