@@ -49,11 +49,6 @@ def _one_step_tpr(q: float, sigma: float, adjacency: Adjacency, alpha: float) ->
 # ---------------------------------------------------------------------------------------------- findings
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open (issue 46): after audit --attach on private data the card and verify state the release's "
-    "ceiling alone, not the composed one",
-)
 def test_finding_attached_private_audit_ceiling_ignores_the_audit_run():
     """After ``dplora audit --attach`` of a private-data audit, the record claims release + audit composed, but its
     attack ceiling (card sentence and verify's recomputation) is the release run's alone: an attacker holding the
