@@ -301,6 +301,25 @@ def _cached(key: str, fprs) -> tuple[float, ...] | None:
     return tuple(value)
 
 
+# FPRs of the drawn trade-off curve: log-spaced 1e-4 .. 0.5, then linear to 0.99 (public constants)
+CURVE_FPRS = tuple(float(a) for a in np.concatenate((np.logspace(-4, np.log10(0.5), 40), np.linspace(0.52, 0.99, 24))))
+
+
+def tradeoff_curve(event: DpSgdEvent, fprs: tuple[float, ...] = CURVE_FPRS) -> AttackCeiling | None:
+    """The f-DP trade-off curve of ``event`` for drawing (``budget --plot``): TPR ceiling at each α of ``fprs``.
+
+    One privacy profile (the same PLD, interval choice and cache as :func:`attack_ceiling`; at q = 1 the exact
+    Gaussian curve) read at every α; public q, σ, T and adjacency only.
+
+    Returns:
+        :class:`AttackCeiling` over ``fprs`` (TPRs non-decreasing in α, each in [α, 1]), or None when the PLD is
+        past dplora's time limit.
+    Raises:
+        ValueError: an α outside (0, 1).
+    """
+    return attack_ceiling(event, tuple(fprs))
+
+
 def composed_ceiling(events: list[dict], adjacency: str, fprs: tuple[float, ...] = CEILING_FPRS) -> dict:
     """The attack ceiling of several mechanisms on the same units composed (a population's charges in the ledger).
 
