@@ -105,11 +105,11 @@ def ceiling_comparison(scores, inserted, event, *, confidence: float = 0.95) -> 
 
     Returns:
         ``{"points": [...], "exceeded": bool, "confidence", "nan_scores"}``: each point is :func:`measured_tpr`'s
-        dict plus ``ceiling`` (the
-        release's TPR ceiling at α), ``ceiling_at_fpr_upper`` and ``exceeded`` (tpr_lower above
-        ceiling_at_fpr_upper); ``exceeded`` overall when any point is. Ceilings are None without DP or when the
-        ceiling is not stated. NaN scores (``nan_scores`` counts them) are read as the attacker's best guess
-        (:func:`_best_of_nan_readings`): a NaN never lowers the measured TPR below what either fixed reading shows.
+        dict plus ``ceiling`` (the release's TPR ceiling at α), ``ceiling_at_fpr_upper`` and ``exceeded``
+        (tpr_lower above ceiling_at_fpr_upper); ``exceeded`` overall when any point is. Ceilings are None without
+        DP or when the ceiling is not stated. NaN scores (``nan_scores`` counts them) are read as the attacker's
+        best guess (:func:`_best_of_nan_readings`): a NaN never lowers the measured TPR below what either fixed
+        reading shows.
     """
     from dplora.accounting.ceiling import attack_ceiling
 
