@@ -41,6 +41,16 @@ METHOD = (
     "mechanism at the public q, σ and adjacency"
 )
 
+GAUSSIAN_METHOD = (
+    "exact Gaussian trade-off at q = 1: TPR(α) = Φ(Φ⁻¹(α) + μ), μ = s·√T/σ (s = 1 add/remove, 2 replace-one), "
+    "the T-fold composition of the Gaussian mechanism (Dong, Roth & Su 2022, Def. 2.4 and Cor. 3.3); no PLD"
+)
+# The ceiling's own PLD cost: dp_accounting's FFT self-composition and δ(ε) on EPS_GRID (a Python loop over every
+# composed point) cost about 14 µs per composed pmf point on the reference machine (measured 2026-12-03, loaded:
+# q 1, σ 100, T 10^6 at 1e-4: 5.26e6 points, 26 s composing and 46 s for δ(ε); q 0.5, σ 20, T 10^5: 46 s). The
+# accountant's cost model (dplora.accounting.cost) prices one ε only and predicted 0.8-1.2 s for these.
+CEILING_POINT_SECONDS = 1.4e-5
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AttackCeiling:
@@ -49,14 +59,16 @@ class AttackCeiling:
     Attributes:
         fprs: false-positive rates α (probabilities in (0, 1)).
         tprs: the highest true-positive rate any test reaches at each α (probabilities in [α, 1]), same order.
-        interval: the PLD value discretisation interval used (ε units).
+        interval: the PLD value discretisation interval used (ε units; 0.0: a closed form, no PLD).
         accountant_version: e.g. ``"dp-accounting 0.6.0"``.
+        method: how the TPRs were computed (:data:`METHOD` or :data:`GAUSSIAN_METHOD`).
     """
 
     fprs: tuple[float, ...]
     tprs: tuple[float, ...]
     interval: float
     accountant_version: str
+    method: str = METHOD
 
     def at(self, fpr: float) -> float:
         """The ceiling at false-positive rate ``fpr`` (one of :attr:`fprs`). Raises KeyError otherwise."""
@@ -69,7 +81,7 @@ class AttackCeiling:
         """The release record's ``attack_ceiling`` entry (JSON-ready; TPRs rounded to 6 decimals)."""
         return {
             "true_positive_rate_at": {fpr_label(a): round(t, 6) for a, t in zip(self.fprs, self.tprs, strict=True)},
-            "method": METHOD,
+            "method": self.method,
             "pld_interval": self.interval,
             "accountant_version": self.accountant_version,
             "scope": "this release alone; releases on the same population compose and their ceiling is higher",
@@ -114,36 +126,101 @@ def percent_up(tpr: float, digits: int = 1) -> str:
     return f"{math.ceil(round(100 * tpr * scale, 9)) / scale:.{digits}f}"
 
 
-def _profile(event: DpSgdEvent, interval: float) -> np.ndarray:
-    """δ(ε) on ``EPS_GRID`` of the T-step mechanism (dp_accounting pessimistic PLD, both directions)."""
+@functools.lru_cache(maxsize=2)
+def _one_step(sample_rate: float, noise_multiplier: float, adjacency: Adjacency, interval: float):
+    """dp_accounting's pessimistic one-step PLD (memoised: sized first by :func:`composed_points`, then composed)."""
     import dp_accounting
     from dp_accounting.pld import privacy_loss_distribution
 
     relation = {
         Adjacency.ADD_REMOVE: dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
         Adjacency.REPLACE_ONE: dp_accounting.NeighboringRelation.REPLACE_ONE,
-    }[event.adjacency]
+    }[adjacency]
     with np.errstate(all="ignore"):
-        one = privacy_loss_distribution.from_gaussian_mechanism(
-            standard_deviation=event.noise_multiplier,
+        return privacy_loss_distribution.from_gaussian_mechanism(
+            standard_deviation=noise_multiplier,
             value_discretization_interval=interval,
-            sampling_prob=event.sample_rate,
+            sampling_prob=sample_rate,
             neighboring_relation=relation,
         )
+
+
+def _profile(event: DpSgdEvent, interval: float) -> np.ndarray:
+    """δ(ε) on ``EPS_GRID`` of the T-step mechanism (dp_accounting pessimistic PLD, both directions)."""
+    one = _one_step(event.sample_rate, event.noise_multiplier, event.adjacency, interval)
+    with np.errstate(all="ignore"):
         composed = one.self_compose(event.steps) if event.steps > 1 else one
         return np.asarray(composed.get_delta_for_epsilon(EPS_GRID), dtype=float)
+
+
+def composed_points(event: DpSgdEvent, interval: float) -> int:
+    """The exact number of points of the composed pmfs dp_accounting will build for ``event`` (both directions).
+
+    dp_accounting's ``self_compose`` sizes its FFT by a Chernoff bound on the one-step pmf
+    (``dp_accounting.pld.common.compute_self_convolve_bounds``, tail mass 1e-15); the same call here gives the
+    size before composing: a deterministic function of (q, σ, T, adjacency, interval). Building the one-step pmf
+    is priced by :func:`dplora.accounting.cost.pld_seconds` (exact) and is checked first.
+    """
+    from dp_accounting.pld import common
+
+    one = _one_step(event.sample_rate, event.noise_multiplier, event.adjacency, interval)
+    pmfs = {id(pmf): pmf for pmf in (one._pmf_remove, one._pmf_add)}.values()  # noqa: SLF001  (one object under replace-one)
+    total = 0
+    with np.errstate(all="ignore"):
+        for pmf in pmfs:
+            probs = pmf.to_dense_pmf()._probs  # noqa: SLF001
+            if event.steps <= 1:
+                total += len(probs)
+                continue
+            lower, upper = common.compute_self_convolve_bounds(probs, event.steps, 1e-15)
+            total += upper - lower + 1
+    return total
+
+
+def ceiling_seconds(event: DpSgdEvent, interval: float) -> float:
+    """Predicted seconds of the ceiling's PLD (one-step pmf, composition and δ on ``EPS_GRID``), or ∞ when the
+    one-step pmf alone is past the limit (then it is never built)."""
+    seconds = pld_seconds(event, interval)
+    if seconds > PLD_MAX_SECONDS:
+        return math.inf
+    return seconds + CEILING_POINT_SECONDS * composed_points(event, interval)
 
 
 def ceiling_interval(event: DpSgdEvent, intervals: tuple[float, ...] = CEILING_INTERVALS) -> float | None:
     """The finest of ``intervals`` whose PLD fits dplora's PLD time limit for ``event`` (None: none does).
 
-    The choice is a deterministic function of (q, σ, T, adjacency) through the cost model of
-    :mod:`dplora.accounting.cost`, so ``verify`` picks the interval the record was computed with.
+    The choice is a deterministic function of (q, σ, T, adjacency): dplora's cost model of the one-step pmf
+    (:mod:`dplora.accounting.cost`) and the exact composed size (:func:`composed_points`) at
+    :data:`CEILING_POINT_SECONDS` each, so ``verify`` picks the interval the record was computed with and its
+    recomputation stays under about ``PLD_MAX_SECONDS`` (15 s) on the reference machine.
     """
     for interval in intervals:
-        if pld_seconds(event, interval) <= PLD_MAX_SECONDS:
+        if ceiling_seconds(event, interval) <= PLD_MAX_SECONDS:
             return interval
     return None
+
+
+def gaussian_tprs(event: DpSgdEvent, fprs: tuple[float, ...]) -> tuple[float, ...]:
+    """The exact ceiling at q = 1: TPR(α) = Φ(Φ⁻¹(α) + μ), μ = s·√T/σ (s = 1 add/remove, 2 replace-one).
+
+    The T-step full-batch mechanism is T Gaussian mechanisms of sensitivity s·C and noise σ·C, i.e. μ-GDP with
+    μ = s·√T/σ (Dong, Roth & Su 2022, Def. 2.4, Cor. 3.3), and its trade-off curve is exactly Gaussian: no test
+    does better, and one (the likelihood-ratio test) reaches it. Instant at any T and σ.
+
+    Args:
+        event: q must be 1 (probabilities α in (0, 1)).
+    Returns:
+        One TPR per α (probabilities).
+    Raises:
+        ValueError: q is not 1.
+    """
+    from scipy.stats import norm
+
+    if event.sample_rate != 1.0:
+        raise ValueError(f"the closed form holds at q = 1 only, got q = {event.sample_rate!r}")
+    scale = 2.0 if event.adjacency is Adjacency.REPLACE_ONE else 1.0
+    mu = scale * math.sqrt(event.steps) / event.noise_multiplier
+    return tuple(float(min(1.0, max(a, norm.cdf(norm.ppf(a) + mu)))) for a in fprs)
 
 
 def attack_ceiling(
@@ -155,7 +232,8 @@ def attack_ceiling(
 ) -> AttackCeiling | None:
     """The highest TPR any membership test reaches at each false-positive rate, for the mechanism ``event``.
 
-    One PLD evaluation (about 1-7 s on the reference machine); results are kept in dplora's on-disk cache
+    At q = 1 the exact Gaussian curve (:func:`gaussian_tprs`, instant). Otherwise one PLD evaluation (about 1-15 s
+    on the reference machine, bounded by :func:`ceiling_interval`); results are kept in dplora's on-disk cache
     (:mod:`dplora.accounting.cache`, keyed by the mechanism, interval, α's and dp_accounting version) unless
     ``use_cache`` is False, as ``dplora verify`` asks: it recomputes (memoised within one process only).
 
@@ -168,7 +246,7 @@ def attack_ceiling(
 
     Returns:
         :class:`AttackCeiling`, or None when no PLD interval fits the time limit (the ceiling is then not
-        stated, never guessed). T = 0 gives TPR = α; σ = 0 gives 1.
+        stated, never guessed: ``verify`` never runs past the limit). T = 0 gives TPR = α; σ = 0 gives 1.
 
     Raises:
         ValueError: an α outside (0, 1).
@@ -182,6 +260,11 @@ def attack_ceiling(
     if event.steps == 0 or event.noise_multiplier == 0.0:
         tprs = tuple(float(a) if event.steps == 0 else 1.0 for a in fprs)
         return AttackCeiling(fprs=tuple(fprs), tprs=tprs, interval=0.0, accountant_version=version)
+    if event.sample_rate == 1.0:  # the Gaussian mechanism: exact and instant at any T (no PLD, nothing to cache)
+        tprs = gaussian_tprs(event, tuple(fprs))
+        return AttackCeiling(
+            fprs=tuple(fprs), tprs=tprs, interval=0.0, accountant_version=version, method=GAUSSIAN_METHOD
+        )
     interval = ceiling_interval(event, intervals)
     if interval is None:
         return None
@@ -216,6 +299,25 @@ def _cached(key: str, fprs) -> tuple[float, ...] | None:
     if not all(isinstance(t, float) and a <= t <= 1.0 for a, t in zip(fprs, value, strict=True)):
         return None
     return tuple(value)
+
+
+# FPRs of the drawn trade-off curve: log-spaced 1e-4 .. 0.5, then linear to 0.99 (public constants)
+CURVE_FPRS = tuple(float(a) for a in np.concatenate((np.logspace(-4, np.log10(0.5), 40), np.linspace(0.52, 0.99, 24))))
+
+
+def tradeoff_curve(event: DpSgdEvent, fprs: tuple[float, ...] = CURVE_FPRS) -> AttackCeiling | None:
+    """The f-DP trade-off curve of ``event`` for drawing (``budget --plot``): TPR ceiling at each α of ``fprs``.
+
+    One privacy profile (the same PLD, interval choice and cache as :func:`attack_ceiling`; at q = 1 the exact
+    Gaussian curve) read at every α; public q, σ, T and adjacency only.
+
+    Returns:
+        :class:`AttackCeiling` over ``fprs`` (TPRs non-decreasing in α, each in [α, 1]), or None when the PLD is
+        past dplora's time limit.
+    Raises:
+        ValueError: an α outside (0, 1).
+    """
+    return attack_ceiling(event, tuple(fprs))
 
 
 def composed_ceiling(events: list[dict], adjacency: str, fprs: tuple[float, ...] = CEILING_FPRS) -> dict:
@@ -281,11 +383,60 @@ def ceiling_entry(event: DpSgdEvent, *, use_cache: bool = True) -> dict:
     return {"available": True, **ceiling.to_dict()}
 
 
+AUDIT_SCOPE = (
+    "this release and the audit run attached to it together (two DP runs on the same units, both in the signed "
+    "record); more releases on the same population compose further"
+)
+AUDIT_HOLDS_FOR = "this release and its attached audit run together"
+
+
+def runs_ceiling_entry(events: list[DpSgdEvent]) -> dict:
+    """The attack ceiling of several DP-SGD runs on the same units together (a release and its attached audit).
+
+    Public inputs only: each run's q, σ, T and adjacency. Runs with the same q, σ and adjacency are one mechanism of
+    ΣT steps (:func:`ceiling_entry`, so at q = 1 the exact Gaussian curve with μ = s·√(ΣT)/σ, and otherwise the
+    same time-bounded PLD as a release's). All at q = 1 with different σ: μ = s·√(Σ T_i/σ_i²) (exact, Dong, Roth &
+    Su 2022, Cor. 3.3). Otherwise dp_accounting's PLD of the runs composed (:func:`composed_ceiling`), inside
+    dplora's PLD range.
+
+    Args:
+        events: one :class:`DpSgdEvent` per run (at least one; the same adjacency).
+    Returns:
+        A ``ceiling_entry``-style dict with ``scope`` :data:`AUDIT_SCOPE` and ``holds_for`` :data:`AUDIT_HOLDS_FOR`
+        (the words of :func:`ceiling_sentence`), or ``{"available": False, "reason", ...}``.
+    Raises:
+        ValueError: no runs, or adjacencies differ.
+    """
+    from dplora.accounting.backends import accountant_version
+    from dplora.accounting.events import Accountant
+
+    if not events or len({e.adjacency for e in events}) != 1:
+        raise ValueError("expected at least one run, all under the same adjacency")
+    first = events[0]
+    scope = {"scope": AUDIT_SCOPE, "holds_for": AUDIT_HOLDS_FOR}
+    if len({(e.sample_rate, e.noise_multiplier) for e in events}) == 1:
+        steps = sum(e.steps for e in events)
+        return {**ceiling_entry(dataclasses.replace(first, steps=steps), use_cache=False), **scope}
+    if all(e.sample_rate == 1.0 and e.noise_multiplier > 0 for e in events):
+        # μ² adds under composition; one Gaussian run of σ' = 1/√(Σ T_i/σ_i²) and T = 1 has that μ
+        sigma = 1.0 / math.sqrt(sum(e.steps / e.noise_multiplier**2 for e in events))
+        one = dataclasses.replace(first, noise_multiplier=sigma, steps=1)
+        tprs = gaussian_tprs(one, CEILING_FPRS)
+        version = accountant_version(Accountant.PLD)
+        ceiling = AttackCeiling(
+            fprs=CEILING_FPRS, tprs=tprs, interval=0.0, accountant_version=version, method=GAUSSIAN_METHOD
+        )
+        return {"available": True, **ceiling.to_dict(), **scope}
+    dicts = [{**e.to_dict(), "mechanism": "dp_sgd"} for e in events]
+    return {**composed_ceiling(dicts, first.adjacency.value), **scope}
+
+
 def ceiling_sentence(entry: dict, unit_words: str = "one unit's data was used") -> str:
     """The ceiling in plain words, from a record's ``attack_ceiling`` entry (the model card and ``budget``).
 
     Args:
-        entry: :func:`ceiling_entry`'s dict.
+        entry: :func:`ceiling_entry`'s dict (its optional ``holds_for`` names what it covers; default "this
+            release alone").
         unit_words: what the test asks, e.g. ``"one customer's records were used"``.
     """
     if not entry.get("available"):
@@ -295,7 +446,7 @@ def ceiling_sentence(entry: dict, unit_words: str = "one unit's data was used") 
     others = ", ".join(f"{percent_up(v)} % at {k.replace('%', ' %')}" for k, v in at.items() if k != "1%")
     return (
         f"no test of whether {unit_words} can exceed {percent_up(one)} % true positives at 1 % false "
-        f"positives ({others} false positives); this holds for this release alone"
+        f"positives ({others} false positives); this holds for {entry.get('holds_for') or 'this release alone'}"
     )
 
 

@@ -253,16 +253,28 @@ def composed_claim(record: dict, section: dict) -> dict | None:
         record: the release record (its ``accounting``: ε spent, δ, q, σ, T, accountant; ``privacy.adjacency``).
         section: the audit section (:func:`audit_section`): ``data.source``, ``mechanism``, ``ledger``.
     Returns:
-        ``{"total_epsilon", "total_delta", "composition", "compositions", "rule", "runs"}`` or None.
+        ``{"total_epsilon", "total_delta", "composition", "compositions", "rule", "runs", "attack_ceiling"}`` or
+        None; ``attack_ceiling`` is the two runs' ceiling together (:func:`composed_attack_ceiling`).
     """
     from dplora.accounting.composition import compose
 
+    runs = composed_runs(record, section)
+    if runs is None:
+        return None
+    adjacency = record["privacy"]["adjacency"]
+    total = compose(runs, adjacency)
+    return {**total, "rule": COMPOSITION_RULE, "runs": runs, "attack_ceiling": composed_attack_ceiling(runs, adjacency)}
+
+
+def composed_runs(record: dict, section: dict) -> list[dict] | None:
+    """The two runs a release with an attached private-data audit composes (None: the audit touched no private
+    unit): each ``{"run", "epsilon", "delta", "sample_rate", "noise_multiplier", "steps", "accountant"}``."""
     if (section.get("data") or {}).get("source") != "private" or not section.get("mechanism"):
         return None
     acc, mech = record["accounting"], section["mechanism"]
     ledger_eps = (section.get("ledger") or {}).get("epsilon")
     audit_eps = ledger_eps if isinstance(ledger_eps, (int, float)) else section.get("claimed_epsilon")
-    runs = [
+    return [
         {
             "run": "release",
             "epsilon": acc["epsilon_spent"],
@@ -282,8 +294,34 @@ def composed_claim(record: dict, section: dict) -> dict | None:
             "accountant": mech["accountant"],
         },
     ]
-    total = compose(runs, record["privacy"]["adjacency"])
-    return {**total, "rule": COMPOSITION_RULE, "runs": runs}
+
+
+def composed_attack_ceiling(runs: list[dict], adjacency: str) -> dict:
+    """The attack ceiling of a release and its attached private-data audit together (issue 46 red team).
+
+    Both runs touched the same units and both sets of outputs are in the signed record, so a membership test may use
+    both: the ceiling is that of the two mechanisms composed
+    (:func:`dplora.accounting.ceiling.runs_ceiling_entry`), from each run's public q, σ, T and the adjacency only,
+    never from a count or an ε. ``dplora verify`` recomputes it.
+
+    Args:
+        runs: :func:`composed_claim`'s ``runs`` (``sample_rate``, ``noise_multiplier``, ``steps`` each).
+        adjacency: ``"add_remove"`` or ``"replace_one"``.
+    Returns:
+        A ``ceiling_entry``-style dict (``available`` False with a reason when it cannot be stated).
+    Raises:
+        ValueError: a run's mechanism numbers are malformed.
+    """
+    from dplora.accounting.ceiling import runs_ceiling_entry
+    from dplora.accounting.events import DpSgdEvent
+
+    events = [
+        DpSgdEvent(
+            sample_rate=r["sample_rate"], noise_multiplier=r["noise_multiplier"], steps=r["steps"], adjacency=adjacency
+        )
+        for r in runs
+    ]
+    return runs_ceiling_entry(events)
 
 
 def _rewrite_card(folder: Path, record: dict) -> None:

@@ -104,16 +104,23 @@ def ceiling_comparison(scores, inserted, event, *, confidence: float = 0.95) -> 
         confidence: joint level of each comparison.
 
     Returns:
-        ``{"points": [...], "exceeded": bool}``: each point is :func:`measured_tpr`'s dict plus ``ceiling`` (the
-        release's TPR ceiling at α), ``ceiling_at_fpr_upper`` and ``exceeded`` (tpr_lower above
-        ceiling_at_fpr_upper); ``exceeded`` overall when any point is. Ceilings are None without DP or when the
-        ceiling is not stated.
+        ``{"points": [...], "exceeded": bool, "confidence", "nan_scores"}``: each point is :func:`measured_tpr`'s
+        dict plus ``ceiling`` (the release's TPR ceiling at α), ``ceiling_at_fpr_upper`` and ``exceeded``
+        (tpr_lower above ceiling_at_fpr_upper); ``exceeded`` overall when any point is. Ceilings are None without
+        DP or when the ceiling is not stated. NaN scores (``nan_scores`` counts them) are read as the attacker's
+        best guess (:func:`_best_of_nan_readings`): a NaN never lowers the measured TPR below what either fixed
+        reading shows.
     """
     from dplora.accounting.ceiling import attack_ceiling
 
+    nans = sum(1 for s in scores if s != s)  # noqa: PLR0124  (NaN is the one value unequal to itself)
     points = []
     for fpr in AUDIT_FPRS:
-        point = measured_tpr(scores, inserted, fpr, confidence=confidence)
+        point = (
+            _best_of_nan_readings(scores, inserted, fpr, confidence)
+            if nans
+            else measured_tpr(scores, inserted, fpr, confidence=confidence)
+        )
         if point is None:
             continue
         nominal = upper = None
@@ -128,7 +135,34 @@ def ceiling_comparison(scores, inserted, event, *, confidence: float = 0.95) -> 
             "exceeded": upper is not None and point["tpr_lower"] > upper,
         }
         points.append(point)
-    return {"points": points, "exceeded": any(p["exceeded"] for p in points), "confidence": confidence}
+    return {
+        "points": points,
+        "exceeded": any(p["exceeded"] for p in points),
+        "confidence": confidence,
+        "nan_scores": nans,
+    }
+
+
+def _best_of_nan_readings(scores, inserted, fpr: float, confidence: float) -> dict | None:
+    """:func:`measured_tpr` with NaN scores read as the attacker's best guess, never as a free pass.
+
+    A NaN score (a diverged adapter: inf − inf) has no order, and sorting through it makes the threshold NaN, so
+    nothing scores above it: TPR 0 and no violation, whatever the other canaries show (issue 46 red team). Both
+    fixed readings of NaN are valid tests (a fixed function of each score, blind to membership): NaN as +∞ (most
+    likely inserted) and NaN as −∞. The attacker takes the one with the higher TPR lower limit; each is computed at
+    half the error, (1 − confidence)/2, so the one chosen still holds at ``confidence`` (union bound over the two).
+
+    Returns:
+        :func:`measured_tpr`'s dict plus ``"nan_read_as"`` (``"+inf"`` or ``"-inf"``), or None as it does.
+    """
+    half = 1.0 - (1.0 - confidence) / 2.0
+    best = None
+    for label, value in (("+inf", math.inf), ("-inf", -math.inf)):
+        read = [value if s != s else s for s in scores]  # noqa: PLR0124
+        point = measured_tpr(read, inserted, fpr, confidence=half)
+        if point is not None and (best is None or point["tpr_lower"] > best["tpr_lower"]):
+            best = point | {"nan_read_as": label}
+    return best
 
 
 def informativeness(*, m: int, r: int, delta: float, claimed_epsilon: float, confidence: float = 0.95) -> dict:

@@ -90,12 +90,19 @@ CEILING_UNIT_WORDS = {
 
 
 def _ceiling(record: dict) -> str:
-    """The attack ceiling in plain words ('' for a record written before issue 46)."""
+    """The attack ceiling in plain words ('' for a record written before issue 46).
+
+    With an attached audit on the private data (``audit.composed``) the sentence states the two runs' ceiling
+    together (:func:`dplora.audit.attach.composed_attack_ceiling`), not the release's alone.
+    """
     from dplora.accounting.ceiling import ceiling_sentence
 
     entry = record.get("attack_ceiling")
     if not entry:
         return ""
+    composed = (record.get("audit") or {}).get("composed")
+    if isinstance(composed, dict) and composed.get("attack_ceiling"):
+        entry = composed["attack_ceiling"]  # an attached audit on the private data: both runs' outputs are public
     unit = record["privacy"]["protected_unit"]
     words = ceiling_sentence(entry, CEILING_UNIT_WORDS.get(unit, "one protected unit was used"))
     return f"- What ε means to an attacker: {words}" + (

@@ -209,10 +209,11 @@ def _check_attack_ceiling(predicate) -> tuple[dict | None, bool]:
 
     The ceiling is recomputed (never read, never cached) from the public q, σ, T and adjacency of the record's
     ``mechanism`` entry (:func:`dplora.accounting.ceiling.ceiling_entry`); a recorded ceiling that differs by more
-    than 1e-4 in any TPR fails.
+    than 1e-4 in any TPR fails. With an attached audit on the private data the ceiling returned is both runs'
+    together (:func:`_with_attached_audit`): the record publishes both runs' outputs.
 
     Raises:
-        VerificationError: the mechanism entry is malformed, or the recorded ceiling differs.
+        VerificationError: the mechanism entry is malformed, or a recorded ceiling differs.
     """
     from dplora.accounting.ceiling import ceiling_entry, same_ceiling
     from dplora.accounting.events import DpSgdEvent
@@ -232,12 +233,42 @@ def _check_attack_ceiling(predicate) -> tuple[dict | None, bool]:
     recomputed = ceiling_entry(event, use_cache=False)
     recorded = predicate.get("attack_ceiling")
     if recorded is None:
-        return recomputed, False
+        return _with_attached_audit(predicate, recomputed), False
     if not isinstance(recorded, dict):
         raise VerificationError("the record's attack_ceiling entry is malformed")
     if (what := same_ceiling(recorded, recomputed)) is not None:
         raise VerificationError(f"the record's attack ceiling is not its mechanism's ({what})")
-    return recomputed, True
+    return _with_attached_audit(predicate, recomputed), True
+
+
+def _with_attached_audit(predicate: dict, release: dict) -> dict:
+    """The ceiling the record as a whole allows: the release's, or, with an attached audit on the private data, the
+    two runs' together, recomputed from their public q, σ, T and adjacency
+    (:func:`dplora.audit.attach.composed_attack_ceiling`); a recorded composed ceiling must equal it.
+
+    Raises:
+        VerificationError: the audit's runs are malformed, or the recorded composed ceiling differs.
+    """
+    from dplora.accounting.ceiling import same_ceiling
+    from dplora.audit.attach import composed_attack_ceiling, composed_runs
+
+    section = predicate.get("audit")
+    if not isinstance(section, dict):
+        return release
+    try:
+        runs = composed_runs(predicate, section)
+        if runs is None:
+            return release
+        recomputed = composed_attack_ceiling(runs, predicate["privacy"]["adjacency"])
+    except (KeyError, TypeError, ValueError):
+        raise VerificationError("the audit section's runs are malformed (q, σ, T, adjacency)") from None
+    recorded = (section.get("composed") or {}).get("attack_ceiling")
+    if recorded is not None:
+        if not isinstance(recorded, dict):
+            raise VerificationError("the audit's composed attack_ceiling entry is malformed")
+        if (what := same_ceiling(recorded, recomputed)) is not None:
+            raise VerificationError(f"the record's composed attack ceiling is not its two runs' ({what})")
+    return recomputed
 
 
 def verify_release(

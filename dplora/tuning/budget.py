@@ -261,9 +261,15 @@ def sweep_table(contract, plan: TrainingPlan) -> dict:
     return {"accountant": "rdp", "note": note, "rows": rows}
 
 
-def plot_curve(report: dict, path: Path) -> None:
-    """Draw the plan's checked ε against logical steps (from step 1), with the target line, to a PNG (matplotlib).
+def plot_curve(report: dict, path: Path) -> dict | None:
+    """Draw the plan's checked ε against logical steps (from step 1), with the target line, and beside it the f-DP
+    trade-off curve (the attack ceiling: the highest TPR of any membership test at each FPR, from the PLD privacy
+    profile of the plan's public q, σ, T and adjacency; :func:`dplora.accounting.ceiling.tradeoff_curve`), to a PNG
+    (matplotlib).
 
+    Returns:
+        The curve drawn, ``{"fpr": [...], "tpr": [...]}`` (probabilities), or None when none is drawn (a
+        non-private control, no σ, or a PLD past dplora's time limit: the panel then says so).
     Raises:
         BadInputError: the file cannot be written.
     """
@@ -273,7 +279,7 @@ def plot_curve(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     steps, eps = zip(*report["epsilon_curve"], strict=True) if report["epsilon_curve"] else ((), ())
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, (ax, side) = plt.subplots(1, 2, figsize=(11, 4))
     # The plan's per-step bound: ε at each step is the value at the next curve point (every step up to 20,000),
     # which is what "steps-pre" draws; the training loop reads the same values.
     ax.plot(
@@ -288,6 +294,19 @@ def plot_curve(report: dict, path: Path) -> None:
     ax.set_ylabel(f"ε at δ={report['delta']:g}")
     ax.set_title(f"q={report['sample_rate']:.4g}, σ={report['noise_multiplier']:.4f}, {report['adjacency']}")
     ax.legend()
+    curve = _tradeoff(report)
+    side.plot((0, 1), (0, 1), color="grey", linestyle=":", label="guessing (TPR = FPR)")
+    if curve is not None:
+        side.plot(curve["fpr"], curve["tpr"], label=f"attack ceiling after T = {report['steps']}")
+        side.set_xscale("log")
+        side.set_xlim(curve["fpr"][0], 1.0)
+        side.legend(loc="lower right")
+    else:
+        side.text(0.5, 0.5, "attack ceiling not stated", ha="center", va="center", transform=side.transAxes)
+    side.set_ylim(0.0, 1.0)
+    side.set_xlabel("false-positive rate α of any membership test")
+    side.set_ylabel("highest true-positive rate")
+    side.set_title("f-DP trade-off (PLD privacy profile)")
     fig.tight_layout()
     try:
         fig.savefig(path, dpi=100)
@@ -295,6 +314,27 @@ def plot_curve(report: dict, path: Path) -> None:
         raise BadInputError(f"cannot write plot {path}: {err.strerror}") from None
     finally:
         plt.close(fig)
+    return curve
+
+
+def _tradeoff(report: dict) -> dict | None:
+    """The plan's trade-off curve from the report's public q, σ, T and adjacency (None: nothing to draw)."""
+    from dplora.accounting.ceiling import tradeoff_curve
+    from dplora.accounting.events import DpSgdEvent
+
+    if not report.get("attack_ceiling") or report.get("noise_multiplier") is None:
+        return None  # a non-private control, or no σ: no DP curve
+    event = DpSgdEvent(
+        sample_rate=report["sample_rate"],
+        noise_multiplier=report["noise_multiplier"],
+        steps=report["steps"],
+        adjacency=report["adjacency"],
+    )
+    try:
+        ceiling = tradeoff_curve(event)
+    except (ValueError, ArithmeticError, MemoryError):
+        return None
+    return None if ceiling is None else {"fpr": list(ceiling.fprs), "tpr": list(ceiling.tprs)}
 
 
 def print_report(report: dict, console, warn=None) -> None:

@@ -123,3 +123,50 @@ def test_a_numerical_failure_is_stated_not_raised(monkeypatch):
     entry = ceiling_entry(DpSgdEvent(sample_rate=0.2, noise_multiplier=0.9, steps=7), use_cache=False)
     assert entry["available"] is False and "FloatingPointError" in entry["reason"]
     assert "not stated" in ceiling_sentence(entry)
+
+
+def test_q1_is_the_exact_gaussian_curve_at_any_t_without_a_pld(monkeypatch):
+    """q = 1, σ 1000, T 10^6 (μ = √10^6/1000 = 1): the PLD took 53-71 s here (5.26e6 composed points) though the
+    accountant's cost model predicted 0.76 s; the closed form Φ(Φ⁻¹(α) + μ) is exact and never builds a PLD."""
+    from scipy.stats import norm
+
+    import dplora.accounting.ceiling as ceiling_mod
+    from dplora.accounting.ceiling import GAUSSIAN_METHOD, ceiling_entry
+
+    def no_pld(*args):
+        raise AssertionError("the PLD was built at q = 1")
+
+    monkeypatch.setattr(ceiling_mod, "_profile", no_pld)
+    monkeypatch.setattr(ceiling_mod, "_one_step", no_pld)
+    entry = ceiling_entry(DpSgdEvent(sample_rate=1.0, noise_multiplier=1000.0, steps=10**6), use_cache=False)
+    assert entry["available"] and entry["method"] == GAUSSIAN_METHOD and entry["pld_interval"] == 0.0
+    for key, alpha in (("0.1%", 0.001), ("1%", 0.01), ("10%", 0.1)):
+        assert entry["true_positive_rate_at"][key] == pytest.approx(norm.cdf(norm.ppf(alpha) + 1.0), abs=1e-6)
+    # replace-one: sensitivity 2C, μ = 2
+    replace = ceiling_entry(
+        DpSgdEvent(sample_rate=1.0, noise_multiplier=1000.0, steps=10**6, adjacency="replace_one"), use_cache=False
+    )
+    assert replace["true_positive_rate_at"]["1%"] == pytest.approx(norm.cdf(norm.ppf(0.01) + 2.0), abs=1e-6)
+
+
+def test_huge_t_plans_take_a_coarser_interval_or_are_not_stated():
+    """q 0.5, σ 20, T 10^5 at interval 1e-4 is 46 s here (the accountant's model said 1.2 s): the ceiling's own
+    cost counts dp_accounting's exact composed size (its Chernoff bounds), so the interval is 1e-3; at T 10^7 no
+    interval fits and the ceiling is not stated, with a one-line reason, never computed past the limit."""
+    from dplora.accounting.ceiling import ceiling_entry, ceiling_interval, ceiling_seconds
+    from dplora.accounting.cost import PLD_MAX_SECONDS
+
+    big = DpSgdEvent(sample_rate=0.5, noise_multiplier=20.0, steps=10**5)
+    assert ceiling_seconds(big, 1e-4) > PLD_MAX_SECONDS >= ceiling_seconds(big, 1e-3)
+    assert ceiling_interval(big) == 1e-3
+    huge = DpSgdEvent(sample_rate=0.5, noise_multiplier=20.0, steps=10**7)
+    assert ceiling_interval(huge) is None
+    entry = ceiling_entry(huge, use_cache=False)
+    assert not entry["available"] and "time limit" in entry["reason"] and "\n" not in entry["reason"]
+
+
+def test_the_demo_keeps_its_finest_interval():
+    """The cost check must not coarsen ordinary plans: F7 row 2 (the demo) stays at 1e-4."""
+    from dplora.accounting.ceiling import ceiling_interval
+
+    assert ceiling_interval(DpSgdEvent(sample_rate=32 / 4214, noise_multiplier=0.417, steps=12)) == 1e-4

@@ -92,3 +92,20 @@ def test_chance_scores_stay_under_the_ceiling_and_no_dp_has_none():
     assert all(p["tpr_lower"] <= p["ceiling_at_fpr_upper"] for p in out["points"])
     none = power.ceiling_comparison(scores, inserted, None)
     assert not none["exceeded"] and all(p["ceiling"] is None for p in none["points"])
+
+
+def test_nan_scores_are_read_as_the_attackers_best_guess_at_half_the_error_each():
+    """NaN has no order: 10 held out (0..9) and 4 inserted scoring NaN. Read as −∞ the inserted canaries are never
+    above the threshold (TPR 0); read as +∞ all 4 are (TPR 1, lower limit (0.0125)^(1/4) = 0.3344 at one-sided
+    1.25 %, half of 2.5 %: the two readings share the error). The attacker's reading is +∞."""
+    scores = [float(s) for s in range(10)] + [math.nan] * 4
+    inserted = [False] * 10 + [True] * 4
+    out = power.ceiling_comparison(scores, inserted, None)
+    assert out["nan_scores"] == 4
+    ten = next(p for p in out["points"] if p["fpr"] == 0.1)
+    assert (ten["nan_read_as"], ten["true_positives"], ten["tpr"]) == ("+inf", 4, 1.0)
+    assert ten["tpr_lower"] == pytest.approx(0.0125**0.25, abs=1e-9)
+    # NaN everywhere shows nothing either way (no order at all): TPR 0, never a violation
+    event = DpSgdEvent(sample_rate=1.0, noise_multiplier=2.0, steps=4)
+    blank = power.ceiling_comparison([math.nan] * 14, inserted, event)
+    assert not blank["exceeded"] and all(p["tpr"] == 0.0 for p in blank["points"])

@@ -49,11 +49,6 @@ def _one_step_tpr(q: float, sigma: float, adjacency: Adjacency, alpha: float) ->
 # ---------------------------------------------------------------------------------------------- findings
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open (issue 46): after audit --attach on private data the card and verify state the release's "
-    "ceiling alone, not the composed one",
-)
 def test_finding_attached_private_audit_ceiling_ignores_the_audit_run():
     """After ``dplora audit --attach`` of a private-data audit, the record claims release + audit composed, but its
     attack ceiling (card sentence and verify's recomputation) is the release run's alone: an attacker holding the
@@ -99,10 +94,6 @@ def test_finding_nan_profile_gives_the_most_optimistic_ceiling():
     assert got == 1.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open (issue 46): NaN held-out canary scores read as a measured TPR of 0, not an uninformative audit",
-)
 def test_finding_nan_held_out_scores_hide_a_ceiling_violation():
     """Every inserted canary scores 5 (TPR 1.0 at every FPR, far above the ceiling 0.09 at 1 %); held-out canaries
     scoring NaN (a diverged adapter: inf − inf) make the threshold NaN, TPR 0 and no violation (not exit 5)."""

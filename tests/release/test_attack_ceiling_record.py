@@ -84,3 +84,69 @@ def test_card_states_it_in_plain_words(entry):
     assert "no test of whether one customer's records were used can exceed 3.1 % true positives at 1 % false" in line
     assert "this holds for this release alone" in line
     assert _ceiling(_record()) == ""
+
+
+def _attached(q: float, sigma: float, steps: int, audit_sigma: float) -> dict:
+    from dplora.audit.attach import composed_claim
+
+    record = {
+        "mechanism": {
+            **DpSgdEvent(sample_rate=q, noise_multiplier=sigma, steps=steps).to_dict(),
+            "max_grad_norm": 1.0,
+        },
+        "privacy": {"protected_unit": "user", "adjacency": "add_remove"},
+        "accounting": {
+            "epsilon_spent": 3.0,
+            "delta": 1e-5,
+            "sample_rate": q,
+            "noise_multiplier": sigma,
+            "steps_done": steps,
+            "accountant": "rdp",
+        },
+        "attack_ceiling": ceiling_entry(DpSgdEvent(sample_rate=q, noise_multiplier=sigma, steps=steps)),
+    }
+    section = {
+        "data": {"source": "private"},
+        "claimed_epsilon": 3.0,
+        "mechanism": {
+            "delta": 1e-5,
+            "sample_rate": q,
+            "noise_multiplier": audit_sigma,
+            "steps": steps,
+            "accountant": "rdp",
+        },
+    }
+    return {**record, "audit": {**section, "composed": composed_claim(record, section)}}
+
+
+def test_attached_private_audit_ceiling_is_both_runs_together_and_verify_recomputes_it():
+    """q = 1, T 4: release σ 2 (μ 1) + audit σ 1 (μ 2) is μ = √5 exactly (μ² adds: Dong, Roth & Su 2022, Cor.
+    3.3): TPR at 1 % = Φ(Φ⁻¹(0.01) + √5) = 0.4640; the card states it as this release and its audit together."""
+    from statistics import NormalDist
+
+    from dplora.release.verify import _check_attack_ceiling
+
+    attached = _attached(1.0, 2.0, 4, 1.0)
+    want = NormalDist().cdf(NormalDist().inv_cdf(0.01) + 5**0.5)
+    entry = attached["audit"]["composed"]["attack_ceiling"]
+    assert entry["true_positive_rate_at"]["1%"] == pytest.approx(want, abs=1e-6)
+    assert want == pytest.approx(0.4640, abs=1e-4)
+    recomputed, recorded = _check_attack_ceiling(attached)
+    assert recorded and recomputed["true_positive_rate_at"] == entry["true_positive_rate_at"]
+    card = _ceiling(attached)
+    assert "46.5 % true positives at 1 %" in card and "its attached audit run together" in card
+    tampered = copy.deepcopy(attached)
+    tampered["audit"]["composed"]["attack_ceiling"]["true_positive_rate_at"]["1%"] = 0.05
+    with pytest.raises(VerificationError, match="composed attack ceiling"):
+        _check_attack_ceiling(tampered)
+
+
+def test_attached_audit_on_surrogate_data_keeps_the_release_ceiling():
+    from dplora.release.verify import _check_attack_ceiling
+
+    attached = _attached(1.0, 2.0, 4, 2.0)
+    attached["audit"] = {**attached["audit"], "data": {"source": "surrogate"}}
+    del attached["audit"]["composed"]
+    recomputed, _ = _check_attack_ceiling(attached)
+    assert recomputed["true_positive_rate_at"] == attached["attack_ceiling"]["true_positive_rate_at"]
+    assert "this release alone" in _ceiling(attached)
