@@ -111,7 +111,7 @@ def build_run(
     if not named:
         raise BadInputError("no trainable parameters: check lora.target_modules")
     mechanism, optimizer, (gsm, dp_opt, accountant) = _private_engine(contract, plan, model, named, device, io)
-    physical = _physical_batch(contract, gsm, dp_opt, named, tokenizer, device, io)
+    physical = _physical_batch(contract, gsm, dp_opt, named, tokenizer, device, log=io.log)
     spec = RunSpec(
         contract=contract,
         plan=plan,
@@ -221,9 +221,9 @@ def _private_engine(contract: Contract, plan: TrainingPlan, model, named, device
     return mechanism, optimizer, parts
 
 
-def _physical_batch(contract: Contract, gsm, dp_opt, named, tokenizer, device, io: RunIO) -> int | None:
+def _physical_batch(contract: Contract, gsm, dp_opt, named, tokenizer, device, *, log) -> int | None:
     """Records per forward for ``training.physical_batch_size: auto``, probed on synthetic batches (no private
-    data); None for a fixed number."""
+    data) and said on ``log``; None for a fixed number. Shared by training and ``budget --estimate``."""
     if contract.training.physical_batch_size != "auto":
         return None
     from dplora.engine import runtime
@@ -238,7 +238,7 @@ def _physical_batch(contract: Contract, gsm, dp_opt, named, tokenizer, device, i
             pad_id=tokenizer.pad_token_id,
             device=runtime.parameter_device(gsm),
         )
-    io.log(f"physical batch: {physical} records per forward (probed on synthetic batches)")
+    log(f"physical batch: {physical} records per forward (probed on synthetic batches)")
     return physical
 
 
@@ -320,19 +320,8 @@ def estimate_without_data(contract: Contract, plan: TrainingPlan, *, threads: in
         raise BadInputError("no trainable parameters: check lora.target_modules")
     with _Stage("setting up per-sample gradients", device):
         _, (gsm, dp_opt, _) = _step_parts(contract, model, named, mechanism_for(contract, plan, distributed.SINGLE))
-    physical = contract.training.physical_batch_size
-    if physical == "auto":
-        from dplora.engine.membatch import probe_physical_batch
-
-        with _Stage("probing the physical batch", device):
-            physical = probe_physical_batch(
-                gsm,
-                dp_opt,
-                named,
-                max_seq_len=contract.training.max_seq_len,
-                pad_id=tokenizer.pad_token_id,
-                device=runtime.parameter_device(model),
-            )
+    probed = _physical_batch(contract, gsm, dp_opt, named, tokenizer, device, log=lambda *_: None)
+    physical = contract.training.physical_batch_size if probed is None else probed
     return probe_estimate(contract, plan, gsm, dp_opt, named, pad_id=tokenizer.pad_token_id, physical=physical)
 
 
