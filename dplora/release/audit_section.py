@@ -48,3 +48,61 @@ def first_mismatch(audit: dict, release: dict) -> str | None:
         if not same_value(a := audit.get(name), r := release.get(name)):
             return f"{name}: audit {a!r}, release {r!r}"
     return None
+
+
+def composed_runs(record: dict, section: dict) -> list[dict] | None:
+    """The two runs a release with an attached private-data audit composes (None: the audit touched no private
+    unit): each ``{"run", "epsilon", "delta", "sample_rate", "noise_multiplier", "steps", "accountant"}``."""
+    if (section.get("data") or {}).get("source") != "private" or not section.get("mechanism"):
+        return None
+    acc, mech = record["accounting"], section["mechanism"]
+    ledger_eps = (section.get("ledger") or {}).get("epsilon")
+    audit_eps = ledger_eps if isinstance(ledger_eps, (int, float)) else section.get("claimed_epsilon")
+    return [
+        {
+            "run": "release",
+            "epsilon": acc["epsilon_spent"],
+            "delta": acc["delta"],
+            "sample_rate": acc["sample_rate"],
+            "noise_multiplier": acc["noise_multiplier"],
+            "steps": acc["steps_done"],
+            "accountant": acc["accountant"],
+        },
+        {
+            "run": "audit",
+            "epsilon": audit_eps,
+            "delta": mech["delta"],
+            "sample_rate": mech["sample_rate"],
+            "noise_multiplier": mech["noise_multiplier"],
+            "steps": mech["steps"],
+            "accountant": mech["accountant"],
+        },
+    ]
+
+
+def composed_attack_ceiling(runs: list[dict], adjacency: str) -> dict:
+    """The attack ceiling of a release and its attached private-data audit together (issue 46 red team).
+
+    Both runs touched the same units and both sets of outputs are in the signed record, so a membership test may use
+    both: the ceiling is that of the two mechanisms composed
+    (:func:`dplora.accounting.ceiling.runs_ceiling_entry`), from each run's public q, σ, T and the adjacency only,
+    never from a count or an ε. ``dplora verify`` recomputes it.
+
+    Args:
+        runs: :func:`composed_claim`'s ``runs`` (``sample_rate``, ``noise_multiplier``, ``steps`` each).
+        adjacency: ``"add_remove"`` or ``"replace_one"``.
+    Returns:
+        A ``ceiling_entry``-style dict (``available`` False with a reason when it cannot be stated).
+    Raises:
+        ValueError: a run's mechanism numbers are malformed.
+    """
+    from dplora.accounting.ceiling import runs_ceiling_entry
+    from dplora.accounting.events import DpSgdEvent
+
+    events = [
+        DpSgdEvent(
+            sample_rate=r["sample_rate"], noise_multiplier=r["noise_multiplier"], steps=r["steps"], adjacency=adjacency
+        )
+        for r in runs
+    ]
+    return runs_ceiling_entry(events)

@@ -93,7 +93,7 @@ def _ceiling(record: dict) -> str:
     """The attack ceiling in plain words ('' for a record written before issue 46).
 
     With an attached audit on the private data (``audit.composed``) the sentence states the two runs' ceiling
-    together (:func:`dplora.audit.attach.composed_attack_ceiling`), not the release's alone.
+    together (:func:`dplora.release.audit_section.composed_attack_ceiling`), not the release's alone.
     """
     from dplora.accounting.ceiling import ceiling_sentence
 

@@ -17,7 +17,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from dplora.data.digest import hmac_sha256_file, sha256_file
 from dplora.errors import BadInputError, VerificationError
-from dplora.release.audit_section import first_mismatch, record_mechanism, same_value
+from dplora.release.audit_section import (
+    composed_attack_ceiling,
+    composed_runs,
+    first_mismatch,
+    record_mechanism,
+    same_value,
+)
 from dplora.release.envelope import (
     BUNDLE_MEDIA_TYPES,
     NON_PRIVATE_PREDICATE_TYPE,
@@ -244,13 +250,12 @@ def _check_attack_ceiling(predicate) -> tuple[dict | None, bool]:
 def _with_attached_audit(predicate: dict, release: dict) -> dict:
     """The ceiling the record as a whole allows: the release's, or, with an attached audit on the private data, the
     two runs' together, recomputed from their public q, σ, T and adjacency
-    (:func:`dplora.audit.attach.composed_attack_ceiling`); a recorded composed ceiling must equal it.
+    (:func:`dplora.release.audit_section.composed_attack_ceiling`); a recorded composed ceiling must equal it.
 
     Raises:
         VerificationError: the audit's runs are malformed, or the recorded composed ceiling differs.
     """
     from dplora.accounting.ceiling import same_ceiling
-    from dplora.audit.attach import composed_attack_ceiling, composed_runs
 
     section = predicate.get("audit")
     if not isinstance(section, dict):
