@@ -92,7 +92,9 @@ def count_correct(scores: list[float], inserted: list[bool], *, k_in: int, k_out
     Args:
         scores: one membership score per canary (higher = more likely inserted), length m.
         inserted: whether each canary was inserted (same length).
-        k_in, k_out: guesses of each kind, k_in + k_out ≤ m (ties broken by canary order).
+        k_in, k_out: guesses of each kind, k_in + k_out ≤ m (ties broken by canary order). A NaN score (a
+            diverged run) ranks as least likely inserted, so the order is total and never depends on how
+            Python's sort meets NaN; the guesses still depend on the scores alone, never on ``inserted``.
 
     Returns:
         (r, v): guesses made and correct guesses.
@@ -105,7 +107,8 @@ def count_correct(scores: list[float], inserted: list[bool], *, k_in: int, k_out
         raise ValueError(
             f"expected len(scores) == len(inserted) >= k_in + k_out; got m={m}, k_in={k_in}, k_out={k_out}"
         )
-    order = sorted(range(m), key=lambda i: (-scores[i], i))
+    keys = [-math.inf if math.isnan(s) else s for s in map(float, scores)]
+    order = sorted(range(m), key=lambda i: (-keys[i], i))
     guessed_in = order[:k_in]
     guessed_out = order[m - k_out :] if k_out else []
     v = sum(inserted[i] for i in guessed_in) + sum(not inserted[i] for i in guessed_out)

@@ -58,3 +58,17 @@ def test_count_correct_and_bad_input():
         count_correct(scores, inserted, k_in=4, k_out=3)
     with pytest.raises(ValueError, match="v=5"):
         p_value(m=10, r=4, v=5, epsilon=1.0, delta=0.0)
+
+
+def test_count_correct_ranks_nan_as_least_likely_inserted():
+    """A diverged canary score is NaN; the guesses must not depend on where Python's sort happens to meet it."""
+    nan = float("nan")
+    inserted = [True, False, True, False, True, False]
+    # NaN goes to the "out" end: with k_out=2 the two lowest are the NaN (index 1) and index 3's 0.5
+    assert count_correct([3.0, nan, 2.0, 0.5, 1.0, 0.7], inserted, k_in=2, k_out=2) == (4, 4)
+    # the same scores in another order give the same guesses for the same canaries
+    perm = [5, 3, 1, 4, 0, 2]
+    scores = [[3.0, nan, 2.0, 0.5, 1.0, 0.7][i] for i in perm]
+    assert count_correct(scores, [inserted[i] for i in perm], k_in=2, k_out=2) == (4, 4)
+    # a NaN among the top scores is never guessed "in"
+    assert count_correct([nan, 1.0, 0.0], [True, True, False], k_in=1, k_out=0) == (1, 1)
