@@ -5,20 +5,23 @@ For each size P it times, on the chosen device: the ChaCha20 keystream alone (32
 torch's
 non-cryptographic ``torch.normal`` (the old generator) for comparison, and a rough step time: one AdamW update
 of P fp32 parameters plus a (B, min(P, 5M)) per-sample gradient clip-and-sum with B = 8 (a lower bound on a real
-step, which also runs the base model's forward and backward). Prints one table; nothing is written.
+step, which also runs the base model's forward and backward). Prints one table; ``--json PATH`` also writes its rows.
 
 It first compares the two keystream generators on CPU in the same run (issue 47): ``cryptography``'s OpenSSL
 ChaCha20 (the CPU path) and :mod:`dplora.mechanism.chacha`'s torch integer ops (the CUDA path, here run on CPU),
 each as stream alone and as a full noise draw, in values/s (32 stream bytes per value), with their ratio. On
 CUDA the table's stream column times the torch keystream on the device, the one the noise uses there.
 
-Usage: ``python scripts/bench_noise.py [--device cuda] [--sizes 500000,5000000,40000000] [--compare-values N]``
+Usage: ``python scripts/bench_noise.py [--device cuda] [--sizes 500000,5000000,40000000] [--compare-values N]
+[--json PATH]``
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 
 import torch
 
@@ -84,6 +87,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--sizes", default="500000,5000000,40000000")
     parser.add_argument("--compare-values", type=int, default=65536, help="values per draw in the CPU comparison")
+    parser.add_argument("--json", type=Path, help="also write the rows here (scripts/gpu_table.py reads them)")
     args = parser.parse_args()
     device = torch.device(args.device)
     gen = CsprngGaussian()
@@ -94,6 +98,7 @@ def main() -> None:
         c, t = rates[f"cryptography {what}"], rates[f"torch {what}"]
         print(f"  {what:>6}: cryptography {c:,.0f}  torch ChaCha20 {t:,.0f}  cryptography/torch {c / t:,.1f}x")
     on_device = device.type in noise_module.DEVICE_STREAM_TYPES
+    rows = []
     print(f"{'P':>11} {'stream s':>9} {'noise s':>9} {'torch.normal s':>15} {'rough step s':>13} {'noise/step':>11}")
     for P in (int(s) for s in args.sizes.split(",")):
         repeat = 2 if P <= 500_000 else 1
@@ -107,6 +112,10 @@ def main() -> None:
         old = _timed(lambda P=P: torch.normal(0.0, 1.0, size=(P,), device=device), device, repeat)
         rough = _timed(_rough_step(P, device), device, repeat)
         print(f"{P:>11,} {stream:>9.3f} {noise:>9.3f} {old:>15.3f} {rough:>13.3f} {noise / rough:>10.1f}x")
+        rows.append(dict(P=P, stream_s=stream, noise_s=noise, torch_normal_s=old, rough_step_s=rough))
+    if args.json:
+        report = dict(device=str(device), cpu_values_per_s=rates, rows=rows)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":

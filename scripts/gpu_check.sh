@@ -12,12 +12,15 @@
 #   scale-1b       scripts/bench_scale.py, Llama-3.2-1B shape, bf16, seq 512 and 2048, plain/ckpt/4bit,
 #                  non_dp vs dplora_fast, largest batch up to 64                                ~120 s         200 s
 #   scale-8b       the same on a Llama-3.1-8B shape, largest batch up to 16                     ~210 s         260 s
+#   noise          scripts/bench_noise.py --device cuda: noise s per logical step at 0.5M/5M/40M LoRA weights ~30 s  90 s
 #   utility        (only with --utility) scripts/utility_bench.py --full on Bitext (.gpu/data), the setup's 135M,
 #                  1 repeat, rows base / control / DP-planner ε=8 / DP-hand ε=8, 1,600 training rows (3 epochs:
 #                  the planner weighs B 32..96), 400 held-out rows, 320 tokens: 3 trainings of 4,800 rows (estimate,
 #                  not measured yet)                                                          ~150 s         240 s
-#   total without utility: ~455 s of commands (~7.6 min), timeouts sum to 910 s; with it ~605 s (~10 min); a stage
-#   that overruns is cut and reported, the next one still runs.
+#   total without utility: ~485 s of commands (~8.1 min), timeouts sum to 1000 s; with it ~635 s (~10.6 min); a
+#   stage that overruns is cut and reported, the next one still runs. The check ends with ONE markdown table
+#   (scripts/gpu_table.py: stage, DP/non-DP time and memory ratios, tokens/s, largest batch, noise s/step, utility
+#   rows), also written to OUT_DIR/gpu_check.md for docs/gpu.md and a note.
 #
 # --dry-run: the same stages on CPU at toy sizes (a tiny Llama, 2 steps, toy bench shapes with each variant once:
 # scale-1b plain and 4-bit, scale-8b checkpointing; utility: --toy --full on Bitext, ε = 8, 1 repeat),
@@ -205,21 +208,31 @@ utility() {  # the --full design (issue 33), sized to the device budget; real we
   fi
 }
 
-export -f join_weights setup train_verify fastclip scale utility
-if [ "$DRY" = 1 ]; then T=(300 300 300 300 300 300); else T=(120 180 150 200 260 240); fi
+noise() {
+  if [ "$DRY" = 1 ]; then
+    $PY scripts/bench_noise.py --device cpu --sizes 20000 --compare-values 4096 --json "$OUT/noise.json"
+  else
+    $PY scripts/bench_noise.py --device cuda --json "$OUT/noise.json"
+  fi
+}
+
+export -f join_weights setup train_verify fastclip scale utility noise
+if [ "$DRY" = 1 ]; then T=(300 300 300 300 300 300 120); else T=(120 180 150 200 260 240 90); fi
 stage setup "${T[0]}" setup
 stage train-bf16 "${T[1]}" train_verify
 stage fastclip "${T[2]}" fastclip
 stage scale-1b "${T[3]}" scale llama-1b "$MAXB1" plain 4bit
 stage scale-8b "${T[4]}" scale llama-8b "$MAXB8" ckpt
+stage noise "${T[6]}" noise
 if [ "$UTILITY" = 1 ] || [ "$DRY" = 1 ]; then
   stage utility "${T[5]}" utility
 else
   SUMMARY+=("STAGE utility: SKIP (pass --utility)")
 fi
 echo "=== summary"
-printf '%s\n' "${SUMMARY[@]}"
-for f in "$OUT"/scale-*/scale.md; do [ -f "$f" ] && cat "$f"; done
+printf '%s\n' "${SUMMARY[@]}" | tee "$OUT/stages.txt"
+echo "=== table (also in $OUT/gpu_check.md)"
+$PY scripts/gpu_table.py "$OUT" || echo "gpu_table: FAIL (the per-stage files are in $OUT)"
 echo "gpu_check: $(( $(date +%s) - t0 )) s, overall exit $rc_all"
 rm -rf "$W"
 exit $rc_all

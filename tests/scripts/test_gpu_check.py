@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-STAGES = ["setup", "train-bf16", "fastclip", "scale-1b", "scale-8b", "utility"]
+STAGES = ["setup", "train-bf16", "fastclip", "scale-1b", "scale-8b", "noise", "utility"]
 NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -109,3 +109,10 @@ def test_dry_run_reports_every_stage_ok(tmp_path):
     assert re.search(r"\| plain \| non_dp \| 2 \| [0-9.]+ \|", rows), rows
     ckpt = (out / "scale-llama-8b" / "scale.md").read_text()
     assert re.search(r"\| ckpt \| dplora_fast \| 2 \| [0-9.]+ \|", ckpt), ckpt
+    # one table ends the check (issue 47): every stage, the DP/non-DP ratios, the noise per step and the utility rows
+    table = (out / "gpu_check.md").read_text()
+    assert table in proc.stdout
+    assert [line.split("|")[1].strip() for line in table.splitlines()[2:] if line.split("|")[1].strip()] == STAGES
+    assert re.search(r"\| seq 16 4bit B 2 \| [0-9.]+ \| [0-9.]+ \| [0-9]+ \|", table), table
+    assert re.search(r"\| P 20,000 \(cpu\) \|(\s+\|){4}\s+[0-9.]+ \(", table), table
+    assert re.search(r"\| bitext dp-\S+ ε 8(\.0)? \|(\s+\|){5}\s+loss [0-9.]+ \|", table), table
