@@ -78,9 +78,9 @@ class AttackCeiling:
         raise KeyError(fpr)
 
     def to_dict(self) -> dict:
-        """The release record's ``attack_ceiling`` entry (JSON-ready; TPRs rounded to 6 decimals)."""
+        """The release record's ``attack_ceiling`` entry (JSON-ready; TPRs rounded UP to 6 decimals)."""
         return {
-            "true_positive_rate_at": {fpr_label(a): round(t, 6) for a, t in zip(self.fprs, self.tprs, strict=True)},
+            "true_positive_rate_at": {fpr_label(a): round_up(t) for a, t in zip(self.fprs, self.tprs, strict=True)},
             "method": self.method,
             "pld_interval": self.interval,
             "accountant_version": self.accountant_version,
@@ -117,6 +117,14 @@ def tradeoff_tpr(deltas: np.ndarray, eps: np.ndarray, fpr: float) -> float:
         second = 1.0 - np.exp(-eps) * (1.0 - deltas - fpr)
         bound = np.nanmin(np.minimum(first, second)) if len(eps) else 1.0
     return float(min(1.0, max(fpr, bound)))
+
+
+def round_up(tpr: float, decimals: int = 6) -> float:
+    """``tpr`` rounded UP at ``decimals`` decimals (capped at 1.0): a stored ceiling is never below its value.
+
+    Red team round 2 (issue 46): ``round`` to nearest stored 0.0300003 as 0.03, below the exact Gaussian curve."""
+    scale = 10**decimals
+    return min(1.0, math.ceil(tpr * scale) / scale)
 
 
 def percent_up(tpr: float, digits: int = 1) -> str:
@@ -342,6 +350,16 @@ def composed_ceiling(events: list[dict], adjacency: str, fprs: tuple[float, ...]
 
     if not events:
         return {"available": False, "reason": "no events to compose"}
+    if any(float(e.get("noise_multiplier", 1.0)) <= 0.0 for e in events):
+        # dp_accounting composes a noise-0 event by flagging the accountant and leaving its PLD as it was, so
+        # reading the PLD would drop the charge (red team round 2): without noise a test can reach TPR 1
+        return {
+            "available": True,
+            "true_positive_rate_at": {fpr_label(a): 1.0 for a in fprs},
+            "method": "a charge without noise (noise_multiplier 0): no test is bounded below true-positive rate 1",
+            "accountant_version": accountant_version(Accountant.PLD),
+            "scope": "every charge on this population together",
+        }
     sgd = [e for e in events if e["mechanism"] == "dp_sgd"]
     history = [(float(e["noise_multiplier"]), e["sample_rate"], e["steps"]) for e in sgd]
     if history and (why := out_of_range_reason("pld", history, PLD_MIN_DELTA, adjacency)) is not None:
@@ -360,7 +378,7 @@ def composed_ceiling(events: list[dict], adjacency: str, fprs: tuple[float, ...]
         deltas = np.asarray(accountant._pld.get_delta_for_epsilon(EPS_GRID), dtype=float)  # noqa: SLF001
     return {
         "available": True,
-        "true_positive_rate_at": {fpr_label(a): round(tradeoff_tpr(deltas, EPS_GRID, a), 6) for a in fprs},
+        "true_positive_rate_at": {fpr_label(a): round_up(tradeoff_tpr(deltas, EPS_GRID, a)) for a in fprs},
         "method": METHOD.replace("of the T-step mechanism", "of all the population's charges composed"),
         "accountant_version": accountant_version(Accountant.PLD),
         "scope": "every charge on this population together",
@@ -450,8 +468,12 @@ def ceiling_sentence(entry: dict, unit_words: str = "one unit's data was used") 
     )
 
 
-def same_ceiling(recorded: dict, recomputed: dict, tolerance: float = 1e-4) -> str | None:
-    """None when two ``attack_ceiling`` entries agree (each TPR within ``tolerance``), else what differs."""
+def same_ceiling(recorded: dict, recomputed: dict, tolerance: float = 1e-4, below: float = 1e-6) -> str | None:
+    """None when two ``attack_ceiling`` entries agree, else what differs.
+
+    A recorded TPR may sit up to ``tolerance`` above the recomputed one (another accountant build) but at most
+    ``below`` under it (one step of the 6-decimal round-up, and an older record's round-to-nearest): a ceiling
+    edited down is refused (red team round 2 lowered each TPR by 9e-5 and the card's 3.1 % became 3.0 %)."""
     if bool(recorded.get("available")) != bool(recomputed.get("available")):
         return f"recorded available={recorded.get('available')!r}, recomputed {recomputed.get('available')!r}"
     if not recomputed.get("available"):
@@ -460,6 +482,6 @@ def same_ceiling(recorded: dict, recomputed: dict, tolerance: float = 1e-4) -> s
     if not isinstance(got, dict) or set(got) != set(want):
         return "the recorded false-positive rates are not " + ", ".join(want)
     for key, value in want.items():
-        if not isinstance(got[key], (int, float)) or abs(float(got[key]) - value) > tolerance:
+        if not isinstance(got[key], (int, float)) or not (value - below * (1 + 1e-9) <= got[key] <= value + tolerance):
             return f"TPR at {key}: recorded {got[key]!r}, recomputed {value:.6f}"
     return None

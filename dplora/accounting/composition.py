@@ -216,11 +216,14 @@ def compose_events(events: list[dict], delta: float, adjacency: str) -> dict:
 
     laplace_replace = adjacency != "add_remove" and any(e["mechanism"] == "laplace" for e in events)
     reason = "dp_accounting's PLD has no Laplace event under replace-one" if laplace_replace else None
+    # a charge without noise has no finite ε; dp_accounting's range check raises on σ = 0 (red team, issue 46)
+    noiseless = any(float(e.get("noise_multiplier", 1.0)) <= 0.0 for e in events)
+    reason = "a charge without noise (noise_multiplier 0): no finite ε" if noiseless else reason
     out["pld"] = _guarded(
         PLD, pld, reason or (out_of_range_reason("pld", history, delta, adjacency) if history else None)
     )
     if adjacency == "add_remove" and len(sgd) == len(events):
-        out["rdp"] = _guarded(RDP, lambda: rdp_composed(history, delta))
+        out["rdp"] = _guarded(RDP, lambda: rdp_composed(history, delta), reason if noiseless else None)
     return out
 
 

@@ -425,12 +425,16 @@ def _ceiling_cell(entry: dict) -> str:
     if not entry.get("available"):
         return "not stated: " + str(entry.get("reason"))
     at = entry["true_positive_rate_at"]
-    return ", ".join(f"{100 * v:.3g} % at {k.replace('%', ' %')}" for k, v in at.items())
+    from dplora.accounting.ceiling import percent_up
+
+    return ", ".join(f"{percent_up(v, 2)} % at {k.replace('%', ' %')}" for k, v in at.items())
 
 
 def _tpr_cell(ceiling: dict | None) -> str:
     """A candidate's ceiling at 1 % false positives, in percent (``-``: not calibrated or not stated)."""
-    return "-" if ceiling is None else f"{100 * ceiling['1%']:.2f} %"
+    from dplora.accounting.ceiling import percent_up
+
+    return "-" if ceiling is None else f"{percent_up(ceiling['1%'], 2)} %"
 
 
 def _print_recommendation(rec: dict, console) -> None:
