@@ -361,12 +361,19 @@ def _verdict_words(report: dict) -> str:
     return "no violation detected"
 
 
+def _up(x: float, decimals: int) -> str:
+    """A ceiling printed rounded UP (never below its value; red team round 2 of issue 46)."""
+    return f"{math.ceil(x * 10**decimals) / 10**decimals:.{decimals}f}"
+
+
 def _tpr_lines(report: dict) -> list[str]:
     """One line per FPR: measured TPR (lower limit) against the ceiling."""
     lines = []
     for p in report.get("tpr_vs_ceiling") or []:
-        ceiling = "n/a (no DP)" if p["ceiling"] is None else f"{p['ceiling']:.4f}"
-        at_upper = "" if p["ceiling_at_fpr_upper"] is None else f" ({p['ceiling_at_fpr_upper']:.4f} at the FPR's upper "
+        ceiling = "n/a (no DP)" if p["ceiling"] is None else _up(p["ceiling"], 4)
+        at_upper = (
+            "" if p["ceiling_at_fpr_upper"] is None else f" ({_up(p['ceiling_at_fpr_upper'], 4)} at the FPR's upper "
+        )
         at_upper += f"limit {p['fpr_upper']:.4f})" if at_upper else ""
         lines.append(
             f"- TPR at FPR {100 * p['fpr']:g} %: measured {p['tpr']:.4f} ({p['true_positives']}/{p['inserted']}, "
@@ -385,8 +392,8 @@ def summary_markdown(report: dict) -> str:
         if ceiling is None
         else [
             f"- this audit's ceiling: with {report['canaries']} canaries and {report['guesses']} guesses no outcome "
-            f"can show more than ε̂ = {ceiling:.3f} (δ={report['delta']:g}; "
-            f"{report['epsilon_lower_bound_ceiling_delta0']:.3f} at δ = 0)"
+            f"can show more than ε̂ = {_up(ceiling, 3)} (δ={report['delta']:g}; "
+            f"{_up(report['epsilon_lower_bound_ceiling_delta0'], 3)} at δ = 0)"
         ]
     )
     return "\n".join(

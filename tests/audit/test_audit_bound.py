@@ -72,3 +72,12 @@ def test_count_correct_ranks_nan_as_least_likely_inserted():
     assert count_correct(scores, [inserted[i] for i in perm], k_in=2, k_out=2) == (4, 4)
     # a NaN among the top scores is never guessed "in"
     assert count_correct([nan, 1.0, 0.0], [True, True, False], k_in=1, k_out=0) == (1, 1)
+
+
+def test_the_report_prints_ceilings_rounded_up():
+    """A ceiling shown to 3 or 4 decimals is never below its value (red team round 2 of issue 46)."""
+    from dplora.audit.runner import _up
+
+    assert _up(0.12341, 4) == "0.1235"
+    assert _up(1.5790001, 3) == "1.580"
+    assert _up(0.25, 2) == "0.25"
