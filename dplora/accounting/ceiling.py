@@ -338,14 +338,12 @@ def composed_ceiling(events: list[dict], adjacency: str, fprs: tuple[float, ...]
 
     Returns:
         ``{"available": True, "true_positive_rate_at": {...}, "method", "accountant_version", "scope"}`` or
-        ``{"available": False, "reason"}``.
+        ``{"available": False, "reason"}`` (also for a count event with 0 < noise_multiplier <
+        :data:`dplora.accounting.composition.MIN_COUNT_NOISE` and for a composition that fails numerically); a
+        charge without noise gives TPR 1.0 at every FPR. Never raises on events that ``validate_events`` accepts.
     """
-    import dp_accounting
-    from dp_accounting.pld import PLDAccountant
-
     from dplora.accounting.backends import accountant_version
-    from dplora.accounting.composition import dp_event_of, out_of_range_reason
-    from dplora.accounting.cost import PLD_MIN_DELTA
+    from dplora.accounting.composition import count_noise_reason
     from dplora.accounting.events import Accountant
 
     if not events:
@@ -360,6 +358,23 @@ def composed_ceiling(events: list[dict], adjacency: str, fprs: tuple[float, ...]
             "accountant_version": accountant_version(Accountant.PLD),
             "scope": "every charge on this population together",
         }
+    if (why := count_noise_reason(events)) is not None:
+        return {"available": False, "reason": why}
+    try:
+        return _composed_ceiling(events, adjacency, fprs)
+    except (ArithmeticError, ValueError, MemoryError) as err:  # e.g. σ 1e-300 overflows the cost model (round 3)
+        return {"available": False, "reason": f"failed numerically: {type(err).__name__}"}
+
+
+def _composed_ceiling(events: list[dict], adjacency: str, fprs: tuple[float, ...]) -> dict:
+    import dp_accounting
+    from dp_accounting.pld import PLDAccountant
+
+    from dplora.accounting.backends import accountant_version
+    from dplora.accounting.composition import dp_event_of, out_of_range_reason
+    from dplora.accounting.cost import PLD_MIN_DELTA
+    from dplora.accounting.events import Accountant
+
     sgd = [e for e in events if e["mechanism"] == "dp_sgd"]
     history = [(float(e["noise_multiplier"]), e["sample_rate"], e["steps"]) for e in sgd]
     if history and (why := out_of_range_reason("pld", history, PLD_MIN_DELTA, adjacency)) is not None:
