@@ -221,3 +221,32 @@ def minimal_contract(*, max_len: int, text: bool = False):
             "training": {"expected_batch_size": 1, "steps": 1, "max_seq_len": max_len},
         }
     )
+
+
+def ledger_with_charges(db: Path, events_per_charge: list[list[dict]], *, epsilon: str = "1") -> Path:
+    """A ledger at ``db`` with population ``p`` (row, add/remove) and one reserved charge per event list."""
+    from dplora.ledger.store import Ledger
+
+    with Ledger(db) as led:
+        led.set_cap("p", epsilon_max="30", delta_max="1e-4", protected_unit="row", adjacency="add_remove")
+        for i, events in enumerate(events_per_charge):
+            led.reserve(population="p", run_id=f"r{i}", epsilon=epsilon, delta="1e-6", accountant="pld",
+                        adjacency="add_remove", protected_unit="row", events=events)  # fmt: skip
+    return db
+
+
+def ledger_show_json(db: Path):
+    """``dplora ledger show --db DB --json`` through typer's runner (the result: exit_code, stdout, exception)."""
+    import typer
+    from typer.testing import CliRunner
+
+    from dplora.cli.ledger import ledger_app
+
+    app = typer.Typer()
+    app.add_typer(ledger_app, name="ledger")
+
+    @app.command()
+    def _noop() -> None:  # a second command keeps "ledger" a sub-command
+        pass
+
+    return CliRunner().invoke(app, ["ledger", "show", "--db", str(db), "--json"])

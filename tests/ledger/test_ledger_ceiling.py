@@ -10,38 +10,19 @@ from __future__ import annotations
 import json
 
 import pytest
-import typer
-from typer.testing import CliRunner
+from conftest import ledger_show_json, ledger_with_charges
 
 from dplora.accounting.ceiling import attack_ceiling
 from dplora.accounting.events import DpSgdEvent
-from dplora.cli.ledger import ledger_app
-from dplora.ledger.store import Ledger
 
 Q, SIGMA, T = 32 / 4214, 0.417, 12
 EVENT = {"mechanism": "dp_sgd", "sample_rate": Q, "noise_multiplier": SIGMA, "steps": T,
          "adjacency": "add_remove", "accountant": "pld"}  # fmt: skip
 
 
-def _show(db):
-    app = typer.Typer()
-    app.add_typer(ledger_app, name="ledger")
-
-    @app.command()
-    def _noop() -> None:
-        pass
-
-    return CliRunner().invoke(app, ["ledger", "show", "--db", str(db), "--json"])
-
-
 def test_two_charges_compose_to_the_ceiling_of_twice_the_steps(tmp_path):
-    db = tmp_path / "l.sqlite3"
-    with Ledger(db) as led:
-        led.set_cap("p", epsilon_max="30", delta_max="1e-4", protected_unit="row", adjacency="add_remove")
-        for run in ("a", "b"):
-            led.reserve(population="p", run_id=run, epsilon="7.95", delta="1e-6", accountant="pld",
-                        adjacency="add_remove", protected_unit="row", events=[EVENT])  # fmt: skip
-    res = _show(db)
+    db = ledger_with_charges(tmp_path / "l.sqlite3", [[EVENT], [EVENT]], epsilon="7.95")
+    res = ledger_show_json(db)
     assert res.exit_code == 0, res.output
     entry = json.loads(res.stdout)["populations"][0]["attack_ceiling"]
     assert entry["available"] is True and "every charge" in entry["scope"]

@@ -11,14 +11,11 @@ import json
 import math
 
 import pytest
-import typer
+from conftest import ledger_show_json, ledger_with_charges
 from scipy.stats import norm
-from typer.testing import CliRunner
 
 from dplora.accounting.ceiling import ceiling_entry, ceiling_sentence, composed_ceiling, percent_up
 from dplora.accounting.events import DpSgdEvent
-from dplora.cli.ledger import ledger_app
-from dplora.ledger.store import Ledger
 from dplora.release.verify import _check_attack_ceiling
 from dplora.tuning.budget import _tpr_cell
 
@@ -27,27 +24,6 @@ FPRS = {"0.1%": 0.001, "1%": 0.01, "10%": 0.1}
 
 def _exact(mu: float, alpha: float) -> float:
     return float(norm.cdf(norm.ppf(alpha) + mu))
-
-
-def _show(db):
-    app = typer.Typer()
-    app.add_typer(ledger_app, name="ledger")
-
-    @app.command()
-    def _noop() -> None:
-        pass
-
-    return CliRunner().invoke(app, ["ledger", "show", "--db", str(db), "--json"])
-
-
-def _ledger(tmp_path, events_per_charge):
-    db = tmp_path / "l.sqlite3"
-    with Ledger(db) as led:
-        led.set_cap("p", epsilon_max="30", delta_max="1e-4", protected_unit="row", adjacency="add_remove")
-        for i, events in enumerate(events_per_charge):
-            led.reserve(population="p", run_id=f"r{i}", epsilon="1", delta="1e-6", accountant="pld",
-                        adjacency="add_remove", protected_unit="row", events=events)  # fmt: skip
-    return db
 
 
 SGD = {"mechanism": "dp_sgd", "sample_rate": 0.01, "noise_multiplier": 1.0, "steps": 10,
@@ -72,8 +48,8 @@ def test_finding_ledger_show_drops_a_noiseless_charge_from_the_population_ceilin
     """Guarantee 4 through ``dplora ledger show --json``: a population with one DP-SGD charge (q 0.01, σ 1,
     T 10) and one charge whose event is a noise-0 Gaussian count states the DP-SGD charge's ceiling alone
     (1.2 % at 1 % FPR) while its composed ε says n/a. Expected: 1.0 at every FPR or not stated."""
-    db = _ledger(tmp_path, [[SGD], [{"mechanism": "gaussian", "noise_multiplier": 0.0}]])
-    res = _show(db)
+    db = ledger_with_charges(tmp_path / "l.sqlite3", [[SGD], [{"mechanism": "gaussian", "noise_multiplier": 0.0}]])
+    res = ledger_show_json(db)
     assert res.exit_code == 0, res.output
     entry = json.loads(res.stdout)["populations"][0]["attack_ceiling"]
     assert not entry["available"] or all(v == 1.0 for v in entry["true_positive_rate_at"].values()), entry
@@ -84,8 +60,8 @@ def test_finding_ledger_show_crashes_on_a_noiseless_dp_sgd_charge(tmp_path):
     then ``composed_ceiling`` calls ``out_of_range_reason`` whose dp_accounting GaussianPrivacyLoss raises
     ValueError('Standard deviation is not a positive real number: 0.0'); ``ledger show`` catches DploraError only,
     so the CLI exits 1 ('unexpected ValueError'). Expected: exit 0 stating ceiling 1.0 / not stated, or exit 2."""
-    db = _ledger(tmp_path, [[{**SGD, "noise_multiplier": 0.0}]])
-    res = _show(db)
+    db = ledger_with_charges(tmp_path / "l.sqlite3", [[{**SGD, "noise_multiplier": 0.0}]])
+    res = ledger_show_json(db)
     assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
     assert res.exit_code in (0, 2), res.output
 

@@ -6,34 +6,10 @@ Each ``test_finding_*`` fails on branch rt46c at 00c19aa; ``test_holds_*`` pin a
 from __future__ import annotations
 
 import pytest
-import typer
+from conftest import ledger_show_json, ledger_with_charges
 from scipy.stats import norm
-from typer.testing import CliRunner
 
 from dplora.accounting.ceiling import composed_ceiling
-from dplora.cli.ledger import ledger_app
-from dplora.ledger.store import Ledger
-
-
-def _show(db):
-    app = typer.Typer()
-    app.add_typer(ledger_app, name="ledger")
-
-    @app.command()
-    def _noop() -> None:
-        pass
-
-    return CliRunner().invoke(app, ["ledger", "show", "--db", str(db), "--json"])
-
-
-def _ledger(tmp_path, events):
-    db = tmp_path / "l.sqlite3"
-    with Ledger(db) as led:
-        led.set_cap("p", epsilon_max="30", delta_max="1e-4", protected_unit="row", adjacency="add_remove")
-        led.reserve(population="p", run_id="r0", epsilon="1", delta="1e-6", accountant="pld",
-                    adjacency="add_remove", protected_unit="row", events=events)  # fmt: skip
-    return db
-
 
 TINY = [
     {"mechanism": "gaussian", "noise_multiplier": 1e-300},
@@ -57,8 +33,8 @@ def test_finding_ledger_show_crashes_on_a_tiny_positive_noise_charge(tmp_path, e
     OverflowError, and ``ledger show`` calls ``_population_ceiling`` outside ``_user_errors``
     (dplora/cli/ledger.py:225, dplora/accounting/ceiling.py:353-377). Expected: exit 0 with TPR 1.0 (or
     'not stated') at every FPR, or exit 2 with one line. Observed: uncaught OverflowError (a traceback)."""
-    db = _ledger(tmp_path, [event])
-    result = _show(db)
+    db = ledger_with_charges(tmp_path / "l.sqlite3", [[event]])
+    result = ledger_show_json(db)
     assert result.exit_code in (0, 2), (result.exit_code, repr(result.exception))
     assert not isinstance(result.exception, OverflowError)
 
