@@ -343,12 +343,12 @@ def composed_ceiling(events: list[dict], adjacency: str, fprs: tuple[float, ...]
         charge without noise gives TPR 1.0 at every FPR. Never raises on events that ``validate_events`` accepts.
     """
     from dplora.accounting.backends import accountant_version
-    from dplora.accounting.composition import count_noise_reason
+    from dplora.accounting.composition import count_noise_reason, has_noiseless_charge
     from dplora.accounting.events import Accountant
 
     if not events:
         return {"available": False, "reason": "no events to compose"}
-    if any(float(e.get("noise_multiplier", 1.0)) <= 0.0 for e in events):
+    if has_noiseless_charge(events):
         # dp_accounting composes a noise-0 event by flagging the accountant and leaving its PLD as it was, so
         # reading the PLD would drop the charge (red team round 2): without noise a test can reach TPR 1
         return {

@@ -146,6 +146,11 @@ MECHANISMS = ("dp_sgd", "gaussian", "laplace")
 MIN_COUNT_NOISE = 0.5
 
 
+def has_noiseless_charge(events: list[dict]) -> bool:
+    """True when an event has noise_multiplier ≤ 0: no finite ε, and a membership test may reach TPR 1."""
+    return any(float(e.get("noise_multiplier", 1.0)) <= 0.0 for e in events)
+
+
 def count_noise_reason(events: list[dict]) -> str | None:
     """Why a list of ledger events cannot be composed in bounded time, or None.
 
@@ -235,7 +240,7 @@ def compose_events(events: list[dict], delta: float, adjacency: str) -> dict:
     laplace_replace = adjacency != "add_remove" and any(e["mechanism"] == "laplace" for e in events)
     reason = "dp_accounting's PLD has no Laplace event under replace-one" if laplace_replace else None
     # a charge without noise has no finite ε; dp_accounting's range check raises on σ = 0 (red team, issue 46)
-    noiseless = any(float(e.get("noise_multiplier", 1.0)) <= 0.0 for e in events)
+    noiseless = has_noiseless_charge(events)
     reason = "a charge without noise (noise_multiplier 0): no finite ε" if noiseless else reason
     reason = reason or count_noise_reason(events)
     out["pld"] = _guarded(
