@@ -23,7 +23,7 @@
 #   rows), also written to OUT_DIR/gpu_check.md for docs/gpu.md and a note.
 #
 # --dry-run: the same stages on CPU at toy sizes (a tiny Llama, 2 steps, toy bench shapes with each variant once:
-# scale-1b plain and 4-bit, scale-8b checkpointing; utility: --toy --full on Bitext, ε = 8, 1 repeat),
+# scale-1b plain and 4-bit, scale-8b checkpointing; utility: --toy --full on Bitext, ε = 8, 1 repeat, T ≤ 10),
 # no .gpu/ needed; tests/scripts/test_gpu_check.py runs it. Every stage prints "STAGE <name>: OK|FAIL|SKIP".
 # Usage: bash scripts/gpu_check.sh [--dry-run] [--utility] [OUT_DIR]   (logs, bench JSON/markdown go to OUT_DIR)
 #
@@ -170,8 +170,9 @@ PY
 
 train_verify() {
   local extra=()
-  [ "$DRY" = 1 ] && extra=(privacy.accountant=rdp training.expected_batch_size=4 training.physical_batch_size=2
-                           training.max_seq_len=32 training.threads=1)
+  # dry run: ε 2 gives σ ≈ 1 at T 2, whose attack-ceiling PLD (record and verify) takes under a second, not ~5 s
+  [ "$DRY" = 1 ] && extra=(privacy.accountant=rdp privacy.target_epsilon=2 training.expected_batch_size=4
+                           training.physical_batch_size=2 training.max_seq_len=32 training.threads=1)
   [ "$DRY" = 1 ] || extra=(training.physical_batch_size=16 training.max_seq_len=128)
   $D train configs/demo.yaml --signing-key "$W/signing.key" --no-progress model.name=null \
     "model.path=$W/model" model.dtype=bf16 "data.path=$W/tickets.csv" "training.output_dir=$W/run-bf16" \
@@ -199,7 +200,7 @@ scale() {  # scale ARCH MAX_BATCH [DRY-RUN VARIANTS...]
 
 utility() {  # the --full design (issue 33), sized to the device budget; real weights cannot travel: random init
   if [ "$DRY" = 1 ]; then
-    $PY scripts/utility_bench.py --toy --full --only bitext --epsilons 8 --repeats 1 --threads 1 \
+    $PY scripts/utility_bench.py --toy --full --only bitext --epsilons 8 --repeats 1 --threads 1 --max-steps 10 \
       --out "$OUT/utility" >/dev/null && tail -n 12 "$OUT/utility/utility.md"
   else
     [ -d "$GPU_DIR/data" ] && export DPLORA_UTILITY_DATA=$(cd "$GPU_DIR/data" && pwd)

@@ -88,6 +88,7 @@ class Task:
     eval_rows: int  # per intent (Banking77) or in all (Bitext)
     targets: tuple[str, ...] = ("q_proj", "v_proj")  # ("all-linear",): peft's keyword
     freeze_a: bool = False  # FFA-LoRA: A frozen at its init, only B trained (lora.freeze_a)
+    max_steps: int | None = None  # a cap on T of every run (--max-steps; the GPU check's dry run), None: no cap
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -347,12 +348,16 @@ def contract_for(task: Task, settings: Settings, path: Path, columns: dict, out:
     }
     arm = kw.get("arm")
     if arm == "planner":
-        training |= {"expected_batch_size": "auto", "steps": "auto"}
+        # an integer steps caps the planner's T (and lowers its step floor to the cap: plan.planner.step_floor)
+        training |= {"expected_batch_size": "auto", "steps": task.max_steps or "auto"}
     elif arm == "hand":
         training |= HAND
     elif arm == "fixed":
         training.pop("epochs")
         training |= kw["fixed"]
+    if task.max_steps is not None and arm in (None, "hand"):  # a fixed B: T = the cap instead of the epochs
+        training.pop("epochs")
+        training["steps"] = task.max_steps
     return {
         "privacy": {
             "protected_unit": "row",
@@ -754,6 +759,7 @@ STUDY_LEVERS: dict[str, tuple[dict, str]] = {
     "v-only": ({"targets": ("v_proj",)}, "LoRA r 8 on v only"),
     "ffa": ({"freeze_a": True}, "FFA-LoRA: A frozen at init, B trained (Sun et al., ICLR 2024)"),
     "epochs3": ({"epochs": 3.0}, "E 3 epochs (planner's B, T and sqrt(B) lr)"),
+    "epochs5": ({"epochs": 5.0}, "E 5 epochs (planner's B, T and sqrt(B) lr)"),
     # the learning rate (the planner's reference at B = 32, scaled by sqrt(B/32) as before)
     "lr-x3": ({"lr": 0.006}, "lr 0.006 (3x the reference 0.002)"),
     "lr-x0.5": ({"lr": 0.001}, "lr 0.001 (half the reference 0.002)"),
@@ -960,6 +966,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--repeats", type=int, help="trainings per row (--full: 3, --cpu: 1)")
     ap.add_argument("--epsilons", type=float, nargs="+", help="ε of the DP rows (--full: 1 3 8)")
     ap.add_argument("--max-train-rows", type=int, help="training rows kept per task, in file order")
+    ap.add_argument(
+        "--max-steps", type=int, help="cap T of every run at this many steps (the GPU check's dry run: seconds)"
+    )
     ap.add_argument("--model-path", help="a local Hugging Face model folder instead of the packaged SmolLM2-135M")
     ap.add_argument(
         "--study",
@@ -1001,6 +1010,11 @@ def main(argv: list[str] | None = None) -> dict:
         if settings.hand_epsilons is not None:
             override["hand_epsilons"] = tuple(e for e in settings.hand_epsilons if e in args.epsilons)
     settings = dataclasses.replace(settings, **{k: v for k, v in override.items() if v is not None})
+    if args.max_steps is not None:
+        if args.max_steps < 1:
+            ap.error("--max-steps must be ≥ 1")
+        capped = {t: dataclasses.replace(getattr(settings, t), max_steps=args.max_steps) for t in ("banking", "bitext")}
+        settings = dataclasses.replace(settings, **capped)
     started = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
     selected = [args.only] if args.only else [t for t in ("banking77", "bitext") if t in settings.tasks]

@@ -190,6 +190,29 @@ def test_cpu_preset_is_plannable_and_sized_as_documented(tmp_path):
     assert "N = 554" in docs and "N = 1,600" in docs and "6 trainings" in docs
 
 
+def test_max_steps_caps_t_of_every_arm_and_the_contract_accepts_it(tmp_path):
+    """--max-steps K (the GPU check's dry run, issue 47): the planner arm gets ``steps: K`` (a step cap that lowers
+    the planner's floor), the hand and plain arms ``steps: K`` instead of their epochs; without it nothing changes."""
+    from dplora.contract.loader import parse_contract
+
+    bench = _bench()
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"p{i}", "response": "r"}) + "\n" for i in range(200)))
+    task = bench.dataclasses.replace(bench.TOY_FULL.bitext, max_steps=10)
+    cols = {"prompt_column": "prompt", "response_column": "response"}
+    planner = bench.contract_for(task, bench.TOY_FULL, data, cols, tmp_path / "o", arm="planner", epsilon=8.0)
+    assert planner["training"]["steps"] == 10 and planner["training"]["epochs"] == task.epochs
+    for arm in ("hand", None):
+        t = bench.contract_for(task, bench.TOY_FULL, data, cols, tmp_path / "o", arm=arm, epsilon=8.0)["training"]
+        assert t["steps"] == 10 and "epochs" not in t
+    for arm in ("planner", "hand"):
+        parse_contract(bench.contract_for(task, bench.TOY_FULL, data, cols, tmp_path / "o", arm=arm))
+    free = bench.contract_for(bench.TOY_FULL.bitext, bench.TOY_FULL, data, cols, tmp_path / "o", arm="planner")
+    assert free["training"]["steps"] == "auto"
+    with pytest.raises(SystemExit):
+        bench.main(["--toy", "--full", "--max-steps", "0", "--out", str(tmp_path / "x")])
+
+
 def test_each_task_process_gets_the_arguments_but_jobs_and_out():
     bench = _bench()
     argv = ["--cpu", "--jobs", "2", "--out", "o", "--threads", "1", "--jobs=3", "--out=x", "--epsilons", "3", "8"]
