@@ -145,11 +145,12 @@ def _one(arch, variant, mode, batch, seq, dtype, device, steps, warmup) -> dict:
     return dict(s_per_step=per_step, tokens_per_s=tokens / per_step, peak_mib=peak / 2**20)
 
 
-def _largest_batch(arch, variant, mode, start, cap, seq, dtype, device) -> str:
-    """The largest physical batch (doubling from ``start``, one step each) that fits; ``≥cap`` if all fit."""
+def _largest_batch(arch, variant, mode, fits, cap, seq, dtype, device) -> str:
+    """The largest physical batch (doubling from ``fits``, a batch the timed steps just ran, one step each) that
+    fits; ``≥cap`` if all fit. ``fits`` itself is not run again (a model build and a step saved per row)."""
     import torch
 
-    fits, batch = None, start
+    batch = fits * 2
     while batch <= cap:
         try:
             _one(arch, variant, mode, batch, seq, dtype, device, steps=1, warmup=0)
@@ -162,8 +163,6 @@ def _largest_batch(arch, variant, mode, start, cap, seq, dtype, device) -> str:
             gc.collect()
             if device == "cuda":
                 torch.cuda.empty_cache()
-    if fits is None:
-        return f"<{start}"
     return f"≥{fits}" if fits * 2 > cap else str(fits)
 
 
