@@ -5,7 +5,7 @@ prints the number of modules, the import edges between dplora modules, the depth
 chain and the import cycles (strongly connected components with more than one module, or a self-import); then
 (issue 44) modules and lines per package, modules over 450 lines, functions over 60 lines in ``recipe/``,
 functions taking a ``Contract``, edges that exist only inside functions, underscore names crossing modules,
-re-exports, edges against the stage order (:data:`STAGES`, a copy of the test's) and the parameter count of
+re-exports, edges against the stage order (:data:`STAGES`, which the test imports) and the parameter count of
 ``recipe.train.run_training``. :func:`metrics` defines each measure.
 
 Usage: ``python scripts/import_graph.py [PACKAGE_DIR] [--json]`` (default: ``dplora`` beside this script's
@@ -174,8 +174,8 @@ def longest_chain(graph: dict[str, set[str]]) -> list[str]:
     return max((chain(v) for v in sorted(graph)), key=len, default=[])
 
 
-# The stage order of tests/test_import_order.py (lowest first), copied so that this script imports no test; a module
-# belongs to the stage of its longest matching dotted prefix (the root package only as itself).
+# The stage order (lowest first), the one copy: tests/test_import_order.py imports it. A module belongs to the stage
+# of its longest matching dotted prefix (the root package only as itself).
 STAGES: list[tuple[str, ...]] = [
     ("dplora", "dplora.errors", "dplora.signals", "dplora.atomic", "dplora.surface"),
     ("dplora.accounting",),

@@ -25,26 +25,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from import_graph import cycles, module_imports  # noqa: E402
-
-# Lowest first; a module belongs to the stage of its longest matching dotted prefix.
-STAGES: list[tuple[str, ...]] = [
-    ("dplora", "dplora.errors", "dplora.signals", "dplora.atomic", "dplora.surface"),
-    ("dplora.accounting",),
-    ("dplora.contract",),
-    ("dplora.plan",),
-    ("dplora.data",),
-    ("dplora.engine",),
-    ("dplora.mechanism",),
-    ("dplora.run",),
-    ("dplora.release",),
-    ("dplora.ledger",),
-    ("dplora.evaluate",),
-    ("dplora.recipe",),
-    ("dplora.audit", "dplora.synth", "dplora.export", "dplora.tuning"),
-    ("dplora.cli", "dplora.__main__"),
-]
-
+import import_graph  # noqa: E402
+from import_graph import STAGES, cycles, module_imports  # noqa: E402  (the one copy of the stage order)
 
 # The calls that make the DP mechanism, by what they do; a call whose function name (or attribute) is one of these
 # is allowed only inside dplora.mechanism.
@@ -121,14 +103,9 @@ def forbidden_calls(root: Path) -> list[str]:
 
 
 def stage_of(module: str, stages=STAGES) -> int:
-    """Index in ``stages`` of the longest dotted prefix of ``module`` (the root ``dplora`` only as itself); KeyError
-    when no stage names it."""
-    best, rank = -1, None
-    for i, names in enumerate(stages):
-        for name in names:
-            inside = module == name or (name != "dplora" and module.startswith(name + "."))
-            if inside and len(name) > best:
-                best, rank = len(name), i
+    """Index in ``stages`` of the longest dotted prefix of ``module`` (``import_graph.stage_of``); KeyError when no
+    stage names it (every module must have one)."""
+    rank = import_graph.stage_of(module, stages)
     if rank is None:
         raise KeyError(module)
     return rank

@@ -460,7 +460,7 @@ def runs_ceiling_entry(events: list[DpSgdEvent]) -> dict:
             fprs=CEILING_FPRS, tprs=tprs, interval=0.0, accountant_version=version, method=GAUSSIAN_METHOD
         )
         return {"available": True, **ceiling.to_dict(), **scope}
-    dicts = [{**e.to_dict(), "mechanism": "dp_sgd"} for e in events]
+    dicts = [e.to_dict() for e in events]
     return {**composed_ceiling(dicts, first.adjacency.value), **scope}
 
 

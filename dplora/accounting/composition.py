@@ -183,12 +183,10 @@ def validate_events(events: list, adjacency: str) -> list[dict]:
         if event["mechanism"] == "dp_sgd":
             if event.get("adjacency") != adjacency:
                 raise ValueError(f"a dp_sgd event of adjacency {event.get('adjacency')!r} in a {adjacency} charge")
-            DpSgdEvent(
-                sample_rate=event.get("sample_rate"),
-                noise_multiplier=float(event.get("noise_multiplier")),
-                steps=event.get("steps"),
-                adjacency=adjacency,
-            )
+            try:
+                DpSgdEvent.from_dict(event)
+            except (KeyError, TypeError) as err:
+                raise ValueError(f"a dp_sgd event needs sample_rate, noise_multiplier and steps ({err!r})") from None
         else:
             sigma = event.get("noise_multiplier")
             if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not math.isfinite(sigma) or sigma < 0:
@@ -201,12 +199,7 @@ def dp_event_of(event: dict):
     import dp_accounting
 
     if event["mechanism"] == "dp_sgd":
-        return DpSgdEvent(
-            sample_rate=event["sample_rate"],
-            noise_multiplier=float(event["noise_multiplier"]),
-            steps=event["steps"],
-            adjacency=event["adjacency"],
-        ).to_dp_accounting()
+        return DpSgdEvent.from_dict(event).to_dp_accounting()
     if event["mechanism"] == "gaussian":
         return dp_accounting.GaussianDpEvent(event["noise_multiplier"])
     return dp_accounting.LaplaceDpEvent(event["noise_multiplier"])

@@ -93,6 +93,33 @@ class DpSgdEvent:
             "adjacency": self.adjacency.value,
         }
 
+    @classmethod
+    def from_dict(cls, entry: dict, *, adjacency: Adjacency | str | None = None) -> DpSgdEvent:
+        """The event of a serialised entry (:meth:`to_dict`'s form: the record's ``mechanism``, a ledger charge's
+        events, a composed run), the one reader of that form.
+
+        Args:
+            entry: ``sample_rate`` (q), ``noise_multiplier`` (σ), ``steps`` (T), ``adjacency`` and optionally
+                ``sampler`` (default Poisson); other keys (``mechanism``, ``event``, ``accountant``) are ignored.
+            adjacency: the relation to use instead of the entry's own (a ledger charge states it once).
+        Raises:
+            KeyError: a required key is missing.
+            TypeError: ``entry`` is not a mapping.
+            ValueError: a value is out of range (see the class).
+        """
+        if not isinstance(entry, dict):
+            raise TypeError(f"a DP-SGD event entry must be a dict, got {type(entry).__name__}")
+        sigma = entry["noise_multiplier"]
+        if isinstance(sigma, bool) or not isinstance(sigma, (int, float)):
+            raise ValueError(f"Expected a number noise_multiplier, got {sigma!r}")
+        return cls(
+            sample_rate=entry["sample_rate"],
+            noise_multiplier=float(sigma),
+            steps=entry["steps"],
+            adjacency=entry["adjacency"] if adjacency is None else adjacency,
+            sampler=entry.get("sampler", Sampler.POISSON),
+        )
+
     def to_dp_accounting(self):
         """The equivalent ``dp_accounting.SelfComposedDpEvent`` (imports dp_accounting lazily)."""
         import dp_accounting

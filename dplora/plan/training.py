@@ -325,15 +325,10 @@ def make_plan(contract: Contract, *, num_units: int, num_units_source: str) -> T
 
 
 def ledger_event(plan: TrainingPlan) -> dict:
-    """The plan's DP-SGD event for a ledger charge: q (per unit), σ, planned T, adjacency, accountant.
+    """The plan's DP-SGD event for a ledger charge: the record's serialised form (:meth:`DpSgdEvent.to_dict`: q per
+    unit, σ, planned T, adjacency, sampler) and the accountant.
 
-    The ledger composes stored events (dplora.accounting.composition.compose_events) instead of only summing ε.
+    The ledger composes stored events (dplora.accounting.composition.compose_events) instead of only summing ε;
+    :meth:`DpSgdEvent.from_dict` reads them back.
     """
-    return {
-        "mechanism": "dp_sgd",
-        "sample_rate": plan.sample_rate,
-        "noise_multiplier": plan.noise_multiplier,
-        "steps": plan.steps,
-        "adjacency": plan.adjacency.value,
-        "accountant": plan.accountant.value,
-    }
+    return {**plan.event.to_dict(), "accountant": plan.accountant.value}

@@ -99,10 +99,5 @@ def composed_attack_ceiling(runs: list[dict], adjacency: str) -> dict:
     from dplora.accounting.ceiling import runs_ceiling_entry
     from dplora.accounting.events import DpSgdEvent
 
-    events = [
-        DpSgdEvent(
-            sample_rate=r["sample_rate"], noise_multiplier=r["noise_multiplier"], steps=r["steps"], adjacency=adjacency
-        )
-        for r in runs
-    ]
+    events = [DpSgdEvent.from_dict(r, adjacency=adjacency) for r in runs]
     return runs_ceiling_entry(events)

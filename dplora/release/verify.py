@@ -228,12 +228,7 @@ def _check_attack_ceiling(predicate) -> tuple[dict | None, bool]:
     if mech is None and predicate.get("attack_ceiling") is None:
         return None, False  # not a dplora training record (no mechanism to state a ceiling of)
     try:
-        event = DpSgdEvent(
-            sample_rate=mech["sample_rate"],
-            noise_multiplier=mech["noise_multiplier"],
-            steps=mech["steps"],
-            adjacency=mech["adjacency"],
-        )
+        event = DpSgdEvent.from_dict(mech)
     except (KeyError, TypeError, ValueError):
         raise VerificationError("the record's mechanism entry is malformed (q, σ, T, adjacency)") from None
     recomputed = ceiling_entry(event, use_cache=False)
