@@ -188,7 +188,8 @@ def prepare_twcs(
     turn, in time order); see docs/data_formats.md for the rule that keeps other customers' text out. Brands come
     from --brands FILE or TWCS's numbering rule, never from the data.
     """
-    from dplora.data.twcs import DEFAULT_BRANDS, load_brands, write_twcs_conversations, write_twcs_pairs
+    from dplora.data.twcs import write_twcs_conversations, write_twcs_pairs
+    from dplora.data.twcs_tweets import DEFAULT_BRANDS, load_brands
 
     try:
         rule = DEFAULT_BRANDS if brands is None else load_brands(brands)

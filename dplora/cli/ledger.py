@@ -236,9 +236,10 @@ def show(
 
 
 def _population_ceiling(pop: dict, charges: list[dict]) -> dict:
-    """The attack ceiling of a population's charges composed (:func:`dplora.accounting.ceiling.composed_ceiling`),
-    stated only when every charge stores its mechanism and all name the same known unit key (as the composed ε)."""
-    from dplora.accounting.ceiling import composed_ceiling
+    """The attack ceiling of a population's charges composed
+    (:func:`dplora.accounting.ceiling_compose.composed_ceiling`), stated only when every charge stores its mechanism
+    and all name the same known unit key (as the composed ε)."""
+    from dplora.accounting.ceiling_compose import composed_ceiling
 
     mine = [c for c in charges if c["population"] == pop["name"]]
     keys, relations = {c.get("unit_key") for c in mine}, {c.get("adjacency") for c in mine}

@@ -82,6 +82,7 @@ def budget(
     terminal or with --json the report is public: no records-per-unit statistics or data-count warnings, and no plan
     on a counted private N (--show-private shows them).
     """
+    from dplora.cli import budget_view
     from dplora.surface import echo_private
     from dplora.tuning import budget as budget_mod
 
@@ -112,7 +113,7 @@ def budget(
     if as_json:
         emit_json({"ok": True, **report})
     else:
-        budget_mod.print_report(report, out, warn=console)  # warnings on stderr, as train prints them
+        budget_view.print_report(report, out, warn=console)  # warnings on stderr, as train prints them
 
 
 SigningKeyOpt = Annotated[Path | None, signing_key_option("Ed25519 private key (PEM) that signs the release.")]

@@ -49,8 +49,8 @@ def clip_guide(
     of units the contract's C would clip. LoRA B starts at zero, so grad A is 0 at init: the norms come from
     grad B. The contract's own data is never read (that would need a DP quantile charged to the ledger).
     """
+    from dplora.contract.choices import ProtectedUnit
     from dplora.contract.loader import load_contract
-    from dplora.contract.spec import ProtectedUnit
     from dplora.data import public as public_data
     from dplora.tuning import clipguide
 

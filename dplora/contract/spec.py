@@ -13,7 +13,6 @@ excerpt of any value (:func:`dplora.errors.excerpt`).
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import os
 import re
@@ -34,6 +33,18 @@ from pydantic_core import PydanticCustomError
 
 from dplora.accounting.calibration import SIGMA_MAX, SIGMA_MIN
 from dplora.accounting.events import Accountant, Adjacency, Sampler
+from dplora.contract.choices import (
+    AttnImplementation,
+    Clipping,
+    LrSchedule,
+    Optimizer,
+    PerSamplePath,
+    Precision,
+    ProtectedUnit,
+    Quantization,
+    ReportTo,
+    UnitClipping,
+)
 from dplora.errors import excerpt
 
 PACKAGED_MODELS = ("smollm2-135m",)
@@ -47,75 +58,6 @@ REVISION_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,127}$")
 def is_hub_id(name: str) -> bool:
     """True for a Hub model id ``ORG/NAME`` (not a packaged name, no ``--`` or ``..``, not ending in ``.git``)."""
     return bool(HUB_ID_PATTERN.match(name)) and "--" not in name and ".." not in name and not name.endswith(".git")
-
-
-class ProtectedUnit(str, enum.Enum):
-    """What one privacy unit is: a data row, a whole ticket, or a whole customer."""
-
-    ROW = "row"
-    TICKET = "ticket"
-    USER = "user"
-
-
-class UnitClipping(str, enum.Enum):
-    """How a unit's vector is built from its records' gradients before the clip (Charles et al. 2024)."""
-
-    SUM = "sum"
-    MEAN = "mean"
-
-
-class PerSamplePath(str, enum.Enum):
-    """Where per-record gradients come from (same clipping, noise and accounting either way): ``fast`` writes every
-    LoRA layer's per-example gradients into one buffer; ``opacus`` uses Opacus hooks, the reference path."""
-
-    FAST = "fast"
-    OPACUS = "opacus"
-
-
-class AttnImplementation(str, enum.Enum):
-    """The attention kernel transformers uses (``attn_implementation`` of ``from_pretrained``; performance only):
-    ``auto`` is sdpa where the architecture supports it, else eager (resolved when the model loads, recorded as
-    resolved); ``flash_attention_2`` needs the ``flash_attn`` package."""
-
-    AUTO = "auto"
-    SDPA = "sdpa"
-    EAGER = "eager"
-    FLASH_ATTENTION_2 = "flash_attention_2"
-
-
-class ReportTo(str, enum.Enum):
-    """Experiment tracker for the plan's public numbers (dplora.run.tracking); ``none`` writes none."""
-
-    NONE = "none"
-    TENSORBOARD = "tensorboard"
-    WANDB = "wandb"
-    MLFLOW = "mlflow"
-    TRACKIO = "trackio"
-
-
-class Clipping(str, enum.Enum):
-    """What is done to each unit's summed vector g before noise: ``clip`` g·min(1, C/‖g‖) (Abadi et al. 2016);
-    ``normalize`` C·g/(‖g‖ + γ) with the fixed public γ = NORMALIZE_GAMMA·C (automatic clipping, Bu et al. 2023;
-    Yang et al. 2022). Either way every unit contributes norm ≤ C (normalize: < C), so σ·C noise covers it."""
-
-    CLIP = "clip"
-    NORMALIZE = "normalize"
-
-
-class LrSchedule(str, enum.Enum):
-    """Learning-rate schedule over the T logical steps (data-independent: post-processing, no privacy effect)."""
-
-    CONSTANT = "constant"
-    LINEAR = "linear"
-    COSINE = "cosine"
-
-
-class Optimizer(str, enum.Enum):
-    """The torch optimiser that consumes the noised, normalised gradient (post-processing: no privacy effect)."""
-
-    ADAMW = "adamw"
-    ADAM = "adam"
-    SGD = "sgd"
 
 
 # Strict numbers: YAML `true`, quoted "3" or 2.0 for a count are errors, not silently coerced.
@@ -163,25 +105,6 @@ PathText = Annotated[
     AfterValidator(_no_nul),
     AfterValidator(_expand_user),
 ]
-
-
-class Precision(str, enum.Enum):
-    """Dtype of the frozen base weights. LoRA parameters, per-example gradients, clipping, noise and the optimiser
-    state stay fp32 in every mode. ``auto``: bf16 on a GPU that supports it, fp32 on CPU."""
-
-    AUTO = "auto"
-    BF16 = "bf16"
-    FP32 = "fp32"
-
-
-class Quantization(str, enum.Enum):
-    """How the frozen base weights are stored. ``4bit``: bitsandbytes NF4 with double quantization (QLoRA,
-    Dettmers et al. 2023), computed in the run's base dtype; weights only, so each record's activations and
-    gradients stay its own. ``8bit`` (LLM.int8) is refused: see :data:`INT8_REFUSAL`."""
-
-    NONE = "none"
-    FOUR_BIT = "4bit"
-    EIGHT_BIT = "8bit"
 
 
 # LLM.int8 (Dettmers et al. 2022; transformers' llm_int8_threshold = 6.0) picks the fp16 outlier columns from the

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dplora.contract.spec import Contract, ProtectedUnit
+from dplora.contract.choices import ProtectedUnit
+from dplora.contract.spec import Contract
 from dplora.errors import BadInputError, excerpt
 
 DEMO_SEED = 16_016  # the demo generator's seed for public samples: not 0, the seed of `dplora demo-data`

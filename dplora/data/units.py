@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dplora.contract.spec import Contract, DataSection, PrivacySection, ProtectedUnit
+from dplora.contract.choices import ProtectedUnit
+from dplora.contract.spec import Contract, DataSection, PrivacySection
 from dplora.data.readers import TextTable, read_csv_text, read_table
 from dplora.errors import BadInputError, excerpt
 

@@ -9,7 +9,8 @@ import importlib.metadata
 import json
 from pathlib import Path
 
-from dplora.contract.spec import PACKAGED_MODELS, ModelSection, Quantization
+from dplora.contract.choices import Quantization
+from dplora.contract.spec import PACKAGED_MODELS, ModelSection
 from dplora.engine.model import (
     SMOLLM2_DISTRIBUTION,
     SMOLLM2_GGUF,

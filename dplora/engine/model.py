@@ -18,7 +18,8 @@ import tempfile
 from pathlib import Path
 
 from dplora.accounting.cache import cache_dir
-from dplora.contract.spec import PACKAGED_MODELS, ModelSection, Precision, Quantization, is_hub_id
+from dplora.contract.choices import Precision, Quantization
+from dplora.contract.spec import PACKAGED_MODELS, ModelSection, is_hub_id
 from dplora.engine import quantize
 from dplora.errors import BadInputError
 

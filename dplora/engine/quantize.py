@@ -8,7 +8,8 @@ import importlib.util
 import json
 from pathlib import Path
 
-from dplora.contract.spec import ModelSection, Quantization
+from dplora.contract.choices import Quantization
+from dplora.contract.spec import ModelSection
 from dplora.errors import BadInputError
 
 # QLoRA's storage (Dettmers et al. 2023, "QLoRA: Efficient Finetuning of Quantized LLMs"): NF4 weights in blocks

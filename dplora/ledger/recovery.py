@@ -32,7 +32,7 @@ def plan_from_checkpoint(info: CheckpointInfo):
         CheckpointUnreadableError: the header was written by a dplora whose plan had other fields.
     """
     from dplora.accounting.events import Accountant, Adjacency
-    from dplora.contract.spec import ProtectedUnit
+    from dplora.contract.choices import ProtectedUnit
     from dplora.plan.training import TrainingPlan
 
     saved = info.meta["plan"]

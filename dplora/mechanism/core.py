@@ -17,7 +17,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from dplora.accounting.events import DpSgdEvent
-from dplora.contract.spec import PerSamplePath
+from dplora.contract.choices import PerSamplePath
 from dplora.mechanism.control import control_plan, make_non_private
 from dplora.mechanism.reduction import step_reducer
 from dplora.mechanism.sampling import unit_sampler

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from opacus.optimizers import DPOptimizer
 
-from dplora.contract.spec import PerSamplePath
+from dplora.contract.choices import PerSamplePath
 from dplora.engine.fastclip import FlatLoRAGrads, checkpointing_mode
 from dplora.engine.perexample import assign_flat_grads, opacus_flat, opacus_module
 from dplora.errors import TrainingFailedError

@@ -21,7 +21,8 @@ from dplora.accounting.calibration import calibrate
 from dplora.accounting.checked import CheckedCurve, checked_curve, numerical_chain
 from dplora.accounting.cost import tolerance_for
 from dplora.accounting.events import Accountant, Adjacency, DpSgdEvent
-from dplora.contract.spec import MAX_STEPS, Contract, ProtectedUnit
+from dplora.contract.choices import ProtectedUnit
+from dplora.contract.spec import MAX_STEPS, Contract
 from dplora.errors import BadInputError, PlanRefusedError
 
 CURVE_MAX_POINTS = 20_000  # the per-step curve: every step up to this T, else this many evenly spaced steps

@@ -8,7 +8,8 @@ import uuid
 import warnings
 from pathlib import Path
 
-from dplora.contract.spec import Contract, UnitClipping
+from dplora.contract.choices import UnitClipping
+from dplora.contract.spec import Contract
 from dplora.data import tokens as tokenizing
 from dplora.engine import distributed
 from dplora.errors import BadInputError, DploraError, PlanRefusedError, TrainingFailedError

@@ -12,7 +12,8 @@ import shutil
 from pathlib import Path
 
 from dplora.atomic import DiskFullError
-from dplora.contract.spec import Contract, ProtectedUnit, Quantization
+from dplora.contract.choices import ProtectedUnit, Quantization
+from dplora.contract.spec import Contract
 from dplora.data import digest as digests
 from dplora.engine import distributed
 from dplora.errors import DploraError, TrainingFailedError

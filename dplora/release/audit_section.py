@@ -85,8 +85,8 @@ def composed_attack_ceiling(runs: list[dict], adjacency: str) -> dict:
 
     Both runs touched the same units and both sets of outputs are in the signed record, so a membership test may use
     both: the ceiling is that of the two mechanisms composed
-    (:func:`dplora.accounting.ceiling.runs_ceiling_entry`), from each run's public q, σ, T and the adjacency only,
-    never from a count or an ε. ``dplora verify`` recomputes it.
+    (:func:`dplora.accounting.ceiling_compose.runs_ceiling_entry`), from each run's public q, σ, T and the adjacency
+    only, never from a count or an ε. ``dplora verify`` recomputes it.
 
     Args:
         runs: :func:`composed_claim`'s ``runs`` (``sample_rate``, ``noise_multiplier``, ``steps`` each).
@@ -96,7 +96,7 @@ def composed_attack_ceiling(runs: list[dict], adjacency: str) -> dict:
     Raises:
         ValueError: a run's mechanism numbers are malformed.
     """
-    from dplora.accounting.ceiling import runs_ceiling_entry
+    from dplora.accounting.ceiling_compose import runs_ceiling_entry
     from dplora.accounting.events import DpSgdEvent
 
     events = [DpSgdEvent.from_dict(r, adjacency=adjacency) for r in runs]

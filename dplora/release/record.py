@@ -15,7 +15,8 @@ import platform
 
 import dplora
 from dplora.accounting.ceiling import ceiling_entry
-from dplora.contract.spec import Contract, ProtectedUnit
+from dplora.contract.choices import ProtectedUnit
+from dplora.contract.spec import Contract
 from dplora.mechanism.control import NO_DP_STATEMENT
 from dplora.plan.training import TrainingPlan
 

@@ -27,7 +27,8 @@ import warnings
 
 import numpy as np
 
-from dplora.contract.spec import Contract, ProtectedUnit, UnitClipping
+from dplora.contract.choices import ProtectedUnit, UnitClipping
+from dplora.contract.spec import Contract
 
 QUANTILES = (0.10, 0.25, 0.50, 0.75, 0.90)
 DEFAULT_SAMPLE = 256

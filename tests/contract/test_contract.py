@@ -8,8 +8,9 @@ import pytest
 import yaml
 from conftest import contract_dict
 
+from dplora.contract.choices import ProtectedUnit
 from dplora.contract.loader import apply_overrides, load_contract, parse_contract
-from dplora.contract.spec import Contract, ProtectedUnit
+from dplora.contract.spec import Contract
 from dplora.errors import BadInputError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from dplora.data.twcs import PAIR_COLUMNS, _plain, load_twcs_pairs, read_twcs_rows, write_twcs_pairs
+from dplora.data.twcs import PAIR_COLUMNS, load_twcs_pairs, write_twcs_pairs
+from dplora.data.twcs_tweets import plain_text, read_twcs_rows
 from dplora.errors import BadInputError
 
 TWCS = Path("/work/shared/data/twcs_customer_support_twitter/twcs_first5000.csv")
@@ -67,7 +68,7 @@ def test_first_reply_matches_independent_join(pairs):
     author = {r["tweet_id"]: r["author_id"] for r in rows}
 
     def redacted(text: str, customer: str) -> str:  # issue 41: every numbered id but the customer's is redacted
-        return re.sub(r"@(\d[\w.-]*\w|\d)", lambda m: m[0] if m[1] == customer else "@customer", _plain(text))
+        return re.sub(r"@(\d[\w.-]*\w|\d)", lambda m: m[0] if m[1] == customer else "@customer", plain_text(text))
 
     expected = {
         r["tweet_id"]: redacted(min(replies[r["tweet_id"]])[2], author[r["tweet_id"]])

@@ -13,7 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
-from dplora.data.twcs import BrandRule, load_twcs_conversations, load_twcs_pairs, write_twcs_conversations
+from dplora.data.twcs import load_twcs_conversations, load_twcs_pairs, write_twcs_conversations
+from dplora.data.twcs_tweets import BrandRule
 from dplora.errors import BadInputError
 
 runner = CliRunner()

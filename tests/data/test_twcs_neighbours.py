@@ -18,15 +18,8 @@ import pytest
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
-from dplora.data.twcs import (
-    BrandRule,
-    load_brands,
-    load_twcs_conversations,
-    load_twcs_pairs,
-    read_twcs_rows,
-    write_twcs_conversations,
-    write_twcs_pairs,
-)
+from dplora.data.twcs import load_twcs_conversations, load_twcs_pairs, write_twcs_conversations, write_twcs_pairs
+from dplora.data.twcs_tweets import BrandRule, load_brands, read_twcs_rows
 from dplora.errors import BadInputError
 
 runner = CliRunner()

@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 
 from dplora.accounting.events import Accountant, Adjacency
-from dplora.contract.spec import PrivacySection, ProtectedUnit
+from dplora.contract.choices import ProtectedUnit
+from dplora.contract.spec import PrivacySection
 from dplora.errors import PlanRefusedError
 from dplora.ledger.plans import check_plans
 from dplora.ledger.store import Ledger

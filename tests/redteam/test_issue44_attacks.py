@@ -24,8 +24,8 @@ from tiny import save_tiny_model, tiny_llama
 from dplora.accounting import epsilon
 from dplora.accounting import registry as acc_registry
 from dplora.accounting.events import DpSgdEvent
+from dplora.contract.choices import PerSamplePath
 from dplora.contract.loader import parse_contract
-from dplora.contract.spec import PerSamplePath
 from dplora.engine import batch as batching
 from dplora.engine import distributed
 from dplora.errors import BadInputError

@@ -14,7 +14,8 @@ import pytest
 from conftest import ledger_show_json, ledger_with_charges
 from scipy.stats import norm
 
-from dplora.accounting.ceiling import ceiling_entry, ceiling_sentence, composed_ceiling, percent_up
+from dplora.accounting.ceiling import ceiling_entry, ceiling_sentence, percent_up
+from dplora.accounting.ceiling_compose import composed_ceiling
 from dplora.accounting.events import DpSgdEvent
 from dplora.release.verify import _check_attack_ceiling
 from dplora.tuning.budget import _tpr_cell

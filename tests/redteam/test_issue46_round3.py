@@ -9,7 +9,7 @@ import pytest
 from conftest import ledger_show_json, ledger_with_charges
 from scipy.stats import norm
 
-from dplora.accounting.ceiling import composed_ceiling
+from dplora.accounting.ceiling_compose import composed_ceiling
 
 TINY = [
     {"mechanism": "gaussian", "noise_multiplier": 1e-300},
