@@ -34,6 +34,7 @@ from import_graph import STAGES, cycles, module_imports  # noqa: E402  (the one 
 FORBIDDEN_CALLS: dict[str, tuple[str, ...]] = {
     "noise": (
         "CsprngGaussian", "chacha20_keystream", "box_muller_pair_sums_fp64", "privatize", "ChaCha20",
+        "chacha20_words64", "chacha20_blocks", "chacha20_keystream_torch",  # the device keystream (issue 47)
         "randn_like", "normal_",  # the usual ways to add Gaussian noise to a gradient in torch
     ),
     "sampling": ("PoissonUnitSampler", "ShardedPoissonSampler", "bernoulli", "binomial"),

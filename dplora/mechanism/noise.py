@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 
 import numpy as np
 import torch
@@ -110,14 +111,19 @@ class CsprngGaussian:
         ValueError: a key that is not 32 bytes.
     """
 
-    __slots__ = ("_key", "_draws")
+    __slots__ = ("_key", "_draws", "_lock")
 
     def __init__(self, key: bytes | None = None):
-        key = os.urandom(KEY_BYTES) if key is None else bytes(key)
+        if key is None:
+            key = os.urandom(KEY_BYTES)
+        elif not isinstance(key, (bytes, bytearray, memoryview)):  # bytes(32) would be the public all-zero key
+            raise ValueError(f"the noise key must be {KEY_BYTES} bytes, got a {type(key).__name__}")
+        key = bytes(key)
         if len(key) != KEY_BYTES:
             raise ValueError(f"the noise key must be {KEY_BYTES} bytes, got {len(key)}")
         self._key = key
         self._draws = 0
+        self._lock = threading.Lock()  # two threads never take the same nonce
 
     @property
     def draws(self) -> int:
@@ -136,9 +142,12 @@ class CsprngGaussian:
             raise ValueError(f"one noise draw holds 0..{MAX_VALUES_PER_DRAW} values, asked for {size}")
         if not (math.isfinite(std) and std >= 0):
             raise ValueError(f"noise std must be finite and ≥ 0, got {std}")
-        nonce = self._draws.to_bytes(12, "little")
-        self._draws += 1
+        with self._lock:
+            nonce = self._draws.to_bytes(12, "little")
+            self._draws += 1
         out = torch.empty(size, dtype=torch.float32, device=device)
+        if size == 0:  # an empty draw on either path (its nonce is spent all the same)
+            return out
         if out.device.type in DEVICE_STREAM_TYPES:
             return self._normal_device_stream(out, nonce, std)
         encryptor = Cipher(algorithms.ChaCha20(self._key, bytes(4) + nonce), mode=None).encryptor()
@@ -172,6 +181,9 @@ class CsprngGaussian:
         return f"CsprngGaussian(ChaCha20, 256-bit key from os.urandom, {self._draws} draws)"
 
     def __reduce__(self):
+        raise TypeError("the noise generator holds a secret key and is never pickled, copied or stored")
+
+    def __getstate__(self):
         raise TypeError("the noise generator holds a secret key and is never pickled, copied or stored")
 
     def __deepcopy__(self, memo):

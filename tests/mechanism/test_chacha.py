@@ -112,6 +112,7 @@ def test_generator_name_says_where_the_stream_is_computed():
     assert "torch integer ops" not in cpu
 
 
-def test_the_generator_holds_no_more_than_key_and_draw_count():
-    """The device path adds no state: nothing key-derived is cached on the instance."""
-    assert CsprngGaussian.__slots__ == ("_key", "_draws")
+def test_the_generator_holds_no_more_than_key_draw_count_and_lock():
+    """The device path adds no state: nothing key-derived is cached on the instance (the lock makes two threads take
+    two nonces, red team issue 47)."""
+    assert CsprngGaussian.__slots__ == ("_key", "_draws", "_lock")

@@ -1,9 +1,11 @@
 """Red team on issue 47 item 1: the DP-SGD Gaussian noise (dplora.mechanism.noise, dplora.mechanism.chacha).
 
-Each ``test_finding_*`` fails on rt47 at ddb4741 (a finding of the red-team report); each ``test_held_*`` is an
-attack that the code withstood, kept as a regression. References are independent of the code under test where it
-matters: ``cryptography``'s ChaCha20 (OpenSSL) for the keystream, numpy for the Box-Muller recipe, spies on the
-stream constructors for nonce/counter reuse.
+Each ``test_finding_*`` failed at ddb4741 (a finding of the red-team report: an empty draw crashed the host path, an
+int key became the all-zero key, the import rule missed the torch keystream) and passes since the fix; each
+``test_held_*`` is an attack that the code withstood, kept as a regression; the last two close the report's "not
+tested" lines (two threads taking one nonce, ``__getstate__`` returning the key). References are independent of
+the code under test where it matters: ``cryptography``'s ChaCha20 (OpenSSL) for the keystream, numpy for the
+Box-Muller recipe, spies on the stream constructors for nonce/counter reuse.
 """
 
 from __future__ import annotations
@@ -389,3 +391,39 @@ def test_held_a_caller_mutating_its_key_buffer_changes_nothing():
     gen = CsprngGaussian(key=buf)
     buf[:] = bytes(32)
     np.testing.assert_allclose(gen.normal(64, 1.0).numpy(), _ref_noise(KEY, 0, 64, 1.0), rtol=1e-6, atol=1e-6)
+
+
+def test_two_threads_drawing_at_once_take_distinct_nonces():
+    """Red team issue 47, 'not tested' line: normal() read the draw count and then added 1 with no lock between; 8
+    threads × 50 draws now take 400 distinct nonces (draws == 400 and every value differs)."""
+    import threading
+
+    from dplora.mechanism.noise import CsprngGaussian
+
+    gen = CsprngGaussian(bytes(range(32)))
+    out: list = []
+    lock = threading.Lock()
+
+    def work():
+        for _ in range(50):
+            v = gen.normal(4, 1.0)
+            with lock:
+                out.append(v)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert gen.draws == 400
+    assert len({tuple(v.tolist()) for v in out}) == 400
+
+
+def test_the_generators_state_is_not_readable_through_getstate():
+    """Red team issue 47, 'not tested' line: object.__getstate__ of a slotted instance returned the key."""
+    import pytest
+
+    from dplora.mechanism.noise import CsprngGaussian
+
+    with pytest.raises(TypeError, match="never pickled"):
+        CsprngGaussian().__getstate__()
