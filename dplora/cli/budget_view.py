@@ -46,7 +46,7 @@ def print_report(report: dict, console, warn=None) -> None:
             f"{stats['dropped_by_cap']} (max per unit after cap: {stats['max_records_per_unit_after_cap']})",
         )
     if report.get("attack_ceiling"):
-        t.add_row("attack ceiling (TPR at FPR)", _ceiling_cell(report["attack_ceiling"]))
+        t.add_row("attack ceiling (TPR at FPR)", ceiling_cell(report["attack_ceiling"]))
     if "ledger" in report:
         t.add_row(
             "ledger", f"{report['ledger']['population']}: ε spent before {report['ledger']['epsilon_spent_before']}"
@@ -87,7 +87,7 @@ def print_report(report: dict, console, warn=None) -> None:
         console.print(s)
 
 
-def _ceiling_cell(entry: dict) -> str:
+def ceiling_cell(entry: dict) -> str:
     """``0.89 % at 0.1 %, 3.06 % at 1 %, 14.1 % at 10 %`` (or why it is not stated)."""
     if not entry.get("available"):
         return "not stated: " + str(entry.get("reason"))
@@ -97,7 +97,7 @@ def _ceiling_cell(entry: dict) -> str:
     return ", ".join(f"{percent_up(v, 2)} % at {k.replace('%', ' %')}" for k, v in at.items())
 
 
-def _tpr_cell(ceiling: dict | None) -> str:
+def tpr_cell(ceiling: dict | None) -> str:
     """A candidate's ceiling at 1 % false positives, in percent (``-``: not calibrated or not stated)."""
     from dplora.accounting.ceiling import percent_up
 
@@ -131,7 +131,7 @@ def _print_recommendation(rec: dict, console) -> None:
             "-" if sig is None else f"{sig:.4f}",
             "-" if row["epsilon"] is None else f"{row['epsilon']:.4f}",
             "-" if sig is None else f"{row['noise_per_unit']:.5f}",
-            *((_tpr_cell(row.get("attack_ceiling")),) if ceilings else ()),
+            *((tpr_cell(row.get("attack_ceiling")),) if ceilings else ()),
             f"{row['lr']:.3g}",
             "chosen" if chosen else (row["excluded"] or ""),
         )

@@ -17,8 +17,8 @@ from scipy.stats import norm
 from dplora.accounting.ceiling import ceiling_entry, ceiling_sentence, percent_up
 from dplora.accounting.ceiling_compose import composed_ceiling
 from dplora.accounting.events import DpSgdEvent
+from dplora.cli.budget_view import tpr_cell
 from dplora.release.verify import _check_attack_ceiling
-from dplora.tuning.budget import _tpr_cell
 
 FPRS = {"0.1%": 0.001, "1%": 0.01, "10%": 0.1}
 
@@ -87,7 +87,7 @@ def test_finding_budget_candidate_table_rounds_the_ceiling_to_nearest():
     """Guarantee 1 (rounding in text). ``budget --recommend``'s candidate table prints the 1 % ceiling with
     ``f"{100 * t:.2f} %"`` (dplora/tuning/budget.py:433), nearest, not up. Input: a candidate ceiling
     0.030049 at 1 %. Expected '3.01 %' (never below); observed '3.00 %'."""
-    assert _tpr_cell({"1%": 0.030049}) == f"{percent_up(0.030049, 2)} %"
+    assert tpr_cell({"1%": 0.030049}) == f"{percent_up(0.030049, 2)} %"
 
 
 def test_finding_verify_accepts_a_ceiling_edited_down_within_its_tolerance():
