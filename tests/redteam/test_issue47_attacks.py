@@ -88,22 +88,27 @@ def _load_import_order():
     return mod
 
 
+def _forbidden_in_planted_run(tmp_path, source: str) -> list[str]:
+    """The mechanism rule's findings on a tiny ``dplora`` package whose ``run/planted.py`` holds ``source``."""
+    pkg = tmp_path / "dplora"
+    for sub in ("run", "mechanism"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "run" / "planted.py").write_text(source)
+    return _load_import_order().forbidden_calls(pkg)
+
+
 @pytest.mark.parametrize("call", ["chacha20_words64", "chacha20_blocks", "chacha20_keystream_torch"])
 def test_finding_the_mechanism_rule_misses_the_torch_keystream(tmp_path, call):
     """The mechanism rule (docs/architecture.md, tests/test_import_order.py FORBIDDEN_CALLS) is what keeps a noise
     stream with a chosen key out of dplora outside dplora/mechanism; it lists ``chacha20_keystream`` and
     ``ChaCha20`` but not the torch keystream of issue 47 (chacha20_words64 / chacha20_blocks /
     chacha20_keystream_torch). A planted fixed-key noise stream in dplora/run passes the rule."""
-    order = _load_import_order()
-    pkg = tmp_path / "dplora"
-    for sub in ("run", "mechanism"):
-        (pkg / sub).mkdir(parents=True)
-        (pkg / sub / "__init__.py").write_text("")
-    (pkg / "__init__.py").write_text("")
-    (pkg / "run" / "planted.py").write_text(
-        f"from dplora.mechanism.chacha import {call}\n\ndef noise(n):\n    return {call}(bytes(32), bytes(12), 0, n)\n"
+    found = _forbidden_in_planted_run(
+        tmp_path,
+        f"from dplora.mechanism.chacha import {call}\n\ndef noise(n):\n    return {call}(bytes(32), bytes(12), 0, n)\n",
     )
-    found = order.forbidden_calls(pkg)
     assert len(found) == 1 and found[0].startswith("dplora.run.planted:"), found
 
 
@@ -370,17 +375,11 @@ def test_held_record_names_where_the_stream_is_computed(monkeypatch):
 def test_held_control_the_rule_harness_finds_a_listed_noise_call(tmp_path):
     """Control for test_finding_the_mechanism_rule_misses_the_torch_keystream: the same planted file with the
     host keystream (``chacha20_keystream``, listed) is found, so the finding is the list, not the harness."""
-    order = _load_import_order()
-    pkg = tmp_path / "dplora"
-    for sub in ("run", "mechanism"):
-        (pkg / sub).mkdir(parents=True)
-        (pkg / sub / "__init__.py").write_text("")
-    (pkg / "__init__.py").write_text("")
-    (pkg / "run" / "planted.py").write_text(
+    found = _forbidden_in_planted_run(
+        tmp_path,
         "from dplora.mechanism.noise import chacha20_keystream\n\n"
-        "def noise(n):\n    return chacha20_keystream(bytes(32), bytes(12), n)\n"
+        "def noise(n):\n    return chacha20_keystream(bytes(32), bytes(12), n)\n",
     )
-    found = order.forbidden_calls(pkg)
     assert len(found) == 1 and found[0].endswith("noise chacha20_keystream"), found
 
 
