@@ -43,7 +43,7 @@ def main() -> None:
             [f"data.path={tmp / 'tickets.csv'}", f"training.output_dir={tmp / 'run'}", "training.steps=2"]
             + ["training.expected_batch_size=2", "training.physical_batch_size=2", "privacy.accountant=rdp"],
         )
-        table = data.load_table(contract)
+        table = data.load_table(contract.data, unit_key=contract.privacy.unit_key)
         unit_index = data.build_unit_index(table, contract.privacy, seed=contract.training.seed)
         plan = planning.plan_for(contract, unit_index)
         io_ = setup.RunIO(
@@ -54,7 +54,7 @@ def main() -> None:
         staging.mkdir()
         spec, state = build.build_run(contract, plan, table, unit_index, out=tmp / "run", staging=staging, io=io_)
         run_steps(spec, state, metrics=io.StringIO(), progress=type("P", (), {"update": lambda *a: None})())
-        digest = checkpoint.data_sha256(contract)
+        digest = checkpoint.data_sha256(contract.data)
         writes, restores = [], []
         for _ in range(args.repeat):
             t0 = time.perf_counter()

@@ -103,12 +103,30 @@ def served(run_folder: Path, template_contract) -> dict:
 
     run = read_run(run_folder)
     model, tokenizer, device = load_adapter_model(run, log=lambda *_: None)
-    table = held_out_table(run.contract)  # the split training held out (same seed and fraction in both runs)
+    table = held_out_table(
+        run.contract.data, unit_key=run.contract.privacy.unit_key, seed=run.contract.training.seed
+    )  # the split training held out (same seed and fraction in both runs)
     evaluation = evaluate_model(
-        model, tokenizer, table, template_contract, device=device, source="demo", public=True, private_run=True
+        model,
+        tokenizer,
+        table,
+        template_contract.data,
+        template_contract.training,
+        device=device,
+        source="demo",
+        public=True,
+        private_run=True,
     )
     sampling = Sampling(max_new_tokens=32)
-    reply = generate_replies(model, tokenizer, [PROMPT], contract=template_contract, sampling=sampling, device=device)
+    reply = generate_replies(
+        model,
+        tokenizer,
+        [PROMPT],
+        data=template_contract.data,
+        training=template_contract.training,
+        sampling=sampling,
+        device=device,
+    )
     return {
         "held_out_loss_adapter": evaluation.adapter.loss,
         "held_out_loss_base": evaluation.base.loss,

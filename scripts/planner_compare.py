@@ -116,7 +116,9 @@ def _held_out_loss(setup: dict, folder: str | None) -> float:
 
         model = PeftModel.from_pretrained(model, Path(folder) / "adapter", is_trainable=False).eval()
     contract = parse_contract(_contract(setup, Path(tempfile.gettempdir()) / "unused", arm="hand"))
-    examples = tokenize_records(datasets.Dataset.from_list(setup["held"]), tokenizer, contract)
+    examples = tokenize_records(
+        datasets.Dataset.from_list(setup["held"]), tokenizer, contract.data, max_seq_len=contract.training.max_seq_len
+    )
     nll, tokens = record_nll(model, examples, pad_id=tokenizer.pad_token_id, device="cpu", batch_size=32)
     return math.fsum(nll) / sum(tokens)
 

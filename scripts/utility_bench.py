@@ -481,7 +481,7 @@ class Scorer:
         from dplora.data.tokens import tokenize_records
         from dplora.evaluate.heldout import record_nll
 
-        examples = tokenize_records(table, self.tokenizer, contract)
+        examples = tokenize_records(table, self.tokenizer, contract.data, max_seq_len=contract.training.max_seq_len)
         return record_nll(model, examples, pad_id=self.tokenizer.pad_token_id, device=self.device, batch_size=batch)
 
 

@@ -156,7 +156,9 @@ def _declare_num_units(raw: dict) -> None:
     try:
         contract = parse_contract(raw)
         if private_count_reason(contract) is not None:
-            table, _ = data.split_eval(_LOAD_TABLE(contract), contract)  # the reader a test may monkeypatch
+            key, seed = contract.privacy.unit_key, contract.training.seed
+            table = _LOAD_TABLE(contract.data, unit_key=key)  # the reader a test may monkeypatch
+            table, _ = data.split_eval(table, contract.data, unit_key=key, seed=seed)
             index = data.build_unit_index(table, contract.privacy, seed=contract.training.seed)
             raw["privacy"]["num_units"] = index.num_units
     except (DploraError, ValueError, OSError):
@@ -250,3 +252,17 @@ def ledger_show_json(db: Path):
         pass
 
     return CliRunner().invoke(app, ["ledger", "show", "--db", str(db), "--json"])
+
+
+def contract_table(contract):
+    """The contract's data file as train reads it (``load_table`` with the contract's unit key)."""
+    from dplora.data.units import load_table
+
+    return load_table(contract.data, unit_key=contract.privacy.unit_key)
+
+
+def contract_records(table, tokenizer, contract):
+    """``tokenize_records`` with the contract's data section and ``training.max_seq_len``."""
+    from dplora.data.tokens import tokenize_records
+
+    return tokenize_records(table, tokenizer, contract.data, max_seq_len=contract.training.max_seq_len)

@@ -89,7 +89,7 @@ def pin_overrides(contract, target: AttachTarget) -> list[str]:
     """
     from dplora.mechanism import control
 
-    if control.is_control(contract):
+    if control.is_control(contract.privacy):
         raise BadInputError(
             "--attach: a privacy.enabled=false baseline is never attached: its numbers never go into a signed record"
         )
@@ -102,7 +102,7 @@ def mechanism_of(plan, contract) -> dict:
     """The mechanism an attached audit must share with the release, from a plan and its contract."""
     from dplora.release.record import unit_guarantee
 
-    unit = unit_guarantee(contract)
+    unit = unit_guarantee(contract.privacy)
     return {
         "accountant": plan.accountant.value,
         "sample_rate": plan.sample_rate,
@@ -274,7 +274,7 @@ def _rewrite_card(folder: Path, record: dict) -> None:
 
     card = Path(folder) / "adapter" / MODEL_CARD
     if card.is_file():
-        atomic.write_text(card, model_card(record, load_contract(Path(folder) / "contract.yaml")))
+        atomic.write_text(card, model_card(record, load_contract(Path(folder) / "contract.yaml").data))
 
 
 def record_in_ledger(target: AttachTarget, envelope: Path, ledger_path: Path | None, log) -> None:

@@ -66,7 +66,7 @@ def check_options(contract, options: AuditOptions) -> None:
     """
     from dplora.mechanism import control
 
-    if control.is_control(contract) and options.data_source is DataSource.PRIVATE:
+    if control.is_control(contract.privacy) and options.data_source is DataSource.PRIVATE:
         raise BadInputError(
             "privacy.enabled=false audits run only on public or surrogate data (e.g. dplora demo-data): "
             "pass --data-source surrogate or public"
@@ -151,7 +151,7 @@ def check_power_contract(power_contract, source: DataSource | None) -> None:
         raise BadInputError(
             "the power check trains without noise: it runs on public or surrogate data only, never the private data"
         )
-    if not control.is_control(power_contract) or power_contract.privacy.population:
+    if not control.is_control(power_contract.privacy) or power_contract.privacy.population:
         raise BadInputError("the power check's contract must be a control (privacy.enabled=false, no population)")
 
 
@@ -228,7 +228,9 @@ def _score(run_folder: Path, contract, drawn, options: AuditOptions, threads, lo
 
     def examples(secrets_: list[str]):
         rows = [canaries.canary_rows(contract, f"c{i}", s)[0] for i, s in enumerate(secrets_)]
-        return tokenize_records(datasets.Dataset.from_list(rows), tokenizer, contract)
+        return tokenize_records(
+            datasets.Dataset.from_list(rows), tokenizer, contract.data, max_seq_len=contract.training.max_seq_len
+        )
 
     canary_examples = examples([c.secret for c in drawn])
     adapter = scores.sequence_losses(model, canary_examples, **kw)

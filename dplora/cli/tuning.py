@@ -60,7 +60,7 @@ def clip_guide(
             user_level = contract.privacy.protected_unit is ProtectedUnit.USER
             tickets = sample * 5 if user_level else sample  # 1-5 tickets per customer: at least `sample` of them
             table, source = public_data.public_table(
-                contract, public, num_tickets=tickets, option="--public", units=True
+                contract.data, contract.privacy, public, num_tickets=tickets, option="--public", units=True
             )
             if public is None:
                 log(f"note: no --public FILE: measuring on the {source}")

@@ -14,18 +14,21 @@ from __future__ import annotations
 from pathlib import Path
 
 from dplora.contract.choices import ProtectedUnit
-from dplora.contract.spec import Contract
+from dplora.contract.spec import DataSection, PrivacySection
 from dplora.errors import BadInputError, excerpt
 
 DEMO_SEED = 16_016  # the demo generator's seed for public samples: not 0, the seed of `dplora demo-data`
 DEMO_SOURCE = "demo generator (dplora/data/demo.py, fake tickets, seed {seed}): public by construction"
 
 
-def demo_rows(contract: Contract, num_tickets: int, *, seed: int = DEMO_SEED) -> list[dict[str, str]]:
+def demo_rows(
+    data: DataSection, privacy: PrivacySection, num_tickets: int, *, seed: int = DEMO_SEED
+) -> list[dict[str, str]]:
     """Fake tickets with the contract's column names (see module docstring); every value is text.
 
     Args:
-        contract: whose ``data`` columns and ``privacy.unit_key`` the rows get.
+        data: the contract's data section, whose columns the rows get.
+        privacy: the contract's privacy section, whose ``unit_key`` (and unit) the rows get.
         num_tickets: tickets to generate (one row each), ≥ 1.
         seed: the demo generator's seed.
 
@@ -39,7 +42,6 @@ def demo_rows(contract: Contract, num_tickets: int, *, seed: int = DEMO_SEED) ->
     """
     from dplora.data.demo import generate_tickets
 
-    data, privacy = contract.data, contract.privacy
     out = []
     for t in generate_tickets(num_tickets=num_tickets, seed=seed):
         row = {}
@@ -68,13 +70,13 @@ def _same_file(a: Path, b: str | None) -> bool:
         return False
 
 
-def refuse_private(contract: Contract, path: Path, option: str) -> None:
-    """Refuse ``path`` when it is the contract's training file (or its held-out file not declared public).
+def refuse_private(data: DataSection, path: Path, option: str) -> None:
+    """Refuse ``path`` when it is the contract's training file (or its held-out file not declared public);
+    ``data`` is the contract's data section.
 
     Raises:
         BadInputError: naming the option and the contract key it collides with.
     """
-    data = contract.data
     if _same_file(Path(path), data.path):
         raise BadInputError(
             f"{option} {excerpt(str(path), 200)} is the contract's data.path (private training data): measuring it "
@@ -87,11 +89,14 @@ def refuse_private(contract: Contract, path: Path, option: str) -> None:
         )
 
 
-def public_table(contract: Contract, path: Path | None, *, num_tickets: int, option: str, units: bool):
+def public_table(
+    data: DataSection, privacy: PrivacySection, path: Path | None, *, num_tickets: int, option: str, units: bool
+):
     """The public sample as a ``datasets.Dataset`` with the contract's columns, and where it came from in words.
 
     Args:
-        contract: the contract (its columns; its data files are never read).
+        data: the contract's data section (its columns; its data files are never read).
+        privacy: the contract's privacy section (its unit key, with ``units``).
         path: a user-declared public file (csv, jsonl, parquet), or None for the demo generator.
         num_tickets: demo tickets to generate when ``path`` is None.
         option: the CLI option that named ``path`` (for messages).
@@ -108,23 +113,17 @@ def public_table(contract: Contract, path: Path | None, *, num_tickets: int, opt
     from dplora.data import units as data_mod
 
     if path is None:
-        rows = demo_rows(contract, num_tickets)
+        rows = demo_rows(data, privacy, num_tickets)
         return datasets.Dataset.from_list(rows), DEMO_SOURCE.format(seed=DEMO_SEED)
-    refuse_private(contract, path, option)
+    refuse_private(data, path, option)
     update = {"path": str(path), "format": "auto", "eval_path": None, "eval_fraction": None, "eval_public": False}
-    privacy = contract.privacy
-    if not units:
-        privacy = privacy.model_copy(update={"protected_unit": ProtectedUnit.ROW, "unit_key": None})
-    public = contract.model_copy(
-        update={"data": contract.data.model_copy(update={**update, "label_column": None}), "privacy": privacy}
-    )
-    table = data_mod.load_table(public)  # checks the text and unit-key columns, names rows, never contents
+    public = data.model_copy(update={**update, "label_column": None})
+    unit_key = privacy.unit_key if units else None
+    table = data_mod.load_table(public, unit_key=unit_key)  # checks the text and unit-key columns, names rows only
     return table, f"{option} {Path(path).name} (declared public by the user)"
 
 
-def eval_contract(contract: Contract, table) -> Contract:
-    """The contract used to evaluate on a public table: row level, no unit key, ``label_column`` only if present."""
-    label = contract.data.label_column if contract.data.label_column in table.column_names else None
-    data = contract.data.model_copy(update={"label_column": label})
-    privacy = contract.privacy.model_copy(update={"protected_unit": ProtectedUnit.ROW, "unit_key": None})
-    return contract.model_copy(update={"data": data, "privacy": privacy})
+def eval_data(data: DataSection, table) -> DataSection:
+    """The data section used to evaluate on a public table: ``label_column`` only if the table has it."""
+    label = data.label_column if data.label_column in table.column_names else None
+    return data.model_copy(update={"label_column": label})

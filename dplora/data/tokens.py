@@ -3,17 +3,20 @@ with the truncation counts (private) kept apart."""
 
 from __future__ import annotations
 
-from dplora.contract.spec import Contract
+from dplora.contract.spec import DataSection
 from dplora.data.cells import tokenize_cells
 
 
-def tokenize_records(table, tokenizer, contract: Contract) -> list[tuple[list[int], list[int]]]:
+def tokenize_records(table, tokenizer, data: DataSection, *, max_seq_len: int) -> list[tuple[list[int], list[int]]]:
     """Token ids and labels for every record: :func:`encode_records` without the truncation counts."""
-    return encode_records(table, tokenizer, contract)[0]
+    return encode_records(table, tokenizer, data, max_seq_len=max_seq_len)[0]
 
 
-def encode_records(table, tokenizer, contract: Contract):
+def encode_records(table, tokenizer, data: DataSection, *, max_seq_len: int):
     """Token ids and labels for every record (labels −100 off target), and the truncation counts.
+
+    ``data`` is the contract's data section (record format, columns, chat template, ``train_on``) and
+    ``max_seq_len`` its ``training.max_seq_len`` (tokens per record, ≥ 2).
 
     * ``text`` records train on every token (EOS appended).
     * ``prompt_response`` records train only on the response. With ``data.chat_template: auto`` and a model that has
@@ -36,7 +39,7 @@ def encode_records(table, tokenizer, contract: Contract):
     """
     from dplora.data.chat import ChatEncoder, template_in_use
 
-    data, max_len = contract.data, contract.training.max_seq_len
+    max_len = max_seq_len
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
 
     def enc(texts):

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from dplora.contract.choices import ProtectedUnit
-from dplora.contract.spec import Contract, DataSection, PrivacySection
+from dplora.contract.spec import DataSection, PrivacySection
 from dplora.data.readers import TextTable, read_csv_text, read_table
 from dplora.errors import BadInputError, excerpt
 
@@ -35,20 +35,21 @@ def dataset_builder(section: DataSection, path: Path) -> str:
         ) from None
 
 
-def required_columns(contract: Contract) -> list[str]:
-    """Columns the contract reads: text, prompt/response or the conversations, plus the unit key."""
-    data = contract.data
+def required_columns(data: DataSection, unit_key: str | None = None) -> list[str]:
+    """Columns a contract's data section reads: text, prompt/response or the conversations, plus ``unit_key``
+    (``privacy.unit_key``; None for row-level units and held-out files)."""
     if data.kind == "messages":
         cols = [data.messages_key] + ([data.completion_column] if data.completion_column else [])
     else:
         cols = [data.text_column] if data.text_column else [data.prompt_column, data.response_column]
-    if contract.privacy.unit_key:
-        cols.append(contract.privacy.unit_key)
+    if unit_key:
+        cols.append(unit_key)
     return cols
 
 
-def load_table(contract: Contract, *, light: bool = False):
-    """Load the data file into an in-memory ``datasets.Dataset`` and check its columns.
+def load_table(data: DataSection, *, unit_key: str | None = None, light: bool = False):
+    """Load ``data.path`` into an in-memory ``datasets.Dataset`` and check its columns (those of
+    :func:`required_columns`: the record columns and ``unit_key``, the contract's ``privacy.unit_key``).
 
     Text is read as written (:mod:`dplora.data.readers`): a cell holding ``NaN``, ``NA``, ``null`` or ``None`` is text.
     With ``light`` (``dplora budget``), a csv file of text or prompt/response records is read without ``datasets``
@@ -61,16 +62,16 @@ def load_table(contract: Contract, *, light: bool = False):
         BadInputError: missing file or a folder, unparsable file (names the line and the likely cause), empty
             data, missing column, empty/non-text cells.
     """
-    path = Path(contract.data.path)
+    path = Path(data.path)
     try:
         if path.is_dir():
             raise BadInputError(f"data.path={excerpt(str(path), 200)} is a folder; give a csv, jsonl or parquet file")
         if not path.is_file():
             raise BadInputError(f"data file not found: {path}")
-        builder = dataset_builder(contract.data, path)
+        builder = dataset_builder(data, path)
         if path.stat().st_size == 0 or (builder == "csv" and _csv_has_no_rows(path)):
             raise BadInputError(f"data file {path} has no rows")
-        if light and builder == "csv" and contract.data.messages_key is None:
+        if light and builder == "csv" and data.messages_key is None:
             table = read_csv_text(path)
         else:
             table = read_table(path, builder)
@@ -78,20 +79,20 @@ def load_table(contract: Contract, *, light: bool = False):
         raise BadInputError(f"cannot read data.path={excerpt(str(path), 200)}: {err.strerror or err}") from None
     if table.num_rows == 0:
         raise BadInputError(f"data file {path} has no rows")
-    missing = [c for c in required_columns(contract) if c not in table.column_names]
+    missing = [c for c in required_columns(data, unit_key) if c not in table.column_names]
     if missing:
         columns = ", ".join(table.column_names)  # header names come from the file: bounded below
         columns = columns if len(columns) <= 200 else columns[:197] + "..."
         hint = ""
-        if contract.data.record_format == "auto" and missing[0] == contract.data.messages_key == "messages":
+        if data.record_format == "auto" and missing[0] == data.messages_key == "messages":
             hint = (
                 " (data.record_format: auto reads a 'messages' or ShareGPT 'conversations' column of message lists, "
                 "or TRL 'prompt' + 'completion' columns; else name data.text_column or data.prompt_column + "
                 "data.response_column)"
             )
         raise BadInputError(f"data file {path} has no column {missing[0]!r}; columns are: {columns}{hint}")
-    message_columns = [contract.data.messages_key, contract.data.completion_column]
-    text_columns = [c for c in required_columns(contract) if c not in message_columns]
+    message_columns = [data.messages_key, data.completion_column]
+    text_columns = [c for c in required_columns(data, unit_key) if c not in message_columns]
     for column in text_columns:
         _check_cells(table[column], column, path)
     if isinstance(table, TextTable):
@@ -324,8 +325,10 @@ def _keep_by_rank(rows: np.ndarray, digests: list[bytes], unit_id: str, seed: in
     return np.sort(rows[keep])
 
 
-def count_units(contract: Contract) -> UnitIndex:
+def count_units(data: DataSection, privacy: PrivacySection, *, seed: int) -> UnitIndex:
     """Load the data, split off a held-out fraction, and group the rest into units (for ``dplora budget``).
+
+    ``data`` and ``privacy`` are the contract's sections, ``seed`` its public ``training.seed``.
 
     A csv file is read without ``datasets`` (``load_table(light=True)``): the same cells, the same units.
 
@@ -335,18 +338,19 @@ def count_units(contract: Contract) -> UnitIndex:
     Raises:
         BadInputError: as :func:`load_table` and :func:`split_eval`.
     """
-    train, _ = split_eval(load_table(contract, light=True), contract, light=True)
-    return build_unit_index(train, contract.privacy, seed=contract.training.seed)
+    table = load_table(data, unit_key=privacy.unit_key, light=True)
+    train, _ = split_eval(table, data, unit_key=privacy.unit_key, seed=seed, light=True)
+    return build_unit_index(train, privacy, seed=seed)
 
 
 EVAL_SPLIT_PERSON = b"dplora-eval"  # blake2b personalisation (≤ 16 bytes): this hash is used for nothing else
 
 
-def _unit_ids(table, contract: Contract) -> list[str]:
+def _unit_ids(table, data: DataSection, unit_key: str | None) -> list[str]:
     """Each record's protected-unit id: the unit key, or for row-level units the record's used text."""
-    if contract.privacy.unit_key:
-        return [cell_text(k, contract.privacy.unit_key) for k in table[contract.privacy.unit_key]]
-    columns = [table[c] for c in required_columns(contract)]
+    if unit_key:
+        return [cell_text(k, unit_key) for k in table[unit_key]]
+    columns = [table[c] for c in required_columns(data)]
     return ["\x1f".join(_id_text(v) for v in values) for values in zip(*columns, strict=True)]
 
 
@@ -364,15 +368,16 @@ def _held_out_unit(unit_id: str, seed: int, fraction: float) -> bool:
     return int.from_bytes(digest, "little") / 2**64 < fraction
 
 
-def eval_contract(contract: Contract) -> Contract:
-    """The contract that reads ``data.eval_path``: same columns and format, no unit key needed."""
-    data = contract.data.model_copy(update={"path": contract.data.eval_path})
-    privacy = contract.privacy.model_copy(update={"protected_unit": ProtectedUnit.ROW, "unit_key": None})
-    return contract.model_copy(update={"data": data, "privacy": privacy})
+def eval_data(data: DataSection) -> DataSection:
+    """The data section that reads ``data.eval_path``: same columns and format (read with no unit key)."""
+    return data.model_copy(update={"path": data.eval_path})
 
 
-def split_eval(table, contract: Contract, *, light: bool = False):
+def split_eval(table, data: DataSection, *, unit_key: str | None, seed: int, light: bool = False):
     """Split off the held-out set: (training table, held-out table or None).
+
+    ``data`` is the contract's data section, ``unit_key`` its ``privacy.unit_key`` (None: row-level units) and
+    ``seed`` its public ``training.seed`` (0 ≤ seed < 2⁶³).
 
     ``data.eval_fraction``: a unit is held out iff a keyed hash of its id (blake2b keyed by ``training.seed``;
     for row-level units the id is the record's text) is below the fraction. The choice depends on the unit
@@ -389,13 +394,12 @@ def split_eval(table, contract: Contract, *, light: bool = False):
         BadInputError: a split that leaves the training side empty, or an unreadable held-out file (an empty
             held-out side is returned as an empty table).
     """
-    data = contract.data
     if data.eval_path is not None:
-        return table, load_table(eval_contract(contract), light=light)
+        return table, load_table(eval_data(data), light=light)
     if data.eval_fraction is None:
         return table, None
-    seed, fraction = contract.training.seed, data.eval_fraction
-    held = [_held_out_unit(u, seed, fraction) for u in _unit_ids(table, contract)]
+    fraction = data.eval_fraction
+    held = [_held_out_unit(u, seed, fraction) for u in _unit_ids(table, data, unit_key)]
     eval_rows = [i for i, h in enumerate(held) if h]
     train_rows = [i for i, h in enumerate(held) if not h]
     if not train_rows:

@@ -316,7 +316,7 @@ def input_digests(contract, plan, table, unit_index) -> dict:
 
     plan_json = json.dumps(plan.to_dict(), sort_keys=True, default=str)
     return {
-        "data_sha256": table_digest(table, required_columns(contract)),
+        "data_sha256": table_digest(table, required_columns(contract.data, contract.privacy.unit_key)),
         "num_units": int(unit_index.num_units),
         "unit_index_sha256": unit_index_digest(unit_index),
         "contract_sha256": contract.sha256,

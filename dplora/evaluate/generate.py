@@ -15,7 +15,7 @@ import dataclasses
 import math
 from pathlib import Path
 
-from dplora.contract.spec import Contract
+from dplora.contract.spec import DataSection, TrainingSection
 from dplora.errors import BadInputError, NotPrivateError, excerpt
 
 MAX_NEW_TOKENS = 4096  # tokens generated at most per reply (--max-new-tokens upper bound)
@@ -55,7 +55,7 @@ class Sampling:
         return self.temperature == 0
 
 
-def prompt_ids(contract: Contract, tokenizer, prompt, max_new_tokens: int) -> list[int]:
+def prompt_ids(data: DataSection, training: TrainingSection, tokenizer, prompt, max_new_tokens: int) -> list[int]:
     """Token ids of ``prompt`` formatted and truncated as in training (:func:`dplora.data.tokens.tokenize_records`).
 
     Args:
@@ -76,29 +76,31 @@ def prompt_ids(contract: Contract, tokenizer, prompt, max_new_tokens: int) -> li
         BadInputError: a conversation for a run that did not train through a chat template, or a template that
             cannot render it.
     """
-    max_len = contract.training.max_seq_len
+    max_len = training.max_seq_len
     from dplora.data.cells import tokenize_cells
     from dplora.data.chat import generation_ids, template_in_use
 
-    template = template_in_use(tokenizer, contract.data)
+    template = template_in_use(tokenizer, data)
     conversation = not isinstance(prompt, str)
     if template is not None:  # as served: the turns and the template's generation prompt
         messages = prompt if conversation else [{"role": "user", "content": prompt}]
         return generation_ids(tokenizer, template, messages, max_len, max_new_tokens)
     if conversation:
         raise BadInputError(
-            f"--messages: this run was trained on {contract.data.kind} records as raw text (no chat template), "
+            f"--messages: this run was trained on {data.kind} records as raw text (no chat template), "
             "so a conversation has no training format here; use --prompt"
         )
-    text = f"{prompt}\n" if contract.data.prompt_column else prompt
+    text = f"{prompt}\n" if data.prompt_column else prompt
 
     ids = tokenize_cells(tokenizer, [text], max_len)[0]  # cut to max_seq_len × 32 characters first
-    if contract.data.prompt_column and len(ids) + max_new_tokens > max_len:
+    if data.prompt_column and len(ids) + max_new_tokens > max_len:
         return ids[: max_len // 2]
     return ids[:max_len]
 
 
-def generate_replies(model, tokenizer, prompts: list, *, contract: Contract, sampling: Sampling, device) -> list:
+def generate_replies(
+    model, tokenizer, prompts: list, *, data: DataSection, training: TrainingSection, sampling: Sampling, device
+) -> list:
     """One reply per prompt (one prompt per forward: no padding, so a reply never depends on the others).
 
     Args:
@@ -128,7 +130,7 @@ def generate_replies(model, tokenizer, prompts: list, *, contract: Contract, sam
     replies = []
     with torch.no_grad():
         for prompt in prompts:
-            ids = prompt_ids(contract, tokenizer, prompt, sampling.max_new_tokens)
+            ids = prompt_ids(data, training, tokenizer, prompt, sampling.max_new_tokens)
             if not ids:
                 raise BadInputError("an empty prompt: every prompt needs at least one token")
             input_ids = torch.tensor([ids], device=device)
@@ -297,4 +299,12 @@ def generate_from_run(
         log(f"warning: {run.folder} is {NOT_DP}: these adapters carry no DP guarantee")
     model, tokenizer, device = load_adapter_model(run, threads=threads, log=log)
     check_tokenization(run, tokenizer)
-    return generate_replies(model, tokenizer, prompts, contract=run.contract, sampling=sampling, device=device)
+    return generate_replies(
+        model,
+        tokenizer,
+        prompts,
+        data=run.contract.data,
+        training=run.contract.training,
+        sampling=sampling,
+        device=device,
+    )

@@ -28,7 +28,7 @@ import dataclasses
 import math
 from pathlib import Path
 
-from dplora.contract.spec import Contract
+from dplora.contract.spec import DataSection, TrainingSection
 from dplora.errors import BadInputError, excerpt
 from dplora.evaluate.report import group_stats
 
@@ -177,24 +177,26 @@ def held_out_loss(model, examples: list, *, pad_id: int, device, batch_size: int
     )
 
 
-def _exact_match(model, tokenizer, table, contract: Contract, device) -> float:
+def _exact_match(model, tokenizer, table, data: DataSection, training: TrainingSection, device) -> float:
     """Share of held-out prompts whose greedy reply equals the label (stripped)."""
-    right = _exact_match_rows(model, tokenizer, table, contract, device)
+    right = _exact_match_rows(model, tokenizer, table, data, training, device)
     return sum(right) / len(right)
 
 
-def _exact_match_rows(model, tokenizer, table, contract: Contract, device) -> list[bool]:
+def _exact_match_rows(model, tokenizer, table, data: DataSection, training: TrainingSection, device) -> list[bool]:
     """Whether each held-out prompt's greedy reply equals its label (both stripped)."""
     from dplora.data.cells import tokenize_cells
     from dplora.evaluate.generate import MAX_NEW_TOKENS, Sampling, generate_replies
 
-    prompts = [str(p) for p in table[contract.data.prompt_column]]
-    label = contract.data.label_column
+    prompts = [str(p) for p in table[data.prompt_column]]
+    label = data.label_column
     cells = table[label] if label in table.column_names else [None] * table.num_rows  # jsonl: no record has it
     labels = ["" if x is None else str(x).strip() for x in cells]
-    longest = max(len(ids) for ids in tokenize_cells(tokenizer, labels, contract.training.max_seq_len))
+    longest = max(len(ids) for ids in tokenize_cells(tokenizer, labels, training.max_seq_len))
     sampling = Sampling(max_new_tokens=min(longest + 2, MAX_NEW_TOKENS))
-    replies = generate_replies(model, tokenizer, prompts, contract=contract, sampling=sampling, device=device)
+    replies = generate_replies(
+        model, tokenizer, prompts, data=data, training=training, sampling=sampling, device=device
+    )
     return [r.strip() == y for r, y in zip(replies, labels, strict=True)]
 
 
@@ -204,7 +206,9 @@ class HeldOutDataProblem(BadInputError):
     evaluation instead of refusing; see :func:`dplora.recipe.build`)."""
 
 
-def check_held_out(table, tokenizer, contract: Contract, group_column: str | None = None) -> None:
+def check_held_out(
+    table, tokenizer, data: DataSection, training: TrainingSection, group_column: str | None = None
+) -> None:
     """Refuse a held-out set that cannot be evaluated, before any training: no target token, no label column,
     no group column (``group_column``, else ``data.group_column``).
 
@@ -217,29 +221,34 @@ def check_held_out(table, tokenizer, contract: Contract, group_column: str | Non
 
     if table.num_rows == 0:
         raise HeldOutDataProblem("the held-out set is empty (no unit fell on the held-out side of data.eval_fraction)")
-    if not any(y != -100 for _, labels in tokenize_records(table, tokenizer, contract) for y in labels):
+    if not any(
+        y != -100
+        for _, labels in tokenize_records(table, tokenizer, data, max_seq_len=training.max_seq_len)
+        for y in labels
+    ):
         raise HeldOutDataProblem("the held-out set has no target token (every reply was truncated away?)")
-    label = contract.data.label_column
-    if label is not None and label not in table.column_names and _schema_is_public(contract):
+    label = data.label_column
+    if label is not None and label not in table.column_names and _schema_is_public(data):
         raise BadInputError(f"the held-out data has no column {label!r} (data.label_column)")
-    group = group_column or contract.data.group_column
-    if group is not None and group not in table.column_names and _schema_is_public(contract):
+    group = group_column or data.group_column
+    if group is not None and group not in table.column_names and _schema_is_public(data):
         raise BadInputError(f"the held-out data has no column {excerpt(group)} (the group column)")
 
 
-def _schema_is_public(contract: Contract) -> bool:
+def _schema_is_public(data: DataSection) -> bool:
     """A missing column is a schema fact only where the columns do not depend on the records: a csv header or a
     parquet schema. In jsonl a column exists when ANY record has the key, so its absence is a statistic of the
     records: there a missing label or group column reads as empty cells, never a refusal (issue 40)."""
-    path = contract.data.eval_path or contract.data.path
-    return contract.data.format in ("csv", "parquet") or str(path).lower().endswith((".csv", ".parquet"))
+    path = data.eval_path or data.path
+    return data.format in ("csv", "parquet") or str(path).lower().endswith((".csv", ".parquet"))
 
 
 def evaluate_model(
     peft_model,
     tokenizer,
     table,
-    contract: Contract,
+    data: DataSection,
+    training: TrainingSection,
     *,
     device,
     source: str,
@@ -268,14 +277,14 @@ def evaluate_model(
     """
     from dplora.data.tokens import tokenize_records
 
-    group_column = group_column or contract.data.group_column
-    check_held_out(table, tokenizer, contract, group_column)
-    examples = tokenize_records(table, tokenizer, contract)
-    batch = contract.training.fixed_physical_batch_size
+    group_column = group_column or data.group_column
+    check_held_out(table, tokenizer, data, training, group_column)
+    examples = tokenize_records(table, tokenizer, data, max_seq_len=training.max_seq_len)
+    batch = training.fixed_physical_batch_size
     was_training = peft_model.training
     peft_model.eval()
     rows: dict[str, tuple] = {}
-    replies = len(examples) if contract.data.label_column else 0
+    replies = len(examples) if data.label_column else 0
     tick = progress.advance if progress is not None else None
     if progress is not None:
         progress.start(2 * (math.ceil(len(examples) / batch) + replies))
@@ -284,9 +293,7 @@ def evaluate_model(
         nll, tokens = record_nll(
             peft_model, examples, pad_id=tokenizer.pad_token_id, device=device, batch_size=batch, on_batch=tick
         )
-        right = (
-            _exact_match_rows(peft_model, tokenizer, table, contract, device) if contract.data.label_column else None
-        )
+        right = _exact_match_rows(peft_model, tokenizer, table, data, training, device) if data.label_column else None
         if tick is not None and replies:
             tick(replies)
         rows[name] = (nll, tokens, right)
@@ -299,8 +306,8 @@ def evaluate_model(
     finally:
         peft_model.train(was_training)
     accuracy = groups = None
-    if contract.data.label_column:
-        accuracy = {"column": contract.data.label_column, "records": table.num_rows}
+    if data.label_column:
+        accuracy = {"column": data.label_column, "records": table.num_rows}
         accuracy |= {m: sum(rows[m][2]) / len(rows[m][2]) for m in ("base", "adapter")}
     if group_column is not None:
         # an empty cell is one more group: never a refusal (an exit code that read private cells would be private);
@@ -321,9 +328,8 @@ def evaluate_model(
     )
 
 
-def held_out_source(contract: Contract, eval_path: Path | None = None) -> tuple[str, bool]:
-    """(the held-out set in words, declared public) for the contract's set or an explicit file."""
-    data = contract.data
+def held_out_source(data: DataSection, eval_path: Path | None = None) -> tuple[str, bool]:
+    """(the held-out set in words, declared public) for the contract's set (its data section) or an explicit file."""
     if eval_path is not None:
         return f"--eval-path {Path(eval_path).name} (not declared public)", False
     if data.eval_path is not None:
@@ -331,8 +337,11 @@ def held_out_source(contract: Contract, eval_path: Path | None = None) -> tuple[
     return f"data.eval_fraction={data.eval_fraction:g} of {Path(data.path).name}, split by protected unit", False
 
 
-def held_out_table(contract: Contract, eval_path: Path | None = None):
-    """The held-out records: ``eval_path`` if given, else the contract's ``data.eval_path`` or split.
+def held_out_table(data: DataSection, eval_path: Path | None = None, *, unit_key: str | None, seed: int):
+    """The held-out records: ``eval_path`` if given, else the data section's ``eval_path`` or split.
+
+    ``unit_key`` and ``seed`` are the contract's ``privacy.unit_key`` and ``training.seed``, which decide a
+    ``data.eval_fraction`` split (:func:`dplora.data.units.split_eval`).
 
     Raises:
         BadInputError: no held-out set configured, or unreadable data.
@@ -340,14 +349,14 @@ def held_out_table(contract: Contract, eval_path: Path | None = None):
     from dplora.data import units as data_mod
 
     if eval_path is not None:
-        update = contract.data.model_copy(update={"eval_path": str(eval_path), "eval_fraction": None})
-        return data_mod.load_table(data_mod.eval_contract(contract.model_copy(update={"data": update})))
-    if not contract.data.has_eval_set:
+        update = data.model_copy(update={"eval_path": str(eval_path), "eval_fraction": None})
+        return data_mod.load_table(data_mod.eval_data(update))
+    if not data.has_eval_set:
         raise BadInputError(
             "no held-out set: the run's contract has no data.eval_path or data.eval_fraction; pass --eval-path FILE"
         )
-    _, table = data_mod.split_eval(data_mod.load_table(contract), contract)
-    return table
+    table = data_mod.load_table(data, unit_key=unit_key)
+    return data_mod.split_eval(table, data, unit_key=unit_key, seed=seed)[1]
 
 
 def evaluate_run(
@@ -377,14 +386,16 @@ def evaluate_run(
             f"--group-column {excerpt(group_column, 60)}: only the column the run's contract declares as a public "
             f"label (data.group_column: {declared or 'none declared'}) can be reported per group; declare it there"
         )
-    table = held_out_table(run.contract, eval_path)
-    source, public = held_out_source(run.contract, eval_path)
+    contract = run.contract
+    table = held_out_table(contract.data, eval_path, unit_key=contract.privacy.unit_key, seed=contract.training.seed)
+    source, public = held_out_source(contract.data, eval_path)
     model, tokenizer, device = load_adapter_model(run, threads=threads, log=log)
     return evaluate_model(
         model,
         tokenizer,
         table,
-        run.contract,
+        contract.data,
+        contract.training,
         device=device,
         source=source,
         public=public,

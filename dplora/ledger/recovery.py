@@ -205,7 +205,7 @@ def record_release(
             "note": "adapters after steps_done of steps_planned logical steps, signed from the run's resume "
             "checkpoint; post-processing of the run, charged with it in the ledger (not a new charge)",
         }
-        release.finish_release(tmp, contract, record, private_key=private_key)
+        release.finish_release(tmp, contract.data, record, private_key=private_key)
         sha = digests.sha256_file(tmp / release.RELEASE_FILENAME)
         ledger.record_release(
             run_id=run_id, record_sha256=sha, epsilon=str(eps), delta=str(plan.delta), label=f"step-{info.step}"

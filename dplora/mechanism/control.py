@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from dplora.contract.spec import Contract
+from dplora.contract.spec import PrivacySection
 from dplora.plan.training import TrainingPlan
 
 NOT_DP = "NOT DIFFERENTIALLY PRIVATE"
@@ -30,9 +30,9 @@ NO_DP_STATEMENT = (
 ADAPTER_CONFIG_KEY = "dplora_privacy"  # written into adapter_config.json of a control (peft ignores it)
 
 
-def is_control(contract: Contract) -> bool:
-    """True for a non-private control contract (``privacy.enabled: false``)."""
-    return not contract.privacy.enabled
+def is_control(privacy: PrivacySection) -> bool:
+    """True for the privacy section of a non-private control contract (``privacy.enabled: false``)."""
+    return not privacy.enabled
 
 
 def control_plan(plan: TrainingPlan) -> TrainingPlan:

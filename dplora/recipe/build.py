@@ -51,7 +51,7 @@ def open_ledger(contract: Contract, plan: TrainingPlan, io: RunIO, resumed_run: 
     from dplora.ledger.store import Ledger, default_ledger_path
 
     if not contract.privacy.population:
-        if control.is_control(contract):
+        if control.is_control(contract.privacy):
             return None
         if resumed_run is None:  # --overwrite may discard an unassigned run's checkpoint: settle its charge then
             path = io.options.ledger_path or default_ledger_path()
@@ -60,14 +60,14 @@ def open_ledger(contract: Contract, plan: TrainingPlan, io: RunIO, resumed_run: 
         _check_resumable(ledger, resumed_run)
         return ledger
 
-    if control.is_control(contract) and not io.options.non_private:
+    if control.is_control(contract.privacy) and not io.options.non_private:
         pop = contract.privacy.population
         raise PlanRefusedError(
             f"privacy.enabled=false on population {pop!r}: a non-private run is charged ε=∞ in the ledger, over "
             f"any cap, and every later DP run on {pop!r} is then refused; pass --non-private to run it anyway"
         )
     ledger = Ledger(io.options.ledger_path or default_ledger_path(), create=False)  # a missing ledger fails closed
-    if resumed_run is None and not control.is_control(contract):
+    if resumed_run is None and not control.is_control(contract.privacy):
         from dplora.ledger.plans import check_plans
 
         check_plans(ledger, contract.privacy, [plan])
@@ -170,7 +170,9 @@ def _load(contract: Contract, io: RunIO) -> dict:
 
 def _encode(contract: Contract, table, tokenizer, io: RunIO):
     """Token ids and labels per record; the truncation counts go to the private log only (they are private)."""
-    examples, truncation = tokenizing.encode_records(table, tokenizer, contract)
+    examples, truncation = tokenizing.encode_records(
+        table, tokenizer, contract.data, max_seq_len=contract.training.max_seq_len
+    )
     if truncation is not None and truncation.truncated:  # private counts: the operator's terminal only
         io.private(
             f"data: {truncation.truncated} of {truncation.records} records "
@@ -195,7 +197,7 @@ def _checked_held_out(contract: Contract, held_out, tokenizer, io: RunIO):
     from dplora.evaluate.heldout import HeldOutDataProblem, check_held_out
 
     try:
-        check_held_out(held_out, tokenizer, contract)
+        check_held_out(held_out, tokenizer, contract.data, contract.training)
     except HeldOutDataProblem as err:
         if contract.data.eval_public:  # a public file: its problem is public, refuse before training
             raise

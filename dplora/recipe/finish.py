@@ -140,7 +140,7 @@ def write_outputs(spec, state, *, started: str, epsilon_spent: float, io: RunIO,
         "execution": execution_entry(spec, reducer=getattr(state.optimizer, "reducer", None), ranks=ranks),
         "lora_targets": adapted_module_names(unwrap(state.model)),  # what auto / all-linear resolved to
     }
-    if control.is_control(contract):  # its own predicate type (release.predicate_type_of), no ε
+    if control.is_control(contract.privacy):  # its own predicate type (release.predicate_type_of), no ε
         record = non_private_record(**common)
     else:
         record = build_record(**common, epsilon_spent=epsilon_spent)
@@ -150,4 +150,4 @@ def write_outputs(spec, state, *, started: str, epsilon_spent: float, io: RunIO,
         record["tokenization"] = tokenization_entry(spec.tokenizer, contract.data)
     if evaluation is not None and evaluation.public:
         record["evaluation"] = evaluation.to_dict()
-    release.finish_release(staging, contract, record, private_key=io.private_key)
+    release.finish_release(staging, contract.data, record, private_key=io.private_key)

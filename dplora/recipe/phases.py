@@ -49,7 +49,9 @@ def open_staging(contract, plan, unit_index, *, out: Path, staging: Path, io: Ru
 
     with distributed.gate(io.world):  # ranks other than 0 pass the same gate (see train._follow)
         resumed, digest = (
-            resume_mod.resume_point(staging, contract, plan, unit_index) if io.options.resume else (None, None)
+            resume_mod.resume_point(staging, contract.to_yaml(), contract.data, plan, unit_index)
+            if io.options.resume
+            else (None, None)
         )
         ledger = open_ledger(contract, plan, io, resumed and resumed.run_id)
         staging = resume_mod.prepare_staging(
@@ -253,14 +255,14 @@ def reserve(ledger, contract: Contract, plan: TrainingPlan, spec, io: RunIO, res
     """
     if resumed is not None:
         return ledger
-    if ledger is None and not contract.privacy.population and not control.is_control(contract):
+    if ledger is None and not contract.privacy.population and not control.is_control(contract.privacy):
         from dplora.ledger.store import Ledger, default_ledger_path
 
         ledger = Ledger(io.options.ledger_path or default_ledger_path(), create=True)
     if ledger is None:
         return None
     purpose = "tuning" if io.options.tuning_trial else "release"
-    if control.is_control(contract):
+    if control.is_control(contract.privacy):
         ledger.reserve_non_private(
             population=contract.privacy.population, run_id=spec.run_id, adjacency=plan.adjacency.value, purpose=purpose
         )

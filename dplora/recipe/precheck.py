@@ -164,7 +164,7 @@ def check_data_files(contract: Contract, *, chat_template: bool | None) -> list[
     from dplora.data.units import dataset_builder, required_columns
 
     data = contract.data
-    wanted = required_columns(contract)
+    wanted = required_columns(data, contract.privacy.unit_key)
     lines = []
     for key, value in (("data.path", data.path), ("data.eval_path", data.eval_path)):
         if value is None:

@@ -102,17 +102,18 @@ def _evaluate_held_out(spec, state, io: RunIO):
     from dplora.evaluate.report import report_lines
     from dplora.run.progress import BatchReporter
 
-    source, public = held_out_source(spec.contract)
+    source, public = held_out_source(spec.contract.data)
     with BatchReporter("held-out eval", enabled=io.progress, public=public) as progress:  # the operator's terminal
         evaluation = evaluate_model(
             unwrap(state.model),
             spec.tokenizer,
             spec.held_out,
-            spec.contract,
+            spec.contract.data,
+            spec.contract.training,
             device=spec.device,
             source=source,
             public=public,
-            private_run=not control.is_control(spec.contract),
+            private_run=not control.is_control(spec.contract.privacy),
             progress=progress,
         )
     for line in report_lines(evaluation):  # numbers on a private held-out set are private diagnostics
@@ -127,7 +128,7 @@ def _metrics_header(spec) -> dict:
     """The first line of ``metrics.jsonl``; a non-private control's also says it carries no DP guarantee."""
     from dplora.run.loop import METRICS_HEADER
 
-    if control.is_control(spec.contract):
+    if control.is_control(spec.contract.privacy):
         return {**METRICS_HEADER, "non_private": control.NO_DP_STATEMENT}
     return METRICS_HEADER
 

@@ -179,9 +179,11 @@ def _admit(contract: Contract, options: RunOptions, world, recommendation, held:
             check_model_cache(contract.model)  # a packaged model's cache folder, before any conversion
             check_model_files(contract.model)  # the model folder, before the data is read or σ calibrated
             out, staging = prepare_output(contract, options.overwrite, protected)
-        if control.is_control(contract) and world.distributed:
+        if control.is_control(contract.privacy) and world.distributed:
             raise BadInputError("privacy.enabled=false (the non-private control) runs in one process only")
-        table, held_out = data_mod.split_eval(data_mod.load_table(contract), contract)
+        unit_key, seed = contract.privacy.unit_key, contract.training.seed
+        table = data_mod.load_table(contract.data, unit_key=unit_key)
+        table, held_out = data_mod.split_eval(table, contract.data, unit_key=unit_key, seed=seed)
         if options.extra_records:
             table = data_mod.append_records(table, list(options.extra_records))
         unit_index = data_mod.build_unit_index(table, contract.privacy, seed=contract.training.seed)
@@ -189,7 +191,7 @@ def _admit(contract: Contract, options: RunOptions, world, recommendation, held:
             plan = plan_for(contract, unit_index, log=private_log)
             if recommendation is not None:
                 plan = dataclasses.replace(plan, planner=recommendation.to_dict())
-            if control.is_control(contract):  # the DP twin's N, q and T; σ = 0, ε = ∞
+            if control.is_control(contract.privacy):  # the DP twin's N, q and T; σ = 0, ε = ∞
                 plan = control.control_plan(plan)
             held.created = outputs.missing_parents(out)  # removed again if the run ends in exit 2
             held.lock = lock_output(out)
@@ -224,7 +226,7 @@ def _run_locked(
     ledger = phases.reserve_charge(ledger, spec, io, resumed)
     started = resumed.meta["started_at"] if resumed is not None else io.started_at
     checkpointer = ckpt.Checkpointer(
-        spec, state, started_at=started, data_digest=digest or ckpt.data_sha256(contract), log=io.log, last=resumed
+        spec, state, started_at=started, data_digest=digest or ckpt.data_sha256(contract.data), log=io.log, last=resumed
     )
     t0, first_step = time.perf_counter(), state.step
     evaluation, train_seconds, eval_seconds = phases.train_or_fail(spec, state, io, started, checkpointer, ledger)

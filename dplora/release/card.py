@@ -8,7 +8,7 @@ from the record or the contract's public settings: no local path, no training te
 
 from __future__ import annotations
 
-from dplora.contract.spec import Contract
+from dplora.contract.spec import DataSection
 
 TAGS = ("differential-privacy", "dp-sgd", "lora", "peft", "dplora")
 UNIT_WORDS = {"row": "data row", "ticket": "ticket (all of its rows)", "user": "customer (all of their rows)"}
@@ -18,12 +18,12 @@ ADJACENCY_WORDS = {
 }
 
 
-def model_card(record: dict, contract: Contract) -> str:
+def model_card(record: dict, data: DataSection) -> str:
     """The model card text for one release.
 
     Args:
         record: The release record (predicate) of :func:`dplora.release.record.build_record`, with ``base_model``.
-        contract: The run's contract (only its public data-column names and file format are used).
+        data: The contract's data section (only its public column names and file format are used).
     Returns:
         UTF-8 text: ``---`` YAML front matter ``---`` then Markdown, readable by ``huggingface_hub.ModelCard``.
     Raises:
@@ -32,14 +32,14 @@ def model_card(record: dict, contract: Contract) -> str:
     from huggingface_hub import ModelCardData
 
     if record.get("differentially_private") is False:
-        return _non_private_card(record, contract)
+        return _non_private_card(record, data)
     base = record["base_model"]
-    data = ModelCardData(
+    card_data = ModelCardData(
         library_name="peft", base_model=base["name_or_path"], tags=list(TAGS), pipeline_tag="text-generation"
     )
-    sections = (_intro(record), _guarantee(record), _not_covered(record), _data(record, contract))
+    sections = (_intro(record), _guarantee(record), _not_covered(record), _data(record, data))
     body = "\n".join((*sections, _base_model(base), _verify(record)))
-    return f"---\n{data.to_yaml()}\n---\n\n{body}"
+    return f"---\n{card_data.to_yaml()}\n---\n\n{body}"
 
 
 def _intro(record: dict) -> str:
@@ -175,8 +175,8 @@ def _template(record: dict) -> str:
     )
 
 
-def _data(record: dict, contract: Contract) -> str:
-    d = contract.data
+def _data(record: dict, data: DataSection) -> str:
+    d = data
     columns = _columns(d)
     files = ", ".join(f"`{name}`" for name in record["data"]["files"])
     files += "" if d.format == "auto" else f" ({d.format})"
@@ -246,18 +246,18 @@ def _verify(record: dict) -> str:
 NON_PRIVATE_TAGS = ("not-differentially-private", "lora", "peft", "dplora")
 
 
-def _non_private_card(record: dict, contract: Contract) -> str:
+def _non_private_card(record: dict, data: DataSection) -> str:
     """The card of a non-private control run (:mod:`dplora.mechanism.control`): it says so first, and states no ε."""
     from huggingface_hub import ModelCardData
 
     base, training = record["base_model"], record["training"]
-    data = ModelCardData(
+    card_data = ModelCardData(
         library_name="peft",
         base_model=base["name_or_path"],
         tags=list(NON_PRIVATE_TAGS),
         pipeline_tag="text-generation",
     )
-    columns = _columns(contract.data)
+    columns = _columns(data)
     files = ", ".join(f"`{name}`" for name in record["data"]["files"])
     body = (
         f"# NOT DIFFERENTIALLY PRIVATE: LoRA adapter (control run) for {base['name_or_path']}\n\n"
@@ -273,4 +273,4 @@ def _non_private_card(record: dict, contract: Contract) -> str:
         "`dplora verify RELEASE_DIR --public-key signing.pub` prints NOT DIFFERENTIALLY PRIVATE and exits 6 "
         "(0 with `--allow-non-private`).\n"
     )
-    return f"---\n{data.to_yaml()}\n---\n\n{body}"
+    return f"---\n{card_data.to_yaml()}\n---\n\n{body}"

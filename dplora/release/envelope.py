@@ -29,6 +29,7 @@ from securesystemslib.dsse import Envelope
 from securesystemslib.signer import CryptoSigner
 
 from dplora import atomic
+from dplora.contract.spec import DataSection
 from dplora.data.digest import hmac_sha256_file, new_salt, sha256_file
 from dplora.errors import BadInputError
 
@@ -264,7 +265,7 @@ def _restore(path: Path, data: bytes) -> None:
             tmp.unlink(missing_ok=True)
 
 
-def finish_adapter_dir(adapter_dir: Path, contract, record: dict) -> list[Path]:
+def finish_adapter_dir(adapter_dir: Path, data: DataSection, record: dict) -> list[Path]:
     """Make a saved peft adapter folder loadable elsewhere and self-describing, before it is signed.
 
     Sets ``adapter_config.json``'s ``base_model_name_or_path`` to the record's loadable base-model name
@@ -273,7 +274,7 @@ def finish_adapter_dir(adapter_dir: Path, contract, record: dict) -> list[Path]:
 
     Args:
         adapter_dir: The folder ``save_pretrained`` wrote (adapter_config.json, adapter weights).
-        contract: The run's :class:`dplora.contract.spec.Contract`.
+        data: The contract's data section (:class:`dplora.contract.spec.DataSection`), for the model card.
         record: The release record with its ``base_model`` entry (:func:`dplora.release.record.build_record`).
     Returns:
         Every file in ``adapter_dir``, sorted: the artifacts to sign.
@@ -292,16 +293,16 @@ def finish_adapter_dir(adapter_dir: Path, contract, record: dict) -> list[Path]:
     if predicate_type_of(record) == NON_PRIVATE_PREDICATE_TYPE:
         adapter_config["dplora_privacy"] = record["statement"]
     atomic.write_json(config_path, adapter_config)
-    atomic.write_text(adapter_dir / MODEL_CARD, model_card(record, contract))
+    atomic.write_text(adapter_dir / MODEL_CARD, model_card(record, data))
     return sorted(p for p in adapter_dir.rglob("*") if p.is_file())
 
 
-def finish_release(output_dir: Path, contract, record: dict, *, private_key) -> Path:
+def finish_release(output_dir: Path, data: DataSection, record: dict, *, private_key) -> Path:
     """Finish ``output_dir/adapter`` (:func:`finish_adapter_dir`) and sign it with ``contract.yaml``.
 
     Args:
         output_dir: The run folder holding ``adapter/`` and ``contract.yaml``.
-        contract: The run's contract.
+        data: The contract's data section, for the model card.
         record: The release record without ``artifacts``; they are added here (relative POSIX names).
         private_key: The Ed25519 signing key.
     Returns:
@@ -310,6 +311,6 @@ def finish_release(output_dir: Path, contract, record: dict, *, private_key) -> 
         BadInputError: See :func:`finish_adapter_dir` and :func:`write_release`.
     """
     root = Path(output_dir).resolve()
-    artifacts = finish_adapter_dir(root / "adapter", contract, record) + [root / "contract.yaml"]
+    artifacts = finish_adapter_dir(root / "adapter", data, record) + [root / "contract.yaml"]
     record = {**record, "artifacts": sorted(p.relative_to(root).as_posix() for p in artifacts)}
     return write_release(output_dir=root, record=record, artifact_files=artifacts, private_key=private_key)

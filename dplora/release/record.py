@@ -16,7 +16,7 @@ import platform
 import dplora
 from dplora.accounting.ceiling import ceiling_entry
 from dplora.contract.choices import ProtectedUnit
-from dplora.contract.spec import Contract
+from dplora.contract.spec import Contract, LoraSection, PrivacySection
 from dplora.mechanism.control import NO_DP_STATEMENT
 from dplora.plan.training import TrainingPlan
 
@@ -40,9 +40,8 @@ def library_versions() -> dict[str, str]:
     return out
 
 
-def unit_guarantee(contract: Contract) -> dict:
+def unit_guarantee(privacy: PrivacySection) -> dict:
     """What the protected unit covers, in words and as fields (Charles et al. 2024 construction for units)."""
-    privacy = contract.privacy
     unit = privacy.protected_unit
     out = {
         "protected_unit": unit.value,
@@ -108,7 +107,7 @@ def build_record(
         "record_version": RECORD_VERSION,
         "run_id": run_id,
         "started_at": started_at,  # taken before the data is read; no end time (it would time the private run)
-        "privacy": unit_guarantee(contract),
+        "privacy": unit_guarantee(contract.privacy),
         "mechanism": {
             **plan.event.to_dict(),
             "max_grad_norm": plan.max_grad_norm,
@@ -203,7 +202,7 @@ def run_provenance(
         :func:`non_private_record`.
     """
     return {
-        "lora": _lora_entry(contract, lora_targets),
+        "lora": _lora_entry(contract.lora, lora_targets),
         "model": contract.model.model_dump(mode="json"),
         "base_model": base_model,
         "versions": library_versions(),
@@ -214,8 +213,8 @@ def run_provenance(
     }
 
 
-def _lora_entry(contract: Contract, lora_targets: list[str] | None) -> dict:
-    entry = contract.lora.model_dump(mode="json")
+def _lora_entry(lora: LoraSection, lora_targets: list[str] | None) -> dict:
+    entry = lora.model_dump(mode="json")
     if lora_targets is not None:
         entry["target_modules_requested"] = entry["target_modules"]
         entry["target_modules"] = sorted(lora_targets)

@@ -115,11 +115,12 @@ def read_info(where: Path) -> CheckpointInfo | None:
     return info
 
 
-def data_sha256(contract) -> str:
-    """sha256 of the data file (kept in the private checkpoint only; see the module docstring)."""
+def data_sha256(data) -> str:
+    """sha256 of the data section's file (:class:`dplora.contract.spec.DataSection`; kept in the private checkpoint
+    only; see the module docstring)."""
     from dplora.data.digest import sha256_file
 
-    return sha256_file(Path(contract.data.path))
+    return sha256_file(Path(data.path))
 
 
 def _adapter_config(spec, state) -> dict:

@@ -46,8 +46,16 @@ def _flat(node, prefix: str = "") -> dict:
     return {prefix[:-1]: node}
 
 
-def check_resumable(info: CheckpointInfo, contract, plan, unit_index, digest: str) -> None:
+def check_resumable(info: CheckpointInfo, contract_yaml: str, data_path: str, plan, unit_index, digest: str) -> None:
     """Refuse to resume a checkpoint under another contract, other data or another plan, naming what changed.
+
+    Args:
+        info: The checkpoint read from the staging folder.
+        contract_yaml: The contract as it is now, in its canonical YAML (``Contract.to_yaml``).
+        data_path: The contract's data file (``data.path``), named in the error.
+        plan: The plan as it is now (:class:`dplora.plan.training.TrainingPlan`).
+        unit_index: The data's unit index (its record and unit counts are compared, never shown).
+        digest: sha256 of the data file now.
 
     Raises:
         BadInputError: one line naming the changed keys, the data file, or the plan values.
@@ -55,7 +63,7 @@ def check_resumable(info: CheckpointInfo, contract, plan, unit_index, digest: st
     before = _flat(yaml.safe_load(info.meta["contract_yaml"]))
     for key, value in PRE_TEMPLATE_DEFAULTS.items():  # a checkpoint from before these keys tokenized this way
         before.setdefault(key, value)
-    now = _flat(yaml.safe_load(contract.to_yaml()))
+    now = _flat(yaml.safe_load(contract_yaml))
     changed = [k for k in sorted(before.keys() | now.keys()) if before.get(k) != now.get(k)]
     changed = [k for k in changed if k not in RESUMABLE_CHANGES]
     if changed:
@@ -70,7 +78,7 @@ def check_resumable(info: CheckpointInfo, contract, plan, unit_index, digest: st
         unit_index.num_units,
     ):
         raise BadInputError(
-            f"--resume: the data changed since the checkpoint: {contract.data.path} differs from the file the run "
+            f"--resume: the data changed since the checkpoint: {data_path} differs from the file the run "
             "started on (its sha256 or its records); resume needs the same data"  # no counts: they are private
         )
     saved = info.meta["plan"]
@@ -109,8 +117,11 @@ def steps_run(staging: Path, info: CheckpointInfo | None) -> int:
     return steps
 
 
-def resume_point(staging: Path, contract, plan, unit_index) -> tuple[CheckpointInfo, str]:
+def resume_point(staging: Path, contract_yaml: str, data, plan, unit_index) -> tuple[CheckpointInfo, str]:
     """For ``--resume``: the checkpoint to continue from and the data digest, after every check.
+
+    ``contract_yaml`` is the contract now (``Contract.to_yaml``), ``data`` its data section
+    (:class:`dplora.contract.spec.DataSection`); see :func:`check_resumable`.
 
     A run stopped by the DP stop rule after steps past its last checkpoint is not resumed (:func:`steps_run`): those
     steps are charged, and redoing them would spend more than the one charge reserved for T steps; ``--overwrite``
@@ -132,8 +143,8 @@ def resume_point(staging: Path, contract, plan, unit_index) -> tuple[CheckpointI
             "on a non-finite noisy update (a DP output of those steps): they stay charged, so redoing them would "
             "spend more than the run's charge; pass --overwrite to settle it at its reserved ε and start a new run"
         )
-    digest = data_sha256(contract)
-    check_resumable(info, contract, plan, unit_index, digest)
+    digest = data_sha256(data)
+    check_resumable(info, contract_yaml, data.path, plan, unit_index, digest)
     return info, digest
 
 
@@ -251,15 +262,15 @@ def resume_hint(spec, last: CheckpointInfo | None, advice: str = "") -> str:
     charge = f"; its ledger charge stays pending until then (or `dplora ledger settle {spec.run_id}`)"
     return (
         f"the resume checkpoint holds step {last.step}/{spec.plan.steps} in {spec.staging}: rerun the same command "
-        f"with --resume{advice}" + (charge if _charged(spec.contract) else "")
+        f"with --resume{advice}" + (charge if _charged(spec.contract.privacy) else "")
     )
 
 
-def _charged(contract) -> bool:
+def _charged(privacy) -> bool:
     """Whether the run holds a ledger charge: every DP run (unassigned without a population), a control on one."""
     from dplora.mechanism import control
 
-    return bool(contract.privacy.population) or not control.is_control(contract)
+    return bool(privacy.population) or not control.is_control(privacy)
 
 
 def failure_fields(spec, state, err: BaseException, last: CheckpointInfo | None) -> dict:

@@ -194,7 +194,7 @@ def memorisation_counts(rows: list[dict], contract, log=print, *, table=None) ->
     from dplora.data.units import load_table
 
     try:
-        table = load_table(contract) if table is None else table
+        table = load_table(contract.data, unit_key=contract.privacy.unit_key) if table is None else table
     except BadInputError:
         return {"checked": False, "note": "the training data file is not readable here: verbatim check not run"}
     if contract.data.kind == "messages":  # whole conversations, and the generated reply against every assistant turn
@@ -318,11 +318,19 @@ def synthesize(
     private = run.differentially_private
     guarantee = guarantee_text(statement["predicate"], private=private)
     try:  # the verbatim check runs on every file: no row equal to a training row goes unflagged
-        table = load_table(run.contract)
+        table = load_table(run.contract.data, unit_key=run.contract.privacy.unit_key)
     except BadInputError as err:
         raise BadInputError(f"synth flags rows equal to a training row, so it needs the run's data: {err}") from None
     model, tokenizer, device = load_adapter_model(run, threads=threads, log=log)
-    generated = generate_replies(model, tokenizer, prompts, contract=run.contract, sampling=sampling, device=device)
+    generated = generate_replies(
+        model,
+        tokenizer,
+        prompts,
+        data=run.contract.data,
+        training=run.contract.training,
+        sampling=sampling,
+        device=device,
+    )
     records = build_rows(run.contract, prompts, generated, private=private, record_format=fmt)
     own = "messages" if run.contract.data.kind == "messages" else "columns"  # compared in the training schema
     view = records if fmt == own else build_rows(run.contract, prompts, generated, private=True, record_format=own)

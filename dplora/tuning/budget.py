@@ -76,7 +76,7 @@ def budget_report(
         # Read the data (header, cells, units), so the dry run refuses what train refuses; with
         # privacy.num_units declared the count is only a local check (more units than declared: a warning). A
         # local dry run may show the exact count where train would refuse it (N private and not declared).
-        unit_index = count_units(contract)
+        unit_index = count_units(contract.data, contract.privacy, seed=contract.training.seed)
         if not show_private and contract.privacy.num_units is None:
             why = private_count_reason(contract)
             if why is not None:  # before any plan: even a refusal's ε would be a function of the counted N

@@ -158,7 +158,9 @@ def unit_norms(contract: Contract, table, *, sample: int = DEFAULT_SAMPLE, threa
         contract=contract,
         plan=None,
         unit_index=index,
-        examples=tokenizing.tokenize_records(table, tokenizer, contract),
+        examples=tokenizing.tokenize_records(
+            table, tokenizer, contract.data, max_seq_len=contract.training.max_seq_len
+        ),
         pad_id=tokenizer.pad_token_id,
         device=device,
         dtype=dtype,

@@ -174,17 +174,19 @@ def _selection_table(contract, options: SweepOptions):
     match options.select_by:
         case SelectBy.DEMO:
             table, source = public_data.public_table(
-                contract, None, num_tickets=options.eval_tickets, option="", units=False
+                contract.data, contract.privacy, None, num_tickets=options.eval_tickets, option="", units=False
             )
             return table, source, True
         case SelectBy.PUBLIC:
             table, source = public_data.public_table(
-                contract, options.eval_file, num_tickets=0, option="--eval-public", units=False
+                contract.data, contract.privacy, options.eval_file, num_tickets=0, option="--eval-public", units=False
             )
             return table, source, True
         case SelectBy.PRIVATE:
             name = Path(options.eval_file).name
-            return held_out_table(contract, options.eval_file), f"--eval-private {name} (private)", False
+            key, seed = contract.privacy.unit_key, contract.training.seed
+            table = held_out_table(contract.data, options.eval_file, unit_key=key, seed=seed)
+            return table, f"--eval-private {name} (private)", False
         case SelectBy.CONTRACT:
             if not contract.data.has_eval_set:
                 raise BadInputError("--eval-contract: the contract has no data.eval_path or data.eval_fraction")
@@ -210,7 +212,7 @@ def _check_budget(contracts, options: SweepOptions) -> list:
     from dplora.recipe.planning import plan_for, resolve_auto
 
     resolved = [resolve_auto(c)[0] for c in contracts]  # as run_training resolves each trial's contract
-    plans = [plan_for(c, count_units(c)) for c in resolved]
+    plans = [plan_for(c, count_units(c.data, c.privacy, seed=c.training.seed)) for c in resolved]
     with Ledger(options.ledger_path or default_ledger_path(), create=False) as ledger:
         try:
             check_plans(ledger, contracts[0].privacy, plans)
@@ -229,9 +231,17 @@ def _evaluate(result, table, source: str, public: bool, options: SweepOptions, l
 
     run = read_run(result.output_dir)
     model, tokenizer, device = load_adapter_model(run, threads=options.threads, log=log)
-    contract = public_data.eval_contract(run.contract, table)
+    data = public_data.eval_data(run.contract.data, table)
     return evaluate_model(
-        model, tokenizer, table, contract, device=device, source=source, public=public, private_run=True
+        model,
+        tokenizer,
+        table,
+        data,
+        run.contract.training,
+        device=device,
+        source=source,
+        public=public,
+        private_run=True,
     )
 
 
@@ -398,7 +408,7 @@ def _release(result, tuning: dict, private_key, options: SweepOptions, trial_pub
     for name in release.RELEASE_FILES:
         (folder / name).unlink()
     contract = load_contract(folder / "contract.yaml")
-    path = release.finish_release(folder, contract, record, private_key=private_key)
+    path = release.finish_release(folder, contract.data, record, private_key=private_key)
     with Ledger(options.ledger_path or default_ledger_path(), create=False) as ledger:
         ledger.record_release(
             run_id=result.run_id,

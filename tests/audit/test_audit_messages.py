@@ -60,7 +60,9 @@ def test_a_messages_canary_is_a_conversation_with_the_secret_in_the_assistant_tu
     conversation = [{"role": "user", "content": canaries.PROMPT}, {"role": "assistant", "content": reply}]
     assert rows[0]["messages"] == conversation
     _, tokenizer = load_model_and_tokenizer(contract.model, lambda *_: None)
-    (ids, labels), second = tokenize_records(datasets.Dataset.from_list(rows), tokenizer, contract)
+    (ids, labels), second = tokenize_records(
+        datasets.Dataset.from_list(rows), tokenizer, contract.data, max_seq_len=contract.training.max_seq_len
+    )
     assert second == (ids, labels)  # both copies are the same record
     full = tokenizer.apply_chat_template(conversation, chat_template=CHATML, tokenize=False)
     assert tokenizer.decode(ids) == full
@@ -120,7 +122,9 @@ def test_a_pair_canary_under_chat_template_auto_is_scored_on_the_assistant_span(
     reply = canaries.REPLY.format(secret="K7QX-09AZ-M2LT-4RQ8")
     assert rows == [{"message": canaries.PROMPT, "reply": reply}]
     _, tokenizer = load_model_and_tokenizer(contract.model, lambda *_: None)
-    [(ids, labels)] = tokenize_records(datasets.Dataset.from_list(rows), tokenizer, contract)
+    [(ids, labels)] = tokenize_records(
+        datasets.Dataset.from_list(rows), tokenizer, contract.data, max_seq_len=contract.training.max_seq_len
+    )
     conversation = [{"role": "user", "content": canaries.PROMPT}, {"role": "assistant", "content": reply}]
     assert tokenizer.decode(ids) == tokenizer.apply_chat_template(conversation, chat_template=CHATML, tokenize=False)
     assert tokenizer.decode([t for t in labels if t != -100]) == reply + "<|im_end|>\n"

@@ -3,6 +3,7 @@ memory does not grow with a cell's size, and records of normal-length cells are 
 
 from __future__ import annotations
 
+from conftest import contract_records
 from conftest import minimal_contract as _contract
 from datasets import Dataset
 from tiny import byte_tokenizer
@@ -55,14 +56,14 @@ def test_a_3mb_cell_is_cut_before_tokenizing():
     tokens and they are the cell's first bytes."""
     spy = SpyTokenizer(byte_tokenizer())
     table = Dataset.from_dict({"text": ["x" * MB3, "short"]})
-    (ids, labels), (ids2, _) = tokenize_records(table, spy, _contract(max_len=64, text=True))
+    (ids, labels), (ids2, _) = contract_records(table, spy, _contract(max_len=64, text=True))
     assert max(spy.lengths) == 64 * 32 and len(spy.lengths) == 2
     assert len(ids) == 64 and ids == labels and spy.decode(ids) == "x" * 64
     assert spy.decode(ids2[:-1]) == "short" and ids2[-1] == spy.eos_token_id
 
     spy.lengths.clear()
     table = Dataset.from_dict({"message": ["p" * MB3, "q"], "reply": ["r" * MB3, "s"]})
-    (ids, labels), _ = tokenize_records(table, spy, _contract(max_len=32))
+    (ids, labels), _ = contract_records(table, spy, _contract(max_len=32))
     assert max(spy.lengths) == 32 * 32
     assert len(ids) == len(labels) == 32
     assert spy.decode(ids[:16]) == "p" * 16 and spy.decode(ids[16:]) == "r" * 16 and labels[:16] == [-100] * 16
@@ -74,20 +75,26 @@ def test_normal_cells_keep_their_token_ids():
     texts = ["abc", "héllo wörld " * 20, "z" * 40, "ü" * 600, "a b " * 300]
     table = Dataset.from_dict({"text": texts})
     contract = _contract(max_len=16, text=True)
-    assert tokenize_records(table, tok, contract) == _uncut_records(table, tok, contract)
+    assert tokenize_records(table, tok, contract.data, max_seq_len=contract.training.max_seq_len) == _uncut_records(
+        table, tok, contract
+    )
     pairs = Dataset.from_dict({"message": texts, "reply": list(reversed(texts))})
     for max_len in (8, 16, 64):
         contract = _contract(max_len=max_len)
-        assert tokenize_records(pairs, tok, contract) == _uncut_records(pairs, tok, contract)
+        assert tokenize_records(pairs, tok, contract.data, max_seq_len=contract.training.max_seq_len) == _uncut_records(
+            pairs, tok, contract
+        )
 
 
 def test_generate_prompts_go_through_the_same_bound():
     """`dplora generate`'s prompt path cuts a 3 MB prompt to the same bound and keeps training's truncation."""
     spy = SpyTokenizer(byte_tokenizer())
-    ids = prompt_ids(_contract(max_len=32), spy, "p" * MB3, 8)
+    c = _contract(max_len=32)
+    ids = prompt_ids(c.data, c.training, spy, "p" * MB3, 8)
     assert spy.lengths == [32 * 32] and spy.decode(ids) == "p" * 16
     spy.lengths.clear()
-    assert prompt_ids(_contract(max_len=32, text=True), spy, "t" * MB3, 8) == spy.inner("t" * 32)["input_ids"]
+    c = _contract(max_len=32, text=True)
+    assert prompt_ids(c.data, c.training, spy, "t" * MB3, 8) == spy.inner("t" * 32)["input_ids"]
     assert spy.lengths == [32 * 32]
 
 

@@ -10,11 +10,10 @@ import hashlib
 import json
 
 import pytest
-from conftest import minimal_contract
+from conftest import contract_table, minimal_contract
 from tiny import CHATML, LLAMA3, chat_tokenizer, tiny_llama
 
 from dplora.data import tokens as tokenizing
-from dplora.data import units
 from dplora.data.chat import ChatEncoder, check_messages, template_sha256
 from dplora.errors import BadInputError
 
@@ -200,12 +199,12 @@ def test_a_messages_jsonl_loads_and_a_bad_line_is_refused_with_exit_2(tmp_path):
     path = tmp_path / "chats.jsonl"
     rows = [{"messages": CONVO, "ticket": "a"}, {"messages": CONVO[1:3], "ticket": "b"}]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    table = units.load_table(_messages_contract(path))
+    table = contract_table(_messages_contract(path))
     assert table["messages"][1] == CONVO[1:3]
     bad = [*rows, {"messages": [{"role": "agent", "content": "private words"}], "ticket": "c"}]
     path.write_text("".join(json.dumps(r) + "\n" for r in bad))
     with pytest.raises(BadInputError, match="data row 3: message 1 has a role other than") as err:
-        units.load_table(_messages_contract(path))
+        contract_table(_messages_contract(path))
     assert err.value.exit_code == 2 and "private" not in str(err.value)
 
 
@@ -214,7 +213,7 @@ def test_parquet_conversations_load(tmp_path):
 
     path = tmp_path / "chats.parquet"
     datasets.Dataset.from_list([{"chat": CONVO}, {"chat": CONVO[1:3]}]).to_parquet(str(path))
-    table = units.load_table(_messages_contract(path, messages_column="chat"))
+    table = contract_table(_messages_contract(path, messages_column="chat"))
     assert table["chat"][0] == CONVO
 
 
@@ -242,11 +241,11 @@ def test_one_turn_prompt_response_goes_through_the_template_unless_none():
     tok = chat_tokenizer(CHATML)
     table = datasets.Dataset.from_list([{"message": "Order 12 is late", "reply": "Sorry, resent."}])
     contract = minimal_contract(max_len=128)
-    (got,), _ = tokenizing.encode_records(table, tok, contract)
+    (got,), _ = tokenizing.encode_records(table, tok, contract.data, max_seq_len=contract.training.max_seq_len)
     assert got == ChatEncoder(tok, CHATML, 128).encode(CONVO[1:3])
     assert tok.decode([i for i, y in zip(*got, strict=True) if y != IGN]) == "Sorry, resent.<|im_end|>\n"
     raw = contract.model_copy(update={"data": contract.data.model_copy(update={"chat_template": "none"})})
-    ids, _labels = tokenizing.encode_records(table, tok, raw)[0][0]
+    ids, _labels = tokenizing.encode_records(table, tok, raw.data, max_seq_len=raw.training.max_seq_len)[0][0]
     assert ids == _tok(tok, "Order 12 is late\nSorry, resent.") + [tok.eos_token_id]
     assert template_sha256(tok, contract.data) == hashlib.sha256(CHATML.encode()).hexdigest()
     assert template_sha256(tok, raw.data) is None

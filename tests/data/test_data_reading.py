@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import contract_dict
+from conftest import contract_dict, contract_table
 
 from dplora.contract.loader import parse_contract
-from dplora.data.units import build_unit_index, load_table
+from dplora.data.units import build_unit_index
 from dplora.errors import BadInputError
 
 WORDS = ["NaN", "NA", "null", "None", "nan", "NULL", "N/A", "#N/A", "n/a", "<NA>", "-nan", "1.#QNAN", "TRUE"]
@@ -23,7 +23,7 @@ def _contract(tmp_path: Path, data: Path, **privacy):
 
 def _load_error(tmp_path: Path, data: Path) -> str:
     with pytest.raises(BadInputError) as info:
-        load_table(_contract(tmp_path, data))
+        contract_table(_contract(tmp_path, data))
     message = str(info.value)
     assert SECRET not in message and "\n" not in message
     return message
@@ -34,7 +34,7 @@ def test_csv_words_that_look_missing_are_text(tmp_path):
     lines = ["customer_id,message,reply"] + [f"00{i},question {i},{w}" for i, w in enumerate(WORDS)]
     data = tmp_path / "t.csv"
     data.write_text("\n".join(lines) + "\n")
-    table = load_table(_contract(tmp_path, data))
+    table = contract_table(_contract(tmp_path, data))
     assert table["reply"] == WORDS
     assert table["customer_id"][:2] == ["000", "001"]  # ids as written, not 0 and 1
     assert table.features["customer_id"].dtype == "string"
@@ -44,7 +44,7 @@ def test_unit_ids_are_compared_as_written(tmp_path):
     data = tmp_path / "t.csv"
     data.write_text("customer_id,message,reply\n7,a,b\n007,c,d\n7.0,e,f\n7,g,h\n")
     contract = _contract(tmp_path, data, protected_unit="user", unit_key="customer_id")
-    index = build_unit_index(load_table(contract), contract.privacy, seed=0)
+    index = build_unit_index(contract_table(contract), contract.privacy, seed=0)
     assert index.num_units == 3 and [len(r) for r in index.records_of_unit] == [2, 1, 1]
 
 
@@ -58,7 +58,7 @@ def test_jsonl_string_null_is_text_and_json_null_is_empty(tmp_path):
     data = tmp_path / "t.jsonl"
     rows = [{"message": "a", "reply": w} for w in ("NaN", "null", "None", "NA")]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert load_table(_contract(tmp_path, data))["reply"] == ["NaN", "null", "None", "NA"]
+    assert contract_table(_contract(tmp_path, data))["reply"] == ["NaN", "null", "None", "NA"]
     data.write_text(json.dumps({"message": "a", "reply": "x"}) + "\n" + json.dumps({"message": "b", "reply": None}))
     assert "column 'reply' has 1 empty cells (data rows 2)" in _load_error(tmp_path, data)
 

@@ -12,12 +12,12 @@ import json
 
 import pytest
 import yaml
+from conftest import contract_table
 from tiny import CHATML, save_chat_model
 
 from dplora.contract.loader import load_contract
 from dplora.contract.shape import Structure, detect_shape, read_structure
 from dplora.data import tokens as tokenizing
-from dplora.data import units
 from dplora.data.chat import check_messages, tokenization_entry
 from dplora.errors import BadInputError
 
@@ -66,8 +66,8 @@ def _jsonl(path, rows):
 
 
 def _encode(contract, tok):
-    table = units.load_table(contract)
-    return tokenizing.encode_records(table, tok, contract)[0]
+    table = contract_table(contract)
+    return tokenizing.encode_records(table, tok, contract.data, max_seq_len=contract.training.max_seq_len)[0]
 
 
 def test_trl_text_prompt_completion_is_detected_and_trains_on_the_completion_only(tmp_path, tok):
@@ -233,7 +233,7 @@ def check_messages_error(value) -> BadInputError:
 def test_a_file_with_no_known_shape_names_the_shapes_auto_reads(tmp_path):
     path = _jsonl(tmp_path / "odd.jsonl", [{"question": "q", "answer": "a"}])
     with pytest.raises(BadInputError) as err:
-        units.load_table(_contract(tmp_path, path))
+        contract_table(_contract(tmp_path, path))
     msg = str(err.value)
     assert "no column 'messages'; columns are: question, answer" in msg
     assert "ShareGPT 'conversations'" in msg and "TRL 'prompt' + 'completion'" in msg

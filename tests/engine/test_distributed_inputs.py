@@ -44,7 +44,7 @@ def _reordered_copy(source: Path, target: Path) -> Path:
 def _digests(raw: dict, path: Path) -> dict:
     """Every rank's digests with the same contract, the rows read from ``path`` (this rank's copy)."""
     contract = parse_contract(raw)
-    table = data_mod.load_table(parse_contract({**raw, "data": {**raw["data"], "path": str(path)}}))
+    table = data_mod.load_table(parse_contract({**raw, "data": {**raw["data"], "path": str(path)}}).data)
     index = data_mod.build_unit_index(table, contract.privacy, seed=0)
     plan = SimpleNamespace(to_dict=lambda: {"sigma": 1.0})
     return distributed.input_digests(contract, plan, table, index)

@@ -85,8 +85,8 @@ def test_split_is_by_unit_and_stable_under_add_remove(tmp_path, tiny_model_dir, 
     contract = parse_contract(
         contract_dict(tiny_model_dir, tickets_csv, tmp_path / "o", privacy=privacy, data={"eval_fraction": 0.3})
     )
-    table = load_table(contract)
-    train, held = split_eval(table, contract)
+    table = load_table(contract.data, unit_key="customer_id")
+    train, held = split_eval(table, contract.data, unit_key="customer_id", seed=0)
     train_ids, held_ids = set(map(str, train["customer_id"])), set(map(str, held["customer_id"]))
     assert train_ids and held_ids and not train_ids & held_ids
     assert train.num_rows + held.num_rows == table.num_rows
@@ -94,11 +94,10 @@ def test_split_is_by_unit_and_stable_under_add_remove(tmp_path, tiny_model_dir, 
     assert 0.15 < share < 0.45  # about the fraction (a binomial draw over ~60 customers)
     gone = sorted(train_ids)[0]
     neighbour = table.filter(lambda row: str(row["customer_id"]) != gone)
-    train2, held2 = split_eval(neighbour, contract)
+    train2, held2 = split_eval(neighbour, contract.data, unit_key="customer_id", seed=0)
     assert set(map(str, held2["customer_id"])) == held_ids
     assert set(map(str, train2["customer_id"])) == train_ids - {gone}
-    other_seed = contract.model_copy(update={"training": contract.training.model_copy(update={"seed": 1})})
-    assert set(map(str, split_eval(table, other_seed)[1]["customer_id"])) != held_ids
+    assert set(map(str, split_eval(table, contract.data, unit_key="customer_id", seed=1)[1]["customer_id"])) != held_ids
 
 
 @pytest.mark.parametrize(
@@ -211,7 +210,7 @@ def test_exact_match_accuracy_on_a_label_column(tmp_path, tiny_model_dir, ticket
     contract = parse_contract(
         contract_dict(tiny_model_dir, tickets_csv, tmp_path / "o", data={"eval_fraction": 0.3, "label_column": "reply"})
     )
-    _, held = split_eval(load_table(contract), contract)
+    _, held = split_eval(load_table(contract.data), contract.data, unit_key=None, seed=0)
     tokenizer = byte_tokenizer()
     labels = [str(x).strip() for x in held["reply"]]
     right = set(range(0, held.num_rows, 2))  # the stub answers every other prompt correctly
@@ -230,7 +229,7 @@ def test_exact_match_accuracy_on_a_label_column(tmp_path, tiny_model_dir, ticket
             return torch.cat([input_ids, torch.tensor([new])], dim=1)
 
     stub = Stub()
-    got = _exact_match(stub, tokenizer, held, contract, "cpu")
+    got = _exact_match(stub, tokenizer, held, contract.data, contract.training, "cpu")
     assert got == pytest.approx(len(right) / held.num_rows)
     longest = max(len(tokenizer([y], add_special_tokens=False)["input_ids"][0]) for y in labels)
     assert stub.max_new == {longest + 2}
@@ -252,7 +251,7 @@ def test_generate_is_deterministic_under_greedy(split_run, signing_key):
     reply = json.loads(first.output)["reply"]
     run = read_run(out)
     model, tokenizer, device = load_adapter_model(run, threads=1, log=lambda _: None)
-    ids = prompt_ids(run.contract, tokenizer, "my order never arrived", 6)
+    ids = prompt_ids(run.contract.data, run.contract.training, tokenizer, "my order never arrived", 6)
     assert tokenizer.decode(ids) == "my order never arrived\n"
     with torch.no_grad():
         for _ in range(6):
@@ -260,13 +259,14 @@ def test_generate_is_deterministic_under_greedy(split_run, signing_key):
             ids.append(nxt)
             if nxt == tokenizer.eos_token_id:
                 break
-    prompt_len = len(prompt_ids(run.contract, tokenizer, "my order never arrived", 6))
+    prompt_len = len(prompt_ids(run.contract.data, run.contract.training, tokenizer, "my order never arrived", 6))
     assert reply == tokenizer.decode(ids[prompt_len:], skip_special_tokens=True)
     direct = generate_replies(
         model,
         tokenizer,
         ["my order never arrived"],
-        contract=run.contract,
+        data=run.contract.data,
+        training=run.contract.training,
         sampling=Sampling(max_new_tokens=6),
         device=device,
     )
@@ -348,9 +348,17 @@ def test_per_group_report_matches_a_hand_computation(tmp_path, tiny_model_dir):
                 p.normal_(0, 0.5)  # adapters that change the loss
     tokenizer = byte_tokenizer()
     got = evaluate_model(
-        model, tokenizer, table, contract, device="cpu", source="held.csv", public=False, private_run=True
+        model,
+        tokenizer,
+        table,
+        contract.data,
+        contract.training,
+        device="cpu",
+        source="held.csv",
+        public=False,
+        private_run=True,
     )
-    examples = tokenize_records(table, tokenizer, contract)
+    examples = tokenize_records(table, tokenizer, contract.data, max_seq_len=contract.training.max_seq_len)
     model.eval()
     for which in ("adapter", "base"):
         per_row = []

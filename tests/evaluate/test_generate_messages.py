@@ -104,7 +104,7 @@ def test_prompt_on_a_template_run_is_a_one_user_turn_conversation(chat_run, tmp_
     assert as_prompt.stdout.splitlines()[-1] == as_messages.stdout.splitlines()[-1]
     contract = load_contract(out / "contract.yaml")
     _, tokenizer = load_model_and_tokenizer(contract.model, lambda *_: None)
-    ids = prompt_ids(contract, tokenizer, "where is my parcel", 4)
+    ids = prompt_ids(contract.data, contract.training, tokenizer, "where is my parcel", 4)
     expected = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
     expected += "<|im_start|>user\nwhere is my parcel<|im_end|>\n<|im_start|>assistant\n"
     full = tokenizer(expected, add_special_tokens=False)["input_ids"]

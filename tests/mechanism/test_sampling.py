@@ -10,13 +10,13 @@ import math
 
 import numpy as np
 import pytest
+from conftest import contract_records
 from conftest import minimal_contract as _contract
 from datasets import Dataset
 from tiny import byte_tokenizer
 
 from dplora.contract.loader import parse_contract
 from dplora.contract.spec import PrivacySection
-from dplora.data.tokens import tokenize_records
 from dplora.data.units import build_unit_index
 from dplora.errors import BadInputError
 from dplora.mechanism.sampling import PoissonUnitSampler
@@ -233,7 +233,7 @@ def test_prompt_masked_and_eos_appended():
     """Prompt "hi\\n" (3 bytes) is masked with −100; the response bytes and EOS are the targets."""
     tok = byte_tokenizer()
     table = Dataset.from_dict({"message": ["hi", "héllo"], "reply": ["ok", "yes!"]})
-    out = tokenize_records(table, tok, _contract(max_len=64))
+    out = contract_records(table, tok, _contract(max_len=64))
     for (ids, labels), prompt, reply in zip(out, table["message"], table["reply"], strict=True):
         n_prompt, n_reply = len(f"{prompt}\n".encode()), len(reply.encode())
         assert len(ids) == len(labels) == n_prompt + n_reply + 1
@@ -247,7 +247,7 @@ def test_long_pair_truncated_to_max_len_with_prompt_at_most_half():
     """A 100-byte prompt + 100-byte reply at max_seq_len 32: 16 masked prompt tokens, 16 target tokens."""
     tok = byte_tokenizer()
     table = Dataset.from_dict({"message": ["p" * 100, "q"], "reply": ["r" * 100, "s" * 50]})
-    (ids, labels), (ids2, labels2) = tokenize_records(table, tok, _contract(max_len=32))
+    (ids, labels), (ids2, labels2) = contract_records(table, tok, _contract(max_len=32))
     assert len(ids) == len(labels) == 32
     assert labels[:16] == [-100] * 16 and -100 not in labels[16:]
     assert tok.decode(ids[:16]) == "p" * 16 and tok.decode(ids[16:]) == "r" * 16
@@ -258,7 +258,7 @@ def test_text_column_trains_every_token():
     """Text records: labels equal ids, EOS appended, truncated to max_seq_len."""
     tok = byte_tokenizer()
     table = Dataset.from_dict({"text": ["abc", "z" * 40]})
-    (ids, labels), (ids2, labels2) = tokenize_records(table, tok, _contract(max_len=16, text=True))
+    (ids, labels), (ids2, labels2) = contract_records(table, tok, _contract(max_len=16, text=True))
     assert ids == labels and len(ids) == 4 and ids[-1] == EOS and tok.decode(ids[:3]) == "abc"
     assert ids2 == labels2 and len(ids2) == 16 and EOS not in ids2
 
@@ -277,7 +277,8 @@ def _jsonl_units(tmp_path, name, rows, **data):
     raw["privacy"].update(protected_unit="user", unit_key="user", max_records_per_unit=2)
     raw["data"].update(data)
     contract = parse_contract(raw)
-    table, held = data_mod.split_eval(data_mod.load_table(contract), contract)
+    table = data_mod.load_table(contract.data, unit_key="user")
+    table, held = data_mod.split_eval(table, contract.data, unit_key="user", seed=0)
     index = data_mod.build_unit_index(table, contract.privacy, seed=0)
     kept = {table["user"][int(g[0])]: sorted(table["message"][int(i)] for i in g) for g in index.records_of_unit}
     texts = dict(zip(table["message"], table["reply"], strict=True))

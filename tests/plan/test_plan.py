@@ -193,7 +193,7 @@ def test_t8_user_level_q_and_delta_over_users(users_csv):
     from dplora.recipe.planning import plan_for
 
     c = _user_contract(users_csv)
-    index = count_units(c)
+    index = count_units(c.data, c.privacy, seed=0)
     assert index.num_units == 1000 and index.num_records == 10000
     p = plan_for(c, index, release=False)  # a dry run may count N
     assert p.num_units == 1000 and p.num_units_source == "data"
@@ -225,7 +225,7 @@ def test_a_declared_n_far_from_the_data_warns_locally(users_csv, declared, warni
 
     c = _user_contract(users_csv, num_units=declared)
     lines = []
-    p = plan_for(c, count_units(c), release=True, log=lines.append)
+    p = plan_for(c, count_units(c.data, c.privacy, seed=0), release=True, log=lines.append)
     assert p.num_units == declared and p.num_units_source == "contract" and p.sample_rate == 10 / declared
     if warning is None:
         assert lines == []
@@ -240,7 +240,7 @@ def test_t8_user_level_pld_plan(users_csv):
     from dplora.recipe.planning import plan_for
 
     c = _user_contract(users_csv, accountant="pld", target_epsilon=3.0)
-    p = plan_for(c, count_units(c), release=False)
+    p = plan_for(c, count_units(c.data, c.privacy, seed=0), release=False)
     assert p.accountant is Accountant.PLD and p.sample_rate == 0.01
     assert p.epsilon == pytest.approx(1.83, abs=TOL)
 

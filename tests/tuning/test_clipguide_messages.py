@@ -76,7 +76,9 @@ def test_clip_guide_on_a_messages_contract_matches_brute_force(tmp_path, unit):
     )
     contract = parse_contract(raw)
     assert contract.data.kind == "messages"
-    table, source = public_data.public_table(contract, None, num_tickets=12, option="--public", units=True)
+    table, source = public_data.public_table(
+        contract.data, contract.privacy, None, num_tickets=12, option="--public", units=True
+    )
     assert table["messages"][0][0]["role"] == "user" and table["messages"][0][1]["role"] == "assistant"
     guide = clipguide.clip_guide(contract, table, source, sample=1000, threads=1, log=lambda *_: None)
     reference = _brute_force(contract, table)

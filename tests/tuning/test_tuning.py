@@ -28,7 +28,7 @@ def _brute_force_unit_norms(contract, table) -> np.ndarray:
 
     model, tokenizer = setup_model(contract, select_device(), "fp32", False, lambda *_: None)  # the same LoRA init
     named = [p for _, p in model.named_parameters() if p.requires_grad]
-    examples = tokenizing.tokenize_records(table, tokenizer, contract)
+    examples = tokenizing.tokenize_records(table, tokenizer, contract.data, max_seq_len=contract.training.max_seq_len)
     index = data_mod.build_unit_index(table, contract.privacy, seed=contract.training.seed)
     norms = []
     for records in index.records_of_unit:
@@ -54,7 +54,9 @@ def test_clip_guide_norms_match_brute_force(tmp_path, tiny_model_dir, unit):
         privacy["unit_key"] = "customer_id"
     raw = contract_dict(tiny_model_dir, tmp_path / "private.csv", tmp_path / "run", privacy=privacy)
     contract = parse_contract(raw)
-    table, source = public_data.public_table(contract, None, num_tickets=24, option="--public", units=True)
+    table, source = public_data.public_table(
+        contract.data, contract.privacy, None, num_tickets=24, option="--public", units=True
+    )
     guide = clipguide.clip_guide(contract, table, source, sample=1000, threads=1, log=lambda *_: None)
     reference = _brute_force_unit_norms(contract, table)
     assert len(guide.norms) == len(reference) == (24 if unit == "row" else len(set(table["customer_id"])))
