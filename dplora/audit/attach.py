@@ -25,6 +25,7 @@ import datetime as dt
 from pathlib import Path
 
 from dplora import atomic
+from dplora.contract.spec import PrivacySection
 from dplora.errors import BadInputError, DploraError
 from dplora.release.audit_section import composed_attack_ceiling, composed_runs, first_mismatch, record_mechanism
 
@@ -81,28 +82,30 @@ def open_release(run_dir: Path, signing_key: Path | None) -> AttachTarget:
     return AttachTarget(folder=run_dir, statement=verified.statement, private_key=private_key)
 
 
-def pin_overrides(contract, target: AttachTarget) -> list[str]:
-    """Overrides that give the audit the release's N (so q, T and σ follow), when its contract declares none.
+def pin_overrides(privacy: PrivacySection, target: AttachTarget) -> list[str]:
+    """Overrides that give the audit the release's N (so q, T and σ follow), when its contract's privacy section
+    declares none.
 
     Raises:
         BadInputError: a non-private baseline (never attached).
     """
     from dplora.mechanism import control
 
-    if control.is_control(contract.privacy):
+    if control.is_control(privacy):
         raise BadInputError(
             "--attach: a privacy.enabled=false baseline is never attached: its numbers never go into a signed record"
         )
-    if contract.privacy.num_units is not None:
+    if privacy.num_units is not None:
         return []
     return [f"privacy.num_units={int(target.record['accounting']['num_units'])}"]
 
 
-def mechanism_of(plan, contract) -> dict:
-    """The mechanism an attached audit must share with the release, from a plan and its contract."""
+def mechanism_of(plan, privacy: PrivacySection) -> dict:
+    """The mechanism an attached audit must share with the release, from a plan and its contract's privacy
+    section."""
     from dplora.release.record import unit_guarantee
 
-    unit = unit_guarantee(contract.privacy)
+    unit = unit_guarantee(privacy)
     return {
         "accountant": plan.accountant.value,
         "sample_rate": plan.sample_rate,
@@ -128,7 +131,7 @@ def check_plan(contract, target: AttachTarget) -> None:
     from dplora.plan.training import make_plan
 
     plan = make_plan(contract, num_units=contract.privacy.num_units, num_units_source="contract")
-    _refuse_mismatch(mechanism_of(plan, contract), target)
+    _refuse_mismatch(mechanism_of(plan, contract.privacy), target)
 
 
 def _refuse_mismatch(mechanism: dict, target: AttachTarget) -> None:

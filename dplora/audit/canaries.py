@@ -18,7 +18,7 @@ import dataclasses
 import secrets
 import string
 
-from dplora.contract.spec import Contract
+from dplora.contract.spec import DataSection
 
 PROMPT = "Hi, could you read back the account number you have on file for me? Thanks."
 REPLY = "The account number on file is {secret}."
@@ -57,8 +57,10 @@ def make_canaries(m: int) -> list[Canary]:
     ]
 
 
-def canary_rows(contract: Contract, unit_id: str, secret: str, copies: int = 1) -> list[dict]:
+def canary_rows(data: DataSection, unit_key: str | None, unit_id: str, secret: str, copies: int = 1) -> list[dict]:
     """The records of one canary in the data's columns: ``copies`` records, all inside the unit ``unit_id``.
+
+    ``data`` is the contract's data section and ``unit_key`` its ``privacy.unit_key`` (None: row level).
 
     At row level a canary is one row (``copies`` must be 1); at ticket or user level its records share the unit
     key, so the canary stays one protected unit. Columns the contract does not read are left empty (None).
@@ -66,10 +68,8 @@ def canary_rows(contract: Contract, unit_id: str, secret: str, copies: int = 1) 
     Raises:
         ValueError: copies > 1 at row level, or copies < 1.
     """
-    unit_key = contract.privacy.unit_key
     if copies < 1 or (copies > 1 and unit_key is None):
         raise ValueError(f"copies={copies}: a row-level canary is one row (several records need a unit key)")
-    data = contract.data
     reply = REPLY.format(secret=secret)
     row: dict = {}
     if data.text_column:

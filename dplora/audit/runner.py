@@ -119,7 +119,10 @@ def run_audit(
     audit_dir.mkdir(parents=True, exist_ok=True)
     drawn = canaries.make_canaries(options.canaries)
     extra = [
-        row for c in drawn if c.inserted for row in canaries.canary_rows(contract, c.unit_id, c.secret, options.copies)
+        row
+        for c in drawn
+        if c.inserted
+        for row in canaries.canary_rows(contract.data, contract.privacy.unit_key, c.unit_id, c.secret, options.copies)
     ]
     key, _ = generate_keypair(audit_dir / "audit-run.key", overwrite=True)  # the audit run's own, thrown away
     try:
@@ -166,7 +169,9 @@ def _power_check(power_contract, source, drawn, options: AuditOptions, audit_dir
         row
         for c in drawn
         if c.inserted
-        for row in canaries.canary_rows(power_contract, c.unit_id, c.secret, options.copies)
+        for row in canaries.canary_rows(
+            power_contract.data, power_contract.privacy.unit_key, c.unit_id, c.secret, options.copies
+        )
     ]
     key, _ = generate_keypair(audit_dir / "power-run.key", overwrite=True)
     # a control without population is never charged: no ledger
@@ -227,7 +232,10 @@ def _score(run_folder: Path, contract, drawn, options: AuditOptions, threads, lo
     kw = {"pad_id": tokenizer.pad_token_id, "device": device, "batch_size": contract.training.fixed_physical_batch_size}
 
     def examples(secrets_: list[str]):
-        rows = [canaries.canary_rows(contract, f"c{i}", s)[0] for i, s in enumerate(secrets_)]
+        rows = [
+            canaries.canary_rows(contract.data, contract.privacy.unit_key, f"c{i}", s)[0]
+            for i, s in enumerate(secrets_)
+        ]
         return tokenize_records(
             datasets.Dataset.from_list(rows), tokenizer, contract.data, max_seq_len=contract.training.max_seq_len
         )
@@ -313,8 +321,8 @@ def _report(result, contract, drawn, measured: dict, options: AuditOptions) -> d
         "exposure_inserted_mean": _mean(exp_in),
         "exposure_held_out_mean": _mean(exp_out),
         "steps": result.steps_done,
-        "mechanism": mechanism_of(plan, contract) if result.differentially_private else None,
-        "ledger": _ledger_entry(result, contract),
+        "mechanism": mechanism_of(plan, contract.privacy) if result.differentially_private else None,
+        "ledger": _ledger_entry(result, contract.privacy),
         "per_canary": [
             {
                 "unit_id": c.unit_id,
@@ -330,10 +338,10 @@ def _report(result, contract, drawn, measured: dict, options: AuditOptions) -> d
     }
 
 
-def _ledger_entry(result, contract) -> dict:
+def _ledger_entry(result, privacy) -> dict:
     """Whether the audit's run was charged to the ledger, as ``dplora train`` charges: every DP run (under its
     population, else as an unassigned run) and a non-private control only on a population."""
-    population = contract.privacy.population
+    population = privacy.population
     charged = population is not None or result.differentially_private
     return {
         "charged": charged,

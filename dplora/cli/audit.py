@@ -161,7 +161,7 @@ def prepare_audit(config: Path, overrides: list[str], data_source: str, audit_di
     if attach is not None:
         _separate(folder, attach)
         target = attaching.open_release(attach, signing_key)
-        pinned = attaching.pin_overrides(first, target)
+        pinned = attaching.pin_overrides(first.privacy, target)
     elif signing_key is not None:
         raise BadInputError("--signing-key signs an attached audit: give --attach RUN_DIR too")
     contract = load_contract(config, replace_overrides(overrides, [*pinned, f"training.output_dir={folder / 'run'}"]))

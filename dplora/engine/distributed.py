@@ -304,22 +304,23 @@ def unit_index_digest(unit_index) -> str:
     return h.hexdigest()
 
 
-def input_digests(contract, plan, table, unit_index) -> dict:
+def input_digests(plan, table, unit_index, *, columns: list[str], contract_sha256: str) -> dict:
     """What every rank must hold alike before step 1 (one short dict; digests only, no private value).
+
+    ``columns`` are the record columns the run reads (:func:`dplora.data.units.required_columns`) and
+    ``contract_sha256`` the contract's digest.
 
     Returns:
         ``{"data_sha256", "num_units", "unit_index_sha256", "contract_sha256", "plan_sha256"}``.
     """
     import json
 
-    from dplora.data.units import required_columns
-
     plan_json = json.dumps(plan.to_dict(), sort_keys=True, default=str)
     return {
-        "data_sha256": table_digest(table, required_columns(contract.data, contract.privacy.unit_key)),
+        "data_sha256": table_digest(table, columns),
         "num_units": int(unit_index.num_units),
         "unit_index_sha256": unit_index_digest(unit_index),
-        "contract_sha256": contract.sha256,
+        "contract_sha256": contract_sha256,
         "plan_sha256": hashlib.sha256(plan_json.encode("utf-8")).hexdigest(),
     }
 

@@ -9,7 +9,7 @@ import warnings
 from pathlib import Path
 
 from dplora.contract.choices import UnitClipping
-from dplora.contract.spec import Contract
+from dplora.contract.spec import Contract, DataSection, LoraSection, ModelSection, PrivacySection, TrainingSection
 from dplora.data import tokens as tokenizing
 from dplora.engine import distributed
 from dplora.errors import BadInputError, DploraError, PlanRefusedError, TrainingFailedError
@@ -99,20 +99,21 @@ def build_run(
     """
     from dplora.run.loop import RunSpec, RunState
 
-    loaded = _load(contract, io)
+    loaded = _load(contract.model, contract.lora, contract.training, io)
     model, tokenizer, device = loaded["model"], loaded["tokenizer"], loaded["device"]
-    examples = _encode(contract, table, tokenizer, io)
+    examples = _encode(contract.data, contract.training, table, tokenizer, io)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if io.world.distributed:  # the same weights, tokenizer, tokens, LoRA init and library versions on every rank
         from dplora.engine.basefiles import base_model_entry
 
         entry = base_model_entry(contract.model, io.log)
         distributed.check_same_inputs(io.world, distributed.model_digests(entry, examples, named))
-    held_out = _checked_held_out(contract, held_out, tokenizer, io)
+    held_out = _checked_held_out(contract.data, contract.training, held_out, tokenizer, io)
     if not named:
         raise BadInputError("no trainable parameters: check lora.target_modules")
-    mechanism, optimizer, (gsm, dp_opt, accountant) = _private_engine(contract, plan, model, named, device, io)
-    physical = _physical_batch(contract, gsm, dp_opt, named, tokenizer, device, log=io.log)
+    engine = _private_engine(contract.privacy, contract.training, plan, model, named, device, io)
+    mechanism, optimizer, (gsm, dp_opt, accountant) = engine
+    physical = _physical_batch(contract.training, gsm, dp_opt, named, tokenizer, device, log=io.log)
     spec = RunSpec(
         contract=contract,
         plan=plan,
@@ -141,7 +142,7 @@ def build_run(
     return spec, RunState(model=gsm, optimizer=dp_opt, accountant=accountant, named=named, scheduler=scheduler)
 
 
-def _load(contract: Contract, io: RunIO) -> dict:
+def _load(model_section: ModelSection, lora: LoraSection, training: TrainingSection, io: RunIO) -> dict:
     """Threads, device, precision, then the model with its LoRA adapters and the tokenizer (stage "loading the
     model"): a dict of model, tokenizer, device, dtype, allow_tf32, threads."""
     import torch
@@ -153,14 +154,12 @@ def _load(contract: Contract, io: RunIO) -> dict:
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
     # W processes on one node share its free cores
-    n_threads = (
-        io.options.threads or contract.training.threads or max(1, runtime.free_threads() // io.world.local_world_size)
-    )
+    n_threads = io.options.threads or training.threads or max(1, runtime.free_threads() // io.world.local_world_size)
     torch.set_num_threads(n_threads)
     device = select_device()
-    dtype, allow_tf32 = resolve_precision(contract.model, device)
+    dtype, allow_tf32 = resolve_precision(model_section, device)
     with _Stage("loading the model", device):
-        model, tokenizer = setup_model(contract, device, dtype, allow_tf32, io.log)
+        model, tokenizer = setup_model(model_section, lora, training, device, dtype, allow_tf32, io.log)
     _check_pad_embedding(model, tokenizer)
     return {
         "model": model, "tokenizer": tokenizer, "device": device, "dtype": dtype, "allow_tf32": allow_tf32,
@@ -168,15 +167,13 @@ def _load(contract: Contract, io: RunIO) -> dict:
     }  # fmt: skip
 
 
-def _encode(contract: Contract, table, tokenizer, io: RunIO):
+def _encode(data: DataSection, training: TrainingSection, table, tokenizer, io: RunIO):
     """Token ids and labels per record; the truncation counts go to the private log only (they are private)."""
-    examples, truncation = tokenizing.encode_records(
-        table, tokenizer, contract.data, max_seq_len=contract.training.max_seq_len
-    )
+    examples, truncation = tokenizing.encode_records(table, tokenizer, data, max_seq_len=training.max_seq_len)
     if truncation is not None and truncation.truncated:  # private counts: the operator's terminal only
         io.private(
             f"data: {truncation.truncated} of {truncation.records} records "
-            f"truncated to training.max_seq_len={contract.training.max_seq_len}, {truncation.dropped} dropped from "
+            f"truncated to training.max_seq_len={training.max_seq_len}, {truncation.dropped} dropped from "
             f"the loss (no target token left), {truncation.turns_dropped} turns and {truncation.tokens_cut} tokens "
             "not trained on"
             + (
@@ -189,7 +186,7 @@ def _encode(contract: Contract, table, tokenizer, io: RunIO):
     return examples
 
 
-def _checked_held_out(contract: Contract, held_out, tokenizer, io: RunIO):
+def _checked_held_out(data: DataSection, training: TrainingSection, held_out, tokenizer, io: RunIO):
     """The held-out set checked before training: a public file's problem refuses the run (exit 2); a private
     set's problem skips the evaluation (said privately), so the exit code never depends on private data."""
     if held_out is None:
@@ -197,9 +194,9 @@ def _checked_held_out(contract: Contract, held_out, tokenizer, io: RunIO):
     from dplora.evaluate.heldout import HeldOutDataProblem, check_held_out
 
     try:
-        check_held_out(held_out, tokenizer, contract.data, contract.training)
+        check_held_out(held_out, tokenizer, data, training)
     except HeldOutDataProblem as err:
-        if contract.data.eval_public:  # a public file: its problem is public, refuse before training
+        if data.eval_public:  # a public file: its problem is public, refuse before training
             raise
         # A private held-out set that cannot be evaluated (no unit fell on the held-out side, every reply cut
         # away) must not decide whether the run releases: that would make the exit code a statistic of the
@@ -209,25 +206,27 @@ def _checked_held_out(contract: Contract, held_out, tokenizer, io: RunIO):
     return held_out
 
 
-def _private_engine(contract: Contract, plan: TrainingPlan, model, named, device, io: RunIO):
+def _private_engine(
+    privacy: PrivacySection, training: TrainingSection, plan: TrainingPlan, model, named, device, io: RunIO
+):
     """The mechanism (:func:`mechanism_for`), its cross-rank reducer, the optimizer and the wrapped step; for a DP
     run the per-example check on synthetic batches (stage "setting up per-sample gradients").
     Returns (mechanism, optimizer, (per-sample model, step optimizer, accountant))."""
     from dplora.engine import gradcheck, runtime
 
     with _Stage("setting up per-sample gradients", device):
-        mechanism = mechanism_for(contract, plan, io.world)
+        mechanism = mechanism_for(privacy, plan, io.world)
         reducer = mechanism.reducer(sum(p.numel() for _, p in named), runtime.parameter_device(model))
-        optimizer, parts = _step_parts(contract, model, named, mechanism, reducer=reducer)
+        optimizer, parts = _step_parts(training, model, named, mechanism, reducer=reducer)
         if mechanism.private:
             gradcheck.probe_per_sample_gradients(parts[0], named, parts[1])
     return mechanism, optimizer, parts
 
 
-def _physical_batch(contract: Contract, gsm, dp_opt, named, tokenizer, device, *, log) -> int | None:
+def _physical_batch(training: TrainingSection, gsm, dp_opt, named, tokenizer, device, *, log) -> int | None:
     """Records per forward for ``training.physical_batch_size: auto``, probed on synthetic batches (no private
     data) and said on ``log``; None for a fixed number. Shared by training and ``budget --estimate``."""
-    if contract.training.physical_batch_size != "auto":
+    if training.physical_batch_size != "auto":
         return None
     from dplora.engine import runtime
     from dplora.engine.membatch import probe_physical_batch
@@ -237,7 +236,7 @@ def _physical_batch(contract: Contract, gsm, dp_opt, named, tokenizer, device, *
             gsm,
             dp_opt,
             named,
-            max_seq_len=contract.training.max_seq_len,
+            max_seq_len=training.max_seq_len,
             pad_id=tokenizer.pad_token_id,
             device=runtime.parameter_device(gsm),
         )
@@ -317,13 +316,14 @@ def estimate_without_data(contract: Contract, plan: TrainingPlan, *, threads: in
     device = select_device()
     dtype, allow_tf32 = resolve_precision(contract.model, device)
     with _Stage("loading the model", device):
-        model, tokenizer = setup_model(contract, device, dtype, allow_tf32, log)
+        model, tokenizer = setup_model(contract.model, contract.lora, contract.training, device, dtype, allow_tf32, log)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
         raise BadInputError("no trainable parameters: check lora.target_modules")
     with _Stage("setting up per-sample gradients", device):
-        _, (gsm, dp_opt, _) = _step_parts(contract, model, named, mechanism_for(contract, plan, distributed.SINGLE))
-    probed = _physical_batch(contract, gsm, dp_opt, named, tokenizer, device, log=lambda *_: None)
+        mechanism = mechanism_for(contract.privacy, plan, distributed.SINGLE)
+        _, (gsm, dp_opt, _) = _step_parts(contract.training, model, named, mechanism)
+    probed = _physical_batch(contract.training, gsm, dp_opt, named, tokenizer, device, log=lambda *_: None)
     physical = contract.training.physical_batch_size if probed is None else probed
     return probe_estimate(contract, plan, gsm, dp_opt, named, pad_id=tokenizer.pad_token_id, physical=physical)
 
@@ -354,21 +354,21 @@ def _check_pad_embedding(model, tokenizer) -> None:
         )
 
 
-def mechanism_for(contract: Contract, plan: TrainingPlan, world):
+def mechanism_for(privacy: PrivacySection, plan: TrainingPlan, world):
     """The run's :class:`dplora.mechanism.core.DPMechanism`: the plan, the per-example path and unit clipping
     (``privacy.per_sample``, ``privacy.unit_clipping``), the process group; the control for ``privacy.enabled:
     false``."""
     from dplora.mechanism.core import PerformanceFlags, make_mechanism
 
-    flags = PerformanceFlags(per_sample=contract.privacy.per_sample)
-    unit_mean = contract.privacy.unit_clipping is UnitClipping.MEAN
-    return make_mechanism(plan, flags, world, private=contract.privacy.enabled, unit_mean=unit_mean)
+    flags = PerformanceFlags(per_sample=privacy.per_sample)
+    unit_mean = privacy.unit_clipping is UnitClipping.MEAN
+    return make_mechanism(plan, flags, world, private=privacy.enabled, unit_mean=unit_mean)
 
 
-def _step_parts(contract: Contract, model, named, mechanism, *, reducer=None):
+def _step_parts(training: TrainingSection, model, named, mechanism, *, reducer=None):
     """The optimizer and the step's parts for ``named`` (the trainable LoRA tensors): (optimizer, (per-sample
     model, step optimizer, accountant)) from ``mechanism.wrap`` (:class:`dplora.mechanism.core.DPMechanism`: the
     DP optimizer over units, or the control's step with no clipping, noise or accountant). Shared by training and
     the time estimate's synthetic probe, so both time the same per-example path."""
-    optimizer = make_optimizer(contract, [p for _, p in named])
+    optimizer = make_optimizer(training, [p for _, p in named])
     return optimizer, mechanism.wrap(model, optimizer, reducer=reducer)

@@ -6,19 +6,20 @@ import dataclasses
 from pathlib import Path
 
 from dplora import atomic
-from dplora.contract.spec import Contract
+from dplora.contract.spec import LoraSection, ModelSection, TrainingSection
 from dplora.engine import distributed
 from dplora.errors import BadInputError, excerpt
 from dplora.recipe.options import RunOptions
 from dplora.run import outputs
 
 
-def prepare_output(contract: Contract, overwrite: bool, protected=()) -> tuple[Path, Path]:
-    """The output folder and its ``.partial`` sibling; refusals follow :func:`dplora.run.outputs.check_output_dir`."""
+def prepare_output(training: TrainingSection, overwrite: bool, protected=()) -> tuple[Path, Path]:
+    """The output folder (``training.output_dir``) and its ``.partial`` sibling; refusals follow
+    :func:`dplora.run.outputs.check_output_dir`."""
     try:
-        out = outputs.check_output_dir(contract.training.output_dir, overwrite=overwrite, protected=protected)
+        out = outputs.check_output_dir(training.output_dir, overwrite=overwrite, protected=protected)
     except OSError as err:  # a name too long for the file system, a permission denied on a parent
-        where = f"training.output_dir={excerpt(contract.training.output_dir, 200)}"
+        where = f"training.output_dir={excerpt(training.output_dir, 200)}"
         raise BadInputError(f"{where}: {err.strerror or err.__class__.__name__}") from None
     return out, outputs.staging_path(out)
 
@@ -52,8 +53,13 @@ def write_json(path: Path, obj) -> None:
     atomic.write_json(path, obj)
 
 
-def setup_model(contract: Contract, device, dtype: str, allow_tf32: bool, log):
+def setup_model(
+    model: ModelSection, lora: LoraSection, training: TrainingSection, device, dtype: str, allow_tf32: bool, log
+):
     """Load the base model in ``dtype`` on ``device``, then wrap it with fp32 LoRA adapters (peft).
+
+    ``model``, ``lora`` and ``training`` are the contract's sections (the base model; r, alpha, targets; the
+    seed of the LoRA initialisation and gradient checkpointing).
 
     ``lora.target_modules`` is resolved against the loaded model (:func:`dplora.engine.lora.resolve_target_modules`);
     library warnings become one ``note:`` line each (:func:`dplora.engine.lora.library_warnings`).
@@ -69,23 +75,22 @@ def setup_model(contract: Contract, device, dtype: str, allow_tf32: bool, log):
 
     with library_warnings(log):
         # on its device BEFORE get_peft_model (cases T1); model.quantization: 4bit loads NF4 Linear4bit layers
-        model, tokenizer = load_base_model(contract.model, device, dtype, allow_tf32, log)
-        if contract.training.gradient_checkpointing:
-            enable_gradient_checkpointing(model)  # non-reentrant; the contract refuses it on the Opacus path
-        lora = contract.lora
-        targets = resolve_target_modules(model, lora.target_modules)
-        torch.manual_seed(contract.training.seed)  # the recorded seed: LoRA initialisation only
+        base, tokenizer = load_base_model(model, device, dtype, allow_tf32, log)
+        if training.gradient_checkpointing:
+            enable_gradient_checkpointing(base)  # non-reentrant; the contract refuses it on the Opacus path
+        targets = resolve_target_modules(base, lora.target_modules)
+        torch.manual_seed(training.seed)  # the recorded seed: LoRA initialisation only
         config = LoraConfig(
             r=lora.r,
             lora_alpha=lora.alpha,
             lora_dropout=lora.dropout,
             target_modules=targets,
-            fan_in_fan_out=_conv1d_targets(model, targets),
+            fan_in_fan_out=_conv1d_targets(base, targets),
             bias="none",
             task_type="CAUSAL_LM",
         )
         try:
-            peft_model = get_peft_model(model, config, autocast_adapter_dtype=True)  # LoRA tensors in fp32
+            peft_model = get_peft_model(base, config, autocast_adapter_dtype=True)  # LoRA tensors in fp32
         except ValueError as err:
             shown = targets if isinstance(targets, str) else list(targets)
             raise BadInputError(f"lora.target_modules={shown}: {library_error_line(err)}") from None
@@ -129,11 +134,12 @@ def _conv1d_targets(model, targets) -> bool:
     return any(isinstance(m, Conv1D) and n.rsplit(".", 1)[-1] in targets for n, m in model.named_modules())
 
 
-def make_optimizer(contract: Contract, params):
+def make_optimizer(training: TrainingSection, params):
+    """``training.optimizer`` (SGD, Adam or AdamW) over ``params`` at ``training.lr`` and ``weight_decay``."""
     import torch
 
-    lr, wd = contract.training.lr, contract.training.weight_decay
-    name = contract.training.optimizer.value
+    lr, wd = training.lr, training.weight_decay
+    name = training.optimizer.value
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, weight_decay=wd)
     if name == "adam":

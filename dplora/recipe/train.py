@@ -178,7 +178,7 @@ def _admit(contract: Contract, options: RunOptions, world, recommendation, held:
             )
             check_model_cache(contract.model)  # a packaged model's cache folder, before any conversion
             check_model_files(contract.model)  # the model folder, before the data is read or σ calibrated
-            out, staging = prepare_output(contract, options.overwrite, protected)
+            out, staging = prepare_output(contract.training, options.overwrite, protected)
         if control.is_control(contract.privacy) and world.distributed:
             raise BadInputError("privacy.enabled=false (the non-private control) runs in one process only")
         unit_key, seed = contract.privacy.unit_key, contract.training.seed
@@ -196,10 +196,12 @@ def _admit(contract: Contract, options: RunOptions, world, recommendation, held:
             held.created = outputs.missing_parents(out)  # removed again if the run ends in exit 2
             held.lock = lock_output(out)
             # re-check under the lock: another run may have finished meanwhile
-            prepare_output(contract, options.overwrite, protected)
+            prepare_output(contract.training, options.overwrite, protected)
     plan = distributed.broadcast(world, plan)  # one plan (q, T, σ, ε curve), computed on rank 0
     if world.distributed:  # every rank read the same rows in the same order, the same contract and plan
-        distributed.check_same_inputs(world, distributed.input_digests(contract, plan, table, unit_index))
+        columns = data_mod.required_columns(contract.data, contract.privacy.unit_key)
+        digests = distributed.input_digests(plan, table, unit_index, columns=columns, contract_sha256=contract.sha256)
+        distributed.check_same_inputs(world, digests)
     return _Admitted(
         private_key=private_key,
         data_key=key,

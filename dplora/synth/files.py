@@ -32,7 +32,7 @@ import json
 import os
 from pathlib import Path
 
-from dplora.contract.spec import DEFAULT_MESSAGES_COLUMN
+from dplora.contract.spec import DEFAULT_MESSAGES_COLUMN, DataSection
 from dplora.errors import BadInputError, NotPrivateError, VerificationError, excerpt
 from dplora.evaluate.generate import Sampling
 from dplora.release.derived import NO_DP_GUARANTEE, guarantee_text, release_payload, source_release_entry
@@ -109,15 +109,15 @@ class SynthResult:
     memorisation: dict
 
 
-def _columns(contract) -> tuple[str, str | None]:
-    """(prompt-or-text column, response column or None); a conversations run: (``prompt``, ``response``)."""
-    data = contract.data
+def _columns(data: DataSection) -> tuple[str, str | None]:
+    """(prompt-or-text column, response column or None) of the run's data section; a conversations run:
+    (``prompt``, ``response``)."""
     if data.kind == "messages":
         return "prompt", "response"
     return (data.text_column, None) if data.text_column else (data.prompt_column, data.response_column)
 
 
-def resolve_record_format(contract, record_format: str) -> str:
+def resolve_record_format(data: DataSection, record_format: str) -> str:
     """``columns`` or ``messages``: what :func:`build_rows` writes for ``record_format`` (``auto`` follows the run).
 
     Raises:
@@ -126,31 +126,31 @@ def resolve_record_format(contract, record_format: str) -> str:
     if record_format not in RECORD_FORMATS:
         raise BadInputError(f"--format={excerpt(str(record_format))}: give one of {', '.join(RECORD_FORMATS)}")
     if record_format == "auto":
-        return "messages" if contract.data.kind == "messages" else "columns"
+        return "messages" if data.kind == "messages" else "columns"
     return record_format
 
 
-def messages_column(contract) -> str:
+def messages_column(data: DataSection) -> str:
     """The conversation column a ``messages`` synthetic file uses: the run's ``data.messages_key`` or ``messages``."""
-    return contract.data.messages_key or DEFAULT_MESSAGES_COLUMN
+    return data.messages_key or DEFAULT_MESSAGES_COLUMN
 
 
 def build_rows(
-    contract, prompts: list[str], generated: list[str], *, private: bool, record_format: str = "columns"
+    data: DataSection, prompts: list[str], generated: list[str], *, private: bool, record_format: str = "columns"
 ) -> list[dict]:
     """Rows in the training schema: {prompt, response} or {text: prompt + continuation}; plus the marker if not DP.
 
     ``record_format="messages"``: one conversation per row, ``{messages_column: [{"role": "user", "content":
     prompt}, {"role": "assistant", "content": generated}]}`` (TRL/OpenAI ``messages`` format), plus the marker.
     """
-    first, response = _columns(contract)
-    column = messages_column(contract)
+    first, response = _columns(data)
+    column = messages_column(data)
     rows = []
     for prompt, gen in zip(prompts, generated, strict=True):
-        if record_format == "messages" and contract.data.completion_column is not None:  # TRL prompt/completion
+        if record_format == "messages" and data.completion_column is not None:  # TRL prompt/completion
             row = {
                 column: [{"role": "user", "content": prompt}],
-                contract.data.completion_column: [{"role": "assistant", "content": gen}],
+                data.completion_column: [{"role": "assistant", "content": gen}],
             }
         elif record_format == "messages":
             row = {column: [{"role": "user", "content": prompt}, {"role": "assistant", "content": gen}]}
@@ -179,7 +179,9 @@ def _canonical(conversation) -> str:
     return json.dumps([[m["role"], m["content"]] for m in conversation], ensure_ascii=False)
 
 
-def memorisation_counts(rows: list[dict], contract, log=print, *, table=None) -> dict:
+def memorisation_counts(
+    rows: list[dict], data: DataSection, log=print, *, unit_key: str | None = None, table=None
+) -> dict:
     """Synthetic rows equal to a training row (whole record) or whose generated field equals one: counts and
     the synthetic rows' 0-based indices (so the data owner can drop them), never text.
 
@@ -189,16 +191,17 @@ def memorisation_counts(rows: list[dict], contract, log=print, *, table=None) ->
 
     Reads the run's data file (``data.path``, held-out rows included) only to compare. When the file cannot be
     read, says so (``"checked": False``); :func:`synthesize` refuses to run then. ``table``: the data already
-    loaded (:func:`dplora.data.units.load_table`). Exact string equality (no normalisation).
+    loaded (:func:`dplora.data.units.load_table`). Exact string equality (no normalisation). ``data`` is the run's
+    data section and ``unit_key`` its ``privacy.unit_key`` (the file is read as training reads it).
     """
     from dplora.data.units import load_table
 
     try:
-        table = load_table(contract.data, unit_key=contract.privacy.unit_key) if table is None else table
+        table = load_table(data, unit_key=unit_key) if table is None else table
     except BadInputError:
         return {"checked": False, "note": "the training data file is not readable here: verbatim check not run"}
-    if contract.data.kind == "messages":  # whole conversations, and the generated reply against every assistant turn
-        key, tail = contract.data.messages_key, contract.data.completion_column
+    if data.kind == "messages":  # whole conversations, and the generated reply against every assistant turn
+        key, tail = data.messages_key, data.completion_column
         generated = f"{tail or key} (assistant turns)"
         whole = [list(c) + (list(table[tail][i]) if tail else []) for i, c in enumerate(table[key])]
         train_rows = {_canonical(c) for c in whole}
@@ -210,7 +213,7 @@ def memorisation_counts(rows: list[dict], contract, log=print, *, table=None) ->
         row_hits = [i for i, r in enumerate(rows) if _canonical(conversation(r)) in train_rows]
         field_hits = [i for i, r in enumerate(rows) if conversation(r)[-1]["content"] in train_generated]
     else:
-        first, response = _columns(contract)
+        first, response = _columns(data)
         generated = response or first
         cols = [first, response] if response else [first]
         train_rows = set(zip(*(table[c] for c in cols), strict=True))
@@ -295,7 +298,7 @@ def synthesize(
     if prompts_file is None:
         raise BadInputError("give --prompts FILE: public prompts or control codes (nothing private enters generation)")
     run = read_run(target)
-    fmt = resolve_record_format(run.contract, record_format)
+    fmt = resolve_record_format(run.contract.data, record_format)
     if fmt == "messages" and out.suffix.lower() != ".jsonl":
         raise BadInputError(f"--out {out}: conversations (--format messages) are written as .jsonl, not csv")
     if out.resolve().is_relative_to(run.folder.resolve()):
@@ -311,7 +314,7 @@ def synthesize(
         verify_release(run.folder, private_key.public_key())
     except VerificationError as err:
         raise VerificationError(f"the release in {run.folder} does not verify with the signing key: {err}") from None
-    first, _ = _columns(run.contract)
+    first, _ = _columns(run.contract.data)
     public = read_public_prompts(prompts_file, first)
     prompts = [public[i % len(public)] for i in range(rows)]
     payload, statement = release_payload(run.folder / RELEASE_FILENAME)
@@ -331,10 +334,13 @@ def synthesize(
         sampling=sampling,
         device=device,
     )
-    records = build_rows(run.contract, prompts, generated, private=private, record_format=fmt)
+    records = build_rows(run.contract.data, prompts, generated, private=private, record_format=fmt)
     own = "messages" if run.contract.data.kind == "messages" else "columns"  # compared in the training schema
-    view = records if fmt == own else build_rows(run.contract, prompts, generated, private=True, record_format=own)
-    memo = memorisation_counts(view, run.contract, log=private_log or (lambda _m: None), table=table)
+    view = records if fmt == own else build_rows(run.contract.data, prompts, generated, private=True, record_format=own)
+    unit_key = run.contract.privacy.unit_key
+    memo = memorisation_counts(
+        view, run.contract.data, log=private_log or (lambda _m: None), unit_key=unit_key, table=table
+    )
     memo["dp_guarantee"] = guarantee if private else NO_DP_GUARANTEE
     data = serialize_rows(records, out.suffix.lower())
     predicate = {

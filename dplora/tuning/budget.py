@@ -150,7 +150,7 @@ def budget_report(
             "fits_cap": True,
         }
     if sweep:
-        report["sweep"] = sweep_table(contract, plan)
+        report["sweep"] = sweep_table(plan)
     if estimate:
         report["estimate"] = _estimate(contract, plan, why, log)
     return report
@@ -217,7 +217,7 @@ def _units_per_rank(plan: TrainingPlan, world_size: int) -> dict:
     return {"world_size": world_size, "expected_min": low, "expected_max": high}
 
 
-def sweep_table(contract, plan: TrainingPlan) -> dict:
+def sweep_table(plan: TrainingPlan) -> dict:
     """σ calibrated to the target for a few batch sizes and epoch counts around the contract (RDP, for speed).
 
     Larger batches at the same ε need less noise per example: maximise the batch, set σ just high enough.

@@ -28,7 +28,7 @@ import warnings
 import numpy as np
 
 from dplora.contract.choices import ProtectedUnit, UnitClipping
-from dplora.contract.spec import Contract
+from dplora.contract.spec import Contract, PrivacySection
 
 QUANTILES = (0.10, 0.25, 0.50, 0.75, 0.90)
 DEFAULT_SAMPLE = 256
@@ -98,11 +98,11 @@ class ClipGuide:
         }
 
 
-def _units(table, contract: Contract, sample: int):
+def _units(table, privacy: PrivacySection, seed: int, sample: int):
     """The unit index of the sample (as the engine groups and caps units), cut to the first ``sample`` units."""
     from dplora.data import units as data_mod
 
-    index = data_mod.build_unit_index(table, contract.privacy, seed=contract.training.seed)
+    index = data_mod.build_unit_index(table, privacy, seed=seed)
     if index.num_units > sample:
         index = dataclasses.replace(index, records_of_unit=index.records_of_unit[:sample])
     return index
@@ -138,8 +138,8 @@ def unit_norms(contract: Contract, table, *, sample: int = DEFAULT_SAMPLE, threa
     torch.set_num_threads(threads or contract.training.threads or runtime.free_threads())
     device = select_device()
     dtype, allow_tf32 = resolve_precision(contract.model, device)
-    model, tokenizer = setup_model(contract, device, dtype, allow_tf32, log)
-    index = _units(table, contract, sample)
+    model, tokenizer = setup_model(contract.model, contract.lora, contract.training, device, dtype, allow_tf32, log)
+    index = _units(table, contract.privacy, contract.training.seed, sample)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     optimizer = torch.optim.SGD([p for _, p in named], lr=0.0)  # never stepped
     # Only C matters here: the accumulator reports each unit's norm before it clips to C; no noise is drawn.

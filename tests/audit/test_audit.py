@@ -36,12 +36,14 @@ def test_canary_rows_one_unit_each(tmp_path, tiny_model_dir, tickets_csv):
         ),
     )
     contract = load_contract(cfg)
-    rows = canaries.canary_rows(contract, "dplora-canary-00001", "AAAA-BBBB-CCCC-DDDD", copies=4)
+    rows = canaries.canary_rows(
+        contract.data, contract.privacy.unit_key, "dplora-canary-00001", "AAAA-BBBB-CCCC-DDDD", copies=4
+    )
     assert len(rows) == 4 and {r["ticket_id"] for r in rows} == {"dplora-canary-00001"}
     assert all("AAAA-BBBB-CCCC-DDDD" in r["reply"] and r["message"] == canaries.PROMPT for r in rows)
     row_level = load_contract(write_contract(tmp_path / "r.yaml", contract_dict(tiny_model_dir, tickets_csv, tmp_path)))
     with pytest.raises(ValueError, match="copies=2"):
-        canaries.canary_rows(row_level, "u", "s", copies=2)
+        canaries.canary_rows(row_level.data, row_level.privacy.unit_key, "u", "s", copies=2)
     drawn = canaries.make_canaries(400)
     assert len({c.secret for c in drawn}) == 400 and len({c.unit_id for c in drawn}) == 400
     assert 140 < sum(c.inserted for c in drawn) < 260  # Binomial(400, 1/2): mean 200, sd 10

@@ -54,7 +54,9 @@ def test_a_messages_canary_is_a_conversation_with_the_secret_in_the_assistant_tu
     from dplora.engine.model import load_model_and_tokenizer
 
     _, contract = _contract(tmp_path)
-    rows = canaries.canary_rows(contract, "dplora-canary-00000", "K7QX-09AZ-M2LT-4RQ8", copies=2)
+    rows = canaries.canary_rows(
+        contract.data, contract.privacy.unit_key, "dplora-canary-00000", "K7QX-09AZ-M2LT-4RQ8", copies=2
+    )
     assert len(rows) == 2 and all(r["customer"] == "dplora-canary-00000" for r in rows)
     reply = canaries.REPLY.format(secret="K7QX-09AZ-M2LT-4RQ8")
     conversation = [{"role": "user", "content": canaries.PROMPT}, {"role": "assistant", "content": reply}]
@@ -118,7 +120,7 @@ def test_a_pair_canary_under_chat_template_auto_is_scored_on_the_assistant_span(
     model = save_chat_model(tmp_path / "model", CHATML)
     raw = contract_dict(model, tmp_path / "t.csv", tmp_path / "o", training={"max_seq_len": 256})
     contract = parse_contract(raw)
-    rows = canaries.canary_rows(contract, "c0", "K7QX-09AZ-M2LT-4RQ8")
+    rows = canaries.canary_rows(contract.data, contract.privacy.unit_key, "c0", "K7QX-09AZ-M2LT-4RQ8")
     reply = canaries.REPLY.format(secret="K7QX-09AZ-M2LT-4RQ8")
     assert rows == [{"message": canaries.PROMPT, "reply": reply}]
     _, tokenizer = load_model_and_tokenizer(contract.model, lambda *_: None)

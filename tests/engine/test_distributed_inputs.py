@@ -47,7 +47,8 @@ def _digests(raw: dict, path: Path) -> dict:
     table = data_mod.load_table(parse_contract({**raw, "data": {**raw["data"], "path": str(path)}}).data)
     index = data_mod.build_unit_index(table, contract.privacy, seed=0)
     plan = SimpleNamespace(to_dict=lambda: {"sigma": 1.0})
-    return distributed.input_digests(contract, plan, table, index)
+    columns = data_mod.required_columns(contract.data, contract.privacy.unit_key)
+    return distributed.input_digests(plan, table, index, columns=columns, contract_sha256=contract.sha256)
 
 
 def test_digests_tell_a_reordered_copy_apart(tmp_path, tiny_model_dir, tickets_csv):

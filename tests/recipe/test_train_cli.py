@@ -160,8 +160,8 @@ def test_same_seed_gives_same_lora_initialisation(tiny_model_dir, tmp_path, tick
     from dplora.recipe.setup import setup_model
 
     contract = parse_contract(contract_dict(tiny_model_dir, tickets_csv, tmp_path / "x"))
-    m1, _ = setup_model(contract, "cpu", "fp32", False, log=lambda _: None)
-    m2, _ = setup_model(contract, "cpu", "fp32", False, log=lambda _: None)
+    m1, _ = setup_model(contract.model, contract.lora, contract.training, "cpu", "fp32", False, log=lambda _: None)
+    m2, _ = setup_model(contract.model, contract.lora, contract.training, "cpu", "fp32", False, log=lambda _: None)
     a1 = {n: p for n, p in m1.named_parameters() if "lora_A" in n}
     a2 = {n: p for n, p in m2.named_parameters() if "lora_A" in n}
     assert a1 and all((a1[n] == a2[n]).all() for n in a1)

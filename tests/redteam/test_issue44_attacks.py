@@ -182,7 +182,7 @@ def test_mechanism_for_follows_privacy_enabled(tmp_path, model_dir, enabled):
                                "expected_batch_size": 2.0, "epsilon_curve": ((3, 1.0),), "epsilon": 1.0,
                                "target_epsilon": 2.0})  # fmt: skip
         assert _m.isinf(control.control_plan(plan).epsilon)
-    mech = mechanism_for(contract, plan, distributed.SINGLE)
+    mech = mechanism_for(contract.privacy, plan, distributed.SINGLE)
     assert mech.private is enabled
     if enabled:
         assert isinstance(mech.event, DpSgdEvent) and mech.event.noise_multiplier == 1.3

@@ -148,9 +148,9 @@ def test_verbatim_matches_are_counted_never_quoted(runs, tickets_csv):
     train = list(csv.DictReader(tickets_csv.open(encoding="utf-8")))
     prompts = [train[0]["message"], train[1]["message"], "a public prompt"]
     generated = [train[0]["reply"], "an invented reply", train[5]["reply"]]
-    rows = build_rows(contract, prompts, generated, private=True)
+    rows = build_rows(contract.data, prompts, generated, private=True)
     warnings: list[str] = []
-    counts = memorisation_counts(rows, contract, log=warnings.append)
+    counts = memorisation_counts(rows, contract.data, log=warnings.append, unit_key=contract.privacy.unit_key)
     assert counts["exact_row_matches"] == 1  # row 0 equals training row 0 as a whole
     expected_fields = sum(g in {t["reply"] for t in train} for g in generated)
     assert counts["exact_generated_field_matches"] == expected_fields >= 2

@@ -99,13 +99,13 @@ def test_the_verbatim_check_compares_conversations_and_assistant_turns(chat_run)
     tmp, *_ = chat_run
     contract = load_contract(tmp / "chat.yaml")
     rows = build_rows(
-        contract,
+        contract.data,
         ["order 3 is late", "new prompt", "x"],
         ["sorry 3", "sorry 7", "fresh"],
         private=True,
         record_format="messages",
     )
-    counts = memorisation_counts(rows, contract, log=lambda _m: None)
+    counts = memorisation_counts(rows, contract.data, log=lambda _m: None, unit_key=contract.privacy.unit_key)
     assert counts["flagged_rows"] == [0]  # the whole conversation equals training record 4
     assert counts["flagged_generated_rows"] == [0, 1]  # "sorry 7" is an assistant turn of the training data
     assert "sorry" not in json.dumps(counts)

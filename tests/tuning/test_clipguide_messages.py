@@ -39,7 +39,9 @@ def _brute_force(contract, table) -> np.ndarray:
     from dplora.engine.model import select_device
     from dplora.recipe.setup import setup_model
 
-    model, tokenizer = setup_model(contract, select_device(), "fp32", False, lambda *_: None)  # the same LoRA init
+    model, tokenizer = setup_model(
+        contract.model, contract.lora, contract.training, select_device(), "fp32", False, lambda *_: None
+    )  # the same LoRA init
     named = [p for _, p in model.named_parameters() if p.requires_grad]
     index = data_mod.build_unit_index(table, contract.privacy, seed=contract.training.seed)
     conversations = table["messages"]
