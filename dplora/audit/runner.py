@@ -57,7 +57,7 @@ class AuditOptions:
     plot: bool = False
 
 
-def check_options(contract, options: AuditOptions) -> None:
+def check_options(privacy, options: AuditOptions) -> None:
     """Refuse what the audit cannot do (exit 2).
 
     Raises:
@@ -66,14 +66,14 @@ def check_options(contract, options: AuditOptions) -> None:
     """
     from dplora.mechanism import control
 
-    if control.is_control(contract.privacy) and options.data_source is DataSource.PRIVATE:
+    if control.is_control(privacy) and options.data_source is DataSource.PRIVATE:
         raise BadInputError(
             "privacy.enabled=false audits run only on public or surrogate data (e.g. dplora demo-data): "
             "pass --data-source surrogate or public"
         )
     if options.canaries < 4:
         raise BadInputError(f"--canaries={options.canaries}: give at least 4")
-    if options.copies > 1 and contract.privacy.unit_key is None:
+    if options.copies > 1 and privacy.unit_key is None:
         raise BadInputError(f"--copies={options.copies}: a row-level canary is one row; copies need a unit key")
     k = options.guesses if options.guesses is not None else options.canaries // 4
     if not 1 <= 2 * k <= options.canaries:
@@ -115,7 +115,7 @@ def run_audit(
     from dplora.recipe.train import run_training
     from dplora.release.keys import generate_keypair
 
-    check_options(contract, options)
+    check_options(contract.privacy, options)
     audit_dir.mkdir(parents=True, exist_ok=True)
     drawn = canaries.make_canaries(options.canaries)
     extra = [
@@ -131,7 +131,7 @@ def run_audit(
     finally:
         key.unlink(missing_ok=True)
     measured = _score(result.output_dir, contract, drawn, options, run_options.threads, log)
-    report = _report(result, contract, drawn, measured, options)
+    report = _report(result, contract.privacy, drawn, measured, options)
     if power_contract is not None:
         report["power_check"] = _power_check(power_contract, power_source, drawn, options, audit_dir, run_options, log)
     atomic.write_json(audit_dir / REPORT_FILENAME, report, sort_keys=False)
@@ -264,7 +264,7 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _report(result, contract, drawn, measured: dict, options: AuditOptions) -> dict:
+def _report(result, privacy, drawn, measured: dict, options: AuditOptions) -> dict:
     """The audit report: bound, claimed ε, exposure, AUC, the mechanism, the ledger charge and every canary."""
     from dplora.audit.attach import mechanism_of
 
@@ -321,8 +321,8 @@ def _report(result, contract, drawn, measured: dict, options: AuditOptions) -> d
         "exposure_inserted_mean": _mean(exp_in),
         "exposure_held_out_mean": _mean(exp_out),
         "steps": result.steps_done,
-        "mechanism": mechanism_of(plan, contract.privacy) if result.differentially_private else None,
-        "ledger": _ledger_entry(result, contract.privacy),
+        "mechanism": mechanism_of(plan, privacy) if result.differentially_private else None,
+        "ledger": _ledger_entry(result, privacy),
         "per_canary": [
             {
                 "unit_id": c.unit_id,

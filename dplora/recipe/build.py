@@ -40,7 +40,7 @@ class _Stage:
         ) from err
 
 
-def open_ledger(contract: Contract, plan: TrainingPlan, io: RunIO, resumed_run: str | None = None):
+def open_ledger(privacy: PrivacySection, plan: TrainingPlan, io: RunIO, resumed_run: str | None = None):
     """The ledger with room for the plan; a resumed run instead needs its own charge still pending.
 
     Every DP run is recorded: without ``privacy.population`` as an unassigned run, whose ledger is opened (and
@@ -50,8 +50,8 @@ def open_ledger(contract: Contract, plan: TrainingPlan, io: RunIO, resumed_run: 
     """
     from dplora.ledger.store import Ledger, default_ledger_path
 
-    if not contract.privacy.population:
-        if control.is_control(contract.privacy):
+    if not privacy.population:
+        if control.is_control(privacy):
             return None
         if resumed_run is None:  # --overwrite may discard an unassigned run's checkpoint: settle its charge then
             path = io.options.ledger_path or default_ledger_path()
@@ -60,17 +60,17 @@ def open_ledger(contract: Contract, plan: TrainingPlan, io: RunIO, resumed_run: 
         _check_resumable(ledger, resumed_run)
         return ledger
 
-    if control.is_control(contract.privacy) and not io.options.non_private:
-        pop = contract.privacy.population
+    if control.is_control(privacy) and not io.options.non_private:
+        pop = privacy.population
         raise PlanRefusedError(
             f"privacy.enabled=false on population {pop!r}: a non-private run is charged ε=∞ in the ledger, over "
             f"any cap, and every later DP run on {pop!r} is then refused; pass --non-private to run it anyway"
         )
     ledger = Ledger(io.options.ledger_path or default_ledger_path(), create=False)  # a missing ledger fails closed
-    if resumed_run is None and not control.is_control(contract.privacy):
+    if resumed_run is None and not control.is_control(privacy):
         from dplora.ledger.plans import check_plans
 
-        check_plans(ledger, contract.privacy, [plan])
+        check_plans(ledger, privacy, [plan])
     elif resumed_run is not None:
         _check_resumable(ledger, resumed_run)
     return ledger

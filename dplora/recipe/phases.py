@@ -13,7 +13,7 @@ from pathlib import Path
 
 from dplora.atomic import DiskFullError
 from dplora.contract.choices import ProtectedUnit, Quantization
-from dplora.contract.spec import Contract
+from dplora.contract.spec import PrivacySection, TrainingSection
 from dplora.data import digest as digests
 from dplora.engine import distributed
 from dplora.errors import DploraError, TrainingFailedError
@@ -53,7 +53,7 @@ def open_staging(contract, plan, unit_index, *, out: Path, staging: Path, io: Ru
             if io.options.resume
             else (None, None)
         )
-        ledger = open_ledger(contract, plan, io, resumed and resumed.run_id)
+        ledger = open_ledger(contract.privacy, plan, io, resumed and resumed.run_id)
         staging = resume_mod.prepare_staging(
             out, resuming=resumed is not None, overwrite=io.options.overwrite, ledger=ledger, log=io.log
         )
@@ -139,7 +139,7 @@ def reserve_charge(ledger, spec, io: RunIO, resumed):
     """:func:`reserve` the run's charge; a refusal of a fresh run removes its staging folder (nothing left behind).
     Then the ledger learns the checkpoint path. Returns the ledger or None. Raises: as :func:`reserve`."""
     try:
-        ledger = reserve(ledger, spec.contract, spec.plan, spec, io, resumed)
+        ledger = reserve(ledger, spec.contract.privacy, spec.contract.training, spec.plan, spec, io, resumed)
     except BaseException:
         if resumed is None:  # lost the race for the cap (or any refusal): leave nothing behind, not even .partial
             shutil.rmtree(spec.staging, ignore_errors=True)
@@ -242,7 +242,7 @@ def log_estimate(spec, state, log) -> None:
         log(estimate_line(inputs))
 
 
-def reserve(ledger, contract: Contract, plan: TrainingPlan, spec, io: RunIO, resumed):
+def reserve(ledger, privacy: PrivacySection, training: TrainingSection, plan: TrainingPlan, spec, io: RunIO, resumed):
     """Reserve the run's charge and return the ledger it is in (None: not charged, a control without population).
 
     Under its population; as an unassigned run without one (the ledger, default path or ``--ledger``, is opened
@@ -255,16 +255,16 @@ def reserve(ledger, contract: Contract, plan: TrainingPlan, spec, io: RunIO, res
     """
     if resumed is not None:
         return ledger
-    if ledger is None and not contract.privacy.population and not control.is_control(contract.privacy):
+    if ledger is None and not privacy.population and not control.is_control(privacy):
         from dplora.ledger.store import Ledger, default_ledger_path
 
         ledger = Ledger(io.options.ledger_path or default_ledger_path(), create=True)
     if ledger is None:
         return None
     purpose = "tuning" if io.options.tuning_trial else "release"
-    if control.is_control(contract.privacy):
+    if control.is_control(privacy):
         ledger.reserve_non_private(
-            population=contract.privacy.population, run_id=spec.run_id, adjacency=plan.adjacency.value, purpose=purpose
+            population=privacy.population, run_id=spec.run_id, adjacency=plan.adjacency.value, purpose=purpose
         )
         return ledger
     fields = {
@@ -273,12 +273,12 @@ def reserve(ledger, contract: Contract, plan: TrainingPlan, spec, io: RunIO, res
         "delta": plan.delta,
         "accountant": plan.accountant.value,
         "adjacency": plan.adjacency.value,
-        "protected_unit": contract.privacy.protected_unit.value,
-        "unit_key": contract.privacy.unit_key,
+        "protected_unit": privacy.protected_unit.value,
+        "unit_key": privacy.unit_key,
         "events": [ledger_event(plan)],
         "purpose": purpose,
     }
-    population = contract.privacy.population or None  # None: an unassigned run, found by its output folder
-    output_dir = None if population else str(Path(contract.training.output_dir).resolve())
+    population = privacy.population or None  # None: an unassigned run, found by its output folder
+    output_dir = None if population else str(Path(training.output_dir).resolve())
     ledger.reserve(population=population, output_dir=output_dir, **fields)
     return ledger
