@@ -26,6 +26,7 @@ from pathlib import Path
 
 from dplora import atomic
 from dplora.contract.spec import PrivacySection
+from dplora.data.digest import sha256_file
 from dplora.errors import BadInputError, DploraError
 from dplora.release.audit_section import composed_attack_ceiling, composed_runs, first_mismatch, record_mechanism
 
@@ -286,7 +287,6 @@ def record_in_ledger(target: AttachTarget, envelope: Path, ledger_path: Path | N
     A release on a population was recorded there by its sha256; the re-signed record has a new one. Nothing to do
     without a population; a ledger without the release's charge gets a warning (the attach itself stands).
     """
-    from dplora.data.digest import sha256_file
     from dplora.ledger.store import Ledger, default_ledger_path
 
     record = target.record

@@ -19,6 +19,7 @@ from dplora import atomic
 from dplora.audit import bound, canaries, scores
 from dplora.errors import BadInputError
 from dplora.recipe.options import RunOptions
+from dplora.run.outputs import fix_mtimes
 
 REPORT_FILENAME = "audit.json"
 SUMMARY_FILENAME = "audit.md"
@@ -213,7 +214,6 @@ def _stamp_reports(audit_dir: Path, result) -> None:
     """The audit's report files carry its run's ``started_at`` (taken before the data was read), not the time they
     were written: that would time the private audit run (issue 40)."""
     from dplora.release.read import read_statement
-    from dplora.run.outputs import fix_mtimes
 
     statement = read_statement(Path(result.release_path)) if result.release_path else None
     started = (statement or {}).get("predicate", {}).get("started_at")

@@ -18,7 +18,7 @@ from typing import Annotated
 
 import typer
 
-from dplora import __version__
+from dplora import __version__, atomic
 from dplora.cli import data as data_cmd
 from dplora.cli import train as train_cmd
 from dplora.cli import verify as verify_cmd
@@ -30,6 +30,7 @@ from dplora.cli.options import (
     ThreadsOpt,
     TopPOpt,
     allow_non_private_option,
+    expand_user_paths,
     json_option,
     max_new_tokens_option,
     overwrite_option,
@@ -39,6 +40,10 @@ from dplora.cli.options import (
     temperature_option,
 )
 from dplora.errors import BadInputError, DploraError, one_line
+from dplora.evaluate.plot import plot_run
+from dplora.evaluate.report import report_lines
+from dplora.run.outputs import private_folder
+from dplora.surface import echo_private
 
 
 def _nearest_option(err) -> str | None:
@@ -64,7 +69,6 @@ class OneLineErrorGroup(typer.core.TyperGroup):
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         """Run the CLI as ``dplora`` (whatever the launcher); ``standalone_mode`` exits with the command's code."""
-        from dplora.cli.options import expand_user_paths
 
         expand_user_paths(self)  # `~` in every path argument and option
         try:
@@ -188,12 +192,8 @@ def eval_(
     and printed only on an interactive terminal (or with --show-private); this command never changes a release.
     --group-column may only name the contract's data.group_column (a declared public label).
     """
-    from dplora import atomic
     from dplora.evaluate.heldout import evaluate_run
-    from dplora.evaluate.report import report_lines
     from dplora.release.read import read_run
-    from dplora.run.outputs import private_folder
-    from dplora.surface import echo_private
 
     try:
         evaluation = evaluate_run(run, eval_path=eval_path, threads=threads, log=log, group_column=group_column)
@@ -224,7 +224,6 @@ def plot(run: RunArg) -> None:
     """Plot the training loss, ε spent and step time against the logical step from <run>.private/metrics.jsonl into
     <run>.private/training.png. The figure is PRIVATE (loss and step times are computed on private data, NOT
     covered by DP): keep it local, never ship it."""
-    from dplora.evaluate.plot import plot_run
     from dplora.release.read import resolve_run_folder
 
     try:

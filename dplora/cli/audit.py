@@ -15,6 +15,9 @@ from dplora.cli.options import (
     signing_key_option,
     threads_option,
 )
+from dplora.data.digest import sha256_file
+from dplora.errors import BadInputError, DploraError
+from dplora.recipe.options import RunOptions
 
 AUDIT_VIOLATION_EXIT = 5
 
@@ -89,8 +92,6 @@ def audit(
     run the release's mechanism). --power-check also trains the same canaries without noise on public data.
     """
     from dplora.audit.runner import REPORT_FILENAME, AuditOptions, run_audit, summary_markdown
-    from dplora.errors import DploraError
-    from dplora.recipe.options import RunOptions
 
     envelope = None
     try:
@@ -147,7 +148,6 @@ def prepare_audit(config: Path, overrides: list[str], data_source: str, audit_di
     from dplora.audit import attach as attaching
     from dplora.audit.runner import DataSource
     from dplora.contract.loader import load_contract, replace_overrides
-    from dplora.errors import BadInputError
     from dplora.recipe.planning import resolve_auto
 
     pinned: list[str] = []
@@ -186,7 +186,6 @@ def _power_contract(config: Path, overrides: list[str], contract, source, folder
     """
     from dplora.audit.runner import DataSource, check_power_contract
     from dplora.contract.loader import load_contract, replace_overrides
-    from dplora.errors import BadInputError
     from dplora.recipe.planning import resolve_auto
 
     if data is not None and not wanted:
@@ -223,7 +222,6 @@ def _attach(target, report: dict, contract, folder: Path, ledger: Path | None) -
     """Sign the finished audit into the release's record and note it in the ledger; the new envelope's path."""
     from dplora.audit import attach as attaching
     from dplora.audit.runner import REPORT_FILENAME
-    from dplora.data.digest import sha256_file
 
     data_files = [contract.data.path.rsplit("/", 1)[-1]]
     section = attaching.audit_section(report, sha256_file(folder / REPORT_FILENAME), data_files)
@@ -239,7 +237,6 @@ def register(app: typer.Typer) -> None:
 
 def _separate(audit_folder: Path, run_dir: Path) -> None:
     """Refuse an audit folder inside the release (an unsigned file there fails verify) or the release inside it."""
-    from dplora.errors import BadInputError
 
     a, r = audit_folder.resolve(), run_dir.resolve()
     if a.is_relative_to(r) or r.is_relative_to(a):
@@ -249,7 +246,6 @@ def _separate(audit_folder: Path, run_dir: Path) -> None:
 def _same_content(a: Path, b: Path) -> bool:
     """The same file under another name (a hard link, a symlink) or a byte-identical copy: either is the private
     data, which a noiseless power check must never read (issue 46 red team)."""
-    from dplora.data.digest import sha256_file
 
     try:
         if a.resolve() == b.resolve() or a.samefile(b):

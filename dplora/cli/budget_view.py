@@ -3,6 +3,8 @@ candidates with their attack ceilings (the report itself is built by :func:`dplo
 
 from __future__ import annotations
 
+from dplora.plan.estimate import EstimateInputs, estimate_line
+
 
 def print_report(report: dict, console, warn=None) -> None:
     """Render the report as rich tables on ``console``; ``warning:`` lines go to ``warn`` (a stderr console, as
@@ -63,8 +65,6 @@ def print_report(report: dict, console, warn=None) -> None:
     for w in report["warnings"]:
         warn.print(f"warning: {w}", markup=False, soft_wrap=True)  # one line each, never wrapped
     if "estimate" in report:
-        from dplora.plan.estimate import EstimateInputs, estimate_line
-
         doc = report["estimate"]
         line = "estimate: none (the synthetic probe batch did not fit in accelerator memory)"
         console.print(line if doc is None else estimate_line(EstimateInputs(**doc["inputs"])), markup=False,

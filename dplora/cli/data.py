@@ -8,9 +8,14 @@ from typing import Annotated
 
 import typer
 
+from dplora import atomic
 from dplora.cli.common import emit_json, fail, out
 from dplora.cli.options import ConfigArg, JsonLineOpt, OverridesArg, ReplaceFileOpt, show_private_option
+from dplora.data.demo import write_tickets
+from dplora.data.twcs import write_twcs_conversations, write_twcs_pairs
+from dplora.data.twcs_tweets import DEFAULT_BRANDS, load_brands
 from dplora.errors import BadInputError, DploraError
+from dplora.surface import echo_private
 
 CheckFilesOpt = Annotated[
     bool,
@@ -70,7 +75,6 @@ def init(
     """Write a commented contract for DATA and MODEL: format, columns and chat shape from the file's structure only
     (column names and types, never values or counts). N, ε and δ are left as DECLARE with the reasons in comments:
     the contract fails validation until you declare them."""
-    from dplora import atomic
     from dplora.contract.init import contract_text
 
     try:
@@ -122,7 +126,6 @@ def demo_data(
 
     --format messages: one conversation per ticket instead (ticket_id, customer_id, messages; .jsonl).
     """
-    from dplora.data.demo import write_tickets
 
     try:
         summary = write_tickets(
@@ -188,8 +191,6 @@ def prepare_twcs(
     turn, in time order); see docs/data_formats.md for the rule that keeps other customers' text out. Brands come
     from --brands FILE or TWCS's numbering rule, never from the data.
     """
-    from dplora.data.twcs import write_twcs_conversations, write_twcs_pairs
-    from dplora.data.twcs_tweets import DEFAULT_BRANDS, load_brands
 
     try:
         rule = DEFAULT_BRANDS if brands is None else load_brands(brands)
@@ -199,7 +200,6 @@ def prepare_twcs(
             summary = write_twcs_pairs(src, dest, overwrite=overwrite, brands=rule)
     except DploraError as err:
         raise fail(err) from None
-    from dplora.surface import echo_private
 
     kind = "conversations" if conversations else "pairs"
     if not echo_private(show_private=show_private, stream=sys.stdout):

@@ -14,6 +14,8 @@ import typer
 from dplora.cli.common import emit_json, fail, log, out
 from dplora.cli.options import JsonLineOpt, RunArg, SigningKeyOpt, public_key_option
 from dplora.cli.synth import SyntheticPart
+from dplora.errors import BadInputError, DploraError
+from dplora.export.files import export_release
 
 ExportOutOpt = Annotated[Path, typer.Option("--out", metavar="DIR", help="A new folder, outside the run folder.")]
 MergeOpt = Annotated[bool, typer.Option("--merge", help="Same as --format merge (the default).")]
@@ -53,8 +55,6 @@ def export(
 
     Verifies the release first and refuses a base other than the one the record names (post-processing: no budget).
     """
-    from dplora.errors import BadInputError, DploraError
-    from dplora.export.files import export_release
     from dplora.release.keys import load_private_key
 
     try:

@@ -24,6 +24,8 @@ from dplora.cli.options import (
     show_private_option,
     temperature_option,
 )
+from dplora.errors import DploraError
+from dplora.surface import PrivateLog, echo_private
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -117,10 +119,8 @@ def synth(
     not covered by DP) go to <run>.private/synth/FILE.memorisation.json and are printed only on a terminal or
     with --show-private.
     """
-    from dplora.surface import PrivateLog, echo_private
 
     shown = echo_private(as_json=as_json, show_private=show_private)
-    from dplora.errors import DploraError
     from dplora.evaluate.generate import Sampling
     from dplora.release.keys import load_private_key
     from dplora.synth.files import synthesize

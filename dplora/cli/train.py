@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from dplora.cli import budget_view
 from dplora.cli.common import console, emit_json, error_doc, fail, log, out
 from dplora.cli.options import (
     MOST_THREADS,
@@ -24,6 +25,11 @@ from dplora.cli.options import (
     threads_option,
 )
 from dplora.errors import BadInputError, DploraError, one_line
+from dplora.recipe.options import RunOptions
+from dplora.run import outputs
+from dplora.run.outputs import private_path
+from dplora.run.progress import duration
+from dplora.surface import PrivateLog, echo_private
 
 BudgetAsJsonOpt = Annotated[bool, json_option("one JSON object instead of tables.")]
 BudgetPlotOpt = Annotated[
@@ -82,8 +88,6 @@ def budget(
     terminal or with --json the report is public: no records-per-unit statistics or data-count warnings, and no plan
     on a counted private N (--show-private shows them).
     """
-    from dplora.cli import budget_view
-    from dplora.surface import echo_private
     from dplora.tuning import budget as budget_mod
 
     private = echo_private(as_json=as_json, show_private=show_private, stream=sys.stdout)
@@ -161,10 +165,8 @@ def train(
     What it prints on stdout and, under CI or without a terminal, on stderr is public: a function of the contract,
     the plan and DP outputs only. Private diagnostics go to <output_dir>.private/ (train.log, report.json).
     """
-    from dplora.surface import PrivateLog, echo_private
 
     private_log = PrivateLog(log if echo_private(as_json=as_json, show_private=show_private) else None)
-    from dplora.recipe.options import RunOptions
 
     options = RunOptions(
         signing_key=signing_key,
@@ -241,7 +243,6 @@ def _report(result, *, as_json: bool, private_log) -> None:
         emit_json(_train_summary(result))
     else:
         out.print(f"release: {result.release_path}", markup=False)
-    from dplora.run.outputs import private_path
 
     log(f"private (not covered by DP; keep local, never ship): {private_path(result.output_dir)}")
 
@@ -250,7 +251,6 @@ def _eval_time(result) -> str:
     """The held-out evaluation's wall time for the private line (the s/step there is training alone)."""
     if result.evaluation is None:
         return ""
-    from dplora.run.progress import duration
 
     return f", held-out eval {duration(result.eval_seconds)}"
 
@@ -259,7 +259,6 @@ def _train_summary(result) -> dict:
     """``train --json``: the run id, the plan's public numbers, ε spent and the paths written (public fields only:
     realised timings and empty steps are in ``<output_dir>.private/report.json``)."""
     from dplora.release.envelope import SIGSTORE_FILENAME
-    from dplora.run import outputs
 
     p, folder = result.plan, result.output_dir.absolute()
     bundle = folder / SIGSTORE_FILENAME
@@ -298,7 +297,6 @@ def _train_summary(result) -> dict:
 
 def _interrupted_message(err: KeyboardInterrupt, output_dir: str | None, *, since: float) -> str:
     """One line for Ctrl-C / SIGTERM: the signal, and this run's FAILED.json if the run got that far."""
-    from dplora.run import outputs
 
     what = str(err.args[0]) if err.args else "Ctrl-C"
     if what.startswith("interrupted ("):  # the run's own line: the signal, FAILED.json, how to resume

@@ -21,7 +21,9 @@ from dplora.cli.options import (
     ledger_option,
     signing_key_option,
 )
+from dplora.contract.choices import ProtectedUnit
 from dplora.errors import BadInputError, DploraError
+from dplora.surface import PREFIX, echo_private
 
 
 def _emit(doc: dict) -> None:
@@ -49,7 +51,6 @@ def clip_guide(
     of units the contract's C would clip. LoRA B starts at zero, so grad A is 0 at init: the norms come from
     grad B. The contract's own data is never read (that would need a DP quantile charged to the ledger).
     """
-    from dplora.contract.choices import ProtectedUnit
     from dplora.contract.loader import load_contract
     from dplora.data import public as public_data
     from dplora.tuning import clipguide
@@ -150,7 +151,6 @@ def sweep(
         )
         if select_by is SelectBy.DEMO:
             log("note: no --eval-public FILE: trials are compared on demo tickets (public by construction)")
-        from dplora.surface import PREFIX, echo_private
 
         private_log = (lambda m: log(PREFIX + m)) if echo_private(as_json=as_json) else None
         with contextlib.redirect_stdout(sys.stderr):

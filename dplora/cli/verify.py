@@ -8,7 +8,9 @@ from typing import Annotated
 import typer
 
 from dplora.cli.common import emit_json, fail, out
+from dplora.cli.export import check_export
 from dplora.cli.options import allow_non_private_option, data_key_option, json_option, public_key_option
+from dplora.cli.synth import check_synthetic
 from dplora.errors import BadInputError, DploraError
 
 ReleasePathArg = Annotated[Path, typer.Argument(metavar="RELEASE", help="release.dsse.json or its folder.")]
@@ -76,7 +78,6 @@ def verify(
 
 def _verified(release_path, public_key, data, data_key, base_model, synthetic, manifest, *, as_json: bool):
     """Verify the release (and the synthetic file): (result, the public key, the synthetic check or None)."""
-    from dplora.cli.synth import check_synthetic
     from dplora.release.envelope import load_data_key
     from dplora.release.keys import load_public_key
     from dplora.release.verify import verify_release
@@ -96,7 +97,6 @@ def _verified(release_path, public_key, data, data_key, base_model, synthetic, m
 
 def _exported(folder, release_path, result, public, base_model, *, as_json: bool):
     """The ``--export`` check (issue 32): verify's parts for the export folder, or a one-line failure."""
-    from dplora.cli.export import check_export
 
     try:
         return check_export(folder, release_path, result, public, base_model)

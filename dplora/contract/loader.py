@@ -13,6 +13,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from dplora.contract.aliases import suggest
+from dplora.contract.shape import resolve_auto
 from dplora.contract.spec import MAX_CONTRACT_BYTES, MAX_NESTING, Contract
 from dplora.errors import BadInputError, excerpt
 
@@ -252,7 +254,6 @@ def _loc(error: dict) -> str:
 def _unknown(error: dict) -> str:
     """``unknown key 'training.learning_rate': dplora calls it training.lr``: the nearest key or another tool's
     name (:func:`dplora.contract.aliases.suggest`), else a pointer to the reference."""
-    from dplora.contract.aliases import suggest
 
     loc = _loc(error)
     names = [p for p in error["loc"] if isinstance(p, str)]
@@ -402,6 +403,5 @@ def load_contract(path: str | Path, overrides: list[str] | None = None) -> Contr
         raw = {}
     if isinstance(raw, dict) and overrides:
         raw = apply_overrides(raw, overrides)
-    from dplora.contract.shape import resolve_auto
 
     return resolve_auto(parse_contract(raw))

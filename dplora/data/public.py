@@ -15,6 +15,7 @@ from pathlib import Path
 
 from dplora.contract.choices import ProtectedUnit
 from dplora.contract.spec import DataSection, PrivacySection
+from dplora.data.demo import generate_tickets
 from dplora.errors import BadInputError, excerpt
 
 DEMO_SEED = 16_016  # the demo generator's seed for public samples: not 0, the seed of `dplora demo-data`
@@ -40,7 +41,6 @@ def demo_rows(
     Raises:
         BadInputError: ``num_tickets`` < 1.
     """
-    from dplora.data.demo import generate_tickets
 
     out = []
     for t in generate_tickets(num_tickets=num_tickets, seed=seed):

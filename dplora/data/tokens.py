@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dplora.contract.spec import DataSection
 from dplora.data.cells import tokenize_cells
+from dplora.data.chat import ChatEncoder, template_in_use
 
 
 def tokenize_records(table, tokenizer, data: DataSection, *, max_seq_len: int) -> list[tuple[list[int], list[int]]]:
@@ -37,7 +38,6 @@ def encode_records(table, tokenizer, data: DataSection, *, max_seq_len: int):
     Raises:
         BadInputError: a chat template that fails on a record or is not prefix-stable.
     """
-    from dplora.data.chat import ChatEncoder, template_in_use
 
     max_len = max_seq_len
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []

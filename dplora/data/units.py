@@ -18,6 +18,7 @@ import numpy as np
 
 from dplora.contract.choices import ProtectedUnit
 from dplora.contract.spec import DataSection, PrivacySection
+from dplora.data.chat import check_messages
 from dplora.data.readers import TextTable, read_csv_text, read_table
 from dplora.errors import BadInputError, excerpt
 
@@ -105,7 +106,6 @@ def load_table(data: DataSection, *, unit_key: str | None = None, light: bool = 
 
 def _as_messages(table, column: str):
     """``table`` with the conversation column checked and reduced to ``[{role, content}]`` per record."""
-    from dplora.data.chat import check_messages
 
     values = table[column]
     checked = [check_messages(v, i + 1, column) for i, v in enumerate(values)]

@@ -34,7 +34,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from dplora.errors import DploraError, TrainingFailedError
+from dplora import errors
+from dplora.errors import BadInputError, DploraError, TrainingFailedError
 
 SHARDING = "unit u belongs to rank u mod W (disjoint shards; all records of a unit on its rank)"
 SAMPLING = (
@@ -130,8 +131,6 @@ def gate(world: World):
         yield
         return
     import torch.distributed as dist
-
-    from dplora import errors
 
     failure = None
     try:
@@ -395,8 +394,6 @@ def check_same_inputs(world: World, digests: dict) -> None:
     if not world.distributed:
         return
     import torch.distributed as dist
-
-    from dplora.errors import BadInputError
 
     gathered: list = [None] * world.world_size
     dist.all_gather_object(gathered, digests)

@@ -16,7 +16,9 @@ import math
 from pathlib import Path
 
 from dplora.contract.spec import DataSection, TrainingSection
-from dplora.errors import BadInputError, NotPrivateError, excerpt
+from dplora.data.cells import tokenize_cells
+from dplora.data.chat import check_messages, generation_ids, template_in_use, template_sha256
+from dplora.errors import BadInputError, NotPrivateError, VerificationError, excerpt
 
 MAX_NEW_TOKENS = 4096  # tokens generated at most per reply (--max-new-tokens upper bound)
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes a signed 64-bit integer; --seed is 0 … MAX_SEED
@@ -77,8 +79,6 @@ def prompt_ids(data: DataSection, training: TrainingSection, tokenizer, prompt, 
             cannot render it.
     """
     max_len = training.max_seq_len
-    from dplora.data.cells import tokenize_cells
-    from dplora.data.chat import generation_ids, template_in_use
 
     template = template_in_use(tokenizer, data)
     conversation = not isinstance(prompt, str)
@@ -182,7 +182,6 @@ def read_conversations(path: Path, column: str | None) -> list[list[dict]]:
     import json
 
     from dplora.contract.spec import DEFAULT_MESSAGES_COLUMN
-    from dplora.data.chat import check_messages
 
     column = column or DEFAULT_MESSAGES_COLUMN
     name = excerpt(str(path), 200)
@@ -225,7 +224,6 @@ def check_tokenization(run, tokenizer) -> None:
     Raises:
         BadInputError: naming both hashes (first 12 hex digits) or the raw/template change.
     """
-    from dplora.data.chat import template_sha256
     from dplora.release.read import released_tokenization
 
     recorded = (released_tokenization(run) or {}).get("chat_template_sha256")
@@ -270,7 +268,6 @@ def generate_from_run(
         VerificationError: the release does not verify with ``public_key`` (exit 3), before any privacy verdict.
         NotPrivateError: the run is a non-private control and ``allow_non_private`` is False (exit 6).
     """
-    from dplora.errors import VerificationError
     from dplora.mechanism.control import NOT_DP
     from dplora.release.read import load_adapter_model, read_run
     from dplora.release.verify import verify_release

@@ -29,6 +29,7 @@ import math
 from pathlib import Path
 
 from dplora.contract.spec import DataSection, TrainingSection
+from dplora.data.cells import tokenize_cells
 from dplora.errors import BadInputError, excerpt
 from dplora.evaluate.report import group_stats
 
@@ -185,7 +186,6 @@ def _exact_match(model, tokenizer, table, data: DataSection, training: TrainingS
 
 def _exact_match_rows(model, tokenizer, table, data: DataSection, training: TrainingSection, device) -> list[bool]:
     """Whether each held-out prompt's greedy reply equals its label (both stripped)."""
-    from dplora.data.cells import tokenize_cells
     from dplora.evaluate.generate import MAX_NEW_TOKENS, Sampling, generate_replies
 
     prompts = [str(p) for p in table[data.prompt_column]]

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from dplora.errors import BadInputError
+from dplora.run.outputs import private_path
 
 PLOT_FILENAME = "training.png"
 PRIVATE_TITLE = (
@@ -104,7 +105,6 @@ def plot_run(run: Path) -> PlotResult:
     Raises:
         BadInputError: matplotlib is not installed, no private folder or no metrics, or the PNG cannot be written.
     """
-    from dplora.run.outputs import private_path
 
     try:
         import matplotlib

@@ -21,7 +21,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from dplora.data.digest import sha256_file
 from dplora.errors import BadInputError, NotPrivateError, VerificationError
+from dplora.run.outputs import fix_mtimes
 
 EXPORT_PREDICATE_TYPE = "https://dplora.dev/export/v1"
 NON_PRIVATE_EXPORT_PREDICATE_TYPE = "https://dplora.dev/export-non-private/v1"
@@ -113,8 +115,6 @@ def _public_mtimes(folder: Path, started_at: str | None) -> None:
     """Stamp the export's files with the release's ``started_at`` (taken before the data was read): a real mtime
     is the export's end, which after a CI job's training step times the private run (issue 40)."""
     if started_at:
-        from dplora.run.outputs import fix_mtimes
-
         fix_mtimes(folder, started_at)
 
 
@@ -199,7 +199,6 @@ def export_release(
         VerificationError: the release does not verify, or the base is not the one trained on (exit 3).
         NotPrivateError: a non-private control without ``allow_control`` (exit 6).
     """
-    from dplora.data.digest import sha256_file
     from dplora.mechanism.control import NOT_DP
     from dplora.release.derived import NO_DP_GUARANTEE, guarantee_text, release_payload, source_release_entry
     from dplora.release.envelope import RELEASE_FILENAME, STATEMENT_TYPE, sign_statement, temp_json

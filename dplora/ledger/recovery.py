@@ -20,9 +20,12 @@ from pathlib import Path
 import yaml
 
 from dplora import atomic
+from dplora.contract.choices import ProtectedUnit
+from dplora.data import digest as digests
 from dplora.errors import BadInputError
 from dplora.ledger.store import Charge, Ledger
 from dplora.run.checkpoint import CheckpointInfo, CheckpointUnreadableError, read_info
+from dplora.run.resume import steps_run
 
 
 def plan_from_checkpoint(info: CheckpointInfo):
@@ -32,7 +35,6 @@ def plan_from_checkpoint(info: CheckpointInfo):
         CheckpointUnreadableError: the header was written by a dplora whose plan had other fields.
     """
     from dplora.accounting.events import Accountant, Adjacency
-    from dplora.contract.choices import ProtectedUnit
     from dplora.plan.training import TrainingPlan
 
     saved = info.meta["plan"]
@@ -111,8 +113,6 @@ def settle(ledger: Ledger, run_id: str, *, abandon: bool, checkpoint: Path | Non
     if info is not None and _still_running(info.path.parent):
         raise BadInputError(f"run {run_id} is still running (it holds the lock next to {info.path.parent})")
     if info is not None:
-        from dplora.run.resume import steps_run
-
         ran = steps_run(info.path.parent, info)
         # steps after the checkpoint drew noise too (issue 49): then the reserved ε (the plan's T) is charged
         eps = epsilon_of(info) if ran <= info.step else (charge.reserved_epsilon or charge.epsilon)
@@ -158,7 +158,6 @@ def record_release(
     from safetensors.numpy import load_file, save_file
 
     from dplora.contract.loader import parse_contract
-    from dplora.data import digest as digests
     from dplora.engine.basefiles import base_model_entry
     from dplora.release import envelope as release
     from dplora.release.record import build_record

@@ -12,6 +12,7 @@ from dplora.contract.choices import UnitClipping
 from dplora.contract.spec import Contract, DataSection, LoraSection, ModelSection, PrivacySection, TrainingSection
 from dplora.data import tokens as tokenizing
 from dplora.engine import distributed
+from dplora.engine.schedule import make_scheduler
 from dplora.errors import BadInputError, DploraError, PlanRefusedError, TrainingFailedError
 from dplora.mechanism import control
 from dplora.plan.training import TrainingPlan
@@ -134,7 +135,6 @@ def build_run(
         attn_implementation=getattr(model.config, "_attn_implementation", None),  # auto resolved at load
         mechanism=mechanism,
     )
-    from dplora.engine.schedule import make_scheduler
 
     scheduler = make_scheduler(
         optimizer, schedule=plan.lr_schedule, warmup_steps=plan.warmup_steps, total_steps=plan.steps

@@ -9,6 +9,8 @@ import math
 from pathlib import Path
 
 from dplora import atomic
+from dplora.data.chat import tokenization_entry
+from dplora.engine.lora import adapted_module_names
 from dplora.errors import DploraError, NoisyUpdateError
 from dplora.mechanism import control
 from dplora.recipe.setup import RunIO, write_json
@@ -16,6 +18,7 @@ from dplora.release import envelope as release
 from dplora.release.record import build_record, non_private_record
 from dplora.run import outputs
 from dplora.run.execution import execution_entry, utc_now
+from dplora.run.resume import failure_fields
 
 
 def metrics_path(staging: Path) -> Path:
@@ -58,7 +61,6 @@ def record_failure(spec, state, err: BaseException, ledger, last_checkpoint=None
     With a resume checkpoint the charge stays pending at its reservation (≥ what was spent) until the run is
     resumed or ``dplora ledger settle`` closes it.
     """
-    from dplora.run.resume import failure_fields
 
     plan, done = spec.plan, state.accountant.steps
     spent = plan.epsilon_spent(done)  # 0.0 at 0 steps; finite (the plan's checked curve)
@@ -122,7 +124,6 @@ def write_outputs(spec, state, *, started: str, epsilon_spent: float, io: RunIO,
 
     contract, plan = spec.contract, spec.plan
     staging = spec.staging.resolve()
-    from dplora.engine.lora import adapted_module_names
     from dplora.engine.perexample import unwrap
 
     adapters = unwrap(state.model)
@@ -145,8 +146,6 @@ def write_outputs(spec, state, *, started: str, epsilon_spent: float, io: RunIO,
     else:
         record = build_record(**common, epsilon_spent=epsilon_spent)
     if spec.tokenizer is not None:
-        from dplora.data.chat import tokenization_entry
-
         record["tokenization"] = tokenization_entry(spec.tokenizer, contract.data)
     if evaluation is not None and evaluation.public:
         record["evaluation"] = evaluation.to_dict()

@@ -16,8 +16,10 @@ from dplora.contract.choices import ProtectedUnit, Quantization
 from dplora.contract.spec import PrivacySection, TrainingSection
 from dplora.data import digest as digests
 from dplora.engine import distributed
+from dplora.engine.schedule import step_scheduler
 from dplora.errors import DploraError, TrainingFailedError
 from dplora.mechanism import control, sampling
+from dplora.plan.estimate import estimate_line
 from dplora.plan.training import TrainingPlan, ledger_event
 from dplora.recipe.build import build_run, open_ledger
 from dplora.recipe.finish import failure_entry, memory_kind, peak_memory_gib, record_failure
@@ -25,7 +27,9 @@ from dplora.recipe.setup import RunIO, write_json
 from dplora.recipe.steps import train_and_release
 from dplora.release import envelope as release
 from dplora.release.record import unit_statement
+from dplora.run import checkpoint as ckpt
 from dplora.run import outputs, tracking
+from dplora.run import resume as resume_mod
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -45,7 +49,6 @@ def open_staging(contract, plan, unit_index, *, out: Path, staging: Path, io: Ru
     Raises:
         BadInputError, PlanRefusedError, LedgerError: nothing written.
     """
-    from dplora.run import resume as resume_mod
 
     with distributed.gate(io.world):  # ranks other than 0 pass the same gate (see train._follow)
         resumed, digest = (
@@ -67,8 +70,6 @@ def set_up(contract, plan, table, unit_index, *, out: Path, staging: Path, io: R
     On failure: bad input removes the staging folder (nothing written); any other failure before step 0 work
     leaves FAILED.json (stage ``setup``), which the next run replaces. Raises: whatever the setup raised.
     """
-    from dplora.run import checkpoint as ckpt
-    from dplora.run import resume as resume_mod
 
     try:
         with distributed.gate(io.world):
@@ -79,8 +80,6 @@ def set_up(contract, plan, table, unit_index, *, out: Path, staging: Path, io: R
                 spec = dataclasses.replace(spec, run_id=resumed.run_id)
                 ckpt.restore(spec, state, resumed)
                 if state.scheduler is not None:  # the schedule is a function of the step: fast-forward it
-                    from dplora.engine.schedule import step_scheduler
-
                     step_scheduler(state.scheduler, state.step)
         distributed.sync_state(io.world, state)  # W processes: every rank starts from rank 0's tensors and counts
     except BaseException as err:
@@ -157,7 +156,6 @@ def train_or_fail(spec, state, io: RunIO, started: str, checkpointer, ledger):
         TrainingFailedError: any failure in training (one line); DploraError subclasses that are bad input pass
             through. The failure is recorded first (FAILED.json, the ledger charge for the steps taken).
     """
-    from dplora.run import resume as resume_mod
 
     try:
         return train_and_release(spec, state, io=io, started=started, checkpointer=checkpointer)
@@ -176,7 +174,6 @@ def train_or_fail(spec, state, io: RunIO, started: str, checkpointer, ledger):
 def publish(spec, state, io: RunIO, ledger, *, started: str, timing: Timing) -> float:
     """Move the staging folder to the output (fixed mtimes), write the private diagnostics, settle the ledger and
     record the release. Returns ε spent at the steps taken (the plan's curve at integer T)."""
-    from dplora.run import checkpoint as ckpt
 
     plan, out = spec.plan, spec.out
     epsilon_spent = plan.epsilon_at(state.step)
@@ -222,7 +219,6 @@ def log_estimate(spec, state, log) -> None:
 
     Its inputs are the plan's public numbers, public contract keys and the probe's time: never the data.
     """
-    from dplora.plan.estimate import estimate_line
     from dplora.recipe.build import probe_estimate
 
     inputs = probe_estimate(

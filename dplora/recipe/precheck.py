@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 from dplora.contract.spec import PACKAGED_MODELS, Contract, ModelSection
+from dplora.data.chat import check_messages
 from dplora.errors import BadInputError, excerpt
 
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -160,7 +161,6 @@ def check_data_files(contract: Contract, *, chat_template: bool | None) -> list[
         BadInputError: missing file, unknown type, a missing column, a conversation cell that is not a list of
             ``{role, content}``.
     """
-    from dplora.data.chat import check_messages
     from dplora.data.units import dataset_builder, required_columns
 
     data = contract.data

@@ -8,6 +8,7 @@ from pathlib import Path
 from dplora import atomic
 from dplora.contract.spec import LoraSection, ModelSection, TrainingSection
 from dplora.engine import distributed
+from dplora.engine.lora import library_error_line, library_warnings, resolve_target_modules
 from dplora.errors import BadInputError, excerpt
 from dplora.recipe.options import RunOptions
 from dplora.run import outputs
@@ -70,7 +71,6 @@ def setup_model(
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from dplora.engine.lora import library_error_line, library_warnings, resolve_target_modules
     from dplora.engine.model import enable_gradient_checkpointing, load_base_model
 
     with library_warnings(log):

@@ -10,6 +10,7 @@ import time
 from dplora import atomic
 from dplora.engine import distributed
 from dplora.errors import TrainingFailedError
+from dplora.evaluate.report import report_lines
 from dplora.mechanism import control
 from dplora.recipe.finish import (
     metrics_path,
@@ -19,7 +20,9 @@ from dplora.recipe.finish import (
 from dplora.recipe.setup import (
     RunIO,
 )
-from dplora.run.tracking import TrackedMetrics
+from dplora.run.outputs import private_staging
+from dplora.run.progress import BatchReporter, ProgressReporter
+from dplora.run.tracking import TrackedMetrics, Tracker
 
 
 def train_and_release(spec, state, *, io: RunIO, started: str, checkpointer):
@@ -31,7 +34,6 @@ def train_and_release(spec, state, *, io: RunIO, started: str, checkpointer):
         wall seconds of the loop of steps alone and of the held-out evaluation alone (0.0 without one).
     """
     from dplora.run.loop import run_steps
-    from dplora.run.progress import ProgressReporter
 
     tracker = _tracker(spec, started)
     try:
@@ -62,8 +64,6 @@ def train_and_release(spec, state, *, io: RunIO, started: str, checkpointer):
 
 def _tracker(spec, started: str | None = None):
     """The run's :class:`dplora.run.tracking.Tracker` (``training.report_to``), or None for ``none``."""
-    from dplora.run.outputs import private_staging
-    from dplora.run.tracking import Tracker
 
     training = spec.contract.training
     if getattr(training.report_to, "value", training.report_to) == "none":
@@ -99,8 +99,6 @@ def _evaluate_held_out(spec, state, io: RunIO):
         return None
     from dplora.engine.perexample import unwrap
     from dplora.evaluate.heldout import evaluate_model, held_out_source
-    from dplora.evaluate.report import report_lines
-    from dplora.run.progress import BatchReporter
 
     source, public = held_out_source(spec.contract.data)
     with BatchReporter("held-out eval", enabled=io.progress, public=public) as progress:  # the operator's terminal

@@ -35,8 +35,11 @@ from dplora.recipe.setup import (
 from dplora.recipe.steps import check_accounted
 from dplora.release import envelope as release
 from dplora.release import keys as release_keys
+from dplora.run import checkpoint as ckpt
 from dplora.run import outputs, tracking
 from dplora.run.execution import utc_now
+from dplora.run.progress import ProgressReporter
+from dplora.surface import PrivateLog
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -84,7 +87,6 @@ def run_training(contract: Contract, options: RunOptions | None = None, *, log=p
             is written, the last resume checkpoint and FAILED.json stay.
         KeyboardInterrupt: SIGINT/SIGTERM; a resume checkpoint of the last finished step is written first.
     """
-    from dplora.surface import PrivateLog
 
     private_log = private_log if private_log is not None else PrivateLog()
     options = options if options is not None else RunOptions()
@@ -218,7 +220,6 @@ def _run_locked(
     contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Path, staging: Path, io: RunIO, held_out=None
 ):
     """The run proper, holding the output lock: ledger check, model and engine, the loop, the release."""
-    from dplora.run import checkpoint as ckpt
 
     resumed, digest, ledger, staging = phases.open_staging(contract, plan, unit_index, out=out, staging=staging, io=io)
     spec, state = phases.set_up(
@@ -264,7 +265,6 @@ def _follow(contract: Contract, plan: TrainingPlan, table, unit_index, *, out: P
     import os
 
     from dplora.run.loop import run_steps
-    from dplora.run.progress import ProgressReporter
 
     with distributed.gate(io.world):  # rank 0 reads a resume checkpoint and checks the ledger here
         pass

@@ -32,6 +32,7 @@ from dplora import atomic
 from dplora.contract.spec import DataSection
 from dplora.data.digest import hmac_sha256_file, new_salt, sha256_file
 from dplora.errors import BadInputError
+from dplora.run.outputs import fix_mtimes
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -240,8 +241,6 @@ def write_release(*, output_dir: Path, record: dict, artifact_files: list[Path],
             os.replace(tmp, target)
         atomic.fsync_dir(root)
         if record.get("started_at"):  # every released file carries the record's start, never the signing time
-            from dplora.run.outputs import fix_mtimes
-
             fix_mtimes(root, record["started_at"])
     except BaseException:
         for tmp, target in temps:

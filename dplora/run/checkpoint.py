@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 
 from dplora import atomic
+from dplora.data.chat import tokenization_entry
+from dplora.data.digest import sha256_file
 from dplora.errors import BadInputError, NoisyUpdateError, TrainingFailedError
 from dplora.signals import GracefulStop
 
@@ -118,7 +120,6 @@ def read_info(where: Path) -> CheckpointInfo | None:
 def data_sha256(data) -> str:
     """sha256 of the data section's file (:class:`dplora.contract.spec.DataSection`; kept in the private checkpoint
     only; see the module docstring)."""
-    from dplora.data.digest import sha256_file
 
     return sha256_file(Path(data.path))
 
@@ -134,7 +135,6 @@ def _adapter_config(spec, state) -> dict:
 
 def _tokenization(spec) -> dict | None:
     """:func:`dplora.data.chat.tokenization_entry` of the run (None without a tokenizer)."""
-    from dplora.data.chat import tokenization_entry
 
     return tokenization_entry(spec.tokenizer, spec.contract.data) if spec.tokenizer is not None else None
 

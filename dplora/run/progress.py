@@ -14,6 +14,8 @@ import sys
 import time
 from typing import TextIO
 
+from dplora.surface import in_ci
+
 LINE_INTERVAL_S = 30.0
 
 
@@ -45,7 +47,6 @@ class _Reporter:
         self.enabled = enabled
         self.interval_s = interval_s
         self._clock = clock or time.monotonic
-        from dplora.surface import in_ci
 
         isatty = getattr(self.stream, "isatty", None)
         interactive = isatty is not None and isatty() and not in_ci()

@@ -15,6 +15,7 @@ import yaml
 
 from dplora.atomic import DiskFullError
 from dplora.errors import BadInputError, TrainingFailedError
+from dplora.run import outputs
 from dplora.run.checkpoint import (
     CHECKPOINT_FILENAME,
     CheckpointInfo,
@@ -158,7 +159,6 @@ def prepare_staging(out: Path, *, resuming: bool, overwrite: bool, ledger, log) 
         BadInputError: such a folder without ``--overwrite`` (exit 2; nothing is touched), or see
             :func:`dplora.run.outputs.fresh_staging`.
     """
-    from dplora.run import outputs
 
     staging = outputs.staging_path(out)
     if resuming:

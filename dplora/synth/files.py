@@ -33,9 +33,11 @@ import os
 from pathlib import Path
 
 from dplora.contract.spec import DEFAULT_MESSAGES_COLUMN, DataSection
+from dplora.data.digest import sha256_file
 from dplora.errors import BadInputError, NotPrivateError, VerificationError, excerpt
 from dplora.evaluate.generate import Sampling
 from dplora.release.derived import NO_DP_GUARANTEE, guarantee_text, release_payload, source_release_entry
+from dplora.run.outputs import private_folder, private_path
 
 SYNTH_PREDICATE_TYPE = "https://dplora.dev/synthetic/v1"
 NON_PRIVATE_SYNTH_PREDICATE_TYPE = "https://dplora.dev/synthetic-non-private/v1"
@@ -55,7 +57,6 @@ def manifest_path(out: Path) -> Path:
 def report_path(out: Path, run_folder: Path) -> Path:
     """The memorisation report of synthetic file ``out`` from run ``run_folder``:
     ``<run>.private/synth/FILE.memorisation.json`` (private, not signed; never beside the shippable file)."""
-    from dplora.run.outputs import private_path
 
     return private_path(Path(run_folder)) / "synth" / (Path(out).name + REPORT_SUFFIX)
 
@@ -280,7 +281,6 @@ def synthesize(
             manifest would chain to adapters nobody signed.
         NotPrivateError: a non-private control without ``allow_non_private`` (exit 6).
     """
-    from dplora.data.digest import sha256_file
     from dplora.data.units import load_table
     from dplora.evaluate.generate import generate_replies
     from dplora.mechanism.control import NOT_DP
@@ -370,7 +370,6 @@ def synthesize(
         manifest = {"_type": STATEMENT_TYPE, "subject": subject, "predicateType": ptype, "predicate": predicate}
         envelope = sign_statement(manifest, private_key)
         man_tmp = temp_json(out.parent, manifest_path(out).name, envelope)
-        from dplora.run.outputs import private_folder
 
         report = report_path(out, run.folder)
         private_folder(run.folder)

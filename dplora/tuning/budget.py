@@ -6,7 +6,8 @@ import math
 from pathlib import Path
 
 from dplora.contract.loader import load_contract
-from dplora.errors import BadInputError
+from dplora.errors import BadInputError, PlanRefusedError
+from dplora.plan.estimate import estimate_doc
 from dplora.plan.training import TrainingPlan
 from dplora.release.record import unit_statement
 
@@ -200,7 +201,6 @@ def _estimate(contract, plan: TrainingPlan, why: str | None, log) -> dict | None
         raise BadInputError(
             f"--estimate is a public number and this plan rests on a counted N ({why}): declare privacy.num_units"
         )
-    from dplora.plan.estimate import estimate_doc
     from dplora.recipe.build import estimate_without_data
 
     inputs = estimate_without_data(contract, plan, log=log or (lambda _m: None))
@@ -224,7 +224,6 @@ def sweep_table(plan: TrainingPlan) -> dict:
     """
     from dplora.accounting import calibrate_noise
     from dplora.accounting.events import Accountant
-    from dplora.errors import PlanRefusedError
 
     n = plan.num_units
     epochs = plan.steps * plan.expected_batch_size / n

@@ -30,7 +30,10 @@ from pathlib import Path
 
 from dplora import atomic
 from dplora.accounting.composition import compose
+from dplora.data import digest as digests
 from dplora.errors import BadInputError, PlanRefusedError, excerpt
+from dplora.recipe.options import RunOptions
+from dplora.run import outputs
 
 MAX_TRIALS = 64
 SUMMARY_FILENAME = "sweep.json"
@@ -265,12 +268,10 @@ def run_sweep(config: Path, args: list[str], options: SweepOptions, *, log=print
         TrainingFailedError: a trial failed (its charge stays; no release; finished trials are deleted).
     """
     from dplora.recipe.inputs import protected_inputs
-    from dplora.recipe.options import RunOptions
     from dplora.recipe.train import run_training
     from dplora.release import envelope as release
     from dplora.release import keys as release_keys
     from dplora.release.keys import generate_keypair
-    from dplora.run import outputs
 
     fixed, axes = parse_grid(args)
     grid = trial_overrides(axes)
@@ -392,7 +393,6 @@ def tuning_entry(results, chosen: int, *, source: str, public: bool, adjacency) 
 def _release(result, tuning: dict, private_key, options: SweepOptions, trial_pub: Path) -> Path:
     """Re-sign the chosen trial: its record (checked under the throw-away key) plus ``tuning``, by the user's key."""
     from dplora.contract.loader import load_contract
-    from dplora.data import digest as digests
     from dplora.ledger.store import Ledger, default_ledger_path
     from dplora.release import envelope as release
     from dplora.release.verify import verify_release
