@@ -221,3 +221,43 @@ def test_rule_fails_on_a_planted_call_outside_the_mechanism(tmp_path, what):
     (pkg / "run" / "planted.py").write_text(source)
     found = forbidden_calls(pkg)
     assert len(found) == 1 and found[0].startswith("dplora.run.planted:") and found[0].endswith(expected), found
+
+
+# Issue 44 item 4: the stages that run after planning take the plan, the mechanism and the contract's sections
+# (DataSection, PrivacySection, TrainingSection, ...), never the whole Contract. What may still take it: the
+# contract and plan stages, the CLI, the recipe that plans and assembles a run (its record and checkpoint state
+# the contract's digest and YAML), the release record (it states the contract), and the after-release tools that
+# run a training or a model of their own (audit, tuning).
+CONTRACT_FREE = (
+    "dplora.accounting",
+    "dplora.ledger",
+    "dplora.data",
+    "dplora.engine",
+    "dplora.mechanism",
+    "dplora.run",
+    "dplora.evaluate",
+    "dplora.synth",
+    "dplora.export",
+)
+
+
+def _contract_free_offenders(root: Path) -> list[str]:
+    found = import_graph.metrics(root)["contract_functions"]["functions"]
+    return [f for f in found if f.startswith(tuple(p + "." for p in CONTRACT_FREE))]
+
+
+def test_no_stage_after_planning_takes_the_whole_contract():
+    assert _contract_free_offenders(ROOT / "dplora") == []
+
+
+def test_the_contract_rule_finds_a_planted_function(tmp_path):
+    pkg = tmp_path / "dplora"
+    (pkg / "data").mkdir(parents=True)
+    for init in (pkg / "__init__.py", pkg / "data" / "__init__.py"):
+        init.write_text("")
+    (pkg / "data" / "reader.py").write_text("def rows(path, *, data):\n    return data.path\n")
+    assert _contract_free_offenders(pkg) == []
+    (pkg / "data" / "reader.py").write_text(
+        "from dplora.contract.spec import Contract\n\n\ndef rows(path, spec: Contract):\n    return spec.data.path\n"
+    )
+    assert _contract_free_offenders(pkg) == ["dplora.data.reader.rows"]
