@@ -88,6 +88,7 @@ class Task:
     eval_rows: int  # per intent (Banking77) or in all (Bitext)
     targets: tuple[str, ...] = ("q_proj", "v_proj")  # ("all-linear",): peft's keyword
     freeze_a: bool = False  # FFA-LoRA: A frozen at its init, only B trained (lora.freeze_a)
+    optimizer: str = "adamw"  # training.optimizer ("dp_adambc": DP-AdamBC, dplora.mechanism.adambc)
     max_steps: int | None = None  # a cap on T of every run (--max-steps; the GPU check's dry run), None: no cap
 
 
@@ -345,6 +346,7 @@ def contract_for(task: Task, settings: Settings, path: Path, columns: dict, out:
         "max_seq_len": task.max_seq_len,
         "seed": settings.seed,
         "output_dir": str(out),
+        **({"optimizer": task.optimizer} if task.optimizer != "adamw" else {}),
     }
     arm = kw.get("arm")
     if arm == "planner":
@@ -766,6 +768,8 @@ STUDY_LEVERS: dict[str, tuple[dict, str]] = {
     "lr-x6": ({"lr": 0.012}, "lr 0.012 (6x the reference 0.002)"),
     "lr-x10": ({"lr": 0.02}, "lr 0.02 (10x the reference 0.002)"),
     "lr-x20": ({"lr": 0.04}, "lr 0.04 (20x the reference 0.002)"),
+    # DP-AdamBC (Tang, Shpilevskiy and Lécuyer, AAAI 2024): Φ = (σC/E)² from the planned E, γ = 1e-8
+    "adambc": ({"optimizer": "dp_adambc"}, "DP-AdamBC: Adam with the noise variance removed from v (AAAI 2024)"),
     # the demo's hand B = 32 and lr 0.002 (HAND) at E = 3: T = 150 at the σ the accountant gives for them
     "epochs3-b32": ({"epochs": 3.0, "arm": "hand"}, "E 3 epochs at B 32, lr 0.002 (T 150)"),
 }

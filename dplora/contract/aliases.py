@@ -45,7 +45,7 @@ ALIASES: dict[str, tuple[str, str]] = {
     "val_set_size": ("data.eval_fraction", "a fraction of the protected units"),
     "lr_scheduler_type": ("training.lr_schedule", "constant, linear or cosine"),
     "warmup_ratio": ("training.warmup_steps", "give steps, not a ratio"),
-    "optim": ("training.optimizer", "adamw, adam or sgd"),
+    "optim": ("training.optimizer", "adamw, adam, sgd or dp_adambc"),
     "epsilon": ("privacy.target_epsilon", ""),
     "target_delta": ("privacy.delta", ""),
     "per_sample_max_grad_norm": ("privacy.max_grad_norm", "C, per protected unit"),

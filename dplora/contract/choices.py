@@ -76,6 +76,7 @@ class Optimizer(str, enum.Enum):
     ADAMW = "adamw"
     ADAM = "adam"
     SGD = "sgd"
+    DP_ADAMBC = "dp_adambc"  # Adam with the DP noise variance removed from its second moment (dplora.mechanism.adambc)
 
 
 class Precision(str, enum.Enum):

@@ -14,6 +14,7 @@ returning the same type with a non-private event).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import TYPE_CHECKING
 
 from dplora.accounting.events import DpSgdEvent
@@ -78,6 +79,12 @@ class DPMechanism:
     flags: PerformanceFlags
     world: World
 
+    @property
+    def noise_variance(self) -> float:
+        """Φ = (σC/E)², the per-coordinate variance of the noise in the gradient the torch optimizer receives
+        (gradient units squared; :func:`noise_variance` of the plan), 0 for the control. DP-AdamBC reads it."""
+        return noise_variance(self.plan) if self.private else 0.0
+
     def sampler(self, num_units: int):
         """The run's Poisson sampler over ``num_units`` units at q (this rank's shard under W > 1); fresh OS
         entropy. Raises: ValueError for q outside (0, 1]."""
@@ -107,6 +114,22 @@ class DPMechanism:
             per_sample=self.flags.per_sample.value,
             reducer=reducer,
         )
+
+
+def noise_variance(plan) -> float:
+    """Φ = (σC/E)², the per-coordinate variance of the noise in the gradient the torch optimizer receives.
+
+    Args:
+        plan: anything with ``noise_multiplier`` σ, ``max_grad_norm`` C and ``expected_batch_size`` E (units).
+    Returns:
+        Φ ≥ 0 (gradient units squared); 0 for σ = 0 (the non-private control).
+    Raises:
+        ValueError: E ≤ 0, or σ or C negative or not finite.
+    """
+    sigma, clip, expected = float(plan.noise_multiplier), float(plan.max_grad_norm), float(plan.expected_batch_size)
+    if not (0 < expected < math.inf and 0 <= sigma < math.inf and 0 <= clip < math.inf):
+        raise ValueError(f"noise variance needs σ ≥ 0, C ≥ 0 and E > 0, got σ={sigma}, C={clip}, E={expected}")
+    return (sigma * clip / expected) ** 2
 
 
 def make_mechanism(

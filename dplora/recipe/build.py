@@ -370,5 +370,5 @@ def _step_parts(training: TrainingSection, model, named, mechanism, *, reducer=N
     model, step optimizer, accountant)) from ``mechanism.wrap`` (:class:`dplora.mechanism.core.DPMechanism`: the
     DP optimizer over units, or the control's step with no clipping, noise or accountant). Shared by training and
     the time estimate's synthetic probe, so both time the same per-example path."""
-    optimizer = make_optimizer(training, [p for _, p in named])
+    optimizer = make_optimizer(training, [p for _, p in named], noise_variance=mechanism.noise_variance)
     return optimizer, mechanism.wrap(model, optimizer, reducer=reducer)

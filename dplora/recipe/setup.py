@@ -134,12 +134,21 @@ def _conv1d_targets(model, targets) -> bool:
     return any(isinstance(m, Conv1D) and n.rsplit(".", 1)[-1] in targets for n, m in model.named_modules())
 
 
-def make_optimizer(training: TrainingSection, params):
-    """``training.optimizer`` (SGD, Adam or AdamW) over ``params`` at ``training.lr`` and ``weight_decay``."""
+def make_optimizer(training: TrainingSection, params, *, noise_variance: float = 0.0):
+    """``training.optimizer`` (SGD, Adam, AdamW or DP-AdamBC) over ``params`` at ``training.lr`` and
+    ``weight_decay``; DP-AdamBC subtracts ``noise_variance`` Φ = (σC/E)² (the mechanism's) from its second moment.
+
+    Raises:
+        ValueError: a negative or non-finite ``noise_variance`` (DP-AdamBC).
+    """
     import torch
 
     lr, wd = training.lr, training.weight_decay
     name = training.optimizer.value
+    if name == "dp_adambc":
+        from dplora.mechanism.adambc import DPAdamBC
+
+        return DPAdamBC(params, lr=lr, noise_variance=noise_variance, weight_decay=wd)
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, weight_decay=wd)
     if name == "adam":

@@ -238,7 +238,7 @@ def test_study_validation_rows_are_neither_trained_nor_held_out(tmp_path):
         bench.bitext_validation(bench.FULL, 10)
 
 
-def test_study_levers_combine_and_refuse_conflicts():
+def test_study_levers_combine_and_refuse_conflicts(tmp_path):
     bench = _bench()
     task = bench.study_task(bench.CPU.bitext, ["ffa", "rank2"])
     assert (task.r, task.freeze_a, task.targets, task.epochs) == (2, True, ("q_proj", "v_proj"), 1.0)
@@ -250,6 +250,14 @@ def test_study_levers_combine_and_refuse_conflicts():
     with pytest.raises(ValueError, match="does not combine"):
         bench.study_task(bench.CPU.bitext, ["epochs3-b32", "lr-x3"])
     assert bench.study_task(bench.CPU.bitext, ["lr-x3"]).lr == 0.006
+    adambc = bench.study_task(bench.CPU.bitext, ["adambc", "epochs3", "lr-x3"])
+    assert (adambc.optimizer, adambc.epochs, adambc.lr) == ("dp_adambc", 3.0, 0.006)
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"p": "a"}\n')
+    cols = {"prompt_column": "p"}
+    raw = bench.contract_for(adambc, bench.CPU, data, cols, tmp_path / "o", arm="planner")
+    assert raw["training"]["optimizer"] == "dp_adambc"
+    assert "optimizer" not in bench.contract_for(bench.CPU.bitext, bench.CPU, data, cols, tmp_path / "o")["training"]
     with pytest.raises(ValueError, match="unknown lever"):
         bench.study_task(bench.CPU.bitext, ["rank3"])
     # the share is on the FIXED reference rows: today's DP row gives its documented 48.5 %
