@@ -91,7 +91,8 @@ def audit(
     "uninformative", not a pass. With --attach, the results are signed into the release's record (the audit must
     run the release's mechanism). --power-check also trains the same canaries without noise on public data.
     """
-    from dplora.audit.runner import REPORT_FILENAME, AuditOptions, run_audit, summary_markdown
+    from dplora.audit.runner import REPORT_FILENAME, AuditOptions, run_audit
+    from dplora.audit.summary import summary_markdown
 
     envelope = None
     try:

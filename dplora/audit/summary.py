@@ -1,0 +1,95 @@
+"""The audit report in Markdown (``audit.md``, and what ``dplora audit`` prints): the verdict, the bound and the
+release's ceiling (rounded up), the measured TPR points, the power check, exposure and the MIA AUC."""
+
+from __future__ import annotations
+
+import math
+
+
+def _fmt(x) -> str:
+    return "n/a" if x is None else x if isinstance(x, str) else f"{x:.3f}"
+
+
+def _verdict_words(report: dict) -> str:
+    """The verdict in words (reports written before issue 46 have only ``violation``)."""
+    if report["violation"]:
+        what = []
+        if report.get("bound_violation", True):
+            what.append("the lower bound exceeds the claimed ε")
+        if report.get("ceiling_exceeded"):
+            what.append("a measured TPR exceeds the release's attack ceiling beyond its confidence interval")
+        return "**VIOLATION**: " + " and ".join(what)
+    if report.get("verdict") == "uninformative":
+        return "**uninformative** (not a pass): " + "; ".join(report["uninformative_reasons"])
+    return "no violation detected"
+
+
+def _up(x: float, decimals: int) -> str:
+    """A ceiling printed rounded UP (never below its value; red team round 2 of issue 46)."""
+    return f"{math.ceil(x * 10**decimals) / 10**decimals:.{decimals}f}"
+
+
+def _tpr_lines(report: dict) -> list[str]:
+    """One line per FPR: measured TPR (lower limit) against the ceiling."""
+    lines = []
+    for p in report.get("tpr_vs_ceiling") or []:
+        ceiling = "n/a (no DP)" if p["ceiling"] is None else _up(p["ceiling"], 4)
+        at_upper = (
+            "" if p["ceiling_at_fpr_upper"] is None else f" ({_up(p['ceiling_at_fpr_upper'], 4)} at the FPR's upper "
+        )
+        at_upper += f"limit {p['fpr_upper']:.4f})" if at_upper else ""
+        lines.append(
+            f"- TPR at FPR {100 * p['fpr']:g} %: measured {p['tpr']:.4f} ({p['true_positives']}/{p['inserted']}, "
+            f"lower limit {p['tpr_lower']:.4f}; {p['false_positives']}/{p['held_out']} false positives); release "
+            f"ceiling {ceiling}{at_upper}" + (" — EXCEEDED" if p["exceeded"] else "")
+        )
+    return lines
+
+
+def summary_markdown(report: dict) -> str:
+    """A short markdown summary of the report."""
+    verdict = _verdict_words(report)
+    ceiling = report.get("epsilon_lower_bound_ceiling")
+    power_line = (
+        []
+        if ceiling is None
+        else [
+            f"- this audit's ceiling: with {report['canaries']} canaries and {report['guesses']} guesses no outcome "
+            f"can show more than ε̂ = {_up(ceiling, 3)} (δ={report['delta']:g}; "
+            f"{_up(report['epsilon_lower_bound_ceiling_delta0'], 3)} at δ = 0)"
+        ]
+    )
+    return "\n".join(
+        [
+            "# dplora audit",
+            "",
+            f"- data: {report['data_source']}; DP: {report['differentially_private']}; run: `{report['run_folder']}`",
+            f"- canaries: {report['canaries']} ({report['inserted']} inserted, {report['records_per_canary']} "
+            f"record(s) each)",
+            f"- guesses: {report['guesses']} ({report['guesses_in']} in, {report['guesses_out']} out), "
+            f"correct: {report['correct']}",
+            f"- ε lower bound ({report['confidence']:.0%}, δ={report['delta']:g}): {report['epsilon_lower_bound']:.3f}"
+            f"; claimed ε: {_fmt(report['claimed_epsilon'])} — {verdict}",
+            *power_line,
+            *_tpr_lines(report),
+            *_power_check_lines(report),
+            f"- MIA AUC: {_fmt(report['mia_auc'])}",
+            f"- exposure (bits, {report['candidates']} candidates; chance ≈ {report['exposure_chance_bits']:.2f}, "
+            f"max {report['exposure_max_bits']:.2f}): inserted {_fmt(report['exposure_inserted_mean'])}, "
+            f"held out {_fmt(report['exposure_held_out_mean'])}",
+            "",
+        ]
+    )
+
+
+def _power_check_lines(report: dict) -> list[str]:
+    """The power check's line ([] without one)."""
+    check = report.get("power_check")
+    if not check:
+        return []
+    return [
+        f"- power check (the same canaries, a run without noise on {check['data_source']} data): ε̂ "
+        f"{check['epsilon_lower_bound']:.3f} of the ceiling {check['epsilon_lower_bound_ceiling']:.3f} "
+        f"({100 * check['fraction_of_ceiling']:.0f} %), {check['correct']}/{check['guesses']} correct, "
+        f"MIA AUC {_fmt(check['mia_auc'])}"
+    ]
