@@ -4,10 +4,9 @@
 May import: everything.
 """
 
-from dplora.cli.app import main as run
-
 
 def main() -> None:
     """Run the ``dplora`` command (the console script ``dplora.cli:main`` and ``python -m dplora``)."""
+    from dplora.cli.app import main as run
 
     run()

@@ -69,7 +69,6 @@ class OneLineErrorGroup(typer.core.TyperGroup):
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         """Run the CLI as ``dplora`` (whatever the launcher); ``standalone_mode`` exits with the command's code."""
-
         expand_user_paths(self)  # `~` in every path argument and option
         try:
             code = super().main(args, "dplora", complete_var, standalone_mode=False, **extra)

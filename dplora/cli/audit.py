@@ -238,7 +238,6 @@ def register(app: typer.Typer) -> None:
 
 def _separate(audit_folder: Path, run_dir: Path) -> None:
     """Refuse an audit folder inside the release (an unsigned file there fails verify) or the release inside it."""
-
     a, r = audit_folder.resolve(), run_dir.resolve()
     if a.is_relative_to(r) or r.is_relative_to(a):
         raise BadInputError(f"--attach {run_dir}: the audit folder {audit_folder} must lie outside the release folder")
@@ -247,7 +246,6 @@ def _separate(audit_folder: Path, run_dir: Path) -> None:
 def _same_content(a: Path, b: Path) -> bool:
     """The same file under another name (a hard link, a symlink) or a byte-identical copy: either is the private
     data, which a noiseless power check must never read (issue 46 red team)."""
-
     try:
         if a.resolve() == b.resolve() or a.samefile(b):
             return True

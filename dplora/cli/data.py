@@ -126,7 +126,6 @@ def demo_data(
 
     --format messages: one conversation per ticket instead (ticket_id, customer_id, messages; .jsonl).
     """
-
     try:
         summary = write_tickets(
             path, num_tickets=tickets, seed=seed, overwrite=overwrite, max_turns=max_turns, record_format=record_format
@@ -191,7 +190,6 @@ def prepare_twcs(
     turn, in time order); see docs/data_formats.md for the rule that keeps other customers' text out. Brands come
     from --brands FILE or TWCS's numbering rule, never from the data.
     """
-
     try:
         rule = DEFAULT_BRANDS if brands is None else load_brands(brands)
         if conversations:

@@ -119,7 +119,6 @@ def synth(
     not covered by DP) go to <run>.private/synth/FILE.memorisation.json and are printed only on a terminal or
     with --show-private.
     """
-
     shown = echo_private(as_json=as_json, show_private=show_private)
     from dplora.evaluate.generate import Sampling
     from dplora.release.keys import load_private_key

@@ -165,7 +165,6 @@ def train(
     What it prints on stdout and, under CI or without a terminal, on stderr is public: a function of the contract,
     the plan and DP outputs only. Private diagnostics go to <output_dir>.private/ (train.log, report.json).
     """
-
     private_log = PrivateLog(log if echo_private(as_json=as_json, show_private=show_private) else None)
 
     options = RunOptions(
@@ -297,7 +296,6 @@ def _train_summary(result) -> dict:
 
 def _interrupted_message(err: KeyboardInterrupt, output_dir: str | None, *, since: float) -> str:
     """One line for Ctrl-C / SIGTERM: the signal, and this run's FAILED.json if the run got that far."""
-
     what = str(err.args[0]) if err.args else "Ctrl-C"
     if what.startswith("interrupted ("):  # the run's own line: the signal, FAILED.json, how to resume
         return f"error: {what}"

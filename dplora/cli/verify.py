@@ -97,7 +97,6 @@ def _verified(release_path, public_key, data, data_key, base_model, synthetic, m
 
 def _exported(folder, release_path, result, public, base_model, *, as_json: bool):
     """The ``--export`` check (issue 32): verify's parts for the export folder, or a one-line failure."""
-
     try:
         return check_export(folder, release_path, result, public, base_model)
     except DploraError as err:

@@ -254,7 +254,6 @@ def _loc(error: dict) -> str:
 def _unknown(error: dict) -> str:
     """``unknown key 'training.learning_rate': dplora calls it training.lr``: the nearest key or another tool's
     name (:func:`dplora.contract.aliases.suggest`), else a pointer to the reference."""
-
     loc = _loc(error)
     names = [p for p in error["loc"] if isinstance(p, str)]
     hint = ""

@@ -41,7 +41,6 @@ def demo_rows(
     Raises:
         BadInputError: ``num_tickets`` < 1.
     """
-
     out = []
     for t in generate_tickets(num_tickets=num_tickets, seed=seed):
         row = {}

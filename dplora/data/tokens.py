@@ -38,7 +38,6 @@ def encode_records(table, tokenizer, data: DataSection, *, max_seq_len: int):
     Raises:
         BadInputError: a chat template that fails on a record or is not prefix-stable.
     """
-
     max_len = max_seq_len
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
 

@@ -106,7 +106,6 @@ def load_table(data: DataSection, *, unit_key: str | None = None, light: bool = 
 
 def _as_messages(table, column: str):
     """``table`` with the conversation column checked and reduced to ``[{role, content}]`` per record."""
-
     values = table[column]
     checked = [check_messages(v, i + 1, column) for i, v in enumerate(values)]
     tmp = f"{column}.dplora-checked"  # added before the original goes: the table may have no other column

@@ -105,7 +105,6 @@ def plot_run(run: Path) -> PlotResult:
     Raises:
         BadInputError: matplotlib is not installed, no private folder or no metrics, or the PNG cannot be written.
     """
-
     try:
         import matplotlib
     except ImportError:

@@ -61,7 +61,6 @@ def record_failure(spec, state, err: BaseException, ledger, last_checkpoint=None
     With a resume checkpoint the charge stays pending at its reservation (≥ what was spent) until the run is
     resumed or ``dplora ledger settle`` closes it.
     """
-
     plan, done = spec.plan, state.accountant.steps
     spent = plan.epsilon_spent(done)  # 0.0 at 0 steps; finite (the plan's checked curve)
     entry = failure_entry(spec.run_id, done, plan.steps, spent, err)

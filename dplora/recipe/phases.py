@@ -49,7 +49,6 @@ def open_staging(contract, plan, unit_index, *, out: Path, staging: Path, io: Ru
     Raises:
         BadInputError, PlanRefusedError, LedgerError: nothing written.
     """
-
     with distributed.gate(io.world):  # ranks other than 0 pass the same gate (see train._follow)
         resumed, digest = (
             resume_mod.resume_point(staging, contract.to_yaml(), contract.data, plan, unit_index)
@@ -70,7 +69,6 @@ def set_up(contract, plan, table, unit_index, *, out: Path, staging: Path, io: R
     On failure: bad input removes the staging folder (nothing written); any other failure before step 0 work
     leaves FAILED.json (stage ``setup``), which the next run replaces. Raises: whatever the setup raised.
     """
-
     try:
         with distributed.gate(io.world):
             spec, state = build_run(
@@ -156,7 +154,6 @@ def train_or_fail(spec, state, io: RunIO, started: str, checkpointer, ledger):
         TrainingFailedError: any failure in training (one line); DploraError subclasses that are bad input pass
             through. The failure is recorded first (FAILED.json, the ledger charge for the steps taken).
     """
-
     try:
         return train_and_release(spec, state, io=io, started=started, checkpointer=checkpointer)
     except BaseException as err:
@@ -174,7 +171,6 @@ def train_or_fail(spec, state, io: RunIO, started: str, checkpointer, ledger):
 def publish(spec, state, io: RunIO, ledger, *, started: str, timing: Timing) -> float:
     """Move the staging folder to the output (fixed mtimes), write the private diagnostics, settle the ledger and
     record the release. Returns ε spent at the steps taken (the plan's curve at integer T)."""
-
     plan, out = spec.plan, spec.out
     epsilon_spent = plan.epsilon_at(state.step)
     peak = peak_memory_gib(spec.device)  # private: activations grow with the realised (private) batch

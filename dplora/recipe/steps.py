@@ -64,7 +64,6 @@ def train_and_release(spec, state, *, io: RunIO, started: str, checkpointer):
 
 def _tracker(spec, started: str | None = None):
     """The run's :class:`dplora.run.tracking.Tracker` (``training.report_to``), or None for ``none``."""
-
     training = spec.contract.training
     if getattr(training.report_to, "value", training.report_to) == "none":
         return None

@@ -87,7 +87,6 @@ def run_training(contract: Contract, options: RunOptions | None = None, *, log=p
             is written, the last resume checkpoint and FAILED.json stay.
         KeyboardInterrupt: SIGINT/SIGTERM; a resume checkpoint of the last finished step is written first.
     """
-
     private_log = private_log if private_log is not None else PrivateLog()
     options = options if options is not None else RunOptions()
     started_at = utc_now()  # before the data is read: the record's only time (its end would time the private run)
@@ -220,7 +219,6 @@ def _run_locked(
     contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Path, staging: Path, io: RunIO, held_out=None
 ):
     """The run proper, holding the output lock: ledger check, model and engine, the loop, the release."""
-
     resumed, digest, ledger, staging = phases.open_staging(contract, plan, unit_index, out=out, staging=staging, io=io)
     spec, state = phases.set_up(
         contract, plan, table, unit_index, out=out, staging=staging, io=io, held_out=held_out, resumed=resumed

@@ -120,7 +120,6 @@ def read_info(where: Path) -> CheckpointInfo | None:
 def data_sha256(data) -> str:
     """sha256 of the data section's file (:class:`dplora.contract.spec.DataSection`; kept in the private checkpoint
     only; see the module docstring)."""
-
     return sha256_file(Path(data.path))
 
 
@@ -135,7 +134,6 @@ def _adapter_config(spec, state) -> dict:
 
 def _tokenization(spec) -> dict | None:
     """:func:`dplora.data.chat.tokenization_entry` of the run (None without a tokenizer)."""
-
     return tokenization_entry(spec.tokenizer, spec.contract.data) if spec.tokenizer is not None else None
 
 

@@ -159,7 +159,6 @@ def prepare_staging(out: Path, *, resuming: bool, overwrite: bool, ledger, log) 
         BadInputError: such a folder without ``--overwrite`` (exit 2; nothing is touched), or see
             :func:`dplora.run.outputs.fresh_staging`.
     """
-
     staging = outputs.staging_path(out)
     if resuming:
         remove_stale(staging)

@@ -57,7 +57,6 @@ def manifest_path(out: Path) -> Path:
 def report_path(out: Path, run_folder: Path) -> Path:
     """The memorisation report of synthetic file ``out`` from run ``run_folder``:
     ``<run>.private/synth/FILE.memorisation.json`` (private, not signed; never beside the shippable file)."""
-
     return private_path(Path(run_folder)) / "synth" / (Path(out).name + REPORT_SUFFIX)
 
 
