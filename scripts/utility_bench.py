@@ -772,8 +772,14 @@ STUDY_LEVERS: dict[str, tuple[dict, str]] = {
     "adambc": ({"optimizer": "dp_adambc"}, "DP-AdamBC: Adam with the noise variance removed from v (AAAI 2024)"),
     # the demo's hand B = 32 and lr 0.002 (HAND) at E = 3: T = 150 at the σ the accountant gives for them
     "epochs3-b32": ({"epochs": 3.0, "arm": "hand"}, "E 3 epochs at B 32, lr 0.002 (T 150)"),
+    # the non-private control (privacy.enabled: false) at the same planner B, T and lr as its DP twin: with other
+    # levers, the control a new default would be compared against
+    "control": ({"enabled": False}, "non-private control (no clip, no noise; ε = ∞) at the DP twin's B, T, lr"),
 }
-STUDY_NOT_TASK = ("arm",)  # lever keys that are not Task fields: the contract's arm (planner or hand B and lr)
+STUDY_NOT_TASK = (
+    "arm",
+    "enabled",
+)  # lever keys that are not Task fields: the contract's arm (planner or hand B and lr)
 
 
 def bitext_validation(settings: Settings, count: int) -> list[dict]:
@@ -879,6 +885,9 @@ def study_row(levers: list[str], settings: Settings, out: Path, threads: int, mo
         name = "study-" + "+".join(levers)
         folder = out / "runs" / name
         kw = {"model": model_section, "arm": study_arm(levers), "epsilon": STUDY_EPSILON}
+        if any(STUDY_LEVERS[n][0].get("enabled") is False for n in levers):  # the control: its DP twin's B, T, lr
+            twin = contract_for(task, settings, path, columns, folder, **kw)
+            kw |= {"arm": "fixed", "fixed": resolved_settings(twin), "enabled": False}
         raw = contract_for(task, settings, path, columns, folder, **kw)
         run = train_one(raw, key, threads)
         model = scorer.model(run["folder"])
@@ -908,6 +917,11 @@ def study_row(levers: list[str], settings: Settings, out: Path, threads: int, mo
     }
 
 
+def _eps_cell(spent) -> str:
+    """ε spent in the study table: 3 decimals, or ∞ for the non-private control (``None`` in its row)."""
+    return "∞" if spent is None else f"{spent:.3f}"
+
+
 STUDY_START = "<!-- study (issue 43): rows from docs/utility-study.json, written by utility_bench.py --study -->"
 STUDY_END = "<!-- /study -->"
 
@@ -925,7 +939,7 @@ def study_table_md(rows: list[dict]) -> str:
     for r in rows:
         lines.append(
             f"| {'+'.join(r['levers'])} | {'; '.join(r['changes'])} | {r['trained_parameters']:,} | {r['batch']} | "
-            f"{r['steps']} | {r['sigma']:.3f} | {r['epsilon_spent']:.3f} | {r['validation_loss']:.4f} "
+            f"{r['steps']} | {r['sigma']:.3f} | {_eps_cell(r['epsilon_spent'])} | {r['validation_loss']:.4f} "
             f"({r['base_validation_loss']:.4f}) | {r['heldout_loss']:.4f} | {r['share_of_control_gain']:.3f} | "
             f"{r['train_seconds'] / 60:.1f} | {r['wall_minutes']:.1f} |"
         )

@@ -295,3 +295,20 @@ def test_toy_study_trains_one_ffa_row_and_appends_it(tmp_path):
     assert text.startswith("# page\n\nkept text\n") and text.count("## Study (issue 43)") == 1
     table = text.split(bench.STUDY_START)[1].split(bench.STUDY_END)[0]
     assert table.count("\n| ffa |") == 1 and table.count("\n| rank2 |") == 1 and "| reference |" in table
+
+
+@pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "bitext_customer_support").is_dir(), reason="no data")
+def test_toy_study_control_lever_trains_the_non_private_twin(tmp_path):
+    """--study control --toy: the non-private control at its DP twin's planner B, T and lr (no noise, ε ∞),
+    written to the table with ε spent ∞."""
+    bench = _bench()
+    out, js, md = tmp_path / "s", tmp_path / "study.json", tmp_path / "page.md"
+    row = bench.main(["--study", "control", "--toy", "--threads", "1", "--out", str(out),
+                      "--study-json", str(js), "--study-md", str(md)])  # fmt: skip
+    dp = bench.main(["--study", "none", "--toy", "--threads", "1", "--out", str(tmp_path / "d"),
+                     "--study-json", str(tmp_path / "d.json"), "--study-md", str(tmp_path / "d.md")])  # fmt: skip
+    assert (row["batch"], row["steps"], row["lr"]) == (dp["batch"], dp["steps"], dp["lr"])
+    statement = release_statement(out / "runs" / "study-control")
+    assert statement["predicate"]["differentially_private"] is False
+    assert row["epsilon_spent"] is None and row["sigma"] == 0.0 and row["batch"] > 0 and row["steps"] >= 50
+    assert "| ∞ |" in md.read_text()
