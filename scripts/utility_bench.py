@@ -834,6 +834,34 @@ def study_arm(levers: list[str]) -> str:
     return "hand" if "hand" in arms else "planner"
 
 
+BANKING_STUDY_REFERENCE = {
+    "base": 0.483,
+    "control": 0.950,
+    "dp_eps8": 0.683,
+    "metric": "accuracy",
+    "source": "docs/utility.md, --cpu table (2026-12-02): Banking77 N 554, base, control and DP-planner at ε = 8",
+}
+BANKING_NONE = "today's row (r 8 on q,v, E 3)"  # the --cpu preset's Banking77 task trains 3 epochs
+STUDY_VALIDATION_PER_INTENT = 20  # Banking77 validation: unused test rows per intent (after the reported ones)
+
+
+def banking_validation(settings: Settings, per_intent: int) -> list[dict]:
+    """The Banking77 study's validation rows: per intent, the ``per_intent`` test rows right after the
+    ``settings.banking.eval_rows`` that are reported (file order). Never trained on (they are test rows) and never
+    reported; drawn from the test split because the --cpu preset trains every training row of two of its five
+    intents (N = 3·120 + 112 + 82), so a training-side split would leave those intents out.
+
+    Returns:
+        Up to ``per_intent`` rows (``text``, ``category``) per intent, fewer where the split runs out.
+    """
+    test = _read_csv(BANKING / "test.csv")
+    labels = list(settings.intents or json.loads((BANKING / "categories.json").read_text()))
+    first, out = settings.banking.eval_rows, []
+    for label in labels:
+        out += [r for r in test if r["category"] == label][first : first + per_intent]
+    return out
+
+
 def study_share(loss: float, reference: dict = STUDY_REFERENCE) -> float:
     """Share of the control's gain kept by a DP row: (base − loss)/(base − control), on the fixed reference rows.
 
@@ -843,6 +871,8 @@ def study_share(loss: float, reference: dict = STUDY_REFERENCE) -> float:
     Returns:
         The share (1 = all of the control's gain, 0 = none, negative = worse than base).
     """
+    if reference.get("metric") == "accuracy":  # Banking77: (accuracy − base)/(control − base)
+        return (loss - reference["base"]) / (reference["control"] - reference["base"])
     return (reference["base"] - loss) / (reference["base"] - reference["control"])
 
 
@@ -859,8 +889,13 @@ def trained_parameters(folder: Path, freeze_a: bool) -> int:
     return total
 
 
-def study_row(levers: list[str], settings: Settings, out: Path, threads: int, model_path: str | None) -> dict:
-    """Train one Bitext DP row at ε = 8 with the levers applied and score it on held-out and validation rows."""
+def study_row(
+    levers: list[str], settings: Settings, out: Path, threads: int, model_path: str | None, task_name: str = "bitext"
+) -> dict:
+    """Train one DP row at ε = 8 with the levers applied and score it on held-out and validation rows: Bitext
+    (loss per target token) or, with ``task_name="banking77"``, Banking77 (accuracy; :func:`banking_validation`)."""
+    if task_name == "banking77":
+        return _banking_study_row(levers, settings, out, threads, model_path)
     from dplora.release.keys import generate_keypair
 
     started = time.perf_counter()
@@ -894,6 +929,7 @@ def study_row(levers: list[str], settings: Settings, out: Path, threads: int, mo
         held_eval, val_eval = bitext_eval(scorer, model, held, contract), bitext_eval(scorer, model, val, contract)
         scorer.release(model)
     return {
+        "task": "bitext",
         "levers": list(levers),
         "changes": [STUDY_LEVERS[n][1] for n in levers],
         "epsilon": STUDY_EPSILON,
@@ -917,6 +953,63 @@ def study_row(levers: list[str], settings: Settings, out: Path, threads: int, mo
     }
 
 
+def _banking_study_row(levers: list[str], settings: Settings, out: Path, threads: int, model_path: str | None):
+    from dplora.contract.loader import parse_contract
+    from dplora.release.keys import generate_keypair
+
+    started = time.perf_counter()
+    task = study_task(settings.banking, levers)
+    with tempfile.TemporaryDirectory(prefix="dplora-study-") as tmp_name:
+        tmp = Path(tmp_name)
+        isolate_user_state(tmp)
+        key, _ = generate_keypair(tmp / "bench.key", None, overwrite=False)
+        path, test, labels = banking_data(settings, tmp)
+        val = banking_validation(settings, STUDY_VALIDATION_PER_INTENT)
+        columns = {"prompt_column": "text", "response_column": "category"}
+        if settings.toy:
+            model_section = {"path": str(toy_model(out / "toy-model"))}
+        else:
+            model_section = {"path": model_path} if model_path else None
+        scorer = Scorer(threads, model_section)
+        contract = parse_contract(contract_for(task, settings, path, columns, tmp / "unused", model=model_section))
+        base_test = banking_eval(scorer, scorer.base, test, labels, contract)
+        base_val = banking_eval(scorer, scorer.base, val, labels, contract)
+        folder = out / "runs" / ("study-banking77-" + "+".join(levers))
+        kw = {"model": model_section, "arm": study_arm(levers), "epsilon": STUDY_EPSILON}
+        if any(STUDY_LEVERS[n][0].get("enabled") is False for n in levers):
+            twin = contract_for(task, settings, path, columns, folder, **kw)
+            kw |= {"arm": "fixed", "fixed": resolved_settings(twin), "enabled": False}
+        raw = contract_for(task, settings, path, columns, folder, **kw)
+        run = train_one(raw, key, threads)
+        model = scorer.model(run["folder"])
+        test_eval = banking_eval(scorer, model, test, labels, contract)
+        val_eval = banking_eval(scorer, model, val, labels, contract)
+        scorer.release(model)
+    return {
+        "task": "banking77",
+        "levers": list(levers),
+        "changes": [BANKING_NONE if n == "none" else STUDY_LEVERS[n][1] for n in levers],
+        "epsilon": STUDY_EPSILON,
+        "arm": study_arm(levers),
+        "lora": raw["lora"],
+        "epochs": task.epochs,
+        "trained_parameters": trained_parameters(Path(run["folder"]), task.freeze_a),
+        **{k: run[k] for k in ("batch", "steps", "q", "sigma", "lr", "epsilon_spent", "train_seconds", "s_per_step")},
+        "test_accuracy": round(test_eval["accuracy"], 4),
+        "test_rows": test_eval["records"],
+        "share_of_control_gain": round(study_share(test_eval["accuracy"], BANKING_STUDY_REFERENCE), 4),
+        "validation_accuracy": round(val_eval["accuracy"], 4),
+        "validation_rows": val_eval["records"],
+        "base_validation_accuracy": round(base_val["accuracy"], 4),
+        "base_test_accuracy": round(base_test["accuracy"], 4),  # must reproduce the reference's base
+        "wall_minutes": round((time.perf_counter() - started) / 60, 1),
+        "hardware": device_label(threads),
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "reference": BANKING_STUDY_REFERENCE,
+        "groups": test_eval["groups"],
+    }
+
+
 def _eps_cell(spent) -> str:
     """ε spent in the study table: 3 decimals, or ∞ for the non-private control (``None`` in its row)."""
     return "∞" if spent is None else f"{spent:.3f}"
@@ -926,8 +1019,34 @@ STUDY_START = "<!-- study (issue 43): rows from docs/utility-study.json, written
 STUDY_END = "<!-- /study -->"
 
 
+BANKING_STUDY_START = "<!-- study banking77 (issue 43): rows from docs/utility-study-banking77.json -->"
+BANKING_STUDY_END = "<!-- /study banking77 -->"
+
+
+def _banking_table_md(rows: list[dict]) -> str:
+    ref = rows[0]["reference"] if rows else BANKING_STUDY_REFERENCE
+    lines = [
+        "| levers | change | trained d | B | T | σ | ε spent | validation accuracy (base) | test accuracy | share "
+        "| train min | wall min |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| reference | today's DP-planner row (not retrained) | 460,800 | 32 | 52 | — | ≤ 8 | — | "
+        f"{ref['dp_eps8']:.3f} | {study_share(ref['dp_eps8'], ref):.3f} | — | — |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {'+'.join(r['levers'])} | {'; '.join(r['changes'])} | {r['trained_parameters']:,} | {r['batch']} | "
+            f"{r['steps']} | {r['sigma']:.3f} | {_eps_cell(r['epsilon_spent'])} | {r['validation_accuracy']:.3f} "
+            f"({r['base_validation_accuracy']:.3f}) | {r['test_accuracy']:.3f} | {r['share_of_control_gain']:.3f} | "
+            f"{r['train_seconds'] / 60:.1f} | {r['wall_minutes']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
 def study_table_md(rows: list[dict]) -> str:
-    """The study's table (markdown): one line per row of ``utility-study.json``, today's reference first."""
+    """The study's table (markdown): one line per row of the study's JSON, today's reference first (Bitext, or
+    Banking77 when the rows are ``task: banking77``)."""
+    if rows and rows[0].get("task") == "banking77":
+        return _banking_table_md(rows)
     ref = rows[0]["reference"] if rows else STUDY_REFERENCE
     lines = [
         "| levers | change | trained d | B | T | σ | ε spent | validation loss (base) | held-out loss | share "
@@ -954,12 +1073,15 @@ def write_study(row: dict, json_path: Path, md_path: Path) -> list[dict]:
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(rows, indent=2, ensure_ascii=False) + "\n")
     text = md_path.read_text() if md_path.exists() else ""
-    block = f"{STUDY_START}\n{study_table_md(rows)}\n{STUDY_END}"
-    if STUDY_START in text and STUDY_END in text:
-        head, rest = text.split(STUDY_START, 1)
-        text = head + block + rest.split(STUDY_END, 1)[1]
+    banking = row.get("task") == "banking77"
+    start, end = (BANKING_STUDY_START, BANKING_STUDY_END) if banking else (STUDY_START, STUDY_END)
+    title = "## Study on Banking77 (issue 43)" if banking else "## Study (issue 43)"
+    block = f"{start}\n{study_table_md(rows)}\n{end}"
+    if start in text and end in text:
+        head, rest = text.split(start, 1)
+        text = head + block + rest.split(end, 1)[1]
     else:
-        text = text.rstrip("\n") + ("\n\n" if text else "") + "## Study (issue 43)\n\n" + block + "\n"
+        text = text.rstrip("\n") + ("\n\n" if text else "") + f"{title}\n\n" + block + "\n"
     md_path.write_text(text)
     return rows
 
@@ -992,7 +1114,8 @@ def main(argv: list[str] | None = None) -> dict:
         "--study",
         nargs="+",
         choices=tuple(STUDY_LEVERS),
-        help="issue 43: train ONE Bitext DP row at ε = 8 (the --cpu preset, or --toy) with these levers changed",
+        help="issue 43: train ONE DP row at ε = 8 (the --cpu preset, or --toy) with these levers changed: Bitext, or "
+        "Banking77 with --only banking77",
     )
     ap.add_argument("--study-json", type=Path, help="the study's rows (default docs/utility-study.json; --toy: OUT)")
     ap.add_argument("--study-md", type=Path, help="the page its table goes in (default docs/utility.md; --toy: OUT)")
@@ -1002,9 +1125,11 @@ def main(argv: list[str] | None = None) -> dict:
             ap.error("--study runs the --cpu preset (or --toy): drop --quick/--full")
         settings = TOY_FULL if args.toy else CPU
         args.out.mkdir(parents=True, exist_ok=True)
-        row = study_row(args.study, settings, args.out, args.threads, args.model_path)
+        task_name = args.only or "bitext"
+        row = study_row(args.study, settings, args.out, args.threads, args.model_path, task_name)
         docs = args.out if args.toy else ROOT / "docs"
-        json_path = args.study_json or docs / "utility-study.json"
+        default_json = "utility-study-banking77.json" if task_name == "banking77" else "utility-study.json"
+        json_path = args.study_json or docs / default_json
         md_path = args.study_md or docs / "utility.md"
         write_study(row, json_path, md_path)
         print(json.dumps({k: v for k, v in row.items() if k not in ("groups", "reference")}, indent=2))

@@ -312,3 +312,28 @@ def test_toy_study_control_lever_trains_the_non_private_twin(tmp_path):
     assert statement["predicate"]["differentially_private"] is False
     assert row["epsilon_spent"] is None and row["sigma"] == 0.0 and row["batch"] > 0 and row["steps"] >= 50
     assert "| ∞ |" in md.read_text()
+
+
+@pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "banking77").is_dir(), reason="no data")
+def test_toy_study_on_banking77_scores_accuracy_on_test_and_validation_rows(tmp_path):
+    """--study none --only banking77 --toy: one Banking77 DP row; accuracy on the reported test rows and on the unused
+    test rows after them (validation), the share on the Banking77 reference, its own table in the page."""
+    bench = _bench()
+    out, js, md = tmp_path / "s", tmp_path / "study.json", tmp_path / "page.md"
+    md.write_text("# page\n")
+    row = bench.main(["--study", "none", "--only", "banking77", "--toy", "--threads", "1", "--out", str(out),
+                      "--study-json", str(js), "--study-md", str(md)])  # fmt: skip
+    assert row["task"] == "banking77" and 0 < row["epsilon_spent"] <= 8.0 and row["sigma"] > 0
+    ref = bench.BANKING_STUDY_REFERENCE
+    expected = (row["test_accuracy"] - ref["base"]) / (ref["control"] - ref["base"])
+    assert row["share_of_control_gain"] == pytest.approx(expected, abs=1e-4)
+    settings = bench.TOY_FULL
+    per = settings.banking.eval_rows
+    test = bench._read_csv(bench.BANKING / "test.csv")
+    val = bench.banking_validation(settings, bench.STUDY_VALIDATION_PER_INTENT)
+    reported = [r for label in settings.intents for r in [t for t in test if t["category"] == label][:per]]
+    assert row["test_rows"] == len(reported) and row["validation_rows"] == len(val) > 0
+    assert not {r["text"] for r in val} & {r["text"] for r in reported}  # validation is never a reported row
+    text = md.read_text()
+    assert bench.BANKING_STUDY_START in text and "## Study on Banking77 (issue 43)" in text
+    assert "| none | today's row (r 8 on q,v, E 3) |" in text and bench.STUDY_START not in text
