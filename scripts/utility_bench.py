@@ -894,31 +894,38 @@ def study_row(
 ) -> dict:
     """Train one DP row at ε = 8 with the levers applied and score it on held-out and validation rows: Bitext
     (loss per target token) or, with ``task_name="banking77"``, Banking77 (accuracy; :func:`banking_validation`)."""
-    if task_name == "banking77":
-        return _banking_study_row(levers, settings, out, threads, model_path)
+    from dplora.contract.loader import parse_contract
     from dplora.release.keys import generate_keypair
 
+    banking = task_name == "banking77"
     started = time.perf_counter()
-    task = study_task(settings.bitext, levers)
+    task = study_task(settings.banking if banking else settings.bitext, levers)
     with tempfile.TemporaryDirectory(prefix="dplora-study-") as tmp_name:
         tmp = Path(tmp_name)
         isolate_user_state(tmp)
         key, _ = generate_keypair(tmp / "bench.key", None, overwrite=False)
-        path, held = bitext_data(settings, tmp)
-        val = bitext_validation(settings, STUDY_VALIDATION_ROWS)
-        columns = {"record_format": "messages", "messages_column": "messages"}
+        if banking:
+            path, held, labels = banking_data(settings, tmp)
+            val = banking_validation(settings, STUDY_VALIDATION_PER_INTENT)
+            columns = {"prompt_column": "text", "response_column": "category"}
+        else:
+            (path, held), labels = bitext_data(settings, tmp), None
+            val = bitext_validation(settings, STUDY_VALIDATION_ROWS)
+            columns = {"record_format": "messages", "messages_column": "messages"}
         if settings.toy:
             model_section = {"path": str(toy_model(out / "toy-model"))}
         else:
             model_section = {"path": model_path} if model_path else None
         scorer = Scorer(threads, model_section)
-        from dplora.contract.loader import parse_contract
-
         contract = parse_contract(contract_for(task, settings, path, columns, tmp / "unused", model=model_section))
-        base_held = bitext_eval(scorer, scorer.base, held, contract)["loss"]
-        base_val = bitext_eval(scorer, scorer.base, val, contract)["loss"]
-        name = "study-" + "+".join(levers)
-        folder = out / "runs" / name
+
+        def score(model, rows: list[dict]) -> dict:
+            if banking:
+                return banking_eval(scorer, model, rows, labels, contract)
+            return bitext_eval(scorer, model, rows, contract)
+
+        base_held, base_val = score(scorer.base, held), score(scorer.base, val)
+        folder = out / "runs" / (("study-banking77-" if banking else "study-") + "+".join(levers))
         kw = {"model": model_section, "arm": study_arm(levers), "epsilon": STUDY_EPSILON}
         if any(STUDY_LEVERS[n][0].get("enabled") is False for n in levers):  # the control: its DP twin's B, T, lr
             twin = contract_for(task, settings, path, columns, folder, **kw)
@@ -926,87 +933,45 @@ def study_row(
         raw = contract_for(task, settings, path, columns, folder, **kw)
         run = train_one(raw, key, threads)
         model = scorer.model(run["folder"])
-        held_eval, val_eval = bitext_eval(scorer, model, held, contract), bitext_eval(scorer, model, val, contract)
+        held_eval, val_eval = score(model, held), score(model, val)
         scorer.release(model)
-    return {
-        "task": "bitext",
+    row = {
+        "task": task_name,
         "levers": list(levers),
-        "changes": [STUDY_LEVERS[n][1] for n in levers],
+        "changes": [BANKING_NONE if banking and n == "none" else STUDY_LEVERS[n][1] for n in levers],
         "epsilon": STUDY_EPSILON,
         "arm": study_arm(levers),
         "lora": raw["lora"],
         "epochs": task.epochs,
         "trained_parameters": trained_parameters(Path(run["folder"]), task.freeze_a),
         **{k: run[k] for k in ("batch", "steps", "q", "sigma", "lr", "epsilon_spent", "train_seconds", "s_per_step")},
-        "heldout_loss": round(held_eval["loss"], 4),
-        "heldout_rows": held_eval["records"],
-        "share_of_control_gain": round(study_share(held_eval["loss"]), 4),
-        "validation_loss": round(val_eval["loss"], 4),
-        "validation_rows": val_eval["records"],
-        "base_validation_loss": round(base_val, 4),
-        "base_heldout_loss": round(base_held, 4),  # must reproduce the reference's base (same evaluation)
-        "wall_minutes": round((time.perf_counter() - started) / 60, 1),
-        "hardware": device_label(threads),
-        "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "reference": STUDY_REFERENCE,
-        "groups": held_eval["groups"],
     }
-
-
-def _banking_study_row(levers: list[str], settings: Settings, out: Path, threads: int, model_path: str | None):
-    from dplora.contract.loader import parse_contract
-    from dplora.release.keys import generate_keypair
-
-    started = time.perf_counter()
-    task = study_task(settings.banking, levers)
-    with tempfile.TemporaryDirectory(prefix="dplora-study-") as tmp_name:
-        tmp = Path(tmp_name)
-        isolate_user_state(tmp)
-        key, _ = generate_keypair(tmp / "bench.key", None, overwrite=False)
-        path, test, labels = banking_data(settings, tmp)
-        val = banking_validation(settings, STUDY_VALIDATION_PER_INTENT)
-        columns = {"prompt_column": "text", "response_column": "category"}
-        if settings.toy:
-            model_section = {"path": str(toy_model(out / "toy-model"))}
-        else:
-            model_section = {"path": model_path} if model_path else None
-        scorer = Scorer(threads, model_section)
-        contract = parse_contract(contract_for(task, settings, path, columns, tmp / "unused", model=model_section))
-        base_test = banking_eval(scorer, scorer.base, test, labels, contract)
-        base_val = banking_eval(scorer, scorer.base, val, labels, contract)
-        folder = out / "runs" / ("study-banking77-" + "+".join(levers))
-        kw = {"model": model_section, "arm": study_arm(levers), "epsilon": STUDY_EPSILON}
-        if any(STUDY_LEVERS[n][0].get("enabled") is False for n in levers):
-            twin = contract_for(task, settings, path, columns, folder, **kw)
-            kw |= {"arm": "fixed", "fixed": resolved_settings(twin), "enabled": False}
-        raw = contract_for(task, settings, path, columns, folder, **kw)
-        run = train_one(raw, key, threads)
-        model = scorer.model(run["folder"])
-        test_eval = banking_eval(scorer, model, test, labels, contract)
-        val_eval = banking_eval(scorer, model, val, labels, contract)
-        scorer.release(model)
-    return {
-        "task": "banking77",
-        "levers": list(levers),
-        "changes": [BANKING_NONE if n == "none" else STUDY_LEVERS[n][1] for n in levers],
-        "epsilon": STUDY_EPSILON,
-        "arm": study_arm(levers),
-        "lora": raw["lora"],
-        "epochs": task.epochs,
-        "trained_parameters": trained_parameters(Path(run["folder"]), task.freeze_a),
-        **{k: run[k] for k in ("batch", "steps", "q", "sigma", "lr", "epsilon_spent", "train_seconds", "s_per_step")},
-        "test_accuracy": round(test_eval["accuracy"], 4),
-        "test_rows": test_eval["records"],
-        "share_of_control_gain": round(study_share(test_eval["accuracy"], BANKING_STUDY_REFERENCE), 4),
-        "validation_accuracy": round(val_eval["accuracy"], 4),
-        "validation_rows": val_eval["records"],
-        "base_validation_accuracy": round(base_val["accuracy"], 4),
-        "base_test_accuracy": round(base_test["accuracy"], 4),  # must reproduce the reference's base
+    if banking:
+        row |= {
+            "test_accuracy": round(held_eval["accuracy"], 4),
+            "test_rows": held_eval["records"],
+            "share_of_control_gain": round(study_share(held_eval["accuracy"], BANKING_STUDY_REFERENCE), 4),
+            "validation_accuracy": round(val_eval["accuracy"], 4),
+            "validation_rows": val_eval["records"],
+            "base_validation_accuracy": round(base_val["accuracy"], 4),
+            "base_test_accuracy": round(base_held["accuracy"], 4),  # must reproduce the reference's base
+        }
+    else:
+        row |= {
+            "heldout_loss": round(held_eval["loss"], 4),
+            "heldout_rows": held_eval["records"],
+            "share_of_control_gain": round(study_share(held_eval["loss"]), 4),
+            "validation_loss": round(val_eval["loss"], 4),
+            "validation_rows": val_eval["records"],
+            "base_validation_loss": round(base_val["loss"], 4),
+            "base_heldout_loss": round(base_held["loss"], 4),  # must reproduce the reference's base
+        }
+    return row | {
         "wall_minutes": round((time.perf_counter() - started) / 60, 1),
         "hardware": device_label(threads),
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "reference": BANKING_STUDY_REFERENCE,
-        "groups": test_eval["groups"],
+        "reference": BANKING_STUDY_REFERENCE if banking else STUDY_REFERENCE,
+        "groups": held_eval["groups"],
     }
 
 
