@@ -336,10 +336,7 @@ def synthesize(
     records = build_rows(run.contract.data, prompts, generated, private=private, record_format=fmt)
     own = "messages" if run.contract.data.kind == "messages" else "columns"  # compared in the training schema
     view = records if fmt == own else build_rows(run.contract.data, prompts, generated, private=True, record_format=own)
-    unit_key = run.contract.privacy.unit_key
-    memo = memorisation_counts(
-        view, run.contract.data, log=private_log or (lambda _m: None), unit_key=unit_key, table=table
-    )
+    memo = memorisation_counts(view, run.contract.data, log=private_log or (lambda _m: None), table=table)
     memo["dp_guarantee"] = guarantee if private else NO_DP_GUARANTEE
     data = serialize_rows(records, out.suffix.lower())
     predicate = {
