@@ -266,3 +266,38 @@ def contract_records(table, tokenizer, contract):
     from dplora.data.tokens import tokenize_records
 
     return tokenize_records(table, tokenizer, contract.data, max_seq_len=contract.training.max_seq_len)
+
+
+BUDGET_PROBE = """\
+import json, sys
+from dplora.cli.app import main
+sys.argv = ["dplora", *sys.argv[1:]]
+try:
+    main()
+except SystemExit as exit:
+    code = exit.code
+heavy = [m for m in ("torch", "transformers", "peft", "opacus", "datasets", "pandas") if m in sys.modules]
+print("PROBE" + json.dumps({"code": code, "heavy": heavy}))
+"""
+
+
+def budget_in_subprocess(tmp_path: Path, *args: str) -> tuple[dict, dict, str]:
+    """``dplora budget contract.yaml --json --show-private ARGS`` in a fresh interpreter in ``tmp_path``:
+    (``{"code": exit code, "heavy": torch-stack or datasets/pandas modules it imported}``, the JSON report, stderr)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root), DPLORA_CACHE_DIR=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", BUDGET_PROBE, "budget", "contract.yaml", "--json", "--show-private", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    probe = json.loads(proc.stdout.rsplit("PROBE", 1)[1])
+    return probe, json.loads(proc.stdout.rsplit("PROBE", 1)[0]), proc.stderr

@@ -21,14 +21,11 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import budget_in_subprocess
 
 from dplora.contract.loader import parse_contract
 from dplora.data import public as public_data
@@ -398,18 +395,6 @@ def test_a9_no_monkeypatched_name_was_hoisted_into_a_module_level_from_import():
 
 # A10 -----------------------------------------------------------------------------------------------------------
 
-PROBE = """\
-import json, sys
-from dplora.cli.app import main
-sys.argv = ["dplora", *sys.argv[1:]]
-try:
-    main()
-except SystemExit as exit:
-    code = exit.code
-heavy = [m for m in ("torch", "transformers", "peft", "opacus", "datasets", "pandas") if m in sys.modules]
-print("PROBE" + json.dumps({"code": code, "heavy": heavy}))
-"""
-
 
 def test_a10_budget_sweep_with_an_eval_path_lacking_the_unit_key_stays_light(tmp_path):
     rows = [f"u{i % 120},question {i},answer {i}" for i in range(300)]
@@ -422,13 +407,7 @@ def test_a10_budget_sweep_with_an_eval_path_lacking_the_unit_key_stays_light(tmp
         "data: {path: data.csv, prompt_column: message, response_column: reply, eval_path: held.csv}\n"
         "training: {expected_batch_size: 16, steps: 20}\n"
     )
-    env = dict(os.environ, PYTHONPATH=str(ROOT), DPLORA_CACHE_DIR=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
-    proc = subprocess.run(
-        [sys.executable, "-c", PROBE, "budget", "contract.yaml", "--json", "--show-private", "--sweep"],
-        cwd=tmp_path, capture_output=True, text=True, env=env, check=False,
-    )  # fmt: skip
-    probe = json.loads(proc.stdout.rsplit("PROBE", 1)[1])
-    assert probe == {"code": 0, "heavy": []}, proc.stderr[-2000:]
-    report = json.loads(proc.stdout.rsplit("PROBE", 1)[0])
+    probe, report, stderr = budget_in_subprocess(tmp_path, "--sweep")
+    assert probe == {"code": 0, "heavy": []}, stderr[-2000:]
     assert report["not_covered_by_dp"]["unit_stats"]["max_records_per_unit_after_cap"] == 2  # the data was read
     assert "sweep" in report

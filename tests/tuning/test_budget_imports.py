@@ -3,18 +3,14 @@ reads without ``datasets`` gives the same cells as ``datasets`` does."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import budget_in_subprocess
 
 from dplora.data.readers import read_csv_text, read_table
 
 ROOT = Path(__file__).resolve().parents[2]
-HEAVY = ("torch", "transformers", "peft", "opacus", "datasets", "pandas")
 
 CONTRACT = """\
 privacy: {protected_unit: user, unit_key: user_id, adjacency: add_remove, target_epsilon: 8, delta: 1.0e-5,
@@ -24,32 +20,6 @@ data: {path: data.csv, prompt_column: message, response_column: reply, eval_frac
 training: {expected_batch_size: 16, steps: 20}
 """
 
-PROBE = """\
-import json, sys
-from dplora.cli.app import main
-sys.argv = ["dplora", *sys.argv[1:]]
-try:
-    main()
-except SystemExit as exit:
-    code = exit.code
-heavy = [m for m in {heavy!r} if m in sys.modules]
-print("PROBE" + json.dumps({{"code": code, "heavy": heavy}}))
-"""
-
-
-def _budget_in_subprocess(tmp_path: Path, *args: str) -> tuple[dict, dict]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), DPLORA_CACHE_DIR=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
-    proc = subprocess.run(
-        [sys.executable, "-c", PROBE.format(heavy=HEAVY), "budget", "contract.yaml", "--json", "--show-private", *args],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
-    probe = json.loads(proc.stdout.rsplit("PROBE", 1)[1])
-    return probe, json.loads(proc.stdout.rsplit("PROBE", 1)[0])
-
 
 @pytest.mark.parametrize("held_out", ["eval_fraction: 0.1", "eval_path: held.csv"])
 def test_budget_with_the_default_accountant_imports_no_torch_stack_nor_datasets(tmp_path, held_out):
@@ -57,7 +27,7 @@ def test_budget_with_the_default_accountant_imports_no_torch_stack_nor_datasets(
     rows = ["user_id,message,reply"] + [f"u{i % 120},question {i},answer {i}" for i in range(300)]
     (tmp_path / "data.csv").write_text("\n".join(rows) + "\n")
     (tmp_path / "held.csv").write_text("\n".join(rows[:20]) + "\n")
-    probe, report = _budget_in_subprocess(tmp_path)
+    probe, report, _ = budget_in_subprocess(tmp_path)
     assert probe == {"code": 0, "heavy": []}
     assert report["accountant"] == "prv" and report["epsilon"] <= 8
     stats = report["not_covered_by_dp"]["unit_stats"]
@@ -66,7 +36,7 @@ def test_budget_with_the_default_accountant_imports_no_torch_stack_nor_datasets(
 
 def test_budget_recommend_imports_no_torch_stack(tmp_path):
     (tmp_path / "contract.yaml").write_text(CONTRACT.replace("num_units: 100", "num_units: 1000"))
-    probe, report = _budget_in_subprocess(tmp_path, "--recommend", "--max-steps", "60")
+    probe, report, _ = budget_in_subprocess(tmp_path, "--recommend", "--max-steps", "60")
     assert probe == {"code": 0, "heavy": []}
     assert report["recommendation"]["choice"]["steps"] <= 60 == report["recommendation"]["inputs"]["max_steps"]
 
