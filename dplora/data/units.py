@@ -337,8 +337,7 @@ def count_units(data: DataSection, privacy: PrivacySection, *, seed: int) -> Uni
     Raises:
         BadInputError: as :func:`load_table` and :func:`split_eval`.
     """
-    table = load_table(data, unit_key=privacy.unit_key, light=True)
-    train, _ = split_eval(table, data, unit_key=privacy.unit_key, seed=seed, light=True)
+    train, _ = load_split(data, unit_key=privacy.unit_key, seed=seed, light=True)
     return build_unit_index(train, privacy, seed=seed)
 
 
@@ -365,6 +364,16 @@ def _held_out_unit(unit_id: str, seed: int, fraction: float) -> bool:
         unit_id.encode("utf-8"), digest_size=8, key=seed.to_bytes(8, "little"), person=EVAL_SPLIT_PERSON
     ).digest()
     return int.from_bytes(digest, "little") / 2**64 < fraction
+
+
+def load_split(data: DataSection, *, unit_key: str | None, seed: int, light: bool = False):
+    """:func:`load_table` then :func:`split_eval`: the data file read as training reads it, split into (training
+    table, held-out table or None).
+
+    Raises:
+        BadInputError: as :func:`load_table` and :func:`split_eval`.
+    """
+    return split_eval(load_table(data, unit_key=unit_key, light=light), data, unit_key=unit_key, seed=seed, light=light)
 
 
 def eval_data(data: DataSection) -> DataSection:

@@ -355,8 +355,7 @@ def held_out_table(data: DataSection, eval_path: Path | None = None, *, unit_key
         raise BadInputError(
             "no held-out set: the run's contract has no data.eval_path or data.eval_fraction; pass --eval-path FILE"
         )
-    table = data_mod.load_table(data, unit_key=unit_key)
-    return data_mod.split_eval(table, data, unit_key=unit_key, seed=seed)[1]
+    return data_mod.load_split(data, unit_key=unit_key, seed=seed)[1]
 
 
 def evaluate_run(

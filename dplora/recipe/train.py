@@ -183,8 +183,7 @@ def _admit(contract: Contract, options: RunOptions, world, recommendation, held:
         if control.is_control(contract.privacy) and world.distributed:
             raise BadInputError("privacy.enabled=false (the non-private control) runs in one process only")
         unit_key, seed = contract.privacy.unit_key, contract.training.seed
-        table = data_mod.load_table(contract.data, unit_key=unit_key)
-        table, held_out = data_mod.split_eval(table, contract.data, unit_key=unit_key, seed=seed)
+        table, held_out = data_mod.load_split(contract.data, unit_key=unit_key, seed=seed)
         if options.extra_records:
             table = data_mod.append_records(table, list(options.extra_records))
         unit_index = data_mod.build_unit_index(table, contract.privacy, seed=contract.training.seed)
