@@ -337,3 +337,17 @@ def test_toy_study_on_banking77_scores_accuracy_on_test_and_validation_rows(tmp_
     text = md.read_text()
     assert bench.BANKING_STUDY_START in text and "## Study on Banking77 (issue 43)" in text
     assert "| none | today's row (r 8 on q,v, E 3) |" in text and bench.STUDY_START not in text
+
+
+@pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "bitext_customer_support").is_dir(), reason="no data")
+def test_toy_study_at_epsilon_3_spends_at_most_3_and_says_so(tmp_path):
+    """--study-epsilon 3: the row is planned and trained at target ε 3 (the ε = 3 confirmation of the study), spends
+    close to but not over it, and its change line names the target; the share stays on the ε = 8 reference."""
+    bench = _bench()
+    out, js, md = tmp_path / "s", tmp_path / "study.json", tmp_path / "page.md"
+    row = bench.main(["--study", "none", "--toy", "--threads", "1", "--out", str(out), "--study-epsilon", "3",
+                      "--study-json", str(js), "--study-md", str(md)])  # fmt: skip
+    assert row["epsilon"] == 3.0 and 2.5 < row["epsilon_spent"] <= 3.0
+    assert row["changes"][-1] == "target ε 3 (not 8)"
+    assert release_statement(out / "runs" / "study-none")["predicate"]["accounting"]["epsilon_spent"] <= 3.0
+    assert row["share_of_control_gain"] == pytest.approx((3.0793 - row["heldout_loss"]) / (3.0793 - 1.4329), abs=1e-4)
