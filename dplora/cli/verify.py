@@ -132,6 +132,8 @@ def _print(result, synth, checks: list[dict], shipping: str) -> None:
         out.print(tuning, markup=False, soft_wrap=True)
     if lora := _lora_line(result.statement):
         out.print(lora, markup=False, soft_wrap=True)
+    if warm := _warm_start_line(result.statement):
+        out.print(warm, markup=False, soft_wrap=True)
     if synth:
         out.print(synth.line, markup=False, soft_wrap=True)
 
@@ -218,6 +220,19 @@ def _lora_line(statement: dict) -> str | None:
     )
 
 
+def _warm_start_line(statement: dict) -> str | None:
+    """A release trained after a public warm start (``data.public_warm_start``) names the public file, its sha256
+    and the settings in one line; None otherwise."""
+    warm = (statement.get("predicate") or {}).get("public_warm_start")
+    if not isinstance(warm, dict):
+        return None
+    return (
+        f"public warm start: {warm.get('path')} (sha256 {warm.get('sha256')}), {warm.get('steps')} steps of "
+        f"{warm.get('batch_size')} records at lr {warm.get('lr')}, no noise; declared public by the contract and "
+        "charged no ε (declaring private data public voids the guarantee)"
+    )
+
+
 def _claims(result) -> dict:
     """What a verified release claims (``verify --json``): the unit, the accounting, the run id, the files and the
     attack ceiling as recomputed (equal to the recorded one, or verify failed)."""
@@ -233,6 +248,7 @@ def _claims(result) -> dict:
         "artifacts": [s["name"] for s in statement["subject"]],
         **({"attack_ceiling": result.attack_ceiling} if result.attack_ceiling is not None else {}),
         "lora_freeze_a": bool((predicate.get("lora") or {}).get("freeze_a")),
+        **({"public_warm_start": predicate["public_warm_start"]} if "public_warm_start" in predicate else {}),
         **({"tuning": predicate["tuning"]} if "tuning" in predicate else {}),
         **(
             {"composed_with_audit": (predicate.get("audit") or {})["composed"]}

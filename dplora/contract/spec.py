@@ -187,6 +187,29 @@ class ModelSection(_Section):
         return self
 
 
+# A public warm start (data.public_warm_start): AdamW without noise on a file the contract declares public, before
+# the DP phase (dplora.engine.warmstart). 1e-3: half the DP default lr (2e-3), which is tuned for noisy means over
+# B = 32 records; a noise-free step of 8 records needs no larger rate, and 100 such steps stay well short of an epoch
+# of a few thousand public records (a warm start, not a second fine-tuning).
+DEFAULT_WARM_START_LR = 1e-3
+DEFAULT_WARM_START_BATCH = 8
+MAX_WARM_START_BATCH = 65_536
+
+
+class PublicWarmStart(_Section):
+    """``data.public_warm_start``: fit the LoRA adapter without noise on a PUBLIC file before the DP phase.
+
+    The file has the training data's columns (record format, chat template and ``training.max_seq_len`` as the
+    private records); it is never the private data (the precheck refuses ``data.path`` and ``data.eval_path`` by
+    their resolved paths). No ε is charged for it: it never sees the private data. Declaring private data public
+    voids the guarantee."""
+
+    path: PathText
+    steps: Annotated[int, Field(gt=0, le=MAX_STEPS, strict=True)]
+    batch_size: Annotated[int, Field(gt=0, le=MAX_WARM_START_BATCH, strict=True)] = DEFAULT_WARM_START_BATCH
+    lr: Annotated[float, Field(gt=0, le=10, allow_inf_nan=False, strict=True)] = DEFAULT_WARM_START_LR
+
+
 DEFAULT_MESSAGES_COLUMN = "messages"
 # Tokens per record by default: keeps ≥ 95 % of whole support conversations through SmolLM2's template (the
 # nearest-rank p95 of the shared Bitext pairs is 263 tokens, of the demo conversations 190; rounded up to a multiple
@@ -218,6 +241,8 @@ class DataSection(_Section):
     eval_public: Annotated[bool, Field(strict=True)] = False
     label_column: Name | None = None
     group_column: Name | None = None  # public labels only: evaluation reports per group (dplora.evaluate.heldout)
+    # a public file the adapter is first fitted on without noise (no ε charged: never the private data)
+    public_warm_start: PublicWarmStart | None = None
 
     @model_validator(mode="after")
     def _held_out(self) -> DataSection:
@@ -404,7 +429,10 @@ class Contract(_Section):
 
     def to_yaml(self) -> str:
         """The resolved contract (overrides applied) as YAML with enums as plain strings."""
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+        dumped = self.model_dump(mode="json")
+        if dumped["data"].get("public_warm_start") is None:  # absent: the YAML (and digest) of contracts before it
+            dumped["data"].pop("public_warm_start", None)
+        return yaml.safe_dump(dumped, sort_keys=False)
 
     @property
     def sha256(self) -> str:

@@ -198,6 +198,8 @@ def record_release(
             execution=info.meta["execution"],
             lora_targets=_adapter_targets(info.meta["adapter_config"]),
         )
+        if info.meta.get("warm_start") is not None:  # data.public_warm_start: as the final release states it
+            record["public_warm_start"] = info.meta["warm_start"]
         record["intermediate"] = {
             "steps_done": info.step,
             "steps_planned": plan.steps,

@@ -11,7 +11,7 @@ from pathlib import Path
 from dplora.contract.choices import UnitClipping
 from dplora.contract.spec import Contract, DataSection, LoraSection, ModelSection, PrivacySection, TrainingSection
 from dplora.data import tokens as tokenizing
-from dplora.engine import distributed
+from dplora.engine import distributed, warmstart
 from dplora.engine.schedule import make_scheduler
 from dplora.errors import BadInputError, DploraError, PlanRefusedError, TrainingFailedError
 from dplora.mechanism import control
@@ -112,6 +112,10 @@ def build_run(
     held_out = _checked_held_out(contract.data, contract.training, held_out, tokenizer, io)
     if not named:
         raise BadInputError("no trainable parameters: check lora.target_modules")
+    warm = None  # data.public_warm_start: noise-free steps on the public file (on resume the checkpoint holds them)
+    if contract.data.public_warm_start is not None and not io.options.resume:
+        public = warmstart.public_data(contract.data)  # the public file's section: no private path in it
+        warm = warmstart.warm_start(public, contract.training, model, tokenizer, log=io.log)
     engine = _private_engine(contract.privacy, contract.training, plan, model, named, device, io)
     mechanism, optimizer, (gsm, dp_opt, accountant) = engine
     physical = _physical_batch(contract.training, gsm, dp_opt, named, tokenizer, device, log=io.log)
@@ -134,6 +138,7 @@ def build_run(
         physical_batch=physical,
         attn_implementation=getattr(model.config, "_attn_implementation", None),  # auto resolved at load
         mechanism=mechanism,
+        warm_start=warm,
     )
 
     scheduler = make_scheduler(

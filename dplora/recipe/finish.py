@@ -146,6 +146,8 @@ def write_outputs(spec, state, *, started: str, epsilon_spent: float, io: RunIO,
         record = build_record(**common, epsilon_spent=epsilon_spent)
     if spec.tokenizer is not None:
         record["tokenization"] = tokenization_entry(spec.tokenizer, contract.data)
+    if spec.warm_start is not None:  # data.public_warm_start only: the default record is unchanged
+        record["public_warm_start"] = spec.warm_start
     if evaluation is not None and evaluation.public:
         record["evaluation"] = evaluation.to_dict()
     release.finish_release(staging, contract.data, record, private_key=io.private_key)

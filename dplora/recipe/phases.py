@@ -75,7 +75,8 @@ def set_up(contract, plan, table, unit_index, *, out: Path, staging: Path, io: R
                 contract, plan, table, unit_index, out=out, staging=staging, io=io, held_out=held_out
             )
             if resumed is not None:  # same run id: the ledger charge is the original reservation
-                spec = dataclasses.replace(spec, run_id=resumed.run_id)
+                # the public warm start ran before the checkpoint's first step: its adapters and entry are there
+                spec = dataclasses.replace(spec, run_id=resumed.run_id, warm_start=resumed.meta.get("warm_start"))
                 ckpt.restore(spec, state, resumed)
                 if state.scheduler is not None:  # the schedule is a function of the step: fast-forward it
                     step_scheduler(state.scheduler, state.step)

@@ -14,7 +14,7 @@ import csv
 import json
 from pathlib import Path
 
-from dplora.contract.spec import PACKAGED_MODELS, Contract, ModelSection
+from dplora.contract.spec import PACKAGED_MODELS, Contract, DataSection, ModelSection
 from dplora.data.chat import check_messages
 from dplora.errors import BadInputError, excerpt
 
@@ -190,9 +190,80 @@ def check_data_files(contract: Contract, *, chat_template: bool | None) -> list[
                 check_messages(first[data.messages_key], 1, data.messages_key)
             line += f"; {data.messages_key} holds lists of {{role, content}}"
         lines.append(line)
+    if (warm := check_warm_start_file(data)) is not None:
+        lines.append(warm)
     if data.messages_key is not None and chat_template is False:
         lines.append("note: the model has no chat template: conversations are rendered with dplora's plain template")
     return lines
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """``a`` and ``b`` name the same file: equal resolved paths, or one file under two names (a link). Paths and
+    file identities only, never contents."""
+    try:
+        if a.resolve() == b.resolve():
+            return True
+        return a.exists() and b.exists() and a.samefile(b)
+    except OSError:
+        return False
+
+
+def check_warm_start_file(data: DataSection) -> str | None:
+    """Check ``data.public_warm_start.path`` before any data is read: a readable file that is neither the private
+    ``data.path`` nor ``data.eval_path`` (compared by resolved path and file identity, never by content), with the
+    training records' columns in its header or schema. None without a warm start.
+
+    Nothing here reads the private file or a value of the public one (the header, the schema, the first record's
+    conversation shape), so the exit code is a function of public inputs only.
+
+    Returns:
+        One ``OK  data.public_warm_start.path: ...`` line.
+    Raises:
+        BadInputError: one line naming ``data.public_warm_start.path``: missing, a folder, unreadable, the private
+            file, an unknown type or a missing column.
+    """
+    from dplora.data.units import dataset_builder, required_columns
+
+    warm = data.public_warm_start
+    if warm is None:
+        return None
+    key = "data.public_warm_start.path"
+    path = Path(warm.path)
+    shown = excerpt(str(path), 200)
+    for other_key, other in (("data.path", data.path), ("data.eval_path", data.eval_path)):
+        if other is not None and _same_file(path, Path(other)):
+            raise BadInputError(
+                f"{key}={shown} is the contract's {other_key}: the warm start trains without noise and is charged "
+                "nothing, so it must be a separate public file, never the private data"
+            )
+    if path.is_dir():
+        raise BadInputError(f"{key}={shown} is a folder; give a public csv, jsonl or parquet file")
+    if not path.is_file():
+        raise BadInputError(f"public warm-start file not found: {key}={shown}")
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as err:
+        raise BadInputError(f"{key}={shown}: cannot read it ({err.strerror or err.__class__.__name__})") from None
+    public = data.model_copy(update={"path": str(path), "format": "auto", "public_warm_start": None})
+    try:
+        builder = dataset_builder(public, path)
+    except BadInputError:
+        raise BadInputError(f"{key}={shown}: unknown file type; use .csv, .jsonl, .json or .parquet") from None
+    columns, first = _columns(path, builder, key)
+    needed = required_columns(public, None)
+    missing = [c for c in needed if c not in columns]
+    if missing:
+        names = ", ".join(columns)
+        names = names if len(names) <= 200 else names[:197] + "..."
+        raise BadInputError(f"{key}: {path} has no column {missing[0]!r}; columns are: {names}")
+    if data.messages_key is not None and first is not None:
+        check_messages(first[data.messages_key], 1, data.messages_key)
+    kind = {"json": "jsonl" if path.suffix.lower() != ".json" else "json"}.get(builder, builder)
+    return (
+        f"OK  {key}: {path} ({kind}; columns {', '.join(needed)} present; declared public: {warm.steps} noise-free "
+        "warm-start steps, no ε charged)"
+    )
 
 
 def check_files(contract: Contract) -> list[str]:

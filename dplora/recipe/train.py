@@ -25,7 +25,7 @@ from dplora.recipe.build import build_run
 from dplora.recipe.inputs import protected_inputs
 from dplora.recipe.options import RunOptions
 from dplora.recipe.planning import plan_for, resolve_auto
-from dplora.recipe.precheck import check_model_files
+from dplora.recipe.precheck import check_model_files, check_warm_start_file
 from dplora.recipe.setup import (
     RunIO,
     lock_output,
@@ -180,6 +180,7 @@ def _admit(contract: Contract, options: RunOptions, world, recommendation, held:
             check_model_cache(contract.model)  # a packaged model's cache folder, before any conversion
             check_model_files(contract.model)  # the model folder, before the data is read or σ calibrated
             out, staging = prepare_output(contract.training, options.overwrite, protected)
+        check_warm_start_file(contract.data)  # every rank's own copy, before any data is read
         if control.is_control(contract.privacy) and world.distributed:
             raise BadInputError("privacy.enabled=false (the non-private control) runs in one process only")
         unit_key, seed = contract.privacy.unit_key, contract.training.seed

@@ -147,6 +147,31 @@ def _not_covered(record: dict) -> str:
         f"- Not released: {record['not_included']}.\n"
         f"- The seed {record['seed']['scope']}.\n"
         "- Noise is sampled in floating point; the guarantee is for the ideal Gaussian mechanism.\n"
+        + _warm_start_not_covered(record)
+    )
+
+
+def _warm_start_not_covered(record: dict) -> str:
+    """The public warm-start file, outside ε ('' without ``data.public_warm_start``)."""
+    warm = record.get("public_warm_start")
+    if not warm:
+        return ""
+    return (
+        f"- The public warm-start file `{warm['file']}`: declared public by the contract and trained on without "
+        "noise, so no ε covers it; if it holds private data, the guarantee above does not hold for that data.\n"
+    )
+
+
+def _warm_start(record: dict) -> str:
+    """The public warm start in words ('' without ``data.public_warm_start``): file, digest, settings, no ε."""
+    warm = record.get("public_warm_start")
+    if not warm:
+        return ""
+    return (
+        f" Before training on the data above, the adapter was fitted without noise on `{warm['file']}` (sha256 "
+        f"`{warm['sha256']}`, {warm['records']} records), a file the contract declares **public**: {warm['steps']} "
+        f"AdamW steps of {warm['batch_size']} records at lr {warm['lr']:g}. No ε is charged for it because it never "
+        "sees the private data; declaring private data public voids the guarantee."
     )
 
 
@@ -190,7 +215,7 @@ def _data(record: dict, data: DataSection) -> str:
         "## Training data\n\n"
         f"Described, never shown: {files}, trained on {columns}; "
         f"{record['accounting']['num_units']} protected units (the public N of the record). "
-        f"{keyed[0].upper()}{keyed[1:]}.{_template(record)}\n\n"
+        f"{keyed[0].upper()}{keyed[1:]}.{_template(record)}{_warm_start(record)}\n\n"
         "Per-step losses, realised batch sizes, step times and any held-out evaluation on private data are in the "
         "`<release folder>.private/` folder beside the release, outside the DP guarantee: never ship that folder.\n"
     )
@@ -266,9 +291,8 @@ def _non_private_card(record: dict, data: DataSection) -> str:
         f"model, steps and Poisson sampling (q = {training['sample_rate']:.6g}, {training['steps_done']} steps, "
         f"{training['num_units']} units) with no clipping and no noise, to measure what privacy costs. Do not "
         "publish it as a private model.\n\n"
-        f"## Training data\n\nDescribed, never shown: {files}, trained on {columns}.{_template(record)}\n\n"
-        + _base_model(base)
-        + "\n## How to verify\n\n"
+        f"## Training data\n\nDescribed, never shown: {files}, trained on {columns}.{_template(record)}"
+        f"{_warm_start(record)}\n\n" + _base_model(base) + "\n## How to verify\n\n"
         "`release.dsse.json` is signed under the predicate type `https://dplora.dev/non-private/v1`; "
         "`dplora verify RELEASE_DIR --public-key signing.pub` prints NOT DIFFERENTIALLY PRIVATE and exits 6 "
         "(0 with `--allow-non-private`).\n"

@@ -209,6 +209,8 @@ def write(spec, state, *, started_at: str, data_digest: str) -> CheckpointInfo:
             "num_units": spec.unit_index.num_units,
         },
         "tokenization": _tokenization(spec),
+        # data.public_warm_start: the record's entry (a resume does not redo the warm start); absent without one
+        **({"warm_start": spec.warm_start} if spec.warm_start is not None else {}),
         "optimizer": {"class": type(state.optimizer.original_optimizer).__name__, "scalars": scalars},
         "adapter_config": _adapter_config(spec, state),
         "execution": execution_entry(spec),

@@ -56,6 +56,8 @@ class RunSpec:
             by :func:`dplora.engine.model.resolve_attn_implementation`), or None for the contract's value.
         mechanism: the run's :class:`dplora.mechanism.core.DPMechanism` (sampler, private or control); None only
             for callers that run no steps.
+        warm_start: the release record's ``public_warm_start`` entry (:func:`dplora.engine.warmstart.warm_start`;
+            from the checkpoint on resume), or None without ``data.public_warm_start``.
     """
 
     contract: Contract
@@ -76,6 +78,7 @@ class RunSpec:
     physical_batch: int | None = None
     attn_implementation: str | None = None
     mechanism: Any = None
+    warm_start: dict | None = None
 
     @property
     def physical_batch_size(self) -> int:
