@@ -70,6 +70,7 @@ sys.path.insert(0, str(ROOT))
 DATA = Path(os.environ.get("DPLORA_UTILITY_DATA") or ROOT.parent / "shared" / "data")
 BANKING = DATA / "banking77"
 BITEXT = DATA / "bitext_customer_support" / "Bitext_Sample_Customer_Support_Training_Dataset.csv"
+TWCS = DATA / "twcs_customer_support_twitter" / "twcs_first5000.csv"  # warm-twcs: another corpus (issue 49)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -89,6 +90,7 @@ class Task:
     targets: tuple[str, ...] = ("q_proj", "v_proj")  # ("all-linear",): peft's keyword
     freeze_a: bool = False  # FFA-LoRA: A frozen at its init, only B trained (lora.freeze_a)
     optimizer: str = "adamw"  # training.optimizer ("dp_adambc": DP-AdamBC, dplora.mechanism.adambc)
+    warm_start: str | None = None  # data.public_warm_start from "demo" (generated tickets) or "twcs" (tweet pairs)
     max_steps: int | None = None  # a cap on T of every run (--max-steps; the GPU check's dry run), None: no cap
 
 
@@ -113,6 +115,8 @@ class Settings:
     tasks: tuple[str, ...] = ("banking77", "bitext")  # the tasks run unless --only names one
     train_per_intent: int | None = None  # Banking77 training rows kept per intent, in file order (None: all)
     max_chars: int | None = None  # Bitext cells cut to this many characters (toy only: short byte-token sequences)
+    # the study's public warm start (data.public_warm_start): steps, records per step, AdamW lr (see WARM_START)
+    warm_start: tuple[int, int, float] = (100, 8, 1e-3)
 
 
 QUICK = Settings(
@@ -244,6 +248,7 @@ TOY_FULL = dataclasses.replace(
     accountant="rdp",
     max_train_rows=160,
     max_chars=60,  # byte tokens: short conversations keep each run to seconds
+    warm_start=(4, 4, 1e-3),  # a few public steps: the lever's path, in seconds
     label="toy full: the planner design on a tiny random chat model",
     banking=dataclasses.replace(TOY.banking, epochs=10.0, lr=0.01, physical=32),
     bitext=dataclasses.replace(TOY.bitext, max_seq_len=192, epochs=10.0, lr=0.01, physical=32),
@@ -374,7 +379,7 @@ def contract_for(task: Task, settings: Settings, path: Path, columns: dict, out:
             "num_units": _count_rows(path),
         },
         "model": kw.get("model") or {"name": "smollm2-135m"},
-        "data": {"path": str(path), **columns},
+        "data": {"path": str(path), **columns, **({"public_warm_start": kw["warm"]} if kw.get("warm") else {})},
         "lora": {
             "r": task.r,
             "alpha": 2.0 * task.r,
@@ -772,6 +777,18 @@ STUDY_LEVERS: dict[str, tuple[dict, str]] = {
     "adambc": ({"optimizer": "dp_adambc"}, "DP-AdamBC: Adam with the noise variance removed from v (AAAI 2024)"),
     # the demo's hand B = 32 and lr 0.002 (HAND) at E = 3: T = 150 at the σ the accountant gives for them
     "epochs3-b32": ({"epochs": 3.0, "arm": "hand"}, "E 3 epochs at B 32, lr 0.002 (T 150)"),
+    # a public warm start (data.public_warm_start; Li et al. 2022, Yu et al. 2022): the adapter fitted without noise
+    # on a PUBLIC corpus, then the same DP row from those weights, no ε charged for it. Never a split of Bitext or
+    # Banking77 (issue 49): generated demo tickets (out of distribution) or TWCS tweet pairs (another real corpus,
+    # closer in domain). Settings: WARM_START
+    "warm-demo": (
+        {"warm_start": "demo"},
+        "public warm start on generated demo tickets (out of distribution): 100 AdamW steps of 8 at lr 1e-3, no noise",
+    ),
+    "warm-twcs": (
+        {"warm_start": "twcs"},
+        "public warm start on TWCS tweet pairs (another corpus): 100 AdamW steps of 8 at lr 1e-3, no noise",
+    ),
     # the non-private control (privacy.enabled: false) at the same planner B, T and lr as its DP twin: with other
     # levers, the control a new default would be compared against
     "control": ({"enabled": False}, "non-private control (no clip, no noise; ε = ∞) at the DP twin's B, T, lr"),
@@ -780,6 +797,68 @@ STUDY_NOT_TASK = (
     "arm",
     "enabled",
 )  # lever keys that are not Task fields: the contract's arm (planner or hand B and lr)
+
+
+# The warm start's settings (Settings.warm_start; --toy: 4 steps of 4). 100 steps of 8 records = 800 public records,
+# one pass over the 800 demo tickets, 800 of the 2,083 TWCS pairs: enough noise-free steps to fit the format
+# of a support reply (the chat template's assistant turn, greeting and sign-off) without training the adapter into
+# another corpus's content; lr 1e-3 is half the DP reference (0.002 at B = 32), since a noise-free step needs no
+# larger rate (docs/contract.md, data.public_warm_start.lr).
+WARM_START_SOURCES = {
+    "demo": "dplora.data.public.demo_rows: {n} generated demo tickets (seed {seed}), as one-exchange conversations",
+    "twcs": "TWCS twcs_first5000.csv: {n} (customer tweet -> first brand reply) pairs (dplora.data.twcs, mentions "
+    "redacted), as one-exchange conversations",
+}
+
+
+def warm_start_file(source: str, settings: Settings, contract, tmp: Path) -> tuple[Path, int]:
+    """The study's public warm-start file in ``tmp`` with the contract's columns: (path, records).
+
+    ``demo``: ``steps × batch`` tickets of :func:`dplora.data.public.demo_rows` (one pass); ``twcs``: every
+    (customer tweet → brand reply) pair of the shared TWCS sample (:func:`dplora.data.twcs.load_twcs_pairs`), each
+    mapped onto the contract's columns as ``demo_rows`` maps a ticket (a conversations contract: user → assistant).
+    Cells are cut to ``settings.max_chars`` as the task's rows are (toy only). Neither is a split of Bitext or
+    Banking77 (issue 49); the TWCS text is written to ``tmp`` only, never printed.
+
+    Raises:
+        ValueError: an unknown source.
+    """
+    from dplora.data.public import demo_rows
+
+    steps, batch, _ = settings.warm_start
+    if source == "demo":
+        rows = demo_rows(contract.data, contract.privacy, steps * batch)
+    elif source == "twcs":
+        from dplora.data.twcs import load_twcs_pairs
+
+        rows = [_mapped(contract.data, p["message"], p["reply"]) for p in load_twcs_pairs(TWCS)]
+    else:
+        raise ValueError(f"unknown warm-start source {source!r}; known: {', '.join(WARM_START_SOURCES)}")
+    if settings.max_chars is not None:
+        rows = [_cut(r, settings.max_chars) for r in rows]
+    path = tmp / f"warm_{source}.jsonl"
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return path, len(rows)
+
+
+def _mapped(data, message: str, reply: str) -> dict:
+    """A (message, reply) pair with the contract's columns, as :func:`dplora.data.public.demo_rows` maps a ticket."""
+    if data.text_column:
+        return {data.text_column: f"{message}\n{reply}"}
+    if data.messages_key is not None:
+        return {data.messages_key: [{"role": "user", "content": message}, {"role": "assistant", "content": reply}]}
+    return {data.prompt_column: message, data.response_column: reply}
+
+
+def _cut(row: dict, chars: int) -> dict:
+    """``row`` with every text (and every turn's content) cut to ``chars`` characters."""
+    out = {}
+    for key, value in row.items():
+        if isinstance(value, list):
+            out[key] = [{**turn, "content": turn["content"][:chars]} for turn in value]
+        else:
+            out[key] = value[:chars] if isinstance(value, str) else value
+    return out
 
 
 def bitext_validation(settings: Settings, count: int) -> list[dict]:
@@ -934,11 +1013,24 @@ def study_row(
         base_held, base_val = score(scorer.base, held), score(scorer.base, val)
         folder = out / "runs" / (("study-banking77-" if banking else "study-") + "+".join(levers))
         kw = {"model": model_section, "arm": study_arm(levers), "epsilon": epsilon}
+        warm = None
+        if task.warm_start is not None:  # the public file, then the same contract with data.public_warm_start
+            warm_path, warm_records = warm_start_file(task.warm_start, settings, contract, tmp)
+            steps, batch, lr = settings.warm_start
+            kw["warm"] = {"path": str(warm_path), "steps": steps, "batch_size": batch, "lr": lr}
+            warm = {"source": task.warm_start, "records": warm_records, "steps": steps, "batch_size": batch, "lr": lr}
         if any(STUDY_LEVERS[n][0].get("enabled") is False for n in levers):  # the control: its DP twin's B, T, lr
             twin = contract_for(task, settings, path, columns, folder, **kw)
             kw |= {"arm": "fixed", "fixed": resolved_settings(twin), "enabled": False}
         raw = contract_for(task, settings, path, columns, folder, **kw)
         run = train_one(raw, key, threads)
+        if warm is not None:  # what the signed record says of the public file (its sha256 names the exact rows)
+            from dplora.data.public import DEMO_SEED
+            from dplora.release.read import read_statement
+
+            entry = read_statement(Path(run["folder"]) / "release.dsse.json")["predicate"]["public_warm_start"]
+            described = WARM_START_SOURCES[warm["source"]].format(n=warm["records"], seed=DEMO_SEED)
+            warm |= {"sha256": entry["sha256"], "described": described}
         model = scorer.model(run["folder"])
         held_eval, val_eval = score(model, held), score(model, val)
         scorer.release(model)
@@ -952,6 +1044,7 @@ def study_row(
         "lora": raw["lora"],
         "epochs": task.epochs,
         "trained_parameters": trained_parameters(Path(run["folder"]), task.freeze_a),
+        **({"warm_start": warm} if warm is not None else {}),
         **{k: run[k] for k in ("batch", "steps", "q", "sigma", "lr", "epsilon_spent", "train_seconds", "s_per_step")},
     }
     if banking:

@@ -3,6 +3,7 @@ template and its held-out loss counts exactly the assistant spans of the templat
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -351,3 +352,45 @@ def test_toy_study_at_epsilon_3_spends_at_most_3_and_says_so(tmp_path):
     assert row["changes"][-1] == "target ε 3 (not 8)"
     assert release_statement(out / "runs" / "study-none")["predicate"]["accounting"]["epsilon_spent"] <= 3.0
     assert row["share_of_control_gain"] == pytest.approx((3.0793 - row["heldout_loss"]) / (3.0793 - 1.4329), abs=1e-4)
+
+
+@pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "twcs_customer_support_twitter").is_dir(), reason="no data")
+@pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "bitext_customer_support").is_dir(), reason="no data")
+@pytest.mark.parametrize("source", ["demo", "twcs"])
+def test_toy_study_warm_start_levers_fit_a_public_corpus_first(tmp_path, source):
+    """--study warm-demo / warm-twcs --toy: the row's release names the public file (another corpus than Bitext,
+    issue 49), its sha256 and the settings the row records; ε spent is that of the same row without it (the plan
+    does not change), and the public file is written as one-exchange conversations with the contract's column."""
+    bench = _bench()
+    out, js, md = tmp_path / "s", tmp_path / "study.json", tmp_path / "page.md"
+    lever = f"warm-{source}"
+    row = bench.main(["--study", lever, "--toy", "--threads", "1", "--out", str(out), "--study-json", str(js),
+                      "--study-md", str(md)])  # fmt: skip
+    warm = row["warm_start"]
+    steps, batch, lr = bench.TOY_FULL.warm_start
+    assert (warm["source"], warm["steps"], warm["batch_size"], warm["lr"]) == (source, steps, batch, lr)
+    record = release_statement(out / "runs" / f"study-{lever}")["predicate"]
+    entry = record["public_warm_start"]
+    assert entry["sha256"] == warm["sha256"] and entry["file"] == f"warm_{source}.jsonl"
+    assert (entry["steps"], entry["batch_size"], entry["lr"], entry["records"]) == (steps, batch, lr, warm["records"])
+    assert 0 < row["epsilon_spent"] <= 8.0 and row["sigma"] > 0 and row["steps"] == 50
+    none = bench.study_task(bench.TOY_FULL.bitext, ["none"])
+    assert bench.study_task(bench.TOY_FULL.bitext, [lever]) == dataclasses.replace(none, warm_start=source)
+    # the public file itself: the contract's messages column, user → assistant, never a Bitext row
+    from dplora.contract.loader import parse_contract
+
+    columns = {"record_format": "messages", "messages_column": "messages"}
+    data = tmp_path / "d.jsonl"  # a stand-in training file: only its columns and row count are read here
+    data.write_text(json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}))
+    contract = parse_contract(bench.contract_for(none, bench.TOY_FULL, data, columns, tmp_path))
+    path, count = bench.warm_start_file(source, bench.TOY_FULL, contract, tmp_path)
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == warm["sha256"] and count == warm["records"]
+    rows = [json.loads(ln) for ln in path.read_text().splitlines()]
+    assert all([t["role"] for t in r["messages"]] == ["user", "assistant"] for r in rows)
+    bitext = {r["instruction"][:60] for r in bench._read_csv(bench.BITEXT)}
+    assert not any(r["messages"][0]["content"] in bitext for r in rows)
+    if source == "demo":
+        assert count == steps * batch
+    else:
+        assert count == 2083  # every (customer tweet → brand reply) pair of the 5,000-row sample (SOURCE.md sha256)
+    assert f"| {lever} |" in md.read_text()
