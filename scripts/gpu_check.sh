@@ -8,6 +8,7 @@
 #   setup          wheels into $SITE; SmolLM2-135M: the received GGUF parts joined, sha256-checked and converted
 #                  (real weights), else random-init from the config                         ~25–70 s       120 s
 #   train-bf16     dplora train + verify, 135M shape, bf16, r=8 q,v, 32 units/step, 16×128, 30 steps  ~60 s  180 s
+#   fsdp           dplora train + verify with training.sharding: fsdp at world size 1 (NCCL), 135M, bf16, ckpt  ~30 s  90 s
 #   fastclip       scripts/check_fastclip.py: fast path vs one-record reference on CUDA, fp32+bf16    ~40 s  150 s
 #   scale-1b       scripts/bench_scale.py, Llama-3.2-1B shape, bf16, seq 512 and 2048, plain/ckpt/4bit,
 #                  non_dp vs dplora_fast, largest batch up to 64                                ~120 s         200 s
@@ -181,6 +182,16 @@ train_verify() {
   tail -n 2 "$W/run-bf16.private/metrics.jsonl" 2>/dev/null | cut -c1-160 || true
 }
 
+fsdp_smoke() {  # training.sharding: fsdp at world size 1 (issue 45): NCCL on CUDA, gloo in the dry run
+  local extra=(privacy.accountant=rdp privacy.target_epsilon=2 training.expected_batch_size=4
+               training.physical_batch_size=2 training.max_seq_len=32 training.threads=1)
+  [ "$DRY" = 1 ] || extra=(training.physical_batch_size=16 training.max_seq_len=128 training.gradient_checkpointing=true)
+  $D train configs/demo.yaml --signing-key "$W/signing.key" --no-progress model.name=null \
+    "model.path=$W/model" model.dtype=bf16 "data.path=$W/tickets.csv" "training.output_dir=$W/run-fsdp" \
+    "training.steps=$STEPS" training.sharding=fsdp "${extra[@]}" || return $?
+  $D verify "$W/run-fsdp" --public-key "$W/signing.pub" | grep -E "^(OK  signature|execution:)"
+}
+
 fastclip() {
   if [ "$DRY" = 1 ]; then
     $PY scripts/check_fastclip.py --device cpu --layers 1 --dtypes fp32 --toy
@@ -217,10 +228,11 @@ noise() {
   fi
 }
 
-export -f join_weights setup train_verify fastclip scale utility noise
-if [ "$DRY" = 1 ]; then T=(300 300 300 300 300 300 120); else T=(120 180 150 200 260 240 90); fi
+export -f join_weights setup train_verify fsdp_smoke fastclip scale utility noise
+if [ "$DRY" = 1 ]; then T=(300 300 300 300 300 300 120 300); else T=(120 180 150 200 260 240 90 90); fi
 stage setup "${T[0]}" setup
 stage train-bf16 "${T[1]}" train_verify
+stage fsdp "${T[7]}" fsdp_smoke
 stage fastclip "${T[2]}" fastclip
 stage scale-1b "${T[3]}" scale llama-1b "$MAXB1" plain 4bit
 stage scale-8b "${T[4]}" scale llama-8b "$MAXB8" ckpt

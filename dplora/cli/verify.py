@@ -134,6 +134,8 @@ def _print(result, synth, checks: list[dict], shipping: str) -> None:
         out.print(lora, markup=False, soft_wrap=True)
     if warm := _warm_start_line(result.statement):
         out.print(warm, markup=False, soft_wrap=True)
+    if execution := _execution_line(result.statement):
+        out.print(execution, markup=False, soft_wrap=True)
     if synth:
         out.print(synth.line, markup=False, soft_wrap=True)
 
@@ -220,6 +222,24 @@ def _lora_line(statement: dict) -> str | None:
     )
 
 
+def _execution_line(statement: dict) -> str | None:
+    """How the run executed: its world size and launcher, and where the base weights lived (``training.sharding``:
+    ``fsdp`` with each rank's share of the base); None for a record without an execution entry."""
+    execution = (statement.get("predicate") or {}).get("execution") or {}
+    if "world_size" not in execution:
+        return None
+    line = f"execution: {execution['world_size']} process(es) ({execution.get('launcher', 'unknown')})"
+    line += f", base sharding {execution.get('base_sharding', 'none')}"
+    held = [
+        r["base_parameters_held"]
+        for r in (execution.get("distributed") or {}).get("ranks", [])
+        if "base_parameters_held" in r
+    ]
+    if held:
+        line += f" (base parameters held per rank: {', '.join(f'{n:,}' for n in held)})"
+    return line
+
+
 def _warm_start_line(statement: dict) -> str | None:
     """A release trained after a public warm start (``data.public_warm_start``) names the public file, its sha256
     and the settings in one line; None otherwise."""
@@ -249,6 +269,8 @@ def _claims(result) -> dict:
         **({"attack_ceiling": result.attack_ceiling} if result.attack_ceiling is not None else {}),
         "lora_freeze_a": bool((predicate.get("lora") or {}).get("freeze_a")),
         **({"public_warm_start": predicate["public_warm_start"]} if "public_warm_start" in predicate else {}),
+        "world_size": (predicate.get("execution") or {}).get("world_size"),
+        "base_sharding": (predicate.get("execution") or {}).get("base_sharding", "none"),
         **({"tuning": predicate["tuning"]} if "tuning" in predicate else {}),
         **(
             {"composed_with_audit": (predicate.get("audit") or {})["composed"]}

@@ -96,3 +96,13 @@ class Quantization(str, enum.Enum):
     NONE = "none"
     FOUR_BIT = "4bit"
     EIGHT_BIT = "8bit"
+
+
+class Sharding(str, enum.Enum):
+    """How the frozen base weights are placed over the run's W processes (performance and memory only; the
+    mechanism is the same). ``none``: every rank holds the whole base (data parallel). ``fsdp``: torch FSDP2
+    (``fully_shard``) holds each decoder layer's and the root's base weights 1/W per rank and all-gathers them per
+    forward; the LoRA tensors stay whole on every rank (see docs/multi-gpu.md)."""
+
+    NONE = "none"
+    FSDP = "fsdp"

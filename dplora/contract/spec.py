@@ -43,6 +43,7 @@ from dplora.contract.choices import (
     ProtectedUnit,
     Quantization,
     ReportTo,
+    Sharding,
     UnitClipping,
 )
 from dplora.errors import excerpt
@@ -381,6 +382,8 @@ class TrainingSection(_Section):
     checkpoint_every: PositiveInt | None = None  # logical steps between resume checkpoints (None: ~10 min of work)
     report_to: ReportTo = ReportTo.NONE  # public numbers only (step, ε spent, ε bound, σ, q, T)
     report_private: Annotated[bool, Field(strict=True)] = False  # also loss, batch sizes, times: not covered by DP
+    # none: a whole base per rank; fsdp: the base sharded 1/W per rank (torch FSDP2), LoRA whole on every rank
+    sharding: Sharding = Sharding.NONE
 
     @property
     def fixed_physical_batch_size(self) -> int:
@@ -403,6 +406,29 @@ class TrainingSection(_Section):
         return self.expected_batch_size == "auto"
 
 
+def _check_fsdp(contract: Contract) -> None:
+    """``training.sharding: fsdp`` needs the fast per-example path, NO 4-bit base and a fixed physical batch.
+
+    Raises:
+        ValueError: one line naming the key to change (the contract loader turns it into exit 2).
+    """
+    if contract.privacy.per_sample is PerSamplePath.OPACUS:
+        raise ValueError(
+            "training.sharding=fsdp needs privacy.per_sample=fast: Opacus hooks would record the all-gathered base "
+            "weights' forward twice under FSDP's resharding"
+        )
+    if contract.model.quantization is not Quantization.NONE:
+        raise ValueError(
+            "training.sharding=fsdp with model.quantization=4bit (FSDP-QLoRA) is not built: use sharding none "
+            "with a 4-bit base, or fsdp with a bf16/fp32 base"
+        )
+    if contract.training.physical_batch_size == "auto":
+        raise ValueError(
+            "training.sharding=fsdp needs a number for training.physical_batch_size: every rank must run the same "
+            "forwards, and a per-rank memory probe may choose differently on each"
+        )
+
+
 class Contract(_Section):
     """The whole validated contract. Immutable; :attr:`sha256` is the digest of the resolved YAML."""
 
@@ -419,6 +445,8 @@ class Contract(_Section):
                 "training.gradient_checkpointing=true needs privacy.per_sample=fast: recomputed forwards re-fire "
                 "Opacus hooks"
             )
+        if self.training.sharding is Sharding.FSDP:
+            _check_fsdp(self)
         if self.training.physical_batch_size == "auto" and self.privacy.per_sample is PerSamplePath.OPACUS:
             raise ValueError(
                 "training.physical_batch_size=auto needs privacy.per_sample=fast: an out-of-memory error inside "
@@ -432,6 +460,8 @@ class Contract(_Section):
         dumped = self.model_dump(mode="json")
         if dumped["data"].get("public_warm_start") is None:  # absent: the YAML (and digest) of contracts before it
             dumped["data"].pop("public_warm_start", None)
+        if dumped["training"].get("sharding") == Sharding.NONE.value:  # the default: contracts before it unchanged
+            dumped["training"].pop("sharding", None)
         return yaml.safe_dump(dumped, sort_keys=False)
 
     @property

@@ -92,6 +92,43 @@ def launcher_name(env: Mapping[str, str] = os.environ) -> str:
     return "environment (RANK, WORLD_SIZE, MASTER_ADDR)"
 
 
+FSDP_UNAPPLIED = ("FSDP_OFFLOAD_PARAMS", "FSDP_CPU_RAM_EFFICIENT_LOADING")  # refused when true: not built
+
+
+def accelerate_fsdp_note(sharding: str, env: Mapping[str, str] = os.environ) -> str | None:
+    """An ``accelerate launch`` FSDP config (``ACCELERATE_USE_FSDP``) against the contract's ``training.sharding``.
+
+    dplora shards the base by its own recipe (:mod:`dplora.engine.sharding`), so a launcher's FSDP plugin maps onto
+    ``training.sharding: fsdp`` and is never applied silently: under ``none`` it is refused; under ``fsdp`` the
+    launcher's ``FSDP_*`` settings that dplora does not apply are named in one line.
+
+    Returns:
+        The note (public: the launcher's settings and the contract only), or None without an FSDP config.
+    Raises:
+        BadInputError: an FSDP config with ``training.sharding: none``, or CPU offload (not built).
+    """
+    if str(env.get("ACCELERATE_USE_FSDP", "")).lower() not in ("true", "1", "yes"):
+        return None
+    if sharding != "fsdp":
+        raise BadInputError(
+            "accelerate launch was given an FSDP config (ACCELERATE_USE_FSDP=true) but the contract has "
+            "training.sharding: none; set training.sharding: fsdp (dplora shards the base itself) or launch "
+            "without the FSDP config"
+        )
+    offload = [k for k in FSDP_UNAPPLIED if str(env.get(k, "")).lower() in ("true", "1", "yes")]
+    if "FSDP_OFFLOAD_PARAMS" in offload:
+        raise BadInputError(
+            "accelerate's FSDP config asks for CPU offload (FSDP_OFFLOAD_PARAMS), which dplora has not built"
+        )
+    named = sorted(k for k in env if k.startswith("FSDP_"))
+    if not named:
+        return None
+    return (
+        "note: accelerate's FSDP config maps onto training.sharding: fsdp (every decoder layer and the root "
+        f"fully_shard-ed, LoRA whole on every rank); not applied: {', '.join(named)}"
+    )
+
+
 def init_world(env: Mapping[str, str] = os.environ) -> World:
     """The run's processes: :data:`SINGLE` unless a launcher set ``WORLD_SIZE`` > 1, else join the process group.
 
@@ -237,16 +274,23 @@ def state_dict_digest(state: Mapping) -> str:
     return h.hexdigest()
 
 
-def check_agreement(world: World, *, steps: int, digest: str) -> list[dict]:
+def check_agreement(world: World, *, steps: int, digest: str, base_parameters: int | None = None) -> list[dict]:
     """Gather every rank's (accountant steps, adapter digest); all must equal rank 0's.
 
+    Args:
+        base_parameters: under ``training.sharding: fsdp``, the base parameters this rank holds (its local shards;
+            a property of the public model and W), recorded per rank; None otherwise.
+
     Returns:
-        One dict per rank: ``{"rank", "accountant_steps", "adapter_sha256"}`` (public: the adapters are released).
+        One dict per rank: ``{"rank", "accountant_steps", "adapter_sha256"}`` (public: the adapters are released),
+        with ``"base_parameters_held"`` when given.
 
     Raises:
         TrainingFailedError: a rank took another number of steps or holds other adapters (no release).
     """
     mine = {"rank": world.rank, "accountant_steps": steps, "adapter_sha256": digest}
+    if base_parameters is not None:
+        mine["base_parameters_held"] = int(base_parameters)
     if not world.distributed:
         return [mine]
     import torch.distributed as dist

@@ -95,6 +95,19 @@ class UnitDPOptimizer(DPOptimizer):
         if self.flat is not None:
             self.flat.buffer(batch_size)
 
+    def discard_batch(self) -> None:
+        """After the backward of a padding batch (``training.sharding: fsdp``: a rank with fewer physical batches
+        than another runs extra forwards so that FSDP's collectives match): its per-example rows are read and
+        dropped, never added to any unit's sum.
+
+        Raises:
+            TrainingFailedError: the Opacus path (it has no padding batches; sharding needs the fast path), or a LoRA
+                layer that wrote no rows.
+        """
+        if self.flat is None:
+            raise TrainingFailedError("padding batches need the fast per-example path (privacy.per_sample: fast)")
+        self.flat.gradients()
+
     def accumulate(
         self,
         unit_of_row: torch.Tensor,

@@ -159,3 +159,26 @@ class FollowerSignals(GracefulStop):
                 f"interrupted ({self.name or 'a signal on another rank'}) on rank {self.reducer.world.rank}: every "
                 f"rank stopped after step {state.step}; no release was written; rank 0 reports the resume checkpoint"
             )
+
+
+def common_forward_count(world: World, forwards: int, device) -> int:
+    """The most physical batches any rank runs in this logical step (one all-reduce MAX of one integer).
+
+    Under ``training.sharding: fsdp`` every forward and backward is collective (each layer all-gathers its base
+    weights), so every rank must run the same number: a rank with fewer pads with forwards whose per-example rows
+    are discarded (:func:`dplora.run.loop.forward_backward`). Poisson sampling is untouched: no unit is dropped,
+    truncated or resampled. The count never leaves the process group (all ranks are one trusted party).
+
+    Args:
+        world: the run's processes; one process returns ``forwards``.
+        forwards: this rank's physical batches in the step (≥ 0).
+        device: the collective's device (CPU for gloo, the rank's GPU for nccl).
+    """
+    if not world.distributed:
+        return forwards
+    import torch
+    import torch.distributed as dist
+
+    count = torch.tensor([forwards], dtype=torch.int64, device=device)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    return int(count.item())

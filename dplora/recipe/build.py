@@ -164,7 +164,7 @@ def _load(model_section: ModelSection, lora: LoraSection, training: TrainingSect
     device = select_device()
     dtype, allow_tf32 = resolve_precision(model_section, device)
     with _Stage("loading the model", device):
-        model, tokenizer = setup_model(model_section, lora, training, device, dtype, allow_tf32, io.log)
+        model, tokenizer = setup_model(model_section, lora, training, device, dtype, allow_tf32, io.log, io.world)
     _check_pad_embedding(model, tokenizer)
     return {
         "model": model, "tokenizer": tokenizer, "device": device, "dtype": dtype, "allow_tf32": allow_tf32,
@@ -352,7 +352,14 @@ def _check_pad_embedding(model, tokenizer) -> None:
         return
     if weight.dtype in (torch.uint8, torch.int8) or not weight.dtype.is_floating_point:
         return  # a quantized table: its dequantized rows are checked by the per-example check's forward
-    if not bool(torch.isfinite(weight[pad]).all()):
+    if hasattr(weight, "to_local"):  # training.sharding: fsdp: the rank that holds the pad row checks it
+        from dplora.engine.sharding import local_rows
+
+        start, local = local_rows(weight)
+        row = local[pad - start] if start <= pad < start + local.shape[0] else None
+    else:
+        row = weight[pad]
+    if row is not None and not bool(torch.isfinite(row).all()):
         raise BadInputError(
             f"the base model's embedding of the padding token (id {pad}) is not finite: padded records would get "
             "NaN losses from their batch-mates; use a model with finite embeddings (or another pad token)"

@@ -218,6 +218,9 @@ def log_estimate(spec, state, log) -> None:
     """
     from dplora.recipe.build import probe_estimate
 
+    if spec.contract.training.sharding.value == "fsdp" and spec.world.distributed:  # rank 0 cannot forward alone
+        log("estimate: not probed under training.sharding: fsdp with several processes (every forward is collective)")
+        return
     inputs = probe_estimate(
         spec.contract,
         spec.plan,

@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 
 from dplora import atomic
+from dplora.contract.choices import Sharding
 from dplora.contract.spec import LoraSection, ModelSection, TrainingSection
 from dplora.engine import distributed
 from dplora.engine.lora import library_error_line, library_warnings, resolve_target_modules
@@ -55,9 +56,19 @@ def write_json(path: Path, obj) -> None:
 
 
 def setup_model(
-    model: ModelSection, lora: LoraSection, training: TrainingSection, device, dtype: str, allow_tf32: bool, log
+    model: ModelSection,
+    lora: LoraSection,
+    training: TrainingSection,
+    device,
+    dtype: str,
+    allow_tf32: bool,
+    log,
+    world: distributed.World = distributed.SINGLE,
 ):
     """Load the base model in ``dtype`` on ``device``, then wrap it with fp32 LoRA adapters (peft).
+
+    ``training.sharding: fsdp`` loads the base sharded 1/W over ``world``'s ranks
+    (:func:`dplora.engine.sharding.load_sharded_base`) before peft wraps it, so the LoRA tensors stay whole.
 
     ``model``, ``lora`` and ``training`` are the contract's sections (the base model; r, alpha, targets; the
     seed of the LoRA initialisation and gradient checkpointing).
@@ -75,7 +86,12 @@ def setup_model(
 
     with library_warnings(log):
         # on its device BEFORE get_peft_model (cases T1); model.quantization: 4bit loads NF4 Linear4bit layers
-        base, tokenizer = load_base_model(model, device, dtype, allow_tf32, log)
+        if training.sharding is Sharding.FSDP:
+            from dplora.engine.sharding import load_sharded_base
+
+            base, tokenizer = load_sharded_base(model, device, dtype, allow_tf32, world, log)
+        else:
+            base, tokenizer = load_base_model(model, device, dtype, allow_tf32, log)
         if training.gradient_checkpointing:
             enable_gradient_checkpointing(base)  # non-reentrant; the contract refuses it on the Opacus path
         targets = resolve_target_modules(base, lora.target_modules)

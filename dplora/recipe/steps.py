@@ -8,6 +8,7 @@ import json
 import time
 
 from dplora import atomic
+from dplora.contract.choices import Sharding
 from dplora.engine import distributed
 from dplora.errors import TrainingFailedError
 from dplora.evaluate.report import report_lines
@@ -96,6 +97,12 @@ def _evaluate_held_out(spec, state, io: RunIO):
     """
     if spec.held_out is None:
         return None
+    if spec.contract.training.sharding is Sharding.FSDP and spec.world.distributed:  # rank 0 cannot forward alone
+        io.log(
+            "held-out evaluation: skipped under training.sharding: fsdp with several processes (every forward is "
+            f"collective); run `dplora eval {spec.out}` on the release"
+        )
+        return None
     from dplora.engine.perexample import unwrap
     from dplora.evaluate.heldout import evaluate_model, held_out_source
 
@@ -161,5 +168,11 @@ def check_accounted(spec, state) -> list[dict] | None:
         return None
     from dplora.engine.perexample import unwrap
 
-    digest = distributed.adapter_digest(unwrap(state.model))
-    return distributed.check_agreement(spec.world, steps=state.accountant.steps, digest=digest)
+    model = unwrap(state.model)
+    digest = distributed.adapter_digest(model)
+    held = None
+    if spec.contract.training.sharding is Sharding.FSDP:  # each rank's share of the base, counted from its shards
+        from dplora.engine.sharding import local_base_parameters
+
+        held = local_base_parameters(model)[0]
+    return distributed.check_agreement(spec.world, steps=state.accountant.steps, digest=digest, base_parameters=held)

@@ -107,6 +107,8 @@ def run_training(contract: Contract, options: RunOptions | None = None, *, log=p
             private=private_log if world.is_main else PrivateLog(),
             started_at=started_at,
         )
+        if admitted.note:  # a launcher's FSDP settings that dplora does not apply (public: env and contract only)
+            io.log(admitted.note)
         run = (admitted.plan, admitted.table, admitted.unit_index)
         if not world.is_main:
             return _follow(contract, *run, out=admitted.out, staging=admitted.staging, io=io)
@@ -152,6 +154,7 @@ class _Admitted:
     held_out: object
     unit_index: object
     plan: TrainingPlan
+    note: str | None = None  # a public line for the log (an accelerate FSDP config's unapplied settings)
 
 
 def _admit(contract: Contract, options: RunOptions, world, recommendation, held: _Held, private_log) -> _Admitted:
@@ -167,6 +170,7 @@ def _admit(contract: Contract, options: RunOptions, world, recommendation, held:
     out, staging = outputs.output_path(contract.training.output_dir), None  # ranks other than 0 write nothing
     with distributed.gate(world):  # a refusal on any rank stops every rank here
         tracking.check_backend(contract.training.report_to)  # a missing tracker library: exit 2, nothing written
+        fsdp_note = distributed.accelerate_fsdp_note(contract.training.sharding.value)
         if main:
             private_key = release_keys.load_private_key(options.signing_key)
             key = release.load_data_key(options.data_key)
@@ -212,6 +216,7 @@ def _admit(contract: Contract, options: RunOptions, world, recommendation, held:
         held_out=held_out,
         unit_index=unit_index,
         plan=plan,
+        note=fsdp_note,
     )
 
 

@@ -29,6 +29,7 @@ def execution_entry(spec, *, reducer=None, ranks=None) -> dict:
         "allow_tf32": spec.allow_tf32,
         "noise_generator": noise_generator_name(spec.device),
         **memory_entry(spec),
+        **sharding_entry(spec),
         "noise_floating_point_note": FLOATING_POINT_NOTE,
         **world_entry(spec.world, getattr(reducer, "noise_draws", None), ranks),
     }
@@ -56,6 +57,17 @@ def memory_entry(spec) -> dict:
         "physical_batch_size": spec.physical_batch_size,
         "physical_batch_source": source,
     }
+
+
+def sharding_entry(spec) -> dict:
+    """Where the base weights lived (public; no choice of it changes the privacy event): ``base_sharding`` is the
+    contract's ``training.sharding`` (``none`` | ``fsdp``), with how FSDP placed them for ``fsdp``."""
+    sharding = spec.contract.training.sharding.value
+    if sharding == "none":
+        return {"base_sharding": sharding}
+    from dplora.engine.sharding import DESCRIPTION
+
+    return {"base_sharding": sharding, "base_sharding_detail": DESCRIPTION}
 
 
 FLOATING_POINT_NOTE = (

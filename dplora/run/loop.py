@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from dplora import atomic
+from dplora.contract.choices import Sharding
 from dplora.contract.spec import Contract
 from dplora.data.units import UnitIndex
 from dplora.engine import distributed
 from dplora.errors import NoisyUpdateError, TrainingFailedError
+from dplora.mechanism.reduction import common_forward_count
 from dplora.plan.training import TrainingPlan
 
 
@@ -172,6 +174,8 @@ def forward_backward(spec: RunSpec, state: RunState, units) -> tuple[float, int]
         except Exception as err:
             if not membatch.is_oom(err) or physical <= 1 or getattr(state.optimizer, "flat", None) is None:
                 raise  # the Opacus path cannot be retried mid-step (its hooks count forwards): exit 4, resumable
+            if _sharded(spec):
+                raise  # FSDP: the other ranks are inside the same collectives; a retry here would desync them
         # Out of accelerator memory: the SAME units again, from an empty per-unit sum, with half the records per
         # forward. Nothing was noised or accounted yet (both happen once, in optimizer.step() after this returns).
         membatch.reset_after_oom(state.model, state.optimizer, state.named)
@@ -186,6 +190,10 @@ def _physical_batches(spec: RunSpec, state: RunState, units, rows, local, weight
     from dplora.engine import batch as batching
 
     model, optimizer = state.model, state.optimizer
+    padding = 0
+    if _sharded(spec):  # FSDP: every forward is collective; agree on the count BEFORE any rank forwards
+        batches = -(-len(rows) // physical)
+        padding = common_forward_count(spec.world, batches, spec.device) - batches
     optimizer.begin_logical_step(len(units))
     loss_sum = torch.zeros((), device=spec.device)
     for start in range(0, len(rows), physical):
@@ -205,6 +213,8 @@ def _physical_batches(spec: RunSpec, state: RunState, units, rows, local, weight
             finite_rows=finite,
         )
         loss_sum += torch.where(finite, losses.detach(), 0.0).sum()
+    for _ in range(padding):  # FSDP: this rank's extra forwards carry no record (the ranks ran as many in all)
+        _padding_forward(spec, state)
     zeroed = getattr(getattr(optimizer, "accumulator", None), "zeroed", None)
     zeroed = torch.zeros((), device=spec.device) if zeroed is None else zeroed
     # The one host read per logical step: the loss sum, "all parameters finite after the last step" (a function of
@@ -216,6 +226,24 @@ def _physical_batches(spec: RunSpec, state: RunState, units, rows, local, weight
         raise NoisyUpdateError(f"non-finite parameter after step {state.step}")
     state.records_zeroed += int(zeroed_rows)
     return loss_value, len(rows)
+
+
+def _sharded(spec: RunSpec) -> bool:
+    """``training.sharding: fsdp`` (the base sharded over the ranks: every forward is collective)."""
+    return spec.contract.training.sharding is Sharding.FSDP
+
+
+def _padding_forward(spec: RunSpec, state: RunState) -> None:
+    """One forward and backward of a record with no target token (two pad tokens, labels −100) whose per-example
+    rows are discarded: it only lets this rank join the other ranks' FSDP collectives. Its loss is exactly 0
+    (:func:`dplora.engine.batch.per_sequence_loss`), it belongs to no unit, and nothing of it is added or counted."""
+    from dplora.engine import batch as batching
+
+    pad = [spec.pad_id, spec.pad_id]
+    batch = batching.collate([(pad, [batching.IGNORE_INDEX] * 2)], spec.pad_id, device=spec.device)
+    state.optimizer.prepare_batch(1)
+    batching.per_sequence_loss(state.model, batch).sum().backward()
+    state.optimizer.discard_batch()
 
 
 def logical_step(spec: RunSpec, state: RunState, units) -> tuple[float | None, int]:

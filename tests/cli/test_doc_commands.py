@@ -32,6 +32,8 @@ SKIPPED_BLOCKS = {
     ("README.md", "Two commands on a fresh machine"): "setup.sh installs packages (network); the demo is a 20 min job",
     ("docs/index.md", "Building these pages"): "the mkdocs build: .ci/run runs it as its own step",
     ("docs/multi-gpu.md", "Several GPUs or nodes (torchrun, accelerate launch)"): "needs several GPUs or nodes",
+    ("docs/multi-gpu.md", "A base too large for one GPU: `training.sharding: fsdp`"): "needs several GPUs or nodes "
+    "(tests/engine/test_fsdp.py runs the same on 2 gloo processes and two torchrun nodes)",
 }
 # Lines not run inside a block that runs, each with the reason.
 SKIPPED_LINES = {"vllm serve": "needs vllm and a GPU"}

@@ -248,3 +248,31 @@ def test_model_and_column_overrides_replace_their_pair(tmp_path):
     assert (c.data.text_column, c.data.prompt_column, c.data.response_column) == (None, "q", "a")
     with pytest.raises(BadInputError, match="give both data.prompt_column and data.response_column"):
         load_contract(text, ["data.prompt_column=q"])
+
+
+def test_sharding_fsdp_refusals_and_the_default_yaml(tmp_path):
+    """training.sharding: fsdp needs the fast path, a fixed physical batch and an unquantized base (one line each);
+    the default (none) leaves the contract's YAML and digest as before the key existed; fsdp is in the YAML."""
+    import yaml
+    from conftest import contract_dict
+
+    from dplora.contract.loader import parse_contract
+    from dplora.errors import BadInputError
+
+    raw = contract_dict(Path("/m"), tmp_path / "tickets.csv", tmp_path / "out", privacy={"num_units": 10})
+    plain = parse_contract(raw)
+    assert plain.training.sharding.value == "none" and "  sharding:" not in plain.to_yaml()
+    fsdp = parse_contract({**raw, "training": {**raw["training"], "sharding": "fsdp"}})
+    assert "sharding: fsdp" in fsdp.to_yaml() and fsdp.sha256 != plain.sha256
+    assert parse_contract(yaml.safe_load(fsdp.to_yaml())) == fsdp
+    cases = {
+        "privacy.per_sample=fast": {"privacy": {**raw["privacy"], "per_sample": "opacus"}},
+        "physical_batch_size": {"training": {**raw["training"], "physical_batch_size": "auto"}},
+        "FSDP-QLoRA": {"model": {**raw["model"], "quantization": "4bit"}},
+    }
+    for words, change in cases.items():
+        bad = {**raw, **change}
+        bad["training"] = {**bad["training"], "sharding": "fsdp"}
+        with pytest.raises(BadInputError) as err:
+            parse_contract(bad)
+        assert words in str(err.value) and "\n" not in str(err.value)

@@ -19,6 +19,7 @@ from conftest import contract_dict
 from peft import LoraConfig, get_peft_model
 from tiny import tiny_llama
 
+from dplora.contract.choices import Sharding
 from dplora.contract.loader import parse_contract
 from dplora.engine import batch as batching
 from dplora.engine import distributed, membatch
@@ -121,7 +122,9 @@ def _run(monkeypatch, hook: OOMAbove | None, physical: int = 4, per_sample: str 
         device=torch.device("cpu"),
         physical_batch_size=physical,
         world=distributed.SINGLE,
-        contract=types.SimpleNamespace(privacy=types.SimpleNamespace(enabled=False)),
+        contract=types.SimpleNamespace(
+            privacy=types.SimpleNamespace(enabled=False), training=types.SimpleNamespace(sharding=Sharding.NONE)
+        ),
         # private=False only skips the step-1 "every tensor moved" check; the sampler is the mechanism's
         mechanism=types.SimpleNamespace(
             private=False, sampler=lambda n: sampling.unit_sampler(n, PLAN.sample_rate, distributed.SINGLE)

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-STAGES = ["setup", "train-bf16", "fastclip", "scale-1b", "scale-8b", "noise", "utility"]
+STAGES = ["setup", "train-bf16", "fsdp", "fastclip", "scale-1b", "scale-8b", "noise", "utility"]
 NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
