@@ -8,9 +8,11 @@ each rank loads the base the way ``dplora train`` does (:func:`dplora.engine.mod
 :func:`dplora.engine.sharding.load_sharded_base` for ``fsdp``), wraps it with LoRA r 8 on q,v (peft), and times
 ``--steps`` physical steps of the fast per-example path (2 records × 64 tokens per rank: forward, backward, the
 (B, P) per-example rows). Reported per rank: base parameters held (local shards) and their bytes, peak RSS after the
-load and after the steps (``getrusage`` ru_maxrss), s/step (after one warm-up step). Both shardings run in one
-invocation, so their ratio is measured under the same load. The per-unit clipping, noise and optimizer step are the
-same code under both shardings and are left out (they touch the LoRA tensors only).
+load and after the steps (``getrusage`` ru_maxrss, which counts the touched pages of memory-mapped weight files), the
+anonymous memory (``RssAnon``: what the process allocated) after the load and its peak during the load and the
+steps (sampled every 5 ms), less what it held before loading, and s/step (after one warm-up step). Both shardings run
+in one invocation, so their ratio is measured under the same load. The per-unit clipping, noise and optimizer step
+are the same code under both shardings and are left out (they touch the LoRA tensors only).
 """
 
 from __future__ import annotations
@@ -56,6 +58,39 @@ def build_model(folder: Path, hidden: int, layers: int, vocab: int) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def anon_gib() -> float:
+    """This process's anonymous resident memory (``RssAnon`` of /proc/self/status), GiB: what the process
+    allocated, without the page cache of memory-mapped weight files (which ``ru_maxrss`` counts once touched)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) / 2**20
+    return float("nan")
+
+
+class AnonPeak:
+    """The peak of :func:`anon_gib`, sampled every 5 ms by a thread (``reset()`` starts a new window)."""
+
+    def __init__(self):
+        import threading
+
+        self.peak, self._stop = anon_gib(), threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, anon_gib())
+
+    def reset(self) -> float:
+        seen, self.peak = max(self.peak, anon_gib()), anon_gib()
+        return seen
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return max(self.peak, anon_gib())
+
+
 def worker(folder: str, sharding: str, steps: int, out: str) -> None:
     """One rank: load the base under ``sharding``, LoRA, time the steps; write ``out/<sharding>-rank<r>.json``."""
     import torch
@@ -73,6 +108,7 @@ def worker(folder: str, sharding: str, steps: int, out: str) -> None:
     world = distributed.init_world()
     section = ModelSection(path=folder)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    anon0, peak = anon_gib(), AnonPeak()
     t0 = time.perf_counter()
     if sharding == "fsdp":
         base, _ = load_sharded_base(section, torch.device("cpu"), "fp32", False, world, log=lambda *_: None)
@@ -80,6 +116,7 @@ def worker(folder: str, sharding: str, steps: int, out: str) -> None:
         base, _ = load_base_model(section, torch.device("cpu"), "fp32", False, log=lambda *_: None)
     load_s = time.perf_counter() - t0
     rss_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    anon_load_peak, anon_loaded = peak.reset(), anon_gib()
     torch.manual_seed(0)
     model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
     model.train()
@@ -96,6 +133,7 @@ def worker(folder: str, sharding: str, steps: int, out: str) -> None:
         flat.gradients()
         times.append(time.perf_counter() - t)
     rss_step = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    anon_step_peak = peak.stop()
     result = {
         "sharding": sharding,
         "rank": world.rank,
@@ -103,6 +141,10 @@ def worker(folder: str, sharding: str, steps: int, out: str) -> None:
         "base_parameters_held": held,
         "base_parameters": total,
         "base_gib_held": round(held * 4 / 2**30, 3),
+        "anon_before_gib": round(anon0, 3),
+        "anon_peak_load_gib": round(anon_load_peak, 3),
+        "anon_after_load_gib": round(anon_loaded, 3),
+        "anon_peak_steps_gib": round(anon_step_peak, 3),
         "rss_before_gib": round(rss0 / 2**20, 3),
         "peak_rss_after_load_gib": round(rss_load / 2**20, 3),
         "peak_rss_after_steps_gib": round(rss_step / 2**20, 3),
@@ -146,13 +188,21 @@ def main(argv=None) -> dict:
         mine = [r for r in rows if r["sharding"] == sharding]
         report[sharding] = {
             "base_gib_held_per_rank": max(r["base_gib_held"] for r in mine),
+            "anon_after_load_gib_per_rank": max(r["anon_after_load_gib"] - r["anon_before_gib"] for r in mine),
+            "anon_peak_load_gib_per_rank": max(r["anon_peak_load_gib"] - r["anon_before_gib"] for r in mine),
+            "anon_peak_step_gib_per_rank": max(r["anon_peak_steps_gib"] - r["anon_before_gib"] for r in mine),
             "peak_rss_gib_per_rank": max(r["peak_rss_after_steps_gib"] for r in mine),
             "s_per_step": max(r["s_per_step"] for r in mine),
         }
-    report["fsdp_over_none"] = {
-        k: round(report["fsdp"][k] / report["none"][k], 3)
-        for k in ("base_gib_held_per_rank", "peak_rss_gib_per_rank", "s_per_step")
-    }
+    keys = (
+        "base_gib_held_per_rank",
+        "anon_after_load_gib_per_rank",
+        "anon_peak_load_gib_per_rank",
+        "anon_peak_step_gib_per_rank",
+        "peak_rss_gib_per_rank",
+        "s_per_step",
+    )
+    report["fsdp_over_none"] = {k: round(report["fsdp"][k] / max(report["none"][k], 1e-9), 3) for k in keys}
     print(json.dumps(report, indent=1))
     if args.out:
         args.out.write_text(json.dumps(report, indent=1) + "\n")
