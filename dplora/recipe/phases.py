@@ -30,6 +30,7 @@ from dplora.release.record import unit_statement
 from dplora.run import checkpoint as ckpt
 from dplora.run import outputs, tracking
 from dplora.run import resume as resume_mod
+from dplora.run.loop import sharded_base
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -218,7 +219,7 @@ def log_estimate(spec, state, log) -> None:
     """
     from dplora.recipe.build import probe_estimate
 
-    if spec.contract.training.sharding.value == "fsdp" and spec.world.distributed:  # rank 0 cannot forward alone
+    if sharded_base(spec) and spec.world.distributed:  # rank 0 cannot forward alone
         log("estimate: not probed under training.sharding: fsdp with several processes (every forward is collective)")
         return
     inputs = probe_estimate(

@@ -8,7 +8,6 @@ import json
 import time
 
 from dplora import atomic
-from dplora.contract.choices import Sharding
 from dplora.engine import distributed
 from dplora.errors import TrainingFailedError
 from dplora.evaluate.report import report_lines
@@ -21,6 +20,7 @@ from dplora.recipe.finish import (
 from dplora.recipe.setup import (
     RunIO,
 )
+from dplora.run.loop import sharded_base
 from dplora.run.outputs import private_staging
 from dplora.run.progress import BatchReporter, ProgressReporter
 from dplora.run.tracking import TrackedMetrics, Tracker
@@ -97,7 +97,7 @@ def _evaluate_held_out(spec, state, io: RunIO):
     """
     if spec.held_out is None:
         return None
-    if spec.contract.training.sharding is Sharding.FSDP and spec.world.distributed:  # rank 0 cannot forward alone
+    if sharded_base(spec) and spec.world.distributed:  # rank 0 cannot forward alone
         io.log(
             "held-out evaluation: skipped under training.sharding: fsdp with several processes (every forward is "
             f"collective); run `dplora eval {spec.out}` on the release"
@@ -171,7 +171,7 @@ def check_accounted(spec, state) -> list[dict] | None:
     model = unwrap(state.model)
     digest = distributed.adapter_digest(model)
     held = None
-    if spec.contract.training.sharding is Sharding.FSDP:  # each rank's share of the base, counted from its shards
+    if sharded_base(spec):  # each rank's share of the base, counted from its shards
         from dplora.engine.sharding import local_base_parameters
 
         held = local_base_parameters(model)[0]

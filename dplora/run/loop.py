@@ -174,7 +174,7 @@ def forward_backward(spec: RunSpec, state: RunState, units) -> tuple[float, int]
         except Exception as err:
             if not membatch.is_oom(err) or physical <= 1 or getattr(state.optimizer, "flat", None) is None:
                 raise  # the Opacus path cannot be retried mid-step (its hooks count forwards): exit 4, resumable
-            if _sharded(spec):
+            if sharded_base(spec):
                 raise  # FSDP: the other ranks are inside the same collectives; a retry here would desync them
         # Out of accelerator memory: the SAME units again, from an empty per-unit sum, with half the records per
         # forward. Nothing was noised or accounted yet (both happen once, in optimizer.step() after this returns).
@@ -191,7 +191,7 @@ def _physical_batches(spec: RunSpec, state: RunState, units, rows, local, weight
 
     model, optimizer = state.model, state.optimizer
     padding = 0
-    if _sharded(spec):  # FSDP: every forward is collective; agree on the count BEFORE any rank forwards
+    if sharded_base(spec):  # FSDP: every forward is collective; agree on the count BEFORE any rank forwards
         batches = -(-len(rows) // physical)
         padding = common_forward_count(spec.world, batches, spec.device) - batches
     optimizer.begin_logical_step(len(units))
@@ -228,8 +228,9 @@ def _physical_batches(spec: RunSpec, state: RunState, units, rows, local, weight
     return loss_value, len(rows)
 
 
-def _sharded(spec: RunSpec) -> bool:
-    """``training.sharding: fsdp`` (the base sharded over the ranks: every forward is collective)."""
+def sharded_base(spec: RunSpec) -> bool:
+    """``training.sharding: fsdp``: the base is sharded over the ranks, so with W > 1 every forward is collective
+    (no rank may forward alone: the time estimate's probe and the held-out evaluation are skipped)."""
     return spec.contract.training.sharding is Sharding.FSDP
 
 
