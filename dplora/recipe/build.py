@@ -353,13 +353,20 @@ def _check_pad_embedding(model, tokenizer) -> None:
     if weight.dtype in (torch.uint8, torch.int8) or not weight.dtype.is_floating_point:
         return  # a quantized table: its dequantized rows are checked by the per-example check's forward
     if hasattr(weight, "to_local"):  # training.sharding: fsdp: the rank that holds the pad row checks it
+        import torch.distributed as dist
+
         from dplora.engine.sharding import local_rows
 
         start, local = local_rows(weight)
         row = local[pad - start] if start <= pad < start + local.shape[0] else None
+        # ...and every rank learns its answer (one all_gather_object), so that all refuse alike (exit 2, nothing
+        # written): a refusal on that rank alone left the others in the next collective (issue 45 red team)
+        bad: list = [None] * dist.get_world_size()
+        dist.all_gather_object(bad, row is not None and not bool(torch.isfinite(row).all()))
+        finite = not any(bad)
     else:
-        row = weight[pad]
-    if row is not None and not bool(torch.isfinite(row).all()):
+        finite = bool(torch.isfinite(weight[pad]).all())
+    if not finite:
         raise BadInputError(
             f"the base model's embedding of the padding token (id {pad}) is not finite: padded records would get "
             "NaN losses from their batch-mates; use a model with finite embeddings (or another pad token)"

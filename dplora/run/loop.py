@@ -252,7 +252,9 @@ def logical_step(spec: RunSpec, state: RunState, units) -> tuple[float | None, i
 
     With W processes ``units`` are this rank's; the step's one all-reduce adds the ranks' clipped sums, and the
     returned loss and record count are totals over all ranks. A failure in this rank's part does not leave the
-    others waiting: the rank still joins the reduction with a failure flag, and every rank raises there.
+    others waiting: the rank still joins the reduction with a failure flag, and every rank raises there. Under
+    ``training.sharding: fsdp`` the others wait inside the step's collective forwards instead, so the failing rank
+    raises at once: its exit makes their collectives fail (rank 0 then records the failure beside its checkpoint).
 
     Returns:
         (summed per-sequence loss over the step's records in nats, or None for an empty batch; records used).
@@ -265,7 +267,10 @@ def logical_step(spec: RunSpec, state: RunState, units) -> tuple[float | None, i
     try:
         loss_value, records = forward_backward(spec, state, units)
     except Exception as err:
-        if reducer is None:
+        if reducer is None or sharded_base(spec):
+            # FSDP: the other ranks wait inside this step's collective forwards, not at the reduction (issue 45 red
+            # team: joining the reduction deadlocked every rank); this rank's exit ends their collectives with an
+            # error, and rank 0 records the failure and keeps its last resume checkpoint
             raise
         reducer.fail(err)
         loss_value, records = 0.0, 0

@@ -26,7 +26,12 @@ from dplora.run.checkpoint import (
 )
 
 # Settings that may change on --resume: they change neither the DP mechanism nor the accounting.
-RESUMABLE_CHANGES = ("training.threads", "training.physical_batch_size", "training.checkpoint_every")
+RESUMABLE_CHANGES = (
+    "training.threads",
+    "training.physical_batch_size",
+    "training.checkpoint_every",
+    "training.sharding",  # where the base weights live (issue 45): a run out of memory under none goes on under fsdp
+)
 
 
 # A checkpoint written before data.chat_template existed tokenized prompt/response records raw (``none``).
