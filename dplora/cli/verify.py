@@ -122,6 +122,8 @@ def _print(result, synth, checks: list[dict], shipping: str) -> None:
 
     for c in checks:
         out.print(f"{'OK' if c['ok'] else '--'}  {c['check']}: {c['detail']}", markup=False, soft_wrap=True)
+    if execution := _execution_line(result.statement):  # how it ran: before the shipping note and the claim
+        out.print(execution, markup=False, soft_wrap=True)
     out.print(shipping, markup=False, soft_wrap=True)
     out.print(_claim_line(result), markup=False, soft_wrap=True)
     if result.audit is not None:
@@ -134,8 +136,6 @@ def _print(result, synth, checks: list[dict], shipping: str) -> None:
         out.print(lora, markup=False, soft_wrap=True)
     if warm := _warm_start_line(result.statement):
         out.print(warm, markup=False, soft_wrap=True)
-    if execution := _execution_line(result.statement):
-        out.print(execution, markup=False, soft_wrap=True)
     if synth:
         out.print(synth.line, markup=False, soft_wrap=True)
 

@@ -272,7 +272,8 @@ def test_warm_start_under_fsdp_and_the_public_surface(wide):
         "done:",
         "private (not covered by DP",
     )
-    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    # a library's own notice (bitsandbytes' optional kernels hub check, offline) is a fact of the install, not data
+    lines = [x for x in proc.stderr.splitlines() if x.strip() and "kernels-community/" not in x]
     assert all(x.startswith(allowed) for x in lines), [x for x in lines if not x.startswith(allowed)]
     assert sum(x.startswith("held-out evaluation: skipped") for x in lines) == 1
     assert "eval" not in json.dumps(record.get("evaluation") or {})
