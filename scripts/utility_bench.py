@@ -90,6 +90,7 @@ class Task:
     targets: tuple[str, ...] = ("q_proj", "v_proj")  # ("all-linear",): peft's keyword
     freeze_a: bool = False  # FFA-LoRA: A frozen at its init, only B trained (lora.freeze_a)
     optimizer: str = "adamw"  # training.optimizer ("dp_adambc": DP-AdamBC, dplora.mechanism.adambc)
+    clipping: str = "clip"  # privacy.clipping ("normalize": automatic clipping, Bu et al. 2023)
     warm_start: str | None = None  # data.public_warm_start from "demo" (generated tickets) or "twcs" (tweet pairs)
     max_steps: int | None = None  # a cap on T of every run (--max-steps; the GPU check's dry run), None: no cap
 
@@ -373,6 +374,7 @@ def contract_for(task: Task, settings: Settings, path: Path, columns: dict, out:
             "delta": settings.delta,
             "accountant": settings.accountant,
             "max_grad_norm": task.clip,
+            **({"clipping": task.clipping} if task.clipping != "clip" else {}),
             "sampling": "poisson",
             "enabled": kw.get("enabled", True),
             # the benchmark's data is public: its row count is declared as the public N (add/remove needs one)
@@ -775,6 +777,11 @@ STUDY_LEVERS: dict[str, tuple[dict, str]] = {
     "lr-x20": ({"lr": 0.04}, "lr 0.04 (20x the reference 0.002)"),
     # DP-AdamBC (Tang, Shpilevskiy and Lécuyer, AAAI 2024): Φ = (σC/E)² from the planned E, γ = 1e-8
     "adambc": ({"optimizer": "dp_adambc"}, "DP-AdamBC: Adam with the noise variance removed from v (AAAI 2024)"),
+    # privacy.clipping: normalize (every unit's vector scaled to C·g/(‖g‖ + 0.01·C): automatic clipping, Bu et al.
+    # 2023) and the clipping norm C (0.1 in every other row; the σC noise scales with it)
+    "normalize": ({"clipping": "normalize"}, "clipping: normalize (automatic clipping, Bu et al. 2023), C 0.1"),
+    "clip-0.03": ({"clip": 0.03}, "C 0.03 (0.3x the reference 0.1)"),
+    "clip-0.3": ({"clip": 0.3}, "C 0.3 (3x the reference 0.1)"),
     # the demo's hand B = 32 and lr 0.002 (HAND) at E = 3: T = 150 at the σ the accountant gives for them
     "epochs3-b32": ({"epochs": 3.0, "arm": "hand"}, "E 3 epochs at B 32, lr 0.002 (T 150)"),
     # a public warm start (data.public_warm_start; Li et al. 2022, Yu et al. 2022): the adapter fitted without noise

@@ -259,6 +259,12 @@ def test_study_levers_combine_and_refuse_conflicts(tmp_path):
     raw = bench.contract_for(adambc, bench.CPU, data, cols, tmp_path / "o", arm="planner")
     assert raw["training"]["optimizer"] == "dp_adambc"
     assert "optimizer" not in bench.contract_for(bench.CPU.bitext, bench.CPU, data, cols, tmp_path / "o")["training"]
+    norm = bench.study_task(bench.CPU.bitext, ["normalize", "clip-0.03"])
+    privacy = bench.contract_for(norm, bench.CPU, data, cols, tmp_path / "o", arm="planner")["privacy"]
+    assert (privacy["clipping"], privacy["max_grad_norm"]) == ("normalize", 0.03)
+    assert "clipping" not in bench.contract_for(bench.CPU.bitext, bench.CPU, data, cols, tmp_path / "o")["privacy"]
+    with pytest.raises(ValueError, match="clip twice"):
+        bench.study_task(bench.CPU.bitext, ["clip-0.03", "clip-0.3"])
     with pytest.raises(ValueError, match="unknown lever"):
         bench.study_task(bench.CPU.bitext, ["rank3"])
     # the share is on the FIXED reference rows: today's DP row gives its documented 48.5 %
