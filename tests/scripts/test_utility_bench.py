@@ -344,6 +344,31 @@ def test_toy_study_on_banking77_scores_accuracy_on_test_and_validation_rows(tmp_
     text = md.read_text()
     assert bench.BANKING_STUDY_START in text and "## Study on Banking77 (issue 43)" in text
     assert "| none | today's row (r 8 on q,v, E 3) |" in text and bench.STUDY_START not in text
+    # --rescore-banking77 scores the same release and base again: both scorings reproduce the row's numbers
+    report = bench.main(["--rescore-banking77", str(out / "runs" / "study-banking77-none"), "--toy", "--threads", "1"])
+    got = report[str(out / "runs" / "study-banking77-none")]
+    assert (got["accuracy"], got["accuracy_per_token"]) == (row["test_accuracy"], row["test_accuracy_per_token"])
+    assert report["base"]["accuracy"] == row["base_test_accuracy"]
+    assert report["base"]["accuracy_per_token"] == row["base_test_accuracy_per_token"]
+    assert sum(got["correct_by_intent"].values()) == round(row["test_accuracy"] * row["test_rows"])
+    with pytest.raises(FileNotFoundError, match="no adapter"):
+        bench.main(["--rescore-banking77", str(tmp_path), "--toy"])
+
+
+def test_banking_eval_scores_summed_and_per_token_likelihoods():
+    """A long label with the larger SUMMED NLL but the smaller MEAN per token: summed scoring picks the short label,
+    per-token scoring the long one (the lost_or_stolen_card case of docs/utility.md)."""
+    bench = _bench()
+
+    class Scorer:
+        def nll(self, model, table, contract, batch):  # records in (row, label) order: short, long
+            assert [r["category"] for r in table] == ["short", "long", "short", "long"]
+            return [2.0, 3.0, 1.0, 9.0], [2, 10, 2, 10]  # row 1: means 1.0 vs 0.3; row 2: 0.5 vs 0.9
+
+    rows = [{"text": "a", "category": "long"}, {"text": "b", "category": "short"}]
+    got = bench.banking_eval(Scorer(), None, rows, ["short", "long"], None)
+    assert (got["accuracy"], got["accuracy_per_token"]) == (0.5, 1.0)
+    assert got["label_loss"] == pytest.approx((3.0 + 1.0) / 12)
 
 
 @pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "bitext_customer_support").is_dir(), reason="no data")
