@@ -143,3 +143,29 @@ def test_private_folder_is_replaced_only_when_dplora_wrote_it(tmp_path, monkeypa
     with pytest.raises(BadInputError, match="pass --overwrite"):
         outputs.check_output_dir("run", overwrite=False, protected=())
     assert outputs.check_output_dir("run", overwrite=True, protected=()) == Path("run")
+
+
+def test_the_records_only_time_is_taken_before_the_data_is_read(
+    tmp_path, tiny_model_dir, tickets_csv, signing_key, monkeypatch
+):
+    """Issue 49 ("the record's time"): ``started_at`` is read from the clock BEFORE the private data is read, so it
+    cannot time anything that depends on the data; the clock is stamped with whether the data was read yet."""
+    import dplora.recipe.train as train_mod
+
+    read, stamps = [], []
+    real_load = train_mod.data_mod.load_split
+
+    def load_split(*args, **kwargs):
+        read.append(True)
+        return real_load(*args, **kwargs)
+
+    def clock() -> str:
+        stamps.append(bool(read))
+        return f"2001-01-01T00:00:{len(stamps):02d}+00:00"
+
+    monkeypatch.setattr(train_mod.data_mod, "load_split", load_split)
+    monkeypatch.setattr(train_mod, "utc_now", clock)
+    result, out = train_tiny(tmp_path, tiny_model_dir, tickets_csv, signing_key, name="clock")
+    assert result.exit_code == 0, result.output
+    assert read and stamps == [False]  # one reading of the clock in the recipe, before the data
+    assert release_statement(out)["predicate"]["started_at"] == "2001-01-01T00:00:01+00:00"
