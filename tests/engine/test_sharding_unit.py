@@ -29,3 +29,39 @@ def test_local_chunks_cover_the_tensor_once_in_order():
         parts = [local_chunk(full, r, world) for r in range(world)]
         assert torch.equal(torch.cat(parts), full)
         assert sum(p.shape[0] for p in parts) == 7 and all(p.shape[1:] == (3,) for p in parts)
+
+
+def test_lora_stays_outside_fsdp_so_its_unclipped_gradients_are_never_reduced(tiny_model_dir):
+    """Issue 49 ("FSDP's own gradient all-reduce must be off for LoRA weights"): under ``training.sharding: fsdp``
+    every base parameter is an FSDP2 DTensor shard, and every LoRA tensor is a plain, whole tensor that no FSDP group
+    manages, so FSDP's reduce-scatter never sees its (unclipped) gradient; after a backward the LoRA gradients are
+    plain local tensors while the frozen base has none."""
+    from torch.distributed.tensor import DTensor
+
+    from dplora.contract.spec import LoraSection, ModelSection, TrainingSection
+    from dplora.recipe.setup import setup_model
+
+    training = TrainingSection(expected_batch_size=4, steps=1, sharding="fsdp")
+    started = torch.distributed.is_initialized()
+    try:
+        model, _ = setup_model(
+            ModelSection(path=str(tiny_model_dir)), LoraSection(r=4, alpha=8), training, "cpu", "fp32", False, print
+        )
+        lora = {n: p for n, p in model.named_parameters() if "lora_" in n}
+        base = {n: p for n, p in model.named_parameters() if "lora_" not in n}
+        assert lora and base
+        assert not any(isinstance(p, DTensor) for p in lora.values())
+        assert all(isinstance(p, DTensor) and not p.requires_grad for p in base.values())
+        managed = set()
+        for module in model.modules():  # FSDP2's per-module state: the parameters each group shards and reduces
+            state = getattr(module, "_get_fsdp_state", None)
+            group = state()._fsdp_param_group if state is not None else None
+            managed |= {id(fp.sharded_param) for fp in group.fsdp_params} if group is not None else set()
+        assert managed and not managed & {id(p) for p in lora.values()}
+        ids = torch.tensor([[1, 2, 3, 4]])
+        model(input_ids=ids, labels=ids).loss.backward()
+        assert all(p.grad is not None and not isinstance(p.grad, DTensor) for p in lora.values() if p.requires_grad)
+        assert all(p.grad is None for p in base.values())
+    finally:
+        if not started and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
