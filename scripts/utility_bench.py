@@ -779,6 +779,7 @@ STUDY_LEVERS: dict[str, tuple[dict, str]] = {
     # the learning rate (the planner's reference at B = 32, scaled by sqrt(B/32) as before)
     "lr-x3": ({"lr": 0.006}, "lr 0.006 (3x the reference 0.002)"),
     "lr-x0.5": ({"lr": 0.001}, "lr 0.001 (half the reference 0.002)"),
+    "lr-x0.25": ({"lr": 0.0005}, "lr 0.0005 (a quarter of the reference 0.002)"),
     "lr-x6": ({"lr": 0.012}, "lr 0.012 (6x the reference 0.002)"),
     "lr-x10": ({"lr": 0.02}, "lr 0.02 (10x the reference 0.002)"),
     "lr-x20": ({"lr": 0.04}, "lr 0.04 (20x the reference 0.002)"),
