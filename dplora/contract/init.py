@@ -193,6 +193,7 @@ def contract_text(data: Path, model: str) -> tuple[str, Shape]:
         _row("  epochs: 3", "passes over the N units (the planner's compute budget); an integer"),
         _cont("steps: caps T"),
         _row("  lr: 0.002", "the reference learning rate at B = 32 (scaled by sqrt(B/32))"),
+        _cont("0.006 for long generated replies (docs/planner.md)"),
         _row("  physical_batch_size: 8", "records per forward pass: memory only, not a privacy setting"),
         _row("  # max_seq_len: 320", "tokens per record (default 320)"),
         f"  output_dir: {_yaml_text('runs/' + data.stem)}",
