@@ -321,11 +321,8 @@ def peer_row(settings, out: Path, threads: int, model_path: str | None, *, max_s
         bench.isolate_user_state(tmp)
         path, held = bench.bitext_data(settings, tmp)
         val = bench.bitext_validation(settings, bench.STUDY_VALIDATION_ROWS)
-        columns = {"record_format": "messages", "messages_column": "messages"}
-        if settings.toy:
-            model_section = {"path": str(bench.toy_model(out / "toy-model"))}
-        else:
-            model_section = {"path": model_path} if model_path else None
+        columns = bench.BITEXT_COLUMNS
+        model_section = bench.model_section_for(settings, model_path, out)
         scorer = bench.Scorer(threads, model_section)
         contract = parse_contract(
             bench.contract_for(task, settings, path, columns, tmp / "unused", model=model_section)

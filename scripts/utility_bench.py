@@ -745,6 +745,18 @@ def toy_model(folder: Path) -> Path:
     return module.toy_model(folder)
 
 
+def model_section_for(settings: Settings, model_path: str | None, folder: Path) -> dict | None:
+    """The runs' ``model`` section: the toy model written to ``folder / "toy-model"`` (--toy), ``--model-path``, or
+    None (the packaged model)."""
+    if settings.toy:
+        return {"path": str(toy_model(folder / "toy-model"))}
+    return {"path": model_path} if model_path else None
+
+
+BANKING_COLUMNS = {"prompt_column": "text", "response_column": "category"}  # prompt -> intent label
+BITEXT_COLUMNS = {"record_format": "messages", "messages_column": "messages"}  # one-exchange conversations
+
+
 def device_label(threads: int) -> str:
     """The device the runs train and score on: the GPU's name, or the CPU and its thread count."""
     import torch
@@ -1008,15 +1020,12 @@ def study_row(
         if banking:
             path, held, labels = banking_data(settings, tmp)
             val = banking_validation(settings, STUDY_VALIDATION_PER_INTENT)
-            columns = {"prompt_column": "text", "response_column": "category"}
+            columns = BANKING_COLUMNS
         else:
             (path, held), labels = bitext_data(settings, tmp), None
             val = bitext_validation(settings, STUDY_VALIDATION_ROWS)
-            columns = {"record_format": "messages", "messages_column": "messages"}
-        if settings.toy:
-            model_section = {"path": str(toy_model(out / "toy-model"))}
-        else:
-            model_section = {"path": model_path} if model_path else None
+            columns = BITEXT_COLUMNS
+        model_section = model_section_for(settings, model_path, out)
         scorer = Scorer(threads, model_section)
         contract = parse_contract(contract_for(task, settings, path, columns, tmp / "unused", model=model_section))
 
@@ -1165,13 +1174,10 @@ def rescore_banking(folders: list[Path], settings: Settings, threads: int, model
     with tempfile.TemporaryDirectory(prefix="dplora-rescore-") as tmp_name:
         tmp = Path(tmp_name)
         path, held, labels = banking_data(settings, tmp)
-        model_section = {"path": model_path} if model_path else None
-        if settings.toy:
-            model_section = {"path": str(toy_model(tmp / "toy-model"))}
+        model_section = model_section_for(settings, model_path, tmp)
         scorer = Scorer(threads, model_section)
-        columns = {"prompt_column": "text", "response_column": "category"}
         contract = parse_contract(
-            contract_for(settings.banking, settings, path, columns, tmp / "o", model=model_section)
+            contract_for(settings.banking, settings, path, BANKING_COLUMNS, tmp / "o", model=model_section)
         )
 
         def summary(model) -> dict:
@@ -1322,13 +1328,10 @@ def main(argv: list[str] | None = None) -> dict:
         bank_path, bank_test, labels = banking_data(settings, tmp)
         bitext_path, bitext_held = bitext_data(settings, tmp)
         tasks = [
-            (settings.banking, bank_path, {"prompt_column": "text", "response_column": "category"}),
-            (settings.bitext, bitext_path, {"record_format": "messages", "messages_column": "messages"}),
+            (settings.banking, bank_path, BANKING_COLUMNS),
+            (settings.bitext, bitext_path, BITEXT_COLUMNS),
         ]
-        if settings.toy:
-            model_section = {"path": str(toy_model(args.out / "toy-model"))}
-        else:
-            model_section = {"path": args.model_path} if args.model_path else None
+        model_section = model_section_for(settings, args.model_path, args.out)
         scorer = Scorer(args.threads, model_section)
         for task, path, columns in tasks:
             if (task.name != args.only) if args.only else (task.name not in settings.tasks):
