@@ -26,8 +26,10 @@ CPU, nccl on CUDA, one GPU per local rank); the collectives are ``torch.distribu
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
+import gc
 import hashlib
 import os
 from collections.abc import Mapping
@@ -467,11 +469,47 @@ def execution_entry(world: World, noise_draws: int | None, ranks: list[dict] | N
     return entry
 
 
-def finish(world: World) -> None:
-    """Leave the process group (a no-op for one process)."""
-    if not world.distributed:
-        return
+def ensure_process_group(world: World, device) -> None:
+    """FSDP needs a process group even for one process: create a single-rank one (in-memory store) if none exists.
+
+    A group created here is dplora's own: :func:`finish` leaves it, and so does an ``atexit`` hook for commands
+    that never call :func:`finish` (``budget --estimate``, ``clip-guide``).
+
+    Args:
+        world: the run's processes; with W > 1 the launcher's group already exists.
+        device: the run's device (nccl on CUDA, gloo on CPU).
+    """
+    global _OWN_GROUP
+    import torch
     import torch.distributed as dist
 
+    if dist.is_initialized() or world.distributed:
+        return
+    backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    if not _OWN_GROUP:
+        atexit.register(finish, SINGLE)
+    _OWN_GROUP = True
+
+
+_OWN_GROUP = False  # a single-rank group made by ensure_process_group is initialised and not yet left
+
+
+def finish(world: World) -> None:
+    """Leave the process group: the launcher's (W > 1) or the single-rank one :func:`ensure_process_group` made.
+
+    The model is freed first (``gc.collect``): a peft-wrapped FSDP2 model is cyclic garbage once the run returns,
+    and its sharded tensors hold the group. Collected after the group is destroyed (at interpreter exit, say), gloo
+    aborts the process with ``terminate called without an active exception`` (SIGABRT): under ``torchrun`` that is
+    a failed rank after a successful run. A no-op without a group, or for a group this process did not make.
+    """
+    global _OWN_GROUP
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if not (world.distributed or _OWN_GROUP) or dist is None:
+        return
+    gc.collect()
+    _OWN_GROUP = False
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from dplora.contract.spec import ModelSection
+from dplora.engine import distributed
 from dplora.errors import BadInputError, TrainingFailedError
 
 WEIGHTS = "model.safetensors"
@@ -41,21 +42,6 @@ DESCRIPTION = (
     "'rank' of every frozen base tensor and all-gathers a layer per forward; the LoRA tensors stay whole on every "
     "rank, outside FSDP (their gradients are never reduced by FSDP)"
 )
-
-
-def ensure_process_group(world, device) -> None:
-    """FSDP needs a process group even for one process: create a single-rank one (in-memory store) if none exists.
-
-    Args:
-        world: the run's processes; with W > 1 the launcher's group already exists.
-        device: the run's device (nccl on CUDA, gloo on CPU).
-    """
-    import torch.distributed as dist
-
-    if dist.is_initialized() or world.distributed:
-        return
-    backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
-    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
 
 
 def weight_files(folder: Path) -> dict[str, Path]:
@@ -145,7 +131,7 @@ def load_sharded_base(section: ModelSection, device, dtype: str, allow_tf32: boo
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     model.requires_grad_(False)
-    ensure_process_group(world, device)
+    distributed.ensure_process_group(world, device)
     mesh = init_device_mesh(torch.device(device).type, (world.world_size,))
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh)

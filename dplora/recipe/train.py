@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import traceback
 from pathlib import Path
 
 from dplora.contract.spec import Contract
@@ -117,10 +118,25 @@ def run_training(contract: Contract, options: RunOptions | None = None, *, log=p
         )
     except BaseException as err:
         bad_input = getattr(err, "exit_code", None) == 2
+        # The error's traceback keeps the failed stages' locals (the model) alive; drop them so `finish` frees the
+        # model before it leaves the process group (see dplora.engine.distributed.finish).
+        _drop_frames(err)
         raise
     finally:
         held.release(bad_input=bad_input, started_at=started_at)
         distributed.finish(world)
+
+
+def _drop_frames(err: BaseException) -> None:
+    """Clear the locals of the finished frames in ``err``'s traceback and in those of the errors it chains."""
+    pending, seen = [err], set()
+    while pending:
+        e = pending.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        pending += [e.__cause__, e.__context__]
 
 
 @dataclasses.dataclass

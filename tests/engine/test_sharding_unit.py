@@ -65,3 +65,42 @@ def test_lora_stays_outside_fsdp_so_its_unclipped_gradients_are_never_reduced(ti
     finally:
         if not started and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("outcome", ["released", "failed"])
+def test_an_fsdp_run_frees_its_model_before_it_leaves_the_group_it_made(
+    tmp_path, tiny_model_dir, tickets_csv, signing_key, monkeypatch, outcome
+):
+    """A peft-wrapped FSDP2 model is cyclic garbage once ``run_training`` returns (or kept by a failure's
+    traceback), and its sharded tensors hold the process group. Collected after the group is gone (at interpreter
+    exit), gloo aborts the process (``terminate called without an active exception``, SIGABRT: a failed
+    ``torchrun`` rank after a good run, seen in CI). So the run drops the failure's frames, collects the model, then
+    leaves the group; a single-rank group the run made is left too."""
+    import gc
+
+    import torch.distributed as dist
+    from conftest import train_tiny
+    from torch.distributed.fsdp import FSDPModule
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    alive_at_destroy = []
+    real = dist.destroy_process_group
+
+    def spy(*args, **kwargs):
+        alive_at_destroy.append(sum(isinstance(o, FSDPModule) for o in gc.get_objects()))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dist, "destroy_process_group", spy)
+    if outcome == "failed":  # after the last step, with the model in the failing frames
+        from dplora.errors import TrainingFailedError
+        from dplora.recipe import steps
+
+        def fail(spec, state):
+            raise TrainingFailedError("planted failure after the steps")
+
+        monkeypatch.setattr(steps, "check_accounted", fail)
+    result, _ = train_tiny(tmp_path, tiny_model_dir, tickets_csv, signing_key, training={"sharding": "fsdp"})
+    assert result.exit_code == (0 if outcome == "released" else 4), result.output
+    assert alive_at_destroy == [0]  # left once, with no sharded module alive (the tiny model has 3 FSDP modules)
+    assert not dist.is_initialized()
