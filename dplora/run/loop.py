@@ -231,8 +231,7 @@ def _physical_batches(spec: RunSpec, state: RunState, units, rows, local, weight
 def sharded_base(spec: RunSpec) -> bool:
     """``training.sharding: fsdp``: the base is sharded over the ranks, so with W > 1 every forward is collective
     (no rank may forward alone: the time estimate's probe and the held-out evaluation are skipped)."""
-    training = getattr(getattr(spec, "contract", None), "training", None)  # engine-level callers pass bare specs
-    return getattr(training, "sharding", None) is Sharding.FSDP
+    return spec.contract.training.sharding is Sharding.FSDP
 
 
 def _padding_forward(spec: RunSpec, state: RunState) -> None:
