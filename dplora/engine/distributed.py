@@ -479,7 +479,7 @@ def ensure_process_group(world: World, device) -> None:
         world: the run's processes; with W > 1 the launcher's group already exists.
         device: the run's device (nccl on CUDA, gloo on CPU).
     """
-    global _OWN_GROUP
+    global _OWN_GROUP, _EXIT_HOOK
     import torch
     import torch.distributed as dist
 
@@ -487,12 +487,13 @@ def ensure_process_group(world: World, device) -> None:
         return
     backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    if not _OWN_GROUP:
-        atexit.register(finish, SINGLE)
-    _OWN_GROUP = True
+    _OWN_GROUP = dist.group.WORLD
+    if not _EXIT_HOOK:
+        _EXIT_HOOK = bool(atexit.register(finish, SINGLE))
 
 
-_OWN_GROUP = False  # a single-rank group made by ensure_process_group is initialised and not yet left
+_OWN_GROUP = None  # the single-rank group ensure_process_group made (None: none, or it was left)
+_EXIT_HOOK = False  # finish(SINGLE) is registered to run at interpreter exit
 
 
 def finish(world: World) -> None:
@@ -507,9 +508,11 @@ def finish(world: World) -> None:
     import sys
 
     dist = sys.modules.get("torch.distributed")
-    if not (world.distributed or _OWN_GROUP) or dist is None:
+    if dist is None or not dist.is_initialized():
+        _OWN_GROUP = None
         return
-    gc.collect()
-    _OWN_GROUP = False
-    if dist.is_initialized():
+    own = _OWN_GROUP is not None and dist.group.WORLD is _OWN_GROUP  # not a group the caller made after ours
+    _OWN_GROUP = None
+    if world.distributed or own:
+        gc.collect()
         dist.destroy_process_group()
