@@ -479,7 +479,7 @@ def ensure_process_group(world: World, device) -> None:
         world: the run's processes; with W > 1 the launcher's group already exists.
         device: the run's device (nccl on CUDA, gloo on CPU).
     """
-    global _OWN_GROUP, _EXIT_HOOK
+    global _OWN_GROUP
     import torch
     import torch.distributed as dist
 
@@ -488,12 +488,9 @@ def ensure_process_group(world: World, device) -> None:
     backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     _OWN_GROUP = dist.group.WORLD
-    if not _EXIT_HOOK:
-        _EXIT_HOOK = bool(atexit.register(finish, SINGLE))
 
 
 _OWN_GROUP = None  # the single-rank group ensure_process_group made (None: none, or it was left)
-_EXIT_HOOK = False  # finish(SINGLE) is registered to run at interpreter exit
 
 
 def finish(world: World) -> None:
@@ -516,3 +513,6 @@ def finish(world: World) -> None:
     if world.distributed or own:
         gc.collect()
         dist.destroy_process_group()
+
+
+atexit.register(finish, SINGLE)  # leaves the single-rank group of a command that never calls finish (else a no-op)
