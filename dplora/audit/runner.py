@@ -36,6 +36,15 @@ class DataSource(str, enum.Enum):
     SURROGATE = "surrogate"
 
 
+# --power-data is refused only when it is the private file itself (path or file identity): a content comparison
+# would be an equality oracle on the private file, so a copy passes, and the report says what that means
+POWER_DATA_NOTE = (
+    "declared public by the caller; dplora refuses only the private file itself (same path or file) and never "
+    "compares contents: a copy of private data declared public voids the guarantee (this run has no noise, and its "
+    "numbers are in this report and in any release it is attached to)"
+)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AuditOptions:
     """The audit's own settings (none of them changes training).
@@ -198,6 +207,7 @@ def _power_check(power_contract, source, drawn, options: AuditOptions, audit_dir
     return {
         "what": "the same canaries through a run without clipping or noise (privacy.enabled=false) on public data",
         "data_source": source.value,
+        **({"data_note": POWER_DATA_NOTE} if source is DataSource.PUBLIC else {}),
         "run_folder": str(result.output_dir),
         "run_id": result.run_id,
         "steps": result.steps_done,

@@ -91,5 +91,5 @@ def _power_check_lines(report: dict) -> list[str]:
         f"- power check (the same canaries, a run without noise on {check['data_source']} data): ε̂ "
         f"{check['epsilon_lower_bound']:.3f} of the ceiling {check['epsilon_lower_bound_ceiling']:.3f} "
         f"({100 * check['fraction_of_ceiling']:.0f} %), {check['correct']}/{check['guesses']} correct, "
-        f"MIA AUC {_fmt(check['mia_auc'])}"
+        f"MIA AUC {_fmt(check['mia_auc'])}" + (f"; its data: {check['data_note']}" if check.get("data_note") else "")
     ]

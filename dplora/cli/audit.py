@@ -183,7 +183,7 @@ def _power_contract(config: Path, overrides: list[str], contract, source, folder
 
     Raises:
         BadInputError: --power-data without --power-check, a private audit without --power-data, or --power-data
-            naming the private data file.
+            naming the private data file (by resolved path or file identity, never by content).
     """
     from dplora.audit.runner import DataSource, check_power_contract
     from dplora.contract.loader import load_contract, replace_overrides
@@ -201,7 +201,7 @@ def _power_contract(config: Path, overrides: list[str], contract, source, folder
     if data is not None:
         if not Path(data).is_file():
             raise BadInputError(f"--power-data {data}: no such file")
-        if source is DataSource.PRIVATE and _same_content(Path(data), Path(contract.data.path)):
+        if source is DataSource.PRIVATE and _same_file(Path(data), Path(contract.data.path)):
             raise BadInputError("--power-data is the audit's private data file: the power check needs public data")
     power_source = DataSource.PUBLIC if data is not None else source
     pinned = [
@@ -243,12 +243,14 @@ def _separate(audit_folder: Path, run_dir: Path) -> None:
         raise BadInputError(f"--attach {run_dir}: the audit folder {audit_folder} must lie outside the release folder")
 
 
-def _same_content(a: Path, b: Path) -> bool:
-    """The same file under another name (a hard link, a symlink) or a byte-identical copy: either is the private
-    data, which a noiseless power check must never read (issue 46 red team)."""
+def _same_file(a: Path, b: Path) -> bool:
+    """``a`` and ``b`` name one file: equal resolved paths, or one file under two names (a hard link, a symlink).
+    Paths and file identities only, never contents: a content match would make the exit code say whether the
+    private file equals a file the caller chose, an equality oracle on the private data. A copy of private data
+    declared public is the caller's declaration, which the audit report says voids the guarantee."""
     try:
-        if a.resolve() == b.resolve() or a.samefile(b):
+        if a.resolve() == b.resolve():
             return True
-        return a.stat().st_size == b.stat().st_size and sha256_file(a) == sha256_file(b)
+        return a.exists() and b.exists() and a.samefile(b)
     except OSError:
         return False

@@ -28,6 +28,65 @@ def test_power_check_is_refused_on_private_data_before_training(tmp_path, tiny_m
     assert alone.exit_code == 2 and "give --power-check too" in alone.output
 
 
+def test_power_data_copy_of_the_private_file_exits_alike_under_d_and_its_neighbour(
+    tmp_path, tiny_model_dir, tickets_csv, monkeypatch
+):
+    """--power-data is compared with the private file by path and file identity, never by content: a byte copy of D
+    passes the refusal point under D and under D' (D without its last record) alike, so the exit code says nothing
+    about whether the private file equals the copy. Training is stubbed: the refusal point is what differed."""
+    import shutil
+
+    import typer
+
+    lines = tickets_csv.read_text().splitlines(keepends=True)
+    neighbour = tmp_path / "neighbour.csv"
+    neighbour.write_text("".join(lines[:-1]))
+    copy = tmp_path / "public.csv"
+    shutil.copyfile(tickets_csv, copy)
+    reached: list = []
+
+    def stub(contract, options, **kwargs):
+        reached.append((contract.data.path, kwargs["power_contract"].data.path, kwargs["power_source"].value))
+        raise typer.Exit(0)
+
+    monkeypatch.setattr("dplora.audit.runner.run_audit", stub)
+    codes = []
+    for name, data in (("d", tickets_csv), ("d-prime", neighbour)):
+        cfg = write_contract(tmp_path / f"{name}.yaml", contract_dict(tiny_model_dir, data, tmp_path / name))
+        result = runner.invoke(app, ["audit", str(cfg), *ARGS, "--power-check", "--power-data", str(copy)])
+        codes.append(result.exit_code)
+        assert "private data file" not in result.output, result.output
+    assert codes == [0, 0]
+    assert reached == [
+        (str(tickets_csv), str(copy.resolve()), "public"),
+        (str(neighbour), str(copy.resolve()), "public"),
+    ]
+
+
+def test_power_check_line_says_a_copy_declared_public_voids_the_guarantee():
+    from dplora.audit.runner import POWER_DATA_NOTE
+    from dplora.audit.summary import _power_check_lines
+
+    check = {
+        "data_source": "public",
+        "data_note": POWER_DATA_NOTE,
+        "epsilon_lower_bound": 0.5,
+        "epsilon_lower_bound_ceiling": 1.0,
+        "fraction_of_ceiling": 0.5,
+        "correct": 3,
+        "guesses": 4,
+        "mia_auc": 0.75,
+    }
+    (line,) = _power_check_lines({"power_check": check})
+    assert line.endswith(
+        "MIA AUC 0.750; its data: declared public by the caller; dplora refuses only the private file itself (same "
+        "path or file) and never compares contents: a copy of private data declared public voids the guarantee (this "
+        "run has no noise, and its numbers are in this report and in any release it is attached to)"
+    ), line
+    (surrogate,) = _power_check_lines({"power_check": {**check, "data_source": "surrogate", "data_note": None}})
+    assert "voids" not in surrogate
+
+
 def test_small_audit_is_uninformative_states_its_ceilings_and_runs_the_power_check(
     tmp_path, tiny_model_dir, tickets_csv
 ):
