@@ -345,7 +345,7 @@ def contract_for(task: Task, settings: Settings, path: Path, columns: dict, out:
     the reference at B = 32), ``"hand"`` (:data:`HAND`'s B and lr at the task's epochs) or ``"fixed"`` (``fixed``:
     the planner's resolved B, T, lr, schedule and warmup, for the control)."""
     training = {
-        "expected_batch_size": kw.get("batch", task.batch),
+        "expected_batch_size": kw.get("batch", task.batch) or _count_rows(path),  # 0: B = N (q = 1)
         "physical_batch_size": task.physical,
         "epochs": task.epochs,
         "lr": task.lr,
@@ -360,10 +360,15 @@ def contract_for(task: Task, settings: Settings, path: Path, columns: dict, out:
         training |= {"expected_batch_size": "auto", "steps": task.max_steps or "auto"}
     elif arm == "hand":
         training |= HAND
+    elif arm == "explicit":  # a frontier point: the task's B (0: B = N, q = 1) and E, the planner's sqrt(B) rate
+        from dplora.plan.planner import scaled_lr
+
+        batch = task.batch or _count_rows(path)
+        training |= {"expected_batch_size": batch, "lr": scaled_lr(task.lr, batch)}
     elif arm == "fixed":
         training.pop("epochs")
         training |= kw["fixed"]
-    if task.max_steps is not None and arm in (None, "hand"):  # a fixed B: T = the cap instead of the epochs
+    if task.max_steps is not None and arm in (None, "hand", "explicit"):  # a fixed B: T = the cap instead of the epochs
         training.pop("epochs")
         training["steps"] = task.max_steps
     return {
@@ -820,6 +825,13 @@ STUDY_LEVERS: dict[str, tuple[dict, str]] = {
     # levers, the control a new default would be compared against
     "control": ({"enabled": False}, "non-private control (no clip, no noise; ε = ∞) at the DP twin's B, T, lr"),
 }
+# The noise–compute frontier (Sander et al. 2023; McKenna et al. 2025; Panda et al. 2024): an explicit expected batch
+# B and epochs E (T = ceil(E·N/B), past the planner's B ≤ N/4 and T ≥ 50), lr = lr_ref·sqrt(B/32) as the planner
+# scales it. "q1" is B = N (q = 1: the Gaussian mechanism, every unit in every step).
+for _b, _e in ((32, 10), (277, 20), (256, 5), (512, 5), (800, 5), (256, 10), (512, 10), (800, 20)):
+    STUDY_LEVERS[f"b{_b}-e{_e}"] = ({"arm": "explicit", "batch": _b, "epochs": float(_e)}, f"B {_b}, E {_e}")
+for _e in (10, 20, 50):
+    STUDY_LEVERS[f"q1-e{_e}"] = ({"arm": "explicit", "batch": 0, "epochs": float(_e)}, f"q = 1 (B = N), E {_e}")
 STUDY_NOT_TASK = (
     "arm",
     "enabled",
@@ -928,6 +940,9 @@ def study_task(task: Task, levers: list[str]) -> Task:
             if k in changes and changes[k] != v:
                 raise ValueError(f"levers set {k} twice: {changes[k]!r} and {v!r}")
             changes[k] = v
+    explicit_epochs = [n for n in levers if "epochs" in STUDY_LEVERS[n][0] and "arm" not in STUDY_LEVERS[n][0]]
+    if changes.get("arm") == "explicit" and explicit_epochs:
+        raise ValueError("a frontier lever fixes B and E: it does not combine with an epochs lever")
     if changes.get("arm") == "hand" and "lr" in changes:
         raise ValueError("a hand-settings lever fixes lr 0.002: it does not combine with an lr lever")
     return dataclasses.replace(task, **{k: v for k, v in changes.items() if k not in STUDY_NOT_TASK})
@@ -937,7 +952,7 @@ def study_arm(levers: list[str]) -> str:
     """The contract arm of a study row: ``hand`` (:data:`HAND`'s B and lr) when a lever asks for it, else
     ``planner`` (the planner's B, T and √B lr rule, as today's row)."""
     arms = {STUDY_LEVERS[n][0].get("arm", "planner") for n in levers}
-    return "hand" if "hand" in arms else "planner"
+    return "hand" if "hand" in arms else "explicit" if "explicit" in arms else "planner"
 
 
 BANKING_STUDY_REFERENCE = {
