@@ -1,9 +1,13 @@
 """``dplora init DATA MODEL``: a commented contract for a data file and a model, from the file's structure only.
 
-What is read of the data (:func:`dplora.contract.shape.read_structure`): the format from the suffix, the column names
-and types, and the keys of the first message; never a value, a length or a count (issue 49: "read the schema and
-column names only; fill no value computed from the records"). So the contract written for two neighbouring files
-(one unit's records removed) is byte-identical, and nothing in it says anything about the records.
+What is read of the data (:func:`dplora.contract.shape.read_structure` with ``every_record``): the format from the
+suffix, the column names and types (a csv header, a parquet schema, or the keys and JSON types that every jsonl
+record has), and the keys that every message object has; never a value, a length or a count ("read the schema and
+column names only; fill no value computed from the records"). So the contract does not change when one unit's
+records are removed, unless that unit is the only one lacking a key (or a message key) that all the others have,
+or the only one with objects in a list column; nothing in it is computed from the records' values. ``init`` is an
+operator-side tool: its contract is reviewed before it is committed. It always names the column keys, so ``train``
+never detects the shape from the file for it.
 
 N (``privacy.num_units``), ε and δ are written as :data:`dplora.contract.loader.DECLARE` with the reasons in comments:
 the file fails validation, with one line naming all of them, until the user declares them.
@@ -130,16 +134,20 @@ def contract_text(data: Path, model: str) -> tuple[str, Shape]:
         (YAML text, the :class:`Shape`); the text fails validation until N, ε and δ are declared.
 
     Raises:
-        BadInputError: no such file, an unknown suffix, an unreadable first record, no known shape, a bad model.
+        BadInputError: no such file, an unknown suffix, an unreadable header, schema or jsonl record, no known
+            shape, a bad model.
     """
     data = Path(data)
     if not data.is_file():
         raise BadInputError(f"data file not found: {data}")
     if data.suffix.lower() not in SUFFIX_FORMATS:
         raise BadInputError(f"{excerpt(str(data), 200)}: unknown file type; use .csv, .jsonl, .json or .parquet")
-    structure = read_structure(data)
+    structure = read_structure(data, every_record=True)
     if structure is None or not structure.columns:
-        raise BadInputError(f"cannot read the columns of {data} (its csv header, first jsonl record or parquet schema)")
+        raise BadInputError(
+            f"cannot read the columns of {data} (its csv header, parquet schema, or the keys that every jsonl record "
+            "has: each line one JSON object)"
+        )
     shape = init_shape(structure)
     kind = "text" if "text_column" in shape.keys else "prompt_response" if "prompt_column" in shape.keys else "messages"
     lines = [

@@ -2,7 +2,8 @@
 
 Used by ``data.record_format: auto`` (when the contract names no column) and by ``dplora init``. What is read: a csv
 file's header; a jsonl file's first record's keys, the JSON type of each value (text or a list) and, for a list of
-objects, the keys of its first object; a parquet file's schema. Nothing computed from the records (no value, no
+objects, the keys of its first object (``init``: the keys, types and object keys that every record shares); a
+parquet file's schema. Nothing computed from the records (no value, no
 count, no length) is read, so the shape is a function of the file's schema: jsonl columns hold one JSON type in
 the whole file (:func:`dplora.data.readers._check_jsonl` refuses a column whose type changes), so a neighbouring
 file (one unit's records removed) has the same shape (issue 49: "read the schema and column names only").
@@ -57,14 +58,17 @@ class Shape:
     keys: dict[str, str]
 
 
-def read_structure(path: Path, fmt: str = "auto") -> Structure | None:
+def read_structure(path: Path, fmt: str = "auto", *, every_record: bool = False) -> Structure | None:
     """The structure of the data file at ``path`` (``fmt``: ``data.format``), or None when it cannot be read.
 
-    Reads the csv header, the first non-blank jsonl line, or the parquet schema; never more of the records.
+    Reads the csv header, the first non-blank jsonl line, or the parquet schema; never more of the records. With
+    ``every_record`` (``dplora init``), a jsonl file's structure is the keys that every record has with a non-null
+    value, and the keys that every object in a list column has (:func:`_jsonl_common_structure`), so that one
+    unit's extra key cannot decide it; csv and parquet files have one header or schema for all records anyway.
 
     Returns:
-        A :class:`Structure`, or None (no file, an unknown suffix, an unreadable first record: the data reader
-        reports those later with its own one-line errors).
+        A :class:`Structure`, or None (no file, an unknown suffix, an unreadable first record, or with
+        ``every_record`` any unreadable record: the data reader reports those later with its own one-line errors).
     """
     path = Path(path)
     fmt = SUFFIX_FORMATS.get(path.suffix.lower()) if fmt == "auto" else fmt
@@ -74,7 +78,7 @@ def read_structure(path: Path, fmt: str = "auto") -> Structure | None:
                 header = next(csv.reader(fh), None)
             return Structure("csv", {name: "text" for name in header or []}, {}) if header else None
         if fmt == "jsonl":
-            return _jsonl_structure(path)
+            return _jsonl_common_structure(path) if every_record else _jsonl_structure(path)
         if fmt == "parquet":
             return _parquet_structure(path)
     except (OSError, UnicodeDecodeError, csv.Error, ValueError, ImportError):
@@ -100,6 +104,42 @@ def _jsonl_structure(path: Path) -> Structure | None:
         return None
     turns = {k: tuple(v[0]) for k, v in first.items() if isinstance(v, list) and v and isinstance(v[0], dict)}
     return Structure("jsonl", {str(k): _kind(v) for k, v in first.items()}, turns)
+
+
+def _jsonl_common_structure(path: Path) -> Structure | None:
+    """The keys that every record of the jsonl file has with a non-null value, in name order, each with its kind
+    (``other`` when records disagree: a file the data reader refuses); for a list column, the keys that every object
+    in it has, over all records. Names and JSON types only, never a value, a length or a count.
+
+    Why every record: exporters often omit empty fields, so the first record's keys (or any one unit's) may hold a
+    key the others lack, and a contract built from them would change when that unit is removed. Built from the
+    keys all records share, it changes only when the removed unit is the only one lacking a key (or a turn key),
+    or the only one holding objects in a list column. Name order, not file order, for the same reason.
+    """
+    columns: dict[str, set[str]] | None = None
+    turns: dict[str, set[str]] = {}
+    with open(path, encoding="utf-8-sig") as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                return None
+            kinds = {str(k): _kind(v) for k, v in record.items() if v is not None}
+            if columns is None:
+                columns = {k: {kind} for k, kind in kinds.items()}
+            else:
+                columns = {k: seen | {kinds[k]} for k, seen in columns.items() if k in kinds}
+            for k, v in record.items():
+                for item in v if isinstance(v, list) else ():
+                    if isinstance(item, dict):
+                        keys = {str(name) for name in item}
+                        turns[str(k)] = turns[str(k)] & keys if str(k) in turns else keys
+    if columns is None:
+        return None
+    names = sorted(columns)
+    kinds = {k: next(iter(columns[k])) if len(columns[k]) == 1 else "other" for k in names}
+    return Structure("jsonl", kinds, {k: tuple(sorted(turns[k])) for k in names if k in turns})
 
 
 def _parquet_structure(path: Path) -> Structure:

@@ -112,6 +112,77 @@ def test_init_reads_structure_only_neighbouring_files_give_identical_contracts(t
     assert texts[0] == texts[1] == texts[2]
 
 
+def _init_text(tmp_path, name: str, rows: list[dict]) -> str:
+    """The contract ``init`` writes for ``rows`` saved as ``<name>/data.jsonl``, its folder written as DIR."""
+    (tmp_path / name).mkdir()
+    path = _jsonl(tmp_path / name / "data.jsonl", rows)
+    res = run("init", path, "smollm2-135m", "--out", path.parent / "c.yaml")
+    assert res.exit_code == 0, res.output
+    return (path.parent / "c.yaml").read_text().replace(str(path.parent), "DIR")
+
+
+def test_init_reads_the_keys_every_record_has_so_one_units_extra_key_changes_nothing(tmp_path):
+    """One unit's record carries a key the others lack (a customer id, a system field): the contract is built from
+    the keys every record has, so D (with that unit, first in the file) and D' (without it) get the same contract,
+    ticket-level on ticket_id; the first record alone made D's user-level on customer_id."""
+    extra = {"ticket_id": "t0", "customer_id": "c0", "system": "s", "prompt": "p", "completion": "c"}
+    rows = [{"ticket_id": f"t{i}", "prompt": "p", "completion": "c"} for i in range(1, 6)]
+    d = _init_text(tmp_path, "d", [extra, *rows])
+    d_prime = _init_text(tmp_path, "d-prime", rows)
+    assert d == d_prime
+    assert "  protected_unit: ticket " in d and '  unit_key: "ticket_id" ' in d and "customer_id" not in d
+    assert '  prompt_column: "prompt" ' in d and '  response_column: "completion" ' in d
+
+
+def test_init_residual_one_unit_lacking_a_shared_key_changes_the_contract(tmp_path):
+    """The documented residual: when the removed unit is the only one lacking a key all others have (here
+    customer_id), the keys every record has differ between D and D', and so does the contract (ticket-level with it,
+    user-level without it). A key no one else lacks is a column of the others' schema; init names it only when all
+    records have it. The contract is reviewed by the operator before commit."""
+    rows = [{"customer_id": f"c{i}", "ticket_id": f"t{i}", "text": "x"} for i in range(5)]
+    lacking = {"ticket_id": "t9", "text": "x"}
+    d = _init_text(tmp_path, "d", [*rows, lacking])
+    d_prime = _init_text(tmp_path, "d-prime", rows)
+    assert "  protected_unit: ticket " in d and '  unit_key: "ticket_id" ' in d and "customer_id" not in d
+    assert "  protected_unit: user " in d_prime and '  unit_key: "customer_id" ' in d_prime
+
+
+def test_init_turn_keys_and_types_come_from_every_record(tmp_path):
+    """A list column's object keys are those every object has; a null value counts as a missing key; a key whose
+    JSON type differs between records is neither text nor a list (the data reader refuses such a file)."""
+    from dplora.contract.shape import read_structure
+
+    rows = [
+        {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo", "weight": 1}], "n": 1},
+        {"conversations": [{"from": "human", "value": "hi", "name": "x"}], "n": "one", "note": None},
+        {"conversations": [], "note": "a"},
+    ]
+    structure = read_structure(_jsonl(tmp_path / "s.jsonl", rows), every_record=True)
+    assert structure.columns == {"conversations": "list"}
+    assert structure.turn_keys == {"conversations": ("from", "value")}
+    two = read_structure(_jsonl(tmp_path / "t.jsonl", rows[:2]), every_record=True)
+    assert two.columns == {"conversations": "list", "n": "other"}
+    first = read_structure(tmp_path / "s.jsonl")  # record_format: auto still reads the first record only
+    assert first.columns == {"conversations": "list", "n": "other"}
+    assert first.turn_keys == {"conversations": ("from", "value")}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "a"}\nnot json\n')
+    res = run("init", bad, "smollm2-135m", "--out", tmp_path / "bad.yaml")
+    assert res.exit_code == 2 and "cannot read the columns of" in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize(("name", "rows", "keys", "unit"), SHAPES, ids=[s[0] for s in SHAPES])
+def test_init_always_names_the_column_keys(tmp_path, name, rows, keys, unit):
+    """init's contract never leaves the shape to detection at load time: its record_format is not auto and it
+    names every column key of the shape (messages_column: messages too)."""
+    import yaml
+
+    text = _init_text(tmp_path, "x", rows)
+    data = yaml.safe_load(text)["data"]
+    assert data["record_format"] != "auto"
+    assert {k: v for k, v in data.items() if k.endswith("_column")} == keys
+
+
 def test_init_model_forms_and_bad_inputs(tmp_path, tiny_model_dir):
     data = _jsonl(tmp_path / "pc.jsonl", [{"prompt": "p", "completion": "c"}])
     assert run("init", data, tiny_model_dir, "--out", tmp_path / "a.yaml").exit_code == 0
@@ -124,7 +195,7 @@ def test_init_model_forms_and_bad_inputs(tmp_path, tiny_model_dir):
     assert res.exit_code == 2 and "MODEL='no-such-model'" in res.output and not (tmp_path / "c.yaml").exists()
     odd = _jsonl(tmp_path / "odd.jsonl", [{"question_text": "private words", "n": 1}])
     res = run("init", odd, "smollm2-135m", "--out", tmp_path / "d.yaml")
-    assert res.exit_code == 2 and "cannot tell the record shape from the columns ('question_text', 'n')" in res.output
+    assert res.exit_code == 2 and "cannot tell the record shape from the columns ('n', 'question_text')" in res.output
     assert "private" not in res.output and "Traceback" not in res.output
     res = run("init", tmp_path / "missing.csv", "smollm2-135m", "--out", tmp_path / "e.yaml")
     assert res.exit_code == 2 and "data file not found" in res.output
