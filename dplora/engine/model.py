@@ -7,6 +7,7 @@ once (about 40 s); the result is cached as safetensors under the user cache fold
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
 import json
@@ -44,9 +45,22 @@ def packaged_gguf() -> Path:
     return path
 
 
+HUB_KERNELS_ENV = "USE_HUB_KERNELS"
+
+
 def quiet_transformers() -> None:
+    """Configure transformers for a run: offline, quiet, and Hub kernels off (:data:`HUB_KERNELS_ENV` = ``NO``).
+
+    Hub kernels are forced off, not defaulted: transformers 5.x turns them on whenever the ``kernels`` package is
+    installed, and then ``from_pretrained`` and ``model.train()`` on CUDA replace layers (rotary, RMSNorm, ...)
+    with code fetched from the Hub (``kernels-community/*``). That fails on a machine without internet ("could
+    not verify publisher trust status") and, online, runs code that no release record names or reviewed. The
+    variable is read at every call (transformers ``integrations.hub_kernels._kernels_enabled``), so setting it
+    here, before any load, is enough even if transformers was imported earlier.
+    """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    os.environ[HUB_KERNELS_ENV] = "NO"
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
@@ -54,10 +68,31 @@ def quiet_transformers() -> None:
     logging.getLogger("transformers").setLevel(logging.ERROR)
 
 
+@functools.cache
+def no_hub_kernels() -> dict:
+    """``from_pretrained`` keyword arguments that keep Hub kernels off: ``{"use_kernels": False}`` where the
+    installed transformers takes that argument (4.5x and later), else ``{}`` (older versions have no Hub kernels).
+
+    Passed on every model load besides :data:`HUB_KERNELS_ENV` (:func:`quiet_transformers`), so a load never
+    kernelizes even if the environment is changed later. Source: transformers ``PreTrainedModel.from_pretrained``
+    (``use_kernels``) and ``PreTrainedModel.set_use_kernels``.
+    """
+    import inspect
+
+    from transformers import PreTrainedModel
+
+    try:
+        source = inspect.getsource(PreTrainedModel.from_pretrained)
+    except (OSError, TypeError):  # no source shipped: the attribute is the sign of Hub kernel support
+        return {"use_kernels": False} if hasattr(PreTrainedModel, "set_use_kernels") else {}
+    return {"use_kernels": False} if "use_kernels" in source else {}
+
+
 def _from_gguf(gguf: Path, attn: str | None = None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kw = {"attn_implementation": attn} if attn else {}
+    kw |= no_hub_kernels()
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, **kw)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     return model, tokenizer
@@ -344,7 +379,7 @@ def load_base_model(section: ModelSection, device, dtype: str, allow_tf32: bool,
     folder, gguf = resolve_model(section, log)  # once: a packaged model's conversion or a cache lookup
     quantize.refuse_prequantized(folder, section)
     if Quantization(section.quantization) is Quantization.NONE:
-        model, tokenizer = _load_resolved(section, folder, gguf)
+        model, tokenizer = _load_resolved(section, folder, gguf, dtype)  # in the run's dtype: no fp32 host copy
         return place_model(model, device, dtype, allow_tf32), tokenizer
     if gguf:
         raise BadInputError(
@@ -380,24 +415,35 @@ def load_model_and_tokenizer(section: ModelSection, log=print):
     return _load_resolved(section, folder, gguf)
 
 
-def _load_resolved(section: ModelSection, folder: Path, gguf: str | None):
-    """:func:`load_model_and_tokenizer` for a model already found by :func:`resolve_model` (``folder``, ``gguf``)."""
+def _load_resolved(section: ModelSection, folder: Path, gguf: str | None, dtype: str = "fp32"):
+    """:func:`load_model_and_tokenizer` for a model already found by :func:`resolve_model` (``folder``, ``gguf``),
+    its weights in ``dtype`` ("bf16" | "fp32").
+
+    A folder's weights are read straight into ``dtype`` (``from_pretrained(dtype=...)``): a bf16 run never holds an
+    fp32 copy of the base (4 bytes per weight: 32 GB of host memory per process for an 8B model), and the values
+    equal the fp32 load cast afterwards (one round-to-nearest cast either way). A .gguf file is de-quantized by
+    transformers, then cast. Hub kernels stay off (:func:`no_hub_kernels`).
+    """
     quiet_transformers()
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     attn = resolve_attn_implementation(section, folder, gguf)
     try:
         if gguf:
             model, tokenizer = _from_gguf(folder / gguf, attn)
         else:
-            model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True, attn_implementation=attn)
+            model = AutoModelForCausalLM.from_pretrained(
+                str(folder), local_files_only=True, attn_implementation=attn, dtype=torch_dtype, **no_hub_kernels()
+            )
             tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         source = folder / gguf if gguf else folder  # a .gguf file: name the file, not its folder
         raise load_error(source, err, gguf=bool(gguf)) from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return model.float(), tokenizer
+    return model.to(torch_dtype), tokenizer
 
 
 def attn_implementation(section: ModelSection) -> str:

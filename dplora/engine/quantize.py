@@ -63,6 +63,8 @@ def load_4bit(folder: Path, device, dtype: str, attn: str):
     import torch
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
+    from dplora.engine.model import no_hub_kernels
+
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     config = BitsAndBytesConfig(
         load_in_4bit=True,
@@ -77,6 +79,7 @@ def load_4bit(folder: Path, device, dtype: str, attn: str):
         dtype=torch_dtype,
         device_map={"": str(device)},
         attn_implementation=attn,
+        **no_hub_kernels(),  # no code from the Hub (dplora.engine.model.quiet_transformers)
     )
 
 

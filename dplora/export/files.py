@@ -85,13 +85,13 @@ def merged_model(base: Path, adapter: Path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dplora.engine.model import quiet_transformers
+    from dplora.engine.model import no_hub_kernels, quiet_transformers
 
     quiet_transformers()
     if (Path(base) / "adapter_config.json").exists():  # transformers would load that adapter onto the base too
         raise BadInputError(f"{base} holds an adapter_config.json: give the plain base model folder")
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(base), dtype="auto", local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(str(base), dtype="auto", local_files_only=True, **no_hub_kernels())
         tokenizer = AutoTokenizer.from_pretrained(str(base), local_files_only=True)
     except (OSError, ValueError, KeyError) as err:
         from dplora.engine.model import load_error
