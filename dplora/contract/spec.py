@@ -77,6 +77,13 @@ MAX_LORA_RANK = 1024
 MAX_THREADS = 1024
 MAX_NAME_CHARS = 256  # column names, unit keys, module names, population names
 MAX_PATH_CHARS = 4096  # PATH_MAX on Linux
+# An optimizer step moves each LoRA weight by about lr (Adam's normalised update): beyond 10 no fine-tuning is
+# meaningful, and a rate such as 1e39 overflows inside the first step instead of exiting 2 here.
+MAX_LR = 10
+# With expected_batch_size: auto, training.lr is the rate at B = 32 and the planner runs lr·sqrt(B/32) for B up to
+# the top of its grid (dplora.plan.planner.BATCH_GRID, which imports this module): the scaled rate must stay ≤ MAX_LR
+PLANNER_TOP_BATCH = 8192
+MAX_REFERENCE_LR = MAX_LR / (PLANNER_TOP_BATCH / 32) ** 0.5
 
 
 def _printable(value: str) -> str:
@@ -260,6 +267,20 @@ class DataSection(_Section):
             )
         if self.group_column is not None and not self.has_eval_set:
             raise ValueError("data.group_column needs a held-out set (data.eval_path or data.eval_fraction)")
+        # group names are printed; a column the model trains on holds free private text, refusable without a value
+        trained = {
+            "data.text_column": self.text_column,
+            "data.prompt_column": self.prompt_column,
+            "data.response_column": self.response_column,
+            "data.messages_column": self.messages_key,
+            "data.completion_column": self.completion_column,
+        }
+        for key, column in trained.items():
+            if self.group_column is not None and self.group_column == column:
+                raise ValueError(
+                    f"data.group_column={excerpt(column, 60)} is {key}, training text: group names are printed, so "
+                    "the group column must hold public labels (a published schema's categories)"
+                )
         return self
 
     @property
@@ -370,7 +391,7 @@ class TrainingSection(_Section):
     gradient_checkpointing: Annotated[bool, Field(strict=True)] = False  # non-reentrant; the fast path only
     epochs: PositiveFloat | None = None
     steps: Annotated[int, Field(gt=0, le=MAX_STEPS, strict=True)] | Literal["auto"] | None = None
-    lr: PositiveFloat = 2e-3
+    lr: Annotated[float, Field(gt=0, le=MAX_LR, allow_inf_nan=False, strict=True)] = 2e-3
     optimizer: Optimizer = Optimizer.ADAMW
     lr_schedule: LrSchedule | None = None  # None: constant, or the planner's choice with expected_batch_size: auto
     warmup_steps: Annotated[int, Field(ge=0, le=MAX_STEPS, strict=True)] | None = None
@@ -452,6 +473,28 @@ class Contract(_Section):
                 "training.physical_batch_size=auto needs privacy.per_sample=fast: an out-of-memory error inside "
                 "the model leaves Opacus's per-parameter forward counters mid-step, so it cannot be probed or retried; "
                 "give a number"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _group_is_not_the_unit(self) -> Contract:
+        # group names are printed; the unit key names a protected person or ticket, so it is never a public label
+        group = self.data.group_column
+        if group is not None and group == self.privacy.unit_key:
+            raise ValueError(
+                f"data.group_column={excerpt(group, 60)} is privacy.unit_key: group names are printed, and a unit "
+                "key names a protected unit; the group column must hold public labels"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _reference_lr(self) -> Contract:
+        lr = self.training.lr
+        if self.training.expected_batch_size == "auto" and lr > MAX_REFERENCE_LR:
+            raise ValueError(
+                f"training.lr={lr:g}: with expected_batch_size: auto it is the rate at B = 32, which the planner "
+                f"scales by sqrt(B/32) up to B = {PLANNER_TOP_BATCH}: at most {MAX_REFERENCE_LR:g}, so the rate run "
+                f"is ≤ {MAX_LR}"
             )
         return self
 

@@ -276,3 +276,88 @@ def test_sharding_fsdp_refusals_and_the_default_yaml(tmp_path):
         with pytest.raises(BadInputError) as err:
             parse_contract(bad)
         assert words in str(err.value) and "\n" not in str(err.value)
+
+
+# --- the learning rate's bound and the group column's refusals, from the contract alone ----------------------------
+
+
+def _validate(tmp_path, raw) -> list[str]:
+    """The exit code and the non-blank output lines of ``dplora validate`` on ``raw``."""
+    from typer.testing import CliRunner
+
+    from dplora.cli.app import app
+
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    result = CliRunner().invoke(app, ["validate", str(path)])
+    return [result.exit_code, *(line for line in result.output.splitlines() if line.strip())]
+
+
+def test_training_lr_is_at_most_10_like_the_warm_start_lr(tmp_path):
+    """A rate such as 1e39 used to pass and fail inside the first optimizer step; now one line, exit 2."""
+    raw = _raw()
+    raw["training"]["lr"] = 1e39
+    assert _validate(tmp_path, raw) == [2, "error: contract: training.lr=1e+39: must be ≤ 10.0"]
+    raw["training"]["lr"] = 10.5
+    assert _validate(tmp_path, raw) == [2, "error: contract: training.lr=10.5: must be ≤ 10.0"]
+    raw["training"]["lr"] = 10.0
+    assert parse_contract(raw).training.lr == 10.0
+
+
+def test_a_planner_reference_lr_keeps_the_scaled_rate_within_the_bound(tmp_path):
+    """With expected_batch_size: auto the lr is the rate at B = 32, scaled by sqrt(B/32) up to the planner's top B:
+    a reference rate that would resolve above 10 is refused in one line here, not as an unexpected error when the
+    planner's contract is validated."""
+    import math
+
+    from dplora.contract.spec import MAX_LR, MAX_REFERENCE_LR, PLANNER_TOP_BATCH
+    from dplora.plan.planner import BATCH_GRID, scaled_lr
+
+    assert BATCH_GRID[-1] == PLANNER_TOP_BATCH == 8192 and MAX_REFERENCE_LR == 0.625
+    assert scaled_lr(MAX_REFERENCE_LR, PLANNER_TOP_BATCH) == MAX_LR
+    raw = _raw()
+    raw["privacy"]["num_units"] = 10**6
+    raw["training"] = {"expected_batch_size": "auto", "lr": 9.0, "output_dir": "out"}
+    assert _validate(tmp_path, raw) == [
+        2,
+        "error: contract: training.lr=9: with expected_batch_size: auto it is the rate at B = 32, which the planner "
+        "scales by sqrt(B/32) up to B = 8192: at most 0.625, so the rate run is ≤ 10",
+    ]
+    raw["training"]["lr"] = 0.625
+    assert parse_contract(raw).training.lr == 0.625
+    assert math.isclose(scaled_lr(0.625, 8192), 10.0)
+
+
+@pytest.mark.parametrize(
+    ("data", "privacy", "key"),
+    [
+        ({"group_column": "message"}, {}, "data.prompt_column"),
+        ({"group_column": "reply"}, {}, "data.response_column"),
+        ({"group_column": "body", "prompt_column": None, "response_column": None, "text_column": "body"}, {}, None),
+        ({"group_column": "messages", "prompt_column": None, "response_column": None}, {}, "data.messages_column"),
+        (
+            {"group_column": "done", "prompt_column": None, "response_column": None, "completion_column": "done"},
+            {},
+            "data.completion_column",
+        ),
+        ({"group_column": "customer_id"}, {"protected_unit": "user", "unit_key": "customer_id"}, "privacy.unit_key"),
+    ],
+)
+def test_a_group_column_that_is_training_text_or_the_unit_key_is_refused(tmp_path, data, privacy, key):
+    """Group names are printed; a trained column (free private text) or the unit key (names a protected unit) is
+    refused from the contract alone, with no data file read (the contract's data.path does not exist)."""
+    raw = _raw()
+    raw["data"] = {k: v for k, v in {**raw["data"], "eval_fraction": 0.1, **data}.items() if v is not None}
+    raw["privacy"].update(privacy)
+    key = key or "data.text_column"
+    group = data["group_column"]
+    said = (
+        f"error: contract: data.group_column='{group}' is privacy.unit_key: group names are printed, and a unit key "
+        "names a protected unit; the group column must hold public labels"
+        if key == "privacy.unit_key"
+        else f"error: contract: data.group_column='{group}' is {key}, training text: group names are printed, so the "
+        "group column must hold public labels (a published schema's categories)"
+    )
+    assert _validate(tmp_path, raw) == [2, said]
+    raw["data"]["group_column"] = "category"
+    assert parse_contract(raw).data.group_column == "category"
