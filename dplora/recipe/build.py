@@ -224,7 +224,7 @@ def _private_engine(
         reducer = mechanism.reducer(sum(p.numel() for _, p in named), runtime.parameter_device(model))
         optimizer, parts = _step_parts(training, model, named, mechanism, reducer=reducer)
         if mechanism.private:
-            gradcheck.probe_per_sample_gradients(parts[0], named, parts[1])
+            gradcheck.probe_per_sample_gradients(parts[0], named, parts[1], log=io.log)
     return mechanism, optimizer, parts
 
 

@@ -137,7 +137,7 @@ def test_failure_before_the_loop_is_one_line_and_leaves_failed_json(
     """An engine fault in setup (here: the probe raising a device error) exits 4 naming the stage, never
     'unexpected'; FAILED.json records 0 steps and ε = 0; no release."""
 
-    def broken_probe(gsm, named, dp_opt=None):
+    def broken_probe(gsm, named, dp_opt=None, *, log=None):
         raise RuntimeError("Expected all tensors to be on the same device, but found cuda:0 and cpu!\nsecond line")
 
     monkeypatch.setattr(gradcheck, "probe_per_sample_gradients", broken_probe)

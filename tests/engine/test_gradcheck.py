@@ -282,3 +282,99 @@ def test_per_token_norm_error_fails_on_the_repeated_batch(target, monkeypatch):
     # [9, 9, 9] alone, the F1 record (equal inputs, aligned upstream gradients: 1.41 instead of 2 for two tokens)
     with pytest.raises(TrainingFailedError, match=r"record 0 of a synthetic batch of 1 records padded to 3 tokens"):
         gradcheck.check_per_example_gradients(wrapped, named, dp_opt, batches=[[repeated[0][2]]])
+
+
+def _single_target_half(target: str, per_sample: str = "fast"):
+    """:func:`_single_target` on a bf16 base (fp32 LoRA tensors, as ``setup_model`` makes them)."""
+    base, _ = tiny_causal_lm("llama", hidden=128, layers=4)
+    peft_model = get_peft_model(
+        base.to(torch.bfloat16), LoraConfig(r=2, lora_alpha=4, target_modules=[target]), autocast_adapter_dtype=True
+    ).train()
+    for _, p in peft_model.named_parameters():
+        if p.requires_grad:
+            p.data = p.data.float()
+    named = [(n, p) for n, p in peft_model.named_parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD([p for _, p in named], lr=0.1)
+    plan = SimpleNamespace(noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=4, sample_rate=0.1)
+    wrapped, dp_opt, _ = dpopt.make_private(peft_model, optimizer, plan=plan, unit_mean=False, per_sample=per_sample)
+    return wrapped, dp_opt, named
+
+
+@pytest.mark.parametrize("target", ["v_proj", "down_proj"])
+def test_per_token_norm_error_fails_in_bf16(target, monkeypatch):
+    """The coarser bf16 floor does not hide a wrong path: on a bf16 base the per-token norm plant is still refused
+    on the repeated-token batch (off by O(1)), and the same model without the plant passes with margin."""
+    repeated = [gradcheck.synthetic_batches(258)[1]]
+    wrapped, dp_opt, named = _single_target_half(target)
+    report = gradcheck.check_per_example_gradients(wrapped, named, dp_opt, batches=repeated)
+    assert report[0]["rtol"] == gradcheck.RTOL_HALF and report[0]["floor_rel"] == gradcheck.FLOOR_REL_HALF
+    assert report[0]["max_relative_difference"] <= 1e-2
+    _per_token_norm_write(monkeypatch)
+    wrapped, dp_opt, named = _single_target_half(target)
+    with pytest.raises(TrainingFailedError, match=r"padded to 3 tokens: relative difference") as info:
+        gradcheck.check_per_example_gradients(wrapped, named, dp_opt, batches=repeated)
+    rel = float(re.search(r"relative difference ([0-9.e+-]+)", str(info.value)).group(1))
+    assert rel > gradcheck.RTOL_HALF, str(info.value)
+
+
+def test_floor_depends_on_the_dtype():
+    """A zero block that differs by 5e-3 of the check's largest row (bf16 resolution: unit roundoff 3.9e-3) passes
+    under bf16's floor and is refused under fp32's, where rtol·floor is 5e-5 of the largest row."""
+    fp32, _, _, _ = _private("fast")
+    half, _, _, _ = _private("fast", dtype=torch.bfloat16)
+    assert gradcheck._tolerance(fp32) == (gradcheck.RTOL_FP32, gradcheck.FLOOR_REL) == (5e-3, 1e-2)
+    assert gradcheck._tolerance(half) == (gradcheck.RTOL_HALF, gradcheck.FLOOR_REL_HALF) == (1e-1, 1e-1)
+    p = torch.nn.Parameter(torch.zeros(2))
+    names = {id(p): "layer.lora_A.default.weight"}
+    largest = 2.0  # the check's largest reference row norm
+    zero_block = [(5e-3 * largest, 0.0)]  # ‖g − r‖ = 5e-3 of the largest row, ‖r‖ = 0
+    rtol, floor_rel = gradcheck._tolerance(half)
+    rel = gradcheck._judge(zero_block, [p], names, rtol, floor_rel * largest, 0, 3, 3)
+    assert rel == pytest.approx(5e-2)  # 5e-3 / 0.1 of the largest row
+    rtol, floor_rel = gradcheck._tolerance(fp32)
+    with pytest.raises(TrainingFailedError, match=r"relative difference 0.5 > 0.005"):
+        gradcheck._judge(zero_block, [p], names, rtol, floor_rel * largest, 0, 3, 3)
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_tf32_is_off_during_the_check_and_restored(fail):
+    """The caller's TF32 flags (here on, as ``model.allow_tf32`` sets them on CUDA) read False in every backward of
+    the check and are back afterwards, on a refusal too."""
+    wrapped, dp_opt, _, named = _private("fast")
+    seen = []
+    loss = batching.per_sequence_loss
+
+    def spying_loss(model, batch):
+        seen.append((torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
+        if fail and len(seen) == 2:
+            raise TrainingFailedError("planted")
+        return loss(model, batch)
+
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # flags, not attributes
+    try:
+        if fail:
+            with pytest.raises(TrainingFailedError, match="planted"):
+                gradcheck.check_per_example_gradients(wrapped, named, dp_opt, loss=spying_loss)
+        else:
+            report = gradcheck.check_per_example_gradients(wrapped, named, dp_opt, loss=spying_loss)
+            assert len(report) == 3 and len(seen) == 3 * (1 + 3)  # per batch: one batched, three one-record passes
+        after = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+    assert seen and set(seen) == {(False, False)}
+    assert after == (True, True)
+
+
+def test_the_check_logs_its_largest_relative_difference():
+    """The run's call site logs one public line: the largest relative difference of the report, its rtol and floor
+    (synthetic batches only; no record text)."""
+    wrapped, dp_opt, _, named = _private("fast", dtype=torch.bfloat16)
+    lines: list[str] = []
+    report = gradcheck.probe_per_sample_gradients(wrapped, named, dp_opt, log=lines.append)
+    worst = max(r["max_relative_difference"] for r in report)
+    assert lines == [
+        f"per-example check: largest relative difference {worst:.3g} (rtol 0.1, floor 0.1 of the largest row; "
+        "3 synthetic batches, TF32 off)"
+    ]
+    assert gradcheck.probe_per_sample_gradients(wrapped, named, dp_opt) == report  # no log: the same check, silent
