@@ -34,8 +34,10 @@ def reset_after_oom(model: torch.nn.Module, optimizer, named) -> None:
     """Drop everything a forward/backward interrupted by an out-of-memory error left behind, so it can be re-run.
 
     Clears each trainable tensor's ``.grad`` and ``.grad_sample``, Opacus hooks' captured ``activations``, the fast
-    path's armed buffer and the optimizer's per-unit clipped sum (:meth:`UnitDPOptimizer.begin_logical_step`);
-    frees the CUDA cache. Adds no noise and steps no accountant.
+    path's (B, P) buffer (freed, not only disarmed: :meth:`dplora.engine.fastclip.FlatLoRAGrads.release`, so a
+    smaller batch after a probe or a retry does not keep the larger try's rows) and the optimizer's per-unit
+    clipped sum (:meth:`UnitDPOptimizer.begin_logical_step`); frees the CUDA cache. Adds no noise and steps no
+    accountant.
     """
     for _, p in named:
         p.grad = None
@@ -46,7 +48,7 @@ def reset_after_oom(model: torch.nn.Module, optimizer, named) -> None:
             m.activations = []
     flat = getattr(optimizer, "flat", None)
     if flat is not None:
-        flat._armed = None
+        flat.release()
     if hasattr(optimizer, "begin_logical_step"):
         optimizer.begin_logical_step(0)
     gc.collect()

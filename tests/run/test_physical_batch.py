@@ -222,6 +222,26 @@ def test_auto_probe_picks_at_most_k_on_synthetic_batches_without_noise_or_accoun
     assert float(total.abs().max()) == 0.0 and len(norms) == 0
 
 
+def test_probe_frees_the_largest_tries_gradient_buffer(monkeypatch):
+    """The fast path's (B, P) storage only grows; after the probe settles on 4 records it no longer holds the
+    64-row try: it is freed, and the first step allocates 4 rows. On main it stayed (64, P) for the whole run
+    (10.7 GB dead on Llama-3.1-8B at 8 of 64 rows). The OOM retry frees it the same way."""
+    model = _model()
+    wrapped, dp_opt, _, named, _ = _engine(model, monkeypatch, 0.0)
+    flat = dp_opt.flat
+    rows = []
+    arm = flat.buffer
+    monkeypatch.setattr(flat, "buffer", lambda b: rows.append(b) or arm(b))
+    model.base_model.model.register_forward_pre_hook(OOMAbove(k=5), with_kwargs=True)
+    kw = {"max_seq_len": 12, "pad_id": PAD, "device": torch.device("cpu")}
+    assert membatch.probe_physical_batch(wrapped, dp_opt, named, **kw, cap=64, probe_cpu=True) == 4
+    assert rows == [64, 32, 16, 8, 4]  # every try armed its rows (the 64-row one first)
+    assert flat._storage is None and flat._armed is None
+    assert tuple(flat.buffer(4).shape) == (4, flat.P) and tuple(flat._storage.shape) == (4, flat.P)
+    membatch.reset_after_oom(wrapped, dp_opt, named)  # the loop's OOM retry
+    assert flat._storage is None
+
+
 def test_auto_is_recorded_under_execution_and_other_values_are_refused():
     raw = contract_dict(Path("/m"), Path("d.csv"), Path("out"))
     raw["training"]["physical_batch_size"] = "auto"
