@@ -78,8 +78,26 @@ def memory_kind(device) -> str:
     return "torch.cuda.max_memory_allocated" if device.type == "cuda" else "process peak RSS"
 
 
+def reset_peak_memory(device) -> None:
+    """Start the peak of :func:`peak_memory_gib` anew on CUDA (``torch.cuda.reset_peak_memory_stats``), right before
+    step 1, so the reported peak is the training's and not the set-up's (the ``physical_batch_size: auto`` probe's
+    64-record try, the time estimate's synthetic step, the model build). On CPU nothing: the peak RSS of a process
+    cannot be reset (``getrusage``), so it still counts the set-up.
+
+    Args:
+        device: the run's ``torch.device``.
+    Raises:
+        Nothing of its own (a CUDA error of torch passes through).
+    """
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
 def peak_memory_gib(device) -> float:
-    """Peak memory of this process in GiB: ``torch.cuda.max_memory_allocated`` on CUDA, peak RSS on CPU."""
+    """Peak memory of this process in GiB: ``torch.cuda.max_memory_allocated`` on CUDA (since
+    :func:`reset_peak_memory`, before step 1), peak RSS on CPU (the process's, set-up included)."""
     import resource
 
     import torch

@@ -15,6 +15,7 @@ from dplora.mechanism import control
 from dplora.recipe.finish import (
     metrics_path,
     open_metrics,
+    reset_peak_memory,
     write_outputs,
 )
 from dplora.recipe.setup import (
@@ -46,6 +47,7 @@ def train_and_release(spec, state, *, io: RunIO, started: str, checkpointer):
             bar.start(spec.plan.steps)
             checkpointer.write()  # before step 1 (skipped when resuming from this step)
             logged = metrics if tracker is None else TrackedMetrics(metrics, tracker)
+            reset_peak_memory(spec.device)  # the peak reported is the steps', not the probe's (set-up)
             t0 = time.perf_counter()
             run_steps(spec, state, metrics=logged, progress=bar, after_step=_after_step(state, checkpointer))
             train_seconds = time.perf_counter() - t0
