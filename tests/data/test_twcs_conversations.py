@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from conftest import SHARED
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
@@ -18,7 +19,7 @@ from dplora.data.twcs_tweets import BrandRule
 from dplora.errors import BadInputError
 
 runner = CliRunner()
-TWCS = Path("/work/shared/data/twcs_customer_support_twitter/twcs_first5000.csv")
+TWCS = SHARED / "data" / "twcs_customer_support_twitter" / "twcs_first5000.csv"
 RULE = BrandRule(frozenset({"brand"}))  # the red-team inputs name customers A, B, C: the one brand is listed
 HEADER = ",tweet_id,author_id,inbound,created_at,text,response_tweet_id,in_response_to_tweet_id\n"
 

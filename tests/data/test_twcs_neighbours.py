@@ -15,6 +15,7 @@ import random
 from pathlib import Path
 
 import pytest
+from conftest import SHARED
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
@@ -23,7 +24,7 @@ from dplora.data.twcs_tweets import BrandRule, load_brands, read_twcs_rows
 from dplora.errors import BadInputError
 
 runner = CliRunner()
-TWCS = Path("/work/shared/data/twcs_customer_support_twitter/twcs_first5000.csv")
+TWCS = SHARED / "data" / "twcs_customer_support_twitter" / "twcs_first5000.csv"
 HEADER = ",tweet_id,author_id,inbound,created_at,text,response_tweet_id,in_response_to_tweet_id\n"
 
 

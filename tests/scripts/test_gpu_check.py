@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import SHARED
 
 ROOT = Path(__file__).resolve().parents[2]
 STAGES = ["setup", "train-bf16", "fsdp", "fastclip", "scale-1b", "scale-8b", "noise", "utility"]
@@ -98,10 +99,16 @@ def test_dry_run_reports_every_stage_ok(tmp_path):
     _send_parts(local, device, 3)
     out = tmp_path / "out"
     env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1", TMPDIR=str(tmp_path), GPU_DIR=str(device))
+    # the utility stage reads Bitext from ../shared, which a fresh clone lacks: it then reports SKIP, the rest runs
+    utility_data = Path(env.setdefault("DPLORA_UTILITY_DATA", str(SHARED / "data")))
+    has_bitext = (utility_data / "bitext_customer_support").is_dir()
     proc = _bash([str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", str(out)], env, timeout=1800)
     summary = dict(re.findall(r"^STAGE ([\w-]+): (OK|FAIL|SKIP)", proc.stdout, flags=re.M))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert all(summary.get(s) == "OK" for s in STAGES), summary
+    expected = {s: "OK" for s in STAGES} | ({} if has_bitext else {"utility": "SKIP"})
+    assert summary == expected, summary
+    if not has_bitext:
+        assert f"STAGE utility: SKIP (no Bitext data at {utility_data / 'bitext_customer_support'})" in proc.stdout
     assert "overall exit 0" in proc.stdout
     assert f"weights: {NAME} joined from 3 parts, {len(data)} bytes, sha256 OK" in proc.stdout
     rows = (out / "scale-llama-1b" / "scale.md").read_text()
@@ -115,4 +122,6 @@ def test_dry_run_reports_every_stage_ok(tmp_path):
     assert [line.split("|")[1].strip() for line in table.splitlines()[2:] if line.split("|")[1].strip()] == STAGES
     assert re.search(r"\| seq 16 4bit B 2 \| [0-9.]+ \| [0-9.]+ \| [0-9]+ \|", table), table
     assert re.search(r"\| P 20,000 \(cpu\) \|(\s+\|){4}\s+[0-9.]+ \(", table), table
+    if not has_bitext:
+        pytest.skip(f"the utility stage's rows need Bitext in {utility_data} (every other stage ran and passed)")
     assert re.search(r"\| bitext dp-\S+ ε 8(\.0)? \|(\s+\|){5}\s+loss [0-9.]+ \|", table), table

@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import SHARED
 
 ROOT = Path(__file__).resolve().parents[2]
-HAS_DATA = (ROOT.parent / "shared" / "data" / "bitext_customer_support").is_dir()
+HAS_DATA = (SHARED / "data" / "bitext_customer_support").is_dir()
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning"),
     pytest.mark.filterwarnings("ignore:Secure RNG turned off:UserWarning", "ignore:Optimal order:UserWarning"),

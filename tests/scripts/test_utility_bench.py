@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import release_statement
+from conftest import needs_shared, release_statement
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [
@@ -29,7 +29,7 @@ def _bench():
     return module
 
 
-@pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "bitext_customer_support").is_dir(), reason="no data")
+@needs_shared("data", "bitext_customer_support")
 def test_toy_bitext_is_trained_and_scored_through_the_template(tmp_path):
     from transformers import AutoTokenizer
 
@@ -64,7 +64,7 @@ def test_toy_bitext_is_trained_and_scored_through_the_template(tmp_path):
     assert json.loads((tmp_path / "u" / "utility.json").read_text())["mode"] == "toy"
 
 
-@pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "bitext_customer_support").is_dir(), reason="no data")
+@needs_shared("data", "bitext_customer_support")
 def test_toy_full_has_every_row_kind_and_the_share_of_the_control_gain(tmp_path):
     """The --full design (issue 33) at toy size on Bitext: base, the control at the planner's B and T, DP with the
     planner's choice and DP with the demo's hand settings; the share and the goal follow from the reported means."""
@@ -135,7 +135,7 @@ def test_share_and_goal_arithmetic_on_known_numbers():
     assert bench.shares(rows)["banking77"]["by_epsilon"]["8"] == {"dp-planner": None, "dp-hand": None}
 
 
-@pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "banking77").is_dir(), reason="no data")
+@needs_shared("data", "banking77")
 def test_cpu_preset_is_plannable_and_sized_as_documented(tmp_path):
     """--cpu (issue 33): both tasks at ε = 3 and 8. Banking77 N = 554 (exchange_rate has 112 rows,
     lost_or_stolen_card 82) at E = 3 and Bitext N = 1,600 at E = 1: the planner's only eligible choice is B = 32 with
@@ -220,7 +220,7 @@ def test_each_task_process_gets_the_arguments_but_jobs_and_out():
     assert bench.child_argv(argv) == ["--cpu", "--threads", "1", "--epsilons", "3", "8"]
 
 
-@pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "bitext_customer_support").is_dir(), reason="no data")
+@needs_shared("data", "bitext_customer_support")
 def test_study_validation_rows_are_neither_trained_nor_held_out(tmp_path):
     """Issue 43: the study's validation rows are the 200 training rows after the first N = 1,600 of --cpu; the
     trained jsonl keeps exactly 1,600 rows and none of them, nor any held-out row, is a validation row."""
@@ -272,7 +272,7 @@ def test_study_levers_combine_and_refuse_conflicts(tmp_path):
     assert bench.study_share(3.0793) == 0 and bench.study_share(1.4329) == pytest.approx(1.0)
 
 
-@pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "bitext_customer_support").is_dir(), reason="no data")
+@needs_shared("data", "bitext_customer_support")
 def test_toy_study_trains_one_ffa_row_and_appends_it(tmp_path):
     """--study ffa --toy: one DP row at ε = 8 with A frozen; the row and the markdown table land in the given files,
     a second row is appended (the table replaced, the page's other text kept)."""
@@ -304,7 +304,7 @@ def test_toy_study_trains_one_ffa_row_and_appends_it(tmp_path):
     assert table.count("\n| ffa |") == 1 and table.count("\n| rank2 |") == 1 and "| reference |" in table
 
 
-@pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "bitext_customer_support").is_dir(), reason="no data")
+@needs_shared("data", "bitext_customer_support")
 def test_toy_study_control_lever_trains_the_non_private_twin(tmp_path):
     """--study control --toy: the non-private control at its DP twin's planner B, T and lr (no noise, ε ∞),
     written to the table with ε spent ∞."""
@@ -321,7 +321,7 @@ def test_toy_study_control_lever_trains_the_non_private_twin(tmp_path):
     assert "| ∞ |" in md.read_text()
 
 
-@pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "banking77").is_dir(), reason="no data")
+@needs_shared("data", "banking77")
 def test_toy_study_on_banking77_scores_accuracy_on_test_and_validation_rows(tmp_path):
     """--study none --only banking77 --toy: one Banking77 DP row; accuracy on the reported test rows and on the unused
     test rows after them (validation), the share on the Banking77 reference, its own table in the page."""
@@ -371,7 +371,7 @@ def test_banking_eval_scores_summed_and_per_token_likelihoods():
     assert got["label_loss"] == pytest.approx((3.0 + 1.0) / 12)
 
 
-@pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "bitext_customer_support").is_dir(), reason="no data")
+@needs_shared("data", "bitext_customer_support")
 def test_toy_study_at_epsilon_3_spends_at_most_3_and_says_so(tmp_path):
     """--study-epsilon 3: the row is planned and trained at target ε 3 (the ε = 3 confirmation of the study), spends
     close to but not over it, and its change line names the target; the share stays on the ε = 8 reference."""
@@ -385,8 +385,8 @@ def test_toy_study_at_epsilon_3_spends_at_most_3_and_says_so(tmp_path):
     assert row["share_of_control_gain"] == pytest.approx((3.0793 - row["heldout_loss"]) / (3.0793 - 1.4329), abs=1e-4)
 
 
-@pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "twcs_customer_support_twitter").is_dir(), reason="no data")
-@pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "bitext_customer_support").is_dir(), reason="no data")
+@needs_shared("data", "twcs_customer_support_twitter")
+@needs_shared("data", "bitext_customer_support")
 @pytest.mark.parametrize("source", ["demo", "twcs"])
 def test_toy_study_warm_start_levers_fit_a_public_corpus_first(tmp_path, source):
     """--study warm-demo / warm-twcs --toy: the row's release names the public file (another corpus than Bitext,
