@@ -65,6 +65,7 @@ def is_hub_id(name: str) -> bool:
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)]
 PositiveInt = Annotated[int, Field(gt=0, strict=True)]
 MAX_STEPS = 1_000_000
+MAX_EPOCHS = 100_000  # training.max_epochs: far past any real budget, so a typo (1e9) is one line
 NORMALIZE_GAMMA = 0.01  # γ/C for privacy.clipping: normalize (a public constant, never tuned on data)
 # --- bounds of the YAML boundary and of each number (README "The contract"; tests/contract/test_fuzz_boundary.py) ---
 MAX_CONTRACT_BYTES = 64 * 1024  # a contract is a few hundred bytes; a bigger file is not a contract
@@ -389,7 +390,9 @@ class TrainingSection(_Section):
     # records per forward (memory only); "auto": probed before step 1 on synthetic batches (dplora.engine.membatch)
     physical_batch_size: PositiveInt | Literal["auto"] = 8
     gradient_checkpointing: Annotated[bool, Field(strict=True)] = False  # non-reentrant; the fast path only
-    epochs: PositiveFloat | None = None
+    # E, passes over the N units; "auto" (with expected_batch_size: auto): the planner searches E up to max_epochs
+    epochs: PositiveFloat | Literal["auto"] | None = None
+    max_epochs: Annotated[float, Field(ge=1, le=MAX_EPOCHS, allow_inf_nan=False)] | None = None
     steps: Annotated[int, Field(gt=0, le=MAX_STEPS, strict=True)] | Literal["auto"] | None = None
     lr: Annotated[float, Field(gt=0, le=MAX_LR, allow_inf_nan=False, strict=True)] = 2e-3
     optimizer: Optimizer = Optimizer.ADAMW
@@ -415,6 +418,17 @@ class TrainingSection(_Section):
     def _length(self) -> TrainingSection:
         if self.steps == "auto" and self.expected_batch_size != "auto":
             raise ValueError("training.steps: auto needs training.expected_batch_size: auto (the planner picks both)")
+        if self.epochs == "auto" and self.expected_batch_size != "auto":
+            raise ValueError(
+                "training.epochs: auto needs training.expected_batch_size: auto (the planner picks B and E together)"
+            )
+        if self.epochs == "auto" and self.max_epochs is None:
+            raise ValueError(
+                "training.epochs: auto needs training.max_epochs: the most passes over the units the planner may "
+                "spend (a public compute budget, e.g. 20)"
+            )
+        if self.max_epochs is not None and self.epochs != "auto":
+            raise ValueError("training.max_epochs caps training.epochs: auto; with a number of epochs, drop it")
         if self.steps == "auto" or self.expected_batch_size == "auto":
             return self  # the planner: epochs (default 3) is the compute budget, an integer steps caps T
         if (self.epochs is None) == (self.steps is None):

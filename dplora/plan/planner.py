@@ -36,10 +36,14 @@ from dplora.accounting.checked import numerical_chain
 from dplora.contract.spec import MAX_STEPS
 from dplora.errors import PlanRefusedError
 
-BATCH_GRID = (32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+# Logical batch sizes weighed (units per step), up to the large batches of DP pre-training and fine-tuning at scale
+# (De et al. 2022 use 4,096; McKenna et al. 2025 up to millions of tokens): B = N itself (q = 1) is added when N
+# is at most the grid's top, so full-batch DP-GD (Panda et al. 2024) is a candidate for small populations.
+BATCH_GRID = (32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
+# E weighed under ``training.epochs: auto`` (up to the declared ``training.max_epochs``, which is added itself).
+EPOCH_GRID = (1, 2, 3, 5, 10, 20, 50, 100, 200)
 MIN_STEPS = 50
 DEFAULT_EPOCHS = 3
-MAX_BATCH_FRACTION = Fraction(1, 4)  # B ≤ N/4: q ≤ 0.25 keeps sampling amplification meaningful
 REFERENCE_BATCH = 32
 DEFAULT_SCHEDULE = "constant"
 DEFAULT_WARMUP_STEPS = 0
@@ -48,7 +52,7 @@ TIE_RTOL = 1e-9
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Candidate:
-    """One (B, T) the planner weighed: q = B/N, σ calibrated for it, σ/B, lr, and why it is not eligible."""
+    """One (B, E, T) the planner weighed: q = B/N, σ calibrated for it, σ/B, lr, and why it is not eligible."""
 
     expected_batch_size: int
     steps: int
@@ -58,6 +62,7 @@ class Candidate:
     noise_per_unit: float | None
     lr: float
     excluded: str | None = None
+    epochs: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -73,6 +78,8 @@ class Recommendation:
     warmup_steps: int
     rule: str
     schedule_source: str = "planner"  # "contract": training.lr_schedule / warmup_steps set by hand and used
+    max_epochs: float | None = None  # the declared cap of ``training.epochs: auto`` (None: E was declared)
+    min_steps: int = MIN_STEPS  # the step floor the candidates were held to (:func:`step_floor`)
 
     def to_dict(self) -> dict:
         """JSON-ready (written into the plan and the release record)."""
@@ -82,9 +89,10 @@ class Recommendation:
                 "num_units": self.num_units,
                 "epochs": self.epochs,
                 "max_steps": self.max_steps,
-                "min_steps": step_floor(self.max_steps),
+                "min_steps": self.min_steps,
                 "batch_grid": list(BATCH_GRID),
                 "reference_batch": REFERENCE_BATCH,
+                **({"max_epochs": self.max_epochs, "epoch_grid": list(EPOCH_GRID)} if self.max_epochs else {}),
             },
             "choice": dataclasses.asdict(self.choice),
             "lr_schedule": self.lr_schedule,
@@ -95,24 +103,49 @@ class Recommendation:
 
 
 RULE = (
-    "B in the grid with B ≤ N/4; T = ceil(E·N/B) (capped at max_steps); σ calibrated to the target; smallest σ/B "
-    "among T ≥ min(50, max_steps); ties: larger T, then smaller B; lr = lr_ref·sqrt(B/32), constant, no warmup "
-    "(Sander et al. 2023; McKenna et al. 2025; Malladi et al. 2022)"
+    "B in the grid (32 to 8192) with B < N, and B = N (q = 1) when N ≤ 8192; E declared, or with epochs: auto each "
+    "E of the grid up to max_epochs; T = ceil(E·N/B) (capped at max_steps); σ calibrated to the target; smallest "
+    "σ/B among T ≥ min(50, max_steps, the largest T any candidate reaches); for each E, B is weighed from the "
+    "largest eligible down until σ/B rises; ties: larger T, then smaller B, then smaller E; lr = lr_ref·sqrt(B/32), "
+    "constant, no warmup (Sander et al. 2023; McKenna et al. 2025; Malladi et al. 2022)"
 )
 
 
-def step_floor(max_steps: int | None) -> int:
-    """The least T a candidate may have: :data:`MIN_STEPS`, or a lower step cap (the user's compute budget).
+def step_floor(max_steps: int | None, reachable: int | None = None) -> int:
+    """The least T a candidate may have: :data:`MIN_STEPS`, lowered to a step cap (the user's compute budget) and
+    to ``reachable``, the largest T any candidate reaches (a small population at a small E: the planner then takes
+    the most steps it can instead of refusing).
 
     Returns:
-        min(MIN_STEPS, max_steps), or MIN_STEPS without a cap; steps.
+        min(MIN_STEPS, max_steps, reachable) over those given; steps.
     """
-    return MIN_STEPS if max_steps is None else min(MIN_STEPS, max_steps)
+    return min(MIN_STEPS, *(v for v in (max_steps, reachable) if v is not None))
 
 
 def scaled_lr(lr_ref: float, batch: int) -> float:
     """lr_ref·√(B/B_ref), B_ref = 32 (square-root scaling, Malladi et al. 2022). Units: as ``lr_ref``."""
     return lr_ref * math.sqrt(batch / REFERENCE_BATCH)
+
+
+def batch_options(num_units: int) -> list[int]:
+    """The logical batch sizes weighed for N units: every grid B < N, and N itself (q = 1) when N ≤ the grid's top.
+
+    Returns:
+        Increasing batch sizes (units per step), each ≤ N; empty only when N < 1.
+    """
+    out = [b for b in BATCH_GRID if b < num_units]
+    if 1 <= num_units <= BATCH_GRID[-1]:
+        out.append(num_units)
+    return out
+
+
+def epoch_options(epochs: float | None, max_epochs: float | None) -> list[Fraction]:
+    """E weighed: the declared ``epochs`` (default 3), or with ``epochs`` None and a cap, every grid E below the cap
+    and the cap itself (exact fractions: T = ceil(E·N/B) is computed without float truncation)."""
+    if epochs is not None or max_epochs is None:
+        return [Fraction(str(DEFAULT_EPOCHS if epochs is None else epochs))]
+    cap = Fraction(str(max_epochs))
+    return sorted({Fraction(e) for e in EPOCH_GRID if e < cap} | {cap})
 
 
 def recommend(
@@ -125,84 +158,115 @@ def recommend(
     lr_ref: float,
     epochs: float | None = None,
     max_steps: int | None = None,
+    max_epochs: float | None = None,
 ) -> Recommendation:
-    """Choose B and T by the module's rule from public inputs only.
+    """Choose B, E and T by the module's rule from public inputs only.
 
     Args:
         num_units: N, the declared public number of protected units (never a count of the data).
         target_epsilon, delta: the contract's ε and δ (natural log; δ < 1/N).
         accountant, adjacency: the contract's accountant and adjacency (σ is calibrated with them).
         lr_ref: the learning rate at B_ref = 32.
-        epochs: E, passes over the N units (default 3).
+        epochs: E, passes over the N units (default 3, or searched when None and ``max_epochs`` is given).
         max_steps: an optional cap on T.
+        max_epochs: the cap of ``training.epochs: auto``: E is searched over :data:`EPOCH_GRID` up to it.
 
     Returns:
         A :class:`Recommendation`; every candidate's ε ≤ target under the same accountant and integer T.
 
     Raises:
-        PlanRefusedError: no candidate is eligible (N too small for B ≥ 32 and T ≥ min(50, max_steps), or the
-            target unreachable).
+        PlanRefusedError: no candidate is eligible (no B ≤ N, or the target unreachable at every candidate).
+
+    Source: Sander et al. 2023 (σ/B at fixed ε), McKenna et al. 2025 and Rehn et al. 2026 (the best B depends on
+    the compute budget E), Panda et al. 2024 (full-batch DP fine-tuning).
     """
-    floor = step_floor(max_steps)
-    e = Fraction(str(DEFAULT_EPOCHS if epochs is None else epochs))
+    e_options = epoch_options(epochs, max_epochs)
+    batches = batch_options(num_units)
     chain = numerical_chain(accountant, adjacency)
-    cands = []
-    for batch in BATCH_GRID:
-        if batch > MAX_BATCH_FRACTION * num_units:
-            break
-        steps = math.ceil(e * num_units / batch)
-        if max_steps is not None:
-            steps = min(steps, max_steps)
-        q = batch / num_units
-        lr = scaled_lr(lr_ref, batch)
-        if steps < floor or steps > MAX_STEPS:
-            why = f"T={steps} below the minimum {floor}" if steps < floor else f"T above {MAX_STEPS}"
-            cands.append(_cand(batch, steps, q, None, None, lr, why))
-            continue
-        try:
-            sigma, eps = calibrate(
-                target_epsilon=target_epsilon,
-                sample_rate=q,
-                steps=steps,
-                delta=delta,
-                accountant=accountant,
-                adjacency=adjacency,
-                chain=chain,
-            )
-        except (PlanRefusedError, ArithmeticError) as err:
-            cands.append(_cand(batch, steps, q, None, None, lr, f"σ not calibrated: {str(err).splitlines()[0]}"))
-            continue
-        cands.append(_cand(batch, steps, q, sigma, eps, lr, None))
-    eligible = [c for c in cands if c.excluded is None]
+    grid: list[tuple[Fraction, int, int]] = []  # (E, B, T), one per distinct (B, T)
+    seen: set[tuple[int, int]] = set()
+    for e in e_options:
+        for batch in batches:
+            steps = math.ceil(e * num_units / batch)
+            if max_steps is not None:
+                steps = min(steps, max_steps)
+            if (batch, steps) not in seen:
+                seen.add((batch, steps))
+                grid.append((e, batch, steps))
+    reachable = max((t for _, _, t in grid if t <= MAX_STEPS), default=None)
+    floor = step_floor(max_steps, reachable)
+    cands: dict[tuple[int, int], Candidate] = {}
+    for e in e_options:
+        row = [(b, t) for e2, b, t in grid if e2 == e]
+        # σ/B falls with B at a fixed E until T nears the floor (Sander et al. 2023): weigh from the largest
+        # eligible B down and stop once σ/B rises, so only the neighbourhood of the optimum is calibrated.
+        best_here = math.inf
+        for batch, steps in sorted(row, reverse=True):
+            lr = scaled_lr(lr_ref, batch)
+            q = batch / num_units
+            if steps < floor or steps > MAX_STEPS:
+                why = f"T={steps} below the minimum {floor}" if steps < floor else f"T above {MAX_STEPS}"
+                cands[(batch, steps)] = _cand(batch, steps, q, None, None, lr, why, e)
+                continue
+            if best_here < math.inf and cands_rose(cands, row, batch, floor):
+                cands[(batch, steps)] = _cand(
+                    batch, steps, q, None, None, lr, "not weighed: σ/B already rose at a larger B for this E", e
+                )
+                continue
+            try:
+                sigma, eps = calibrate(
+                    target_epsilon=target_epsilon,
+                    sample_rate=q,
+                    steps=steps,
+                    delta=delta,
+                    accountant=accountant,
+                    adjacency=adjacency,
+                    chain=chain,
+                )
+            except (PlanRefusedError, ArithmeticError) as err:
+                why = f"σ not calibrated: {str(err).splitlines()[0]}"
+                cands[(batch, steps)] = _cand(batch, steps, q, None, None, lr, why, e)
+                continue
+            cands[(batch, steps)] = _cand(batch, steps, q, sigma, eps, lr, None, e)
+            best_here = min(best_here, sigma / batch)
+    ordered = [cands[(b, t)] for _, b, t in grid]
+    eligible = [c for c in ordered if c.excluded is None]
+    e_text = f"E={float(e_options[0]):g}" if len(e_options) == 1 else f"E up to {float(e_options[-1]):g}"
     if not eligible:
         raise PlanRefusedError(
-            f"the planner found no batch B ≥ {BATCH_GRID[0]} with B ≤ N/4 and T ≥ {floor} for N={num_units}, "
-            f"E={float(e):g}"
+            f"the planner found no eligible batch for N={num_units}, {e_text}"
             + (f", max steps {max_steps}" if max_steps else "")
-            + (
-                f": N/4 < {BATCH_GRID[0]}, so no batch is eligible (the planner needs N ≥ {4 * BATCH_GRID[0]} "
-                "units); set training.expected_batch_size and training.steps yourself"
-                if num_units < 4 * BATCH_GRID[0]
-                else ": raise the epochs or the step cap, or set training.expected_batch_size and steps yourself"
-            )
+            + ": the target ε is not reachable at any candidate; raise privacy.target_epsilon, or set "
+            "training.expected_batch_size and training.steps yourself"
         )
     best = min(c.noise_per_unit for c in eligible)
     tied = [c for c in eligible if c.noise_per_unit <= best * (1 + TIE_RTOL)]
-    choice = min(tied, key=lambda c: (-c.steps, c.expected_batch_size))
+    choice = min(tied, key=lambda c: (-c.steps, c.expected_batch_size, c.epochs))
     return Recommendation(
         choice=choice,
-        candidates=tuple(cands),
-        epochs=float(e),
+        candidates=tuple(ordered),
+        epochs=choice.epochs,
         max_steps=max_steps,
         num_units=num_units,
         lr_schedule=DEFAULT_SCHEDULE,
         warmup_steps=DEFAULT_WARMUP_STEPS,
         rule=RULE,
+        max_epochs=max_epochs if epochs is None else None,
+        min_steps=floor,
     )
 
 
-def _cand(batch, steps, q, sigma, eps, lr, excluded) -> Candidate:
+def cands_rose(cands: dict, row: list[tuple[int, int]], batch: int, floor: int) -> bool:
+    """True when, among this E's calibrated candidates above ``batch``, σ/B rose from one B to the next smaller one
+    (the optimum at this E is already behind: smaller B only add steps at more noise per unit)."""
+    above = [cands.get((b, t)) for b, t in sorted(row, reverse=True) if b > batch]
+    values = [c.noise_per_unit for c in above if c is not None and c.noise_per_unit is not None]
+    return any(later > earlier for earlier, later in zip(values, values[1:], strict=False))
+
+
+def _cand(batch, steps, q, sigma, eps, lr, excluded, epochs=None) -> Candidate:
     return Candidate(
+        epochs=None if epochs is None else float(epochs),
         expected_batch_size=batch,
         steps=steps,
         sample_rate=q,

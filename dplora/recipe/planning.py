@@ -97,8 +97,10 @@ def resolve_auto(contract: Contract, *, epochs: float | None = None, max_steps: 
             "training.expected_batch_size: auto (the planner) needs privacy.num_units: a declared public N; "
             "the planner never counts the data"
         )
+    max_epochs = None
     if epochs is None and training.is_auto:
-        epochs = training.epochs
+        epochs = None if training.epochs == "auto" else training.epochs
+        max_epochs = training.max_epochs
     if max_steps is None and training.is_auto and isinstance(training.steps, int):
         max_steps = training.steps
     rec = recommend(
@@ -110,6 +112,7 @@ def resolve_auto(contract: Contract, *, epochs: float | None = None, max_steps: 
         lr_ref=training.lr,
         epochs=epochs,
         max_steps=max_steps,
+        max_epochs=max_epochs,
     )
     return _apply_recommendation(contract, rec)
 
@@ -122,6 +125,7 @@ def _apply_recommendation(contract: Contract, rec):
         "expected_batch_size": choice.expected_batch_size,
         "steps": choice.steps,
         "epochs": None,
+        "max_epochs": None,
         "lr": choice.lr,
         "lr_schedule": training.lr_schedule or rec.lr_schedule,
         "warmup_steps": rec.warmup_steps if training.warmup_steps is None else training.warmup_steps,

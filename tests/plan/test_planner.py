@@ -15,7 +15,7 @@ from dplora.accounting.cost import tolerance_for
 from dplora.accounting.events import DpSgdEvent
 from dplora.contract.loader import parse_contract
 from dplora.errors import BadInputError, PlanRefusedError
-from dplora.plan.planner import BATCH_GRID, MIN_STEPS, recommend, scaled_lr
+from dplora.plan.planner import MIN_STEPS, batch_options, recommend, scaled_lr
 
 ARGS = {"num_units": 1000, "target_epsilon": 8.0, "delta": 1e-5, "accountant": "rdp", "adjacency": "add_remove"}
 
@@ -23,9 +23,7 @@ ARGS = {"num_units": 1000, "target_epsilon": 8.0, "delta": 1e-5, "accountant": "
 def test_choice_is_the_rules_brute_force():
     rec = recommend(**ARGS, lr_ref=2e-3)
     rows = []
-    for b in BATCH_GRID:
-        if b > 1000 / 4:
-            continue
+    for b in batch_options(1000):
         t = math.ceil(3 * 1000 / b)
         if t < MIN_STEPS:
             continue
@@ -37,8 +35,9 @@ def test_choice_is_the_rules_brute_force():
     assert (rec.choice.expected_batch_size, rec.choice.steps) == (best[2], best[3]) == (48, 63)
     assert rec.choice.noise_multiplier == pytest.approx(best[4])
     assert rec.choice.lr == pytest.approx(2e-3 * math.sqrt(48 / 32))
-    assert [c.expected_batch_size for c in rec.candidates] == [32, 48, 64, 96, 128, 192]
-    assert [c.steps for c in rec.candidates] == [94, 63, 47, 32, 24, 16]
+    assert [c.expected_batch_size for c in rec.candidates] == [32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1000]
+    assert [c.steps for c in rec.candidates] == [94, 63, 47, 32, 24, 16, 12, 8, 6, 4, 3]
+    assert [c.expected_batch_size for c in rec.candidates if c.noise_multiplier is not None] == [32, 48]
     assert rec.warmup_steps == 0 and rec.lr_schedule == "constant"
 
 
@@ -61,9 +60,52 @@ def test_every_candidate_within_target_same_accountant_integer_t():
             assert eps <= 8.0
 
 
-def test_no_eligible_candidate_is_refused():
-    with pytest.raises(PlanRefusedError, match="no batch"):
-        recommend(**(ARGS | {"num_units": 100}), lr_ref=1e-3)
+def test_an_unreachable_target_is_refused():
+    with pytest.raises(PlanRefusedError, match="no eligible batch"):
+        recommend(**(ARGS | {"num_units": 100, "target_epsilon": 1e-4}), lr_ref=1e-3)
+
+
+@pytest.mark.parametrize(("n", "batch", "steps"), [(50, 32, 5), (100, 32, 10), (534, 32, 51), (5000, 256, 59)])
+def test_small_and_large_populations_plan_at_the_default_epochs(n, batch, steps):
+    """E 3 (what `dplora init` writes) plans for every N ≥ 50: below N ≈ 534 no B ≥ 32 reaches T 50, and the floor
+    falls to the most steps any candidate reaches (B 32) instead of refusing."""
+    rec = recommend(**(ARGS | {"num_units": n, "delta": 1 / (10 * n)}), lr_ref=2e-3)
+    assert (rec.choice.expected_batch_size, rec.choice.steps) == (batch, steps)
+    assert rec.to_dict()["inputs"]["min_steps"] == min(50, math.ceil(3 * n / 32))
+    assert rec.choice.epsilon <= 8.0
+
+
+def test_q_one_is_an_eligible_candidate_at_n_554_and_the_gaussian_mechanism():
+    rec = recommend(**(ARGS | {"num_units": 554, "accountant": "pld"}), lr_ref=2e-3, epochs=50)
+    full = [c for c in rec.candidates if c.expected_batch_size == 554]
+    assert len(full) == 1 and full[0].excluded is None and full[0].sample_rate == 1.0 and full[0].steps == 50
+    assert rec.choice.expected_batch_size == 554  # the smallest σ/B: every unit in every step
+
+
+def test_epochs_auto_searches_e_up_to_the_cap_and_only_where_sigma_over_b_can_improve():
+    rec = recommend(**(ARGS | {"num_units": 1600}), lr_ref=2e-3, max_epochs=20)
+    table = rec.to_dict()
+    assert table["inputs"]["max_epochs"] == 20 and table["inputs"]["epoch_grid"][:3] == [1, 2, 3]
+    assert {c.epochs for c in rec.candidates} == {1.0, 2.0, 3.0, 5.0, 10.0, 20.0}
+    weighed = [c for c in rec.candidates if c.noise_multiplier is not None]
+    # two calibrations per E at most (the largest eligible B and the next, where σ/B already rises)
+    assert len(weighed) <= 2 * 6
+    assert all(
+        c.excluded is None or "below the minimum" in c.excluded or "not weighed" in c.excluded for c in rec.candidates
+    )
+    # brute force over every (B, E) with T ≥ 50: the choice is the smallest σ/B
+    best = None
+    for e in (1, 2, 3, 5, 10, 20):
+        for b in batch_options(1600):
+            t = math.ceil(e * 1600 / b)
+            if t < 50:
+                continue
+            sigma, _ = calibrate(
+                target_epsilon=8.0, sample_rate=b / 1600, steps=t, delta=1e-5, accountant="rdp", adjacency="add_remove"
+            )
+            best = min(best or (math.inf,), (sigma / b, -t, b, e))
+    assert (rec.choice.expected_batch_size, rec.choice.epochs) == (best[2], best[3])
+    assert rec.epochs == best[3] == 20
 
 
 def test_scaled_lr_sqrt():

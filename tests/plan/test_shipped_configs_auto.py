@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from dplora.accounting.calibration import calibrate
 from dplora.cli.app import app
-from dplora.plan.planner import BATCH_GRID, recommend
+from dplora.plan.planner import batch_options, recommend
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 
@@ -25,9 +25,7 @@ def test_a_cap_below_the_floor_is_the_floor_and_the_choice_is_the_rules_brute_fo
     args = {"num_units": 1000, "target_epsilon": 8.0, "delta": 1e-5, "accountant": "rdp", "adjacency": "add_remove"}
     rec = recommend(**args, lr_ref=2e-3, max_steps=24)
     rows = []
-    for b in BATCH_GRID:
-        if b > 1000 / 4:
-            break
+    for b in batch_options(1000):
         t = min(math.ceil(3 * 1000 / b), 24)
         if t < 24:  # the floor is the cap
             continue
@@ -38,8 +36,10 @@ def test_a_cap_below_the_floor_is_the_floor_and_the_choice_is_the_rules_brute_fo
     best = min(rows)
     assert (rec.choice.expected_batch_size, rec.choice.steps) == (best[2], best[3])
     assert rec.choice.steps == 24 and rec.to_dict()["inputs"]["min_steps"] == 24
-    excluded = {c.expected_batch_size: c.excluded for c in rec.candidates if c.excluded}
-    assert excluded == {192: "T=16 below the minimum 24"}  # ceil(3000/192) = 16 < 24
+    below = {c.expected_batch_size for c in rec.candidates if c.excluded and "below the minimum" in c.excluded}
+    assert below == {192, 256, 384, 512, 768, 1000}  # ceil(3000/192) = 16 < 24, and every larger B
+    weighed = [c.expected_batch_size for c in rec.candidates if c.noise_multiplier is not None]
+    assert weighed == [96, 128]  # from the largest eligible B down, until σ/B rises (at 96)
     assert recommend(**args, lr_ref=2e-3, max_steps=60).to_dict()["inputs"]["min_steps"] == 50  # unchanged above
 
 
@@ -80,7 +80,7 @@ def test_every_shipped_config_plans_with_auto(tmp_path, monkeypatch, config):
     assert rec["inputs"]["num_units"] == n and rec["inputs"]["min_steps"] == min(50, cap)
     eligible = [c for c in rec["candidates"] if c["excluded"] is None]
     assert eligible and all(c["steps"] == cap for c in eligible)  # T = ceil(3N/B) ≥ cap for each eligible B
-    assert all(c["expected_batch_size"] <= n / 4 for c in rec["candidates"])
+    assert all(c["expected_batch_size"] <= n for c in rec["candidates"])
     best = min(eligible, key=lambda c: (c["noise_per_unit"], -c["steps"], c["expected_batch_size"]))
     assert (report["expected_batch_size"], report["steps"]) == (best["expected_batch_size"], cap)
     assert report["epsilon"] <= raw["privacy"]["target_epsilon"]
