@@ -273,9 +273,21 @@ def attack_ceiling(
         return AttackCeiling(
             fprs=tuple(fprs), tprs=tprs, interval=0.0, accountant_version=version, method=GAUSSIAN_METHOD
         )
-    interval = ceiling_interval(event, intervals)
+    # The interval choice prices the one-step pmf, which builds it (seconds, and dp_accounting's import): a
+    # deterministic function of the public event, so it is cached beside the ceiling and a warm `budget` reads both.
+    choice_key = (
+        f"ceiling-interval-v1/{version}/{event.sample_rate!r}/{event.noise_multiplier!r}/{event.steps}/"
+        f"{event.adjacency.value}/{','.join(map(repr, intervals))}"
+    )
+    interval = _cached_interval(choice_key, intervals) if use_cache else None
     if interval is None:
-        return None
+        interval = ceiling_interval(event, intervals)
+        if interval is None:
+            return None
+        if use_cache:
+            from dplora.accounting import cache
+
+            cache.put(choice_key, interval)
     key = (
         f"ceiling-v1/{version}/{event.sample_rate!r}/{event.noise_multiplier!r}/{event.steps}/"
         f"{event.adjacency.value}/{interval!r}/{','.join(map(repr, fprs))}"
@@ -295,6 +307,14 @@ def _computed(event: DpSgdEvent, interval: float, fprs: tuple[float, ...]) -> tu
     """The ceilings at ``fprs``, computed (memoised in this process only: a pure function of its arguments)."""
     deltas = _profile(event, interval)
     return tuple(tradeoff_tpr(deltas, EPS_GRID, a) for a in fprs)
+
+
+def _cached_interval(key: str, intervals: tuple[float, ...]) -> float | None:
+    """A cached interval choice, validated (one of ``intervals``), or None."""
+    from dplora.accounting import cache
+
+    value = cache.load().get(key)
+    return value if isinstance(value, float) and value in intervals else None
 
 
 def _cached(key: str, fprs) -> tuple[float, ...] | None:

@@ -3,7 +3,7 @@ candidates with their attack ceilings (the report itself is built by :func:`dplo
 
 from __future__ import annotations
 
-from dplora.plan.estimate import EstimateInputs, estimate_line
+from dplora.plan.estimate import EstimateInputs, duration_text, estimate_line
 
 
 def print_report(report: dict, console, warn=None) -> None:
@@ -69,6 +69,18 @@ def print_report(report: dict, console, warn=None) -> None:
         line = "estimate: none (the synthetic probe batch did not fit in accelerator memory)"
         console.print(line if doc is None else estimate_line(EstimateInputs(**doc["inputs"])), markup=False,
                       soft_wrap=True)  # fmt: skip
+    if "time_budget" in report:
+        tb = report["time_budget"]
+        used = "the planner's E" if tb["used_by_planner"] else f"set training.epochs={tb['epochs']:g} to use it"
+        console.print(
+            f"time budget {duration_text(tb['budget_seconds'])}: one epoch is about "
+            f"{duration_text(tb['epoch_seconds'])} ({tb['forwards_per_epoch']} forward(s) of "
+            f"{tb['physical_batch']} synthetic records at "
+            f"{tb['probe_seconds']:.3g} s on {tb['device']}), so E = {tb['epochs']:g} epochs fit ({used}); public: "
+            "from the declared N and a timed synthetic step",
+            markup=False,
+            soft_wrap=True,
+        )
     if "recommendation" in report:
         _print_recommendation(report["recommendation"], console)
     if "sweep" in report:
@@ -117,15 +129,24 @@ def _print_recommendation(rec: dict, console) -> None:
         soft_wrap=True,
     )
     console.print(f"rule: {rec['rule']}", markup=False, soft_wrap=True)
-    t = Table(title=f"candidates weighed (E={rec['inputs']['epochs']:g}, N={rec['inputs']['num_units']})")
+    cap = rec["inputs"].get("max_epochs")
+    budget = f"E up to {cap:g}" if cap else f"E={rec['inputs']['epochs']:g}"
+    t = Table(title=f"candidates weighed ({budget}, N={rec['inputs']['num_units']}, T ≥ {rec['inputs']['min_steps']})")
     ceilings = "attack_ceiling_note" in rec
-    for col in ("B", "T", "q", "σ", "ε", "σ/B", *(("TPR@1%",) if ceilings else ()), "lr", "note"):
+    for col in ("B", "E", "T", "q", "σ", "ε", "σ/B", *(("TPR@1%",) if ceilings else ()), "lr", "note"):
         t.add_column(col)
+    below, skipped = 0, 0
     for row in rec["candidates"]:
         sig = row["noise_multiplier"]
-        chosen = row["expected_batch_size"] == c["expected_batch_size"] and row["steps"] == c["steps"]
+        chosen = (row["expected_batch_size"], row["steps"]) == (c["expected_batch_size"], c["steps"])
+        why = row["excluded"] or ""
+        if why.startswith(("T=", "not weighed")) and not chosen:  # counted below the table, not drawn
+            below += why.startswith("T=")
+            skipped += why.startswith("not weighed")
+            continue
         t.add_row(
             str(row["expected_batch_size"]),
+            "-" if row.get("epochs") is None else f"{row['epochs']:g}",
             str(row["steps"]),
             f"{row['sample_rate']:.4g}",
             "-" if sig is None else f"{sig:.4f}",
@@ -136,5 +157,13 @@ def _print_recommendation(rec: dict, console) -> None:
             "chosen" if chosen else (row["excluded"] or ""),
         )
     console.print(t)
+    if below or skipped:
+        floor = rec["inputs"]["min_steps"]
+        console.print(
+            f"note: not shown: {below} candidate(s) below the step floor T ≥ {floor}, {skipped} not weighed (a larger "
+            "B at the same E already had a smaller σ/B); --json lists every candidate",
+            markup=False,
+            soft_wrap=True,
+        )
     if ceilings:
         console.print(f"note: {rec['attack_ceiling_note']}", markup=False, soft_wrap=True)

@@ -54,6 +54,15 @@ BudgetEstimateOpt = Annotated[
 BudgetMaxStepsOpt = Annotated[
     int | None, typer.Option(min=1, max=1_000_000, metavar="T", help="With --recommend: cap on logical steps T.")
 ]
+BudgetTimeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--time-budget",
+        metavar="DURATION",
+        help="Load the model, time one synthetic step (no data) and print the epochs that fit this wall-clock "
+        "budget (45m, 2h, 1h30m) as training.epochs; with --recommend or an auto contract the planner uses them.",
+    ),
+]
 BudgetEpochsOpt = Annotated[
     float | None, typer.Option(min=0.001, max=1e6, metavar="E", help="With --recommend: epochs over units (default 3).")
 ]
@@ -81,6 +90,7 @@ def budget(
     epochs: BudgetEpochsOpt = None,
     show_private: ShowPrivateOpt = False,
     estimate: BudgetEstimateOpt = False,
+    time_budget: BudgetTimeOpt = None,
 ) -> None:
     """Dry run: plan N, q, T and σ and report ε, without loading a model (--estimate loads it to time a step).
 
@@ -106,6 +116,7 @@ def budget(
             max_steps=max_steps,
             show_private=private,
             estimate=estimate,
+            time_budget=time_budget,
             log=log,
         )
         if plot is not None:

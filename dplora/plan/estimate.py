@@ -139,3 +139,75 @@ def estimate_line(inputs: EstimateInputs) -> str:
         f"B={inputs.expected_batch_size:g}, {records}); public: from the plan and a timed synthetic step, "
         "not from the data"
     )
+
+
+_DURATION_UNITS = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """A time budget such as ``45m``, ``2h``, ``1h30m`` or ``90s`` in seconds (units s, m/min, h, d).
+
+    Returns:
+        Seconds, > 0.
+
+    Raises:
+        BadInputError: no unit (``45``), zero, a negative or otherwise unreadable value (one line).
+    """
+    import re
+
+    from dplora.errors import BadInputError
+
+    raw = str(text).strip().lower().replace(" ", "")
+    parts = re.findall(r"(\d+(?:\.\d+)?)(min|s|m|h|d)", raw)
+    if not raw or not parts or "".join(n + u for n, u in parts) != raw:
+        raise BadInputError(
+            f"--time-budget {text}: expected a duration with a unit (s, m, h or d), for example 45m, 2h or 1h30m"
+        )
+    seconds = sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
+    if not 0 < seconds < 366 * 86400:
+        raise BadInputError(f"--time-budget {text}: expected a duration above 0 and below a year")
+    return seconds
+
+
+def epochs_for_time(inputs: EstimateInputs, num_units: int, budget_seconds: float) -> dict:
+    """The epoch budget E that fits ``budget_seconds``, from the synthetic probe (an operator tool, never a clock).
+
+    One epoch is ⌈N·r / (W·P)⌉ forwards of the probe's s seconds (r, W, P as in :func:`estimate_seconds`); E is the
+    budget over that, rounded DOWN to a tenth. Public inputs only: the declared N, public contract keys and a
+    timed synthetic step, so the E written into a contract never depends on the data or on a run's own timing.
+
+    Args:
+        inputs: the probe's :class:`EstimateInputs` (its ``steps`` and B are not used).
+        num_units: N, the declared public number of units.
+        budget_seconds: the wall-clock budget for training, seconds.
+
+    Returns:
+        ``{"budget_seconds", "epoch_seconds", "epochs", "forwards_per_epoch", "probe_seconds", "physical_batch",
+        "records_per_unit", "records_basis", "device"}``.
+
+    Raises:
+        BadInputError: the budget is shorter than a tenth of an epoch (it names one epoch's time).
+    """
+    from dplora.errors import BadInputError
+
+    per_rank = num_units * inputs.records_per_unit / inputs.world_size
+    forwards = max(1, math.ceil(per_rank / inputs.physical_batch - 1e-12))
+    epoch_seconds = forwards * inputs.probe_seconds
+    epochs = math.floor(10 * budget_seconds / epoch_seconds) / 10
+    if epochs < 0.1:
+        raise BadInputError(
+            f"--time-budget {duration_text(budget_seconds)} is shorter than a tenth of an epoch here (one epoch of "
+            f"N={num_units} is about {duration_text(epoch_seconds)} from the synthetic probe); raise the budget"
+        )
+    return {
+        "budget_seconds": budget_seconds,
+        "epoch_seconds": epoch_seconds,
+        "epochs": epochs,
+        "forwards_per_epoch": forwards,
+        "probe_seconds": inputs.probe_seconds,
+        "physical_batch": inputs.physical_batch,
+        "records_per_unit": inputs.records_per_unit,
+        "records_basis": inputs.records_basis,
+        "device": inputs.device,
+        "basis": "public: the declared N and a timed synthetic step; the plan never changes after the data is read",
+    }

@@ -66,7 +66,14 @@ def plan_for(
     return make_plan(contract, num_units=unit_index.num_units, num_units_source="data")
 
 
-def resolve_auto(contract: Contract, *, epochs: float | None = None, max_steps: int | None = None, force: bool = False):
+def resolve_auto(
+    contract: Contract,
+    *,
+    epochs: float | None = None,
+    max_steps: int | None = None,
+    force: bool = False,
+    max_epochs: float | None = None,
+):
     """Resolve ``training.expected_batch_size: auto`` (and ``steps: auto``) with the planner; else unchanged.
 
     Public inputs only (:mod:`dplora.plan.planner`): the declared ``privacy.num_units``, ε, δ, the accountant,
@@ -78,6 +85,8 @@ def resolve_auto(contract: Contract, *, epochs: float | None = None, max_steps: 
         contract: the validated contract.
         epochs, max_steps: ``dplora budget --recommend`` options, which take precedence over the contract's.
         force: plan with the planner even when the contract gives B and T (``--recommend``).
+        max_epochs: a cap for ``training.epochs: auto`` that takes precedence over ``training.max_epochs``
+            (``budget --time-budget``).
 
     Returns:
         ``(contract, recommendation)``; the recommendation is None when nothing was ``auto`` and no option given.
@@ -97,10 +106,9 @@ def resolve_auto(contract: Contract, *, epochs: float | None = None, max_steps: 
             "training.expected_batch_size: auto (the planner) needs privacy.num_units: a declared public N; "
             "the planner never counts the data"
         )
-    max_epochs = None
     if epochs is None and training.is_auto:
         epochs = None if training.epochs == "auto" else training.epochs
-        max_epochs = training.max_epochs
+        max_epochs = max_epochs or training.max_epochs
     if max_steps is None and training.is_auto and isinstance(training.steps, int):
         max_steps = training.steps
     rec = recommend(

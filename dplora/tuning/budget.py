@@ -7,7 +7,7 @@ from pathlib import Path
 
 from dplora.contract.loader import load_contract
 from dplora.errors import BadInputError, PlanRefusedError
-from dplora.plan.estimate import estimate_doc
+from dplora.plan.estimate import estimate_doc, parse_duration
 from dplora.plan.training import TrainingPlan
 from dplora.release.record import unit_statement
 
@@ -34,6 +34,7 @@ def budget_report(
     max_steps: int | None = None,
     show_private: bool = True,
     estimate: bool = False,
+    time_budget: str | None = None,
     log=None,
 ) -> dict:
     """Plan a run and describe it as one JSON-ready dict.
@@ -54,9 +55,14 @@ def budget_report(
         public inputs only (declared N, ε, δ, ``epochs`` or ``max_steps``) and the data file is never opened; the
         report then has ``recommendation`` (the choice and every candidate weighed).
 
+    ``time_budget`` (``--time-budget 45m``): an operator tool. The model is loaded and one synthetic step timed
+    (:func:`dplora.plan.estimate.epochs_for_time`, no data) before the data is read; the epochs that fit are in
+    ``time_budget.epochs`` and, with ``recommend`` or an ``auto`` contract, are the planner's E (its E cap under
+    ``epochs: auto``). The plan never changes after the data is read and no run stops on a clock.
+
     Raises:
         BadInputError, PlanRefusedError: bad contract, data or plan (exit 2), as ``train`` refuses them; a counted
-            private N without ``show_private``.
+            private N without ``show_private``; a time budget without a unit, ≤ 0 or without a declared N.
     """
     from dplora.data.units import count_units
     from dplora.recipe.planning import plan_for, private_count_reason, resolve_auto
@@ -65,10 +71,22 @@ def budget_report(
         raise BadInputError("--epochs and --max-steps: give at most one compute budget")
     if (epochs is not None or max_steps is not None) and not recommend:
         raise BadInputError("--epochs and --max-steps are compute budgets for --recommend")
+    budget_seconds = None if time_budget is None else parse_duration(time_budget)
     contract = load_contract(config, overrides)
     if recommend and contract.privacy.num_units is None:
         raise BadInputError("--recommend needs privacy.num_units: a declared public N (the planner never counts data)")
-    contract, rec = resolve_auto(contract, epochs=epochs, max_steps=max_steps, force=recommend)
+    time_doc = None
+    max_epochs = None
+    if budget_seconds is not None:
+        if contract.privacy.num_units is None:
+            raise BadInputError("--time-budget needs privacy.num_units: a declared public N (it never counts data)")
+        time_doc = _time_budget(contract, budget_seconds, recommend=recommend, max_steps=max_steps, log=log)
+        if recommend or contract.training.is_auto:
+            if contract.training.epochs == "auto" and epochs is None:
+                max_epochs = max(1.0, time_doc["epochs"])  # the cap of epochs: auto (at least one pass)
+            else:
+                epochs = time_doc["epochs"]
+    contract, rec = resolve_auto(contract, epochs=epochs, max_steps=max_steps, force=recommend, max_epochs=max_epochs)
     local: list[str] = []
     if recommend:  # public inputs only: the data file is not opened
         unit_index = None
@@ -154,7 +172,28 @@ def budget_report(
         report["sweep"] = sweep_table(plan)
     if estimate:
         report["estimate"] = _estimate(contract, plan, why, log)
+    if time_doc is not None:
+        report["time_budget"] = time_doc | {"used_by_planner": rec is not None}
     return report
+
+
+def _time_budget(contract, budget_seconds: float, *, recommend: bool, max_steps: int | None, log) -> dict:
+    """``--time-budget``: plan provisionally from public inputs (declared N), load the model, time one synthetic
+    step and convert the budget to epochs (:func:`dplora.plan.estimate.epochs_for_time`). No data is read.
+
+    Raises:
+        BadInputError: the probe batch does not fit in memory, or the budget is under a tenth of an epoch.
+    """
+    from dplora.plan.estimate import epochs_for_time
+    from dplora.recipe.build import estimate_without_data
+    from dplora.recipe.planning import plan_for, resolve_auto
+
+    provisional, _ = resolve_auto(contract, max_steps=max_steps, force=recommend)
+    plan = plan_for(provisional, None, release=True)
+    inputs = estimate_without_data(provisional, plan, log=log or (lambda _m: None))
+    if inputs is None:
+        raise BadInputError("--time-budget: the probe batch does not fit in memory; lower training.physical_batch_size")
+    return epochs_for_time(inputs, contract.privacy.num_units, budget_seconds)
 
 
 CANDIDATE_CEILING_NOTE = (

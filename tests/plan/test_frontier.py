@@ -1,0 +1,168 @@
+"""The planner's reach: small teams plan from `init`, the noise–compute table is calibrated tightly, and a time
+budget is an operator tool that reads public inputs only."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from conftest import contract_dict, write_contract
+from typer.testing import CliRunner
+
+from dplora.cli.app import app
+from dplora.plan import estimate
+from dplora.plan.estimate import EstimateInputs, epochs_for_time, parse_duration
+from dplora.plan.planner import recommend
+
+# PLD, add/remove, δ 1e-5, ε 8 (N, B, E, T): the noise–compute frontier the planner must reach
+FRONTIER = [(1600, 32, 3, 150), (1600, 256, 10, 63), (1600, 512, 10, 32), (1600, 800, 20, 40), (554, 32, 10, 174),
+            (554, 554, 20, 20), (554, 277, 50, 100)]  # fmt: skip
+
+
+def _dp_accounting_sigma(q: float, steps: int) -> float:
+    """The tight σ for ε 8 at δ 1e-5 from dp_accounting's own PLD calibration (its default discretisation)."""
+    import dp_accounting
+
+    def event(sigma: float):
+        one = dp_accounting.GaussianDpEvent(sigma)
+        return dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(q, one) if q < 1 else one, steps)
+
+    return dp_accounting.calibrate_dp_mechanism(
+        dp_accounting.pld.PLDAccountant, event, target_epsilon=8.0, target_delta=1e-5, tol=1e-5
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("n", "b", "e", "t"), FRONTIER, ids=[f"N{r[0]}-B{r[1]}-E{r[2]}" for r in FRONTIER])
+def test_frontier_sigma_is_never_below_dp_accountings_and_within_one_percent(n, b, e, t):
+    from dplora.accounting.calibration import calibrate
+
+    assert math.ceil(e * n / b) == t
+    sigma, eps = calibrate(
+        target_epsilon=8.0, sample_rate=b / n, steps=t, delta=1e-5, accountant="pld", adjacency="add_remove"
+    )
+    reference = _dp_accounting_sigma(b / n, t)
+    assert eps <= 8.0
+    assert reference <= sigma <= 1.01 * reference, (sigma, reference)
+
+
+def _init_and_budget(tmp_path, monkeypatch, n: int) -> dict:
+    """`dplora init` on a small jsonl file, N/ε/δ filled in as a user would, then `budget --json`."""
+    monkeypatch.chdir(tmp_path)
+    rows = [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]}
+            for i in range(n)]  # fmt: skip
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert CliRunner().invoke(app, ["init", "d.jsonl", "smollm2-135m", "--out", "c.yaml"]).exit_code == 0
+    text = (tmp_path / "c.yaml").read_text()
+    for key, value in (("num_units", str(n)), ("target_epsilon", "8"), ("delta", f"{1 / (10 * n):.3g}")):
+        text = text.replace(f"{key}: DECLARE", f"{key}: {value}", 1)
+    (tmp_path / "c.yaml").write_text(text)
+    res = CliRunner().invoke(app, ["budget", "c.yaml", "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+@pytest.mark.parametrize("n", [50, 100, 534, 5000])
+def test_init_then_budget_plans_for_every_declared_n_from_50(tmp_path, monkeypatch, n):
+    report = _init_and_budget(tmp_path, monkeypatch, n)
+    rec = report["recommendation"]
+    assert report["num_units"] == n and report["epsilon"] <= 8.0
+    assert rec["inputs"]["epochs"] == 3
+    assert rec["inputs"]["min_steps"] == min(50, math.ceil(3 * n / 32))
+    assert report["steps"] >= rec["inputs"]["min_steps"] and report["expected_batch_size"] <= n
+
+
+def test_q_one_candidate_at_n_554_is_the_gaussian_mechanism_with_its_exact_ceiling():
+    from dplora.accounting.ceiling import gaussian_tprs
+    from dplora.accounting.events import DpSgdEvent
+
+    rec = recommend(
+        num_units=554, target_epsilon=8.0, delta=1e-5, accountant="pld", adjacency="add_remove", lr_ref=2e-3,
+        epochs=50,
+    )  # fmt: skip
+    full = next(c for c in rec.candidates if c.sample_rate == 1.0)
+    assert full.excluded is None and full.steps == 50
+    event = DpSgdEvent(sample_rate=1.0, noise_multiplier=full.noise_multiplier, steps=50)
+    (tpr,) = gaussian_tprs(event, (0.01,))
+    assert 0.01 < tpr < 1.0
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "45", "abc", "0m", "1y", "", "2h-5m"])
+def test_a_bad_time_budget_is_one_line(text):
+    from dplora.errors import BadInputError
+
+    with pytest.raises(BadInputError, match="--time-budget"):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("45m", 2700), ("2h", 7200), ("1h30m", 5400), ("90s", 90)])
+def test_time_budget_units(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+def _inputs(seconds: float = 2.0) -> EstimateInputs:
+    return EstimateInputs(steps=1, expected_batch_size=32, records_per_unit=1, records_basis="row", world_size=1,
+                          physical_batch=8, max_seq_len=64, probe_seconds=seconds, device="cpu")  # fmt: skip
+
+
+def test_epochs_for_time_is_rounded_down_and_refuses_under_a_tenth_of_an_epoch():
+    doc = epochs_for_time(_inputs(2.0), 1000, 3600)  # one epoch = 125 forwards × 2 s = 250 s
+    assert doc["epoch_seconds"] == 250 and doc["epochs"] == 14.4  # 3600 / 250 = 14.4
+    from dplora.errors import BadInputError
+
+    with pytest.raises(BadInputError, match="shorter than a tenth of an epoch"):
+        epochs_for_time(_inputs(2.0), 1000, 20)
+
+
+def test_budget_with_a_time_budget_is_the_same_on_neighbouring_datasets(tmp_path, tiny_model_dir, monkeypatch):
+    """D and D' (one record fewer) with the probe injected: the whole `budget --json` report is identical, and the
+    planner spends the epochs the budget allows."""
+    from dplora.recipe import build
+
+    monkeypatch.setattr(build, "estimate_without_data", lambda *a, **k: _inputs(2.0))
+    monkeypatch.setenv("CI", "true")
+    reports = []
+    for name, rows in (("d.csv", 40), ("d2.csv", 39)):
+        data = tmp_path / name
+        data.write_text("message,reply\n" + "".join(f"m{i},r{i}\n" for i in range(rows)))
+        raw = contract_dict(tiny_model_dir, data, tmp_path / "out", privacy={"num_units": 1000})
+        raw["training"].pop("steps")
+        raw["training"].update({"expected_batch_size": "auto", "epochs": "auto", "max_epochs": 50})
+        cfg = write_contract(tmp_path / f"{name}.yaml", raw)
+        res = CliRunner().invoke(app, ["budget", str(cfg), "--json", "--time-budget", "1h"])
+        assert res.exit_code == 0, res.output
+        reports.append(json.loads(res.stdout))
+    assert reports[0] == reports[1]
+    tb = reports[0]["time_budget"]
+    assert tb["epochs"] == 14.4 and tb["used_by_planner"] is True
+    assert reports[0]["recommendation"]["inputs"]["max_epochs"] == 14.4
+    assert max(c["epochs"] for c in reports[0]["recommendation"]["candidates"]) == 14.4
+
+
+@pytest.mark.parametrize(
+    ("training", "message"),
+    [
+        ({"epochs": "auto"}, "needs training.max_epochs"),
+        ({"epochs": "auto", "max_epochs": 0.5}, "max_epochs"),
+        ({"epochs": 3, "max_epochs": 20}, "caps training.epochs: auto"),
+        ({"expected_batch_size": 8, "epochs": "auto", "max_epochs": 20}, "needs training.expected_batch_size: auto"),
+    ],
+)
+def test_new_epoch_keys_bad_input_is_one_line_exit_2(tmp_path, tiny_model_dir, training, message):
+    raw = contract_dict(tiny_model_dir, tmp_path / "missing.csv", tmp_path / "out", privacy={"num_units": 1000})
+    raw["training"].pop("steps")
+    raw["training"].update({"expected_batch_size": "auto"} | training)
+    cfg = write_contract(tmp_path / "c.yaml", raw)
+    res = CliRunner().invoke(app, ["validate", str(cfg)])
+    assert res.exit_code == 2
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], res.output
+
+
+def test_time_budget_reads_no_private_count(monkeypatch):
+    """epochs_for_time's inputs are public by construction: EstimateInputs carries no table, index or token."""
+    assert set(estimate.EstimateInputs.__dataclass_fields__) == {
+        "steps", "expected_batch_size", "records_per_unit", "records_basis", "world_size", "physical_batch",
+        "max_seq_len", "probe_seconds", "device",
+    }  # fmt: skip
