@@ -166,3 +166,12 @@ def test_time_budget_reads_no_private_count(monkeypatch):
         "steps", "expected_batch_size", "records_per_unit", "records_basis", "world_size", "physical_batch",
         "max_seq_len", "probe_seconds", "device",
     }  # fmt: skip
+
+
+def test_the_recorded_rule_is_the_documented_one():
+    from pathlib import Path
+
+    from dplora.plan.planner import RULE
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "planner.md").read_text(encoding="utf-8")
+    assert f"```text\n{RULE}\n```" in doc
