@@ -52,6 +52,20 @@ def echo_private(*, as_json: bool = False, show_private: bool = False, stream=No
     return bool(isatty is not None and isatty())
 
 
+def private_notice(where: str, what: str = "held-out numbers, data notes") -> str:
+    """The one line a command prints where it withholds private diagnostics (off a terminal, under CI, ``--json``).
+
+    It is printed on every such run, whether or not anything was withheld, and holds no count, name or value: its
+    presence and its bytes depend on the command, its options and the output path only, never on the data (a line
+    that appeared only when something was withheld would itself tell neighbouring datasets apart).
+
+    Args:
+        where: the file that holds them, or a phrase where the command writes none.
+        what: what kind of diagnostics the command keeps there (fixed per command).
+    """
+    return f"private diagnostics ({what}; NOT covered by DP): {where}; --show-private prints them"
+
+
 class PrivateLog:
     """The sink of a run's private diagnostics: one-line messages (``train.log``) and numbers (``report.json``).
 

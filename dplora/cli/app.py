@@ -43,7 +43,7 @@ from dplora.errors import BadInputError, DploraError, one_line
 from dplora.evaluate.plot import plot_run
 from dplora.evaluate.report import report_lines
 from dplora.run.outputs import private_folder
-from dplora.surface import echo_private
+from dplora.surface import echo_private, private_notice
 
 
 def _nearest_option(err) -> str | None:
@@ -199,18 +199,20 @@ def eval_(
     except DploraError as err:
         raise fail(err, as_json=as_json) from None
     doc = {"ok": True, **evaluation.to_dict(), "differentially_private": evaluation.differentially_private}
-    if not evaluation.public:
-        saved = private_folder(read_run(run).folder) / "eval.json"
-        atomic.write_json(saved, {**doc, "note": "numbers on private held-out data, NOT covered by DP"})
-        if not echo_private(as_json=as_json, show_private=show_private, stream=sys.stdout):
-            message = (
-                f"held-out numbers on private data (NOT covered by DP) written to {saved}; --show-private prints them"
-            )
-            if as_json:
-                emit_json({"ok": True, "public": False, "private_report": str(saved), "note": message})
-            else:
-                out.print(message, markup=False, soft_wrap=True)
-            return
+    saved = private_folder(read_run(run).folder) / "eval.json"
+    shown = echo_private(as_json=as_json, show_private=show_private, stream=sys.stdout)
+    if not shown:  # on every such run, public held-out set or not: the line's presence never depends on the data
+        log(private_notice(str(saved), "held-out numbers"))
+    note = "numbers on private held-out data, NOT covered by DP"
+    note = "held-out set declared public" if evaluation.public else note
+    atomic.write_json(saved, {**doc, "note": note})  # the file the line names exists on every run
+    if not evaluation.public and not shown:
+        message = f"held-out numbers on private data (NOT covered by DP) written to {saved}; --show-private prints them"
+        if as_json:
+            emit_json({"ok": True, "public": False, "private_report": str(saved), "note": message})
+        else:
+            out.print(message, markup=False, soft_wrap=True)
+        return
     if as_json:
         emit_json(doc)
         return
@@ -259,6 +261,14 @@ NoVerifyOpt = Annotated[
     bool, typer.Option("--no-verify", help="Generate without verifying the release (the output says unverified).")
 ]
 GenerateJsonOpt = Annotated[bool, json_option("one JSON line per prompt.")]
+ChoicesOpt = Annotated[
+    str | None,
+    typer.Option(
+        metavar="LABELS",
+        help="Rank these labels instead of generating: comma-separated, or @FILE (one label per line). Prints the "
+        "chosen label and its calibrated scores (--json: only those).",
+    ),
+]
 
 
 @app.command(short_help="Replies from the base model + the run's adapters.")
@@ -276,15 +286,22 @@ def generate(
     no_verify: NoVerifyOpt = False,
     as_json: GenerateJsonOpt = False,
     threads: ThreadsOpt = None,
+    choices: ChoicesOpt = None,
 ) -> None:
     """Replies from the base model + the run's adapters (post-processing of the release: no budget spent).
 
     The release is verified with ``--public-key`` first (exit 3 on a mismatch); ``--no-verify`` skips that.
     ``--messages FILE`` replies to conversations, one reply per line (``--json``: one JSON line per conversation).
+    ``--choices LABELS`` ranks the labels as the evaluation of a classification run does (length-normalised,
+    calibrated on the run's content-free input) and prints the chosen label.
     """
     from dplora.evaluate.generate import Sampling, generate_from_run, read_conversations, read_prompts
     from dplora.release.read import read_run
 
+    if choices is not None:
+        _choose(run, choices, prompt, prompts, messages, temperature, allow_non_private, public_key, no_verify,
+                as_json, threads)  # fmt: skip
+        return
     try:
         if messages is not None:
             if prompt is not None or prompts is not None:
@@ -315,6 +332,47 @@ def generate(
             out.print(json.dumps({"prompt": text, "reply": reply}, ensure_ascii=False), markup=False, soft_wrap=True)
         else:
             out.print(reply if len(texts) == 1 else f"> {text}\n{reply}\n", markup=False, soft_wrap=True)
+
+
+def _choose(run, choices, prompt, prompts, messages, temperature, allow_non_private, public_key, no_verify, as_json,
+            threads) -> None:  # fmt: skip
+    """``generate --choices``: the chosen label and its calibrated scores per prompt (``--json``: only those)."""
+    import math
+
+    from dplora.contract.labels import parse_choices
+    from dplora.evaluate.generate import choose_from_run, read_prompts
+    from dplora.release.read import read_run
+
+    try:
+        if messages is not None:
+            raise BadInputError("--choices ranks labels for --prompt/--prompts, not --messages")
+        if temperature != 0:
+            raise BadInputError("--choices ranks labels deterministically: --temperature does not apply")
+        texts = read_prompts(prompt, prompts)
+        data = read_run(run).contract.data  # its files are compared by identity only, never read
+        labels = parse_choices(choices, private={"data.path": data.path, "data.eval_path": data.eval_path})
+        chosen = choose_from_run(
+            run,
+            texts,
+            labels,
+            allow_non_private=allow_non_private,
+            public_key=public_key,
+            verify=not no_verify,
+            threads=threads,
+            log=log,
+        )
+    except DploraError as err:
+        raise fail(err, as_json=as_json) from None
+    for text, choice in zip(texts, chosen, strict=True):
+        scores = {k: v if math.isfinite(v) else None for k, v in choice.scores.items()}
+        if as_json:  # the label and its scores only: never the prompt
+            out.print(json.dumps({"label": choice.label, "scores": scores}, ensure_ascii=False), markup=False,
+                      soft_wrap=True)  # fmt: skip
+            continue
+        lines = [choice.label] + [f"  {'-' if v is None else f'{v:+.4f}'}  {k}" for k, v in scores.items()]
+        if len(texts) > 1:
+            lines = [f"> {text}", *lines, ""]
+        out.print("\n".join(lines), markup=False, soft_wrap=True)
 
 
 app.command(short_help="Check a contract (--check-files: and its model and data files).")(data_cmd.validate)

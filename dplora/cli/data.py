@@ -9,13 +9,13 @@ from typing import Annotated
 import typer
 
 from dplora import atomic
-from dplora.cli.common import emit_json, fail, out
+from dplora.cli.common import emit_json, fail, log, out
 from dplora.cli.options import ConfigArg, JsonLineOpt, OverridesArg, ReplaceFileOpt, show_private_option
 from dplora.data.demo import write_tickets
 from dplora.data.twcs import write_twcs_conversations, write_twcs_pairs
 from dplora.data.twcs_tweets import DEFAULT_BRANDS, load_brands
 from dplora.errors import BadInputError, DploraError
-from dplora.surface import echo_private
+from dplora.surface import echo_private, private_notice
 
 CheckFilesOpt = Annotated[
     bool,
@@ -202,6 +202,7 @@ def prepare_twcs(
     kind = "conversations" if conversations else "pairs"
     if not echo_private(show_private=show_private, stream=sys.stdout):
         out.print(f"wrote {kind} to {dest} (its counts are private: --show-private prints them)", markup=False)
+        log(private_notice("not printed here", "counts of the written file"))
         return
     if conversations:
         turns, rule = summary["turns_per_conversation"], summary["rule"]

@@ -25,7 +25,7 @@ from dplora.cli.options import (
     temperature_option,
 )
 from dplora.errors import DploraError
-from dplora.surface import PrivateLog, echo_private
+from dplora.surface import PrivateLog, echo_private, private_notice
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -143,6 +143,8 @@ def synth(
     except DploraError as err:
         raise fail(err, as_json=as_json) from None
     _report(result, as_json=as_json, shown=shown)
+    if not shown:  # on every such run, whether or not a verbatim match was withheld
+        log(private_notice(str(result.report), "verbatim-match counts, data notes"))
 
 
 def _report(result, *, as_json: bool, shown: bool) -> None:

@@ -29,7 +29,7 @@ from dplora.recipe.options import RunOptions
 from dplora.run import outputs
 from dplora.run.outputs import private_path
 from dplora.run.progress import duration
-from dplora.surface import PrivateLog, echo_private
+from dplora.surface import LOG_FILENAME, PrivateLog, echo_private, private_notice
 
 BudgetAsJsonOpt = Annotated[bool, json_option("one JSON object instead of tables.")]
 BudgetPlotOpt = Annotated[
@@ -129,6 +129,8 @@ def budget(
         emit_json({"ok": True, **report})
     else:
         budget_view.print_report(report, out, warn=console)  # warnings on stderr, as train prints them
+    if not private:  # on every such run, whether or not the data gave anything to withhold
+        log(private_notice("not printed here", "records per unit, data-count warnings, planning time"))
 
 
 SigningKeyOpt = Annotated[Path | None, signing_key_option("Ed25519 private key (PEM) that signs the release.")]
@@ -244,6 +246,7 @@ def _report(result, *, as_json: bool, private_log) -> None:
             emit_json(_train_summary(result))
         else:
             out.print(f"non-private record (no DP guarantee): {result.release_path}", markup=False)
+        _private_line(result, private_log)
         return
     log(
         f"done: {result.steps_done}/{p.steps} steps, ε={result.epsilon_spent:.4f} "
@@ -253,8 +256,17 @@ def _report(result, *, as_json: bool, private_log) -> None:
         emit_json(_train_summary(result))
     else:
         out.print(f"release: {result.release_path}", markup=False)
+    _private_line(result, private_log)
 
-    log(f"private (not covered by DP; keep local, never ship): {private_path(result.output_dir)}")
+
+def _private_line(result, private_log) -> None:
+    """Where the private diagnostics are. Off a terminal the same fixed line on every run, whether or not anything
+    was withheld (its presence must not depend on the data); on a terminal, where they were printed, the folder."""
+    folder = private_path(result.output_dir)
+    if private_log.echoing:
+        log(f"private (not covered by DP; keep local, never ship): {folder}")
+    else:
+        log(private_notice(str(folder / LOG_FILENAME)))
 
 
 def _eval_time(result) -> str:
