@@ -139,26 +139,37 @@ class UnitClipAccumulator:
         self._last_id = int(uniq[-1])
 
     def _add_grouped(self, G: torch.Tensor, counts: torch.Tensor, merged_open: bool, continues: bool) -> None:
-        """Units with several rows, or touching the open row: sum them into at most B/2 + 2 rows, clip, add."""
-        n = len(counts)
-        seg = torch.repeat_interleave(torch.arange(n, device="cpu"), counts)  # (B,) segment of each row
+        """Units with several rows, or touching the open row: sum them into at most B/2 + 2 rows, clip, add.
+
+        Every index is built on the host from ``counts`` (host data: the sampler's unit ids) and crosses to G's
+        device as ONE packed tensor; on the device only index_add/index_copy/index_select and slices run, so the
+        path has no boolean-mask indexing (a device sync each on CUDA) and no per-index small copies, which
+        dominate a step of a small, launch-bound model.
+        """
+        n, B = len(counts), G.shape[0]
+        seg = torch.repeat_interleave(torch.arange(n), counts)  # (B,) segment of each row
         special = counts > 1
         if merged_open:
             special[0] = True
         if continues:
             special[-1] = True
-        slot_of_seg = torch.full((n,), -1, dtype=torch.long, device="cpu")
-        m = int(special.sum())
-        slot_of_seg[special] = torch.arange(m, device="cpu")
-        slot_of_row = slot_of_seg[seg]
-        single_rows = (slot_of_row < 0).nonzero().flatten()
-        norms = torch.zeros(n, dtype=torch.float32, device=G.device)
-        if len(single_rows):
-            idx = single_rows.to(G.device)
-            norms[seg[single_rows].to(G.device)] = G.norm(dim=1).index_select(0, idx)
+        special_seg = special.nonzero().flatten()  # (m,) segments summed into S, in order (host)
+        m = len(special_seg)
+        slot_of_seg = torch.full((n,), m, dtype=torch.long)  # m: S's sink row, for single-record units
+        slot_of_seg[special_seg] = torch.arange(m)
+        single = ~special[seg]
+        has_single = bool(single.any())
+        # row_seg: a single-record row's segment, else n (a sink entry of norms and factors, dropped)
+        row_seg = torch.where(single, seg, n)
+        packed = torch.cat([slot_of_seg[seg], row_seg, special_seg]).to(G.device, non_blocking=True)
+        row_slot, row_seg, special_seg = packed.split([B, B, m])
+        norms = torch.zeros(n + 1, dtype=torch.float32, device=G.device)
+        if has_single:
+            # each single-record segment receives exactly one row; the sink sums the others and is dropped
+            norms.index_add_(0, row_seg, G.norm(dim=1))
         if m:
             S = torch.zeros((m + 1, self.P), dtype=torch.float32, device=G.device)  # last row: a sink for singles
-            S.index_add_(0, torch.where(slot_of_row < 0, m, slot_of_row).to(G.device), G)
+            S.index_add_(0, row_slot, G)
             S = S[:m]
             if merged_open:
                 S[0].add_(self._open)
@@ -167,23 +178,19 @@ class UnitClipAccumulator:
             overflow = ~torch.isfinite(S.sum(dim=1))
             S.masked_fill_(overflow.unsqueeze(1), 0.0)
             self.zeroed += overflow.sum()
-            norms[special.to(G.device)] = S.norm(dim=1)
-        complete = torch.ones(n, dtype=torch.bool, device="cpu")
-        if continues:
-            complete[-1] = False
-        factors = self._factor(norms) * complete.to(G.device)
-        if len(single_rows):
-            coef = torch.zeros(G.shape[0], dtype=torch.float32, device=G.device)
-            idx = single_rows.to(G.device)
-            coef[idx] = factors[seg[single_rows].to(G.device)]
-            self._sum.addmv_(G.t(), coef)
+            norms.index_copy_(0, special_seg, S.norm(dim=1))
+        complete = n - 1 if continues else n  # the open unit is clipped when its last record arrives
+        factors = self._factor(norms)
+        factors[complete:] = 0.0  # the sink, and the open unit (a slice: no sync)
+        if has_single:
+            self._sum.addmv_(G.t(), factors.index_select(0, row_seg))
         if m:
-            self._sum.addmv_(S.t(), factors[special.to(G.device)])
+            self._sum.addmv_(S.t(), factors.index_select(0, special_seg))
             if continues:
                 if self._open is None:
                     self._open = torch.empty(self.P, dtype=torch.float32, device=G.device)
                 self._open.copy_(S[-1])
-        self._record(norms[complete.to(G.device)])
+        self._record(norms[:complete])
 
     def _factor(self, norms: torch.Tensor) -> torch.Tensor:
         """Scale of each unit's vector: min(1, C/(‖v‖ + 1e-6)) (clip) or C/(‖v‖ + γ) (normalize)."""

@@ -408,6 +408,69 @@ def test_accumulator_matches_hand_reference_on_random_layouts(max_records, mean)
         assert (total - _reference_sum(per_record, groups, c, mean)).abs().max() < 1e-5
 
 
+def _layout_with_gaps_and_a_long_unit(gen, num_units=50, long_unit=7, long_records=37):
+    """Unit ids with gaps (units sampled with no records: empty) and one unit spread over several physical batches."""
+    sizes = torch.randint(0, 4, (num_units,), generator=gen)  # 0: an empty unit, its id never appears
+    sizes[long_unit] = long_records
+    return [u for u, s in enumerate(sizes.tolist()) for _ in range(s)]
+
+
+@pytest.mark.parametrize("physical, mean", [(8, False), (8, True), (5, False), (32, False)])
+def test_grouped_path_matches_brute_force_with_empty_units_and_a_unit_over_several_batches(physical, mean):
+    """The grouped path (one packed index per batch) against Σ_u clip_C(v_u) by hand, and each unit's norm."""
+    gen = torch.Generator().manual_seed(physical + 100 * mean)
+    unit_of_row = _layout_with_gaps_and_a_long_unit(gen)
+    units = sorted(set(unit_of_row))
+    assert len(units) < 50 and unit_of_row.count(7) > physical  # empty units; unit 7 spans 2 or more batches
+    rows, P, c = len(unit_of_row), 40, 2.0
+    per_record = torch.randn(rows, P, generator=gen) * torch.rand(rows, 1, generator=gen) * 2
+    groups = [[r for r in range(rows) if unit_of_row[r] == u] for u in units]
+    acc = UnitClipAccumulator(P, c, "cpu")
+    acc.begin_step()
+    for start in range(0, rows, physical):
+        ids = torch.tensor(unit_of_row[start : start + physical])
+        continues = start + physical < rows and unit_of_row[start + physical] == int(ids[-1])
+        weight = torch.tensor([1.0 / unit_of_row.count(u) for u in ids.tolist()]) if mean else None
+        acc.add(per_record[start : start + physical].clone(), ids, last_unit_continues=continues, row_weight=weight)
+    total, norms = acc.finish()
+    assert acc.units == len(norms) == len(units)
+    assert (total - _reference_sum(per_record, groups, c, mean)).abs().max() < 1e-5
+    expected = torch.stack([(per_record[g].sum(0) / (len(g) if mean else 1)).norm() for g in groups])
+    assert (norms - expected).abs().max() < 1e-5
+
+
+class _CrossDevice(TorchDispatchMode):
+    """Counts host → device copies (``_to_copy`` from cpu to another device) while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.copies = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func is torch.ops.aten._to_copy.default and args[0].device.type == "cpu" and out.device.type != "cpu":
+            self.copies += 1
+        return out
+
+
+def test_grouped_path_moves_one_packed_index_and_never_syncs():
+    """On the meta device (no data), as on CUDA, a value read on the host (nonzero, a boolean mask, .item()) or a
+    host tensor mixed into a device op fails: the grouped path runs there and copies ONE index tensor per batch."""
+    P = 6
+    acc = UnitClipAccumulator(P, 1.0, "meta")
+    acc.begin_step()
+    batches = [([0, 0, 1, 3], True), ([3, 3, 3, 3], True), ([3, 4, 4, 6], False), ([7, 8, 9, 9], False)]
+    for ids, continues in batches:
+        probe = _CrossDevice()
+        with probe:
+            acc.add(torch.randn(len(ids), P, device="meta"), torch.tensor(ids), last_unit_continues=continues)
+        assert probe.copies == 1, (ids, probe.copies)
+    assert acc.units == 8  # 0, 1, 3, 4, 6, 7, 8, 9
+    total, norms = acc.finish()
+    assert total.device.type == "meta" and norms.shape == (8,)
+
+
 def test_accumulator_refuses_bad_unit_orders():
     acc = UnitClipAccumulator(4, 1.0, "cpu")
     with pytest.raises(ValueError, match="non-decreasing"):
