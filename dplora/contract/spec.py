@@ -46,6 +46,7 @@ from dplora.contract.choices import (
     Sharding,
     UnitClipping,
 )
+from dplora.contract.labels import MAX_CALIBRATION_CHARS, label_set_problem
 from dplora.errors import excerpt
 
 PACKAGED_MODELS = ("smollm2-135m",)
@@ -252,6 +253,32 @@ class DataSection(_Section):
     group_column: Name | None = None  # public labels only: evaluation reports per group (dplora.evaluate.heldout)
     # a public file the adapter is first fitted on without noise (no ε charged: never the private data)
     public_warm_start: PublicWarmStart | None = None
+    # classification: the response is one label of a DECLARED set (a list here or a public file, never collected
+    # from the records); evaluation ranks the labels with contextual calibration (dplora.evaluate.classify)
+    task: Literal["generation", "classification"] = "generation"
+    labels: tuple[Annotated[str, Field(strict=True)], ...] | None = None
+    labels_file: PathText | None = None
+    calibration_input: Annotated[str, Field(min_length=1, max_length=MAX_CALIBRATION_CHARS, strict=True)] | None = None
+
+    @model_validator(mode="after")
+    def _task(self) -> DataSection:
+        declared = {"data.labels": self.labels, "data.labels_file": self.labels_file}
+        declared["data.calibration_input"] = self.calibration_input
+        if self.task == "generation":
+            for key, value in declared.items():
+                if value is not None:
+                    raise ValueError(f"{key} needs data.task: classification")
+            return self
+        if self.kind != "prompt_response":  # the label is the response of a prompt/response pair, as trained
+            raise ValueError("data.task=classification needs data.prompt_column and data.response_column (the label)")
+        if (self.labels is None) == (self.labels_file is None):
+            raise ValueError(
+                "data.task=classification needs a declared label set: exactly one of data.labels (a list) or "
+                "data.labels_file (a public file, one label per line); it is never collected from the data"
+            )
+        if self.labels is not None and (problem := label_set_problem(self.labels)) is not None:
+            raise ValueError(f"data.labels: {problem}")
+        return self
 
     @model_validator(mode="after")
     def _held_out(self) -> DataSection:
@@ -517,6 +544,9 @@ class Contract(_Section):
         dumped = self.model_dump(mode="json")
         if dumped["data"].get("public_warm_start") is None:  # absent: the YAML (and digest) of contracts before it
             dumped["data"].pop("public_warm_start", None)
+        if dumped["data"].get("task") == "generation":  # the default: contracts before classification unchanged
+            for key in ("task", "labels", "labels_file", "calibration_input"):
+                dumped["data"].pop(key, None)
         if dumped["training"].get("sharding") == Sharding.NONE.value:  # the default: contracts before it unchanged
             dumped["training"].pop("sharding", None)
         return yaml.safe_dump(dumped, sort_keys=False)

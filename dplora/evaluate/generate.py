@@ -268,6 +268,72 @@ def generate_from_run(
         VerificationError: the release does not verify with ``public_key`` (exit 3), before any privacy verdict.
         NotPrivateError: the run is a non-private control and ``allow_non_private`` is False (exit 6).
     """
+    run, model, tokenizer, device = _verified_model(
+        target, allow_non_private=allow_non_private, public_key=public_key, verify=verify, threads=threads, log=log
+    )
+    return generate_replies(
+        model,
+        tokenizer,
+        prompts,
+        data=run.contract.data,
+        training=run.contract.training,
+        sampling=sampling,
+        device=device,
+    )
+
+
+def choose_from_run(
+    target: Path,
+    prompts: list[str],
+    choices,
+    *,
+    allow_non_private: bool = False,
+    public_key: Path | None = None,
+    verify: bool = True,
+    threads: int | None = None,
+    log=print,
+) -> list:
+    """The chosen label of each prompt among ``choices`` (``dplora generate --choices``), from the released adapters.
+
+    Post-processing of the release and the caller's prompts: no data file is read. The release is verified and a
+    control refused exactly as :func:`generate_from_run` does. Each prompt is ranked as the evaluation ranks a
+    held-out record (:func:`dplora.evaluate.classify.choose_labels`: the label as the response, as trained;
+    length-normalised log-likelihood minus the scores of the run's content-free input).
+
+    Args:
+        prompts: P text prompts; choices: K labels (a checked label set,
+            :func:`dplora.contract.labels.parse_choices`).
+
+    Returns:
+        P :class:`dplora.evaluate.classify.Choice` (the label and its calibrated scores, nats per token), in order.
+
+    Raises:
+        BadInputError: as :func:`generate_from_run`, or a run whose records are not prompt/response pairs.
+        VerificationError: the release does not verify (exit 3).
+        NotPrivateError: a non-private control without ``allow_non_private`` (exit 6).
+    """
+    from dplora.evaluate.classify import choose_labels
+    from dplora.release.read import read_run
+
+    data = read_run(target).contract.data
+    if data.kind != "prompt_response":  # the label is scored as the response of a prompt/response record
+        raise BadInputError(
+            f"--choices: this run was trained on {data.kind} records; ranking labels needs a prompt/response run "
+            "(the label is the response)"
+        )
+    run, model, tokenizer, device = _verified_model(
+        target, allow_non_private=allow_non_private, public_key=public_key, verify=verify, threads=threads, log=log
+    )
+    return choose_labels(model, tokenizer, prompts, choices, run.contract.data, run.contract.training, device=device)
+
+
+def _verified_model(target: Path, *, allow_non_private: bool, public_key, verify: bool, threads, log):
+    """(run, peft model, tokenizer, device) of a release verified with ``public_key`` (or ``verify`` False, said in
+    one ``unverified`` line), a control refused unless ``allow_non_private``, the chat template checked.
+
+    Raises:
+        as :func:`generate_from_run`.
+    """
     from dplora.mechanism.control import NOT_DP
     from dplora.release.read import load_adapter_model, read_run
     from dplora.release.verify import verify_release
@@ -296,12 +362,4 @@ def generate_from_run(
         log(f"warning: {run.folder} is {NOT_DP}: these adapters carry no DP guarantee")
     model, tokenizer, device = load_adapter_model(run, threads=threads, log=log)
     check_tokenization(run, tokenizer)
-    return generate_replies(
-        model,
-        tokenizer,
-        prompts,
-        data=run.contract.data,
-        training=run.contract.training,
-        sampling=sampling,
-        device=device,
-    )
+    return run, model, tokenizer, device

@@ -28,6 +28,7 @@ import dataclasses
 import math
 from pathlib import Path
 
+from dplora.contract.labels import declared_labels
 from dplora.contract.spec import DataSection, TrainingSection
 from dplora.data.cells import tokenize_cells
 from dplora.errors import BadInputError, excerpt
@@ -65,6 +66,8 @@ class Evaluation:
         differentially_private: the adapters come from a DP run (False for a control).
         accuracy: with ``data.label_column``: {"column", "records", "base", "adapter"} exact-match accuracy.
         groups: with a group column: {"column", "base", "adapter" (lists of :class:`GroupStat`), "hidden"}.
+        classification: with ``data.task: classification``: {"labels", "calibration_input", "records",
+            "out_of_set", "base", "adapter"} (:func:`dplora.evaluate.classify.classification_stats` per model).
     """
 
     base: HeldOutLoss
@@ -74,6 +77,7 @@ class Evaluation:
     differentially_private: bool
     accuracy: dict | None = None
     groups: dict | None = None
+    classification: dict | None = None
 
     @property
     def label(self) -> str:
@@ -105,6 +109,12 @@ class Evaluation:
                     m: [{k: finite(v) for k, v in dataclasses.asdict(x).items()} for x in g[m]]
                     for m in ("base", "adapter")
                 },
+            }
+        if self.classification is not None:
+            c = self.classification
+            out["classification"] = {
+                **{k: v for k, v in c.items() if k not in ("base", "adapter")},
+                **{m: {**c[m], "bias": {k: finite(v) for k, v in c[m]["bias"].items()}} for m in ("base", "adapter")},
             }
         return out
 
@@ -233,6 +243,8 @@ def check_held_out(
     group = group_column or data.group_column
     if group is not None and group not in table.column_names and _schema_is_public(data):
         raise BadInputError(f"the held-out data has no column {excerpt(group)} (the group column)")
+    if data.task == "classification":  # the declared label set: the contract and file identity only
+        declared_labels(data)
 
 
 def _schema_is_public(data: DataSection) -> bool:
@@ -267,15 +279,21 @@ def evaluate_model(
         private_run: the adapters come from a DP run.
         group_column: report per group of this column (default ``data.group_column``; None: no groups).
         progress: a :class:`dplora.run.progress.BatchReporter` (``start(total)``, ``advance(count)``) or None;
-            it counts 2 · (ceil(R / physical_batch_size) loss batches + R greedy replies with a label column).
+            it counts 2 · (ceil(R / physical_batch_size) loss batches + R greedy replies with a label column
+            + R + 1 ranked prompts with ``data.task: classification``).
+
+    With ``data.task: classification`` each model also ranks the declared labels for every held-out prompt
+    (:mod:`dplora.evaluate.classify`: length-normalised, calibrated on a content-free input): accuracy and
+    per-label recall, a record whose response is outside the label set scored wrong and counted.
 
     Returns:
         :class:`Evaluation`.
 
     Raises:
-        BadInputError: no target token in the held-out set, or a missing label or group column.
+        BadInputError: no target token in the held-out set, a missing label or group column, or a bad label set.
     """
     from dplora.data.tokens import tokenize_records
+    from dplora.evaluate import classify
 
     group_column = group_column or data.group_column
     check_held_out(table, tokenizer, data, training, group_column)
@@ -285,9 +303,13 @@ def evaluate_model(
     peft_model.eval()
     rows: dict[str, tuple] = {}
     replies = len(examples) if data.label_column else 0
+    labels = declared_labels(data) if data.task == "classification" else None
+    ranked = len(examples) + 1 if labels is not None else 0  # the content-free input, then every prompt
     tick = progress.advance if progress is not None else None
     if progress is not None:
-        progress.start(2 * (math.ceil(len(examples) / batch) + replies))
+        progress.start(2 * (math.ceil(len(examples) / batch) + replies + ranked))
+    prompts = [str(p) for p in table[data.prompt_column]] if labels is not None else []
+    scored: dict[str, tuple] = {}
 
     def measure(name: str) -> HeldOutLoss:
         nll, tokens = record_nll(
@@ -297,6 +319,11 @@ def evaluate_model(
         if tick is not None and replies:
             tick(replies)
         rows[name] = (nll, tokens, right)
+        if labels is not None:
+            on_prompt = (lambda: tick(1)) if tick is not None else None
+            scored[name] = classify.classify(
+                peft_model, tokenizer, prompts, labels, data, training, device=device, on_prompt=on_prompt
+            )
         return held_out_loss(peft_model, examples, pad_id=0, device=device, batch_size=batch, per_record=(nll, tokens))
 
     try:
@@ -317,6 +344,21 @@ def evaluate_model(
         groups = {"column": group_column}
         for m in ("base", "adapter"):
             groups[m], groups["hidden"] = group_stats(values, *rows[m])
+    classification = None
+    if labels is not None:
+        gold = classify.gold_labels(table, data)
+        known = set(labels)
+        classification = {
+            "metric": "argmax over the declared labels of the mean log-likelihood per label token (nats) minus "
+            "that of the content-free input (contextual calibration, Zhao et al. 2021)",
+            "labels": len(labels),
+            "calibration_input": classify.calibration_text(data),
+            "records": len(gold),
+            "out_of_set": sum(y not in known for y in gold),  # scored wrong, never refused
+        }
+        for m in ("base", "adapter"):
+            bias, scores = scored[m]
+            classification[m] = classify.classification_stats(labels, gold, scores, bias)
     return Evaluation(
         base=base,
         adapter=adapter,
@@ -325,6 +367,7 @@ def evaluate_model(
         differentially_private=private_run,
         accuracy=accuracy,
         groups=groups,
+        classification=classification,
     )
 
 

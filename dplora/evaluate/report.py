@@ -105,6 +105,36 @@ def report_lines(evaluation) -> list[str]:
         )
     if evaluation.groups is not None:
         lines += _group_lines(evaluation.groups)
+    if getattr(evaluation, "classification", None) is not None:
+        lines += _classification_lines(evaluation.classification)
+    return lines
+
+
+def _classification_lines(c: dict) -> list[str]:
+    """Accuracy (calibrated and not) and per-label recall, base → adapter; label names bounded and escaped (the
+    labels are declared public in the contract)."""
+    b, a = c["base"], c["adapter"]
+
+    def num(x):
+        return f"{x:.3f}" if x is not None else "-"
+
+    lines = [
+        f"  classification over {c['labels']} declared labels, calibrated on {excerpt(c['calibration_input'], 40)}: "
+        f"accuracy base {num(b['accuracy'])}, adapter {num(a['accuracy'])} (uncalibrated: base "
+        f"{num(b['accuracy_uncalibrated'])}, adapter {num(a['accuracy_uncalibrated'])}); {c['records']} records, "
+        f"{c['out_of_set']} with a label outside the set (scored wrong)",
+    ]
+    if a["per_label"]:
+        lines.append(f"    {'label':28} {'records':>7} {'recall base':>11} {'adapter':>8}")
+        for lb, la in zip(b["per_label"], a["per_label"], strict=True):
+            name = one_line(la["label"], limit=28)
+            lines.append(f"    {name:28} {la['records']:7d} {num(lb['recall']):>11} {num(la['recall']):>8}")
+    hidden = a["hidden"]
+    if hidden["labels"]:
+        lines.append(
+            f"    ({hidden['labels']} labels with fewer than {hidden['min_records']} records, {hidden['records']} "
+            "records in all, have no recall shown)"
+        )
     return lines
 
 
