@@ -21,15 +21,23 @@ from __future__ import annotations
 
 
 class DploraError(Exception):
-    """Base class: a one-line, user-facing message plus an exit code."""
+    """Base class: a one-line, user-facing message plus an exit code (and the longest line the CLI prints of it)."""
 
     exit_code: int = 1
+    max_chars: int = 600  # MAX_MESSAGE_CHARS
 
 
 class BadInputError(DploraError):
     """The contract, a data file, a model path or a key is invalid (exit code 2)."""
 
     exit_code = 2
+
+
+class UnknownKeysError(BadInputError):
+    """A contract with unknown keys (often another tool's config): the line names every key, never cut, since the
+    user needs all of them at once and a contract file is bounded (64 KiB of key names)."""
+
+    max_chars = 1_000_000
 
 
 class PlanRefusedError(DploraError):

@@ -58,10 +58,47 @@ def _nearest_option(err) -> str | None:
     names = [o for p in (ctx.command.params if ctx is not None else []) for o in (*p.opts, *p.secondary_opts)]
     names = [n for n in names if n.startswith("-")] or list(err.possibilities or [])
     name = err.option_name.split("=", 1)[0]
+    meant = _meant_option(name, ctx)
+    if meant is not None:
+        return f"No such option: {name}; {meant}"
     near = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
     if not near:
         return None
     return f"No such option: {name}; did you mean {near[0]}?"
+
+
+# What other tools' users type for the positional contract or run folder (axolotl, TRL, the HF Trainer's scripts).
+_CONFIG_OPTIONS = ("config", "contract", "c", "cfg", "config_file", "config_path", "yaml")
+_RUN_OPTIONS = ("run", "run_dir", "output_dir", "model_dir", "adapter", "checkpoint")
+
+
+def _meant_option(name: str, ctx) -> str | None:
+    """What an unknown option most likely means, by meaning rather than spelling, or None: ``--config`` on a command
+    that takes the contract as its first argument (``dplora train CONTRACT.yaml``), ``--run`` on one that takes a
+    run folder, and a contract key (``--lr``, ``--learning-rate``: another tool's name) on a command that takes
+    overrides (``training.lr=…``). Spelling alone would send ``--lr`` to ``--ledger``."""
+    if ctx is None:
+        return None
+    key = name.lstrip("-").replace("-", "_").lower()
+    params = {p.name: p for p in ctx.command.params if p.param_type_name == "argument"}
+    command = ctx.command_path
+    if key in _CONFIG_OPTIONS and "config" in params:
+        return f"the contract is the first argument: {command} CONTRACT.yaml"
+    if key in (*_RUN_OPTIONS, *_CONFIG_OPTIONS) and "run" in params:
+        return f"the run folder (or its contract) is the first argument: {command} RUN"
+    if "overrides" not in params:
+        return None
+    from dplora.contract.aliases import ALIASES
+    from dplora.contract.spec import Contract
+
+    keys = [f"{s}.{k}" for s, f in Contract.model_fields.items() for k in f.annotation.model_fields if k == key]
+    if not keys and key in ALIASES:
+        keys = [ALIASES[key][0]]
+    if not keys:
+        return None
+    if len(keys) == 1:
+        return f"use the override {keys[0]}=…: {command} CONTRACT.yaml {keys[0]}=…"
+    return "use the override " + " or ".join(f"{k}=…" for k in keys) + f" after the contract: {command} CONTRACT.yaml"
 
 
 class OneLineErrorGroup(typer.core.TyperGroup):

@@ -15,7 +15,7 @@ out = Console(highlight=False, markup=False, soft_wrap=True)  # stdout: never ha
 
 def fail(err: DploraError, *, as_json: bool = False) -> typer.Exit:
     """Print the error as one bounded line on stderr (and, with ``--json``, as a JSON document on stdout)."""
-    message = one_line(str(err))
+    message = one_line(str(err), limit=err.max_chars)
     console.print(f"error: {message}", markup=False, soft_wrap=True)
     if as_json:
         emit_json(error_doc(err.exit_code, message))

@@ -66,41 +66,50 @@ def _keys(contract_cls) -> dict[str, list[str]]:
     return sections
 
 
-def suggest(section: str | None, key: str, contract_cls) -> str:
-    """A hint for the unknown key ``key`` (in ``section``, None at the top level), or "" when there is none.
+def hint(section: str | None, key: str, contract_cls) -> tuple[str, str, str] | None:
+    """What dplora calls the unknown key ``key`` (in ``section``, None at the top level): ``(kind, target, note)``
+    or None when nothing is near.
 
-    Order: :data:`ALIASES` (another tool's name), the same name in another section, then the nearest key by
-    ``difflib.get_close_matches`` (cutoff 0.6) in the same section, then in any section.
+    ``kind`` is ``alias`` (another tool's name for ``target``), ``moved`` (a dplora key of another section),
+    ``near`` (the nearest key by spelling) or ``section`` (the nearest section by spelling). Meaning comes before
+    spelling: :data:`ALIASES`, then the same name in another section, then ``difflib.get_close_matches`` (cutoff
+    0.6) in the same section (or among sections at the top level), then in any section (cutoff 0.75).
+    """
+    sections = _keys(contract_cls)
+    if key in ALIASES:
+        return ("alias", *ALIASES[key])
+    for name, keys in sections.items():
+        if name != section and key in keys:
+            return "moved", f"{name}.{key}", _MOVED_NOTE.get((section, key), "")
+    if section is None:
+        near = difflib.get_close_matches(key, list(sections), n=1, cutoff=0.6)
+        return ("section", near[0], "") if near else None
+    near = difflib.get_close_matches(key, sections.get(section, []), n=1, cutoff=0.6)
+    if near:
+        return "near", f"{section}.{near[0]}", ""
+    everywhere = [f"{s}.{k}" for s, keys in sections.items() for k in keys]
+    near = difflib.get_close_matches(key, [k.split(".", 1)[1] for k in everywhere], n=1, cutoff=0.75)
+    if near:
+        return "near", next(k for k in everywhere if k.split(".", 1)[1] == near[0]), ""
+    return None
+
+
+def suggest(section: str | None, key: str, contract_cls) -> str:
+    """A hint for the unknown key ``key`` (in ``section``, None at the top level), or "" when there is none
+    (:func:`hint` in words).
 
     Returns:
         e.g. ``"dplora calls it training.lr"``, ``"did you mean training.lr?"`` or ``""``.
     """
-    sections = _keys(contract_cls)
-    if section is None:
-        near = difflib.get_close_matches(key, list(sections), n=1, cutoff=0.6)
-        if near:
-            return f"did you mean the section {near[0]}?"
-        for name, keys in sections.items():
-            if key in keys:
-                return f"did you mean {name}.{key}? (keys go under their section)"
-        if key in ALIASES:
-            target, note = ALIASES[key]
-            return f"dplora calls it {target}" + (f" — {note}" if note else "")
+    found = hint(section, key, contract_cls)
+    if found is None:
         return ""
-    if key in ALIASES:
-        target, note = ALIASES[key]
-        return f"dplora calls it {target}" + (f" — {note}" if note else "")
-    for name, keys in sections.items():
-        if name != section and key in keys:
-            note = _MOVED_NOTE.get((section, key))
-            return f"did you mean {name}.{key}?" + (f" — {note}" if note else "")
-    own = sections.get(section, [])
-    near = difflib.get_close_matches(key, own, n=1, cutoff=0.6)
-    if near:
-        return f"did you mean {section}.{near[0]}?"
-    everywhere = [f"{s}.{k}" for s, keys in sections.items() for k in keys]
-    near = difflib.get_close_matches(key, [k.split(".", 1)[1] for k in everywhere], n=1, cutoff=0.75)
-    if near:
-        full = next(k for k in everywhere if k.split(".", 1)[1] == near[0])
-        return f"did you mean {full}?"
-    return ""
+    kind, target, note = found
+    tail = f" — {note}" if note else ""
+    if kind == "alias":
+        return f"dplora calls it {target}{tail}"
+    if kind == "section":
+        return f"did you mean the section {target}?"
+    if kind == "moved" and section is None:
+        return f"did you mean {target}? (keys go under their section){tail}"
+    return f"did you mean {target}?{tail}"

@@ -13,10 +13,10 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from dplora.contract.aliases import suggest
+from dplora.contract.aliases import hint, suggest
 from dplora.contract.shape import resolve_auto
 from dplora.contract.spec import MAX_CONTRACT_BYTES, MAX_NESTING, Contract
-from dplora.errors import BadInputError, excerpt
+from dplora.errors import BadInputError, UnknownKeysError, excerpt
 
 
 class YamlRefusedError(BadInputError):
@@ -264,12 +264,49 @@ def _unknown(error: dict) -> str:
     return f"unknown key {loc!r}" + (f": {hint}" if hint else "")
 
 
+GROUP_UNKNOWN_FROM = 4  # this many unknown keys or more: another tool's config, answered grouped
+
+
+def _names(error: dict) -> tuple[str | None, str]:
+    """(section or None at the top level, key) of an unknown-key error."""
+    names = [p for p in error["loc"] if isinstance(p, str)]
+    return (names[0], names[1]) if len(names) == 2 else (None, names[-1])
+
+
+def _unknown_parts(errors: list[dict]) -> list[str]:
+    """Every unknown key in words: one part per key with its hint, or, from :data:`GROUP_UNKNOWN_FROM` keys (a
+    config written for another tool), one part that names them all grouped by what dplora has for each: another
+    tool's name for a dplora key, the nearest dplora key or section, or none."""
+    extra = [e for e in errors if e["type"] == "extra_forbidden"]
+    if len(extra) < GROUP_UNKNOWN_FROM:
+        return [_unknown(e) for e in extra]
+    named, nearest, none = [], [], []
+    for e in extra:
+        section, key = _names(e)
+        found = hint(section, key, Contract)
+        loc = _loc(e)
+        if found is None:
+            none.append(loc)
+        elif found[0] == "alias":
+            named.append(f"{loc} → {found[1]}" + (f" ({found[2]})" if found[2] else ""))
+        else:
+            target = f"the section {found[1]}" if found[0] == "section" else found[1]
+            nearest.append(f"{loc} → {target}" + (f" ({found[2]})" if found[2] else ""))
+    groups = [
+        ("dplora calls them", named),
+        ("nearest dplora keys", nearest),
+        ("no dplora key", none),
+    ]
+    body = "; ".join(f"{title}: {', '.join(items)}" for title, items in groups if items)
+    return [f"{len(extra)} unknown keys (every dplora key: docs/contract.md) — {body}"]
+
+
 def _format_error(err: ValidationError) -> str:
     """The contract's validation errors in its own terms, on one line: every unknown key (with the nearest key or
     another tool's name for it) and every missing key at once; otherwise the first error: the dotted key, the
     value, what is allowed."""
     errors = err.errors()
-    unknown = [_unknown(e) for e in errors if e["type"] == "extra_forbidden"]
+    unknown = _unknown_parts(errors)
     missing = [_loc(e) for e in errors if e["type"] == "missing"]
     if unknown or missing:
         parts = list(unknown)
@@ -278,6 +315,7 @@ def _format_error(err: ValidationError) -> str:
         elif missing:
             parts.append("missing keys " + ", ".join(repr(m) for m in missing))
         tail = "" if all(":" in u for u in unknown) and not missing else "; every key: docs/contract.md"
+        tail = "" if any("docs/contract.md" in u for u in unknown) else tail  # the grouped part names it already
         return "; ".join(parts) + tail
     first = errors[0]
     loc = _loc(first)
@@ -326,6 +364,7 @@ def _missing_line(missing: list[str], declare: list[str], unknown: list[str] = (
             "fill them)"
         )
     tail = "; every key: docs/contract.md" if missing or any(":" not in u for u in unknown) else ""
+    tail = "" if any("docs/contract.md" in u for u in unknown) else tail  # the grouped part names it already
     return "contract: " + "; ".join(parts) + tail
 
 
@@ -350,9 +389,11 @@ def parse_contract(raw: Any) -> Contract:
         ]
         missing = [m for m in dict.fromkeys(missing) if m not in declare]
         if missing or declare:
-            unknown = [_unknown(e) for e in err.errors() if e["type"] == "extra_forbidden"]
-            raise BadInputError(_missing_line(missing, declare, unknown)) from None
-        raise BadInputError(f"contract: {_format_error(err)}") from None
+            unknown = _unknown_parts(err.errors())
+            error = UnknownKeysError if unknown else BadInputError
+            raise error(_missing_line(missing, declare, unknown)) from None
+        error = UnknownKeysError if any(e["type"] == "extra_forbidden" for e in err.errors()) else BadInputError
+        raise error(f"contract: {_format_error(err)}") from None
     if declare:  # keys that have a default (privacy.num_units) but were left for the user to declare
         raise BadInputError(_missing_line([], declare))
     for name in ("target_epsilon", "max_grad_norm", "delta"):

@@ -92,14 +92,25 @@ def _kind(value) -> str:
     return "list" if isinstance(value, list) else "other"
 
 
-def _jsonl_structure(path: Path) -> Structure | None:
+def _records(path: Path):
+    """The file's records in order: a JSON array's items (a ``.json`` file as ``train`` reads it), else one JSON
+    value per non-blank line (jsonl)."""
     with open(path, encoding="utf-8-sig") as fh:
+        head = fh.read(4096).lstrip()
+        fh.seek(0)
+        if path.suffix.lower() == ".json" and head.startswith("["):
+            items = json.load(fh)
+            yield from items if isinstance(items, list) else ()
+            return
         for line in fh:
             if line.strip():
-                first = json.loads(line)
-                break
-        else:
-            return None
+                yield json.loads(line)
+
+
+def _jsonl_structure(path: Path) -> Structure | None:
+    first = next(_records(path), None)
+    if first is None:
+        return None
     if not isinstance(first, dict):
         return None
     turns = {k: tuple(v[0]) for k, v in first.items() if isinstance(v, list) and v and isinstance(v[0], dict)}
@@ -118,23 +129,19 @@ def _jsonl_common_structure(path: Path) -> Structure | None:
     """
     columns: dict[str, set[str]] | None = None
     turns: dict[str, set[str]] = {}
-    with open(path, encoding="utf-8-sig") as fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            if not isinstance(record, dict):
-                return None
-            kinds = {str(k): _kind(v) for k, v in record.items() if v is not None}
-            if columns is None:
-                columns = {k: {kind} for k, kind in kinds.items()}
-            else:
-                columns = {k: seen | {kinds[k]} for k, seen in columns.items() if k in kinds}
-            for k, v in record.items():
-                for item in v if isinstance(v, list) else ():
-                    if isinstance(item, dict):
-                        keys = {str(name) for name in item}
-                        turns[str(k)] = turns[str(k)] & keys if str(k) in turns else keys
+    for record in _records(path):
+        if not isinstance(record, dict):
+            return None
+        kinds = {str(k): _kind(v) for k, v in record.items() if v is not None}
+        if columns is None:
+            columns = {k: {kind} for k, kind in kinds.items()}
+        else:
+            columns = {k: seen | {kinds[k]} for k, seen in columns.items() if k in kinds}
+        for k, v in record.items():
+            for item in v if isinstance(v, list) else ():
+                if isinstance(item, dict):
+                    keys = {str(name) for name in item}
+                    turns[str(k)] = turns[str(k)] & keys if str(k) in turns else keys
     if columns is None:
         return None
     names = sorted(columns)

@@ -116,19 +116,39 @@ def tokenization_entry(tokenizer, data) -> dict:
     }
 
 
-# ShareGPT turns (axolotl's default ``conversations`` format): ``{"from", "value"}``, roles mapped to ours.
-SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system"}
+# ShareGPT turns (axolotl's default ``conversations`` format): ``{"from", "value"}``, roles mapped to ours. Exports
+# from other tools write the roles themselves (user, assistant) in ``from``; both spellings mean the same turn.
+SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system", "user": "user", "assistant": "assistant"}
 _SHAPES = (
     'expected {"role", "content"} (roles system, user, assistant) or ShareGPT {"from", "value"} (from human, gpt, '
-    "system)"
+    "user, assistant, system)"
 )
+
+
+def _content_text(content, where: str, turn: int):
+    """A message's content as one string: a string as is; OpenAI-style content parts (``[{"type": "text", "text":
+    …}]``) joined in order with no separator, as chat templates that accept parts render them. Anything else (a
+    number, an image part) is returned unchanged for the caller's non-text error, or refused here naming the type."""
+    if not isinstance(content, list | tuple) or not content:
+        return content
+    texts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text" or not isinstance(part.get("text"), str):
+            what = excerpt(str(kind), 20) if kind is not None else type(part).__name__
+            raise BadInputError(
+                f"{where}: message {turn} has a content part that is not text ({what}); only text is trained"
+            )
+        texts.append(part["text"])
+    return "".join(texts)
 
 
 def check_messages(value, row: int, column: str) -> list[dict]:
     """One conversation cell as a list of ``{"role", "content"}`` (other keys dropped), or a one-line error.
 
-    A message is ``{"role", "content"}`` (TRL/OpenAI, roles :data:`ROLES`) or ShareGPT ``{"from", "value"}``
-    (axolotl's default; ``from`` mapped by :data:`SHAREGPT_ROLES`: human → user, gpt → assistant, system → system).
+    A message is ``{"role", "content"}`` (TRL/OpenAI, roles :data:`ROLES`; ``content`` a string or OpenAI-style
+    text parts, joined) or ShareGPT ``{"from", "value"}`` (axolotl's default; ``from`` mapped by
+    :data:`SHAREGPT_ROLES`: human or user → user, gpt or assistant → assistant, system → system).
     The shape is decided per message by its keys (``role`` present: TRL; else ``from``: ShareGPT).
 
     Args:
@@ -153,7 +173,7 @@ def check_messages(value, row: int, column: str) -> list[dict]:
         if not isinstance(message, dict):
             raise BadInputError(f"{where}: message {turn} is not an object; {_SHAPES}")
         if message.get("role") is not None:
-            role, content = message.get("role"), message.get("content")
+            role, content = message.get("role"), _content_text(message.get("content"), where, turn)
             if role not in ROLES:
                 raise BadInputError(f"{where}: message {turn} has a role other than {', '.join(ROLES)}")
         elif message.get("from") is not None:
