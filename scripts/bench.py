@@ -186,6 +186,8 @@ def _step_fn(mode: str, model, batch_size: int, device):
         dp_opt.step()
         dp_opt.zero_grad(set_to_none=True)
 
+    # the fast path's (B, P) storage only grows: a harness that reuses this step at several batch sizes frees it
+    step.release = dp_opt.flat.release if dp_opt.flat is not None else (lambda: None)
     return step
 
 

@@ -11,8 +11,11 @@ it measures ``non_dp`` (plain peft LoRA, per-sequence loss, AdamW) and ``dplora_
 ``privacy.per_sample: fast``: FlatLoRAGrads → clipping → one noise draw → AdamW): median s/step and tokens/s at
 the timing batch, peak memory (``torch.cuda.max_memory_allocated``, reset before each measurement; CPU: peak RSS,
 not resettable), and the largest physical batch that fits (doubling from the timing batch up to ``--max-batch``,
-one step each; an OOM ends the search). Each measurement builds its model afresh. Steps reuse scripts/bench.py's
-batches and step functions. Writes DIR/scale.json (after every row) and DIR/scale.md.
+one step each; an OOM ends the search). The model is built ONCE per variant and mode, directly in bf16 (no fp32
+copy: 32 GB for 8B), and reused for every sequence length and batch of that row; the peak is reset after the build
+and before each measurement (the fast path's per-example storage freed first), so it is the steps' peak, never
+the build's transient (a 4-bit base is quantized from the bf16 build, layer by layer). Steps reuse
+scripts/bench.py's batches and step functions. Writes DIR/scale.json (after every row) and DIR/scale.md.
 
     python scripts/bench_scale.py --arch llama-1b --seqs 512 2048 --out DIR           # GPU
     python scripts/bench_scale.py --arch toy --seqs 32 64 --device cpu --out DIR      # CPU dry run (seconds)
@@ -93,15 +96,20 @@ def _quantize_4bit(model, dtype, device):
 
 
 def build(arch: str, variant: str, dtype, device):
-    """The peft LoRA model (r=16, all 7 projections, fp32 LoRA) on a random-init base of ``arch``."""
+    """The peft LoRA model (r=16, all 7 projections, fp32 LoRA) on a random-init base of ``arch`` in ``dtype``."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     config = LlamaConfig(**ARCHS[arch], pad_token_id=0)
-    with torch.device(device):
-        model = LlamaForCausalLM(config).to(dtype)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # parameters born in the base's dtype: an fp32 build then cast doubles the build
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
     if variant == "4bit":
         model = _quantize_4bit(model, dtype, device)
     if variant == "ckpt":
@@ -119,57 +127,78 @@ def _oom(err: BaseException) -> bool:
     return "out of memory" in str(err).lower() or err.__class__.__name__ == "OutOfMemoryError"
 
 
-def _one(arch, variant, mode, batch, seq, dtype, device, steps, warmup) -> dict:
-    """s/step, tokens/s and peak memory of ``steps`` timed steps (after ``warmup``) at ``batch`` × ``seq``."""
+def _free(device) -> None:
     import torch
 
+    gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-    model = build(arch, variant, dtype, device)
-    batches = bench._batches(warmup + steps, batch, seq, ARCHS[arch]["vocab_size"], device)
-    step = bench._step_fn(mode, model, batch, device)
-    times = []
-    for i, b in enumerate(batches):
-        bench._sync(device)
-        t0 = time.perf_counter()
-        step(b)
-        bench._sync(device)
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    tokens = statistics.mean(float(b["attention_mask"].sum()) for b in batches)
-    peak = torch.cuda.max_memory_allocated() if device == "cuda" else bench._rss_now()
-    del step, model, batches
-    gc.collect()
-    per_step = statistics.median(times)
-    return dict(s_per_step=per_step, tokens_per_s=tokens / per_step, peak_mib=peak / 2**20)
 
 
-def _largest_batch(arch, variant, mode, fits, cap, seq, dtype, device) -> str:
-    """The largest physical batch (doubling from ``fits``, a batch the timed steps just ran, one step each) that
-    fits; ``≥cap`` if all fit. ``fits`` itself is not run again (a model build and a step saved per row)."""
+class Row:
+    """One model and one step function for a (variant, mode), measured at every sequence length and batch."""
+
+    def __init__(self, arch, variant, mode, timing_batch, dtype, device):
+        self.arch, self.device = arch, device
+        self.model = build(arch, variant, dtype, device)
+        self.step = bench._step_fn(mode, self.model, timing_batch, device)
+
+    def measure(self, batch: int, seq: int, steps: int, warmup: int) -> dict:
+        """s/step, tokens/s and peak memory of ``steps`` timed steps (after ``warmup``) at ``batch`` × ``seq``; the
+        peak counts the model, its optimizer state and the steps, not the build nor an earlier, larger batch."""
+        import torch
+
+        self.model.zero_grad(set_to_none=True)
+        getattr(self.step, "release", lambda: None)()
+        _free(self.device)
+        if self.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        batches = bench._batches(warmup + steps, batch, seq, ARCHS[self.arch]["vocab_size"], self.device)
+        times = []
+        try:
+            for i, b in enumerate(batches):
+                bench._sync(self.device)
+                t0 = time.perf_counter()
+                self.step(b)
+                bench._sync(self.device)
+                if i >= warmup:
+                    times.append(time.perf_counter() - t0)
+            tokens = statistics.mean(float(b["attention_mask"].sum()) for b in batches)
+        finally:
+            del batches
+        peak = torch.cuda.max_memory_allocated() if self.device == "cuda" else bench._rss_now()
+        per_step = statistics.median(times)
+        return dict(s_per_step=per_step, tokens_per_s=tokens / per_step, peak_mib=peak / 2**20)
+
+    def close(self) -> None:
+        del self.step, self.model
+        _free(self.device)
+
+
+def _largest_batch(measure, fits: int, cap: int, device="cpu") -> str:
+    """The largest physical batch (doubling from ``fits``, a batch the timed steps just ran, one step each of
+    ``measure(batch)``) that fits; ``≥cap`` if all fit. ``fits`` itself is not run again."""
     import torch
 
     batch = fits * 2
     while batch <= cap:
         try:
-            _one(arch, variant, mode, batch, seq, dtype, device, steps=1, warmup=0)
+            measure(batch)
             fits, batch = batch, batch * 2
         except (RuntimeError, torch.cuda.OutOfMemoryError) as err:
             if not _oom(err):
                 raise
             break
         finally:
-            gc.collect()
-            if device == "cuda":
-                torch.cuda.empty_cache()
+            _free(device)
     return f"≥{fits}" if fits * 2 > cap else str(fits)
 
 
 def markdown(meta: dict, rows: list[dict]) -> str:
     lines = [
         f"{meta['arch']} on {meta['device_name']}, {meta['dtype']} base, LoRA r=16 on all 7 projections (fp32); "
-        f"median of {meta['steps']} steps after {meta['warmup']}; peak memory reset per measurement",
+        f"median of {meta['steps']} steps after {meta['warmup']}; built in bf16 once per variant and mode, "
+        "peak memory reset after the build and per measurement",
         "",
         "| seq | variant | mode | batch | s/step | tokens/s | peak MiB | time × non-DP | memory × non-DP "
         "| largest batch |",
@@ -223,34 +252,58 @@ def main() -> int:
     )
     args.out.mkdir(parents=True, exist_ok=True)
     rows, failed = [], 0
-    for seq in args.seqs:
-        batch = args.batch or (8 if seq <= 512 else 2)
-        for variant in args.variants:
-            if variant == "ckpt" and not checkpointing_key():
-                print(f"SKIP {args.arch} seq {seq} ckpt: training.gradient_checkpointing is not a contract key yet")
-                rows += [dict(seq=seq, variant=variant, mode=m, batch=batch, status="skipped") for m in args.modes]
+
+    def save(row: dict) -> None:
+        rows.append(row)
+        (args.out / "scale.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
+
+    def fail(row: dict, err: BaseException) -> None:
+        nonlocal failed
+        failed += 1
+        row["status"] = f"failed: {err.__class__.__name__}: {str(err).splitlines()[0][:120]}"
+        print(f"FAIL {args.arch} seq {row['seq']} {row['variant']} {row['mode']}: {row['status']}", flush=True)
+        save(row)
+
+    def batch_for(seq: int) -> int:
+        return args.batch or (8 if seq <= 512 else 2)
+
+    for variant in args.variants:
+        if variant == "ckpt" and not checkpointing_key():
+            print(f"SKIP {args.arch} ckpt: training.gradient_checkpointing is not a contract key yet")
+            for seq in args.seqs:
+                for m in args.modes:
+                    save(dict(seq=seq, variant=variant, mode=m, batch=batch_for(seq), status="skipped"))
+            continue
+        for mode in args.modes:
+            try:  # one build per variant and mode, in bf16
+                harness = Row(args.arch, variant, mode, batch_for(args.seqs[0]), dtype, device)
+            except Exception as err:  # noqa: BLE001 - a row that fails is reported, the others still run
+                for seq in args.seqs:
+                    fail(dict(seq=seq, variant=variant, mode=mode, batch=batch_for(seq)), err)
+                _free(device)
                 continue
-            for mode in args.modes:
+            for seq in args.seqs:
+                batch = batch_for(seq)
                 row = dict(seq=seq, variant=variant, mode=mode, batch=batch)
                 try:
-                    row |= _one(args.arch, variant, mode, batch, seq, dtype, device, args.steps, args.warmup)
+                    row |= harness.measure(batch, seq, args.steps, args.warmup)
                     row["largest_batch"] = (
-                        _largest_batch(args.arch, variant, mode, batch, args.max_batch, seq, dtype, device)
+                        _largest_batch(lambda b, h=harness, s=seq: h.measure(b, s, 1, 0), batch, args.max_batch, device)
                         if args.max_batch
                         else ""
                     )
-                    print(
-                        f"OK {args.arch} seq {seq} {variant} {mode}: {row['s_per_step']:.4f} s/step, "
-                        f"{row['tokens_per_s']:.0f} tokens/s, peak {row['peak_mib']:.0f} MiB, "
-                        f"largest batch {row['largest_batch']}",
-                        flush=True,
-                    )
                 except Exception as err:  # noqa: BLE001 - a row that fails is reported, the others still run
-                    failed += 1
-                    row["status"] = f"failed: {err.__class__.__name__}: {str(err).splitlines()[0][:120]}"
-                    print(f"FAIL {args.arch} seq {seq} {variant} {mode}: {row['status']}", flush=True)
-                rows.append(row)
-                (args.out / "scale.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
+                    _free(device)
+                    fail(row, err)
+                    continue
+                print(
+                    f"OK {args.arch} seq {seq} {variant} {mode}: {row['s_per_step']:.4f} s/step, "
+                    f"{row['tokens_per_s']:.0f} tokens/s, peak {row['peak_mib']:.0f} MiB, "
+                    f"largest batch {row['largest_batch']}",
+                    flush=True,
+                )
+                save(row)
+            harness.close()
     table = markdown(meta, rows)
     (args.out / "scale.md").write_text(table)
     print(table)
