@@ -107,8 +107,9 @@ AUDIT_SCOPE = (
 AUDIT_HOLDS_FOR = "this release and its attached audit run together"
 
 
-def runs_ceiling_entry(events: list[DpSgdEvent]) -> dict:
-    """The attack ceiling of several DP-SGD runs on the same units together (a release and its attached audit).
+def runs_ceiling_entry(events: list[DpSgdEvent], *, scope: str = AUDIT_SCOPE, holds_for: str = AUDIT_HOLDS_FOR) -> dict:
+    """The attack ceiling of several DP-SGD runs on the same units together (a release and its attached audit, or
+    every trial of a ``dplora sweep`` whose choice the release publishes).
 
     Public inputs only: each run's q, σ, T and adjacency. Runs with the same q, σ and adjacency are one mechanism of
     ΣT steps (:func:`ceiling_entry`, so at q = 1 the exact Gaussian curve with μ = s·√(ΣT)/σ, and otherwise the
@@ -118,9 +119,10 @@ def runs_ceiling_entry(events: list[DpSgdEvent]) -> dict:
 
     Args:
         events: one :class:`DpSgdEvent` per run (at least one; the same adjacency).
+        scope, holds_for: what the ceiling covers, as data and in the words of
+            :func:`dplora.accounting.ceiling.ceiling_sentence` (default: a release and its attached audit).
     Returns:
-        A ``ceiling_entry``-style dict with ``scope`` :data:`AUDIT_SCOPE` and ``holds_for`` :data:`AUDIT_HOLDS_FOR`
-        (the words of :func:`ceiling_sentence`), or ``{"available": False, "reason", ...}``.
+        A ``ceiling_entry``-style dict with ``scope`` and ``holds_for``, or ``{"available": False, "reason", ...}``.
     Raises:
         ValueError: no runs, or adjacencies differ.
     """
@@ -130,7 +132,7 @@ def runs_ceiling_entry(events: list[DpSgdEvent]) -> dict:
     if not events or len({e.adjacency for e in events}) != 1:
         raise ValueError("expected at least one run, all under the same adjacency")
     first = events[0]
-    scope = {"scope": AUDIT_SCOPE, "holds_for": AUDIT_HOLDS_FOR}
+    scope = {"scope": scope, "holds_for": holds_for}
     if len({(e.sample_rate, e.noise_multiplier) for e in events}) == 1:
         steps = sum(e.steps for e in events)
         return {**ceiling_entry(dataclasses.replace(first, steps=steps), use_cache=False), **scope}

@@ -178,6 +178,8 @@ def _verify_checks(result, key_path: Path, public, data: list[Path], base_model:
         unit = (statement.get("predicate", {}).get("privacy") or {}).get("protected_unit")
         said = ceiling_sentence(result.attack_ceiling, CEILING_UNIT_WORDS.get(unit, "one protected unit was used"))
         how = "recomputed from the record's q, σ, T and adjacency"
+        if isinstance(statement.get("predicate", {}).get("tuning"), dict):  # a sweep: every trial composed
+            how = "recomputed from every sweep trial's q, σ, T and adjacency, composed"
         if result.ceiling_recorded:
             checks.append(("attack ceiling", True, f"{how}; equals the recorded one: {said}"))
         else:
@@ -247,7 +249,7 @@ def _warm_start_line(statement: dict) -> str | None:
     if not isinstance(warm, dict):
         return None
     return (
-        f"public warm start: {warm.get('path')} (sha256 {warm.get('sha256')}), {warm.get('steps')} steps of "
+        f"public warm start: {warm.get('file')} (sha256 {warm.get('sha256')}), {warm.get('steps')} steps of "
         f"{warm.get('batch_size')} records at lr {warm.get('lr')}, no noise; declared public by the contract and "
         "charged no ε (declaring private data public voids the guarantee)"
     )

@@ -51,14 +51,17 @@ def first_mismatch(audit: dict, release: dict) -> str | None:
 
 
 def composed_runs(record: dict, section: dict) -> list[dict] | None:
-    """The two runs a release with an attached private-data audit composes (None: the audit touched no private
-    unit): each ``{"run", "epsilon", "delta", "sample_rate", "noise_multiplier", "steps", "accountant"}``."""
+    """The runs a release with an attached private-data audit composes (None: the audit touched no private unit):
+    each ``{"run", "epsilon", "delta", "sample_rate", "noise_multiplier", "steps", "accountant"}``.
+
+    The release's own run, or, for a ``dplora sweep`` release (a ``tuning`` entry), every trial of the sweep: the
+    signed record is a function of all of them (:func:`tuning_runs`); then the audit run."""
     if (section.get("data") or {}).get("source") != "private" or not section.get("mechanism"):
         return None
     acc, mech = record["accounting"], section["mechanism"]
     ledger_eps = (section.get("ledger") or {}).get("epsilon")
     audit_eps = ledger_eps if isinstance(ledger_eps, (int, float)) else section.get("claimed_epsilon")
-    return [
+    release = tuning_runs(record) or [
         {
             "run": "release",
             "epsilon": acc["epsilon_spent"],
@@ -67,7 +70,10 @@ def composed_runs(record: dict, section: dict) -> list[dict] | None:
             "noise_multiplier": acc["noise_multiplier"],
             "steps": acc["steps_done"],
             "accountant": acc["accountant"],
-        },
+        }
+    ]
+    return [
+        *release,
         {
             "run": "audit",
             "epsilon": audit_eps,
@@ -78,6 +84,65 @@ def composed_runs(record: dict, section: dict) -> list[dict] | None:
             "accountant": mech["accountant"],
         },
     ]
+
+
+RUN_KEYS = ("epsilon", "delta", "sample_rate", "noise_multiplier", "steps", "accountant")
+
+
+def tuning_runs(record: dict) -> list[dict] | None:
+    """Every trial of a ``dplora sweep`` release as a run (``{"run": "trial k", ...}``, :data:`RUN_KEYS` from
+    ``tuning.per_trial``), or None for a record without a ``tuning`` entry.
+
+    Raises:
+        KeyError, TypeError: a malformed ``tuning.per_trial`` (a trial without one of :data:`RUN_KEYS`).
+    """
+    tuning = record.get("tuning")
+    if not isinstance(tuning, dict):
+        return None
+    trials = tuning["per_trial"]
+    if not isinstance(trials, list) or not trials:
+        raise TypeError("tuning.per_trial is not a non-empty list")
+    return [{"run": f"trial {k}", **{key: t[key] for key in RUN_KEYS}} for k, t in enumerate(trials, start=1)]
+
+
+def sweep_scope(trials: int, covered: bool) -> tuple[str, str]:
+    """(scope, holds_for) of a sweep release's attack ceiling: the chosen trial and every trial it was chosen from;
+    with a private selection set, the choice itself is NOT COVERED (no accountant charges it)."""
+    scope = (
+        f"the chosen trial and all {trials} trials of the sweep it was chosen from together (each a DP run on the "
+        "same units; the signed tuning entry is a function of every trial)"
+    )
+    holds_for = f"the chosen trial and the {trials} trials it was chosen from together"
+    if not covered:
+        holds_for += (
+            ", but NOT for the choice itself: it used a private selection set that no accountant charges (NOT COVERED)"
+        )
+    return scope, holds_for
+
+
+def tuning_attack_ceiling(trials: list[dict], adjacency: str, *, covered: bool) -> dict:
+    """The attack ceiling of a ``dplora sweep`` release: all trials' mechanisms composed.
+
+    Picking the best trial publishes a function of every trial (Papernot & Steinke, ICLR 2022), and the signed
+    ``tuning`` entry states each trial's numbers, so a membership test may use all of them: the ceiling is that of
+    every trial's q, σ, T composed (:func:`dplora.accounting.ceiling_compose.runs_ceiling_entry`, the composition
+    of a release and its attached audit), from public numbers only; ``dplora verify`` recomputes it.
+
+    Args:
+        trials: the trials as runs (``sample_rate``, ``noise_multiplier``, ``steps`` each; :func:`tuning_runs`).
+        adjacency: ``"add_remove"`` or ``"replace_one"``.
+        covered: the choice used a public selection set only (else its words say NOT COVERED).
+    Returns:
+        A ``ceiling_entry``-style dict with ``scope`` and ``holds_for`` (:func:`sweep_scope`).
+    Raises:
+        ValueError: a trial's mechanism numbers are malformed, or no trials.
+    """
+    from dplora.accounting.ceiling_compose import runs_ceiling_entry
+    from dplora.accounting.events import DpSgdEvent
+
+    events = [DpSgdEvent.from_dict(t, adjacency=adjacency) for t in trials]
+    scope, holds_for = sweep_scope(len(events), covered)
+    return runs_ceiling_entry(events, scope=scope, holds_for=holds_for)
 
 
 def composed_attack_ceiling(runs: list[dict], adjacency: str) -> dict:
@@ -100,4 +165,12 @@ def composed_attack_ceiling(runs: list[dict], adjacency: str) -> dict:
     from dplora.accounting.events import DpSgdEvent
 
     events = [DpSgdEvent.from_dict(r, adjacency=adjacency) for r in runs]
+    if any(str(r.get("run", "")).startswith("trial ") for r in runs):  # a sweep release with an attached audit
+        trials = sum(str(r.get("run", "")).startswith("trial ") for r in runs)
+        scope = (
+            f"all {trials} trials of the sweep this release was chosen from and the audit run attached to it "
+            "together (DP runs on the same units, all in the signed record)"
+        )
+        holds_for = f"the chosen trial, the {trials} trials it was chosen from and the attached audit run together"
+        return runs_ceiling_entry(events, scope=scope, holds_for=holds_for)
     return runs_ceiling_entry(events)

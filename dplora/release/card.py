@@ -64,21 +64,73 @@ def _guarantee(record: dict) -> str:
         else "counted in the data (public under replace-one adjacency)"
     )
     key = f" (unit key column `{privacy['unit_key']}`)" if privacy.get("unit_key") else ""
+    epsilon, delta, run_line = _total(record)
     return (
         (
             "## Privacy guarantee\n\n"
-            f"(ε = {acc['epsilon_spent']:.4f}, δ = {acc['delta']:g})-differential privacy for one **{unit}**{key}: "
-            f"{privacy['statement']}.\n\n"
-            f"- Adjacency: {adjacency}.\n"
+            f"(ε = {epsilon:.4f}, δ = {delta:g})-differential privacy for one **{unit}**{key}: "
+            f"{privacy['statement']}.\n\n" + run_line + f"- Adjacency: {adjacency}.\n"
             f"- Accountant: `{acc['accountant']}` ({acc['accountant_version']}), target ε = {acc['target_epsilon']:g}, "
             f"{acc['steps_done']} of {acc['steps_planned']} planned steps done.\n"
             f"- Mechanism: Poisson sampling of units at q = {acc['sample_rate']:.6g}, {privacy['clipping']} "
             f"with C = {mech['max_grad_norm']:g}, Gaussian noise σ = {acc['noise_multiplier']:.6g} (std σ·C) once per "
             f"step from OS entropy.\n"
-            f"- N = {acc['num_units']} protected units, {n_source}.\n" + _ceiling(record)
+            f"- N = {acc['num_units']} protected units, {n_source}.\n" + _optimizer(record) + _ceiling(record)
         )
         + _tuning(record)
         + _audit(record)
+    )
+
+
+def _total(record: dict) -> tuple[float, float, str]:
+    """(ε, δ) of everything the release depends on, and the line that states this run's own ε below it.
+
+    A ``dplora sweep`` release depends on every trial (the choice and the signed ``tuning`` entry are functions of
+    all of them), a release with an attached audit on its private data on the audit run too (``audit.composed``,
+    which for a sweep composes every trial with the audit): the headline states their composition, the single
+    run's (ε, δ) is a line below. Otherwise the run's own (ε, δ) and no line.
+    """
+    acc = record["accounting"]
+    composed = (record.get("audit") or {}).get("composed")
+    tuning = record.get("tuning")
+    if isinstance(composed, dict):
+        total, what = composed, "the release without its attached audit run"
+        if tuning:
+            what = "the chosen trial alone, without the other trials and the attached audit run"
+    elif isinstance(tuning, dict):
+        total, what = tuning, f"the chosen trial alone, without the other {tuning['trials'] - 1} trial(s)"
+    else:
+        return acc["epsilon_spent"], acc["delta"], ""
+    line = (
+        f"- This is the total of what the release depends on; {what}: ε = {acc['epsilon_spent']:.4f}, "
+        f"δ = {acc['delta']:g}.\n"
+    )
+    return total["total_epsilon"], total["total_delta"], line
+
+
+OPTIMIZER_WORDS = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "dp_adambc": "DP-AdamBC"}
+
+
+def _optimizer(record: dict) -> str:
+    """The optimizer line ('' for a record without ``optimization.optimizer``): its name and public parameters."""
+    opt = (record.get("optimization") or {}).get("optimizer")
+    if not isinstance(opt, dict):
+        return ""
+    name = OPTIMIZER_WORDS.get(opt.get("name"), opt.get("name"))
+    lr = record["optimization"].get("lr")
+    if opt.get("name") == "dp_adambc":
+        params = (
+            f"β = ({', '.join(f'{b:g}' for b in opt['betas'])}), γ = {opt['gamma']:g}, Φ = "
+            f"{opt['noise_variance_phi']:.6g} (the DP noise variance (σC/E)² removed from its second moment; "
+            "Tang, Shpilevskiy & Lécuyer, AAAI 2024)"
+        )
+    elif opt.get("name") == "sgd":
+        params = "no momentum"
+    else:
+        params = f"β = ({', '.join(f'{b:g}' for b in opt['betas'])}), eps = {opt['eps']:g}"
+    return (
+        f"- Optimizer: {name} at lr {lr:g}, {params}; it reads only the noised gradient (post-processing, no "
+        "privacy effect).\n"
     )
 
 
@@ -92,8 +144,9 @@ CEILING_UNIT_WORDS = {
 def _ceiling(record: dict) -> str:
     """The attack ceiling in plain words ('' for a record written before issue 46).
 
-    With an attached audit on the private data (``audit.composed``) the sentence states the two runs' ceiling
-    together (:func:`dplora.release.audit_section.composed_attack_ceiling`), not the release's alone.
+    With an attached audit on the private data (``audit.composed``) the sentence states the runs' ceiling
+    together (:func:`dplora.release.audit_section.composed_attack_ceiling`), and for a ``dplora sweep`` release
+    every trial's composed (``tuning.attack_ceiling``), not the release's alone.
     """
     from dplora.accounting.ceiling import ceiling_sentence
 
@@ -101,12 +154,16 @@ def _ceiling(record: dict) -> str:
     if not entry:
         return ""
     composed = (record.get("audit") or {}).get("composed")
+    tuning = record.get("tuning")
     if isinstance(composed, dict) and composed.get("attack_ceiling"):
         entry = composed["attack_ceiling"]  # an attached audit on the private data: both runs' outputs are public
+    elif isinstance(tuning, dict) and tuning.get("attack_ceiling"):
+        entry = tuning["attack_ceiling"]  # a sweep: the signed choice is a function of every trial
     unit = record["privacy"]["protected_unit"]
     words = ceiling_sentence(entry, CEILING_UNIT_WORDS.get(unit, "one protected unit was used"))
     return f"- What ε means to an attacker: {words}" + (
-        " (from the whole privacy profile of this mechanism, not from one (ε, δ) pair).\n"
+        f" (from the whole privacy profile of {'these runs composed' if entry.get('holds_for') else 'this mechanism'}"
+        ", not from one (ε, δ) pair).\n"
         if entry.get("available")
         else ".\n"
     )
@@ -143,12 +200,19 @@ def _not_covered(record: dict) -> str:
         f"- Anything larger than one {UNIT_WORDS.get(record['privacy']['protected_unit'], 'unit')}: "
         "several units of one person are protected only by group privacy (about k·ε for k units).\n"
         "- The base model and its own training data, and any data outside the training file.\n"
-        f"- Other runs on the same people: this ε is for this run alone; see {ledger} for the total.\n"
+        f"- Other runs on the same people: {_alone(record)}; see {ledger} for the total.\n"
         f"- Not released: {record['not_included']}.\n"
         f"- The seed {record['seed']['scope']}.\n"
         "- Noise is sampled in floating point; the guarantee is for the ideal Gaussian mechanism.\n"
         + _warm_start_not_covered(record)
     )
+
+
+def _alone(record: dict) -> str:
+    """What the headline ε is for, in the card's 'other runs' line."""
+    if record.get("tuning") or (record.get("audit") or {}).get("composed"):
+        return "the ε above is for this release and the runs it states (sweep trials, an attached audit) alone"
+    return "this ε is for this run alone"
 
 
 def _warm_start_not_covered(record: dict) -> str:

@@ -16,7 +16,7 @@ import platform
 import dplora
 from dplora.accounting.ceiling import ceiling_entry
 from dplora.contract.choices import ProtectedUnit
-from dplora.contract.spec import Contract, LoraSection, PrivacySection
+from dplora.contract.spec import Contract, LoraSection, ModelSection, PrivacySection
 from dplora.mechanism.control import NO_DP_STATEMENT
 from dplora.plan.training import TrainingPlan
 
@@ -116,7 +116,7 @@ def build_record(
             "noise_source": "ChaCha20 keyed with 256 bits from os.urandom (never seeded from the record)",
             **clipping_entry(plan),
         },
-        "optimization": optimization_entry(plan),
+        "optimization": optimization_entry(plan, contract.training.optimizer.value),
         "accounting": {
             "accountant": plan.accountant.value,
             "accountant_version": plan.accountant_version,
@@ -154,9 +154,11 @@ def clipping_entry(plan: TrainingPlan) -> dict:
     return entry
 
 
-def optimization_entry(plan: TrainingPlan) -> dict:
-    """lr, schedule, warmup and weight decay (data-independent), and the planner's table when it chose B and T."""
+def optimization_entry(plan: TrainingPlan, optimizer: str = "adamw") -> dict:
+    """The optimizer by name with its public parameters (:func:`optimizer_entry`), lr, schedule, warmup and weight
+    decay (all data-independent), and the planner's table when it chose B and T."""
     out = {
+        "optimizer": optimizer_entry(optimizer, plan),
         "lr": plan.lr,
         "lr_schedule": plan.lr_schedule,
         "warmup_steps": plan.warmup_steps,
@@ -165,6 +167,42 @@ def optimization_entry(plan: TrainingPlan) -> dict:
     if plan.planner is not None:
         out["planner"] = plan.planner
     return out
+
+
+def optimizer_entry(name: str, plan: TrainingPlan) -> dict:
+    """The torch optimizer that consumed the noised gradient, with its public parameters.
+
+    The optimizer is post-processing of the noised, normalised gradient (no privacy effect), but a reviewer
+    reproducing the run needs it: AdamW, Adam and SGD at torch's defaults (as :func:`dplora.recipe.setup.
+    make_optimizer` builds them), and DP-AdamBC with the noise variance Φ = (σC/E)² it removes from Adam's second
+    moment (Tang, Shpilevskiy & Lécuyer, AAAI 2024, Algorithm 1), from the plan's public σ, C and E.
+
+    Args:
+        name: ``training.optimizer`` (``adamw``, ``adam``, ``sgd`` or ``dp_adambc``).
+        plan: the run's plan (σ, C, E for Φ).
+    Returns:
+        ``{"name", ...parameters}``, JSON-ready.
+    Raises:
+        ValueError: a plan whose σ, C or E make Φ undefined (:func:`dplora.mechanism.core.noise_variance`).
+    """
+    if name == "sgd":
+        return {"name": "sgd", "momentum": 0.0}
+    if name == "dp_adambc":
+        from dplora.mechanism.adambc import DEFAULT_GAMMA
+        from dplora.mechanism.core import noise_variance
+
+        return {
+            "name": "dp_adambc",
+            "betas": [0.9, 0.999],
+            "gamma": DEFAULT_GAMMA,
+            "noise_variance_phi": noise_variance(plan),
+            "phi_formula": "(noise_multiplier * max_grad_norm / expected_units_per_step)^2, the planned normalizer",
+            "source": "Tang, Shpilevskiy and Lécuyer, DP-AdamBC, AAAI 2024 (arXiv 2312.14334), Algorithm 1",
+        }
+    return {"name": name, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay_form": _DECAY_FORM[name]}
+
+
+_DECAY_FORM = {"adamw": "decoupled", "adam": "L2 in the gradient"}
 
 
 def num_units_note(source: str) -> str:
@@ -203,7 +241,7 @@ def run_provenance(
     """
     return {
         "lora": _lora_entry(contract.lora, lora_targets),
-        "model": contract.model.model_dump(mode="json"),
+        "model": model_entry(contract.model, base_model),
         "base_model": base_model,
         "versions": library_versions(),
         "contract": {"file": "contract.yaml", "sha256": contract.sha256},
@@ -211,6 +249,46 @@ def run_provenance(
         "seed": {"value": contract.training.seed, "scope": SEED_SCOPE},
         "execution": execution or {},
     }
+
+
+def model_entry(model: ModelSection, base_model: dict) -> dict:
+    """The record's ``model``: the contract's model settings with ``model.path`` replaced by the file or folder name
+    and a sha256, never the training machine's path (which names a user, a host layout, a mount: the signed
+    ``adapter_config.json`` avoids machine paths for the same reason).
+
+    ``sha256`` is the file's for a ``.gguf`` path; for a folder (and a packaged or Hub model) it is the sha256
+    (FIPS 180-4) of the canonical JSON (sorted keys, no spaces) of ``base_model.files``, the {file name: sha256}
+    of every file trained on, so one digest names the exact base.
+
+    Args:
+        model: the contract's model section.
+        base_model: :func:`dplora.engine.basefiles.base_model_entry` (its ``files``).
+    Returns:
+        A JSON-ready dict without ``path``.
+    """
+    import hashlib
+    import json
+    from pathlib import PurePath
+
+    entry = model.model_dump(mode="json")
+    path = entry.pop("path", None)
+    files = base_model.get("files") if isinstance(base_model, dict) else None
+    if path is not None:
+        entry["file"] = PurePath(path).name
+    if isinstance(files, dict) and path is not None and entry["file"] in files and path.endswith(".gguf"):
+        entry["sha256"] = files[entry["file"]]
+        entry["sha256_of"] = "the .gguf file"
+    elif isinstance(files, dict) and files:
+        canonical = json.dumps(files, sort_keys=True, separators=(",", ":")).encode()
+        entry["sha256"] = hashlib.sha256(canonical).hexdigest()
+        entry["sha256_of"] = "the canonical JSON of base_model.files ({file name: sha256} of every file trained on)"
+    return entry
+
+
+def warm_start_entry(entry: dict) -> dict:
+    """The record's ``public_warm_start``: the public file by name and sha256 (``file``, ``sha256``), its records,
+    steps, batch size, lr and optimizer, without the contract's ``path`` (a path of the training machine)."""
+    return {k: v for k, v in entry.items() if k != "path"}
 
 
 def _lora_entry(lora: LoraSection, lora_targets: list[str] | None) -> dict:

@@ -23,6 +23,8 @@ from dplora.release.audit_section import (
     first_mismatch,
     record_mechanism,
     same_value,
+    tuning_attack_ceiling,
+    tuning_runs,
 )
 from dplora.release.envelope import (
     BUNDLE_MEDIA_TYPES,
@@ -215,8 +217,9 @@ def _check_attack_ceiling(predicate) -> tuple[dict | None, bool]:
 
     The ceiling is recomputed (never read, never cached) from the public q, σ, T and adjacency of the record's
     ``mechanism`` entry (:func:`dplora.accounting.ceiling.ceiling_entry`); a recorded ceiling that differs by more
-    than 1e-4 in any TPR fails. With an attached audit on the private data the ceiling returned is both runs'
-    together (:func:`_with_attached_audit`): the record publishes both runs' outputs.
+    than 1e-4 in any TPR fails. For a ``dplora sweep`` release the ceiling returned is every trial's composed
+    (:func:`_with_tuning`); with an attached audit on the private data it is the runs' and the audit's together
+    (:func:`_with_attached_audit`): the record publishes all their outputs.
 
     Raises:
         VerificationError: the mechanism entry is malformed, or a recorded ceiling differs.
@@ -234,12 +237,40 @@ def _check_attack_ceiling(predicate) -> tuple[dict | None, bool]:
     recomputed = ceiling_entry(event, use_cache=False)
     recorded = predicate.get("attack_ceiling")
     if recorded is None:
-        return _with_attached_audit(predicate, recomputed), False
+        return _with_attached_audit(predicate, _with_tuning(predicate, recomputed)), False
     if not isinstance(recorded, dict):
         raise VerificationError("the record's attack_ceiling entry is malformed")
     if (what := same_ceiling(recorded, recomputed)) is not None:
         raise VerificationError(f"the record's attack ceiling is not its mechanism's ({what})")
-    return _with_attached_audit(predicate, recomputed), True
+    return _with_attached_audit(predicate, _with_tuning(predicate, recomputed)), True
+
+
+def _with_tuning(predicate: dict, release: dict) -> dict:
+    """The ceiling of a ``dplora sweep`` release: every trial's q, σ, T composed, recomputed from ``tuning.per_trial``
+    (:func:`dplora.release.audit_section.tuning_attack_ceiling`), since the signed choice is a function of every
+    trial; ``release`` for a record without a ``tuning`` entry. A recorded ``tuning.attack_ceiling`` must equal it
+    (a record written before it was stated has none: the recomputed one is shown all the same).
+
+    Raises:
+        VerificationError: the trials are malformed, or the recorded sweep ceiling differs.
+    """
+    from dplora.accounting.ceiling import same_ceiling
+
+    tuning = predicate.get("tuning")
+    if tuning is None:
+        return release
+    try:
+        trials = tuning_runs(predicate)
+        recomputed = tuning_attack_ceiling(trials, predicate["privacy"]["adjacency"], covered=tuning["covered"] is True)
+    except (KeyError, TypeError, ValueError):
+        raise VerificationError("the tuning entry's trials are malformed (q, σ, T, adjacency)") from None
+    recorded = tuning.get("attack_ceiling")
+    if recorded is not None:
+        if not isinstance(recorded, dict):
+            raise VerificationError("the tuning entry's attack_ceiling is malformed")
+        if (what := same_ceiling(recorded, recomputed)) is not None:
+            raise VerificationError(f"the record's sweep attack ceiling is not its trials' composed ({what})")
+    return recomputed
 
 
 def _with_attached_audit(predicate: dict, release: dict) -> dict:

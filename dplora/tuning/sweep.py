@@ -33,6 +33,7 @@ from dplora.accounting.composition import compose
 from dplora.data import digest as digests
 from dplora.errors import BadInputError, PlanRefusedError, excerpt
 from dplora.recipe.options import RunOptions
+from dplora.release.audit_section import tuning_attack_ceiling
 from dplora.run import outputs
 
 MAX_TRIALS = 64
@@ -353,9 +354,13 @@ def run_sweep(config: Path, args: list[str], options: SweepOptions, *, log=print
 
 
 def tuning_entry(results, chosen: int, *, source: str, public: bool, adjacency) -> dict:
-    """The record's ``tuning`` entry: every trial's (ε, δ) and mechanism, the composed total and the selection.
+    """The record's ``tuning`` entry: every trial's (ε, δ) and mechanism, the composed total, the attack ceiling of
+    all trials composed (:func:`dplora.release.audit_section.tuning_attack_ceiling`) and the selection.
 
     Held-out losses enter only when the selection set is public; a private selection is marked not covered.
+
+    Raises:
+        ValueError: a trial's mechanism numbers are malformed (from the ceiling).
     """
     per_trial = []
     for trial, result, evaluation in results:
@@ -373,7 +378,10 @@ def tuning_entry(results, chosen: int, *, source: str, public: bool, adjacency) 
         if public:
             entry["held_out_loss"] = evaluation.adapter.loss
         per_trial.append(entry)
-    total = compose(per_trial, getattr(adjacency, "value", adjacency))
+    adjacency = getattr(adjacency, "value", adjacency)
+    total = compose(per_trial, adjacency)
+    # every trial's outputs shape the signed record (the choice and this entry): its ceiling is all trials composed
+    ceiling = tuning_attack_ceiling(per_trial, adjacency, covered=public)
     selection = {"metric": METRIC, "eval_set": "public" if public else "private", "source": source}
     selection |= {"covered": public, "chosen_trial": chosen + 1, "chosen_run_id": results[chosen][1].run_id}
     if public:
@@ -383,6 +391,7 @@ def tuning_entry(results, chosen: int, *, source: str, public: bool, adjacency) 
         "trial_run_ids": [r.run_id for _, r, _ in results],
         "per_trial": per_trial,
         **total,
+        "attack_ceiling": ceiling,
         "covered": public,
         "statement": COVERED if public else NOT_COVERED,
         "selection": selection,
@@ -405,6 +414,12 @@ def _release(result, tuning: dict, private_key, options: SweepOptions, trial_pub
         **record["accounting"],
         "composition": "this trial alone; `tuning` states the total over all trials of the sweep",
     }
+    if isinstance(record.get("attack_ceiling"), dict):  # the trial's own: the release's claim is tuning's
+        record["attack_ceiling"] = {
+            **record["attack_ceiling"],
+            "scope": "this trial alone; the release's ceiling is tuning.attack_ceiling (all trials composed)",
+            "holds_for": "this trial alone; the release's ceiling is tuning.attack_ceiling (all trials composed)",
+        }
     for name in release.RELEASE_FILES:
         (folder / name).unlink()
     contract = load_contract(folder / "contract.yaml")
