@@ -42,7 +42,7 @@ from dplora.cli.options import (
 from dplora.errors import BadInputError, DploraError, one_line
 from dplora.evaluate.plot import plot_run
 from dplora.evaluate.report import report_lines
-from dplora.run.outputs import private_folder
+from dplora.run.outputs import private_folder, staging_path
 from dplora.surface import echo_private, private_notice
 
 
@@ -265,7 +265,9 @@ def plot(run: RunArg) -> None:
     from dplora.release.read import resolve_run_folder
 
     try:
-        result = plot_run(resolve_run_folder(run))
+        # a killed run has no output folder yet, only <run>.partial: plot_run finds its metrics there
+        killed = not run.exists() and staging_path(run).is_dir()
+        result = plot_run(run if killed else resolve_run_folder(run))
     except DploraError as err:
         raise fail(err) from None
     out.print(

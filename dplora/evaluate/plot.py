@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from dplora.errors import BadInputError
-from dplora.run.outputs import private_path
+from dplora.run.outputs import METRICS_FILENAME, PRIVATE_SUBDIR, private_path, staging_path
 
 PLOT_FILENAME = "training.png"
 PRIVATE_TITLE = (
@@ -93,14 +93,38 @@ def _target_epsilon(run: Path) -> float | None:
         return None
 
 
+def _private_metrics_folder(run: Path) -> tuple[Path, Path]:
+    """(the folder that holds ``contract.yaml``, the private folder with ``metrics.jsonl``) for ``run``.
+
+    A published run's private folder is ``<run>.private``. A run that was killed or failed left its steps in
+    ``<run>.partial/private`` (no release): it is plotted from there, so that the steps it did can be looked at
+    before ``train --resume``; ``run`` may name the output folder or the ``.partial`` folder itself.
+
+    Raises:
+        BadInputError: neither folder holds metrics (one line saying which folders were looked at).
+    """
+    if run.name.endswith(".partial"):
+        run = run.with_name(run.name.removesuffix(".partial"))
+    published, staged = private_path(run), staging_path(run) / PRIVATE_SUBDIR
+    if (published / METRICS_FILENAME).is_file() or not (staged / METRICS_FILENAME).is_file():
+        if not published.is_dir():
+            raise BadInputError(
+                f"no private folder {published} and no metrics in {staged}: dplora plot reads the private "
+                "metrics.jsonl of a run that has done at least one step (a finished run, or a killed one's .partial)"
+            )
+        return run, published
+    return staging_path(run), staged
+
+
 def plot_run(run: Path) -> PlotResult:
     """Plot ``run``'s loss, ε and step time against the step into ``<run>.private/training.png``.
 
     Args:
-        run: the run folder (``training.output_dir``); its metrics are ``<run>.private/metrics.jsonl``.
+        run: the run folder (``training.output_dir``); its metrics are ``<run>.private/metrics.jsonl``, or for a
+            killed run without a release ``<run>.partial/private/metrics.jsonl``.
 
     Returns:
-        A :class:`PlotResult` (the PNG's path, inside ``<run>.private/``).
+        A :class:`PlotResult` (the PNG's path, inside the private folder its metrics came from).
 
     Raises:
         BadInputError: matplotlib is not installed, no private folder or no metrics, or the PNG cannot be written.
@@ -109,10 +133,7 @@ def plot_run(run: Path) -> PlotResult:
         import matplotlib
     except ImportError:
         raise BadInputError("dplora plot needs matplotlib: pip install matplotlib") from None
-    run = Path(run)
-    folder = private_path(run)
-    if not folder.is_dir():
-        raise BadInputError(f"no private folder {folder}: dplora plot reads a trained run's private metrics.jsonl")
+    run, folder = _private_metrics_folder(Path(run))
     series = read_series(folder / "metrics.jsonl")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
