@@ -160,7 +160,7 @@ def record_release(
     from dplora.contract.loader import parse_contract
     from dplora.engine.basefiles import base_model_entry
     from dplora.release import envelope as release
-    from dplora.release.record import build_record
+    from dplora.release.record import build_record, warm_start_entry
 
     run_id, info, why = locate(ledger, run, checkpoint)
     if info is None:
@@ -199,7 +199,7 @@ def record_release(
             lora_targets=_adapter_targets(info.meta["adapter_config"]),
         )
         if info.meta.get("warm_start") is not None:  # data.public_warm_start: as the final release states it
-            record["public_warm_start"] = info.meta["warm_start"]
+            record["public_warm_start"] = warm_start_entry(info.meta["warm_start"])
         record["intermediate"] = {
             "steps_done": info.step,
             "steps_planned": plan.steps,

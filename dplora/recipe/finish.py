@@ -15,7 +15,7 @@ from dplora.errors import DploraError, NoisyUpdateError
 from dplora.mechanism import control
 from dplora.recipe.setup import RunIO, write_json
 from dplora.release import envelope as release
-from dplora.release.record import build_record, non_private_record
+from dplora.release.record import build_record, non_private_record, warm_start_entry
 from dplora.run import outputs
 from dplora.run.execution import execution_entry, utc_now
 from dplora.run.resume import failure_fields
@@ -61,8 +61,13 @@ def record_failure(spec, state, err: BaseException, ledger, last_checkpoint=None
     With a resume checkpoint the charge stays pending at its reservation (≥ what was spent) until the run is
     resumed or ``dplora ledger settle`` closes it.
     """
-    plan, done = spec.plan, state.accountant.steps
-    spent = plan.epsilon_spent(done)  # 0.0 at 0 steps; finite (the plan's checked curve)
+    plan, accounted = spec.plan, state.accountant.steps
+    # Steps done are the logical steps that completed (state.step is set only after a step returns); a failure
+    # inside a step's optimizer update (after its noise was drawn and the accountant stepped) leaves that step
+    # undone, so FAILED.json agrees with the failure line ("failed at step k"). The charge stays an upper bound:
+    # the accountant's count, which includes that step's noisy sum.
+    done = min(state.step, accounted)
+    spent = plan.epsilon_spent(accounted)  # 0.0 at 0 steps; finite (the plan's checked curve)
     entry = failure_entry(spec.run_id, done, plan.steps, spent, err)
     entry |= failure_fields(spec, state, err, last_checkpoint)
     try:
@@ -165,7 +170,7 @@ def write_outputs(spec, state, *, started: str, epsilon_spent: float, io: RunIO,
     if spec.tokenizer is not None:
         record["tokenization"] = tokenization_entry(spec.tokenizer, contract.data)
     if spec.warm_start is not None:  # data.public_warm_start only: the default record is unchanged
-        record["public_warm_start"] = spec.warm_start
+        record["public_warm_start"] = warm_start_entry(spec.warm_start)  # by name and sha256, no machine path
     if evaluation is not None and evaluation.public:
         record["evaluation"] = evaluation.to_dict()
     release.finish_release(staging, contract.data, record, private_key=io.private_key)

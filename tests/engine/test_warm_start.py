@@ -144,12 +144,13 @@ def test_a_warm_started_run_fits_the_public_file_first_and_charges_nothing_for_i
     real_warm(public, other, fresh8, tokenizer, log=lambda *_: None)
     assert any(not torch.equal(v, after[k]) for k, v in _lora(fresh8).items())
 
-    # the record: the public file as given, its sha256 and the settings; nothing charged
+    # the record: the public file by name and sha256 (never the machine's path) and the settings; nothing charged
     record = release_statement(out)["predicate"]
     warm = record["public_warm_start"]
-    assert warm == entry
+    assert warm == {k: v for k, v in entry.items() if k != "path"} and "path" not in warm
+    assert str(tmp_path) not in json.dumps(record)  # no path of the training machine anywhere in the record
     assert warm["sha256"] == hashlib.sha256(public_csv.read_bytes()).hexdigest()
-    assert (warm["path"], warm["file"], warm["records"]) == (str(public_csv), "public.csv", 30)
+    assert (warm["file"], warm["records"]) == ("public.csv", 30)
     assert (warm["steps"], warm["batch_size"], warm["lr"], warm["epsilon_charged"]) == (6, 4, 0.05, 0)
 
     # ε spent, σ, q and T equal the same run without the warm start
@@ -167,7 +168,8 @@ def test_a_warm_started_run_fits_the_public_file_first_and_charges_nothing_for_i
     shown = runner.invoke(app, ["verify", str(out), "--public-key", str(signing_key[1])])
     assert shown.exit_code == 0, shown.output
     line = next(ln for ln in shown.output.splitlines() if ln.startswith("public warm start: "))
-    assert str(public_csv) in line and warm["sha256"] in line and "6 steps of 4 records at lr 0.05" in line
+    assert "public.csv" in line and str(public_csv) not in line and warm["sha256"] in line
+    assert "6 steps of 4 records at lr 0.05" in line
     as_json = runner.invoke(app, ["verify", str(out), "--public-key", str(signing_key[1]), "--json"])
     assert json.loads(as_json.output)["claims"]["public_warm_start"]["sha256"] == warm["sha256"]
     card = (out / "adapter" / "README.md").read_text()
