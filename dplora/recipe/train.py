@@ -145,10 +145,14 @@ class _Held:
 
     lock: object = None
     created: list[Path] = dataclasses.field(default_factory=list)
+    above: outputs.FolderTimes | None = None  # the nearest folder above the output that existed before the run
 
     def release(self, *, bad_input: bool, started_at: str) -> None:
         """Unlock; after bad input remove the folders this run created (it writes nothing), else stamp them with
-        the record's start time (never the end)."""
+        the record's start time (never the end); then give the folder above them its times from before the run.
+
+        This is the run's last change to that folder (the lock's removal, after the release and ``.private/``
+        were renamed into place and ``.partial/`` went away), so its mtime does not time the private run."""
         if self.lock is not None:
             Path(self.lock.name).unlink(missing_ok=True)
             self.lock.close()
@@ -156,6 +160,8 @@ class _Held:
             outputs.remove_empty_folders(self.created)
         elif self.created:
             outputs.stamp_folders(self.created, started_at)
+        if self.above is not None:
+            self.above.restore()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -215,6 +221,7 @@ def _admit(contract: Contract, options: RunOptions, world, recommendation, held:
             if control.is_control(contract.privacy):  # the DP twin's N, q and T; σ = 0, ε = ∞
                 plan = control.control_plan(plan)
             held.created = outputs.missing_parents(out)  # removed again if the run ends in exit 2
+            held.above = outputs.FolderTimes.of(outputs.existing_parent(out))  # restored when the run ends
             held.lock = lock_output(out)
             # re-check under the lock: another run may have finished meanwhile
             prepare_output(contract.training, options.overwrite, protected)

@@ -12,6 +12,7 @@ write. Every refusal is a :class:`~dplora.errors.BadInputError` (exit 2) raised 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import uuid
@@ -204,6 +205,47 @@ def stamp_folders(folders: list[Path], when: str) -> None:
     for folder in folders:
         if folder.is_dir():
             os.utime(folder, (stamp, stamp))
+
+
+def existing_parent(out: Path) -> Path:
+    """The nearest folder above ``out`` that exists now (``out``'s parent, or the one above the folders
+    :func:`missing_parents` lists)."""
+    parent = Path(out).absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    return parent
+
+
+@dataclasses.dataclass(frozen=True)
+class FolderTimes:
+    """A folder's access and modification times (ns), read before a run and put back after it.
+
+    A run adds and removes entries in the folder above its output (the lock, ``.partial/``, the release and
+    ``.private/`` renamed into place), and each such change sets the folder's mtime to the wall clock: left alone,
+    the folder's mtime is the run's end, and its distance from the record's ``started_at`` the private run's
+    duration (a statistic of the data that no accountant charges). Restoring the times from before the run leaves
+    that folder as the run found it.
+    """
+
+    path: Path
+    atime_ns: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, folder: Path) -> FolderTimes | None:
+        """The folder's times now, or None when it cannot be read (then nothing is restored)."""
+        try:
+            st = os.stat(folder)
+        except OSError:
+            return None
+        return cls(Path(folder), st.st_atime_ns, st.st_mtime_ns)
+
+    def restore(self) -> None:
+        """Put the times back (a folder that went away or cannot be changed is left as it is)."""
+        try:
+            os.utime(self.path, ns=(self.atime_ns, self.mtime_ns))
+        except OSError:
+            pass
 
 
 def remove_empty_folders(folders: list[Path]) -> None:

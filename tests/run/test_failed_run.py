@@ -48,3 +48,27 @@ def test_failure_before_step_one_charges_zero(tmp_path, monkeypatch, tiny_model_
     (charge,) = Ledger(db).charges("tickets")
     assert charge.status == "failed" and float(charge.epsilon) == 0.0 and math.isfinite(float(charge.epsilon))
     assert not out.exists()
+
+
+def test_a_failure_inside_the_first_optimizer_step_reports_zero_steps_done(
+    tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key
+):
+    """A fault inside step 1's optimizer update (after its noise and accountant step, as a huge lr once did):
+    FAILED.json says 0 steps done, as the failure line does ("at step 0"), and still charges that step's noise."""
+    import torch
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("injected fault in the optimizer update")
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", broken)
+    out = tmp_path / "run"
+    cfg = write_contract(tmp_path / "c.yaml", contract_dict(tiny_model_dir, tickets_csv, out))
+    db = tmp_path / "ledger.sqlite3"
+    result = CliRunner().invoke(
+        app, ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress", "--ledger", str(db)]
+    )
+    assert result.exit_code == 4, result.output
+    assert "step 0" in result.output
+    failed = json.loads((out.with_name("run.partial") / "FAILED.json").read_text())
+    assert failed["steps_done"] == 0, failed
+    assert failed["epsilon_charged_upper_bound"] > 0  # the step's noisy sum was drawn: charged all the same
