@@ -364,3 +364,24 @@ def test_sweep_with_auto_is_refused_by_the_composed_cap_not_by_auto(tmp_path, ti
     result = runner.invoke(app, [*args, "--signing-key", str(signing_key[0])])
     assert result.exit_code == 2 and "the sweep's 2 trials together" in result.output, result.output
     assert not out.exists() and Ledger(db).charges() == []
+
+
+def test_an_audit_attached_to_a_sweep_release_composes_every_trial():
+    """``audit --attach`` on a sweep release: the claim and ceiling compose every trial and the audit run, not the
+    chosen trial alone (the signed record is a function of all of them)."""
+    from dplora.release.audit_section import composed_runs
+
+    trial = {"epsilon": 1.0, "delta": 1e-5, "accountant": "pld", "sample_rate": 0.2, "noise_multiplier": 1.0}
+    per_trial = [{**trial, "steps": 2, "overrides": ["a"]}, {**trial, "steps": 3, "overrides": ["b"]}]
+    record = {
+        "accounting": {**{k: trial[k] for k in ("delta", "accountant", "sample_rate", "noise_multiplier")}},
+        "tuning": {"per_trial": per_trial},
+    }
+    record["accounting"] |= {"epsilon_spent": 1.0, "steps_done": 2}
+    mechanism = {**{k: trial[k] for k in ("delta", "accountant", "sample_rate", "noise_multiplier")}, "steps": 4}
+    section = {"data": {"source": "private"}, "mechanism": mechanism, "claimed_epsilon": 1.0}
+    runs = composed_runs(record, section)
+    assert [r["run"] for r in runs] == ["trial 1", "trial 2", "audit"]
+    assert [r["steps"] for r in runs] == [2, 3, 4]
+    del record["tuning"]
+    assert [r["run"] for r in composed_runs(record, section)] == ["release", "audit"]
