@@ -13,7 +13,8 @@ them. ``dplora sweep`` therefore
    DP, a private file or the contract's own held-out set) and keeps the lowest held-out loss;
 4. composes all trials' (ε, δ) — basic composition (Dwork & Roth 2014, Thm 3.16) always, and in the accountant
    when it applies (RDP of a composition is the sum of the RDPs, Mironov 2017, Prop. 1; PRV and PLD compose the
-   trials' events, Gopi et al. 2021; Doroshenko et al. 2022) at the total δ — and states the smallest total;
+   trials' events, Gopi et al. 2021; Doroshenko et al. 2022) at the total δ — and states the smallest total, with
+   the attack ceiling of every trial's mechanism composed (the choice and the entry are functions of all trials);
 5. re-signs the chosen trial with the user's key: its record (built by :func:`dplora.release.record.build_record` in the
    trial) gains a ``tuning`` entry before it is signed, so the signature covers the total. The other trials'
    folders (adapters, throw-away records) are deleted: nothing of them is released.
