@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import contract_dict, train_tiny, write_contract
+from conftest import contract_dict, minimal_contract, train_tiny, write_contract
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
@@ -245,4 +244,26 @@ def test_default_contract_yaml_is_unchanged_by_the_task_keys(tmp_path, tiny_mode
     text = parse_contract(raw).to_yaml()
     assert not any(k in text for k in ("task:", "labels", "calibration_input"))
     assert "task: classification" in _contract(tiny_model_dir, files, tmp_path).to_yaml()
-    assert math.isfinite(1.0)
+
+
+def test_a_chat_template_run_scores_the_label_as_the_assistant_turn_it_trained_on():
+    """Through a chat template the label is the assistant turn (its content and end-of-turn marker are the targets,
+    as in training); the score is their mean log-probability, checked with an explicit loop."""
+    from tiny import CHATML, chat_tokenizer, tiny_llama
+
+    from dplora.data.chat import ChatEncoder
+    from dplora.evaluate.classify import label_scores
+
+    contract = minimal_contract(max_len=128)
+    data = contract.data.model_copy(update={"task": "classification", "labels": tuple(LABELS)})
+    tok, model = chat_tokenizer(CHATML), tiny_llama(vocab_size=264).eval()
+    got = label_scores(model, tok, "I lost my card", LABELS, data, contract.training, device="cpu", batch_size=2)
+    for label, score in zip(LABELS, got, strict=True):
+        ids, labels = ChatEncoder(tok, CHATML, 128).encode(
+            [{"role": "user", "content": "I lost my card"}, {"role": "assistant", "content": label}]
+        )
+        targets = [t for t in range(1, len(ids)) if labels[t] != -100]
+        assert tok.decode([ids[t] for t in targets]) == f"{label}<|im_end|>\n"
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].double(), dim=-1)
+        assert score == pytest.approx(sum(float(logp[t - 1, ids[t]]) for t in targets) / len(targets), rel=1e-5)
