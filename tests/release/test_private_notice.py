@@ -95,3 +95,9 @@ def test_the_private_line_is_fixed_on_neighbours(tmp_path, tiny_model_dir, ticke
         assert not [n for n in numbers if n in printed]
         private_lines = (folder / "run.private" / "train.log").read_text().splitlines()
         assert private_lines and not [x for x in private_lines if x in printed]
+
+
+def test_the_readme_tour_says_where_private_numbers_go_off_a_terminal():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    tour = " ".join(readme.split("## A five-minute tour", 1)[1].split("\n## ", 1)[0].split())
+    assert "`private diagnostics (…)`" in tour and "--show-private" in tour
