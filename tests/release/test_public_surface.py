@@ -21,6 +21,7 @@ import base64
 import csv
 import hashlib
 import json
+import os
 import re
 import shutil
 from collections import Counter
@@ -36,6 +37,7 @@ from dplora.cli.app import app
 from dplora.data.demo import write_tickets
 
 INPUTS = ("contract.yaml", "prompts.txt")
+PARENT_MTIME = 1_000_000_000  # 2001-09-09: the output's parent folder's mtime before the job
 NOT_PUBLIC = ("data.", "ledger.sqlite3", "cache", "twcs.csv")  # prefixes: ledger.sqlite3-wal, -shm too
 # Sizes: 120 demo tickets (row level), 60 with up to 3 exchanges each (ticket level), 60 conversations (customer).
 
@@ -201,7 +203,7 @@ def _diff(a, b, path="") -> list[str]:
     return [] if a == b else [f"{path}: {a!r} != {b!r}"]
 
 
-def _contract(world: Path, model: Path, data_path: Path, **sections) -> Path:
+def _contract(world: Path, model: Path, data_path: Path, output: Path | None = None, **sections) -> Path:
     raw = {
         "privacy": {
             "protected_unit": "row",
@@ -221,7 +223,7 @@ def _contract(world: Path, model: Path, data_path: Path, **sections) -> Path:
             "lr": 0.01,
             "max_seq_len": 48,
             "seed": 0,
-            "output_dir": str(world / "run"),
+            "output_dir": str(output or world / "run"),
             "threads": 1,
         },
     }
@@ -241,9 +243,13 @@ def _job(world: Path, model: Path, data_path: Path, keys, *, show_private: str =
         "DPLORA_CACHE_DIR": str(world / "cache"),
         "DPLORA_SHOW_PRIVATE": show_private,
     }
-    cfg = _contract(world, model, data_path, **sections)
+    cfg = _contract(world, model, data_path, output=world / "runs" / "run", **sections)
     (world / "prompts.txt").write_text("my card is lost\nwhere is my order\n")
-    run = world / "run"
+    # the folder above the output exists before the job with a fixed mtime: the run must leave it so (its real
+    # mtime after the run would be the run's end), and the "runs/" entry below compares it between the worlds
+    (world / "runs").mkdir()
+    os.utime(world / "runs", (PARENT_MTIME, PARENT_MTIME))
+    run = world / "runs" / "run"
     outputs = [
         _run(["budget", cfg], env),
         _run(["budget", cfg, "--json"], env),
@@ -269,7 +275,7 @@ def _job(world: Path, model: Path, data_path: Path, keys, *, show_private: str =
     return _surface(world, outputs, masks, {"synth.csv": "csv"}), masks
 
 
-RANDOM_PER_RUN = ("<run_id>", "<record:release.dsse.json>", "<sha256:run/adapter/adapter_model.safetensors>")
+RANDOM_PER_RUN = ("<run_id>", "<record:release.dsse.json>", "<sha256:runs/run/adapter/adapter_model.safetensors>")
 
 
 def _neighbours(tmp_path: Path, model: Path, keys, write_a, write_b, show_private="", **sections) -> str:
