@@ -419,7 +419,7 @@ class TrainingSection(_Section):
     gradient_checkpointing: Annotated[bool, Field(strict=True)] = False  # non-reentrant; the fast path only
     # E, passes over the N units; "auto" (with expected_batch_size: auto): the planner searches E up to max_epochs
     epochs: PositiveFloat | Literal["auto"] | None = None
-    max_epochs: Annotated[float, Field(ge=1, le=MAX_EPOCHS, allow_inf_nan=False)] | None = None
+    max_epochs: Annotated[float, Field(ge=1, le=MAX_EPOCHS, allow_inf_nan=False, strict=True)] | None = None
     steps: Annotated[int, Field(gt=0, le=MAX_STEPS, strict=True)] | Literal["auto"] | None = None
     lr: Annotated[float, Field(gt=0, le=MAX_LR, allow_inf_nan=False, strict=True)] = 2e-3
     optimizer: Optimizer = Optimizer.ADAMW

@@ -105,9 +105,10 @@ class Recommendation:
 RULE = (
     "B in the grid (32 to 8192) with B < N, and B = N (q = 1) when N ≤ 8192; E declared, or with epochs: auto each "
     "E of the grid up to max_epochs; T = ceil(E·N/B) (capped at max_steps); σ calibrated to the target; smallest "
-    "σ/B among T ≥ min(50, max_steps, the largest T any candidate reaches); for each E, B is weighed from the "
-    "largest eligible down until σ/B rises; ties: larger T, then smaller B, then smaller E; lr = lr_ref·sqrt(B/32), "
-    "constant, no warmup (Sander et al. 2023; McKenna et al. 2025; Malladi et al. 2022)"
+    "σ/B among T ≥ min(50, max_steps, the largest T any candidate reaches); E is weighed from the largest down and, "
+    "for each E, B from the largest eligible down, each until σ/B rises; ties: larger T, then smaller B, then "
+    "smaller E; lr = lr_ref·sqrt(B/32), constant, no warmup (Sander et al. 2023; McKenna et al. 2025; "
+    "Malladi et al. 2022)"
 )
 
 
@@ -119,7 +120,7 @@ def step_floor(max_steps: int | None, reachable: int | None = None) -> int:
     Returns:
         min(MIN_STEPS, max_steps, reachable) over those given; steps.
     """
-    return min(MIN_STEPS, *(v for v in (max_steps, reachable) if v is not None))
+    return min([MIN_STEPS, *(v for v in (max_steps, reachable) if v is not None)])
 
 
 def scaled_lr(lr_ref: float, batch: int) -> float:
@@ -196,17 +197,26 @@ def recommend(
     reachable = max((t for _, _, t in grid if t <= MAX_STEPS), default=None)
     floor = step_floor(max_steps, reachable)
     cands: dict[tuple[int, int], Candidate] = {}
-    for e in e_options:
+    best_by_e: list[float] = []  # the smallest σ/B at each E weighed, largest E first
+    for e in sorted(e_options, reverse=True):
         row = [(b, t) for e2, b, t in grid if e2 == e]
         # σ/B falls with B at a fixed E until T nears the floor (Sander et al. 2023): weigh from the largest
-        # eligible B down and stop once σ/B rises, so only the neighbourhood of the optimum is calibrated.
+        # eligible B down and stop once σ/B rises, so only the neighbourhood of the optimum is calibrated. Across
+        # E the same holds at the floor (more epochs at the same T mean a larger B): E is weighed from the cap
+        # down and the search stops once the best σ/B of an E is above the one of the E before it.
         best_here = math.inf
+        e_rose = len(best_by_e) >= 2 and best_by_e[-1] > best_by_e[-2]
         for batch, steps in sorted(row, reverse=True):
             lr = scaled_lr(lr_ref, batch)
             q = batch / num_units
             if steps < floor or steps > MAX_STEPS:
                 why = f"T={steps} below the minimum {floor}" if steps < floor else f"T above {MAX_STEPS}"
                 cands[(batch, steps)] = _cand(batch, steps, q, None, None, lr, why, e)
+                continue
+            if e_rose:
+                cands[(batch, steps)] = _cand(
+                    batch, steps, q, None, None, lr, "not weighed: σ/B already rose from a larger E", e
+                )
                 continue
             if best_here < math.inf and cands_rose(cands, row, batch, floor):
                 cands[(batch, steps)] = _cand(
@@ -229,6 +239,8 @@ def recommend(
                 continue
             cands[(batch, steps)] = _cand(batch, steps, q, sigma, eps, lr, None, e)
             best_here = min(best_here, sigma / batch)
+        if best_here < math.inf:
+            best_by_e.append(best_here)
     ordered = [cands[(b, t)] for _, b, t in grid]
     eligible = [c for c in ordered if c.excluded is None]
     e_text = f"E={float(e_options[0]):g}" if len(e_options) == 1 else f"E up to {float(e_options[-1]):g}"

@@ -88,8 +88,9 @@ def test_epochs_auto_searches_e_up_to_the_cap_and_only_where_sigma_over_b_can_im
     assert table["inputs"]["max_epochs"] == 20 and table["inputs"]["epoch_grid"][:3] == [1, 2, 3]
     assert {c.epochs for c in rec.candidates} == {1.0, 2.0, 3.0, 5.0, 10.0, 20.0}
     weighed = [c for c in rec.candidates if c.noise_multiplier is not None]
-    # two calibrations per E at most (the largest eligible B and the next, where σ/B already rises)
-    assert len(weighed) <= 2 * 6
+    # E from the cap down, B from the largest eligible down, each walk until σ/B rises: two calibrations per E,
+    # for the cap and the E below it
+    assert len(weighed) == 4 and {c.epochs for c in weighed} == {20.0, 10.0}
     assert all(
         c.excluded is None or "below the minimum" in c.excluded or "not weighed" in c.excluded for c in rec.candidates
     )
@@ -175,12 +176,12 @@ def test_budget_recommend_cli_without_data(tmp_path, tiny_model_dir):
     cfg = write_contract(tmp_path / "c.yaml", raw)
     res = CliRunner().invoke(app, ["budget", str(cfg), "--recommend", "--json"])
     assert res.exit_code == 0, res.output
-    report = json.loads(res.output)
+    report = json.loads(res.stdout)
     assert (report["expected_batch_size"], report["steps"]) == (48, 63)
     assert report["recommendation"]["choice"]["expected_batch_size"] == 48
     assert report["epsilon"] <= 8.0 and "not_covered_by_dp" not in report
     res = CliRunner().invoke(app, ["budget", str(cfg), "--recommend", "--max-steps", "60", "--json"])
-    assert json.loads(res.output)["steps"] == 60
+    assert json.loads(res.stdout)["steps"] == 60
     del raw["privacy"]["num_units"]
     cfg = write_contract(tmp_path / "c2.yaml", raw)
     res = CliRunner().invoke(app, ["budget", str(cfg), "--recommend"])

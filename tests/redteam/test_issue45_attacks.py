@@ -272,6 +272,7 @@ def test_warm_start_under_fsdp_and_the_public_surface(wide):
         "done:",
         "private (not covered by DP",
         "private diagnostics (",
+        "per-example check:",  # the synthetic-batch check before step 1: public model, LoRA init and tokens only
     )
     # a library's own notice (bitsandbytes' optional kernels hub check, offline) is a fact of the install, not data
     lines = [x for x in proc.stderr.splitlines() if x.strip() and "kernels-community/" not in x]
