@@ -9,7 +9,11 @@ The seams (never reachable from a contract or the CLI; they exist only in this t
 - the sampler: step k samples the units :data:`SCHEDULE` [k] (global indices); under W ranks each rank takes its own
   shard of them (u mod W == rank), as the sharded Poisson sampler would, so one process and W ranks see the same units;
 - the noise: draw d is N(0, (σC)²) from ``torch.Generator().manual_seed(1000 + d)``, the same vector in one
-  process (its one draw per step) as on rank 0 of W ranks (the step's one draw).
+  process (its one draw per step) as on rank 0 of W ranks (the step's one draw);
+- ``$FSDP_WORKER_FAIL`` = ``RANK:STEP`` (read here only): that rank's first clipping into the per-unit sum of logical
+  step STEP raises ``RuntimeError`` (between two collective forwards), and the rank's result file also gets
+  ``failed_at`` (its ``time.time()``); every result file gets ``exited_at``, and a rank whose run failed exits
+  with its code (as ``dplora`` does).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -63,6 +68,24 @@ def main(out: Path, key: str, dirs: list[str], runs: list[str]) -> None:
 
     core.unit_sampler = FixedSampler
     optimizer.os_entropy_generator = FixedNoise
+    seen = {}
+    fail = os.environ.get("FSDP_WORKER_FAIL")
+    if fail:
+        fail_rank, fail_step = (int(v) for v in fail.split(":"))
+        cls = optimizer.UnitDPOptimizer
+        begin, accumulate = cls.begin_logical_step, cls.accumulate
+
+        def counted_begin(self, *args, **kwargs):
+            seen["step"] = seen.get("step", 0) + 1
+            return begin(self, *args, **kwargs)
+
+        def failing_accumulate(self, *args, **kwargs):
+            if rank == fail_rank and seen.get("step") == fail_step and "failed_at" not in seen:
+                seen["failed_at"] = time.time()
+                raise RuntimeError("injected failure of one rank's clipping")
+            return accumulate(self, *args, **kwargs)
+
+        cls.begin_logical_step, cls.accumulate = counted_begin, failing_accumulate
     for run in runs:
         name, contract = run.split("=", 1)
         try:
@@ -70,7 +93,12 @@ def main(out: Path, key: str, dirs: list[str], runs: list[str]) -> None:
             code = 0
         except SystemExit as exc:
             code = exc.code
-        (out / f"{name}-rank{rank}.json").write_text(json.dumps({"exit_code": code}))
+        result = {"exit_code": code, "exited_at": time.time()}
+        if "failed_at" in seen:
+            result["failed_at"] = seen["failed_at"]
+        (out / f"{name}-rank{rank}.json").write_text(json.dumps(result))
+        if fail and code:
+            sys.exit(code)  # as ``dplora`` itself exits, so that torchrun reports the failed ranks
 
 
 if __name__ == "__main__":

@@ -94,6 +94,36 @@ def launcher_name(env: Mapping[str, str] = os.environ) -> str:
     return "environment (RANK, WORLD_SIZE, MASTER_ADDR)"
 
 
+COLLECTIVE_TIMEOUT_S = 300.0
+"""Default seconds a collective may wait for its peers before it fails (``$DPLORA_COLLECTIVE_TIMEOUT_S`` overrides).
+
+torch's defaults are 10 minutes for nccl and 30 for gloo (``init_process_group``'s ``timeout``, torch.distributed
+docs). A rank that dies inside a collective it cannot report through (an FSDP forward's all-gather) leaves its
+peers waiting that long; 5 minutes bounds that wait and still exceeds every stretch where rank 0 works alone
+between two collectives (planning, a resume checkpoint, reading the keys)."""
+
+COLLECTIVE_TIMEOUT_ENV = "DPLORA_COLLECTIVE_TIMEOUT_S"
+
+
+def collective_timeout(env: Mapping[str, str] = os.environ):
+    """The process group's collective timeout: ``$DPLORA_COLLECTIVE_TIMEOUT_S`` seconds, else
+    :data:`COLLECTIVE_TIMEOUT_S`.
+
+    Raises:
+        BadInputError: the variable is not a positive number of seconds.
+    """
+    import datetime
+
+    raw = str(env.get(COLLECTIVE_TIMEOUT_ENV, "") or "").strip()
+    try:
+        seconds = float(raw) if raw else COLLECTIVE_TIMEOUT_S
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise BadInputError(f"{COLLECTIVE_TIMEOUT_ENV} must be a positive number of seconds, got {raw!r}")
+    return datetime.timedelta(seconds=seconds)
+
+
 FSDP_UNAPPLIED = ("FSDP_OFFLOAD_PARAMS", "FSDP_CPU_RAM_EFFICIENT_LOADING")  # refused when true: not built
 
 
@@ -135,18 +165,28 @@ def init_world(env: Mapping[str, str] = os.environ) -> World:
     """The run's processes: :data:`SINGLE` unless a launcher set ``WORLD_SIZE`` > 1, else join the process group.
 
     ``accelerate``'s :class:`PartialState` initialises ``torch.distributed`` from the launcher's environment
-    (gloo on CPU; nccl with this process's GPU selected on CUDA).
+    (gloo on CPU; nccl with this process's GPU selected on CUDA), with the collective timeout of
+    :func:`collective_timeout`. On CUDA, ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` is set to 1 unless the operator set it:
+    ProcessGroupNCCL reads it when the group is created, and with 1 its watchdog aborts the communicators and ends
+    the process once a collective fails or passes the timeout (torch docs, "PYTORCH ProcessGroupNCCL Environment
+    Variables"; the default, 3, ends the process without aborting them). NCCL kernels do not notice a dead peer:
+    without a bounded timeout the other ranks wait in their collectives until the watchdog's 10 minutes pass.
 
     Raises:
         TrainingFailedError: the process group could not be formed (names the backend error's class).
+        BadInputError: ``$DPLORA_COLLECTIVE_TIMEOUT_S`` is not a positive number.
     """
     if int(env.get("WORLD_SIZE", "1") or 1) <= 1:
         return SINGLE
     import torch
     from accelerate import PartialState
 
+    timeout = collective_timeout(env)
+    cuda = torch.cuda.is_available()
+    if cuda:  # read by ProcessGroupNCCL at creation, so set before the group exists
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     try:
-        state = PartialState(cpu=not torch.cuda.is_available())
+        state = PartialState(cpu=not cuda, timeout=timeout)
     except (RuntimeError, ValueError) as err:
         raise TrainingFailedError(f"cannot join the process group: {err.__class__.__name__}") from err
     return World(

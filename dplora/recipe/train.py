@@ -18,7 +18,7 @@ from dplora.contract.spec import Contract
 from dplora.data import units as data_mod
 from dplora.engine import distributed
 from dplora.engine.model import check_model_cache
-from dplora.errors import BadInputError
+from dplora.errors import BadInputError, DploraError, TrainingFailedError
 from dplora.mechanism import control, reduction
 from dplora.plan.training import TrainingPlan
 from dplora.recipe import phases
@@ -37,7 +37,7 @@ from dplora.recipe.steps import check_accounted
 from dplora.release import envelope as release
 from dplora.release import keys as release_keys
 from dplora.run import checkpoint as ckpt
-from dplora.run import outputs, tracking
+from dplora.run import outputs, resume, tracking
 from dplora.run.execution import utc_now
 from dplora.run.progress import ProgressReporter
 from dplora.surface import PrivateLog
@@ -300,7 +300,13 @@ def _follow(contract: Contract, plan: TrainingPlan, table, unit_index, *, out: P
     t0, first_step = time.perf_counter(), state.step
     signals = reduction.FollowerSignals(state.optimizer.reducer)
     with open(os.devnull, "w") as metrics, ProgressReporter(enabled=False) as bar, signals:
-        run_steps(spec, state, metrics=metrics, progress=bar, after_step=signals.after_step)
+        try:
+            run_steps(spec, state, metrics=metrics, progress=bar, after_step=signals.after_step)
+        except Exception as err:
+            if isinstance(err, DploraError):
+                raise
+            # this rank's own failure (the reduction re-raises it here): one line and exit 4, as on rank 0
+            raise TrainingFailedError(resume.follower_failure_line(err, state, io.world.rank)) from err
     check_accounted(spec, state)
     seconds = time.perf_counter() - t0
     return RunResult(

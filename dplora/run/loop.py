@@ -183,49 +183,105 @@ def forward_backward(spec: RunSpec, state: RunState, units) -> tuple[float, int]
         state.oom_retries += 1
 
 
+class CaughtUpFailure(Exception):
+    """This rank's part of a step under ``training.sharding: fsdp`` failed OUTSIDE any collective forward (while
+    collating, arming or clipping into the per-unit sum, or at the step's host read), and the rank has since run
+    the padding forwards its peers expect in this step: it can report the failure through the step's reduction.
+
+    Attributes:
+        error: the failure itself (re-raised by this rank at the reduction).
+    """
+
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error = error
+
+
 def _physical_batches(spec: RunSpec, state: RunState, units, rows, local, weight, physical: int) -> tuple[float, int]:
-    """The records ``rows`` of ``units`` in physical batches of ``physical``, into the optimizer's per-unit sum."""
+    """The records ``rows`` of ``units`` in physical batches of ``physical``, into the optimizer's per-unit sum.
+
+    Raises:
+        CaughtUpFailure: (FSDP, W processes) a failure outside this rank's collective forwards, after the rank ran
+            the step's remaining forwards as padding, so that it can still join the step's reduction.
+        Exception: any other failure, at once (one inside a forward or backward under FSDP: the peers wait in that
+            forward's collectives, which no flag can reach; this rank's exit, or the collective timeout, ends them).
+    """
+    import torch
+
+    optimizer = state.optimizer
+    padding, forwards, inside = 0, 0, False
+    caught_up = sharded_base(spec) and spec.world.distributed
+    if sharded_base(spec):  # FSDP: every forward is collective; agree on the count BEFORE any rank forwards
+        batches = -(-len(rows) // physical)
+        padding = common_forward_count(spec.world, batches, spec.device) - batches
+    total = -(-len(rows) // physical) + padding  # the step's collective forwards on every rank (FSDP)
+    try:
+        optimizer.begin_logical_step(len(units))
+        loss_sum = torch.zeros((), device=spec.device)
+        for start in range(0, len(rows), physical):
+            end = min(start + physical, len(rows))
+            batch = _collate(spec, rows[start:end])
+            optimizer.prepare_batch(end - start)
+            forwards, inside = forwards + 1, True
+            losses, finite = _forward_backward(state.model, batch)
+            inside = False
+            optimizer.accumulate(
+                torch.as_tensor(local[start:end], device="cpu"),  # host-side bookkeeping: no device sync
+                continues=bool(end < len(rows) and local[end] == local[end - 1]),
+                row_weight=torch.as_tensor(weight[start:end], device="cpu"),
+                finite_rows=finite,
+            )
+            loss_sum += torch.where(finite, losses.detach(), 0.0).sum()
+        for _ in range(padding):  # FSDP: this rank's extra forwards carry no record (the ranks ran as many in all)
+            forwards, inside = forwards + 1, True
+            _padding_forward(spec, state)
+            inside = False
+        zeroed = getattr(getattr(optimizer, "accumulator", None), "zeroed", None)
+        zeroed = torch.zeros((), device=spec.device) if zeroed is None else zeroed
+        # The one host read per logical step: the loss sum, "all parameters finite after the last step" (a function
+        # of DP outputs: the only stop rule), and the records zeroed for an overflow (a private count).
+        loss_value, params_ok, zeroed_rows = torch.stack(
+            [loss_sum.float(), finite_flag(state.named).float(), zeroed.to(loss_sum.device).float()]
+        ).tolist()
+        if params_ok != 1.0:
+            raise NoisyUpdateError(f"non-finite parameter after step {state.step}")
+    except Exception as err:
+        if not caught_up or inside:
+            raise
+        # Between two collective forwards the peers are about to enter the next one: run this rank's remaining
+        # forwards of the step as padding (rows discarded, nothing summed), so that every rank then meets at the
+        # step's reduction, which carries the failure to all of them. If a padding forward fails too, the rank
+        # raises at once, as for a failure inside a forward.
+        try:
+            for _ in range(total - forwards):
+                _padding_forward(spec, state)
+        except Exception:  # noqa: BLE001 - the first failure is the one reported
+            raise err from None
+        raise CaughtUpFailure(err) from err
+    state.records_zeroed += int(zeroed_rows)
+    return loss_value, len(rows)
+
+
+def _collate(spec: RunSpec, rows) -> dict:
+    """One physical batch of the records ``rows`` (padded tensors on the run's device)."""
+    from dplora.engine import batch as batching
+
+    return batching.collate([spec.examples[r] for r in rows], spec.pad_id, device=spec.device)
+
+
+def _forward_backward(model, batch):
+    """One physical batch's forward and backward: (per-record losses, per-record "loss is finite" flags)."""
     import torch
 
     from dplora.engine import batch as batching
 
-    model, optimizer = state.model, state.optimizer
-    padding = 0
-    if sharded_base(spec):  # FSDP: every forward is collective; agree on the count BEFORE any rank forwards
-        batches = -(-len(rows) // physical)
-        padding = common_forward_count(spec.world, batches, spec.device) - batches
-    optimizer.begin_logical_step(len(units))
-    loss_sum = torch.zeros((), device=spec.device)
-    for start in range(0, len(rows), physical):
-        end = min(start + physical, len(rows))
-        batch = batching.collate([spec.examples[r] for r in rows[start:end]], spec.pad_id, device=spec.device)
-        optimizer.prepare_batch(end - start)
-        losses = batching.per_sequence_loss(model, batch)
-        # A record whose loss overflows contributes zero (issue 41.4): it is left out of the backward, and the
-        # optimizer zeroes its per-example row (and any row that overflows in the backward) after it is formed.
-        # Its unit still counts; noise and the accountant step are unchanged; only a count reaches the private log.
-        finite = torch.isfinite(losses.detach())
-        torch.where(finite, losses, torch.zeros_like(losses)).sum().backward()
-        optimizer.accumulate(
-            torch.as_tensor(local[start:end], device="cpu"),  # host-side bookkeeping: no device sync
-            continues=bool(end < len(rows) and local[end] == local[end - 1]),
-            row_weight=torch.as_tensor(weight[start:end], device="cpu"),
-            finite_rows=finite,
-        )
-        loss_sum += torch.where(finite, losses.detach(), 0.0).sum()
-    for _ in range(padding):  # FSDP: this rank's extra forwards carry no record (the ranks ran as many in all)
-        _padding_forward(spec, state)
-    zeroed = getattr(getattr(optimizer, "accumulator", None), "zeroed", None)
-    zeroed = torch.zeros((), device=spec.device) if zeroed is None else zeroed
-    # The one host read per logical step: the loss sum, "all parameters finite after the last step" (a function of
-    # DP outputs: the only stop rule), and the records zeroed for an overflow (a private count).
-    loss_value, params_ok, zeroed_rows = torch.stack(
-        [loss_sum.float(), finite_flag(state.named).float(), zeroed.to(loss_sum.device).float()]
-    ).tolist()
-    if params_ok != 1.0:
-        raise NoisyUpdateError(f"non-finite parameter after step {state.step}")
-    state.records_zeroed += int(zeroed_rows)
-    return loss_value, len(rows)
+    losses = batching.per_sequence_loss(model, batch)
+    # A record whose loss overflows contributes zero: it is left out of the backward, and the optimizer zeroes its
+    # per-example row (and any row that overflows in the backward) after it is formed. Its unit still counts;
+    # noise and the accountant step are unchanged; only a count reaches the private log.
+    finite = torch.isfinite(losses.detach())
+    torch.where(finite, losses, torch.zeros_like(losses)).sum().backward()
+    return losses, finite
 
 
 def sharded_base(spec: RunSpec) -> bool:
@@ -252,9 +308,12 @@ def logical_step(spec: RunSpec, state: RunState, units) -> tuple[float | None, i
 
     With W processes ``units`` are this rank's; the step's one all-reduce adds the ranks' clipped sums, and the
     returned loss and record count are totals over all ranks. A failure in this rank's part does not leave the
-    others waiting: the rank still joins the reduction with a failure flag, and every rank raises there. Under
-    ``training.sharding: fsdp`` the others wait inside the step's collective forwards instead, so the failing rank
-    raises at once: its exit makes their collectives fail (rank 0 then records the failure beside its checkpoint).
+    others waiting: the rank still joins the reduction with a failure flag (that all-reduce carries it: no extra
+    collective), and every rank raises there, rank 0 naming the failing rank. Under ``training.sharding: fsdp``
+    the same holds for a failure outside the collective forwards (the rank first runs its remaining forwards as
+    padding, :class:`CaughtUpFailure`); a failure inside a forward or backward raises at once: the others wait in
+    that forward's collectives, which end when this rank exits or at the collective timeout
+    (:data:`dplora.engine.distributed.COLLECTIVE_TIMEOUT_S`), and rank 0 records its own error.
 
     Returns:
         (summed per-sequence loss over the step's records in nats, or None for an empty batch; records used).
@@ -266,11 +325,14 @@ def logical_step(spec: RunSpec, state: RunState, units) -> tuple[float | None, i
     reducer = getattr(state.optimizer, "reducer", None)
     try:
         loss_value, records = forward_backward(spec, state, units)
+    except CaughtUpFailure as failed:  # FSDP: this rank ran the step's remaining forwards: it joins the reduction
+        reducer.fail(failed.error)
+        loss_value, records = 0.0, 0
     except Exception as err:
         if reducer is None or sharded_base(spec):
-            # FSDP: the other ranks wait inside this step's collective forwards, not at the reduction (issue 45 red
-            # team: joining the reduction deadlocked every rank); this rank's exit ends their collectives with an
-            # error, and rank 0 records the failure and keeps its last resume checkpoint
+            # FSDP, a failure inside a forward: the other ranks wait inside this step's collective forwards, not at
+            # the reduction (joining the reduction would deadlock every rank); this rank's exit ends their
+            # collectives with an error, and rank 0 records the failure and keeps its last resume checkpoint
             raise
         reducer.fail(err)
         loss_value, records = 0.0, 0

@@ -259,6 +259,12 @@ def failure_line(err: BaseException, spec, state, last: CheckpointInfo | None) -
     return f"{what}; no release was written; {resume_hint(spec, last, advice)}"
 
 
+def follower_failure_line(err: BaseException, state, rank: int) -> str:
+    """The one-line exit-4 message of a rank other than 0 whose own part of a step failed: what happened (never
+    training text); rank 0, which the step's reduction told, writes FAILED.json and keeps the resume checkpoint."""
+    return f"{_what_happened(err, state.step)[0]} on rank {rank}; no release was written; rank 0 writes FAILED.json"
+
+
 def resume_hint(spec, last: CheckpointInfo | None, advice: str = "") -> str:
     """How to go on from here, in words (the ledger charge of a resumable run stays pending)."""
     if last is None:

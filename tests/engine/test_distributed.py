@@ -294,3 +294,49 @@ def test_budget_prints_expected_units_per_rank_per_step(tmp_path, tiny_model_dir
     assert table.exit_code == 0 and re.search(r"units per rank per step\s+│ 8 expected, W=1 processes", table.stdout)
     bad = runner.invoke(app, ["budget", str(cfg), "--world-size", "0"])
     assert bad.exit_code == 2 and bad.output.startswith("error: ") and len(bad.output.strip().splitlines()) == 1
+
+
+class _FakeState:
+    """accelerate's PartialState without a process group: records the keyword arguments it was given."""
+
+    calls: list = []
+
+    def __init__(self, cpu=False, **kwargs):
+        _FakeState.calls.append({"cpu": cpu, **kwargs})
+        self.process_index, self.num_processes, self.local_process_index = 1, 2, 1
+        self.backend = "gloo" if cpu else "nccl"
+
+
+def test_the_process_group_gets_a_bounded_collective_timeout_and_nccl_async_error_handling(monkeypatch):
+    """A peer that died inside a collective ends the others' wait within the timeout (5 min, not torch's 10 or 30);
+    on CUDA, ProcessGroupNCCL is created with TORCH_NCCL_ASYNC_ERROR_HANDLING=1 unless the operator chose a value."""
+    import datetime
+
+    import accelerate
+    import torch
+
+    from dplora.errors import BadInputError
+
+    monkeypatch.setattr(accelerate, "PartialState", _FakeState)
+    monkeypatch.setattr(_FakeState, "calls", [])
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")  # recorded, so the value init_world sets is undone
+    monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING")
+    env = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    world = distributed.init_world(env)
+    assert world.rank == 1 and world.world_size == 2 and world.backend == "gloo"
+    assert _FakeState.calls[-1] == {"cpu": True, "timeout": datetime.timedelta(seconds=300)}
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in os.environ  # gloo: nothing set
+    distributed.init_world(env | {"DPLORA_COLLECTIVE_TIMEOUT_S": "42.5"})
+    assert _FakeState.calls[-1]["timeout"] == datetime.timedelta(seconds=42.5)
+    for bad in ("0", "-1", "soon", "inf"):
+        with pytest.raises(BadInputError, match="DPLORA_COLLECTIVE_TIMEOUT_S"):
+            distributed.init_world(env | {"DPLORA_COLLECTIVE_TIMEOUT_S": bad})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert distributed.init_world(env).backend == "nccl"
+    assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")  # the operator's own choice is kept
+    distributed.init_world(env)
+    assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
+    assert distributed.init_world({"WORLD_SIZE": "1"}) is distributed.SINGLE  # one process: no group, no timeout
+    assert len(_FakeState.calls) == 4

@@ -16,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
@@ -217,3 +218,41 @@ def test_two_torchrun_nodes_on_this_machine(tmp_path, tiny_model_dir, tickets_cs
     one, two = _adapters(tmp_path / "one-rows"), _adapters(tmp_path / "nodes-rows")
     for k in one:
         np.testing.assert_allclose(two[k].numpy(), one[k].numpy(), rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_a_rank_failing_between_forwards_stops_both_ranks_and_rank_0_records_it(
+    tmp_path, tiny_model_dir, tickets_csv, signing_key
+):
+    """Rank 1's clipping raises in step 4, after its first of 3 forwards (rank 0 runs 1 forward and 2 padding
+    forwards there): rank 1 runs its remaining forwards as padding and reports through the step's reduction, so both
+    ranks stop within seconds, long before the collective timeout (set to 900 s, above this test's limit), with
+    exit 4; rank 0 writes FAILED.json naming rank 1, no release, and the ledger charge is left as the resume rules
+    say (a resume checkpoint exists: pending at its reservation, for ``--resume`` or ``dplora ledger settle``)."""
+    from dplora.ledger.store import Ledger
+
+    dirs = _rank_dirs(tmp_path, tickets_csv)
+    runs = _contracts(tmp_path, tiny_model_dir, tickets_csv, "fsdp", "fail", ["rows"])
+    out = tmp_path / "results"
+    out.mkdir()
+    ledger = tmp_path / "ledger.sqlite3"
+    env = _env() | {"FSDP_WORKER_FAIL": "1:4", "DPLORA_COLLECTIVE_TIMEOUT_S": "900", "DPLORA_LEDGER": str(ledger)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    proc = subprocess.run(
+        [*cmd, str(WORKER), str(out), str(signing_key[0]), *dirs, *runs],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode != 0, proc.stderr[-3000:]
+    assert all((out / f"rows-rank{r}.json").is_file() for r in (0, 1)), proc.stderr[-6000:]
+    ranks = [json.loads((out / f"rows-rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["exit_code"] for r in ranks] == [4, 4], proc.stderr[-3000:]
+    assert max(r["exited_at"] for r in ranks) - ranks[1]["failed_at"] < 60  # prompt: no rank waited for a timeout
+    assert "rank 1 failed: RuntimeError" in proc.stderr
+    assert not (tmp_path / "fail-rows").exists()  # no release
+    failed = json.loads((tmp_path / "fail-rows.partial" / "FAILED.json").read_text())
+    assert failed["reason"] == "rank 1 failed: RuntimeError" and failed["steps_done"] == 3
+    assert failed["resume_checkpoint"] is not None and failed["release"] == "none (run failed)"
+    charge = Ledger(ledger).charge(failed["run_id"])
+    assert charge.status == "pending" and charge.reserved_epsilon >= Decimal(str(failed["epsilon_charged_upper_bound"]))
