@@ -155,6 +155,13 @@ class CudaRules:
             "mem_get_info": lambda *a, **k: (80 * 2**30, 80 * 2**30),
         }.items():
             patch(cuda, name, value)
+        # a run on "cuda" sets TF32 (it changes torch's global fp32 matmul precision too): later tests keep theirs
+        flags = (
+            torch.backends.cuda.matmul.allow_tf32,
+            torch.backends.cudnn.allow_tf32,
+            torch.get_float32_matmul_precision(),
+        )
+        stack.callback(_restore_tf32, *flags)
         stack.enter_context(_Front(self))
         stack.enter_context(_Rules(self))
         self._stack = stack
@@ -163,6 +170,12 @@ class CudaRules:
     def __exit__(self, *exc):
         stack, self._stack = self._stack, None
         return stack.__exit__(*exc)
+
+
+def _restore_tf32(matmul: bool, cudnn: bool, precision: str) -> None:
+    torch.backends.cuda.matmul.allow_tf32 = matmul
+    torch.backends.cudnn.allow_tf32 = cudnn
+    torch.set_float32_matmul_precision(precision)
 
 
 def _undoable_setattr(stack: contextlib.ExitStack):

@@ -128,14 +128,16 @@ def test_training_path_keeps_to_the_device_rules(model, training, tmp_path, tiny
     """A full run on "cuda:0": load (4-bit: bitsandbytes' NF4 kernels), LoRA, the per-example check, steps,
     device-side noise (the ChaCha20 keystream in torch integer ops), the resume checkpoint and the release."""
     contract = _contract(tmp_path, tiny_model_dir, tickets_csv, model=model, training=training)
+    precision = torch.get_float32_matmul_precision()
     result, rules, _ = _train(contract, signing_key)
-    assert result.steps_done == 2
+    assert result.steps_done == 2 and torch.get_float32_matmul_precision() == precision  # fp32 set TF32 inside
     assert rules.transfers > 0 and rules.checked > 1000  # the run did move to "cuda" and every op was seen
     assert not rules.untagged_mixes  # every tensor beside a CUDA one had a known side: no op was let through blind
     if model.get("quantization") == "4bit":
         assert "bitsandbytes" in rules.seen  # the NF4 kernels ran under the rules
     execution = _execution(result)
     assert execution["device_type"] == "cuda" and execution["base_dtype"] == model["dtype"]
+    assert execution["allow_tf32"] is True  # the CUDA default, switched on inside and restored by the rules
     assert "torch integer ops on the cuda device" in execution["noise_generator"]  # the device-side keystream
 
 
