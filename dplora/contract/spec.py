@@ -549,6 +549,8 @@ class Contract(_Section):
                 dumped["data"].pop(key, None)
         if dumped["training"].get("sharding") == Sharding.NONE.value:  # the default: contracts before it unchanged
             dumped["training"].pop("sharding", None)
+        if dumped["training"].get("max_epochs") is None:  # absent: the YAML (and digest) of contracts before it
+            dumped["training"].pop("max_epochs", None)
         return yaml.safe_dump(dumped, sort_keys=False)
 
     @property

@@ -147,7 +147,7 @@ class UnitClipAccumulator:
         dominate a step of a small, launch-bound model.
         """
         n, B = len(counts), G.shape[0]
-        seg = torch.repeat_interleave(torch.arange(n), counts)  # (B,) segment of each row
+        seg = torch.repeat_interleave(torch.arange(n, device="cpu"), counts)  # (B,) segment of each row (host)
         special = counts > 1
         if merged_open:
             special[0] = True
@@ -155,8 +155,8 @@ class UnitClipAccumulator:
             special[-1] = True
         special_seg = special.nonzero().flatten()  # (m,) segments summed into S, in order (host)
         m = len(special_seg)
-        slot_of_seg = torch.full((n,), m, dtype=torch.long)  # m: S's sink row, for single-record units
-        slot_of_seg[special_seg] = torch.arange(m)
+        slot_of_seg = torch.full((n,), m, dtype=torch.long, device="cpu")  # m: S's sink row, for single-record units
+        slot_of_seg[special_seg] = torch.arange(m, device="cpu")
         single = ~special[seg]
         has_single = bool(single.any())
         # row_seg: a single-record row's segment, else n (a sink entry of norms and factors, dropped)

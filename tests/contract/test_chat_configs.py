@@ -49,7 +49,7 @@ def test_a_chat_config_plans_on_tiny_data_of_its_format(name, data, n, tmp_path)
     assert contract.data.messages_key == "messages" and contract.privacy.unit_key == "customer_id"
     result = runner.invoke(app, ["budget", str(ROOT / "configs" / f"{name}.yaml"), f"data.path={path}", "--json"])
     assert result.exit_code == 0, result.output
-    plan = json.loads(result.output)
+    plan = json.loads(result.stdout)
     assert plan["ok"] is True and 0 < plan["epsilon"] <= 8.0 and plan["protected_unit"] == "user"
     assert (plan["num_units"], plan["num_units_source"], plan["steps"]) == (n, "contract", 20)
 

@@ -192,7 +192,7 @@ def test_budget_says_the_control_is_not_private(tmp_path, tiny_model_dir, ticket
     )
     result = runner.invoke(app, ["budget", str(cfg), "--json", "--ledger", str(tmp_path / "none.sqlite3")])
     assert result.exit_code == 0, result.output
-    report = json.loads(result.output)
+    report = json.loads(result.stdout)
     assert any("NOT DIFFERENTIALLY PRIVATE" in w for w in report["warnings"]) and "ledger" not in report
 
 
