@@ -74,6 +74,9 @@ MAX_NESTING = 6  # collections inside collections (a contract needs 3: contract 
 MAX_TARGET_EPSILON = 1e6  # far beyond any meaningful guarantee; keeps calibration and its messages finite
 NOISE_MULTIPLIER_RANGE = (SIGMA_MIN, SIGMA_MAX)  # the range calibration searches; 1e-300 and 1e300 broke RDP
 MAX_GRAD_NORM = 1e6  # σ·C stays finite in fp32
+# C ≥ 1e-6: below it C/‖v‖ can fall into fp32's subnormal range, where the clip factor rounds up to 2x (a unit
+# would move the sum by about 2C); no real LoRA clip is that small (tuning guides put C near the median norm).
+MIN_GRAD_NORM = 1e-6
 MAX_NUM_UNITS = 10**12
 MAX_LORA_RANK = 1024
 MAX_THREADS = 1024
@@ -139,7 +142,7 @@ class PrivacySection(_Section):
     delta: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False, strict=True)]
     accountant: Accountant = Accountant.PRV
     num_units: Annotated[int, Field(gt=0, le=MAX_NUM_UNITS, strict=True)] | None = None
-    max_grad_norm: Annotated[float, Field(gt=0, le=MAX_GRAD_NORM, allow_inf_nan=False, strict=True)]
+    max_grad_norm: Annotated[float, Field(ge=MIN_GRAD_NORM, le=MAX_GRAD_NORM, allow_inf_nan=False, strict=True)]
     sampling: Sampler = Sampler.POISSON
     noise_multiplier: (
         Annotated[

@@ -195,8 +195,12 @@ class UnitClipAccumulator:
     def _factor(self, norms: torch.Tensor) -> torch.Tensor:
         """Scale of each unit's vector: min(1, C/(‖v‖ + 1e-6)) (clip) or C/(‖v‖ + γ) (normalize)."""
         if self.normalize_gamma is not None:
-            return self.max_grad_norm / (norms + self.normalize_gamma)
-        return (self.max_grad_norm / (norms + EPS)).clamp(max=1.0)
+            factor = self.max_grad_norm / (norms + self.normalize_gamma)
+        else:
+            factor = (self.max_grad_norm / (norms + EPS)).clamp(max=1.0)
+        # A factor in fp32's subnormal range is rounded to a coarse step and may round UP by as much as 2x, so the
+        # unit would contribute up to ~2C; such a unit (its norm ~1e38 times C) counts as 0, as an overflowed one.
+        return factor.masked_fill(factor < torch.finfo(factor.dtype).tiny, 0.0)
 
     def _record(self, norms: torch.Tensor) -> None:
         self.units += len(norms)
