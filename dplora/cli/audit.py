@@ -15,6 +15,7 @@ from dplora.cli.options import (
     signing_key_option,
     threads_option,
 )
+from dplora.contract.labels import same_file
 from dplora.data.digest import sha256_file
 from dplora.errors import BadInputError, DploraError
 from dplora.recipe.options import RunOptions
@@ -201,7 +202,10 @@ def _power_contract(config: Path, overrides: list[str], contract, source, folder
     if data is not None:
         if not Path(data).is_file():
             raise BadInputError(f"--power-data {data}: no such file")
-        if source is DataSource.PRIVATE and _same_file(Path(data), Path(contract.data.path)):
+        # by path and file identity only, never contents: a content match would make the exit code say whether the
+        # private file equals a file the caller chose (an equality oracle on the private data); a copy declared
+        # public is the caller's declaration, which the audit report says voids the guarantee
+        if source is DataSource.PRIVATE and same_file(Path(data), Path(contract.data.path)):
             raise BadInputError("--power-data is the audit's private data file: the power check needs public data")
     power_source = DataSource.PUBLIC if data is not None else source
     pinned = [
@@ -241,16 +245,3 @@ def _separate(audit_folder: Path, run_dir: Path) -> None:
     a, r = audit_folder.resolve(), run_dir.resolve()
     if a.is_relative_to(r) or r.is_relative_to(a):
         raise BadInputError(f"--attach {run_dir}: the audit folder {audit_folder} must lie outside the release folder")
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    """``a`` and ``b`` name one file: equal resolved paths, or one file under two names (a hard link, a symlink).
-    Paths and file identities only, never contents: a content match would make the exit code say whether the
-    private file equals a file the caller chose, an equality oracle on the private data. A copy of private data
-    declared public is the caller's declaration, which the audit report says voids the guarantee."""
-    try:
-        if a.resolve() == b.resolve():
-            return True
-        return a.exists() and b.exists() and a.samefile(b)
-    except OSError:
-        return False

@@ -14,6 +14,7 @@ import csv
 import json
 from pathlib import Path
 
+from dplora.contract.labels import same_file
 from dplora.contract.spec import PACKAGED_MODELS, Contract, DataSection, ModelSection
 from dplora.data.chat import check_messages
 from dplora.errors import BadInputError, excerpt
@@ -197,17 +198,6 @@ def check_data_files(contract: Contract, *, chat_template: bool | None) -> list[
     return lines
 
 
-def _same_file(a: Path, b: Path) -> bool:
-    """``a`` and ``b`` name the same file: equal resolved paths, or one file under two names (a link). Paths and
-    file identities only, never contents."""
-    try:
-        if a.resolve() == b.resolve():
-            return True
-        return a.exists() and b.exists() and a.samefile(b)
-    except OSError:
-        return False
-
-
 def check_warm_start_file(data: DataSection) -> str | None:
     """Check ``data.public_warm_start.path`` before any data is read: a readable file that is neither the private
     ``data.path`` nor ``data.eval_path`` (compared by resolved path and file identity, never by content), with the
@@ -231,7 +221,7 @@ def check_warm_start_file(data: DataSection) -> str | None:
     path = Path(warm.path)
     shown = excerpt(str(path), 200)
     for other_key, other in (("data.path", data.path), ("data.eval_path", data.eval_path)):
-        if other is not None and _same_file(path, Path(other)):
+        if other is not None and same_file(path, Path(other)):
             raise BadInputError(
                 f"{key}={shown} is the contract's {other_key}: the warm start trains without noise and is charged "
                 "nothing, so it must be a separate public file, never the private data"
