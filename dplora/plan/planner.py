@@ -204,8 +204,9 @@ def recommend(
         # eligible B down and stop once σ/B rises, so only the neighbourhood of the optimum is calibrated. Across
         # E the same holds at the floor (more epochs at the same T mean a larger B): E is weighed from the cap
         # down and the search stops once the best σ/B of an E is above the one of the E before it.
-        best_here = math.inf
+        best_here, last = math.inf, None  # last: σ/B of the previous B calibrated at this E
         e_rose = len(best_by_e) >= 2 and best_by_e[-1] > best_by_e[-2]
+        b_rose = False
         for batch, steps in sorted(row, reverse=True):
             lr = scaled_lr(lr_ref, batch)
             q = batch / num_units
@@ -218,7 +219,7 @@ def recommend(
                     batch, steps, q, None, None, lr, "not weighed: σ/B already rose from a larger E", e
                 )
                 continue
-            if best_here < math.inf and cands_rose(cands, row, batch, floor):
+            if b_rose:
                 cands[(batch, steps)] = _cand(
                     batch, steps, q, None, None, lr, "not weighed: σ/B already rose at a larger B for this E", e
                 )
@@ -238,7 +239,9 @@ def recommend(
                 cands[(batch, steps)] = _cand(batch, steps, q, None, None, lr, why, e)
                 continue
             cands[(batch, steps)] = _cand(batch, steps, q, sigma, eps, lr, None, e)
-            best_here = min(best_here, sigma / batch)
+            b_rose = last is not None and sigma / batch > last
+            last = sigma / batch
+            best_here = min(best_here, last)
         if best_here < math.inf:
             best_by_e.append(best_here)
     ordered = [cands[(b, t)] for _, b, t in grid]
@@ -266,14 +269,6 @@ def recommend(
         max_epochs=max_epochs if epochs is None else None,
         min_steps=floor,
     )
-
-
-def cands_rose(cands: dict, row: list[tuple[int, int]], batch: int, floor: int) -> bool:
-    """True when, among this E's calibrated candidates above ``batch``, σ/B rose from one B to the next smaller one
-    (the optimum at this E is already behind: smaller B only add steps at more noise per unit)."""
-    above = [cands.get((b, t)) for b, t in sorted(row, reverse=True) if b > batch]
-    values = [c.noise_per_unit for c in above if c is not None and c.noise_per_unit is not None]
-    return any(later > earlier for earlier, later in zip(values, values[1:], strict=False))
 
 
 def _cand(batch, steps, q, sigma, eps, lr, excluded, epochs=None) -> Candidate:
