@@ -30,8 +30,9 @@ def main() -> None:
     from dplora.contract.loader import load_contract
     from dplora.data import units as data
     from dplora.data.demo import write_tickets
-    from dplora.recipe import build, planning, setup
-    from dplora.recipe.options import RunOptions
+    from dplora.plan import resolve as planning
+    from dplora.recipe import build
+    from dplora.recipe.config import RunOptions, compile_run
     from dplora.run import checkpoint
     from dplora.run.loop import run_steps
 
@@ -46,13 +47,12 @@ def main() -> None:
         table = data.load_table(contract.data, unit_key=contract.privacy.unit_key)
         unit_index = data.build_unit_index(table, contract.privacy, seed=contract.training.seed)
         plan = planning.plan_for(contract, unit_index)
-        io_ = setup.RunIO(
-            options=RunOptions(threads=args.threads, progress=False), private_key=None, data_key=None,
-            log=lambda *_: None, progress=False,
-        )  # fmt: skip
+        config = compile_run(contract, plan, RunOptions(threads=args.threads, progress=False))
         staging = tmp / "run.partial"
         staging.mkdir()
-        spec, state = build.build_run(contract, plan, table, unit_index, out=tmp / "run", staging=staging, io=io_)
+        spec, state = build.build_run(
+            config, contract.data, table, unit_index, out=tmp / "run", staging=staging, log=lambda *_: None
+        )
         run_steps(spec, state, metrics=io.StringIO(), progress=type("P", (), {"update": lambda *a: None})())
         digest = checkpoint.data_sha256(contract.data)
         writes, restores = [], []

@@ -79,7 +79,7 @@ def _contract(setup: dict, out: Path, *, arm: str, enabled: bool = True) -> dict
 
 def _train(raw: dict, key: Path) -> dict:
     from dplora.contract.loader import parse_contract
-    from dplora.recipe.options import RunOptions
+    from dplora.recipe.config import RunOptions
     from dplora.recipe.train import run_training
 
     result = run_training(

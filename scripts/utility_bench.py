@@ -422,8 +422,8 @@ def resolved_settings(raw: dict) -> dict:
     """B, T, lr, schedule and warmup a contract trains with (``auto`` resolved by the planner, T from the epochs
     and the declared N otherwise; public inputs only)."""
     from dplora.contract.loader import parse_contract
+    from dplora.plan.resolve import resolve_auto
     from dplora.plan.training import planned_steps
-    from dplora.recipe.planning import resolve_auto
 
     resolved, _ = resolve_auto(parse_contract(raw))
     t = resolved.training.model_dump(mode="json")
@@ -436,7 +436,7 @@ def resolved_settings(raw: dict) -> dict:
 def train_one(raw: dict, key: Path, threads: int) -> dict:
     """Train through dplora's own path; returns the plan's public numbers and seconds."""
     from dplora.contract.loader import parse_contract
-    from dplora.recipe.options import RunOptions
+    from dplora.recipe.config import RunOptions
     from dplora.recipe.train import run_training
 
     result = run_training(

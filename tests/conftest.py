@@ -165,7 +165,7 @@ def _declare_num_units(raw: dict) -> None:
     from dplora.contract.loader import parse_contract
     from dplora.data import units as data
     from dplora.errors import DploraError
-    from dplora.recipe.planning import private_count_reason
+    from dplora.plan.resolve import private_count_reason
 
     try:
         contract = parse_contract(raw)

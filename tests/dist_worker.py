@@ -26,7 +26,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from dplora.contract.choices import Sharding
 from dplora.engine import batch as batching
 from dplora.engine import distributed
 from dplora.errors import BadInputError, TrainingFailedError
@@ -174,7 +173,7 @@ def _one_step(model, units, per_sample: str, world) -> tuple[torch.Tensor, int]:
         examples=RECORDS,
         pad_id=PAD,
         device=torch.device("cpu"),
-        contract=SimpleNamespace(training=SimpleNamespace(sharding=Sharding.NONE)),
+        config=SimpleNamespace(sharded_base=False),
     )
     logical_step(spec, RunState(model=gsm, optimizer=dp_opt, accountant=acc, named=named), units)
     after = torch.cat([p.detach().reshape(-1) for _, p in named])

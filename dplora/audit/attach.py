@@ -90,9 +90,9 @@ def pin_overrides(privacy: PrivacySection, target: AttachTarget) -> list[str]:
     Raises:
         BadInputError: a non-private baseline (never attached).
     """
-    from dplora.mechanism import control
+    from dplora.plan.resolve import is_control
 
-    if control.is_control(privacy):
+    if is_control(privacy):
         raise BadInputError(
             "--attach: a privacy.enabled=false baseline is never attached: its numbers never go into a signed record"
         )
@@ -204,7 +204,8 @@ def attach(target: AttachTarget, section: dict) -> Path:
         BadInputError: the release changed meanwhile, the audit's mechanism differs (nothing is written), or
             the files could not be written (the old ones are restored; see ``write_release``).
     """
-    from dplora.release.envelope import write_release
+    from dplora.contract.loader import load_contract
+    from dplora.release import report
     from dplora.release.verify import verify_release
 
     _refuse_mismatch(section["mechanism"], target)
@@ -217,17 +218,16 @@ def attach(target: AttachTarget, section: dict) -> Path:
     composed = composed_claim(target.record, section)
     if composed is not None:
         section = {**section, "composed": composed}
-    record = {**target.record, SECTION: section}
+    record = report.extend(target.record, **{SECTION: section})
     card = target.folder / "adapter" / "README.md"
     old_card = card.read_bytes() if card.is_file() else None
-    _rewrite_card(target.folder, record)  # the card states the composed claim too; it is re-signed below
+    data = load_contract(Path(target.folder) / "contract.yaml").data
+    report.rewrite_card(target.folder, record, data)  # the card states the composed claim too; re-signed below
     # subject names are relative to the release folder, and write_release resolves them against it: joined to a
     # relative --attach folder they would be resolved twice ("artifact run/adapter/README.md is missing")
     artifacts = [Path(s["name"]) for s in target.statement["subject"]]
     try:
-        return write_release(
-            output_dir=target.folder, record=record, artifact_files=artifacts, private_key=target.private_key
-        )
+        return report.sign_as_is(target.folder, record, artifacts, private_key=target.private_key)
     except BaseException as err:
         if old_card is not None:  # the old record signs the old card: put it back
             atomic.write_bytes(card, old_card)
@@ -268,17 +268,6 @@ def composed_claim(record: dict, section: dict) -> dict | None:
     adjacency = record["privacy"]["adjacency"]
     total = compose(runs, adjacency)
     return {**total, "rule": COMPOSITION_RULE, "runs": runs, "attack_ceiling": composed_attack_ceiling(runs, adjacency)}
-
-
-def _rewrite_card(folder: Path, record: dict) -> None:
-    """Write the model card again from ``record`` (with its audit section), if the release has one."""
-    from dplora.contract.loader import load_contract
-    from dplora.release.card import model_card
-    from dplora.release.envelope import MODEL_CARD
-
-    card = Path(folder) / "adapter" / MODEL_CARD
-    if card.is_file():
-        atomic.write_text(card, model_card(record, load_contract(Path(folder) / "contract.yaml").data))
 
 
 def record_in_ledger(target: AttachTarget, envelope: Path, ledger_path: Path | None, log) -> None:

@@ -19,7 +19,7 @@ from dplora import atomic
 from dplora.audit import bound, canaries, scores
 from dplora.audit.summary import summary_markdown
 from dplora.errors import BadInputError
-from dplora.recipe.options import RunOptions
+from dplora.recipe.config import RunOptions
 from dplora.run.outputs import fix_mtimes
 
 REPORT_FILENAME = "audit.json"
@@ -75,9 +75,9 @@ def check_options(privacy, options: AuditOptions) -> None:
         BadInputError: a non-private baseline on private data, copies at row level, too few canaries or
             guesses out of range.
     """
-    from dplora.mechanism import control
+    from dplora.plan.resolve import is_control
 
-    if control.is_control(privacy) and options.data_source is DataSource.PRIVATE:
+    if is_control(privacy) and options.data_source is DataSource.PRIVATE:
         raise BadInputError(
             "privacy.enabled=false audits run only on public or surrogate data (e.g. dplora demo-data): "
             "pass --data-source surrogate or public"
@@ -109,7 +109,7 @@ def run_audit(
         contract: the validated contract whose ``training.output_dir`` is ``<audit_dir>/run``.
         options: :class:`AuditOptions`.
         audit_dir: the audit's folder (created).
-        run_options: the training options (:class:`dplora.recipe.options.RunOptions`: threads, progress,
+        run_options: the training options (:class:`dplora.recipe.config.RunOptions`: threads, progress,
             contract_path, ...); the audit sets the signing key (its own, thrown away), no data key and the canaries.
         power_contract: for the power check, a non-private control contract (``privacy.enabled: false``, no
             population) on PUBLIC or surrogate data only (:func:`check_power_contract`), output in
@@ -159,13 +159,13 @@ def check_power_contract(power_contract, source: DataSource | None) -> None:
     Raises:
         BadInputError: DP still on, a ledger population set, or data declared private.
     """
-    from dplora.mechanism import control
+    from dplora.plan.resolve import is_control
 
     if source not in (DataSource.PUBLIC, DataSource.SURROGATE):
         raise BadInputError(
             "the power check trains without noise: it runs on public or surrogate data only, never the private data"
         )
-    if not control.is_control(power_contract.privacy) or power_contract.privacy.population:
+    if not is_control(power_contract.privacy) or power_contract.privacy.population:
         raise BadInputError("the power check's contract must be a control (privacy.enabled=false, no population)")
 
 

@@ -18,7 +18,7 @@ from dplora.cli.options import (
 from dplora.contract.labels import same_file
 from dplora.data.digest import sha256_file
 from dplora.errors import BadInputError, DploraError
-from dplora.recipe.options import RunOptions
+from dplora.recipe.config import RunOptions
 
 AUDIT_VIOLATION_EXIT = 5
 
@@ -137,7 +137,7 @@ def prepare_audit(config: Path, overrides: list[str], data_source: str, audit_di
     """(the audit's contract, its :class:`~dplora.audit.runner.DataSource`, its folder, the release to attach to or
     None), checked before training: with --attach the release verifies and the audit's plan is the release's
     mechanism; planner ``auto`` values are resolved as train resolves them
-    (:func:`dplora.recipe.planning.resolve_auto`). The audit trains in ``<folder>/run``; ``folder`` is
+    (:func:`dplora.plan.resolve.resolve_auto`). The audit trains in ``<folder>/run``; ``folder`` is
     ``audit_dir`` or ``<output_dir>-audit``.
 
     Raises:
@@ -150,7 +150,7 @@ def prepare_audit(config: Path, overrides: list[str], data_source: str, audit_di
     from dplora.audit import attach as attaching
     from dplora.audit.runner import DataSource
     from dplora.contract.loader import load_contract, replace_overrides
-    from dplora.recipe.planning import resolve_auto
+    from dplora.plan.resolve import resolve_auto
 
     pinned: list[str] = []
     try:
@@ -188,7 +188,7 @@ def _power_contract(config: Path, overrides: list[str], contract, source, folder
     """
     from dplora.audit.runner import DataSource, check_power_contract
     from dplora.contract.loader import load_contract, replace_overrides
-    from dplora.recipe.planning import resolve_auto
+    from dplora.plan.resolve import resolve_auto
 
     if data is not None and not wanted:
         raise BadInputError("--power-data is the public data of --power-check: give --power-check too")

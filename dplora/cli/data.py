@@ -41,7 +41,7 @@ def validate(
     try:
         contract = load_contract(config, overrides or [])
         if check_files:
-            from dplora.recipe.precheck import check_files as run_checks
+            from dplora.data.precheck import check_files as run_checks
 
             lines = run_checks(contract)
     except DploraError as err:

@@ -25,7 +25,7 @@ from dplora.cli.options import (
     threads_option,
 )
 from dplora.errors import BadInputError, DploraError, one_line
-from dplora.recipe.options import RunOptions
+from dplora.recipe.config import RunOptions
 from dplora.run import outputs
 from dplora.run.outputs import private_path
 from dplora.run.progress import duration
@@ -278,43 +278,11 @@ def _eval_time(result) -> str:
 
 
 def _train_summary(result) -> dict:
-    """``train --json``: the run id, the plan's public numbers, ε spent and the paths written (public fields only:
-    realised timings and empty steps are in ``<output_dir>.private/report.json``)."""
-    from dplora.release.envelope import SIGSTORE_FILENAME
+    """``train --json``: :func:`dplora.release.report.train_summary` of the run's public facts (the one writer of
+    the record, the card and this summary)."""
+    from dplora.release.report import train_summary
 
-    p, folder = result.plan, result.output_dir.absolute()
-    bundle = folder / SIGSTORE_FILENAME
-    private = outputs.private_path(folder)
-    return {
-        "ok": True,
-        "run_id": result.run_id,
-        "differentially_private": result.differentially_private,
-        "protected_unit": p.protected_unit.value,
-        "unit_key": p.unit_key,
-        "adjacency": p.adjacency.value,
-        "num_units": p.num_units,
-        "num_units_source": p.num_units_source,
-        "expected_batch_size": p.expected_batch_size,
-        "sample_rate": p.sample_rate,
-        "steps": p.steps,
-        "steps_done": result.steps_done,
-        "noise_multiplier": p.noise_multiplier,
-        "max_grad_norm": p.max_grad_norm,
-        "epsilon_spent": result.epsilon_spent,
-        "target_epsilon": p.target_epsilon,
-        "delta": p.delta,
-        "accountant": p.accountant.value,
-        "accountant_version": p.accountant_version,
-        "paths": {
-            "output_dir": str(folder),
-            "adapter": str(folder / "adapter"),
-            "release": str(folder / result.release_path.name),
-            "sigstore_bundle": str(bundle) if bundle.is_file() else None,
-            "private_dir": str(private),
-            "metrics": str(private / outputs.METRICS_FILENAME),
-        },
-        "threads": result.threads,
-    }
+    return train_summary(result.facts, result.output_dir, threads=result.threads)
 
 
 def _interrupted_message(err: KeyboardInterrupt, output_dir: str | None, *, since: float) -> str:

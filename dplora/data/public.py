@@ -126,3 +126,26 @@ def eval_data(data: DataSection, table) -> DataSection:
     """The data section used to evaluate on a public table: ``label_column`` only if the table has it."""
     label = data.label_column if data.label_column in table.column_names else None
     return data.model_copy(update={"label_column": label})
+
+
+def public_data(data: DataSection) -> DataSection:
+    """The contract's data section pointed at ``data.public_warm_start.path``: the same record format, columns,
+    ``train_on``, chat template and warm-start settings; format by the file's suffix; no held-out set, label or
+    group. What :func:`warm_start` takes: it holds no private path.
+
+    Raises:
+        ValueError: ``data`` has no ``public_warm_start``.
+    """
+    warm = data.public_warm_start
+    if warm is None:
+        raise ValueError("the data section has no public_warm_start")
+    update = {
+        "path": warm.path,
+        "format": "auto",
+        "eval_path": None,
+        "eval_fraction": None,
+        "eval_public": False,
+        "label_column": None,
+        "group_column": None,
+    }
+    return data.model_copy(update=update)

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from dplora.contract.choices import Quantization
-from dplora.contract.spec import PACKAGED_MODELS, ModelSection
+from dplora.contract.spec import PACKAGED_MODELS
 from dplora.engine.model import (
     SMOLLM2_DISTRIBUTION,
     SMOLLM2_GGUF,
@@ -21,6 +21,7 @@ from dplora.engine.model import (
     select_device,
 )
 from dplora.engine.quantize import quantization_entry
+from dplora.engine.specs import ModelSpec
 
 # Top-level files of a Hugging Face folder that define the model trained on: config, weights, tokenizer.
 BASE_MODEL_FILES = (
@@ -80,7 +81,7 @@ def _own_name(folder: Path) -> tuple[str, str]:
     return folder.resolve().name, "folder name"
 
 
-def base_model_entry(section: ModelSection, log=print, *, dtype: str | None = None) -> dict:
+def base_model_entry(section: ModelSpec, log=print, *, dtype: str | None = None) -> dict:
     """The record's ``base_model``: a name another machine can load, and the digests of the files trained on.
 
     * ``model.name: smollm2-135m``: the upstream Hub id :data:`SMOLLM2_UPSTREAM`, a note that the weights are

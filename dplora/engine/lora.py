@@ -16,6 +16,9 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from dplora.contract.choices import Sharding
+from dplora.engine import distributed
+from dplora.engine.specs import LoraSpec, ModelBuild, ModelSpec
 from dplora.errors import BadInputError
 
 AUTO = "auto"
@@ -167,3 +170,138 @@ def library_warnings(log: Callable[[str], None]) -> Iterator[None]:
         if short not in seen:
             seen.add(short)
             log(f"note: {w.category.__name__} from a library: {short}")
+
+
+def setup_model(
+    model: ModelSpec,
+    lora: LoraSpec,
+    training: ModelBuild,
+    device,
+    dtype: str,
+    allow_tf32: bool,
+    log,
+    world: distributed.World = distributed.SINGLE,
+):
+    """Load the base model in ``dtype`` on ``device``, then wrap it with fp32 LoRA adapters (peft).
+
+    ``training.sharding: fsdp`` loads the base sharded 1/W over ``world``'s ranks
+    (:func:`dplora.engine.sharding.load_sharded_base`) before peft wraps it, so the LoRA tensors stay whole.
+
+    ``model``, ``lora`` and ``training`` name the base model; r, alpha and targets; the seed of the LoRA
+    initialisation, gradient checkpointing and sharding (:mod:`dplora.engine.specs`).
+
+    ``lora.target_modules`` is resolved against the loaded model (:func:`dplora.engine.lora.resolve_target_modules`);
+    library warnings become one ``note:`` line each (:func:`dplora.engine.lora.library_warnings`).
+
+    Raises:
+        BadInputError: a target module the model lacks, or peft refusing the LoRA config (one line, exit 2).
+    """
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from dplora.engine.model import enable_gradient_checkpointing, load_base_model
+
+    with library_warnings(log):
+        # on its device BEFORE get_peft_model (cases T1); model.quantization: 4bit loads NF4 Linear4bit layers
+        if training.sharding is Sharding.FSDP:
+            from dplora.engine.sharding import load_sharded_base
+
+            base, tokenizer = load_sharded_base(model, device, dtype, allow_tf32, world, log)
+        else:
+            base, tokenizer = load_base_model(model, device, dtype, allow_tf32, log)
+        if training.gradient_checkpointing:
+            enable_gradient_checkpointing(base)  # non-reentrant; the contract refuses it on the Opacus path
+        targets = resolve_target_modules(base, lora.target_modules)
+        torch.manual_seed(training.seed)  # the recorded seed: LoRA initialisation only
+        config = LoraConfig(
+            r=lora.r,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=targets,
+            fan_in_fan_out=_conv1d_targets(base, targets),
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
+        try:
+            peft_model = get_peft_model(base, config, autocast_adapter_dtype=True)  # LoRA tensors in fp32
+        except ValueError as err:
+            shown = targets if isinstance(targets, str) else list(targets)
+            raise BadInputError(f"lora.target_modules={shown}: {library_error_line(err)}") from None
+    if lora.freeze_a:  # FFA-LoRA: A keeps its seeded init; only B is trained (no gradient, noise or update for A)
+        freeze_lora_a(peft_model)
+    for _, p in peft_model.named_parameters():
+        if p.requires_grad and p.dtype != torch.float32:
+            p.data = p.data.float()
+    torch.seed()  # everything random from here on (dropout) draws from OS entropy, not the recorded seed
+    peft_model.train()
+    return peft_model, tokenizer
+
+
+def freeze_lora_a(peft_model) -> list[str]:
+    """Make every LoRA A weight of ``peft_model`` non-trainable (FFA-LoRA, ``lora.freeze_a``): A keeps its value.
+
+    Args:
+        peft_model: a peft model with LoRA adapters (``lora_A`` modules), before the optimizer is built.
+    Returns:
+        The names of the tensors frozen, in ``named_parameters`` order.
+    Raises:
+        BadInputError: the model has no LoRA A tensor (nothing to freeze).
+    Source: Sun, Qin, Wang, Zhu, Wang and Li (ICLR 2024), "Improving LoRA in Privacy-preserving Federated
+    Learning", §4: A fixed at its random initialisation, only B trained.
+    """
+    names = [n for n, p in peft_model.named_parameters() if ".lora_A." in n and p.requires_grad]
+    if not names:
+        raise BadInputError("lora.freeze_a: the model has no trainable LoRA A tensor")
+    for n, p in peft_model.named_parameters():
+        if n in names:
+            p.requires_grad_(False)
+    return names
+
+
+def _conv1d_targets(model, targets) -> bool:
+    """True when the named targets are transformers ``Conv1D`` layers (GPT-2): peft then needs fan_in_fan_out."""
+    if isinstance(targets, str):
+        return False
+    from transformers.pytorch_utils import Conv1D
+
+    return any(isinstance(m, Conv1D) and n.rsplit(".", 1)[-1] in targets for n, m in model.named_modules())
+
+
+def check_pad_embedding(model, tokenizer) -> None:
+    """Refuse a base model whose padding token's input embedding is not finite (a fact about the PUBLIC model).
+
+    Records share a physical batch right-padded to its longest record. Attention gives the pad positions weight
+    0, but 0 · NaN is NaN: a NaN pad embedding would turn a shorter record's loss and gradient NaN whenever a longer
+    neighbour shares its batch, so one unit's length would decide whether another unit counts (issue 41 red team).
+
+    Raises:
+        BadInputError: the pad token's embedding row holds a non-finite value.
+    """
+    import torch
+
+    pad = tokenizer.pad_token_id
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    weight = getattr(embeddings, "weight", None)
+    if pad is None or weight is None or weight.dim() != 2 or not 0 <= pad < weight.shape[0]:
+        return
+    if weight.dtype in (torch.uint8, torch.int8) or not weight.dtype.is_floating_point:
+        return  # a quantized table: its dequantized rows are checked by the per-example check's forward
+    if hasattr(weight, "to_local"):  # training.sharding: fsdp: the rank that holds the pad row checks it
+        import torch.distributed as dist
+
+        from dplora.engine.sharding import local_rows
+
+        start, local = local_rows(weight)
+        row = local[pad - start] if start <= pad < start + local.shape[0] else None
+        # ...and every rank learns its answer (one all_gather_object), so that all refuse alike (exit 2, nothing
+        # written): a refusal on that rank alone left the others in the next collective (issue 45 red team)
+        bad: list = [None] * dist.get_world_size()
+        dist.all_gather_object(bad, row is not None and not bool(torch.isfinite(row).all()))
+        finite = not any(bad)
+    else:
+        finite = bool(torch.isfinite(weight[pad]).all())
+    if not finite:
+        raise BadInputError(
+            f"the base model's embedding of the padding token (id {pad}) is not finite: padded records would get "
+            "NaN losses from their batch-mates; use a model with finite embeddings (or another pad token)"
+        )

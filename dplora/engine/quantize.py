@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 
 from dplora.contract.choices import Quantization
-from dplora.contract.spec import ModelSection
 from dplora.engine.hubkernels import no_hub_kernels
+from dplora.engine.specs import ModelSpec
 from dplora.errors import BadInputError
 
 # QLoRA's storage (Dettmers et al. 2023, "QLoRA: Efficient Finetuning of Quantized LLMs"): NF4 weights in blocks
@@ -34,7 +34,7 @@ def bitsandbytes_version() -> str:
         raise BadInputError("model.quantization=4bit needs bitsandbytes: pip install 'dplora[quant]'") from None
 
 
-def quantization_entry(section: ModelSection, dtype: str) -> dict | None:
+def quantization_entry(section: ModelSpec, dtype: str) -> dict | None:
     """The record's ``base_model.quantization``: None for ``model.quantization: none``, else how the base was stored.
 
     Args:
@@ -82,7 +82,7 @@ def load_4bit(folder: Path, device, dtype: str, attn: str):
     )
 
 
-def refuse_prequantized(folder: Path, section: ModelSection) -> None:
+def refuse_prequantized(folder: Path, section: ModelSpec) -> None:
     """Refuse a base folder whose config.json already carries a ``quantization_config``: transformers would use the
     folder's own setting (LLM.int8 included) over ``model.quantization``, so the record would misstate the base.
 

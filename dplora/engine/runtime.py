@@ -43,3 +43,37 @@ def free_threads() -> int:
 def parameter_device(model: torch.nn.Module) -> torch.device:
     """The device of the first trainable parameter (every tensor the engine creates goes there)."""
     return next((p.device for p in model.parameters() if p.requires_grad), torch.device("cpu"))
+
+
+def memory_kind(device) -> str:
+    """What :func:`peak_memory_gib` measures on ``device``, in words."""
+    return "torch.cuda.max_memory_allocated" if device.type == "cuda" else "process peak RSS"
+
+
+def reset_peak_memory(device) -> None:
+    """Start the peak of :func:`peak_memory_gib` anew on CUDA (``torch.cuda.reset_peak_memory_stats``), right before
+    step 1, so the reported peak is the training's and not the set-up's (the ``physical_batch_size: auto`` probe's
+    64-record try, the time estimate's synthetic step, the model build). On CPU nothing: the peak RSS of a process
+    cannot be reset (``getrusage``), so it still counts the set-up.
+
+    Args:
+        device: the run's ``torch.device``.
+    Raises:
+        Nothing of its own (a CUDA error of torch passes through).
+    """
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_gib(device) -> float:
+    """Peak memory of this process in GiB: ``torch.cuda.max_memory_allocated`` on CUDA (since
+    :func:`reset_peak_memory`, before step 1), peak RSS on CPU (the process's, set-up included)."""
+    import resource
+
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB

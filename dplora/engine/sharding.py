@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
-from dplora.contract.spec import ModelSection
 from dplora.engine import distributed
+from dplora.engine.specs import ModelSpec
 from dplora.errors import BadInputError, TrainingFailedError
 
 WEIGHTS = "model.safetensors"
@@ -87,7 +87,7 @@ def local_chunk(full: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
     return chunks[rank] if rank < len(chunks) else full[:0]
 
 
-def load_sharded_base(section: ModelSection, device, dtype: str, allow_tf32: bool, world, log=print):
+def load_sharded_base(section: ModelSpec, device, dtype: str, allow_tf32: bool, world, log=print):
     """The frozen base model sharded 1/W per rank (see module docstring) and its tokenizer.
 
     Args:

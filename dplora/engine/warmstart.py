@@ -8,9 +8,9 @@ data only; here the public phase also fits the adapter itself (the issue 43 stud
 
 What it does, in order (:func:`warm_start`):
 
-1. The caller points the contract's data section at the public file (:func:`public_data`: same record format,
-   columns and chat template; no held-out set, labels or groups) and passes only that: the private ``data.path``
-   never reaches :func:`warm_start`.
+1. The caller points the contract's data section at the public file (:func:`dplora.data.public.public_data`: same
+   record format, columns and chat template; no held-out set, labels or groups) and passes only that: the private
+   ``data.path`` never reaches :func:`warm_start`.
 2. The file is hashed (sha256, before and after it is read: a file that changes while read is refused), loaded with
    :func:`dplora.data.units.load_table` and tokenized by :func:`dplora.data.tokens.encode_records` exactly as the
    private records are (``training.max_seq_len``, the model's chat template, the loss mask).
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dplora.contract.spec import DataSection, TrainingSection
+from dplora.engine.specs import PublicData, WarmStartBuild
 from dplora.errors import BadInputError, excerpt
 
 KEY = "data.public_warm_start"
@@ -52,29 +52,6 @@ STATEMENT = (
     "the adapter was first fitted without noise on this file, which the contract declares public; no privacy budget "
     "is charged for it because it never sees the private data. Declaring private data public voids the guarantee"
 )
-
-
-def public_data(data: DataSection) -> DataSection:
-    """The contract's data section pointed at ``data.public_warm_start.path``: the same record format, columns,
-    ``train_on``, chat template and warm-start settings; format by the file's suffix; no held-out set, label or
-    group. What :func:`warm_start` takes: it holds no private path.
-
-    Raises:
-        ValueError: ``data`` has no ``public_warm_start``.
-    """
-    warm = data.public_warm_start
-    if warm is None:
-        raise ValueError("the data section has no public_warm_start")
-    update = {
-        "path": warm.path,
-        "format": "auto",
-        "eval_path": None,
-        "eval_fraction": None,
-        "eval_public": False,
-        "label_column": None,
-        "group_column": None,
-    }
-    return data.model_copy(update=update)
 
 
 def batch_order(num_records: int, steps: int, batch_size: int, seed: int) -> np.ndarray:
@@ -103,8 +80,9 @@ class PublicExamples:
     sha256: str
 
 
-def load_public_examples(public: DataSection, tokenizer, *, max_seq_len: int) -> PublicExamples:
-    """Hash, read and tokenize the public file of ``public`` (:func:`public_data`) as training tokenizes records.
+def load_public_examples(public: PublicData, tokenizer, *, max_seq_len: int) -> PublicExamples:
+    """Hash, read and tokenize the public file of ``public`` (:func:`dplora.data.public.public_data`) as training
+    tokenizes records.
 
     Raises:
         BadInputError: the file cannot be read, changes while it is read, lacks a column, or has no record with a
@@ -203,14 +181,15 @@ def fit(
     return losses
 
 
-def warm_start(public: DataSection, training: TrainingSection, model, tokenizer, *, log=print) -> dict:
+def warm_start(public: PublicData, training: WarmStartBuild, model, tokenizer, *, log=print) -> dict:
     """Fit ``model``'s LoRA adapter on the contract's public file (``data.public_warm_start``); see the module.
 
     Args:
-        public: :func:`public_data` of the contract's data section (its ``path`` is the public file, its
-            ``public_warm_start`` the settings): no private path reaches this function.
-        training: the contract's training section (``max_seq_len``, ``seed``, ``physical_batch_size``).
-        model: the peft model from :func:`dplora.recipe.setup.setup_model`, before the DP engine wraps it.
+        public: :func:`dplora.data.public.public_data` of the contract's data section (its ``path`` is the public
+            file, its ``public_warm_start`` the settings): no private path reaches this function.
+        training: ``max_seq_len``, ``seed`` and ``fixed_physical_batch_size`` (the run's config, or the contract's
+            training section).
+        model: the peft model from :func:`dplora.engine.lora.setup_model`, before the DP engine wraps it.
         tokenizer: the model's tokenizer.
         log: the public log (one line: the public file, the settings and the public loss before and after).
 
@@ -221,8 +200,8 @@ def warm_start(public: DataSection, training: TrainingSection, model, tokenizer,
 
     Raises:
         BadInputError: the public file cannot be used (:func:`load_public_examples`).
-        ValueError: ``public`` is not a :func:`public_data` section (no settings, or a path that is not the public
-            file's).
+        ValueError: ``public`` is not a :func:`dplora.data.public.public_data` section (no settings, or a path that
+            is not the public file's).
     """
     from dplora.engine import runtime
 

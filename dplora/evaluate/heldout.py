@@ -27,12 +27,24 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
+from typing import Protocol
 
 from dplora.contract.labels import declared_labels
-from dplora.contract.spec import DataSection, TrainingSection
+from dplora.contract.spec import DataSection
 from dplora.data.cells import tokenize_cells
 from dplora.errors import BadInputError, excerpt
 from dplora.evaluate.report import group_stats
+
+
+class EvalBuild(Protocol):
+    """What evaluation reads of the run's settings: tokens per record and records per forward (memory only). The
+    contract's training section has them, and so has a run's compiled :class:`dplora.run.config.RunConfig`."""
+
+    max_seq_len: int
+
+    @property
+    def fixed_physical_batch_size(self) -> int: ...
+
 
 NOT_COVERED = "NOT COVERED BY DP: computed on private held-out data; never in the signed record"
 PUBLIC = "held-out set declared public (data.eval_public: true)"
@@ -188,13 +200,13 @@ def held_out_loss(model, examples: list, *, pad_id: int, device, batch_size: int
     )
 
 
-def _exact_match(model, tokenizer, table, data: DataSection, training: TrainingSection, device) -> float:
+def _exact_match(model, tokenizer, table, data: DataSection, training: EvalBuild, device) -> float:
     """Share of held-out prompts whose greedy reply equals the label (stripped)."""
     right = _exact_match_rows(model, tokenizer, table, data, training, device)
     return sum(right) / len(right)
 
 
-def _exact_match_rows(model, tokenizer, table, data: DataSection, training: TrainingSection, device) -> list[bool]:
+def _exact_match_rows(model, tokenizer, table, data: DataSection, training: EvalBuild, device) -> list[bool]:
     """Whether each held-out prompt's greedy reply equals its label (both stripped)."""
     from dplora.evaluate.generate import MAX_NEW_TOKENS, Sampling, generate_replies
 
@@ -216,9 +228,7 @@ class HeldOutDataProblem(BadInputError):
     evaluation instead of refusing; see :func:`dplora.recipe.build`)."""
 
 
-def check_held_out(
-    table, tokenizer, data: DataSection, training: TrainingSection, group_column: str | None = None
-) -> None:
+def check_held_out(table, tokenizer, data: DataSection, training: EvalBuild, group_column: str | None = None) -> None:
     """Refuse a held-out set that cannot be evaluated, before any training: no target token, no label column,
     no group column (``group_column``, else ``data.group_column``).
 
@@ -260,7 +270,7 @@ def evaluate_model(
     tokenizer,
     table,
     data: DataSection,
-    training: TrainingSection,
+    training: EvalBuild,
     *,
     device,
     source: str,

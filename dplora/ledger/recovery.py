@@ -160,7 +160,7 @@ def record_release(
     from dplora.contract.loader import parse_contract
     from dplora.engine.basefiles import base_model_entry
     from dplora.release import envelope as release
-    from dplora.release.record import build_record, warm_start_entry
+    from dplora.release import report
 
     run_id, info, why = locate(ledger, run, checkpoint)
     if info is None:
@@ -186,27 +186,27 @@ def record_release(
         config = json.dumps(info.meta["adapter_config"], indent=2, sort_keys=True) + "\n"
         atomic.write_text(tmp / "adapter" / "adapter_config.json", config)
         atomic.write_text(tmp / "contract.yaml", info.meta["contract_yaml"])
-        record = build_record(
+        facts = report.PublicFacts(
             contract=contract,
             plan=plan,
             run_id=run_id,
             steps_done=info.step,
             epsilon_spent=eps,
+            private=True,
             started_at=info.meta["started_at"],
             data_digest=release.data_digest_entry([Path(contract.data.path)], data_key),
             base_model=base_model_entry(contract.model, log, dtype=info.meta["execution"].get("base_dtype")),
             execution=info.meta["execution"],
             lora_targets=_adapter_targets(info.meta["adapter_config"]),
+            warm_start=info.meta.get("warm_start"),  # data.public_warm_start: as the final release states it
+            intermediate={
+                "steps_done": info.step,
+                "steps_planned": plan.steps,
+                "note": "adapters after steps_done of steps_planned logical steps, signed from the run's resume "
+                "checkpoint; post-processing of the run, charged with it in the ledger (not a new charge)",
+            },
         )
-        if info.meta.get("warm_start") is not None:  # data.public_warm_start: as the final release states it
-            record["public_warm_start"] = warm_start_entry(info.meta["warm_start"])
-        record["intermediate"] = {
-            "steps_done": info.step,
-            "steps_planned": plan.steps,
-            "note": "adapters after steps_done of steps_planned logical steps, signed from the run's resume "
-            "checkpoint; post-processing of the run, charged with it in the ledger (not a new charge)",
-        }
-        release.finish_release(tmp, contract.data, record, private_key=private_key)
+        report.sign(facts, tmp, private_key=private_key)
         sha = digests.sha256_file(tmp / release.RELEASE_FILENAME)
         ledger.record_release(
             run_id=run_id, record_sha256=sha, epsilon=str(eps), delta=str(plan.delta), label=f"step-{info.step}"

@@ -16,10 +16,6 @@ charge of ε = ∞ on its population.
 
 from __future__ import annotations
 
-import dataclasses
-import math
-
-from dplora.contract.spec import PrivacySection
 from dplora.plan.training import TrainingPlan
 
 NOT_DP = "NOT DIFFERENTIALLY PRIVATE"
@@ -28,28 +24,6 @@ NO_DP_STATEMENT = (
     "(ε = ∞) and may reveal their training records"
 )
 ADAPTER_CONFIG_KEY = "dplora_privacy"  # written into adapter_config.json of a control (peft ignores it)
-
-
-def is_control(privacy: PrivacySection) -> bool:
-    """True for the privacy section of a non-private control contract (``privacy.enabled: false``)."""
-    return not privacy.enabled
-
-
-def control_plan(plan: TrainingPlan) -> TrainingPlan:
-    """The DP twin's plan with privacy switched off: same N, q, T and normaliser; σ = 0 and ε = ∞ at every step.
-
-    The loop's budget check (ε after the step ≤ target) then passes trivially, and every ε the run reports,
-    the ledger charge included, is ∞.
-    """
-    return dataclasses.replace(
-        plan,
-        noise_multiplier=0.0,
-        noise_source="none (non-private control)",
-        target_epsilon=math.inf,
-        epsilon=math.inf,
-        epsilon_curve=((plan.steps, math.inf),),
-        accountant_note="non-private control: no accountant, ε = ∞",
-    )
 
 
 class StepCounter:

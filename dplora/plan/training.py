@@ -333,3 +333,54 @@ def ledger_event(plan: TrainingPlan) -> dict:
     :meth:`DpSgdEvent.from_dict` reads them back.
     """
     return {**plan.event.to_dict(), "accountant": plan.accountant.value}
+
+
+def control_plan(plan: TrainingPlan) -> TrainingPlan:
+    """The DP twin's plan with privacy switched off: same N, q, T and normaliser; σ = 0 and ε = ∞ at every step.
+
+    The loop's budget check (ε after the step ≤ target) then passes trivially, and every ε the run reports,
+    the ledger charge included, is ∞.
+    """
+    return dataclasses.replace(
+        plan,
+        noise_multiplier=0.0,
+        noise_source="none (non-private control)",
+        target_epsilon=math.inf,
+        epsilon=math.inf,
+        epsilon_curve=((plan.steps, math.inf),),
+        accountant_note="non-private control: no accountant, ε = ∞",
+    )
+
+
+def measurement_twin(privacy, num_units: int) -> TrainingPlan:
+    """A σ = 0 plan for measuring clipped per-unit gradients on PUBLIC data (``dplora clip-guide``, benchmarks):
+    q = 1 (every unit), one step, expected batch 1, the contract's C, no noise and ε = ∞. It is never a DP plan:
+    :func:`dplora.mechanism.core.make_mechanism` refuses to make a private mechanism from it, so it cannot reach
+    private data through the training path.
+
+    Args:
+        privacy: the contract's privacy section (unit, adjacency, C, δ, accountant).
+        num_units: units measured (public).
+    Returns:
+        :class:`TrainingPlan` with ``noise_multiplier`` 0 and ``epsilon`` ∞.
+    """
+    return TrainingPlan(
+        protected_unit=privacy.protected_unit,
+        unit_key=privacy.unit_key,
+        adjacency=privacy.adjacency,
+        num_units=num_units,
+        num_units_source="public sample",
+        expected_batch_size=1,
+        sample_rate=1.0,
+        steps=1,
+        noise_multiplier=0.0,
+        noise_source="none (a measurement on public data)",
+        max_grad_norm=privacy.max_grad_norm,
+        delta=privacy.delta,
+        target_epsilon=math.inf,
+        accountant=privacy.accountant,
+        accountant_version="",
+        accountant_note="a measurement on public data: no accountant, ε = ∞",
+        epsilon=math.inf,
+        epsilon_curve=((1, math.inf),),
+    )

@@ -1,5 +1,7 @@
-"""Building a run before step 1: the ledger reservation, the model and its per-sample gradient path, the frozen
-``RunSpec`` and the mutable ``RunState`` (each stage named in a failure's message).
+"""Building a run before step 1 from its compiled :class:`dplora.run.config.RunConfig`: the model with its LoRA
+adapters, the tokens, the held-out set, the public warm start, the mechanism and its per-example path, the frozen
+``RunSpec`` and the mutable ``RunState`` (each stage named in a failure's message). Also ``budget --estimate``,
+which builds the same engine without data and times a synthetic step.
 """
 
 from __future__ import annotations
@@ -8,19 +10,15 @@ import uuid
 import warnings
 from pathlib import Path
 
-from dplora.contract.choices import UnitClipping
-from dplora.contract.spec import Contract, DataSection, LoraSection, ModelSection, PrivacySection, TrainingSection
+from dplora.contract.spec import DataSection
 from dplora.data import tokens as tokenizing
-from dplora.engine import distributed, warmstart
-from dplora.engine.schedule import make_scheduler
-from dplora.errors import BadInputError, DploraError, PlanRefusedError, TrainingFailedError
-from dplora.mechanism import control
-from dplora.plan.training import TrainingPlan
-from dplora.recipe.setup import (
-    RunIO,
-    make_optimizer,
-    setup_model,
-)
+from dplora.engine import distributed
+from dplora.engine.lora import check_pad_embedding, setup_model
+from dplora.engine.schedule import make_optimizer, make_scheduler
+from dplora.errors import BadInputError, DploraError, TrainingFailedError
+from dplora.run.config import RunConfig
+from dplora.run.loop import RunSpec, RunState
+from dplora.surface import PrivateLog
 
 
 class _Stage:
@@ -41,115 +39,87 @@ class _Stage:
         ) from err
 
 
-def open_ledger(privacy: PrivacySection, plan: TrainingPlan, io: RunIO, resumed_run: str | None = None):
-    """The ledger with room for the plan; a resumed run instead needs its own charge still pending.
-
-    Every DP run is recorded: without ``privacy.population`` as an unassigned run, whose ledger is opened (and
-    created if missing) only when the run reserves its charge, after setup, so that bad input found during setup
-    writes nothing (None here; :func:`dplora.recipe.train._reserve`). A resumed unassigned run needs its ledger
-    now. A non-private control without a population is not charged (None).
-    """
-    from dplora.ledger.store import Ledger, default_ledger_path
-
-    if not privacy.population:
-        if control.is_control(privacy):
-            return None
-        if resumed_run is None:  # --overwrite may discard an unassigned run's checkpoint: settle its charge then
-            path = io.options.ledger_path or default_ledger_path()
-            return Ledger(path, create=False) if io.options.overwrite and Path(path).is_file() else None
-        ledger = Ledger(io.options.ledger_path or default_ledger_path(), create=False)
-        _check_resumable(ledger, resumed_run)
-        return ledger
-
-    if control.is_control(privacy) and not io.options.non_private:
-        pop = privacy.population
-        raise PlanRefusedError(
-            f"privacy.enabled=false on population {pop!r}: a non-private run is charged ε=∞ in the ledger, over "
-            f"any cap, and every later DP run on {pop!r} is then refused; pass --non-private to run it anyway"
-        )
-    ledger = Ledger(io.options.ledger_path or default_ledger_path(), create=False)  # a missing ledger fails closed
-    if resumed_run is None and not control.is_control(privacy):
-        from dplora.ledger.plans import check_plans
-
-        check_plans(ledger, privacy, [plan])
-    elif resumed_run is not None:
-        _check_resumable(ledger, resumed_run)
-    return ledger
-
-
-def _check_resumable(ledger, resumed_run: str) -> None:
-    """A resumed run needs its own charge, still pending, in this ledger. Raises: BadInputError."""
-    try:
-        status = ledger.charge(resumed_run).status
-    except BadInputError:
-        raise BadInputError(
-            f"--resume: run {resumed_run} has no charge in ledger {ledger.path}: pass the ledger it was charged in"
-        ) from None
-    if status != "pending":
-        raise BadInputError(f"--resume: run {resumed_run} is already {status} in ledger {ledger.path}: start anew")
-
-
 def build_run(
-    contract: Contract, plan: TrainingPlan, table, unit_index, *, out: Path, staging: Path, io: RunIO, held_out=None
-):
+    config: RunConfig,
+    data: DataSection,
+    table,
+    unit_index,
+    *,
+    out: Path,
+    staging: Path | None,
+    log=print,
+    private: PrivateLog | None = None,
+    held_out=None,
+    warm: bool = True,
+) -> tuple[RunSpec, RunState]:
     """Model, tokens and the private engine on the chosen device: (RunSpec, RunState). Writes nothing.
+
+    Args:
+        config: the compiled run.
+        data: the data spec (``contract.data``): record format, columns, held-out set, public warm start.
+        table, unit_index: the training records (``datasets.Dataset``) and their protected units.
+        out, staging: the output folder and ``<out>.partial`` (None on ranks other than 0).
+        log: the public log; private: the private diagnostics (truncation counts, a skipped evaluation).
+        held_out: the held-out records or None; warm: run the public warm start (False when resuming: the
+            checkpoint holds its adapters).
 
     Raises:
         BadInputError: the model, its tokens or the held-out set (when public) cannot be used (exit 2).
         TrainingFailedError: a setup stage failed (named in the one-line message).
     """
-    from dplora.run.loop import RunSpec, RunState
-
-    loaded = _load(contract.model, contract.lora, contract.training, io)
-    model, tokenizer, device = loaded["model"], loaded["tokenizer"], loaded["device"]
-    examples = _encode(contract.data, contract.training, table, tokenizer, io)
+    private = private if private is not None else PrivateLog()
+    model, tokenizer, device, dtype, allow_tf32, threads = _load(config, log)
+    examples = _encode(config, data, table, tokenizer, private)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    if io.world.distributed:  # the same weights, tokenizer, tokens, LoRA init and library versions on every rank
+    if config.world.distributed:  # the same weights, tokenizer, tokens, LoRA init and library versions on every rank
         from dplora.engine.basefiles import base_model_entry
 
-        entry = base_model_entry(contract.model, io.log)
-        distributed.check_same_inputs(io.world, distributed.model_digests(entry, examples, named))
-    held_out = _checked_held_out(contract.data, contract.training, held_out, tokenizer, io)
+        entry = base_model_entry(config.model, log)
+        distributed.check_same_inputs(config.world, distributed.model_digests(entry, examples, named))
+    held_out = _checked_held_out(config, data, held_out, tokenizer, private)
     if not named:
         raise BadInputError("no trainable parameters: check lora.target_modules")
-    warm = None  # data.public_warm_start: noise-free steps on the public file (on resume the checkpoint holds them)
-    if contract.data.public_warm_start is not None and not io.options.resume:
-        public = warmstart.public_data(contract.data)  # the public file's section: no private path in it
-        warm = warmstart.warm_start(public, contract.training, model, tokenizer, log=io.log)
-    engine = _private_engine(contract.privacy, contract.training, plan, model, named, device, io)
-    mechanism, optimizer, (gsm, dp_opt, accountant) = engine
-    physical = _physical_batch(contract.training, gsm, dp_opt, named, tokenizer, device, log=io.log)
+    warm_entry = None  # data.public_warm_start: noise-free steps on the public file before the DP engine is built
+    if data.public_warm_start is not None and warm:
+        from dplora.data.public import public_data
+        from dplora.engine.warmstart import warm_start
+
+        public = public_data(data)  # the public file's section: no private path in it
+        warm_entry = warm_start(public, config, model, tokenizer, log=log)
+    mechanism, optimizer, (gsm, dp_opt, accountant) = _private_engine(config, model, named, device, log)
+    physical = _physical_batch(config, gsm, dp_opt, named, tokenizer, device, log=log)
+    from dplora.data.chat import tokenization_entry
+
     spec = RunSpec(
-        contract=contract,
-        plan=plan,
+        config=config,
         unit_index=unit_index,
         examples=examples,
         pad_id=tokenizer.pad_token_id,
         device=device,
-        dtype=loaded["dtype"],
-        allow_tf32=loaded["allow_tf32"],
-        threads=loaded["threads"],
+        dtype=dtype,
+        allow_tf32=allow_tf32,
+        threads=threads,
         run_id=uuid.uuid4().hex,
         out=out,
         staging=staging,
-        world=io.world,
+        mechanism=mechanism,
         tokenizer=tokenizer,
+        tokenization=tokenization_entry(tokenizer, data),
         held_out=held_out,
         physical_batch=physical,
         attn_implementation=getattr(model.config, "_attn_implementation", None),  # auto resolved at load
-        mechanism=mechanism,
-        warm_start=warm,
+        warm_start=warm_entry,
     )
-
+    plan = config.plan
     scheduler = make_scheduler(
         optimizer, schedule=plan.lr_schedule, warmup_steps=plan.warmup_steps, total_steps=plan.steps
     )
     return spec, RunState(model=gsm, optimizer=dp_opt, accountant=accountant, named=named, scheduler=scheduler)
 
 
-def _load(model_section: ModelSection, lora: LoraSection, training: TrainingSection, io: RunIO) -> dict:
+def _load(config: RunConfig, log):
     """Threads, device, precision, then the model with its LoRA adapters and the tokenizer (stage "loading the
-    model"): a dict of model, tokenizer, device, dtype, allow_tf32, threads."""
+    model"): (model, tokenizer, device, dtype, allow_tf32, threads)."""
     import torch
 
     from dplora.engine import runtime
@@ -159,39 +129,35 @@ def _load(model_section: ModelSection, lora: LoraSection, training: TrainingSect
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
     # W processes on one node share its free cores
-    n_threads = io.options.threads or training.threads or max(1, runtime.free_threads() // io.world.local_world_size)
+    n_threads = config.flags.threads or max(1, runtime.free_threads() // config.world.local_world_size)
     torch.set_num_threads(n_threads)
     device = select_device()
-    dtype, allow_tf32 = resolve_precision(model_section, device)
+    dtype, allow_tf32 = resolve_precision(config.model, device)
     with _Stage("loading the model", device):
-        model, tokenizer = setup_model(model_section, lora, training, device, dtype, allow_tf32, io.log, io.world)
-    _check_pad_embedding(model, tokenizer)
-    return {
-        "model": model, "tokenizer": tokenizer, "device": device, "dtype": dtype, "allow_tf32": allow_tf32,
-        "threads": n_threads,
-    }  # fmt: skip
+        model, tokenizer = setup_model(config.model, config.lora, config, device, dtype, allow_tf32, log, config.world)
+    check_pad_embedding(model, tokenizer)
+    return model, tokenizer, device, dtype, allow_tf32, n_threads
 
 
-def _encode(data: DataSection, training: TrainingSection, table, tokenizer, io: RunIO):
+def _encode(config: RunConfig, data: DataSection, table, tokenizer, private: PrivateLog):
     """Token ids and labels per record; the truncation counts go to the private log only (they are private)."""
-    examples, truncation = tokenizing.encode_records(table, tokenizer, data, max_seq_len=training.max_seq_len)
-    if truncation is not None and truncation.truncated:  # private counts: the operator's terminal only
-        io.private(
-            f"data: {truncation.truncated} of {truncation.records} records "
-            f"truncated to training.max_seq_len={training.max_seq_len}, {truncation.dropped} dropped from "
-            f"the loss (no target token left), {truncation.turns_dropped} turns and {truncation.tokens_cut} tokens "
-            "not trained on"
+    examples, cut = tokenizing.encode_records(table, tokenizer, data, max_seq_len=config.max_seq_len)
+    if cut is not None and cut.truncated:  # private counts: the operator's terminal only
+        private(
+            f"data: {cut.truncated} of {cut.records} records truncated to training.max_seq_len={config.max_seq_len}, "
+            f"{cut.dropped} dropped from the loss (no target token left), {cut.turns_dropped} turns and "
+            f"{cut.tokens_cut} tokens not trained on"
             + (
-                f"; on {truncation.unstable} records the chat template stopped being prefix-stable at a turn "
+                f"; on {cut.unstable} records the chat template stopped being prefix-stable at a turn "
                 "(kept up to that turn)"
-                if truncation.unstable
+                if cut.unstable
                 else ""
             )
         )
     return examples
 
 
-def _checked_held_out(data: DataSection, training: TrainingSection, held_out, tokenizer, io: RunIO):
+def _checked_held_out(config: RunConfig, data: DataSection, held_out, tokenizer, private: PrivateLog):
     """The held-out set checked before training: a public file's problem refuses the run (exit 2); a private
     set's problem skips the evaluation (said privately), so the exit code never depends on private data."""
     if held_out is None:
@@ -199,39 +165,37 @@ def _checked_held_out(data: DataSection, training: TrainingSection, held_out, to
     from dplora.evaluate.heldout import HeldOutDataProblem, check_held_out
 
     try:
-        check_held_out(held_out, tokenizer, data, training)
+        check_held_out(held_out, tokenizer, data, config)
     except HeldOutDataProblem as err:
         if data.eval_public:  # a public file: its problem is public, refuse before training
             raise
         # A private held-out set that cannot be evaluated (no unit fell on the held-out side, every reply cut
         # away) must not decide whether the run releases: that would make the exit code a statistic of the
-        # private data (issue 40). Train and release; skip the evaluation, and say why privately.
-        io.private(f"held-out evaluation skipped: {err}")
+        # private data. Train and release; skip the evaluation, and say why privately.
+        private(f"held-out evaluation skipped: {err}")
         held_out = None
     return held_out
 
 
-def _private_engine(
-    privacy: PrivacySection, training: TrainingSection, plan: TrainingPlan, model, named, device, io: RunIO
-):
-    """The mechanism (:func:`mechanism_for`), its cross-rank reducer, the optimizer and the wrapped step; for a DP
+def _private_engine(config: RunConfig, model, named, device, log):
+    """The mechanism (``config.mechanism()``), its cross-rank reducer, the optimizer and the wrapped step; for a DP
     run the per-example check on synthetic batches (stage "setting up per-sample gradients").
     Returns (mechanism, optimizer, (per-sample model, step optimizer, accountant))."""
     from dplora.engine import gradcheck, runtime
 
     with _Stage("setting up per-sample gradients", device):
-        mechanism = mechanism_for(privacy, plan, io.world)
+        mechanism = config.mechanism()
         reducer = mechanism.reducer(sum(p.numel() for _, p in named), runtime.parameter_device(model))
-        optimizer, parts = _step_parts(training, model, named, mechanism, reducer=reducer)
+        optimizer, parts = _step_parts(config, model, named, mechanism, reducer=reducer)
         if mechanism.private:
-            gradcheck.probe_per_sample_gradients(parts[0], named, parts[1], log=io.log)
+            gradcheck.probe_per_sample_gradients(parts[0], named, parts[1], log=log)
     return mechanism, optimizer, parts
 
 
-def _physical_batch(training: TrainingSection, gsm, dp_opt, named, tokenizer, device, *, log) -> int | None:
+def _physical_batch(config: RunConfig, gsm, dp_opt, named, tokenizer, device, *, log) -> int | None:
     """Records per forward for ``training.physical_batch_size: auto``, probed on synthetic batches (no private
     data) and said on ``log``; None for a fixed number. Shared by training and ``budget --estimate``."""
-    if training.physical_batch_size != "auto":
+    if config.flags.physical_batch_size != "auto":
         return None
     from dplora.engine import runtime
     from dplora.engine.membatch import probe_physical_batch
@@ -241,7 +205,7 @@ def _physical_batch(training: TrainingSection, gsm, dp_opt, named, tokenizer, de
             gsm,
             dp_opt,
             named,
-            max_seq_len=training.max_seq_len,
+            max_seq_len=config.max_seq_len,
             pad_id=tokenizer.pad_token_id,
             device=runtime.parameter_device(gsm),
         )
@@ -249,21 +213,11 @@ def _physical_batch(training: TrainingSection, gsm, dp_opt, named, tokenizer, de
     return physical
 
 
-def probe_estimate(
-    contract: Contract,
-    plan: TrainingPlan,
-    model,
-    optimizer,
-    named,
-    *,
-    pad_id: int,
-    physical: int,
-    world_size=1,
-    done_steps: int = 0,
-):
+def probe_estimate(contract, plan, model, optimizer, named, *, pad_id: int, physical: int, world_size=1, done_steps=0):
     """Time one synthetic step and return the public estimate's inputs (:mod:`dplora.plan.estimate`), or None.
 
     Args:
+        contract, plan: the resolved contract and its plan (public keys and numbers only).
         model, optimizer, named: the run's per-example model, its optimizer and trainable tensors.
         pad_id: the tokenizer's pad id; physical: records per forward; world_size: W; done_steps: steps already run.
 
@@ -298,7 +252,7 @@ def probe_estimate(
     )
 
 
-def estimate_without_data(contract: Contract, plan: TrainingPlan, *, threads: int | None = None, log=print):
+def estimate_without_data(contract, plan, *, threads: int | None = None, log=print):
     """``dplora budget --estimate``: load the model and engine as ``train`` does (no data) and time a synthetic step.
 
     The per-example path, the optimizer and the physical batch (the contract's, or probed on synthetic batches
@@ -310,84 +264,24 @@ def estimate_without_data(contract: Contract, plan: TrainingPlan, *, threads: in
     Raises:
         BadInputError, TrainingFailedError: the model cannot be loaded or set up (as in ``train``).
     """
-    import torch
+    from dplora.recipe.config import RunOptions, compile_run
 
-    from dplora.engine import runtime
-    from dplora.engine.model import resolve_precision, select_device
-
-    warnings.filterwarnings("ignore", message="Full backward hook is firing")
-    n_threads = threads or contract.training.threads or max(1, runtime.free_threads())
-    torch.set_num_threads(n_threads)
-    device = select_device()
-    dtype, allow_tf32 = resolve_precision(contract.model, device)
-    with _Stage("loading the model", device):
-        model, tokenizer = setup_model(contract.model, contract.lora, contract.training, device, dtype, allow_tf32, log)
+    config = compile_run(contract, plan, RunOptions(threads=threads))
+    model, tokenizer, device, *_ = _load(config, log)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
         raise BadInputError("no trainable parameters: check lora.target_modules")
     with _Stage("setting up per-sample gradients", device):
-        mechanism = mechanism_for(contract.privacy, plan, distributed.SINGLE)
-        _, (gsm, dp_opt, _) = _step_parts(contract.training, model, named, mechanism)
-    probed = _physical_batch(contract.training, gsm, dp_opt, named, tokenizer, device, log=lambda *_: None)
-    physical = contract.training.physical_batch_size if probed is None else probed
+        _, (gsm, dp_opt, _) = _step_parts(config, model, named, config.mechanism())
+    probed = _physical_batch(config, gsm, dp_opt, named, tokenizer, device, log=lambda *_: None)
+    physical = config.flags.fixed_physical_batch_size if probed is None else probed
     return probe_estimate(contract, plan, gsm, dp_opt, named, pad_id=tokenizer.pad_token_id, physical=physical)
 
 
-def _check_pad_embedding(model, tokenizer) -> None:
-    """Refuse a base model whose padding token's input embedding is not finite (a fact about the PUBLIC model).
-
-    Records share a physical batch right-padded to its longest record. Attention gives the pad positions weight
-    0, but 0 · NaN is NaN: a NaN pad embedding would turn a shorter record's loss and gradient NaN whenever a longer
-    neighbour shares its batch, so one unit's length would decide whether another unit counts (issue 41 red team).
-
-    Raises:
-        BadInputError: the pad token's embedding row holds a non-finite value.
-    """
-    import torch
-
-    pad = tokenizer.pad_token_id
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    weight = getattr(embeddings, "weight", None)
-    if pad is None or weight is None or weight.dim() != 2 or not 0 <= pad < weight.shape[0]:
-        return
-    if weight.dtype in (torch.uint8, torch.int8) or not weight.dtype.is_floating_point:
-        return  # a quantized table: its dequantized rows are checked by the per-example check's forward
-    if hasattr(weight, "to_local"):  # training.sharding: fsdp: the rank that holds the pad row checks it
-        import torch.distributed as dist
-
-        from dplora.engine.sharding import local_rows
-
-        start, local = local_rows(weight)
-        row = local[pad - start] if start <= pad < start + local.shape[0] else None
-        # ...and every rank learns its answer (one all_gather_object), so that all refuse alike (exit 2, nothing
-        # written): a refusal on that rank alone left the others in the next collective (issue 45 red team)
-        bad: list = [None] * dist.get_world_size()
-        dist.all_gather_object(bad, row is not None and not bool(torch.isfinite(row).all()))
-        finite = not any(bad)
-    else:
-        finite = bool(torch.isfinite(weight[pad]).all())
-    if not finite:
-        raise BadInputError(
-            f"the base model's embedding of the padding token (id {pad}) is not finite: padded records would get "
-            "NaN losses from their batch-mates; use a model with finite embeddings (or another pad token)"
-        )
-
-
-def mechanism_for(privacy: PrivacySection, plan: TrainingPlan, world):
-    """The run's :class:`dplora.mechanism.core.DPMechanism`: the plan, the per-example path and unit clipping
-    (``privacy.per_sample``, ``privacy.unit_clipping``), the process group; the control for ``privacy.enabled:
-    false``."""
-    from dplora.mechanism.core import PerformanceFlags, make_mechanism
-
-    flags = PerformanceFlags(per_sample=privacy.per_sample)
-    unit_mean = privacy.unit_clipping is UnitClipping.MEAN
-    return make_mechanism(plan, flags, world, private=privacy.enabled, unit_mean=unit_mean)
-
-
-def _step_parts(training: TrainingSection, model, named, mechanism, *, reducer=None):
+def _step_parts(config: RunConfig, model, named, mechanism, *, reducer=None):
     """The optimizer and the step's parts for ``named`` (the trainable LoRA tensors): (optimizer, (per-sample
     model, step optimizer, accountant)) from ``mechanism.wrap`` (:class:`dplora.mechanism.core.DPMechanism`: the
     DP optimizer over units, or the control's step with no clipping, noise or accountant). Shared by training and
     the time estimate's synthetic probe, so both time the same per-example path."""
-    optimizer = make_optimizer(training, [p for _, p in named], noise_variance=mechanism.noise_variance)
+    optimizer = make_optimizer(config, [p for _, p in named], noise_variance=mechanism.noise_variance)
     return optimizer, mechanism.wrap(model, optimizer, reducer=reducer)

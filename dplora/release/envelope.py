@@ -67,6 +67,15 @@ def canonical_json(obj) -> bytes:
     return text.encode("utf-8")
 
 
+def data_key_path(path: Path | None) -> Path | None:
+    """The data key's file: ``path``, else ``$DPLORA_DATA_KEY`` (blank counts as unset), else None: the one place
+    the environment fallback is read."""
+    if path is not None:
+        return Path(path)
+    env = os.environ.get(DATA_KEY_ENV, "").strip()
+    return Path(env) if env else None
+
+
 def load_data_key(path: Path | None) -> bytes | None:
     """Load the data owner's HMAC (RFC 2104) key from ``path``, else ``$DPLORA_DATA_KEY``, else None.
 
@@ -77,10 +86,9 @@ def load_data_key(path: Path | None) -> bytes | None:
     Raises:
         BadInputError: If the file cannot be read or holds under 16 bytes (names the path, never the key).
     """
+    path = data_key_path(path)
     if path is None:
-        if not (env := os.environ.get(DATA_KEY_ENV, "").strip()):
-            return None
-        path = Path(env)
+        return None
     try:
         key = Path(path).read_bytes().removesuffix(b"\n").removesuffix(b"\r")
     except OSError as exc:

@@ -91,6 +91,17 @@ def _load_pem(path: Path, what: str, loader, key_type):
     return key
 
 
+def signing_key_path(path: Path | None) -> Path | None:
+    """The signing key's file: ``path``, else ``$DPLORA_SIGNING_KEY`` (blank counts as unset), else None.
+
+    The one place the environment fallback is read, for the key's loader and for the run's list of inputs its
+    output folder must not hold."""
+    if path is not None:
+        return Path(path)
+    env = os.environ.get(SIGNING_KEY_ENV, "").strip()
+    return Path(env) if env else None
+
+
 def load_private_key(path: Path | None) -> Ed25519PrivateKey:
     """Load a PEM Ed25519 (RFC 8032) private key; warns (``UserWarning``) if group/world readable.
 
@@ -101,10 +112,9 @@ def load_private_key(path: Path | None) -> Ed25519PrivateKey:
     Raises:
         BadInputError: If no key is given, or the file is unreadable, not PEM, encrypted, or not Ed25519.
     """
+    path = signing_key_path(path)
     if path is None:
-        if not (env := os.environ.get(SIGNING_KEY_ENV, "").strip()):
-            raise BadInputError(NO_SIGNING_KEY)
-        path = Path(env)
+        raise BadInputError(NO_SIGNING_KEY)
     key = _load_pem(path, "private key", lambda d: ser.load_pem_private_key(d, None), Ed25519PrivateKey)
     if os.stat(path).st_mode & 0o044:
         warnings.warn(f"signing key {path} is readable by group or others; chmod 600 it", stacklevel=2)

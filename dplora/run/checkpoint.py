@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 from dplora import atomic
-from dplora.data.chat import tokenization_entry
 from dplora.data.digest import sha256_file
 from dplora.errors import BadInputError, NoisyUpdateError, TrainingFailedError
 from dplora.signals import GracefulStop
@@ -128,13 +127,8 @@ def _adapter_config(spec, state) -> dict:
     from dplora.engine.perexample import unwrap
 
     config = unwrap(state.model).peft_config["default"].to_dict()
-    config["base_model_name_or_path"] = spec.contract.model.name or Path(spec.contract.model.path).name
+    config["base_model_name_or_path"] = spec.config.base_model_name
     return json.loads(json.dumps(config, default=lambda o: sorted(o) if isinstance(o, set) else str(o)))
-
-
-def _tokenization(spec) -> dict | None:
-    """:func:`dplora.data.chat.tokenization_entry` of the run (None without a tokenizer)."""
-    return tokenization_entry(spec.tokenizer, spec.contract.data) if spec.tokenizer is not None else None
 
 
 def check_tokenization(info: CheckpointInfo, now: dict) -> None:
@@ -200,15 +194,15 @@ def write(spec, state, *, started_at: str, data_digest: str) -> CheckpointInfo:
         "accountant_history": [list(h) for h in state.accountant.history],
         "epsilon_upper": plan.epsilon_at(state.step),
         "plan": plan.to_dict(),
-        "contract_yaml": spec.contract.to_yaml(),
-        "contract_sha256": spec.contract.sha256,
+        "contract_yaml": spec.config.contract_yaml,
+        "contract_sha256": spec.config.contract_sha256,
         "data": {
-            "file": Path(spec.contract.data.path).name,
+            "file": spec.config.data_file_name,
             "sha256": data_digest,
             "num_records": spec.unit_index.num_records,
             "num_units": spec.unit_index.num_units,
         },
-        "tokenization": _tokenization(spec),
+        "tokenization": spec.tokenization,
         # data.public_warm_start: the record's entry (a resume does not redo the warm start); absent without one
         **({"warm_start": spec.warm_start} if spec.warm_start is not None else {}),
         "optimizer": {"class": type(state.optimizer.original_optimizer).__name__, "scalars": scalars},
@@ -275,7 +269,7 @@ def restore(spec, state, info: CheckpointInfo) -> None:
     from safetensors.torch import load_file
 
     if spec.tokenizer is not None:
-        check_tokenization(info, _tokenization(spec))
+        check_tokenization(info, spec.tokenization)
     tensors = load_file(info.path, device="cpu")
     adapter = {k.removeprefix("adapter."): v for k, v in tensors.items() if k.startswith("adapter.")}
     from dplora.engine.perexample import unwrap
@@ -311,7 +305,7 @@ class Checkpointer(GracefulStop):
     def __init__(self, spec, state, *, started_at: str, data_digest: str, log, last: CheckpointInfo | None = None):
         self.spec, self.state, self.log = spec, state, log
         self.started_at, self.data_digest = started_at, data_digest
-        self.every = spec.contract.training.checkpoint_every
+        self.every = spec.config.flags.checkpoint_every
         self.last = last
         self._t_last = time.monotonic()
         super().__init__()
@@ -348,3 +342,19 @@ class Checkpointer(GracefulStop):
             self.write()
         if self.signal_name is not None:
             raise KeyboardInterrupt(self.signal_name)
+
+
+def after_step_hook(state, checkpointer: Checkpointer):
+    """Rank 0's hook after each step: the checkpointer's; with W processes a signal on any rank (seen in the
+    step's reduction) stops every rank after the same step, rank 0 with a resume checkpoint."""
+    reducer = getattr(state.optimizer, "reducer", None)
+    if reducer is None:
+        return checkpointer.after_step
+    reducer.stop_requested = lambda: checkpointer.stopping
+
+    def after_step(spec, state) -> None:
+        if reducer.totals.get("stop"):
+            checkpointer.request_stop("SIGTERM or SIGINT on another rank")
+        checkpointer.after_step(spec, state)
+
+    return after_step

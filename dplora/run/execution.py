@@ -43,17 +43,16 @@ def memory_entry(spec) -> dict:
     tokens before step 1, so the value depends on the model, device and contract, never on the data; a smaller batch
     after an out-of-memory retry mid-run is data-dependent and is not recorded.
     """
-    training = spec.contract.training
-    if training.physical_batch_size != "auto":
+    flags = spec.config.flags
+    if flags.physical_batch_size != "auto":
         source = "contract"
     elif spec.device.type == "cuda":
         source = "auto: probed on synthetic batches of max_seq_len tokens (halved on out-of-memory)"
     else:
         source = "auto: the CPU default"
     return {
-        "attn_implementation": getattr(spec, "attn_implementation", None)
-        or spec.contract.model.attn_implementation.value,
-        "gradient_checkpointing": "non-reentrant" if training.gradient_checkpointing else "off",
+        "attn_implementation": getattr(spec, "attn_implementation", None) or flags.attn_implementation.value,
+        "gradient_checkpointing": "non-reentrant" if flags.gradient_checkpointing else "off",
         "physical_batch_size": spec.physical_batch_size,
         "physical_batch_source": source,
     }
@@ -62,7 +61,7 @@ def memory_entry(spec) -> dict:
 def sharding_entry(spec) -> dict:
     """Where the base weights lived (public; no choice of it changes the privacy event): ``base_sharding`` is the
     contract's ``training.sharding`` (``none`` | ``fsdp``), with how FSDP placed them for ``fsdp``."""
-    sharding = spec.contract.training.sharding.value
+    sharding = spec.config.flags.sharding.value
     if sharding == "none":
         return {"base_sharding": sharding}
     from dplora.engine.sharding import DESCRIPTION

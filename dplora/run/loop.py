@@ -1,7 +1,7 @@
 """The state of one DP-LoRA run and its loop: exactly T logical steps, each one DP-SGD step.
 
-:class:`RunSpec` is the frozen description of the run (contract, plan, protected units, tokens, device, dtype,
-paths); :class:`RunState` is what changes as it runs (step count, empty steps, the engine's model, optimizer and
+:class:`RunSpec` is the frozen description of the run (its compiled config, protected units, tokens, device,
+dtype, paths); :class:`RunState` is what changes as it runs (step count, empty steps, the engine's model, optimizer and
 accountant). :func:`run_steps` reads as the step it is (Abadi et al. 2016, Alg. 1, over protected units as in
 Charles et al. 2024, arXiv 2407.07737):
 
@@ -20,16 +20,21 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dplora import atomic
-from dplora.contract.choices import Sharding
-from dplora.contract.spec import Contract
 from dplora.data.units import UnitIndex
 from dplora.engine import distributed
 from dplora.errors import NoisyUpdateError, TrainingFailedError
+from dplora.mechanism.core import DPMechanism
 from dplora.mechanism.reduction import common_forward_count
 from dplora.plan.training import TrainingPlan
+from dplora.run.config import RunConfig
+
+if TYPE_CHECKING:
+    import datasets
+    import torch
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -37,57 +42,64 @@ class RunSpec:
     """What one run is, fixed before its first step.
 
     Attributes:
-        contract: the validated contract (overrides applied).
-        plan: q, T, σ, C and the ε curve (no model).
+        config: the compiled settings (:class:`dplora.run.config.RunConfig`: plan, performance flags, processes).
         unit_index: protected units → record indices (records of a unit are contiguous in a batch).
         examples: (input_ids, labels) per record, token ids; private, never logged.
         pad_id: the tokenizer's pad token id.
-        device: where the trainable parameters and every engine tensor live.
+        device: where the trainable parameters and every engine tensor live (a ``torch.device``).
         dtype: base-weight dtype, "bf16" | "fp32" (LoRA tensors and the DP arithmetic are always fp32).
         allow_tf32: TF32 for fp32 matmuls (CUDA only).
         threads: CPU threads used.
         run_id: 32 hex characters, the ledger and record id.
         out: the final output folder; staging: ``<out>.partial`` where the run writes meanwhile.
-        world: the run's processes (:data:`dplora.engine.distributed.SINGLE` unless launched by torchrun/accelerate);
-            ``unit_index`` then lists all N units and this rank samples and reads only its shard.
-        tokenizer: the tokenizer (for the held-out evaluation).
+        mechanism: the run's :class:`dplora.mechanism.core.DPMechanism` (sampler, private or control); None only
+            for a measurement on public data that runs no logical step (``dplora clip-guide``).
+        tokenizer: the tokenizer (for the held-out evaluation), or None.
+        tokenization: the record's ``tokenization`` entry (:func:`dplora.data.chat.tokenization_entry`), or None.
         held_out: the held-out records (``datasets.Dataset``; private unless declared public), or None.
         physical_batch: records per forward resolved before step 1 (``training.physical_batch_size: auto`` probed by
-            :func:`dplora.engine.membatch.probe_physical_batch`), or None to use the contract's number.
+            :func:`dplora.engine.membatch.probe_physical_batch`), or None to use the configured number.
         attn_implementation: the attention kernel the model loaded with ("sdpa", "eager", ...; ``auto`` resolved
-            by :func:`dplora.engine.model.resolve_attn_implementation`), or None for the contract's value.
-        mechanism: the run's :class:`dplora.mechanism.core.DPMechanism` (sampler, private or control); None only
-            for callers that run no steps.
+            by :func:`dplora.engine.model.resolve_attn_implementation`), or None for the configured value.
         warm_start: the release record's ``public_warm_start`` entry (:func:`dplora.engine.warmstart.warm_start`;
             from the checkpoint on resume), or None without ``data.public_warm_start``.
     """
 
-    contract: Contract
-    plan: TrainingPlan
+    config: RunConfig
     unit_index: UnitIndex
     examples: list[tuple[list[int], list[int]]]
     pad_id: int
-    device: Any
+    device: torch.device
     dtype: str
     allow_tf32: bool
     threads: int
     run_id: str
     out: Path
     staging: Path
-    world: distributed.World = distributed.SINGLE
-    tokenizer: Any = None
-    held_out: Any = None
+    mechanism: DPMechanism | None
+    tokenizer: PreTrainedTokenizerBase | None = None
+    tokenization: dict | None = None
+    held_out: datasets.Dataset | None = None
     physical_batch: int | None = None
     attn_implementation: str | None = None
-    mechanism: Any = None
     warm_start: dict | None = None
+
+    @property
+    def plan(self) -> TrainingPlan:
+        """The compiled plan (``config.plan``)."""
+        return self.config.plan
+
+    @property
+    def world(self) -> distributed.World:
+        """The run's processes (``config.world``)."""
+        return self.config.world
 
     @property
     def physical_batch_size(self) -> int:
         """Records per forward pass before any out-of-memory retry (memory only; not a privacy setting)."""
         if self.physical_batch is not None:
             return self.physical_batch
-        return self.contract.training.fixed_physical_batch_size
+        return self.config.flags.fixed_physical_batch_size
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -287,7 +299,7 @@ def _forward_backward(model, batch):
 def sharded_base(spec: RunSpec) -> bool:
     """``training.sharding: fsdp``: the base is sharded over the ranks, so with W > 1 every forward is collective
     (no rank may forward alone: the time estimate's probe and the held-out evaluation are skipped)."""
-    return spec.contract.training.sharding is Sharding.FSDP
+    return spec.config.sharded_base
 
 
 def _padding_forward(spec: RunSpec, state: RunState) -> None:
@@ -413,3 +425,28 @@ def _noise_draws(state: RunState) -> dict:
     """With W processes, the step's noise draws over all ranks (public; the reduction checked it is 1)."""
     reducer = getattr(state.optimizer, "reducer", None)
     return {} if reducer is None else {"noise_draws": int(reducer.totals["noise_draws"])}
+
+
+def check_accounted(spec, state) -> list[dict] | None:
+    """Every planned step taken and accounted; with W processes, on every rank, with identical adapters.
+
+    Returns:
+        With W processes, each rank's accountant steps and adapter digest (for the record); else None.
+
+    Raises:
+        TrainingFailedError: a step count differs from the plan, or the ranks disagree (no release).
+    """
+    if state.accountant.steps != spec.plan.steps or state.step != spec.plan.steps:  # never release unaccounted
+        raise TrainingFailedError(f"accounted {state.accountant.steps} steps, planned {spec.plan.steps}: no release")
+    if not spec.world.distributed:
+        return None
+    from dplora.engine.perexample import unwrap
+
+    model = unwrap(state.model)
+    digest = distributed.adapter_digest(model)
+    held = None
+    if sharded_base(spec):  # each rank's share of the base, counted from its shards
+        from dplora.engine.sharding import local_base_parameters
+
+        held = local_base_parameters(model)[0]
+    return distributed.check_agreement(spec.world, steps=state.accountant.steps, digest=digest, base_parameters=held)

@@ -13,6 +13,7 @@ write. Every refusal is a :class:`~dplora.errors.BadInputError` (exit 2) raised 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import uuid
@@ -20,7 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dplora import atomic
-from dplora.errors import BadInputError
+from dplora.errors import BadInputError, excerpt
+from dplora.run.execution import utc_now
 
 RELEASE_FILENAME = "release.dsse.json"  # same names as in dplora.release.envelope (no import: leaf module)
 SIGSTORE_FILENAME = "release.sigstore.json"
@@ -335,3 +337,72 @@ def fix_mtimes(folder: Path, when: str) -> None:
         for name in files + dirs:
             os.utime(Path(root) / name, (stamp, stamp), follow_symlinks=False)
     os.utime(folder, (stamp, stamp))
+
+
+def prepare_output(output_dir: str, overwrite: bool, protected=()) -> tuple[Path, Path]:
+    """The output folder (``training.output_dir``) and its ``.partial`` sibling; refusals follow
+    :func:`check_output_dir`."""
+    try:
+        out = check_output_dir(output_dir, overwrite=overwrite, protected=protected)
+    except OSError as err:  # a name too long for the file system, a permission denied on a parent
+        where = f"training.output_dir={excerpt(output_dir, 200)}"
+        raise BadInputError(f"{where}: {err.strerror or err.__class__.__name__}") from None
+    return out, staging_path(out)
+
+
+def lock_output(out: Path):
+    """Hold an exclusive lock on ``<output_dir>.lock`` for the run (released when the process ends).
+
+    Raises:
+        BadInputError: another run is writing to the same output folder.
+    """
+    import fcntl
+
+    path = lock_path(out)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a")  # noqa: SIM115 - held open for the whole run
+    except OSError as err:
+        raise BadInputError(f"cannot create {path}: {err.strerror}") from None
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise BadInputError(
+            f"another dplora train is writing to {out}; wait for it or choose another output_dir"
+        ) from None
+    return handle
+
+
+def metrics_path(staging: Path) -> Path:
+    """The run's per-step log, ``<output_dir>.partial/private/metrics.jsonl`` (published as
+    ``<output_dir>.private/metrics.jsonl``, beside the release and never in it): realised units and records,
+    losses and step times are computed on private data and not covered by ε. A ``.partial`` folder from before
+    the private folder existed has its ``metrics.jsonl`` moved there."""
+    private = private_staging(staging)
+    path = private / METRICS_FILENAME
+    legacy = Path(staging) / METRICS_FILENAME
+    if legacy.is_file() and not path.is_file():
+        legacy.rename(path)
+    return path
+
+
+def open_metrics(staging: Path, resume_step: int, header: dict):
+    """The private ``metrics.jsonl`` for appending: new with ``header``, or, when resuming, cut back to the
+    checkpoint's step."""
+    path = metrics_path(staging)
+    if resume_step == 0 or not path.is_file():
+        kept = [json.dumps(header)]
+    else:  # only whole lines (ending in a newline) count: a line cut by a kill or a full disk is dropped
+        kept = [ln for ln in atomic.complete_lines(path.read_text()) if _metrics_step(ln) <= resume_step]
+        kept.append(json.dumps({"resumed_at_step": resume_step, "time": utc_now()}))
+    atomic.write_text(path, "".join(ln + "\n" for ln in kept))  # whole or not at all
+    return path.open("a")
+
+
+def _metrics_step(line: str) -> float:
+    """The step of one metrics line (0 for the header); a line cut by a kill is dropped (inf)."""
+    try:
+        return json.loads(line).get("step", 0)
+    except (json.JSONDecodeError, AttributeError):
+        return float("inf")

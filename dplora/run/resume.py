@@ -9,12 +9,13 @@ A ``.partial`` folder that holds a resume checkpoint or a FAILED.json is never d
 from __future__ import annotations
 
 import errno
+import math
 from pathlib import Path
 
 import yaml
 
 from dplora.atomic import DiskFullError
-from dplora.errors import BadInputError, TrainingFailedError
+from dplora.errors import BadInputError, DploraError, NoisyUpdateError, TrainingFailedError
 from dplora.run import outputs
 from dplora.run.checkpoint import (
     CHECKPOINT_FILENAME,
@@ -24,6 +25,7 @@ from dplora.run.checkpoint import (
     read_info,
     remove_stale,
 )
+from dplora.run.execution import utc_now
 
 # Settings that may change on --resume: they change neither the DP mechanism nor the accounting.
 RESUMABLE_CHANGES = (
@@ -154,11 +156,12 @@ def resume_point(staging: Path, contract_yaml: str, data, plan, unit_index) -> t
     return info, digest
 
 
-def prepare_staging(out: Path, *, resuming: bool, overwrite: bool, ledger, log) -> Path:
+def prepare_staging(out: Path, *, resuming: bool, overwrite: bool, on_discard, log) -> Path:
     """Make ``<output_dir>.partial`` ready and return it: kept when resuming, else a fresh one, never silently.
 
     A folder holding a resume checkpoint or a FAILED.json is replaced only with ``--overwrite``; its run's
-    pending ledger charge (if in ``ledger``) is then settled as failed at the ε of the checkpoint's steps.
+    pending ledger charge is then settled as failed at the ε of the checkpoint's steps (``on_discard(checkpoint,
+    ran=steps run)``, the run's charge object: :meth:`dplora.recipe.train.RunCharge.settle_discarded`).
 
     Raises:
         BadInputError: such a folder without ``--overwrite`` (exit 2; nothing is touched), or see
@@ -187,7 +190,7 @@ def prepare_staging(out: Path, *, resuming: bool, overwrite: bool, ledger, log) 
             )
             raise BadInputError(f"{staging} holds {what}")
         if info is not None:
-            _settle_discarded(info, ledger, log, ran=steps_run(staging, info))
+            on_discard(info, ran=steps_run(staging, info))
     return outputs.fresh_staging(out)
 
 
@@ -205,32 +208,6 @@ def _setup_failure_only(staging: Path) -> bool:
     if not isinstance(entry, dict) or entry.get("stage") != SETUP_STAGE or entry.get("steps_done") != 0:
         return False
     return not any(p.name.startswith(CHECKPOINT_FILENAME.split(".")[0]) for p in staging.rglob("*"))
-
-
-def _settle_discarded(info: CheckpointInfo, ledger, log, *, ran: int | None = None) -> None:
-    """--overwrite discards a resumable run: close its pending charge at the ε of its checkpoint's steps, or at
-    its reserved ε (the plan's T, at least what was spent) when it ran ``ran`` > checkpoint steps (issue 49)."""
-    if ledger is None:
-        return
-    try:
-        charge = ledger.charge(info.run_id)
-    except BadInputError:
-        return
-    if charge.status != "pending":
-        return
-    if ran is not None and ran > info.step:
-        eps = charge.reserved_epsilon or charge.epsilon
-        ledger.settle(info.run_id, epsilon_spent=str(eps), status="failed")
-        log(
-            f"note: run {info.run_id} discarded after {ran} steps (checkpoint at {info.step}): its ledger charge is "
-            f"settled at its reserved ε={float(eps):.4f}"
-        )
-        return
-    ledger.settle(info.run_id, epsilon_spent=str(info.meta["epsilon_upper"]), status="failed")
-    log(
-        f"note: run {info.run_id} discarded at step {info.step}: its ledger charge is settled at "
-        f"ε={info.meta['epsilon_upper']:.4f}"
-    )
 
 
 def _what_happened(err: BaseException, step: int) -> tuple[str, str]:
@@ -272,15 +249,8 @@ def resume_hint(spec, last: CheckpointInfo | None, advice: str = "") -> str:
     charge = f"; its ledger charge stays pending until then (or `dplora ledger settle {spec.run_id}`)"
     return (
         f"the resume checkpoint holds step {last.step}/{spec.plan.steps} in {spec.staging}: rerun the same command "
-        f"with --resume{advice}" + (charge if _charged(spec.contract.privacy) else "")
+        f"with --resume{advice}" + (charge if spec.config.charged else "")
     )
-
-
-def _charged(privacy) -> bool:
-    """Whether the run holds a ledger charge: every DP run (unassigned without a population), a control on one."""
-    from dplora.mechanism import control
-
-    return bool(privacy.population) or not control.is_control(privacy)
 
 
 def failure_fields(spec, state, err: BaseException, last: CheckpointInfo | None) -> dict:
@@ -300,3 +270,27 @@ def failure_fields(spec, state, err: BaseException, last: CheckpointInfo | None)
         },
         "resume": "rerun the same `dplora train` command with --resume",
     }
+
+
+def failure_entry(run_id: str | None, done: int, planned: int, spent: float, err: BaseException) -> dict:
+    """The content of FAILED.json: steps done, ε charged, the one-line reason (never training text)."""
+    return {
+        "run_id": run_id,
+        "steps_done": done,
+        "steps_planned": planned,
+        "epsilon_charged_upper_bound": spent if math.isfinite(spent) else "infinite (non-private control)",
+        "reason": _failure_reason(err),
+        # the stop rule read DP outputs of the steps taken: those steps stay charged, past any checkpoint
+        "stopped_on_dp_output": isinstance(err, NoisyUpdateError),
+        "time": utc_now(),
+        "release": "none (run failed)",
+    }
+
+
+def _failure_reason(err: BaseException) -> str:
+    """One line for FAILED.json: a DploraError's message, "SIGTERM" (the CLI's handler names it), or the class."""
+    if isinstance(err, DploraError):
+        return str(err)
+    if isinstance(err, KeyboardInterrupt) and err.args:
+        return str(err.args[0])
+    return err.__class__.__name__

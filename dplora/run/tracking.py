@@ -264,3 +264,26 @@ class TrackedMetrics:
     def flush(self) -> None:
         """Flush the file."""
         self._metrics.flush()
+
+
+def tracker_for(spec, started: str | None = None):
+    """The run's :class:`Tracker` (``training.report_to``), or None for ``none``.
+
+    Args:
+        spec: the run's :class:`dplora.run.loop.RunSpec` (its config, output paths and id).
+        started: the record's start time (UTC), the tracker run's only time.
+    """
+    from dplora.run.outputs import private_staging
+
+    config = spec.config
+    if config.report_to.value == "none":
+        return None
+    return Tracker(
+        config.report_to,
+        plan=spec.plan,
+        out=spec.out,
+        private_dir=private_staging(spec.staging),
+        run_id=spec.run_id,
+        report_private=config.report_private,
+        started=started,
+    )

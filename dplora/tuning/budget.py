@@ -51,7 +51,7 @@ def budget_report(
         Keys include num_units, sample_rate, steps, noise_multiplier, epsilon, delta, accountant, adjacency,
         accountant_version, epsilon_at (25/50/75 % of T), and ``not_covered_by_dp.unit_stats`` (records per
         unit, computed on private data: not covered by DP). The data is read, as ``train`` reads it, except
-        with ``recommend``: the planner (:func:`dplora.recipe.planning.resolve_auto`) chooses B, T and lr from
+        with ``recommend``: the planner (:func:`dplora.plan.resolve.resolve_auto`) chooses B, T and lr from
         public inputs only (declared N, ε, δ, ``epochs`` or ``max_steps``) and the data file is never opened; the
         report then has ``recommendation`` (the choice and every candidate weighed).
 
@@ -65,7 +65,7 @@ def budget_report(
             private N without ``show_private``; a time budget without a unit, ≤ 0 or without a declared N.
     """
     from dplora.data.units import count_units
-    from dplora.recipe.planning import plan_for, private_count_reason, resolve_auto
+    from dplora.plan.resolve import plan_for, private_count_reason, resolve_auto
 
     if epochs is not None and max_steps is not None:
         raise BadInputError("--epochs and --max-steps: give at most one compute budget")
@@ -185,8 +185,8 @@ def _time_budget(contract, budget_seconds: float, *, recommend: bool, max_steps:
         BadInputError: the probe batch does not fit in memory, or the budget is under a tenth of an epoch.
     """
     from dplora.plan.estimate import epochs_for_time
+    from dplora.plan.resolve import plan_for, resolve_auto
     from dplora.recipe.build import estimate_without_data
-    from dplora.recipe.planning import plan_for, resolve_auto
 
     provisional, _ = resolve_auto(contract, max_steps=max_steps, force=recommend)
     plan = plan_for(provisional, None, release=True)

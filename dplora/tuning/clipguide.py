@@ -4,7 +4,7 @@ A clip bound C near the median per-example gradient norm works well (Andrew et a
 Learning with Adaptive Clipping", NeurIPS, which tracks the median norm privately): a C far below the typical norm
 clips almost every unit and biases the update towards the clipped direction; a C far above it adds noise σC that
 the gradients never use. This module measures the norms the engine would clip, exactly as it clips them: the
-contract's model and LoRA initialisation (:func:`dplora.recipe.setup.setup_model`, the same seed), the engine's
+contract's model and LoRA initialisation (:func:`dplora.engine.lora.setup_model`, the same seed), the engine's
 per-sample path (:func:`dplora.mechanism.optimizer.make_private`: ``privacy.per_sample`` fast or Opacus), and one
 logical step's
 forward/backward over the sample (:func:`dplora.run.loop.forward_backward`), whose
@@ -22,7 +22,6 @@ data would need a DP quantile charged to the ledger; dplora does not do that.
 from __future__ import annotations
 
 import dataclasses
-import types
 import warnings
 
 import numpy as np
@@ -128,9 +127,11 @@ def unit_norms(contract: Contract, table, *, sample: int = DEFAULT_SAMPLE, threa
 
     from dplora.data import tokens as tokenizing
     from dplora.engine import gradcheck, runtime
+    from dplora.engine.lora import setup_model
     from dplora.engine.model import resolve_precision, select_device
     from dplora.mechanism import optimizer as dpopt
-    from dplora.recipe.setup import setup_model
+    from dplora.plan.training import measurement_twin
+    from dplora.recipe.config import RunOptions, compile_run
     from dplora.run.loop import RunSpec, RunState, forward_backward
 
     warnings.filterwarnings("ignore", message="Full backward hook is firing")  # as train: Opacus on a frozen base
@@ -143,9 +144,8 @@ def unit_norms(contract: Contract, table, *, sample: int = DEFAULT_SAMPLE, threa
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     optimizer = torch.optim.SGD([p for _, p in named], lr=0.0)  # never stepped
     # Only C matters here: the accumulator reports each unit's norm before it clips to C; no noise is drawn.
-    plan = types.SimpleNamespace(
-        noise_multiplier=0.0, max_grad_norm=contract.privacy.max_grad_norm, expected_batch_size=1, sample_rate=1.0
-    )
+    plan = measurement_twin(contract.privacy, index.num_units)
+    config = compile_run(contract, plan, RunOptions(threads=threads))
     wrapped, dp_opt, accountant = dpopt.make_private(
         model,
         optimizer,
@@ -155,8 +155,7 @@ def unit_norms(contract: Contract, table, *, sample: int = DEFAULT_SAMPLE, threa
     )
     gradcheck.probe_per_sample_gradients(wrapped, named, dp_opt)  # as train: norms of a wrong per-example path mislead
     spec = RunSpec(
-        contract=contract,
-        plan=None,
+        config=config,
         unit_index=index,
         examples=tokenizing.tokenize_records(
             table, tokenizer, contract.data, max_seq_len=contract.training.max_seq_len
@@ -169,6 +168,7 @@ def unit_norms(contract: Contract, table, *, sample: int = DEFAULT_SAMPLE, threa
         run_id="clip-guide",
         out=None,
         staging=None,
+        mechanism=None,  # the σ = 0 twin makes no mechanism: make_private below is the per-unit clipping alone
     )
     state = RunState(model=wrapped, optimizer=dp_opt, accountant=accountant, named=named)
     forward_backward(spec, state, np.arange(index.num_units))  # one "logical step" over every sampled unit

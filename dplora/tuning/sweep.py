@@ -33,7 +33,7 @@ from dplora import atomic
 from dplora.accounting.composition import compose
 from dplora.data import digest as digests
 from dplora.errors import BadInputError, PlanRefusedError, excerpt
-from dplora.recipe.options import RunOptions
+from dplora.recipe.config import RunOptions
 from dplora.release.audit_section import tuning_attack_ceiling
 from dplora.run import outputs
 
@@ -202,7 +202,7 @@ def _selection_table(contract, options: SweepOptions):
 
 def _check_budget(contracts, options: SweepOptions) -> list:
     """Plan every trial (as train plans: ``auto`` B and T resolved by the planner first,
-    :func:`dplora.recipe.planning.resolve_auto`) and check that the ledger cap holds all of them together.
+    :func:`dplora.plan.resolve.resolve_auto`) and check that the ledger cap holds all of them together.
 
     Returns:
         One :class:`dplora.plan.training.TrainingPlan` per trial, in grid order.
@@ -214,7 +214,7 @@ def _check_budget(contracts, options: SweepOptions) -> list:
     from dplora.data.units import count_units
     from dplora.ledger.plans import check_plans
     from dplora.ledger.store import Ledger, default_ledger_path
-    from dplora.recipe.planning import plan_for, resolve_auto
+    from dplora.plan.resolve import plan_for, resolve_auto
 
     resolved = [resolve_auto(c)[0] for c in contracts]  # as run_training resolves each trial's contract
     plans = [plan_for(c, count_units(c.data, c.privacy, seed=c.training.seed)) for c in resolved]
@@ -269,7 +269,7 @@ def run_sweep(config: Path, args: list[str], options: SweepOptions, *, log=print
         BadInputError, PlanRefusedError: before any trial runs (nothing written, nothing charged).
         TrainingFailedError: a trial failed (its charge stays; no release; finished trials are deleted).
     """
-    from dplora.recipe.inputs import protected_inputs
+    from dplora.recipe.config import protected_inputs
     from dplora.recipe.train import run_training
     from dplora.release import envelope as release
     from dplora.release import keys as release_keys
@@ -404,27 +404,32 @@ def _release(result, tuning: dict, private_key, options: SweepOptions, trial_pub
     """Re-sign the chosen trial: its record (checked under the throw-away key) plus ``tuning``, by the user's key."""
     from dplora.contract.loader import load_contract
     from dplora.ledger.store import Ledger, default_ledger_path
-    from dplora.release import envelope as release
+    from dplora.release import report
     from dplora.release.verify import verify_release
 
     folder = result.output_dir
     record = dict(verify_release(folder, trial_pub).statement["predicate"])
-    record.pop("artifacts", None)  # finish_release lists them again
-    record["tuning"] = tuning
-    record["accounting"] = {
+    accounting = {
         **record["accounting"],
         "composition": "this trial alone; `tuning` states the total over all trials of the sweep",
     }
+    ceiling = None
     if isinstance(record.get("attack_ceiling"), dict):  # the trial's own: the release's claim is tuning's
-        record["attack_ceiling"] = {
+        ceiling = {
             **record["attack_ceiling"],
             "scope": "this trial alone; the release's ceiling is tuning.attack_ceiling (all trials composed)",
             "holds_for": "this trial alone; the release's ceiling is tuning.attack_ceiling (all trials composed)",
         }
-    for name in release.RELEASE_FILES:
-        (folder / name).unlink()
     contract = load_contract(folder / "contract.yaml")
-    path = release.finish_release(folder, contract.data, record, private_key=private_key)
+    path = report.resign(
+        folder,
+        record,
+        private_key=private_key,
+        data=contract.data,
+        tuning=tuning,
+        accounting=accounting,
+        attack_ceiling=ceiling,
+    )
     with Ledger(options.ledger_path or default_ledger_path(), create=False) as ledger:
         ledger.record_release(
             run_id=result.run_id,

@@ -6,7 +6,7 @@ from conftest import contract_dict, write_contract
 
 from dplora.cli.audit import prepare_audit
 from dplora.contract.loader import load_contract
-from dplora.recipe.planning import resolve_auto
+from dplora.plan.resolve import resolve_auto
 
 
 def test_audit_contract_has_the_planners_batch_steps_and_lr(tmp_path, tiny_model_dir, tickets_csv):

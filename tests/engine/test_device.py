@@ -24,7 +24,7 @@ from dplora.engine import gradcheck
 from dplora.engine.model import resolve_precision
 from dplora.errors import TrainingFailedError
 from dplora.mechanism import optimizer as dpopt
-from dplora.recipe.options import RunOptions
+from dplora.recipe.config import RunOptions
 from dplora.recipe.train import run_training
 from dplora.release import envelope as release
 

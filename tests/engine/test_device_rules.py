@@ -21,7 +21,7 @@ from dplora.contract.loader import parse_contract
 from dplora.engine import gradcheck
 from dplora.errors import TrainingFailedError
 from dplora.recipe import build
-from dplora.recipe.options import RunOptions
+from dplora.recipe.config import RunOptions
 from dplora.recipe.train import run_training
 
 NEEDS_BNB = pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None, reason="the quant extra")

@@ -26,7 +26,7 @@ from dplora.engine import gradcheck, perexample
 from dplora.errors import TrainingFailedError
 from dplora.mechanism import optimizer as dpopt
 from dplora.mechanism.noise import CsprngGaussian
-from dplora.recipe.options import RunOptions
+from dplora.recipe.config import RunOptions
 from dplora.recipe.train import run_training
 from dplora.release import envelope as release
 from dplora.release import keys as release_keys

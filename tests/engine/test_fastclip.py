@@ -267,7 +267,7 @@ def test_matches_opacus_grad_sample_in_the_same_layout(pristine):
 
 def _ffa(model):
     """FFA-LoRA (lora.freeze_a): the recipe's own freeze, on a tiny model."""
-    from dplora.recipe.setup import freeze_lora_a
+    from dplora.engine.lora import freeze_lora_a
 
     return freeze_lora_a(model)
 

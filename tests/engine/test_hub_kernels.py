@@ -54,7 +54,7 @@ def test_setup_model_never_kernelizes(tmp_path, tiny_model_dir, tickets_csv, mon
     environment at transformers' default (``USE_HUB_KERNELS`` unset = YES): no kernelize call, the variable is
     NO afterwards and the base model's ``use_kernels`` is False. On main the load itself kernelized (the trap
     raised in ``from_pretrained``)."""
-    from dplora.recipe.setup import setup_model
+    from dplora.engine.lora import setup_model
 
     monkeypatch.delenv(model_mod.HUB_KERNELS_ENV, raising=False)
     calls = _trap_kernelize(monkeypatch)

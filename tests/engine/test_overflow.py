@@ -19,7 +19,7 @@ from dplora.contract.loader import parse_contract
 from dplora.errors import TrainingFailedError
 from dplora.mechanism import optimizer as dpopt
 from dplora.mechanism.clipping import UnitClipAccumulator
-from dplora.recipe.options import RunOptions
+from dplora.recipe.config import RunOptions
 from dplora.recipe.train import run_training
 
 C = 1.0

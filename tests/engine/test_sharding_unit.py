@@ -39,7 +39,7 @@ def test_lora_stays_outside_fsdp_so_its_unclipped_gradients_are_never_reduced(ti
     from torch.distributed.tensor import DTensor
 
     from dplora.contract.spec import LoraSection, ModelSection, TrainingSection
-    from dplora.recipe.setup import setup_model
+    from dplora.engine.lora import setup_model
 
     training = TrainingSection(expected_batch_size=4, steps=1, sharding="fsdp")
     started = torch.distributed.is_initialized()
@@ -94,12 +94,12 @@ def test_an_fsdp_run_frees_its_model_before_it_leaves_the_group_it_made(
     monkeypatch.setattr(dist, "destroy_process_group", spy)
     if outcome == "failed":  # after the last step, with the model in the failing frames
         from dplora.errors import TrainingFailedError
-        from dplora.recipe import steps
+        from dplora.run import loop
 
         def fail(spec, state):
             raise TrainingFailedError("planted failure after the steps")
 
-        monkeypatch.setattr(steps, "check_accounted", fail)
+        monkeypatch.setattr(loop, "check_accounted", fail)
     result, _ = train_tiny(tmp_path, tiny_model_dir, tickets_csv, signing_key, training={"sharding": "fsdp"})
     assert result.exit_code == (0 if outcome == "released" else 4), result.output
     assert alive_at_destroy == [0]  # left once, with no sharded module alive (the tiny model has 3 FSDP modules)

@@ -130,7 +130,7 @@ def test_a_warm_started_run_fits_the_public_file_first_and_charges_nothing_for_i
     assert init.keys() == after.keys() and len(init) == 8
     assert any(not torch.equal(init[k], after[k]) for k in init)
     from dplora.contract.loader import parse_contract
-    from dplora.recipe.setup import setup_model
+    from dplora.engine.lora import setup_model
 
     contract = parse_contract(yaml_load(tmp_path / "run.yaml"))
     fresh, tokenizer = setup_model(contract.model, contract.lora, contract.training, "cpu", "fp32", False, print)

@@ -190,7 +190,7 @@ def users_csv(tmp_path_factory):
 
 def test_t8_user_level_q_and_delta_over_users(users_csv):
     from dplora.data.units import count_units
-    from dplora.recipe.planning import plan_for
+    from dplora.plan.resolve import plan_for
 
     c = _user_contract(users_csv)
     index = count_units(c.data, c.privacy, seed=0)
@@ -221,7 +221,7 @@ def test_a_declared_n_far_from_the_data_warns_locally(users_csv, declared, warni
     """1,000 users in the data: a declared N over twice that (batches far smaller than B) or under it warns on the
     local log only, never with the count; q, T and σ always use the declared N."""
     from dplora.data.units import count_units
-    from dplora.recipe.planning import plan_for
+    from dplora.plan.resolve import plan_for
 
     c = _user_contract(users_csv, num_units=declared)
     lines = []
@@ -237,7 +237,7 @@ def test_a_declared_n_far_from_the_data_warns_locally(users_csv, declared, warni
 @pytest.mark.slow
 def test_t8_user_level_pld_plan(users_csv):
     from dplora.data.units import count_units
-    from dplora.recipe.planning import plan_for
+    from dplora.plan.resolve import plan_for
 
     c = _user_contract(users_csv, accountant="pld", target_epsilon=3.0)
     p = plan_for(c, count_units(c.data, c.privacy, seed=0), release=False)

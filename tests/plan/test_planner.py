@@ -130,7 +130,7 @@ def test_auto_contract_validation(tmp_path, tiny_model_dir, tickets_csv):
 
 def test_planner_never_reads_data_and_ignores_private_counts(tmp_path, tiny_model_dir):
     """Two data files with different records per unit (same declared N) and a missing file: one choice."""
-    from dplora.recipe.planning import resolve_auto
+    from dplora.plan.resolve import resolve_auto
 
     rows_a = "customer_id,message,reply\n" + "".join(f"c{i},m{i},r{i}\n" for i in range(40))
     rows_b = "customer_id,message,reply\n" + "".join(f"c{i % 5},m{i},r{i}\n" for i in range(90))
@@ -158,7 +158,7 @@ def test_planner_never_reads_data_and_ignores_private_counts(tmp_path, tiny_mode
 def test_the_recorded_schedule_is_the_one_that_runs(tmp_path, tiny_model_dir, given, schedule, warmup, source):
     """`auto` with a schedule or warmup set by hand: the run uses them and the planner's table (released as
     optimization.planner) says so, never the planner's default beside them."""
-    from dplora.recipe.planning import resolve_auto
+    from dplora.plan.resolve import resolve_auto
 
     raw = _auto(tmp_path, tiny_model_dir, tmp_path / "missing.csv", epochs=3, **given)
     resolved, rec = resolve_auto(parse_contract(raw))

@@ -2,7 +2,7 @@
 
 The ``physical_batch_size: auto`` probe tries 64 records first and the time estimate runs a synthetic step; on main
 ``torch.cuda.max_memory_allocated`` after the run was the probe's peak. CI has no GPU: the reset is checked through
-its seam (:func:`dplora.recipe.finish.reset_peak_memory`) on a faked CUDA device, and its place in a real run.
+its seam (:func:`dplora.engine.runtime.reset_peak_memory`) on a faked CUDA device, and its place in a real run.
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ import torch
 from conftest import contract_dict
 
 from dplora.contract.loader import parse_contract
-from dplora.engine import gradcheck
-from dplora.recipe import finish, steps
-from dplora.recipe.options import RunOptions
+from dplora.engine import gradcheck, runtime
+from dplora.recipe.config import RunOptions
 from dplora.recipe.train import run_training
 from dplora.run import loop
 
@@ -28,9 +27,9 @@ def test_reset_peak_memory_resets_cuda_and_leaves_cpu(monkeypatch):
     cannot be reset)."""
     calls = []
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: calls.append(device))
-    finish.reset_peak_memory(torch.device("cpu"))
+    runtime.reset_peak_memory(torch.device("cpu"))
     assert calls == []
-    finish.reset_peak_memory(torch.device("cuda", 0))
+    runtime.reset_peak_memory(torch.device("cuda", 0))
     assert calls == [torch.device("cuda", 0)]
 
 
@@ -40,7 +39,7 @@ def test_peak_is_reset_after_the_setup_probes_and_before_step_1(
     """A real run: the per-example check (set-up), then one reset on the run's device, then the steps (step 0
     when the reset happens), then the peak is read at publish."""
     events = []
-    probe, run_steps, peak = gradcheck.probe_per_sample_gradients, loop.run_steps, finish.peak_memory_gib
+    probe, run_steps, peak = gradcheck.probe_per_sample_gradients, loop.run_steps, runtime.peak_memory_gib
 
     def spy_probe(*args, **kwargs):
         events.append("per-example check")
@@ -56,8 +55,8 @@ def test_peak_is_reset_after_the_setup_probes_and_before_step_1(
 
     monkeypatch.setattr(gradcheck, "probe_per_sample_gradients", spy_probe)
     monkeypatch.setattr(loop, "run_steps", spy_steps)
-    monkeypatch.setattr(steps, "reset_peak_memory", lambda device: events.append(f"reset on {device}"))
-    monkeypatch.setattr("dplora.recipe.phases.peak_memory_gib", spy_peak)
+    monkeypatch.setattr(runtime, "reset_peak_memory", lambda device: events.append(f"reset on {device}"))
+    monkeypatch.setattr(runtime, "peak_memory_gib", spy_peak)
     raw = contract_dict(tiny_model_dir, tickets_csv, tmp_path / "run", training={"steps": 2})
     result = run_training(
         parse_contract(raw),

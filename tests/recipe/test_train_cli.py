@@ -157,7 +157,7 @@ def test_noise_and_sampling_are_not_reproducible_from_the_seed(tmp_path, tiny_mo
 def test_same_seed_gives_same_lora_initialisation(tiny_model_dir, tmp_path, tickets_csv):
     """The recorded seed does fix the adapter initialisation (lora_A)."""
     from dplora.contract.loader import parse_contract
-    from dplora.recipe.setup import setup_model
+    from dplora.engine.lora import setup_model
 
     contract = parse_contract(contract_dict(tiny_model_dir, tickets_csv, tmp_path / "x"))
     m1, _ = setup_model(contract.model, contract.lora, contract.training, "cpu", "fp32", False, log=lambda _: None)
@@ -322,7 +322,7 @@ def test_unit_level_runs_label_the_unit(tmp_path, tiny_model_dir, signing_key, u
 
 def test_concurrent_run_into_the_same_output_is_refused(tmp_path, tiny_model_dir, tickets_csv, signing_key):
     """While one run holds <output_dir>.lock, a second run into the same folder exits 2 and touches nothing."""
-    from dplora.recipe.setup import lock_output
+    from dplora.run.outputs import lock_output
 
     lock = lock_output(tmp_path / "run")
     try:

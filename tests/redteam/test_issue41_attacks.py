@@ -143,7 +143,7 @@ def test_a_run_stopped_at_step_k_stays_charged_k_steps(tmp_path, tiny_model_dir,
     exit 4 and publishes 'non-finite parameter after step 3' (a function of 3 noisy steps). Its only resume
     checkpoint is the one written before step 1 (training.checkpoint_every unset: about every 10 minutes). Running
     again with --overwrite discards that checkpoint and settles the pending charge 'at the ε of the checkpoint's
-    steps' (resume.py _settle_discarded): ε(0) = 0, not ε(3). (With --resume instead, steps 1..3 are run again
+    steps' (RunCharge.settle_discarded): ε(0) = 0, not ε(3). (With --resume instead, steps 1..3 are run again
     under the one reservation of T steps: T + 3 noisy steps of the same data under a charge of T.)
     Found: the failed run's ledger charge is settled at ε = 0 (overwrite); the resumed run's charge holds T = 8 steps
     (resume)."""
@@ -153,7 +153,7 @@ def test_a_run_stopped_at_step_k_stays_charged_k_steps(tmp_path, tiny_model_dir,
     from dplora.errors import TrainingFailedError
     from dplora.ledger.store import Ledger, default_ledger_path
     from dplora.mechanism import optimizer as dpopt
-    from dplora.recipe.options import RunOptions
+    from dplora.recipe.config import RunOptions
     from dplora.recipe.train import run_training
 
     monkeypatch.setenv("DPLORA_LEDGER", str(tmp_path / "ledger.sqlite3"))  # this test's own ledger
@@ -226,8 +226,8 @@ def test_a_neighbours_length_does_not_zero_my_record_through_padding():
     public model), so no run ever batches records through a NaN pad embedding."""
     from tiny import byte_tokenizer, tiny_llama
 
+    from dplora.engine.lora import check_pad_embedding as _check_pad_embedding
     from dplora.errors import BadInputError
-    from dplora.recipe.build import _check_pad_embedding
 
     model, tok = tiny_llama(), byte_tokenizer()
     _check_pad_embedding(model, tok)  # a finite pad row passes

@@ -32,12 +32,12 @@ from dplora.cli.app import app
 from dplora.contract.loader import parse_contract
 from dplora.data import readers
 from dplora.data.demo import write_tickets
+from dplora.data.precheck import check_warm_start_file
 from dplora.engine import warmstart
 from dplora.errors import BadInputError
 from dplora.mechanism import adambc
 from dplora.mechanism import noise as noise_mod
 from dplora.mechanism import optimizer as dpopt
-from dplora.recipe.precheck import check_warm_start_file
 from dplora.run import checkpoint
 
 pytestmark = pytest.mark.filterwarnings(

@@ -32,8 +32,7 @@ from dplora.errors import BadInputError
 from dplora.mechanism import control, sampling
 from dplora.mechanism import optimizer as dpopt
 from dplora.mechanism.core import DPMechanism, NonPrivateEvent, PerformanceFlags, make_mechanism
-from dplora.recipe.build import mechanism_for
-from dplora.recipe.options import RunOptions
+from dplora.recipe.config import RunOptions, compile_run
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -169,20 +168,20 @@ def model_dir(tmp_path_factory):
 
 
 @pytest.mark.parametrize("enabled", [True, False])
-def test_mechanism_for_follows_privacy_enabled(tmp_path, model_dir, enabled):
+def test_the_compiled_mechanism_follows_privacy_enabled(tmp_path, model_dir, enabled):
     contract = parse_contract(_contract_raw(tmp_path, model_dir, privacy={"enabled": enabled}))
     plan = _plan(sigma=1.3)
     if not enabled:
         import math as _m
 
-        from dplora.plan.training import TrainingPlan
+        from dplora.plan.training import TrainingPlan, control_plan
 
         fields = {f.name: None for f in dataclasses.fields(TrainingPlan)}
         plan = TrainingPlan(**{**fields, "noise_multiplier": 1.3, "sample_rate": 0.25, "steps": 3,
                                "expected_batch_size": 2.0, "epsilon_curve": ((3, 1.0),), "epsilon": 1.0,
                                "target_epsilon": 2.0})  # fmt: skip
-        assert _m.isinf(control.control_plan(plan).epsilon)
-    mech = mechanism_for(contract.privacy, plan, distributed.SINGLE)
+        assert _m.isinf(control_plan(plan).epsilon)
+    mech = compile_run(contract, plan, RunOptions(), distributed.SINGLE).mechanism()
     assert mech.private is enabled
     if enabled:
         assert isinstance(mech.event, DpSgdEvent) and mech.event.noise_multiplier == 1.3

@@ -67,7 +67,7 @@ def rank1(monkeypatch):
     stubbed; returns (admit(contract) -> _Admitted, the digests each call handed to check_same_inputs)."""
     from dplora.engine import distributed
     from dplora.recipe import train as train_mod
-    from dplora.recipe.options import RunOptions
+    from dplora.recipe.config import RunOptions
 
     seen = []
     monkeypatch.setattr(distributed, "gate", lambda world: contextlib.nullcontext())
@@ -279,11 +279,6 @@ def test_a7_synth_verbatim_check_reads_the_data_as_training_does(tmp_path):
 # A8 ------------------------------------------------------------------------------------------------------------
 
 
-def _io(tmp_path, **options):
-    opts = {"ledger_path": tmp_path / "ledger.sqlite3", "non_private": False, "tuning_trial": False, **options}
-    return SimpleNamespace(options=SimpleNamespace(**opts))
-
-
 def _plan():
     from dplora.accounting.events import Accountant, Adjacency
 
@@ -295,33 +290,46 @@ def _plan():
 
 def test_a8_control_runs_are_charged_infinity_on_a_population_and_nothing_without(tmp_path, monkeypatch):
     from dplora.ledger.store import Ledger
-    from dplora.mechanism import control
-    from dplora.recipe import build, phases
+    from dplora.plan.resolve import is_control
+    from dplora.recipe.config import RunOptions
+    from dplora.recipe.train import RunCharge
 
     path = _csv(tmp_path / "d.csv", "user_id,message,reply", ["u1,q1,a1"])
     dp = _contract(tmp_path, path)
     ctrl = _contract(tmp_path, path, privacy={"enabled": False})
     on_pop = _contract(tmp_path, path, privacy={"enabled": False, "population": "tickets-eu"})
-    assert control.is_control(ctrl.privacy) and not control.is_control(dp.privacy)
-    spec = SimpleNamespace(run_id="run-ctrl")
+    assert is_control(ctrl.privacy) and not is_control(dp.privacy)
+
+    def charge(contract, **options):
+        config = SimpleNamespace(
+            plan=_plan(), private=contract.privacy.enabled, population=contract.privacy.population or None
+        )
+        return RunCharge(contract, config, RunOptions(ledger_path=tmp_path / "ledger.sqlite3", **options))
+
     # a control without population: no ledger, no charge
-    assert build.open_ledger(ctrl.privacy, _plan(), _io(tmp_path)) is None
-    assert phases.reserve(None, ctrl.privacy, ctrl.training, _plan(), spec, _io(tmp_path), None) is None
-    assert not (tmp_path / "ledger.sqlite3").exists()
+    c = charge(ctrl)
+    assert c.open(None) is None
+    c.reserve("run-ctrl", resumed=False, checkpoint_dir=tmp_path)
+    assert c.ledger is None and not (tmp_path / "ledger.sqlite3").exists()
     # on a population: refused without --non-private, charged ε = ∞ with it
     Ledger(tmp_path / "ledger.sqlite3", create=True).close()
     with pytest.raises(PlanRefusedError, match="non-private"):
-        build.open_ledger(on_pop.privacy, _plan(), _io(tmp_path))
-    io = _io(tmp_path, non_private=True)
-    ledger = build.open_ledger(on_pop.privacy, _plan(), io)
-    ledger = phases.reserve(ledger, on_pop.privacy, on_pop.training, _plan(), spec, io, None)
-    charge = ledger.charge("run-ctrl")
-    assert charge.population == "tickets-eu" and str(charge.epsilon) == "Infinity" and charge.status == "pending"
-    ledger.close()
+        charge(on_pop).open(None)
+    c = charge(on_pop, non_private=True)
+    c.open(None)
+    c.reserve("run-ctrl", resumed=False, checkpoint_dir=tmp_path)
+    row = c.ledger.charge("run-ctrl")
+    assert row.population == "tickets-eu" and str(row.epsilon) == "Infinity" and row.status == "pending"
+    c.ledger.close()
     # a DP run without population is charged as an unassigned run (never skipped like a control)
-    from dplora.run.resume import _charged
+    from dplora.run.config import RunConfig
 
-    assert _charged(dp.privacy) and not _charged(ctrl.privacy) and _charged(on_pop.privacy)
+    def charged(contract):
+        return RunConfig.charged.fget(
+            SimpleNamespace(population=contract.privacy.population, private=contract.privacy.enabled)
+        )
+
+    assert charged(dp) and not charged(ctrl) and charged(on_pop)
 
 
 # A9 ------------------------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ def test_a_run_never_leaves_a_group_it_did_not_make_after_its_own_was_left_by_th
     tmp_path, tiny_model_dir, tickets_csv, signing_key
 ):
     from dplora.contract.spec import LoraSection, ModelSection, TrainingSection
-    from dplora.recipe.setup import setup_model
+    from dplora.engine.lora import setup_model
 
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -392,15 +392,15 @@ def test_the_folder_train_creates_above_the_release_carries_the_end_time(
     import time
     from datetime import datetime
 
-    from dplora.recipe import phases as train_mod  # the locked run's phases call train_and_release
+    from dplora.recipe.train import DPLoRARecipe  # the locked run's train phase
 
-    real = train_mod.train_and_release
+    real = DPLoRARecipe._train_and_sign
 
     def slow(*args, **kwargs):
         time.sleep(1.1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(train_mod, "train_and_release", slow)
+    monkeypatch.setattr(DPLoRARecipe, "_train_and_sign", slow)
     columns, table = rows
     world = tmp_path / "world"
     world.mkdir()

@@ -19,7 +19,6 @@ from conftest import contract_dict
 from peft import LoraConfig, get_peft_model
 from tiny import tiny_llama
 
-from dplora.contract.choices import Sharding
 from dplora.contract.loader import parse_contract
 from dplora.engine import batch as batching
 from dplora.engine import distributed, membatch
@@ -122,9 +121,7 @@ def _run(monkeypatch, hook: OOMAbove | None, physical: int = 4, per_sample: str 
         device=torch.device("cpu"),
         physical_batch_size=physical,
         world=distributed.SINGLE,
-        contract=types.SimpleNamespace(
-            privacy=types.SimpleNamespace(enabled=False), training=types.SimpleNamespace(sharding=Sharding.NONE)
-        ),
+        config=types.SimpleNamespace(sharded_base=False),
         # private=False only skips the step-1 "every tensor moved" check; the sampler is the mechanism's
         mechanism=types.SimpleNamespace(
             private=False, sampler=lambda n: sampling.unit_sampler(n, PLAN.sample_rate, distributed.SINGLE)
@@ -242,13 +239,20 @@ def test_probe_frees_the_largest_tries_gradient_buffer(monkeypatch):
     assert flat._storage is None
 
 
+def _config(contract):
+    """The run's compiled settings for ``contract`` (the plan is not read by the memory entry)."""
+    from dplora.recipe.config import RunOptions, compile_run
+
+    return compile_run(contract, PLAN, RunOptions())
+
+
 def test_auto_is_recorded_under_execution_and_other_values_are_refused():
     raw = contract_dict(Path("/m"), Path("d.csv"), Path("out"))
     raw["training"]["physical_batch_size"] = "auto"
     contract = parse_contract(raw)
     assert contract.training.fixed_physical_batch_size == 8
     spec = types.SimpleNamespace(
-        contract=contract, device=torch.device("cuda"), physical_batch_size=16, attn_implementation="sdpa"
+        config=_config(contract), device=torch.device("cuda"), physical_batch_size=16, attn_implementation="sdpa"
     )  # the default `auto`, resolved at load (issue 42.2)
     entry = memory_entry(spec)
     assert entry["physical_batch_size"] == 16 and entry["physical_batch_source"].startswith("auto: probed")
@@ -257,7 +261,7 @@ def test_auto_is_recorded_under_execution_and_other_values_are_refused():
     raw["training"]["gradient_checkpointing"] = True
     raw["model"]["attn_implementation"] = "eager"
     entry = memory_entry(
-        types.SimpleNamespace(contract=parse_contract(raw), device=torch.device("cpu"), physical_batch_size=6)
+        types.SimpleNamespace(config=_config(parse_contract(raw)), device=torch.device("cpu"), physical_batch_size=6)
     )
     assert entry == {
         "attn_implementation": "eager",

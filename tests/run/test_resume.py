@@ -183,7 +183,7 @@ def test_checkpoint_holds_no_generator_or_sampler_state(tmp_path, monkeypatch, t
     from safetensors import safe_open
 
     from dplora.contract.loader import parse_contract
-    from dplora.recipe.options import RunOptions
+    from dplora.recipe.config import RunOptions
     from dplora.recipe.train import run_training
 
     samplers = []

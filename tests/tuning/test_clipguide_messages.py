@@ -36,8 +36,8 @@ def _brute_force(contract, table) -> np.ndarray:
 
     from dplora.data import units as data_mod
     from dplora.engine.batch import collate, per_sequence_loss
+    from dplora.engine.lora import setup_model
     from dplora.engine.model import select_device
-    from dplora.recipe.setup import setup_model
 
     model, tokenizer = setup_model(
         contract.model, contract.lora, contract.training, select_device(), "fp32", False, lambda *_: None

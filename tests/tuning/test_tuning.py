@@ -23,8 +23,8 @@ def _brute_force_unit_norms(contract, table) -> np.ndarray:
     from dplora.data import tokens as tokenizing
     from dplora.data import units as data_mod
     from dplora.engine.batch import collate, per_sequence_loss
+    from dplora.engine.lora import setup_model
     from dplora.engine.model import select_device
-    from dplora.recipe.setup import setup_model
 
     model, tokenizer = setup_model(
         contract.model, contract.lora, contract.training, select_device(), "fp32", False, lambda *_: None
@@ -339,7 +339,7 @@ def _auto_sweep_contract(tmp_path, tiny_model_dir, tickets_csv, db, cap: str):
 def test_sweep_plans_auto_batch_and_steps_as_train_does(tmp_path, tiny_model_dir, tickets_csv):
     """``training.expected_batch_size: auto`` in a sweep: every trial is planned on the planner's B and T (the ones
     run_training resolves), so the ledger check composes the trials that will run."""
-    from dplora.recipe.planning import resolve_auto
+    from dplora.plan.resolve import resolve_auto
     from dplora.tuning.sweep import SweepOptions, _check_budget, _contracts
 
     db = tmp_path / "ledger.sqlite3"

@@ -1,21 +1,26 @@
-"""What a run of a contract will cost, before any data is read: the plan for a contract and why a private unit count
-is refused. Used by ``dplora train``, ``dplora budget``, sweeps and audits.
+"""The plan for a contract, before any model is loaded: ``auto`` settings resolved by the planner, the public N,
+and why a private unit count is refused. Used by ``dplora train``, ``dplora budget``, sweeps and audits.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Protocol
 
 from dplora.accounting.events import Adjacency
 from dplora.contract.spec import Contract
-from dplora.data import units as data_mod
 from dplora.errors import BadInputError
-from dplora.plan.training import TrainingPlan, make_plan
+from dplora.plan.training import TrainingPlan, control_plan, make_plan
 
 
-def plan_for(
-    contract: Contract, unit_index: data_mod.UnitIndex | None, *, release: bool = True, log=None
-) -> TrainingPlan:
+class CountedUnits(Protocol):
+    """What planning reads of the data: the count of protected units on the training side (private unless the
+    contract makes it public; see :func:`private_count_reason`). A :class:`dplora.data.units.UnitIndex` is one."""
+
+    num_units: int
+
+
+def plan_for(contract: Contract, unit_index: CountedUnits | None, *, release: bool = True, log=None) -> TrainingPlan:
     """Plan with a public N: ``privacy.num_units`` if declared, else (where N is public) the data's count.
 
     N is private under add/remove adjacency: the neighbouring dataset has one unit more or less, so a counted N
@@ -183,3 +188,23 @@ def _rounded(n: int) -> int:
     """``n`` to two significant figures (a hint for the operator's error line, not a count to copy)."""
     digits = max(len(str(n)) - 2, 1)  # at least to tens: below 100 two figures would be the exact count
     return int(round(n, -digits))
+
+
+def is_control(privacy) -> bool:
+    """True for the privacy section of a non-private control contract (``privacy.enabled: false``): a planning
+    question. Below planning the compiled switch is ``RunConfig.private`` (the mechanism's ``private``)."""
+    return not privacy.enabled
+
+
+def plan_for_run(contract: Contract, unit_index: CountedUnits, *, recommendation=None, log=None) -> TrainingPlan:
+    """The plan a training run executes: :func:`plan_for` (public N), with the planner's table when ``auto`` was
+    resolved (``recommendation``), and for a non-private control its DP twin's N, q and T with σ = 0 and ε = ∞
+    (:func:`dplora.plan.training.control_plan`).
+
+    Raises:
+        BadInputError, PlanRefusedError: see :func:`plan_for`.
+    """
+    plan = plan_for(contract, unit_index, log=log)
+    if recommendation is not None:
+        plan = dataclasses.replace(plan, planner=recommendation.to_dict())
+    return control_plan(plan) if is_control(contract.privacy) else plan
