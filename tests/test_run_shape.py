@@ -175,24 +175,31 @@ def test_is_control_is_asked_at_planning_only():
     assert hits == {}
 
 
+def ledger_calls(source: str) -> list[str]:
+    """Calls of a ledger's charge methods (on anything named like a ledger: ``ledger``, ``self.ledger``)."""
+    methods = {"reserve", "reserve_non_private", "settle", "record_release", "set_checkpoint_path", "charge"}
+    return [
+        ast.unparse(n.func)
+        for n in ast.walk(ast.parse(source))
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr in methods
+        and "ledger" in ast.unparse(n.func.value)
+    ]
+
+
 def test_the_ledger_is_called_from_the_charge_object_only():
-    """In the training run the ledger's charge methods are called by ``recipe.train.RunCharge`` alone."""
-    methods = {"reserve", "reserve_non_private", "settle", "record_release", "set_checkpoint_path"}
-    tree = ast.parse((PACKAGE / "recipe" / "train.py").read_text())
-    outside = []
-    for cls in [n for n in tree.body if isinstance(n, ast.ClassDef | ast.FunctionDef)]:
-        if isinstance(cls, ast.ClassDef) and cls.name == "RunCharge":
-            continue
-        for node in ast.walk(cls):
-            if (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr in methods
-                and "ledger" in ast.unparse(node.func.value)
-            ):
-                outside.append(f"{cls.name}: {ast.unparse(node.func)}")
-    assert outside == []
+    """The training run calls the ledger's charge methods through ``dplora.ledger.charge.RunCharge`` alone: no
+    module of the recipe or the run calls them, and the charge module holds that one class."""
     for path in _modules("recipe", "run"):
-        if path.name == "train.py" and path.parent.name == "recipe":
-            continue
-        assert not [c for c in calls_to(path.read_text(), methods) if "settle" in c or "record_release" in c], path
+        assert ledger_calls(path.read_text()) == [], path
+    tree = ast.parse((PACKAGE / "ledger" / "charge.py").read_text())
+    assert [n.name for n in tree.body if isinstance(n, ast.ClassDef)] == ["RunCharge"]
+
+
+def test_a_planted_ledger_call_outside_the_charge_is_caught():
+    planted = (
+        "def publish(self, spec, ledger):\n    ledger.settle(spec.run_id, epsilon_spent=1.0)\n"
+        "    self.ledger.record_release(run_id=spec.run_id)\n    spec.settle()\n"
+    )
+    assert ledger_calls(planted) == ["ledger.settle", "self.ledger.record_release"]

@@ -40,10 +40,13 @@ def validate(
     lines: list[str] = []
     try:
         contract = load_contract(config, overrides or [])
-        if check_files:
-            from dplora.data.precheck import check_files as run_checks
+        if check_files:  # the model's files, then the data's (its columns; the model's chat template if known)
+            from dplora.data.precheck import check_data_files
+            from dplora.engine.precheck import check_model_files
 
-            lines = run_checks(contract)
+            model_line, template = check_model_files(contract.model)
+            unit_key = contract.privacy.unit_key
+            lines = [model_line, *check_data_files(contract.data, unit_key, chat_template=template)]
     except DploraError as err:
         raise fail(err, as_json=as_json) from None
     if as_json:

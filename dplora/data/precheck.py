@@ -1,11 +1,10 @@
-"""Fail fast (issue 42.6): the contract's model and data files checked without torch or transformers, in about a
-second: ``dplora validate --check-files``, and the model part at the start of ``dplora train`` (before the data is
-read or σ calibrated).
+"""Fail fast: the contract's data files checked without torch or transformers, in about a second (``dplora validate
+--check-files``; the public warm-start file at the start of ``dplora train``). The model's files are checked by
+:mod:`dplora.engine.precheck`.
 
-Only structure is read: the model's ``config.json`` and tokenizer files, the data file's header or schema (column
-names) and, for conversations, the shape of the first record's conversation cell (a list of ``{role, content}``).
-Nothing printed is computed from the records' values (issue 49): no counts, lengths or text; a refusal names the
-file, the column and the expected keys.
+Only structure is read: the data file's header or schema (column names) and, for conversations, the shape of the
+first record's conversation cell (a list of ``{role, content}``). Nothing printed is computed from the records'
+values: no counts, lengths or text; a refusal names the file, the column and the expected keys.
 """
 
 from __future__ import annotations
@@ -15,103 +14,15 @@ import json
 from pathlib import Path
 
 from dplora.contract.labels import same_file
-from dplora.contract.spec import PACKAGED_MODELS, Contract, DataSection, ModelSection
+from dplora.contract.spec import DataSection
 from dplora.data.chat import check_messages
 from dplora.errors import BadInputError, excerpt
-
-WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json", "pytorch_model.bin.index.json")
-SLOW_TOKENIZER_FILES = (("vocab.json", "merges.txt"), ("tokenizer.model",), ("spiece.model",), ("vocab.txt",))
 
 
 def _first_sentence(err: BaseException) -> str:
     text = " ".join(str(err).split()) or err.__class__.__name__
     head = text.split(". ", 1)[0].rstrip(".")
     return head if len(head) <= 160 else head[:157] + "..."
-
-
-def _folder_checks(folder: Path, label: str) -> tuple[str, bool]:
-    """(OK line, has a chat template) for a Hugging Face folder: config.json, weights, tokenizer."""
-    try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BadInputError(f"{label}: {folder} has no config.json: not a Hugging Face model folder") from None
-    except (OSError, ValueError) as err:
-        raise BadInputError(f"{label}: {folder}/config.json cannot be read ({_first_sentence(err)})") from None
-    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
-        raise BadInputError(f"{label}: {folder}/config.json names no model_type: not a transformers model config")
-    weights = sorted({p.name for pat in WEIGHT_PATTERNS for p in folder.glob(pat)})
-    if not weights:
-        raise BadInputError(f"{label}: {folder} has no weight files (*.safetensors or pytorch_model*.bin)")
-    tokenizer_file = folder / "tokenizer.json"
-    if tokenizer_file.is_file():
-        from tokenizers import Tokenizer  # the Rust library: no torch
-
-        try:
-            Tokenizer.from_file(str(tokenizer_file))
-        except Exception as err:  # noqa: BLE001 - any parse failure of the file is the same refusal
-            raise BadInputError(f"{label}: {tokenizer_file} cannot be read ({_first_sentence(err)})") from None
-        tokenizer = "tokenizer.json"
-    else:
-        found = next((files for files in SLOW_TOKENIZER_FILES if all((folder / f).is_file() for f in files)), None)
-        if found is None:
-            raise BadInputError(
-                f"{label}: {folder} has no tokenizer (tokenizer.json, or vocab.json + merges.txt, tokenizer.model)"
-            )
-        tokenizer = " + ".join(found)
-    template = (folder / "chat_template.jinja").is_file() or (folder / "chat_template.json").is_file()
-    try:
-        tok_config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
-        template = template or bool(isinstance(tok_config, dict) and tok_config.get("chat_template"))
-    except (OSError, ValueError):
-        pass
-    line = (
-        f"OK  model: {folder} (model_type {config['model_type']}; {len(weights)} weight file(s); {tokenizer}; "
-        f"{'a' if template else 'no'} chat template)"
-    )
-    return line, template
-
-
-def check_model_files(section: ModelSection) -> tuple[str, bool | None]:
-    """Check the contract's model without loading it: the folder's config.json, weight files and tokenizer, a
-    .gguf file's magic bytes, the packaged model's package, a Hub id's cached snapshot.
-
-    Returns:
-        (one ``OK  model: ...`` line, whether the tokenizer has a chat template; None when not known before the
-        model is loaded: a .gguf file, or the packaged model not yet converted).
-    Raises:
-        BadInputError: a missing folder or file (a Hub id in ``model.path`` points to ``model.name``), an unreadable
-            config.json or tokenizer.json, no weights, no tokenizer, a file that is not GGUF.
-    """
-    from dplora.engine.model import (
-        SMOLLM2_GGUF,
-        check_model_cache,
-        hub_snapshot,
-        packaged_gguf,
-        resolve_model,
-        smollm2_cache,
-    )
-
-    if section.name in PACKAGED_MODELS:
-        packaged_gguf()
-        check_model_cache(section)
-        converted = smollm2_cache()
-        if (converted / "config.json").is_file():
-            return _folder_checks(converted, f"model.name={section.name}")
-        return f"OK  model: {section.name} ({SMOLLM2_GGUF} installed; converted on first use)", None
-    if section.name is not None:
-        return _folder_checks(hub_snapshot(section.name, section.revision), f"model.name={section.name}")
-    folder, gguf = resolve_model(section)  # a missing path, a folder without config.json, a Hub id
-    if gguf is None:
-        return _folder_checks(folder, f"model.path={section.path}")
-    path = folder / gguf
-    try:
-        with open(path, "rb") as fh:
-            magic = fh.read(4)
-    except OSError as err:
-        raise BadInputError(f"model.path={section.path}: cannot read {path} ({err.strerror or err})") from None
-    if magic != b"GGUF":
-        raise BadInputError(f"model.path={section.path}: {path} does not start with the GGUF magic bytes: not GGUF")
-    return f"OK  model: {path} (a GGUF file)", None
 
 
 def _columns(path: Path, builder: str, label: str) -> tuple[list[str], object]:
@@ -149,12 +60,12 @@ def _columns(path: Path, builder: str, label: str) -> tuple[list[str], object]:
     return list(first), first
 
 
-def check_data_files(contract: Contract, *, chat_template: bool | None) -> list[str]:
+def check_data_files(data: DataSection, unit_key: str | None, *, chat_template: bool | None) -> list[str]:
     """Check the data file (and ``data.eval_path``): it exists, its type, the contract's columns in its header or
     schema, and for conversations the first record's cell shape and the model's chat template.
 
     Args:
-        contract: the validated contract.
+        data: the contract's data section; unit_key: ``privacy.unit_key``.
         chat_template: whether the model's tokenizer has a chat template (None: not known yet).
     Returns:
         ``OK  data: ...`` lines (column names only: the file's schema, never a value or a count).
@@ -164,8 +75,7 @@ def check_data_files(contract: Contract, *, chat_template: bool | None) -> list[
     """
     from dplora.data.units import dataset_builder, required_columns
 
-    data = contract.data
-    wanted = required_columns(data, contract.privacy.unit_key)
+    wanted = required_columns(data, unit_key)
     lines = []
     for key, value in (("data.path", data.path), ("data.eval_path", data.eval_path)):
         if value is None:
@@ -177,7 +87,7 @@ def check_data_files(contract: Contract, *, chat_template: bool | None) -> list[
             raise BadInputError(f"data file not found: {key}={path}")
         builder = dataset_builder(data, path)
         columns, first = _columns(path, builder, key)
-        needed = [c for c in wanted if key == "data.path" or c != contract.privacy.unit_key]
+        needed = [c for c in wanted if key == "data.path" or c != unit_key]
         needed += [c for c in (data.label_column, data.group_column) if c and key == "data.eval_path"]
         missing = [c for c in needed if c not in columns]
         if missing:
@@ -254,13 +164,3 @@ def check_warm_start_file(data: DataSection) -> str | None:
         f"OK  {key}: {path} ({kind}; columns {', '.join(needed)} present; declared public: {warm.steps} noise-free "
         "warm-start steps, no ε charged)"
     )
-
-
-def check_files(contract: Contract) -> list[str]:
-    """:func:`check_model_files` then :func:`check_data_files`: the ``OK`` lines of ``validate --check-files``.
-
-    Raises:
-        BadInputError: the first check that fails (one line, exit 2).
-    """
-    model_line, template = check_model_files(contract.model)
-    return [model_line, *check_data_files(contract, chat_template=template)]

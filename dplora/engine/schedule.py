@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import warnings
 
-from dplora.engine.specs import OptimizerSpec
-
 
 def make_scheduler(optimizer, *, schedule: str, warmup_steps: int, total_steps: int):
     """A torch ``LambdaLR`` on ``optimizer`` (the torch optimiser, not the DP wrapper), stepped once per logical step.
@@ -52,25 +50,3 @@ def step_scheduler(scheduler, steps: int = 1) -> None:
         warnings.simplefilter("ignore", UserWarning)  # "lr_scheduler.step() before optimizer.step()" on resume
         for _ in range(steps):
             scheduler.step()
-
-
-def make_optimizer(training: OptimizerSpec, params, *, noise_variance: float = 0.0):
-    """``training.optimizer`` (SGD, Adam, AdamW or DP-AdamBC) over ``params`` at ``training.lr`` and
-    ``weight_decay``; DP-AdamBC subtracts ``noise_variance`` Φ = (σC/E)² (the mechanism's) from its second moment.
-
-    Raises:
-        ValueError: a negative or non-finite ``noise_variance`` (DP-AdamBC).
-    """
-    import torch
-
-    lr, wd = training.lr, training.weight_decay
-    name = training.optimizer.value
-    if name == "dp_adambc":
-        from dplora.mechanism.adambc import DPAdamBC
-
-        return DPAdamBC(params, lr=lr, noise_variance=noise_variance, weight_decay=wd)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, weight_decay=wd)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=wd)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=wd)

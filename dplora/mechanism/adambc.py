@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from dplora.engine.specs import OptimizerSpec
+
 DEFAULT_GAMMA = 1e-8  # γ, the floor under the corrected second moment (the paper's ε' of Algorithm 1; tunable)
 
 
@@ -100,3 +102,23 @@ class DPAdamBC(torch.optim.Optimizer):
                     p.mul_(1 - lr * decay)
                 p.addcdiv_(m_hat, denom, value=-lr)
         return loss
+
+
+def make_optimizer(training: OptimizerSpec, params, *, noise_variance: float = 0.0):
+    """``training.optimizer`` (SGD, Adam, AdamW or DP-AdamBC) over ``params`` at ``training.lr`` and
+    ``weight_decay``; DP-AdamBC subtracts ``noise_variance`` Φ = (σC/E)² (the mechanism's) from its second moment.
+
+    Raises:
+        ValueError: a negative or non-finite ``noise_variance`` (DP-AdamBC).
+    """
+    import torch
+
+    lr, wd = training.lr, training.weight_decay
+    name = training.optimizer.value
+    if name == "dp_adambc":
+        return DPAdamBC(params, lr=lr, noise_variance=noise_variance, weight_decay=wd)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, weight_decay=wd)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=wd)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=wd)

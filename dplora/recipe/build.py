@@ -14,8 +14,9 @@ from dplora.contract.spec import DataSection
 from dplora.data import tokens as tokenizing
 from dplora.engine import distributed
 from dplora.engine.lora import check_pad_embedding, setup_model
-from dplora.engine.schedule import make_optimizer, make_scheduler
+from dplora.engine.schedule import make_scheduler
 from dplora.errors import BadInputError, DploraError, TrainingFailedError
+from dplora.mechanism.adambc import make_optimizer
 from dplora.run.config import RunConfig
 from dplora.run.loop import RunSpec, RunState
 from dplora.surface import PrivateLog

@@ -1,14 +1,15 @@
 """Compile once: a training run's :class:`dplora.run.config.RunConfig` from the contract, the caller's options and
 the process group. The last reader of the contract on the training path (the stages below read the config).
 
-Also what a caller chooses besides the contract (:class:`RunOptions`) and the inputs a run's output folder must not
-hold (:func:`protected_inputs`).
+Also what a caller chooses besides the contract (:class:`RunOptions`), what a run gives back (:class:`RunResult`)
+and the inputs a run's output folder must not hold (:func:`protected_inputs`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dplora.contract.choices import UnitClipping
 from dplora.contract.spec import Contract
@@ -16,9 +17,13 @@ from dplora.engine import distributed
 from dplora.ledger.store import default_ledger_path
 from dplora.mechanism.core import PerformanceFlags
 from dplora.plan.training import TrainingPlan
+from dplora.release import report
 from dplora.release.envelope import data_key_path
 from dplora.release.keys import signing_key_path
 from dplora.run.config import LoraSettings, ModelSettings, RunConfig
+
+if TYPE_CHECKING:
+    from dplora.evaluate.heldout import Evaluation
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -54,6 +59,31 @@ class RunOptions:
     contract_path: Path | None = None
     ledger_release: bool = True
     extra_records: tuple[dict, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunResult:
+    """What a finished run produced (seconds are wall-clock); ``release_path`` is None on ranks other than 0.
+
+    ``seconds`` is the whole run after setup; ``seconds_per_step`` the loop of steps alone over the steps taken;
+    ``eval_seconds`` the held-out evaluation alone (0.0 without one). Printed to the operator, never released.
+    ``facts`` are the public facts the record was written from (None on ranks other than 0).
+    """
+
+    output_dir: Path
+    release_path: Path | None
+    plan: TrainingPlan
+    steps_done: int
+    empty_steps: int
+    epsilon_spent: float
+    seconds: float
+    seconds_per_step: float
+    threads: int
+    differentially_private: bool = True
+    evaluation: Evaluation | None = None
+    eval_seconds: float = 0.0
+    run_id: str = ""
+    facts: report.PublicFacts | None = None
 
 
 def compile_run(

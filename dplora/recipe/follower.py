@@ -15,6 +15,7 @@ from dplora.engine import distributed
 from dplora.errors import DploraError, TrainingFailedError
 from dplora.mechanism import reduction
 from dplora.recipe.build import build_run
+from dplora.recipe.config import RunResult
 from dplora.run import loop, resume
 from dplora.run.config import RunConfig
 from dplora.run.progress import ProgressReporter
@@ -28,12 +29,10 @@ def follow(config: RunConfig, data: DataSection, table, unit_index, *, out: Path
         table, unit_index: this rank's copy of the training records and their units (compared across ranks).
         out: the output folder (never written here); io: the run's :class:`dplora.recipe.train.RunIO`.
     Returns:
-        :class:`dplora.recipe.train.RunResult` without a release path.
+        :class:`dplora.recipe.config.RunResult` without a release path.
     Raises:
         DploraError: this rank's failure or, through a gate or the step's reduction, another rank's.
     """
-    from dplora.recipe.train import RunResult
-
     with distributed.gate(config.world):  # rank 0 reads a resume checkpoint and checks the ledger here
         pass
     with distributed.gate(config.world):  # rank 0 also restores a resume checkpoint here

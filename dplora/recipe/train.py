@@ -6,7 +6,8 @@ folder, data, plan, model files), compiles it once (:func:`dplora.recipe.config.
 room, model and engine, the public start lines, the ledger reservation) → ``train`` (the loop of T logical steps,
 the accounting check, the held-out evaluation, the adapters and the signed release in staging) → ``release`` (the
 staging folder becomes the output, the ledger is settled). Ranks other than 0 follow in
-:mod:`dplora.recipe.follower`. :class:`RunCharge` owns the ledger charge's life.
+:mod:`dplora.recipe.follower`. :class:`dplora.ledger.charge.RunCharge` owns the
+ledger charge's life.
 
 The run writes into ``<output_dir>.partial`` and renames it to ``<output_dir>`` only after the last planned step,
 the adapters and the signed release are written. A failed run leaves ``<output_dir>.partial`` with ``FAILED.json``
@@ -31,13 +32,15 @@ from dplora.data import units as data_mod
 from dplora.engine import distributed, runtime
 from dplora.engine.model import check_model_cache
 from dplora.engine.schedule import step_scheduler
-from dplora.errors import BadInputError, DploraError, PlanRefusedError, TrainingFailedError
+from dplora.errors import BadInputError, DploraError, TrainingFailedError
+from dplora.ledger.charge import RunCharge
 from dplora.mechanism import control, sampling
 from dplora.plan.estimate import estimate_line
 from dplora.plan.resolve import plan_for_run, resolve_auto
-from dplora.plan.training import TrainingPlan, ledger_event
+from dplora.plan.training import TrainingPlan
 from dplora.recipe.build import build_run, probe_estimate
-from dplora.recipe.config import RunOptions, compile_run, protected_inputs
+from dplora.recipe.config import RunOptions, RunResult, compile_run, protected_inputs
+from dplora.recipe.follower import follow
 from dplora.release import envelope as release
 from dplora.release import keys as release_keys
 from dplora.release import report
@@ -56,32 +59,6 @@ if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from dplora.evaluate.heldout import Evaluation
-    from dplora.ledger.store import Ledger
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RunResult:
-    """What a finished run produced (seconds are wall-clock); ``release_path`` is None on ranks other than 0.
-
-    ``seconds`` is the whole run after setup; ``seconds_per_step`` the loop of steps alone over the steps taken;
-    ``eval_seconds`` the held-out evaluation alone (0.0 without one). Printed to the operator, never released.
-    ``facts`` are the public facts the record was written from (None on ranks other than 0).
-    """
-
-    output_dir: Path
-    release_path: Path | None
-    plan: TrainingPlan
-    steps_done: int
-    empty_steps: int
-    epsilon_spent: float
-    seconds: float
-    seconds_per_step: float
-    threads: int
-    differentially_private: bool = True
-    evaluation: Evaluation | None = None
-    eval_seconds: float = 0.0
-    run_id: str = ""
-    facts: report.PublicFacts | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -153,8 +130,6 @@ def run_training(contract: Contract, options: RunOptions | None = None, *, log=p
         if admitted.note:  # a launcher's FSDP settings that dplora does not apply (public: env and contract only)
             io.log(admitted.note)
         if not world.is_main:
-            from dplora.recipe.follower import follow
-
             return follow(config, contract.data, admitted.table, admitted.unit_index, out=admitted.out, io=io)
         return DPLoRARecipe(contract, config, admitted, io).run()
     except BaseException as err:
@@ -230,7 +205,8 @@ def _admit(contract: Contract, options: RunOptions, world, recommendation, held:
     Raises:
         BadInputError, PlanRefusedError: on any rank (every rank raises at the gate); nothing written.
     """
-    from dplora.data.precheck import check_model_files, check_warm_start_file
+    from dplora.data.precheck import check_warm_start_file
+    from dplora.engine.precheck import check_model_files
 
     main = world.is_main  # with W processes only rank 0 reads the keys, locks, charges the ledger and writes
     private_key = key = plan = None
@@ -284,161 +260,6 @@ def _admit(contract: Contract, options: RunOptions, world, recommendation, held:
     )
 
 
-class RunCharge:
-    """One run's ledger charge, from the room check to the release: open → reserve → settle | fail | record release.
-
-    Every DP run is charged: under ``privacy.population``, or as an unassigned run (found by its output folder)
-    without one, whose ledger is opened (and created if missing) only at :meth:`reserve`, after setup, so that bad
-    input found during setup writes nothing. A non-private control is charged ε = ∞ on a population (with
-    ``--non-private``) and not at all without one. A resumed run keeps its original reservation.
-    """
-
-    def __init__(self, contract: Contract, config: RunConfig, options: RunOptions):
-        self.privacy, self.output_dir, self.plan = contract.privacy, contract.training.output_dir, config.plan
-        self.private, self.population, self.options = config.private, config.population, options
-        self.ledger: Ledger | None = None
-        self.run_id: str | None = None
-
-    def _path(self) -> Path:
-        from dplora.ledger.store import default_ledger_path
-
-        return Path(self.options.ledger_path or default_ledger_path())
-
-    def open(self, resumed_run: str | None) -> Ledger | None:
-        """The ledger with room for the plan; a resumed run instead needs its own charge still pending.
-
-        Raises:
-            PlanRefusedError: no room under the population's cap, or a control on a population without
-                ``--non-private``.
-            BadInputError, LedgerError: a missing ledger (fails closed), or a resumed run without its charge.
-        """
-        from dplora.ledger.store import Ledger
-
-        self.run_id = resumed_run
-        if not self.population:
-            if not self.private:
-                return None
-            if resumed_run is None:  # --overwrite may discard an unassigned run's checkpoint: settle its charge then
-                path = self._path()
-                self.ledger = Ledger(path, create=False) if self.options.overwrite and path.is_file() else None
-                return self.ledger
-            self.ledger = Ledger(self._path(), create=False)
-            self._check_resumable(resumed_run)
-            return self.ledger
-        if not self.private and not self.options.non_private:
-            pop = self.population
-            raise PlanRefusedError(
-                f"privacy.enabled=false on population {pop!r}: a non-private run is charged ε=∞ in the ledger, over "
-                f"any cap, and every later DP run on {pop!r} is then refused; pass --non-private to run it anyway"
-            )
-        self.ledger = Ledger(self._path(), create=False)  # a missing ledger fails closed
-        if resumed_run is None and self.private:
-            from dplora.ledger.plans import check_plans
-
-            check_plans(self.ledger, self.privacy, [self.plan])
-        elif resumed_run is not None:
-            self._check_resumable(resumed_run)
-        return self.ledger
-
-    def _check_resumable(self, resumed_run: str) -> None:
-        """A resumed run needs its own charge, still pending, in this ledger. Raises: BadInputError."""
-        try:
-            status = self.ledger.charge(resumed_run).status
-        except BadInputError:
-            raise BadInputError(
-                f"--resume: run {resumed_run} has no charge in ledger {self.ledger.path}: pass the ledger it was "
-                "charged in"
-            ) from None
-        if status != "pending":
-            raise BadInputError(
-                f"--resume: run {resumed_run} is already {status} in ledger {self.ledger.path}: start anew"
-            )
-
-    def reserve(self, run_id: str, *, resumed: bool, checkpoint_dir: Path) -> None:
-        """Reserve the run's charge (a resumed run keeps its original one), then tell the ledger where the run's
-        resume checkpoint lives.
-
-        Raises:
-            PlanRefusedError: another run took the room first (the cap is checked again inside the transaction).
-            LedgerError: the ledger cannot be created or opened (exit 2).
-        """
-        self.run_id = run_id
-        if not resumed:
-            self._reserve(run_id)
-        if self.ledger is not None:
-            self.ledger.set_checkpoint_path(run_id, str(checkpoint_dir.resolve()))
-
-    def _reserve(self, run_id: str) -> None:
-        from dplora.ledger.store import Ledger
-
-        if self.ledger is None and not self.population and self.private:
-            self.ledger = Ledger(self._path(), create=True)
-        if self.ledger is None:
-            return
-        purpose = "tuning" if self.options.tuning_trial else "release"
-        plan = self.plan
-        if not self.private:
-            self.ledger.reserve_non_private(
-                population=self.population, run_id=run_id, adjacency=plan.adjacency.value, purpose=purpose
-            )
-            return
-        self.ledger.reserve(
-            population=self.population,  # None: an unassigned run, found by its output folder
-            output_dir=None if self.population else str(Path(self.output_dir).resolve()),
-            run_id=run_id,
-            epsilon=plan.epsilon,
-            delta=plan.delta,
-            accountant=plan.accountant.value,
-            adjacency=plan.adjacency.value,
-            protected_unit=self.privacy.protected_unit.value,
-            unit_key=self.privacy.unit_key,
-            events=[ledger_event(plan)],
-            purpose=purpose,
-        )
-
-    def settle_discarded(self, info: ckpt.CheckpointInfo, *, ran: int | None, log) -> None:
-        """``--overwrite`` discards a resumable run's folder: close that run's pending charge at the ε of its
-        checkpoint's steps, or at its reserved ε (the plan's T, at least what was spent) when it ran ``ran`` >
-        checkpoint steps (the steps past the checkpoint drew noise from private batches and stay charged)."""
-        ledger = self.ledger
-        if ledger is None:
-            return
-        try:
-            charge = ledger.charge(info.run_id)
-        except BadInputError:
-            return
-        if charge.status != "pending":
-            return
-        if ran is not None and ran > info.step:
-            eps = charge.reserved_epsilon or charge.epsilon
-            ledger.settle(info.run_id, epsilon_spent=str(eps), status="failed")
-            log(
-                f"note: run {info.run_id} discarded after {ran} steps (checkpoint at {info.step}): its ledger charge "
-                f"is settled at its reserved ε={float(eps):.4f}"
-            )
-            return
-        ledger.settle(info.run_id, epsilon_spent=str(info.meta["epsilon_upper"]), status="failed")
-        log(
-            f"note: run {info.run_id} discarded at step {info.step}: its ledger charge is settled at "
-            f"ε={info.meta['epsilon_upper']:.4f}"
-        )
-
-    def fail(self, spent: float, *, resumable: bool) -> None:
-        """Settle the charge at ε spent for the steps taken (a resumable run's charge stays pending instead)."""
-        if self.ledger is not None and not resumable:
-            self.ledger.settle(self.run_id, epsilon_spent=spent, status="failed")
-
-    def settle(self, spent: float, *, record_sha256: str | None) -> None:
-        """Settle at ε spent; record the signed release (a DP run's, unless a sweep trial signs it later)."""
-        if self.ledger is None:
-            return
-        self.ledger.settle(self.run_id, epsilon_spent=spent, status="settled")
-        if self.private and self.options.ledger_release and record_sha256 is not None:
-            self.ledger.record_release(
-                run_id=self.run_id, record_sha256=record_sha256, epsilon=spent, delta=self.plan.delta, label="final"
-            )
-
-
 class DPLoRARecipe:
     """The training run on rank 0, holding the output lock: :meth:`setup` → :meth:`train` → :meth:`release`.
 
@@ -448,7 +269,16 @@ class DPLoRARecipe:
 
     def __init__(self, contract: Contract, config: RunConfig, admitted: Admitted, io: RunIO):
         self.contract, self.config, self.admitted, self.io = contract, config, admitted, io
-        self.charge = RunCharge(contract, config, io.options)
+        self.charge = RunCharge(
+            contract.privacy,
+            config,
+            output_dir=contract.training.output_dir,
+            ledger_path=io.options.ledger_path,
+            overwrite=io.options.overwrite,
+            non_private=io.options.non_private,
+            tuning_trial=io.options.tuning_trial,
+            ledger_release=io.options.ledger_release,
+        )
         self.spec: RunSpec | None = None
         self.state: RunState | None = None
         self.resumed: ckpt.CheckpointInfo | None = None

@@ -173,7 +173,7 @@ def optimizer_entry(name: str, plan: TrainingPlan) -> dict:
     """The torch optimizer that consumed the noised gradient, with its public parameters.
 
     The optimizer is post-processing of the noised, normalised gradient (no privacy effect), but a reviewer
-    reproducing the run needs it: AdamW, Adam and SGD at torch's defaults (as :func:`dplora.engine.schedule.
+    reproducing the run needs it: AdamW, Adam and SGD at torch's defaults (as :func:`dplora.mechanism.adambc.
     make_optimizer` builds them), and DP-AdamBC with the noise variance Φ = (σC/E)² it removes from Adam's second
     moment (Tang, Shpilevskiy & Lécuyer, AAAI 2024, Algorithm 1), from the plan's public σ, C and E.
 

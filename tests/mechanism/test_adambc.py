@@ -134,7 +134,7 @@ def test_the_contract_key_builds_dp_adambc_with_the_mechanisms_phi(tmp_path):
     from conftest import contract_dict
 
     from dplora.contract.loader import parse_contract
-    from dplora.engine.schedule import make_optimizer
+    from dplora.mechanism.adambc import make_optimizer
 
     raw = contract_dict(tmp_path / "m", tmp_path / "d.csv", tmp_path / "o", training={"optimizer": "dp_adambc"})
     training = parse_contract(raw).training

@@ -289,10 +289,9 @@ def _plan():
 
 
 def test_a8_control_runs_are_charged_infinity_on_a_population_and_nothing_without(tmp_path, monkeypatch):
+    from dplora.ledger.charge import RunCharge
     from dplora.ledger.store import Ledger
     from dplora.plan.resolve import is_control
-    from dplora.recipe.config import RunOptions
-    from dplora.recipe.train import RunCharge
 
     path = _csv(tmp_path / "d.csv", "user_id,message,reply", ["u1,q1,a1"])
     dp = _contract(tmp_path, path)
@@ -304,7 +303,10 @@ def test_a8_control_runs_are_charged_infinity_on_a_population_and_nothing_withou
         config = SimpleNamespace(
             plan=_plan(), private=contract.privacy.enabled, population=contract.privacy.population or None
         )
-        return RunCharge(contract, config, RunOptions(ledger_path=tmp_path / "ledger.sqlite3", **options))
+        output_dir = contract.training.output_dir
+        return RunCharge(
+            contract.privacy, config, output_dir=output_dir, ledger_path=tmp_path / "ledger.sqlite3", **options
+        )
 
     # a control without population: no ledger, no charge
     c = charge(ctrl)
