@@ -63,8 +63,8 @@ class TrainingFailedError(DploraError):
 
 
 class NoisyUpdateError(TrainingFailedError):
-    """A trainable tensor became non-finite after a noisy update: the one stop rule, read from DP outputs only
-    (issue 41.4). The steps the run took are charged, even those after its last checkpoint (exit code 4)."""
+    """A trainable tensor became non-finite after a noisy update: the one stop rule, read from DP outputs only.
+    The steps the run took are charged, even those after its last checkpoint (exit code 4)."""
 
 
 class UncoveredParameterError(TrainingFailedError):

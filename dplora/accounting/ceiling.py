@@ -122,7 +122,7 @@ def tradeoff_tpr(deltas: np.ndarray, eps: np.ndarray, fpr: float) -> float:
 def round_up(tpr: float, decimals: int = 6) -> float:
     """``tpr`` rounded UP at ``decimals`` decimals (capped at 1.0): a stored ceiling is never below its value.
 
-    Red team round 2 (issue 46): ``round`` to nearest stored 0.0300003 as 0.03, below the exact Gaussian curve."""
+    ``round`` to nearest would store 0.0300003 as 0.03, below the exact Gaussian curve."""
     scale = 10**decimals
     return min(1.0, math.ceil(tpr * scale) / scale)
 
@@ -388,7 +388,7 @@ def same_ceiling(recorded: dict, recomputed: dict, tolerance: float = 1e-4, belo
 
     A recorded TPR may sit up to ``tolerance`` above the recomputed one (another accountant build) but at most
     ``below`` under it (one step of the 6-decimal round-up, and an older record's round-to-nearest): a ceiling
-    edited down is refused (red team round 2 lowered each TPR by 9e-5 and the card's 3.1 % became 3.0 %)."""
+    edited down is refused (lowering each TPR by 9e-5 would turn the card's 3.1 % into 3.0 %)."""
     if bool(recorded.get("available")) != bool(recomputed.get("available")):
         return f"recorded available={recorded.get('available')!r}, recomputed {recomputed.get('available')!r}"
     if not recomputed.get("available"):

@@ -50,7 +50,7 @@ def composed_ceiling(events: list[dict], adjacency: str, fprs: tuple[float, ...]
         return {"available": False, "reason": "no events to compose"}
     if has_noiseless_charge(events):
         # dp_accounting composes a noise-0 event by flagging the accountant and leaving its PLD as it was, so
-        # reading the PLD would drop the charge (red team round 2): without noise a test can reach TPR 1
+        # reading the PLD would drop the charge: without noise a test can reach TPR 1
         return {
             "available": True,
             "true_positive_rate_at": {fpr_label(a): 1.0 for a in fprs},
@@ -62,7 +62,7 @@ def composed_ceiling(events: list[dict], adjacency: str, fprs: tuple[float, ...]
         return {"available": False, "reason": why}
     try:
         return _composed_ceiling(events, adjacency, fprs)
-    except (ArithmeticError, ValueError, MemoryError) as err:  # e.g. σ 1e-300 overflows the cost model (round 3)
+    except (ArithmeticError, ValueError, MemoryError) as err:  # e.g. σ 1e-300 overflows the cost model
         return {"available": False, "reason": f"failed numerically: {type(err).__name__}"}
 
 

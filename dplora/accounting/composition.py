@@ -142,7 +142,7 @@ def pld_composed(history: list[tuple[float, float, int]], delta: float, adjacenc
 
 MECHANISMS = ("dp_sgd", "gaussian", "laplace")
 # a DP count (gaussian/laplace event) below this noise has no range check of its own and its PLD grows without bound
-# (red team round 3 of issue 46: 8 s at σ 0.2, 19 s at 0.1, minutes at 0.01): its ε and ceiling are not stated
+# (measured: 8 s at σ 0.2, 19 s at 0.1, minutes at 0.01): its ε and ceiling are not stated
 MIN_COUNT_NOISE = 0.5
 
 
@@ -232,7 +232,7 @@ def compose_events(events: list[dict], delta: float, adjacency: str) -> dict:
 
     laplace_replace = adjacency != "add_remove" and any(e["mechanism"] == "laplace" for e in events)
     reason = "dp_accounting's PLD has no Laplace event under replace-one" if laplace_replace else None
-    # a charge without noise has no finite ε; dp_accounting's range check raises on σ = 0 (red team, issue 46)
+    # a charge without noise has no finite ε; dp_accounting's range check raises on σ = 0
     noiseless = has_noiseless_charge(events)
     reason = "a charge without noise (noise_multiplier 0): no finite ε" if noiseless else reason
     reason = reason or count_noise_reason(events)

@@ -19,15 +19,15 @@ Costs: PRV in work units of about one PRV grid point each (~1 µs and ~80 bytes)
 PRV is not called. PLD in seconds of dp_accounting's own time, from a cost model fitted to measurements on the
 2-core reference machine (2026-12-03, dp-accounting 0.6.0, one ``PLDAccountant`` ε per case, the machine shared
 with one other job): 33 cases, every PLD case of the project's accountant tests and of ``../shared/cases``
-(A1-A10, F6-F8: 0.05-3.4 s), the two issue-41 cases (q 0.2, σ 0.5, T 3: 3.5 s add/remove, 4.8 s replace-one;
+(A1-A10, F6-F8: 0.05-3.4 s), two cases an earlier limit refused (q 0.2, σ 0.5, T 3: 3.5 s add/remove, 4.8 s replace-one;
 q 0.01, σ 0.35, T 120: 4.8 s, 6.1 s) and larger ones (q 0.05, σ 0.4, T 3000: 7.2 s; q 0.1, σ 0.3, T 1000:
 12.9 s). Least squares on the relative error gave 6.6 µs per point of each one-step pmf (add/remove; one
 privacy-loss evaluation each), 10.1 µs per point of the replace-one pmf, and 0.19 µs per point of the
 composed-range estimate per pmf; measured/predicted lay in 0.73-1.38 on all 33. Past ``PLD_MAX_SECONDS`` = 15
 predicted seconds (at most ~21 s measured at that spread; every case measured under 10 s predicts under 13.7 s)
 PLD is not called: the plan uses RDP (add/remove) or refuses (replace-one). The rule is deterministic: σ never
-depends on how fast the machine is. (Until issue 41.5 the PLD limit was 2^22 work units with guessed weights, about
-3-5 s here: it refused the issue's cases.)
+depends on how fast the machine is. (The earlier limit, 2^22 work units with guessed weights, about
+3-5 s here, refused those two cases.)
 
 Events with a closed form take the exact route and have no grid cost: q = 1 (the Gaussian mechanism, sensitivity C
 under add/remove and 2C under replace-one: the analytic Gaussian mechanism of Balle & Wang 2018) and a single step

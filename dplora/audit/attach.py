@@ -187,7 +187,7 @@ def audit_section(report: dict, report_sha256: str, data_files: list[str]) -> di
         "audit_run_id": report["run_id"],
         "report": {"file": "audit.json", "sha256": report_sha256},
         "dplora_version": dplora.__version__,
-        # the date only: the attach's time minus the release's start would time the private runs (issue 40)
+        # the date only: the attach's time minus the release's start would time the private runs
         "attached_on": dt.datetime.now(dt.timezone.utc).date().isoformat(),
     }
 

@@ -6,7 +6,7 @@ Two ceilings bound what a canary audit may conclude:
   one-run audit (Steinke, Nasr & Jagielski 2023, Thm 3; :mod:`dplora.audit.bound`) can ever report is its value at
   v = r (every guess correct); at δ = 0 that is logit(0.05^(1/r)) (3.4930 for r = 100, 5.8091 for r = 1000).
   An audit whose ceiling is at or below the claimed ε cannot detect a violation whatever training did, and one with
-  fewer than :data:`MIN_INFORMATIVE_CANARIES` canaries is reported **uninformative** rather than passed (issue 49).
+  fewer than :data:`MIN_INFORMATIVE_CANARIES` canaries is reported **uninformative** rather than passed.
 - **The release's attack ceiling** (:mod:`dplora.accounting.ceiling`): no membership test reaches a TPR above
   TPR(α) at false-positive rate α. The audit's scores give a measured test: threshold at the (j+1)-th highest
   held-out canary score, j = ⌊α·n_out⌋ (so at most j false positives among the n_out held-out canaries), and
@@ -25,7 +25,7 @@ import math
 
 from dplora.audit.bound import epsilon_lower_bound
 
-MIN_INFORMATIVE_CANARIES = 1000  # issue 49: fewer canaries report "uninformative", never a pass
+MIN_INFORMATIVE_CANARIES = 1000  # fewer canaries report "uninformative", never a pass
 AUDIT_FPRS = (0.001, 0.01, 0.1)
 
 
@@ -147,7 +147,7 @@ def _best_of_nan_readings(scores, inserted, fpr: float, confidence: float) -> di
     """:func:`measured_tpr` with NaN scores read as the attacker's best guess, never as a free pass.
 
     A NaN score (a diverged adapter: inf − inf) has no order, and sorting through it makes the threshold NaN, so
-    nothing scores above it: TPR 0 and no violation, whatever the other canaries show (issue 46 red team). Both
+    nothing scores above it: TPR 0 and no violation, whatever the other canaries show. Both
     fixed readings of NaN are valid tests (a fixed function of each score, blind to membership): NaN as +∞ (most
     likely inserted) and NaN as −∞. The attacker takes the one with the higher TPR lower limit; each is computed at
     half the error, (1 − confidence)/2, so the one chosen still holds at ``confidence`` (union bound over the two).
@@ -170,7 +170,7 @@ def informativeness(*, m: int, r: int, delta: float, claimed_epsilon: float, con
 
     Returns:
         ``{"epsilon_lower_bound_ceiling", "epsilon_lower_bound_ceiling_delta0", "informative", "reasons"}``:
-        uninformative when m < :data:`MIN_INFORMATIVE_CANARIES` (issue 49) or when the ceiling is at or below the
+        uninformative when m < :data:`MIN_INFORMATIVE_CANARIES` or when the ceiling is at or below the
         claimed ε (no outcome could exceed it).
     """
     ceiling = bound_ceiling(m=m, r=r, delta=delta, confidence=confidence)

@@ -223,7 +223,7 @@ def _power_check(power_contract, source, drawn, options: AuditOptions, audit_dir
 
 def _stamp_reports(audit_dir: Path, result) -> None:
     """The audit's report files carry its run's ``started_at`` (taken before the data was read), not the time they
-    were written: that would time the private audit run (issue 40)."""
+    were written: that would time the private audit run."""
     from dplora.release.read import read_statement
 
     statement = read_statement(Path(result.release_path)) if result.release_path else None

@@ -11,7 +11,7 @@ def _fmt(x) -> str:
 
 
 def _verdict_words(report: dict) -> str:
-    """The verdict in words (reports written before issue 46 have only ``violation``)."""
+    """The verdict in words (older reports have only ``violation``)."""
     if report["violation"]:
         what = []
         if report.get("bound_violation", True):
@@ -25,7 +25,7 @@ def _verdict_words(report: dict) -> str:
 
 
 def _up(x: float, decimals: int) -> str:
-    """A ceiling printed rounded UP (never below its value; red team round 2 of issue 46)."""
+    """A ceiling printed rounded UP (never below its value: rounding to nearest could print one below it)."""
     return f"{math.ceil(x * 10**decimals) / 10**decimals:.{decimals}f}"
 
 

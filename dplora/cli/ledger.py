@@ -190,8 +190,8 @@ def public_times(entry: dict, keys: tuple[str, ...]) -> dict:
     """``entry`` with each time in ``keys`` cut to its UTC date (``YYYY-MM-DD``) and ``settled_at`` dropped.
 
     A charge is reserved before its run reads the data and settled, and its release written, after training: the
-    times between them are the private run's wall time, a statistic of the private data that no accountant charges
-    (issue 40). The date alone is what a public view may show (docs/release.md, "The public surface").
+    times between them are the private run's wall time, a statistic of the private data that no accountant charges.
+    The date alone is what a public view may show (docs/release.md, "The public surface").
     """
     out = {k: v for k, v in entry.items() if k != "settled_at"}
     for k in keys:

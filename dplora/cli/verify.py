@@ -89,14 +89,14 @@ def _verified(release_path, public_key, data, data_key, base_model, synthetic, m
         key = load_data_key(data_key) if data else None
         public = load_public_key(public_key)
         result = verify_release(release_path, public_key, data_files=data or None, data_key=key, base_model=base_model)
-        synth = check_synthetic(synthetic, manifest, release_path, result, public) if synthetic else None  # issue 18
+        synth = check_synthetic(synthetic, manifest, release_path, result, public) if synthetic else None
     except DploraError as err:
         raise fail(err, as_json=as_json) from None
     return result, public, synth
 
 
 def _exported(folder, release_path, result, public, base_model, *, as_json: bool):
-    """The ``--export`` check (issue 32): verify's parts for the export folder, or a one-line failure."""
+    """The ``--export`` check: verify's parts for the export folder, or a one-line failure."""
     try:
         return check_export(folder, release_path, result, public, base_model)
     except DploraError as err:

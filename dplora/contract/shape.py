@@ -6,7 +6,7 @@ objects, the keys of its first object (``init``: the keys, types and object keys
 parquet file's schema. Nothing computed from the records (no value, no
 count, no length) is read, so the shape is a function of the file's schema: jsonl columns hold one JSON type in
 the whole file (:func:`dplora.data.readers._check_jsonl` refuses a column whose type changes), so a neighbouring
-file (one unit's records removed) has the same shape (issue 49: "read the schema and column names only").
+file (one unit's records removed) has the same shape.
 
 Shapes detected, in this order (the first that fits):
 

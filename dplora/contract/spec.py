@@ -226,7 +226,7 @@ class PublicWarmStart(_Section):
 DEFAULT_MESSAGES_COLUMN = "messages"
 # Tokens per record by default: keeps ≥ 95 % of whole support conversations through SmolLM2's template (the
 # nearest-rank p95 of the shared Bitext pairs is 263 tokens, of the demo conversations 190; rounded up to a multiple
-# of 64: it keeps 99 % of Bitext and all demo conversations). Measured by scripts/token_lengths.py (issue 31).
+# of 64: it keeps 99 % of Bitext and all demo conversations). Measured by scripts/token_lengths.py.
 DEFAULT_MAX_SEQ_LEN = 320
 
 

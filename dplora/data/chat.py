@@ -231,7 +231,7 @@ class ChatEncoder:
 
         A RECORD on which the template is not prefix-stable (e.g. SmolLM2's tokenizer merging the prompt's last
         newline with a reply that starts with spaces) is never refused: refusing would make whether a release
-        exists depend on one unit's text (issue 40). That record is kept up to the turn where the rendering stops
+        exists depend on one unit's text. That record is kept up to the turn where the rendering stops
         being a prefix, like a cut (its later turns are not trained on), and counted in ``stats.unstable``
         (private).
 

@@ -1,5 +1,5 @@
 """File digests: SHA-256 of a file (the data fingerprint, artifact subjects) and the data owner's keyed HMAC-SHA256,
-salted for release records (:func:`salted_hmac_sha256_file`, issue 41: an unsalted keyed digest links releases).
+salted for release records (:func:`salted_hmac_sha256_file`: an unsalted keyed digest links releases).
 
 Used by the run's checkpoints (the data file's digest) and by the release (artifact subjects, keyed data digests),
 so it sits in the data stage, below both. Standard library only.
@@ -39,7 +39,7 @@ def hmac_sha256_file(path: Path, key: bytes, salt: bytes = b"") -> str:
     Args:
         path: The file to digest.
         key: The data owner's secret key.
-        salt: Bytes MACed before the file's (empty: the plain keyed digest of records before issue 41).
+        salt: Bytes MACed before the file's (empty: the plain keyed digest of older records).
     Returns:
         The lowercase hex MAC.
     Raises:

@@ -76,7 +76,7 @@ def _as_named(path: Path, folder: str) -> str:
     ``datasets`` resolves ``data_files`` as an fsspec pattern, never as a plain name: ``[t]ickets.csv`` reads
     ``tickets.csv`` instead of itself, ``tick*.csv`` or ``ticket?.csv`` read ``tickets.csv`` beside it, a relative
     ``file:tickets.csv`` reads ``tickets.csv``, and ``a.csv::/x/b.csv`` reads ``a.csv``; the checks, digests and the
-    warm start's refusal of the private file all describe ``path`` itself (issue 43 red team)."""
+    warm start's refusal of the private file all describe ``path`` itself."""
     suffix = path.suffix.lower() if path.suffix.lower() in _PLAIN_SUFFIXES else ""
     link = Path(folder) / "named" / f"data{suffix}"
     link.parent.mkdir()

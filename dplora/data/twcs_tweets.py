@@ -30,7 +30,7 @@ class BrandRule:
 
     A customer's records must be a function of that customer's own tweets and of public inputs only: brand-ness
     decided from the file (an author with only outbound tweets) made customer A's ``@BrandY`` depend on whether
-    customer B, the only one BrandY answered, was in the file (issue 41). Two public rules:
+    customer B, the only one BrandY answered, was in the file. Two public rules:
 
     - the default (``handles`` None), TWCS's own numbering: the corpus replaced every customer's handle with a
       number and kept the brands' handles, so an id whose first character is a decimal digit is a customer's and
@@ -200,7 +200,7 @@ def read_tweets(rows: list[dict[str, str]], brands: BrandRule) -> dict[str, Twee
 
 # Every format character (Unicode category Cf: soft hyphen, zero-width and bidi controls incl. U+2066-U+2069 and
 # U+061C, tags U+E0000-U+E007F, U+FEFF, ...) plus the default-ignorable marks that are not Cf: the combining
-# grapheme joiner U+034F, Hangul fillers, variation selectors U+FE00-U+FE0F and U+E0100-U+E01EF (issue 41 red team).
+# grapheme joiner U+034F, Hangul fillers, variation selectors U+FE00-U+FE0F and U+E0100-U+E01EF.
 _IGNORABLE = "\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u3164\ufe00-\ufe0f\uffa0\U000e0100-\U000e01ef"
 _FORMAT = "".join(chr(c) for c in range(0x110000) if unicodedata.category(chr(c)) == "Cf")
 INVISIBLE = re.compile("[" + re.escape(_FORMAT) + _IGNORABLE + "]")

@@ -119,8 +119,8 @@ def cell_text(value, column: str = "?") -> str:
     """One used cell as text that depends only on the cell's own value, never on the other rows' JSON types.
 
     jsonl and parquet columns take one type for the whole file: one decimal anywhere turns a column of integers into
-    floats (``2`` reads as ``2.0``), so ``str()`` of a cell would depend on other units' records (issue 22,
-    red-team). An integral float is written as the integer (``2.0`` → ``"2"``), any other float by ``repr``.
+    floats (``2`` reads as ``2.0``), so ``str()`` of a cell would depend on other units' records. An integral float
+    is written as the integer (``2.0`` → ``"2"``), any other float by ``repr``.
 
     Raises:
         BadInputError: a non-finite number, or an integral float beyond 2⁵³ (its digits are already lost).
@@ -411,7 +411,7 @@ def split_eval(table, data: DataSection, *, unit_key: str | None, seed: int, lig
     eval_rows = [i for i, h in enumerate(held) if h]
     train_rows = [i for i, h in enumerate(held) if not h]
     if not train_rows:
-        # no count in the message: the records are private (issue 40)
+        # no count in the message: the records are private
         raise BadInputError(f"data.eval_fraction={fraction:g} leaves the training side empty; choose another fraction")
     # An empty held-out side is NOT refused: whether one unit hashes to it would decide the exit code. The empty
     # table reaches the held-out check, which skips a private evaluation (dplora.recipe.build).

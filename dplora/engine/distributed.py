@@ -415,7 +415,7 @@ def model_digests(base_model: dict, examples, named_trainable) -> dict:
 
     A rank with other weights, another tokenizer, another LoRA initialisation or other library versions computes
     other per-unit gradients for the units it owns (u mod W), so removing one unit would change how every later
-    unit is computed (issue 22, red-team finding): the adapters still agree at the end, only the inputs tell.
+    unit is computed: the adapters still agree at the end, only the inputs tell.
 
     Args:
         base_model: the record's ``base_model`` entry on this rank (:func:`dplora.engine.basefiles.base_model_entry`).
@@ -470,7 +470,7 @@ def check_same_inputs(world: World, digests: dict) -> None:
 
     Each rank loads and indexes its own copy of ``data.path`` and owns the units u mod W of its own order: a rank
     that read other rows, or the same rows in another order, would share units with another rank and leave others
-    unsampled (sensitivity 2C; issue 22). One ``all_gather_object`` before step 1; with one process, nothing.
+    unsampled (sensitivity 2C). One ``all_gather_object`` before step 1; with one process, nothing.
 
     Raises:
         BadInputError: on every rank, the same line naming the first differing rank and fields (exit 2: the data or

@@ -20,7 +20,7 @@ base layer de-quantizes weights only, so x and g are per-example as for a plain 
 the input is saved in its own dtype and cast to the LoRA dtype (fp32) inside the Function, as peft does;
 per-example gradients are always fp32.
 
-Gradient checkpointing (issue 27): with torch's NON-reentrant checkpoint (``torch.utils.checkpoint``,
+Gradient checkpointing: with torch's NON-reentrant checkpoint (``torch.utils.checkpoint``,
 ``use_reentrant=False``, as transformers' ``activation_checkpointing_enable`` installs it) the recomputed forward
 only refills the saved tensors of the ORIGINAL graph; the original graph's backward is the one that runs, so each
 LoRA call's backward (and its write into G) runs exactly once. The recomputation restores the RNG state

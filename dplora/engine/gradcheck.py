@@ -2,10 +2,10 @@
 
 A per-example path can be wrong in ways that leave every shape plausible: a layer that sees (tokens, batch,
 features) tensors (XLNet's feed-forward layers) gets Opacus "per-sample" gradients per *position*, and when the
-padded length equals the batch size the row count is even right (issue 22). Only a comparison with the gradient
+padded length equals the batch size the row count is even right. Only a comparison with the gradient
 of each record's own loss catches it. :func:`check_per_example_gradients` runs that comparison on synthetic token
 batches (no private data): one whose padded length L differs from its batch size B and one where L = B, each
-record with a repeated token (cross-token terms, cases F1; kept as they are, issue 48.1), and one with no token twice
+record with a repeated token (cross-token terms, cases F1; kept as they are), and one with no token twice
 in the batch, where query/key LoRA gradients are not zero (on a record of one repeated token attention averages
 equal values, so every query/key gradient there is mathematically zero and both sides are rounding):
 
@@ -14,11 +14,10 @@ equal values, so every query/key gradient there is mathematically zero and both 
 2. each record alone, padded to the same width L (right padding: the real tokens see the same context), through
    plain autograd (the fast path's forwards suspended, Opacus hooks disabled) gives the reference row;
 3. every trainable tensor's block of each row must match: ‖g − r‖₂ ≤ rtol·max(‖r‖₂ + 0.01·‖r_record‖₂, s), with
-   s = FLOOR_REL = 1e-2 of the largest reference row norm over the check's batches (issues 41.5, 48.1: a floor
-   relative to the check's own scale, never a fixed absolute one). Issue 48.1 proposed 1e-6 of the batch's
-   largest row: on a q_proj-only LoRA the repeated-token batch's rows are all rounding, so a per-batch scale is
-   rounding too, and the rounding measured (below) is up to 3.9e-6 of the check's largest row, far above
-   rtol·1e-6.
+   s = FLOOR_REL = 1e-2 of the largest reference row norm over the check's batches (a floor relative to the
+   check's own scale, never a fixed absolute one). A floor of 1e-6 of the batch's largest row is too small: on a
+   q_proj-only LoRA the repeated-token batch's rows are all rounding, so a per-batch scale is rounding too, and the
+   rounding measured (below) is up to 3.9e-6 of the check's largest row, far above rtol·1e-6.
 
 Randomness is held fixed between the batched and the one-record passes: every torch dropout module (LoRA dropout
 and the base model's) is replaced, for the check only, by :class:`_HeldDropout`, which draws one mask per call of
@@ -463,7 +462,7 @@ def probe_per_sample_gradients(
 
     Raises:
         TrainingFailedError: naming the first tensor that got none (cases T2), or the first layer and tensor whose
-            per-example gradient differs from the one-record backward (issue 22).
+            per-example gradient differs from the one-record backward.
     """
     device = next((p.device for _, p in named_trainable), torch.device("cpu"))
     batch = batching.collate([([1, 2, 3, 4], [1, 2, 3, 4]), ([5, 6, 7], [5, 6, 7])], pad_id=0, device=device)

@@ -272,7 +272,7 @@ def check_pad_embedding(model, tokenizer) -> None:
 
     Records share a physical batch right-padded to its longest record. Attention gives the pad positions weight
     0, but 0 · NaN is NaN: a NaN pad embedding would turn a shorter record's loss and gradient NaN whenever a longer
-    neighbour shares its batch, so one unit's length would decide whether another unit counts (issue 41 red team).
+    neighbour shares its batch, so one unit's length would decide whether another unit counts.
 
     Raises:
         BadInputError: the pad token's embedding row holds a non-finite value.
@@ -294,7 +294,7 @@ def check_pad_embedding(model, tokenizer) -> None:
         start, local = local_rows(weight)
         row = local[pad - start] if start <= pad < start + local.shape[0] else None
         # ...and every rank learns its answer (one all_gather_object), so that all refuse alike (exit 2, nothing
-        # written): a refusal on that rank alone left the others in the next collective (issue 45 red team)
+        # written): a refusal on that rank alone left the others hanging in the next collective
         bad: list = [None] * dist.get_world_size()
         dist.all_gather_object(bad, row is not None and not bool(torch.isfinite(row).all()))
         finite = not any(bad)

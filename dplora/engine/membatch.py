@@ -1,4 +1,4 @@
-"""The physical batch: records per forward/backward. Memory only, never a privacy setting (issue 27.2).
+"""The physical batch: records per forward/backward. Memory only, never a privacy setting.
 
 ``training.physical_batch_size: auto`` is resolved before step 1 by :func:`probe_physical_batch`, on SYNTHETIC
 batches of ``max_seq_len`` tokens (never private records), so the value recorded under ``execution`` depends only on

@@ -39,7 +39,7 @@ def opacus_flat(
         out: a (B, P) fp32 buffer to fill, or None (allocated).
         expected_rows: B, the physical batch's records (the engine passes it): every ``grad_sample`` must have
             exactly B rows. Opacus takes its rows from dimension 0 of each layer's input, so a layer that sees
-            (tokens, batch, features) gives one row per position (issue 22); None: rows from the first tensor.
+            (tokens, batch, features) gives one row per position; None: rows from the first tensor.
 
     Raises:
         TrainingFailedError: a parameter has no per-sample gradient (names its shape), or a parameter's rows are

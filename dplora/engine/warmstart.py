@@ -4,7 +4,8 @@ handed to the DP phase as its starting point.
 Public pretraining then private fine-tuning is the standard way to buy utility back under DP: Li, Tramèr, Liang and
 Hashimoto (ICLR 2022), "Large language models can be strong differentially private learners", and Yu et al. (ICLR
 2022), "Differentially private fine-tuning of language models", start DP fine-tuning from weights trained on public
-data only; here the public phase also fits the adapter itself (the issue 43 study measures by how much).
+data only; here the public phase also fits the adapter itself (the utility study in docs/utility.md measures
+by how much).
 
 What it does, in order (:func:`warm_start`):
 

@@ -260,7 +260,7 @@ def check_held_out(table, tokenizer, data: DataSection, training: EvalBuild, gro
 def _schema_is_public(data: DataSection) -> bool:
     """A missing column is a schema fact only where the columns do not depend on the records: a csv header or a
     parquet schema. In jsonl a column exists when ANY record has the key, so its absence is a statistic of the
-    records: there a missing label or group column reads as empty cells, never a refusal (issue 40)."""
+    records: there a missing label or group column reads as empty cells, never a refusal."""
     path = data.eval_path or data.path
     return data.format in ("csv", "parquet") or str(path).lower().endswith((".csv", ".parquet"))
 

@@ -114,7 +114,7 @@ def merged_model(base: Path, adapter: Path):
 
 def _public_mtimes(folder: Path, started_at: str | None) -> None:
     """Stamp the export's files with the release's ``started_at`` (taken before the data was read): a real mtime
-    is the export's end, which after a CI job's training step times the private run (issue 40)."""
+    is the export's end, which after a CI job's training step times the private run."""
     if started_at:
         fix_mtimes(folder, started_at)
 

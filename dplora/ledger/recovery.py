@@ -114,7 +114,7 @@ def settle(ledger: Ledger, run_id: str, *, abandon: bool, checkpoint: Path | Non
         raise BadInputError(f"run {run_id} is still running (it holds the lock next to {info.path.parent})")
     if info is not None:
         ran = steps_run(info.path.parent, info)
-        # steps after the checkpoint drew noise too (issue 49): then the reserved ε (the plan's T) is charged
+        # steps after the checkpoint drew noise too: then the reserved ε (the plan's T) is charged
         eps = epsilon_of(info) if ran <= info.step else (charge.reserved_epsilon or charge.epsilon)
         if not abandon:
             raise BadInputError(

@@ -17,7 +17,7 @@ Units compose only with like units (schema 2): a cap is pinned to one protected 
 adjacency, and a charge with another unit or adjacency is refused, naming both (by group privacy a row-level ε is
 worth up to k·ε per user of k rows, so the sum would understate it). Populations of a schema-1 ledger are
 migrated as "unit unknown": their old charges count by basic composition, and new charges wait until
-``set-cap`` pins the unit. A cap is also pinned to the **unit key** (schema 4, issue 41): the column that names
+``set-cap`` pins the unit. A cap is also pinned to the **unit key** (schema 4): the column that names
 the unit (``privacy.unit_key``, e.g. ``customer_id``; none at row level). A population pinned to ``user`` keyed
 by ``customer_id`` refuses a run keyed by ``ticket_id`` (really ticket level: by group privacy worth k·ε for a
 customer with k tickets), naming both keys. Populations of a schema-3 ledger are migrated as "unit key unknown"

@@ -1,5 +1,5 @@
-"""The DP mechanism, in one package (issue 44): the only code that samples, clips, draws noise or reduces across
-ranks.
+"""The DP mechanism, in one package so it can be audited in one place: the only code that samples, clips, draws
+noise or reduces across ranks.
 
 - :mod:`~dplora.mechanism.sampling`: Poisson sampling over protected units, and its sharded form;
 - :mod:`~dplora.mechanism.clipping`: per-unit accumulation of per-example rows, clip or normalize to C;

@@ -12,7 +12,7 @@ rescaling, i.e. DP-SGD. DP-AdamBC subtracts Φ from the bias-corrected second mo
 γ > 0 keeps the denominator away from zero where the corrected moment is ≤ 0 (pure-noise coordinates).
 
 It reads only the noised gradient and public numbers (σ, C, E are in the plan), so it is post-processing of the
-DP output: no privacy effect. Φ uses the **planned** normaliser E, never a realised batch size (issue 49).
+DP output: no privacy effect. Φ uses the **planned** normaliser E, never a realised batch size (a private count).
 
 Source: Q. Tang, F. Shpilevskiy and M. Lécuyer, "DP-AdamBC: Your DP-Adam Is Actually DP-SGD (Unless You Apply
 Bias Correction)", AAAI 2024 (arXiv 2312.14334), Algorithm 1.

@@ -90,7 +90,7 @@ class UnitClipAccumulator:
         A record whose gradient row holds a non-finite value (an overflow), or whose loss was non-finite
         (``finite_rows`` False), contributes ZERO: its row is replaced by zeros after it is formed (a NaN times a
         zero weight would still be NaN) and its unit is still counted, clipped and summed as usual, so the step's
-        sensitivity stays C and the noise and the accountant step are untouched (issue 41.4). How many rows were
+        sensitivity stays C and the noise and the accountant step are untouched. How many rows were
         zeroed is a count of the private data: :attr:`zeroed` (a device tensor, read once per logical step by the
         loop) goes to the private diagnostics only.
 

@@ -1,4 +1,4 @@
-"""The DP mechanism of one run as one frozen object, made by one function (issue 44).
+"""The DP mechanism of one run as one frozen object, made by one function.
 
 :func:`make_mechanism` takes the plan (public: q, σ, C, T, the normaliser, clipping), a frozen set of
 :class:`PerformanceFlags` (how the per-example rows are computed, never what the mechanism is) and the process group,

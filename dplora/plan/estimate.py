@@ -1,4 +1,4 @@
-"""A time estimate before step 1, public by construction (issue 42.7).
+"""A time estimate before step 1, public by construction.
 
 The estimate is printed on the public job log (``dplora train``) and by ``dplora budget --estimate``, so it must not
 depend on the private data at all. Its inputs are, by construction, only:

@@ -13,7 +13,7 @@ averaged gradient and the number of steps (Sander et al. 2023, "TAN without a bu
 - σ = the calibrated σ for (q = B/N, T) under the contract's accountant (checked ε(σ, T) ≤ target);
 - eligible when T ≥ :data:`MIN_STEPS` (too few steps cannot use the signal) and σ is reachable; a step cap below
   :data:`MIN_STEPS` is the user's explicit compute budget and lowers the floor to the cap (:func:`step_floor`), so
-  the planner then chooses B at T = the cap (issue 42: the shipped configs' ``steps: 20``/``24`` with
+  the planner then chooses B at T = the cap (otherwise the shipped configs' ``steps: 20``/``24`` with
   ``expected_batch_size: auto`` were refused).
 
 The choice is the eligible candidate with the smallest σ/B; ties (relative 1e-9) go to the larger T, then the
@@ -21,7 +21,7 @@ smaller B. The learning rate scales with √(B/B_ref) from the contract's ``trai
 B_ref = 32 (square-root scaling for Adam-type optimisers, Malladi et al. 2022, "On the SDEs and scaling rules for
 adaptive gradient algorithms"). The default schedule is constant with no warmup: the rule lands near the step floor
 (T of 50 to a few hundred), where a decaying schedule halves the summed learning rate; the first CPU comparison
-(issue 29, cosine with 5 % warmup) lost to the demo's constant hand settings, and docs/planner.md gives the
+(cosine with 5 % warmup) lost to the demo's constant hand settings, and docs/planner.md gives the
 comparison that chose it.
 """
 

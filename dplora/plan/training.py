@@ -292,7 +292,7 @@ def make_plan(contract: Contract, *, num_units: int, num_units_source: str) -> T
     if small:
         warnings.append(small)
     held = contract.data.eval_fraction
-    if held is not None and held >= 0.5:  # from the contract alone: public (issue 42.10)
+    if held is not None and held >= 0.5:  # from the contract alone: public
         warnings.append(
             f"data.eval_fraction={held:g} holds out about {held:.1%} of the protected units for evaluation: "
             f"training sees about {1 - held:.1%} of them (is a small fraction such as 0.1 meant?)"

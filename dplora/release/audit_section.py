@@ -146,7 +146,7 @@ def tuning_attack_ceiling(trials: list[dict], adjacency: str, *, covered: bool) 
 
 
 def composed_attack_ceiling(runs: list[dict], adjacency: str) -> dict:
-    """The attack ceiling of a release and its attached private-data audit together (issue 46 red team).
+    """The attack ceiling of a release and its attached private-data audit together.
 
     Both runs touched the same units and both sets of outputs are in the signed record, so a membership test may use
     both: the ceiling is that of the two mechanisms composed

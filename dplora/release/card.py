@@ -142,7 +142,7 @@ CEILING_UNIT_WORDS = {
 
 
 def _ceiling(record: dict) -> str:
-    """The attack ceiling in plain words ('' for a record written before issue 46).
+    """The attack ceiling in plain words ('' for an older record without one).
 
     With an attached audit on the private data (``audit.composed``) the sentence states the runs' ceiling
     together (:func:`dplora.release.audit_section.composed_attack_ceiling`), and for a ``dplora sweep`` release

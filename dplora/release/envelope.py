@@ -98,7 +98,7 @@ def load_data_key(path: Path | None) -> bytes | None:
     return key
 
 
-SALTED_HMAC = "hmac-sha256(salt||data)"  # the record's data.digest.algorithm since issue 41
+SALTED_HMAC = "hmac-sha256(salt||data)"  # the record's data.digest.algorithm (older records: unsalted)
 
 
 def data_digest_entry(data_files: list[Path], key: bytes | None) -> dict:
@@ -220,7 +220,7 @@ def write_release(*, output_dir: Path, record: dict, artifact_files: list[Path],
         The path of the written envelope.
     Every file and folder under ``output_dir`` then gets the record's ``started_at`` as its mtime (taken before
     the data was read): a re-signed record (``audit --attach``, a sweep's release) must not carry the time it was
-    signed, which times the private run (issue 40).
+    signed, which times the private run.
 
     Raises:
         BadInputError: If no artifact is given, one is missing or outside ``output_dir``, or bad JSON.

@@ -134,7 +134,7 @@ def build_record(
             "num_units_note": num_units_note(plan.num_units_source),
             "composition": "single run; see `dplora ledger` for releases on the same population",
         },
-        "attack_ceiling": ceiling_entry(plan.event),  # from the public q, σ, T, adjacency only (issue 46)
+        "attack_ceiling": ceiling_entry(plan.event),  # from the public q, σ, T, adjacency only
         "population": contract.privacy.population,
         **run_provenance(
             contract, base_model=base_model, data_digest=data_digest, execution=execution, lora_targets=lora_targets

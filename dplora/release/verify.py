@@ -94,7 +94,7 @@ def _check_subject(folder: Path, subject) -> None:
 
 
 def _salt(digest: dict) -> bytes:
-    """The recorded salt (64 hex digits) of a salted digest; b"" for an unsalted one (records before issue 41).
+    """The recorded salt (64 hex digits) of a salted digest; b"" for an unsalted one (older records).
 
     Raises:
         VerificationError: a salted digest without a well-formed salt, or a salt in an unsalted one.

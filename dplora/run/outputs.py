@@ -198,8 +198,8 @@ def stamp_folders(folders: list[Path], when: str) -> None:
     """Set the mtime of each existing folder in ``folders`` (not their contents) to ``when`` (ISO 8601).
 
     The folders a run created above its output (:func:`missing_parents`) change when the release, the private and
-    tracking folders and the lock come and go, so their real mtime is the run's end (issue 40); ``when`` is the
-    record's ``started_at``. A folder that existed before the run is the user's and is left alone.
+    tracking folders and the lock come and go, so their real mtime is the run's end, which times the private run;
+    ``when`` is the record's ``started_at``. A folder that existed before the run is the user's and is left alone.
     """
     import datetime as dt
 

@@ -32,7 +32,7 @@ RESUMABLE_CHANGES = (
     "training.threads",
     "training.physical_batch_size",
     "training.checkpoint_every",
-    "training.sharding",  # where the base weights live (issue 45): a run out of memory under none goes on under fsdp
+    "training.sharding",  # where the base weights live: a run out of memory under none goes on under fsdp
 )
 
 
@@ -106,7 +106,7 @@ def steps_run(staging: Path, info: CheckpointInfo | None) -> int:
     """Logical steps whose outputs the run in ``staging`` made public in any way: its checkpoint's step, or, when
     it stopped by the DP stop rule (FAILED.json ``stopped_on_dp_output``: a non-finite parameter after a noisy
     update), the steps it took. That stop is a function of the noisy updates of every step taken, past the last
-    checkpoint too, so those steps are charged (issue 49: a run that stops at step k is charged k steps).
+    checkpoint too, so those steps are charged (a run that stops at step k is charged k steps).
 
     A run killed or interrupted between checkpoints is different: its later steps' outputs were lost unseen (the
     kill does not read them; the log shows only the plan's numbers), so redoing them from the checkpoint with fresh

@@ -117,7 +117,7 @@ class Tracker:
         self._public = self._private = self._remote = None
         # Public events carry a synthetic wall time (the record's start, taken before the data was read, + step
         # seconds), never a real one: the gaps between real stamps are each step's duration, which follows the
-        # private realised batch (red team, issue 32), and the first real stamp would time the data read.
+        # private realised batch, and the first real stamp would time the data read.
         self._wall0 = _epoch(started) if started else float(int(time.time()))
         self._held: list[tuple[dict, int]] = []  # remote backends: public numbers sent at close, see _write
         self._out, self._run_id = out, run_id

@@ -62,7 +62,7 @@ def report_path(out: Path, run_folder: Path) -> Path:
 
 def _public_mtimes(paths, started_at: str | None) -> None:
     """Stamp ``paths`` with the release's ``started_at`` (taken before the data was read): a real mtime is the end
-    of the synth step, which follows training and reads the training data for the verbatim check (issue 40)."""
+    of the synth step, which follows training and reads the training data for the verbatim check."""
     if not started_at:
         return
     from datetime import datetime

@@ -142,7 +142,7 @@ def budget_report(
     if contract.privacy.enabled:
         from dplora.accounting.ceiling import ceiling_entry
 
-        report["attack_ceiling"] = ceiling_entry(plan.event)  # public q, σ, T, adjacency only (issue 46)
+        report["attack_ceiling"] = ceiling_entry(plan.event)  # public q, σ, T, adjacency only
     if rec is not None:
         report["recommendation"] = rec.to_dict()
         if contract.privacy.enabled:

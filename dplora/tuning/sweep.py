@@ -260,7 +260,7 @@ def run_sweep(config: Path, args: list[str], options: SweepOptions, *, log=print
         log: the public log (stderr; a CI job publishes it).
         private_log: where each trial's loss on a PRIVATE selection set goes (an interactive operator's terminal),
             or None to keep it in ``<out_dir>.private/sweep.json`` only: such a loss is a statistic of the private
-            data that no accountant charges (issue 40). Losses on a public set go to ``log``.
+            data that no accountant charges. Losses on a public set go to ``log``.
 
     Returns:
         :class:`SweepResult`.
