@@ -278,11 +278,9 @@ def _eval_time(result) -> str:
 
 
 def _train_summary(result) -> dict:
-    """``train --json``: :func:`dplora.release.report.train_summary` of the run's public facts (the one writer of
+    """``train --json``: the run's summary from :func:`dplora.release.report.train_summary` (the one writer of
     the record, the card and this summary)."""
-    from dplora.release.report import train_summary
-
-    return train_summary(result.facts, result.output_dir, threads=result.threads)
+    return result.summary
 
 
 def _interrupted_message(err: KeyboardInterrupt, output_dir: str | None, *, since: float) -> str:

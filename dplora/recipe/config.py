@@ -15,9 +15,8 @@ from dplora.contract.choices import UnitClipping
 from dplora.contract.spec import Contract
 from dplora.engine import distributed
 from dplora.ledger.store import default_ledger_path
-from dplora.mechanism.core import PerformanceFlags
+from dplora.mechanism.flags import PerformanceFlags
 from dplora.plan.training import TrainingPlan
-from dplora.release import report
 from dplora.release.envelope import data_key_path
 from dplora.release.keys import signing_key_path
 from dplora.run.config import LoraSettings, ModelSettings, RunConfig
@@ -67,7 +66,7 @@ class RunResult:
 
     ``seconds`` is the whole run after setup; ``seconds_per_step`` the loop of steps alone over the steps taken;
     ``eval_seconds`` the held-out evaluation alone (0.0 without one). Printed to the operator, never released.
-    ``facts`` are the public facts the record was written from (None on ranks other than 0).
+    ``summary`` is ``train --json`` (:func:`dplora.release.report.train_summary`; None on ranks other than 0).
     """
 
     output_dir: Path
@@ -83,7 +82,7 @@ class RunResult:
     evaluation: Evaluation | None = None
     eval_seconds: float = 0.0
     run_id: str = ""
-    facts: report.PublicFacts | None = None
+    summary: dict | None = None
 
 
 def compile_run(

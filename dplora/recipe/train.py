@@ -660,7 +660,7 @@ class DPLoRARecipe:
             differentially_private=spec.mechanism.private,
             evaluation=evaluation,
             run_id=spec.run_id,
-            facts=self.facts,
+            summary=report.train_summary(self.facts, out, threads=spec.threads),
         )
 
 

@@ -22,7 +22,7 @@ from dplora.contract.choices import (
     Sharding,
 )
 from dplora.engine import distributed
-from dplora.mechanism.core import PerformanceFlags
+from dplora.mechanism.flags import PerformanceFlags
 from dplora.plan.training import TrainingPlan
 
 
