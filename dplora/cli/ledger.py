@@ -121,7 +121,8 @@ def settle(
     checkpoint: CheckpointOpt = None,
     db: DbOpt = None,
 ) -> None:
-    """Close the pending charge of a killed run that will not be resumed, at the ε of its checkpoint's steps."""
+    """Close the pending charge of a killed run that will not be resumed, at its reserved ε (never the step it
+    reached)."""
     from dplora.ledger.recovery import settle as settle_run
 
     with _user_errors(), Ledger(db or default_ledger_path(), create=False) as ledger:
@@ -145,7 +146,8 @@ def record_release(
     checkpoint: CheckpointOpt = None,
     db: DbOpt = None,
 ) -> None:
-    """Sign an intermediate release of a charged run from its latest resume checkpoint (not a new charge)."""
+    """Sign an intermediate release of a run stopped by the DP stop rule from its latest resume checkpoint (not a new
+    charge); a run stopped by a signal or a failure is refused."""
     from dplora.ledger import recovery
     from dplora.release import envelope as release
     from dplora.release import keys as release_keys

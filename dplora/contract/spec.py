@@ -433,7 +433,7 @@ class TrainingSection(_Section):
     seed: Annotated[int, Field(ge=0, lt=2**63, strict=True)] = 0
     output_dir: PathText = "runs/dplora"
     threads: Annotated[int, Field(gt=0, le=MAX_THREADS, strict=True)] | None = None
-    checkpoint_every: PositiveInt | None = None  # logical steps between resume checkpoints (None: ~10 min of work)
+    checkpoint_every: PositiveInt | None = None  # logical steps between resume checkpoints (None: ⌈T/10⌉)
     report_to: ReportTo = ReportTo.NONE  # public numbers only (step, ε spent, ε bound, σ, q, T)
     report_private: Annotated[bool, Field(strict=True)] = False  # also loss, batch sizes, times: not covered by DP
     # none: a whole base per rank; fsdp: the base sharded 1/W per rank (torch FSDP2), LoRA whole on every rank

@@ -44,6 +44,7 @@ class RunCharge:
         self.ledger_path, self.overwrite, self.non_private = ledger_path, overwrite, non_private
         self.tuning_trial, self.ledger_release = tuning_trial, ledger_release
         self.ledger: Ledger | None = None
+        self._discard_ledger: Ledger | None = None  # a control's: only to settle a discarded run's charge
         self.run_id: str | None = None
 
     def _path(self) -> Path:
@@ -59,7 +60,10 @@ class RunCharge:
         """
         self.run_id = resumed_run
         if not self.population:
-            if not self.private:
+            if not self.private:  # not charged; but --overwrite may discard an earlier DP run's folder here
+                path = self._path()
+                if self.overwrite and resumed_run is None and path.is_file():
+                    self._discard_ledger = Ledger(path, create=False)
                 return None
             if resumed_run is None:  # --overwrite may discard an unassigned run's checkpoint: settle its charge then
                 path = self._path()
@@ -136,10 +140,14 @@ class RunCharge:
         )
 
     def settle_discarded(self, info: CheckpointInfo, *, ran: int | None, log) -> None:
-        """``--overwrite`` discards a resumable run's folder: close that run's pending charge at the ε of its
-        checkpoint's steps, or at its reserved ε (the plan's T, at least what was spent) when it ran ``ran`` >
-        checkpoint steps (the steps past the checkpoint drew noise from private batches and stay charged)."""
-        ledger = self.ledger
+        """``--overwrite`` discards a resumable run's folder: close that run's pending charge at its reserved ε (the
+        plan's T steps). Where a signal or a failure stopped it is a function of wall-clock time and the realised
+        batches, so the charge never depends on it; only a stop by the DP stop rule (its steps are DP outputs,
+        ``ran`` past the checkpoint) keeps the charge of the steps it took, which :func:`dplora.ledger.recovery.
+        abandoned_epsilon` gives."""
+        from dplora.ledger.recovery import abandoned_epsilon
+
+        ledger = self.ledger or self._discard_ledger
         if ledger is None:
             return
         try:
@@ -148,19 +156,9 @@ class RunCharge:
             return
         if charge.status != "pending":
             return
-        if ran is not None and ran > info.step:
-            eps = charge.reserved_epsilon or charge.epsilon
-            ledger.settle(info.run_id, epsilon_spent=str(eps), status="failed")
-            log(
-                f"note: run {info.run_id} discarded after {ran} steps (checkpoint at {info.step}): its ledger charge "
-                f"is settled at its reserved ε={float(eps):.4f}"
-            )
-            return
-        ledger.settle(info.run_id, epsilon_spent=str(info.meta["epsilon_upper"]), status="failed")
-        log(
-            f"note: run {info.run_id} discarded at step {info.step}: its ledger charge is settled at "
-            f"ε={info.meta['epsilon_upper']:.4f}"
-        )
+        eps, how = abandoned_epsilon(charge, info, ran)
+        ledger.settle(info.run_id, epsilon_spent=str(eps), status="failed")
+        log(f"note: run {info.run_id} discarded: its ledger charge is settled at {how} ε={float(eps):.4f}")
 
     def fail(self, spent: float, *, resumable: bool) -> None:
         """Settle the charge at ε spent for the steps taken (a resumable run's charge stays pending instead)."""

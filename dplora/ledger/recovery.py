@@ -1,11 +1,13 @@
 """What the ledger does with a run's resume checkpoint: settle a killed run, sign an intermediate release.
 
 ``dplora ledger settle RUN_ID`` closes a run that will not be resumed. A run with a resumable checkpoint is
-refused unless ``--abandon`` is given; the charge is then the ε of the steps in the checkpoint's accountant
-history (the accountant's ε after those steps, never less), or the planned (reserved) ε when no checkpoint
-can be read. ``dplora ledger record-release RUN`` signs the adapters of a charged run's latest checkpoint as
-an intermediate release at the ε of its steps: post-processing of an already charged run, not a new charge
-(Dwork & Roth 2014, Prop. 2.1). Neither command loads a model into memory; ``settle`` never imports torch.
+refused unless ``--abandon`` is given; the charge is then its reserved ε (the plan's T steps), never the ε of the
+step it reached: a signal, a kill or a failure stopped it at a step that wall-clock time and its private batches
+decided, and a charge that followed that step would publish it. Only a stop by the DP stop rule (a DP output) is
+charged the steps it took. ``dplora ledger record-release RUN`` signs the adapters of such a DP-stopped run's latest
+checkpoint as an intermediate release at the ε of its steps: post-processing of an already charged run, not a new
+charge (Dwork & Roth 2014, Prop. 2.1); adapters at a step chosen by a signal are never released. Neither command
+loads a model into memory; ``settle`` never imports torch.
 """
 
 from __future__ import annotations
@@ -100,8 +102,36 @@ def _still_running(staging: Path) -> bool:
     return False
 
 
+def stopped_on_dp_output(staging: Path) -> bool:
+    """The run in ``staging`` was stopped by the DP stop rule (its public FAILED.json says so): a non-finite
+    parameter after a noisy update, a DP output. Any other stop (a signal, a kill, a failure that read no DP output)
+    happened at a step that wall-clock time and the realised batches decided."""
+    try:
+        failed = json.loads((Path(staging) / "FAILED.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(failed, dict) and failed.get("stopped_on_dp_output") is True
+
+
+def abandoned_epsilon(charge: Charge, info: CheckpointInfo, ran: int | None) -> tuple[Decimal, str]:
+    """(ε, how it was found, in words) for closing the pending charge of a resumable run that will not be resumed.
+
+    The reserved ε (the plan's T steps), whatever step the run reached: that step is a function of when it was
+    stopped and of its realised batches, and a charge that followed it would publish it (``ledger show``). A run
+    stopped by the DP stop rule read DP outputs of every step it took: the ε of those steps (``ran``), as today.
+    """
+    reserved = Decimal(str(charge.reserved_epsilon or charge.epsilon))
+    if stopped_on_dp_output(info.path.parent) and ran is not None:
+        plan = plan_from_checkpoint(info)
+        return Decimal(str(plan.epsilon_at(max(ran, info.accounted_steps)))), "the DP stop rule's steps,"
+    return reserved, "its reserved"
+
+
 def settle(ledger: Ledger, run_id: str, *, abandon: bool, checkpoint: Path | None = None) -> tuple[Charge, str]:
     """Close a pending charge of a run that will not be resumed: (the settled charge, how ε was found).
+
+    A run with a resumable checkpoint is closed only with ``abandon``, at its reserved ε (:func:`abandoned_epsilon`;
+    never at the step it reached).
 
     Raises:
         BadInputError: no such charge, not pending, or a resumable checkpoint without ``abandon``.
@@ -113,24 +143,17 @@ def settle(ledger: Ledger, run_id: str, *, abandon: bool, checkpoint: Path | Non
     if info is not None and _still_running(info.path.parent):
         raise BadInputError(f"run {run_id} is still running (it holds the lock next to {info.path.parent})")
     if info is not None:
-        ran = steps_run(info.path.parent, info)
-        # steps after the checkpoint drew noise too: then the reserved ε (the plan's T) is charged
-        eps = epsilon_of(info) if ran <= info.step else (charge.reserved_epsilon or charge.epsilon)
+        eps, how = abandoned_epsilon(charge, info, steps_run(info.path.parent, info))
         if not abandon:
             raise BadInputError(
-                f"run {run_id} has a resumable checkpoint at step {info.step}/{info.steps_planned} in "
-                f"{info.path.parent}: finish it with `dplora train CONFIG --resume`, or pass --abandon to close "
-                f"it at ε={eps:.4f}"
+                f"run {run_id} has a resumable checkpoint in {info.path.parent}: finish it with "
+                f"`dplora train CONFIG --resume`, or pass --abandon to close it at ε={float(eps):.4f}"
             )
-        how = (
-            f"ε of the {info.accounted_steps} steps in the checkpoint's accountant history"
-            if ran <= info.step
-            else f"the reserved ε: the run took {ran} steps, past its checkpoint's {info.step}"
-        )
+        how = f"{how} ε"
     else:
-        eps = charge.reserved_epsilon or charge.epsilon
+        eps = Decimal(str(charge.reserved_epsilon or charge.epsilon))
         how = f"the planned ε (no checkpoint could be read: {why})"
-    settled = ledger.settle(run_id, epsilon_spent=Decimal(str(eps)), status="failed")
+    settled = ledger.settle(run_id, epsilon_spent=eps, status="failed")
     return settled, how
 
 
@@ -166,10 +189,18 @@ def record_release(
     if info is None:
         raise BadInputError(f"run {run_id}: no checkpoint to release ({why})")
     ledger.charge(run_id)  # must be charged already
-    if info.step == 0:
-        raise BadInputError(f"run {run_id}: its checkpoint holds no step yet; nothing to release")
     if not parse_contract(yaml.safe_load(info.meta["contract_yaml"])).privacy.enabled:
         raise BadInputError(f"run {run_id} is a non-private control (privacy.enabled=false): it has no DP release")
+    if not stopped_on_dp_output(info.path.parent):
+        # adapters at the step a signal, a kill or a failure stopped the run (a function of wall-clock time and the
+        # realised batches) are not a DP output at any ε: only the DP stop rule's stop may be released early
+        raise BadInputError(
+            f"run {run_id} was stopped by a signal or a failure, at a step that time and its private batches "
+            f"decided: no intermediate release at any ε; resume it to its planned T (`dplora train CONFIG --resume`) "
+            f"or abandon it (`dplora ledger settle {run_id} --abandon`)"
+        )
+    if info.step == 0:
+        raise BadInputError(f"run {run_id}: its checkpoint holds no step yet; nothing to release")
     plan = plan_from_checkpoint(info)
     eps = plan.epsilon_at(info.accounted_steps)
     staging = info.path.parent

@@ -381,9 +381,9 @@ class DPLoRARecipe:
             if getattr(err, "exit_code", None) == 2 and resumed is None:  # bad input: nothing written
                 shutil.rmtree(staging, ignore_errors=True)
             elif resumed is None:  # before step 0 work and before the ledger charge: the next run replaces it
-                entry = resume_mod.failure_entry(None, 0, self.config.plan.steps, 0.0, err)
+                entry = resume_mod.setup_failure_entry(err, self.config.plan.steps)
                 try:  # whole or not at all; a full disk must not hide the original error
-                    write_json(staging / "FAILED.json", entry | {"stage": resume_mod.SETUP_STAGE})
+                    write_json(staging / "FAILED.json", entry)
                 except (OSError, DiskFullError):
                     pass
             raise
@@ -393,13 +393,12 @@ class DPLoRARecipe:
         """The public lines before step 1: the resume note, the plan's warnings, the unit note, the device and
         mechanism line, the control's warning, the distributed line and the time estimate. Public: a function of
         the contract, the plan and the probe on synthetic batches only."""
-        spec, state, io, config = self.spec, self.state, self.io, self.config
+        spec, io, config = self.spec, self.io, self.config
         log, plan, world = io.log, config.plan, config.world
         if self.resumed is not None:
-            log(
-                f"resuming run {spec.run_id} from its checkpoint at step {state.step}/{plan.steps}; "
-                "noise and sampling reseeded from OS entropy"
-            )
+            # the step it resumes from is where a signal or a failure stopped it: wall-clock time and the realised
+            # batches decided it, so it stays in the private checkpoint
+            log(f"resuming run {spec.run_id} from its checkpoint; noise and sampling reseeded from OS entropy")
             note = distributed.resume_note(self.resumed.meta.get("execution", {}), world)
             if note:
                 log(note)
@@ -448,7 +447,7 @@ class DPLoRARecipe:
             pad_id=spec.pad_id,
             physical=spec.physical_batch_size,
             world_size=spec.world.world_size,
-            done_steps=state.step,
+            done_steps=0,  # the whole plan, also when resuming: the steps already done are not public
         )
         if inputs is None:
             log("estimate: none (the synthetic probe batch did not fit in accelerator memory)")
@@ -592,27 +591,19 @@ class DPLoRARecipe:
         report.sign(self.facts, staging, private_key=self.admitted.private_key)
 
     def _record_failure(self, err: BaseException) -> None:
-        """FAILED.json with the steps done and ε charged (never a release); settle the ledger charge as failed.
-
-        With a resume checkpoint the charge stays pending at its reservation (≥ what was spent) until the run is
-        resumed or ``dplora ledger settle`` closes it.
+        """FAILED.json (public: stage, planned T, reserved ε, the reason without the step reached) and its private
+        twin (steps done, ε after them, the time); never a release. The ledger charge stays pending while a resume
+        checkpoint keeps the run resumable; a run that failed before its first checkpoint took no step (ε 0).
         """
         spec, state, last = self.spec, self.state, self.checkpointer.last
-        plan, accounted = spec.plan, state.accountant.steps
-        # Steps done are the logical steps that completed (state.step is set only after a step returns); a failure
-        # inside a step's optimizer update (after its noise was drawn and the accountant stepped) leaves that step
-        # undone, so FAILED.json agrees with the failure line ("failed at step k"). The charge stays an upper
-        # bound: the accountant's count, which includes that step's noisy sum.
-        done = min(state.step, accounted)
-        spent = plan.epsilon_spent(accounted)  # 0.0 at 0 steps; finite (the plan's checked curve)
-        entry = resume_mod.failure_entry(spec.run_id, done, plan.steps, spent, err)
-        entry |= resume_mod.failure_fields(spec, state, err, last)
-        try:
-            write_json(spec.staging / "FAILED.json", entry)  # whole or not at all (dplora.atomic)
+        public, private = resume_mod.failure_entries(spec, state, err, last)
+        try:  # whole or not at all (dplora.atomic); the private twin first, where the public one points
+            write_json(outputs.private_staging(spec.staging) / outputs.FAILED_FILENAME, private)
+            write_json(spec.staging / outputs.FAILED_FILENAME, public)
         except (OSError, DiskFullError):  # a full disk must not hide the original error
             pass
         (spec.staging / release.RELEASE_FILENAME).unlink(missing_ok=True)
-        self.charge.fail(spent, resumable=last is not None)
+        self.charge.fail(spec.plan.epsilon_spent(state.accountant.steps), resumable=last is not None)
 
     # --- release -----------------------------------------------------------------------------------------------
 

@@ -25,7 +25,6 @@ import json
 import os
 import signal
 import tempfile
-import time
 from pathlib import Path
 
 from dplora import atomic
@@ -35,7 +34,6 @@ from dplora.signals import GracefulStop
 
 CHECKPOINT_FILENAME = "resume.safetensors"  # dplora.run.outputs accepts it in a .partial folder
 FORMAT = "dplora-resume-checkpoint/1"
-DEFAULT_INTERVAL_S = 600.0  # without training.checkpoint_every: about every 10 minutes of work
 # Tests only: "<point>:<step>" makes the process SIGKILL itself there (points: after-step, checkpoint-write).
 FAULT_ENV = "DPLORA_TEST_FAULT"
 NOT_STORED = (
@@ -248,9 +246,11 @@ def remove_stale(staging: Path) -> None:
 
 
 def discard(staging: Path) -> None:
-    """Before publishing a finished run: the checkpoint and an earlier attempt's FAILED.json never leave."""
+    """Before publishing a finished run: the checkpoint and an earlier attempt's FAILED.json (public and private)
+    never leave."""
     checkpoint_file(staging).unlink(missing_ok=True)
     (Path(staging) / "FAILED.json").unlink(missing_ok=True)
+    (Path(staging) / "private" / "FAILED.json").unlink(missing_ok=True)
     remove_stale(staging)
 
 
@@ -293,21 +293,27 @@ def restore(spec, state, info: CheckpointInfo) -> None:
     state.empty_steps = int(info.meta["empty_steps"])
 
 
+def default_checkpoint_every(steps: int) -> int:
+    """Logical steps between resume checkpoints without ``training.checkpoint_every``: ⌈T/10⌉ (≥ 1), a function of
+    the plan's T only, like the public progress lines' cadence."""
+    return max(1, -(-int(steps) // 10))
+
+
 class Checkpointer(GracefulStop):
     """Writes resume checkpoints during :func:`dplora.run.loop.run_steps` and turns SIGTERM/SIGINT into a clean stop.
 
     A checkpoint is written before step 1 (or not, when resuming from one), every ``training.checkpoint_every``
-    logical steps (default: when ``DEFAULT_INTERVAL_S`` seconds passed since the last one), after the last
-    step, and at the first step boundary after SIGTERM or SIGINT; then ``KeyboardInterrupt(signal name)`` is
-    raised. A second signal stops at once (no checkpoint of a half-applied step is ever written).
+    logical steps (default :func:`default_checkpoint_every`: ⌈T/10⌉, fixed by the plan, never by elapsed time,
+    which follows the realised private batches), after the last step, and at the first step boundary after SIGTERM
+    or SIGINT; then ``KeyboardInterrupt(signal name)`` is raised. A second signal stops at once (no checkpoint of a
+    half-applied step is ever written).
     """
 
     def __init__(self, spec, state, *, started_at: str, data_digest: str, log, last: CheckpointInfo | None = None):
         self.spec, self.state, self.log = spec, state, log
         self.started_at, self.data_digest = started_at, data_digest
-        self.every = spec.config.flags.checkpoint_every
+        self.every = spec.config.flags.checkpoint_every or default_checkpoint_every(spec.plan.steps)
         self.last = last
-        self._t_last = time.monotonic()
         super().__init__()
 
     def on_first(self, name: str) -> None:
@@ -328,16 +334,11 @@ class Checkpointer(GracefulStop):
         if self.last is not None and self.last.step == self.state.step:
             return
         self.last = write(self.spec, self.state, started_at=self.started_at, data_digest=self.data_digest)
-        self._t_last = time.monotonic()
 
     def after_step(self, spec, state) -> None:
         """Called by ``run_steps`` after each logical step: checkpoint when due; stop cleanly after a signal."""
         fault_point("after-step", state.step)
-        due = state.step == spec.plan.steps or self.signal_name is not None
-        if self.every is not None:
-            due = due or state.step % self.every == 0
-        else:
-            due = due or time.monotonic() - self._t_last >= DEFAULT_INTERVAL_S
+        due = state.step == spec.plan.steps or self.signal_name is not None or state.step % self.every == 0
         if due:
             self.write()
         if self.signal_name is not None:

@@ -99,7 +99,7 @@ def check_resumable(info: CheckpointInfo, contract_yaml: str, data_path: str, pl
     if any((float(s), float(q)) != (plan.noise_multiplier, plan.sample_rate) for s, q, _ in history):
         raise BadInputError(f"--resume: checkpoint {info.path} accounts steps at another (σ, q) than the plan")
     if info.step > plan.steps:
-        raise BadInputError(f"--resume: checkpoint {info.path} holds {info.step} steps, above the planned T")
+        raise BadInputError(f"--resume: checkpoint {info.path} holds more steps than the planned T")
 
 
 def steps_run(staging: Path, info: CheckpointInfo | None) -> int:
@@ -182,8 +182,7 @@ def prepare_staging(out: Path, *, resuming: bool, overwrite: bool, on_discard, l
             failed = False
         if (info is not None or unreadable or failed) and not overwrite:
             what = (
-                f"a resume checkpoint of run {info.run_id} at step {info.step}/{info.steps_planned}: finish it with "
-                "--resume, or pass --overwrite to discard it"
+                f"a resume checkpoint of run {info.run_id}: finish it with --resume, or pass --overwrite to discard it"
                 if info is not None
                 else "an earlier run's FAILED.json and checkpoint files: read them, then pass --overwrite to replace "
                 "them"
@@ -195,6 +194,7 @@ def prepare_staging(out: Path, *, resuming: bool, overwrite: bool, on_discard, l
 
 
 SETUP_STAGE = "setup"  # FAILED.json's "stage" of a run that failed before step 0 work and its ledger charge
+TRAINING_STAGE = "training"  # FAILED.json's "stage" of a run that failed after its charge was reserved
 
 
 def _setup_failure_only(staging: Path) -> bool:
@@ -210,36 +210,41 @@ def _setup_failure_only(staging: Path) -> bool:
     return not any(p.name.startswith(CHECKPOINT_FILENAME.split(".")[0]) for p in staging.rglob("*"))
 
 
-def _what_happened(err: BaseException, step: int) -> tuple[str, str]:
-    """(what happened, extra resume advice) in one line, never with training text."""
+def _what_happened(err: BaseException) -> tuple[str, str]:
+    """(what happened, extra resume advice) in one line, never with training text and never with the step reached.
+
+    The step a run reached when it was stopped by a signal or failed without reading a DP output is a function of
+    wall-clock time and of the realised (private) batches: it is left out of every public line. Only the DP stop
+    rule (:class:`dplora.errors.NoisyUpdateError`, a DP output) names its step.
+    """
     import torch
 
     cuda_oom = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
     if isinstance(err, cuda_oom | MemoryError):
         kind = "accelerator" if isinstance(err, cuda_oom) else "host"
-        return f"out of {kind} memory at step {step + 1}", " with a smaller training.physical_batch_size"
+        return f"out of {kind} memory during training", " with a smaller training.physical_batch_size"
     if isinstance(err, DiskFullError):  # names the file and the bytes needed vs free
-        return f"{err} at step {step}", " once there is free space"
+        return str(err), " once there is free space"
     if isinstance(err, OSError):
         where = f" ({err.filename})" if err.filename else ""
         if err.errno == errno.ENOSPC:
-            return f"disk full{where} at step {step}", " once there is free space"
-        return f"{err.strerror or err.__class__.__name__}{where} at step {step}", ""
-    if isinstance(err, TrainingFailedError):
+            return f"disk full{where}", " once there is free space"
+        return f"{err.strerror or err.__class__.__name__}{where}", ""
+    if isinstance(err, TrainingFailedError | NoisyUpdateError):
         return str(err), ""
-    return f"training failed at step {step}: {err.__class__.__name__}", ""
+    return f"training failed: {err.__class__.__name__}", ""
 
 
 def failure_line(err: BaseException, spec, state, last: CheckpointInfo | None) -> str:
     """The one-line exit-4 message: what happened, where the last checkpoint is, and how to resume."""
-    what, advice = _what_happened(err, state.step)
+    what, advice = _what_happened(err)
     return f"{what}; no release was written; {resume_hint(spec, last, advice)}"
 
 
 def follower_failure_line(err: BaseException, state, rank: int) -> str:
     """The one-line exit-4 message of a rank other than 0 whose own part of a step failed: what happened (never
     training text); rank 0, which the step's reduction told, writes FAILED.json and keeps the resume checkpoint."""
-    return f"{_what_happened(err, state.step)[0]} on rank {rank}; no release was written; rank 0 writes FAILED.json"
+    return f"{_what_happened(err)[0]} on rank {rank}; no release was written; rank 0 writes FAILED.json"
 
 
 def resume_hint(spec, last: CheckpointInfo | None, advice: str = "") -> str:
@@ -247,44 +252,75 @@ def resume_hint(spec, last: CheckpointInfo | None, advice: str = "") -> str:
     if last is None:
         return f"no resume checkpoint was written: see {spec.staging / 'FAILED.json'}"
     charge = f"; its ledger charge stays pending until then (or `dplora ledger settle {spec.run_id}`)"
-    return (
-        f"the resume checkpoint holds step {last.step}/{spec.plan.steps} in {spec.staging}: rerun the same command "
-        f"with --resume{advice}" + (charge if spec.config.charged else "")
+    return f"a resume checkpoint is in {spec.staging}: rerun the same command with --resume{advice}" + (
+        charge if spec.config.charged else ""
     )
 
 
-def failure_fields(spec, state, err: BaseException, last: CheckpointInfo | None) -> dict:
-    """Extra FAILED.json fields: what happened in one line, the resume checkpoint's step and ε, how to resume."""
+def failure_entries(spec, state, err: BaseException, last: CheckpointInfo | None) -> tuple[dict, dict]:
+    """FAILED.json of a run that failed in training: (the public entry, the private one).
+
+    The public entry (``<output_dir>.partial/FAILED.json``, which a CI job may show) names the stage, the planned T,
+    the reserved ε and a one-line reason without the step reached. The steps done, ε after them, the resume
+    checkpoint's step and the failure time are a function of wall-clock time and the realised batches: they go to
+    the private entry (``<output_dir>.partial/private/FAILED.json``). A stop by the DP stop rule
+    (:class:`dplora.errors.NoisyUpdateError`) read DP outputs of the steps it took, which stay charged: its public
+    entry keeps ``steps_done`` and ε after them.
+    """
+    plan, accounted = spec.plan, state.accountant.steps
+    dp_stop = isinstance(err, NoisyUpdateError)
+    # Steps done are the logical steps that completed (state.step is set only after a step returns); a failure inside
+    # a step's optimizer update (after its noise was drawn and the accountant stepped) leaves that step undone. The
+    # charge stays an upper bound: the accountant's count, which includes that step's noisy sum.
+    done, spent = min(state.step, accounted), plan.epsilon_spent(accounted)
     if isinstance(err, KeyboardInterrupt):
-        what = f"interrupted ({err.args[0] if err.args else 'Ctrl-C'}) after step {state.step}"
+        reason = f"interrupted ({err.args[0] if err.args else 'Ctrl-C'})"
     else:
-        what = _what_happened(err, state.step)[0]
-    if last is None:
-        return {"what_happened": what, "resume_checkpoint": None}
-    return {
-        "what_happened": what,
-        "resume_checkpoint": {
-            "file": last.path.name,
-            "step": last.step,
-            "epsilon_upper": last.meta["epsilon_upper"],
-        },
-        "resume": "rerun the same `dplora train` command with --resume",
-    }
-
-
-def failure_entry(run_id: str | None, done: int, planned: int, spent: float, err: BaseException) -> dict:
-    """The content of FAILED.json: steps done, ε charged, the one-line reason (never training text)."""
-    return {
-        "run_id": run_id,
-        "steps_done": done,
-        "steps_planned": planned,
-        "epsilon_charged_upper_bound": spent if math.isfinite(spent) else "infinite (non-private control)",
-        "reason": _failure_reason(err),
-        # the stop rule read DP outputs of the steps taken: those steps stay charged, past any checkpoint
-        "stopped_on_dp_output": isinstance(err, NoisyUpdateError),
-        "time": utc_now(),
+        reason = _what_happened(err)[0]
+    public = {
+        "run_id": spec.run_id,
+        "stage": TRAINING_STAGE,
+        "steps_planned": plan.steps,
+        "epsilon_reserved": _finite(plan.epsilon),
+        "reason": reason,
+        "stopped_on_dp_output": dp_stop,  # the stop rule read DP outputs: those steps stay charged
+        "resume": "rerun the same `dplora train` command with --resume" if last is not None else None,
         "release": "none (run failed)",
     }
+    if dp_stop:
+        public |= {"steps_done": done, "epsilon_charged_upper_bound": _finite(spent)}
+    private = {
+        "note": "private diagnostics, computed on the private data and NOT covered by DP: never publish",
+        "run_id": spec.run_id,
+        "steps_done": done,
+        "steps_planned": plan.steps,
+        "epsilon_spent_upper_bound": _finite(spent),
+        "time": utc_now(),
+        "reason": _failure_reason(err),
+        "resume_checkpoint": None
+        if last is None
+        else {"file": last.path.name, "step": last.step, "epsilon_upper": last.meta["epsilon_upper"]},
+    }
+    return public, private
+
+
+def setup_failure_entry(err: BaseException, planned: int) -> dict:
+    """FAILED.json of a run that failed in set-up, before step 0 work and its ledger charge (no step, no ε)."""
+    return {
+        "run_id": None,
+        "stage": SETUP_STAGE,
+        "steps_done": 0,
+        "steps_planned": planned,
+        "epsilon_charged_upper_bound": 0.0,
+        "reason": _failure_reason(err),
+        "stopped_on_dp_output": False,
+        "release": "none (run failed)",
+    }
+
+
+def _finite(epsilon: float):
+    """ε for a JSON file: the number, or words for a non-private control's ∞."""
+    return epsilon if math.isfinite(epsilon) else "infinite (non-private control)"
 
 
 def _failure_reason(err: BaseException) -> str:

@@ -201,7 +201,7 @@ def test_two_processes_resume_a_one_process_checkpoint(worker, interrupted, sign
     out = interrupted["out"]
     assert summary["resume_exit"] == 0, summary["stderr"][-3000:]
     stderr = summary["stderr"]
-    assert f"from its checkpoint at step {RESUME_AT}/{RESUME_T}" in stderr
+    assert "from its checkpoint;" in stderr and f"step {RESUME_AT}/{RESUME_T}" not in stderr
     assert "note: the checkpoint was written by a run on 1 process(es); this run uses 2." in stderr
     verify_release(out, signing_key[1])
     record = _record(out / "release.dsse.json")

@@ -252,7 +252,9 @@ def test_a_rank_failing_between_forwards_stops_both_ranks_and_rank_0_records_it(
     assert "rank 1 failed: RuntimeError" in proc.stderr
     assert not (tmp_path / "fail-rows").exists()  # no release
     failed = json.loads((tmp_path / "fail-rows.partial" / "FAILED.json").read_text())
-    assert failed["reason"] == "rank 1 failed: RuntimeError" and failed["steps_done"] == 3
-    assert failed["resume_checkpoint"] is not None and failed["release"] == "none (run failed)"
+    assert failed["reason"] == "rank 1 failed: RuntimeError" and "steps_done" not in failed
+    assert failed["resume"] is not None and failed["release"] == "none (run failed)"
+    private = json.loads((tmp_path / "fail-rows.partial" / "private" / "FAILED.json").read_text())
+    assert private["steps_done"] == 3 and private["resume_checkpoint"] is not None
     charge = Ledger(ledger).charge(failed["run_id"])
-    assert charge.status == "pending" and charge.reserved_epsilon >= Decimal(str(failed["epsilon_charged_upper_bound"]))
+    assert charge.status == "pending" and charge.reserved_epsilon >= Decimal(str(private["epsilon_spent_upper_bound"]))

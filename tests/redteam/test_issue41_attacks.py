@@ -201,7 +201,7 @@ def test_a_run_stopped_at_step_k_stays_charged_k_steps(tmp_path, tiny_model_dir,
     if then == "resume":  # fixed: refused (redoing steps 1..3 would spend more than the charge of T steps)
         from dplora.errors import BadInputError
 
-        with pytest.raises(BadInputError, match="took 3 steps but its last checkpoint holds 0"):
+        with pytest.raises(BadInputError, match=r"took 3 steps but its last checkpoint holds [0-2]\b"):
             run_training(contract, dataclasses.replace(opts, resume=True), log=print)
         with Ledger(default_ledger_path(), create=False) as ledger:
             assert ledger.charge(failed.run_id).status == "pending"  # still held at its reservation of T steps

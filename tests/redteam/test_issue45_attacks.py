@@ -407,7 +407,7 @@ def test_a_rank_failing_inside_the_forwards_leaves_a_resumable_checkpoint_and_no
     assert _exits(out) == [4, 4], proc.stderr[-3000:]
     assert "RuntimeError on rank 1; no release was written" in proc.stderr
     assert not (tmp / "fail").exists()  # no release
-    failed = json.loads((tmp / "fail.partial" / "FAILED.json").read_text())
+    failed = json.loads((tmp / "fail.partial" / "private" / "FAILED.json").read_text())
     assert failed["resume_checkpoint"]["step"] == failed["steps_done"] == 4
     at, proc, _, record = _resume(exact, "fail", sharding="none", ranks=1, tag="fail-resume")
     assert at == 4 and "this run uses 1" in proc.stderr

@@ -16,9 +16,9 @@ guarantee that held at dfe6f03:
 4. no release without every planned step accounted;
 5. resume: same run id, the public warm start not redone, a changed contract refused.
 
-``test_held_*``: the attack failed (the guarantee holds; kept as a regression). ``test_gap_*``: the guarantee as
-stated fails, but it failed the same way at dfe6f03 (not a regression of the restructure; conservative: the charge
-is never below what was spent) — marked xfail(strict) so that a fix shows up.
+``test_held_*``: the attack failed (the guarantee holds; kept as a regression). One gap the pass found had failed
+the same way at dfe6f03 (a control without population over a DP run's folder with ``--overwrite`` left the discarded
+charge pending): fixed, its test now asserts the charge is settled.
 """
 
 from __future__ import annotations
@@ -420,18 +420,11 @@ def test_held_the_discarded_unassigned_charge_is_never_below_what_was_spent(cont
     assert float(charge.epsilon) >= info.meta["epsilon_upper"] and charge.status in ("pending", "failed")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pre-existing at dfe6f03 (not a regression of the restructure): RunCharge.open returns no ledger for a "
-    "control without population, so prepare_staging's on_discard finds none and the discarded DP run's charge stays "
-    "pending at its reservation (conservative), contrary to '--overwrite settles the discarded charge'",
-)
-def test_gap_a_control_without_population_overwriting_a_dp_folder_leaves_its_charge_pending(
+def test_a_control_without_population_overwriting_a_dp_folder_settles_its_charge(
     control_overwrites_unassigned,
 ):
-    """The checkpoint is deleted with the folder, yet the DP run's charge stays pending at its reservation (``ledger
-    show`` keeps listing it as pending; only a manual ``ledger settle`` closes it). Reproduced the same with the CLI
-    on a ``git archive dfe6f03`` tree: not introduced by the restructure."""
+    """The checkpoint is deleted with the folder, and the DP run's charge is settled (it was left pending at its
+    reservation before: a control without population opened no ledger to settle it in)."""
     info, db, result = control_overwrites_unassigned
     assert result.exit_code == 0, result.output
     assert not info.path.exists()  # the discarded checkpoint is gone with its folder

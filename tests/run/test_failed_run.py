@@ -1,4 +1,4 @@
-"""A failed run charges what it spent (issue 7): at 0 steps ε = 0 in FAILED.json and in the ledger, the real
+"""A failed run charges what it spent: at 0 steps ε = 0 in the private FAILED.json, the real
 cause stays in the message, and no non-finite ε is ever written. Tiny random Llama; no downloads."""
 
 from __future__ import annotations
@@ -37,16 +37,19 @@ def test_failure_before_step_one_charges_zero(tmp_path, monkeypatch, tiny_model_
     assert "injected: the accountant refused step 1" in result.output  # the real cause, not "ε=inf"
     assert "small population" in result.output  # N = 120 rows: the warning train prints before it starts
     failed = json.loads((out.with_name("run.partial") / "FAILED.json").read_text())
-    assert failed["steps_done"] == 0 and failed["epsilon_charged_upper_bound"] == 0.0
-    assert "injected" in failed["reason"]
+    assert "steps_done" not in failed and failed["stage"] == "training" and "injected" in failed["reason"]
+    private = json.loads((out.with_name("run.partial") / "private" / "FAILED.json").read_text())
+    assert private["steps_done"] == 0 and private["epsilon_spent_upper_bound"] == 0.0
     # A resume checkpoint (written before step 1) keeps the charge pending at the reserved ε until the run is
-    # resumed or closed; closing it charges the ε of the 0 accounted steps: 0, finite.
+    # resumed or closed; closing it charges the reserved ε (the step a failure stopped at is never charged).
     (charge,) = Ledger(db).charges("tickets")
     assert charge.status == "pending"
+    reserved = float(charge.epsilon)
+    assert failed["epsilon_reserved"] == reserved
     closed = CliRunner().invoke(app, ["ledger", "settle", charge.run_id, "--abandon", "--ledger", str(db)])
     assert closed.exit_code == 0, closed.output
     (charge,) = Ledger(db).charges("tickets")
-    assert charge.status == "failed" and float(charge.epsilon) == 0.0 and math.isfinite(float(charge.epsilon))
+    assert charge.status == "failed" and float(charge.epsilon) == reserved and math.isfinite(reserved)
     assert not out.exists()
 
 
@@ -54,7 +57,7 @@ def test_a_failure_inside_the_first_optimizer_step_reports_zero_steps_done(
     tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key
 ):
     """A fault inside step 1's optimizer update (after its noise and accountant step, as a huge lr once did):
-    FAILED.json says 0 steps done, as the failure line does ("at step 0"), and still charges that step's noise."""
+    the private FAILED.json says 0 steps done and still charges that step's noise; the public line names no step."""
     import torch
 
     def broken(self, *args, **kwargs):
@@ -68,7 +71,7 @@ def test_a_failure_inside_the_first_optimizer_step_reports_zero_steps_done(
         app, ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress", "--ledger", str(db)]
     )
     assert result.exit_code == 4, result.output
-    assert "step 0" in result.output
-    failed = json.loads((out.with_name("run.partial") / "FAILED.json").read_text())
+    assert "training failed: RuntimeError" in result.output and "step 0" not in result.output
+    failed = json.loads((out.with_name("run.partial") / "private" / "FAILED.json").read_text())
     assert failed["steps_done"] == 0, failed
-    assert failed["epsilon_charged_upper_bound"] > 0  # the step's noisy sum was drawn: charged all the same
+    assert failed["epsilon_spent_upper_bound"] > 0  # the step's noisy sum was drawn: charged all the same

@@ -131,7 +131,7 @@ def test_sigkill_at_three_points_then_resume_matches_an_uninterrupted_run(
         assert charge.status == "pending" and charge.run_id == info.run_id
         result = _train(cfg, db, signing_key, "--resume")
         assert result.exit_code == 0, f"{name}: {result.output}"
-        assert f"from its checkpoint at step {start}/{T}" in result.output
+        assert "from its checkpoint;" in result.output and f"step {start}/" not in result.output
         rec = _record(out)
         for key in ("steps_planned", "steps_done", "epsilon_spent", "noise_multiplier", "sample_rate"):
             assert rec["accounting"][key] == reference["accounting"][key], (name, key)
@@ -160,16 +160,18 @@ def test_sigterm_writes_a_checkpoint_and_resume_finishes(
     assert result.exit_code == 130, result.output
     (line,) = _error_lines(result.output)
     assert line.startswith(f"error: interrupted (SIGTERM); no release was written; see {_partial(out) / 'FAILED.json'}")
-    assert "step 3/8" in line and "--resume" in line
+    assert "step 3" not in line and "--resume" in line  # the step a signal reached is never public
     assert checkpoint.read_info(_partial(out)).step == 3
     assert not out.exists() and not list(tmp_path.rglob("release.dsse.json"))
     failed = json.loads((_partial(out) / "FAILED.json").read_text())
-    assert failed["resume_checkpoint"]["step"] == 3 and failed["steps_done"] == 3
-    assert failed["what_happened"] == "interrupted (SIGTERM) after step 3"
+    assert failed["reason"] == "interrupted (SIGTERM)" and failed["steps_planned"] == T and "steps_done" not in failed
+    assert "3" not in json.dumps({k: v for k, v in failed.items() if k not in ("run_id", "epsilon_reserved")})
+    private = json.loads((_partial(out) / "private" / "FAILED.json").read_text())
+    assert private["resume_checkpoint"]["step"] == 3 and private["steps_done"] == 3
     monkeypatch.undo()
     result = _train(cfg, db, signing_key, "--resume")
     assert result.exit_code == 0, result.output
-    assert "from its checkpoint at step 3/8" in result.output
+    assert "from its checkpoint;" in result.output and "step 3/8" not in result.output
     assert _record(out)["accounting"]["steps_done"] == T
     assert _metric_steps(out) == [1, 2, 3, "resumed@3", 4, 5, 6, 7, 8]
     assert not (out / "FAILED.json").exists()
@@ -253,13 +255,15 @@ def test_full_disk_during_a_checkpoint_stops_cleanly(tmp_path, monkeypatch, tiny
     (line,) = _error_lines(result.output)
     assert "Traceback" not in result.output
     assert "disk full" in line and checkpoint.CHECKPOINT_FILENAME in line and "--resume" in line
-    assert "step 2/8" in line
+    assert "step 2" not in line and "a resume checkpoint is in" in line
     partial = _partial(out)
     assert checkpoint.read_info(partial).step == 2 and not list(partial.glob(".resume.*"))
     failed = json.loads((partial / "FAILED.json").read_text())
-    assert failed["resume_checkpoint"]["step"] == 2 and failed["release"].startswith("none")
-    assert failed["what_happened"].startswith("disk full writing ") and failed["steps_done"] == 4
-    assert checkpoint.CHECKPOINT_FILENAME in failed["what_happened"] and "bytes free" in failed["what_happened"]
+    assert failed["release"].startswith("none") and "steps_done" not in failed
+    assert failed["reason"].startswith("disk full writing ")
+    assert checkpoint.CHECKPOINT_FILENAME in failed["reason"] and "bytes free" in failed["reason"]
+    private = json.loads((partial / "private" / "FAILED.json").read_text())
+    assert private["resume_checkpoint"]["step"] == 2 and private["steps_done"] == 4
     assert not out.exists() and not list(tmp_path.rglob("release.dsse.json"))
     assert Ledger(db).charges()[0].status == "pending"
 
@@ -288,10 +292,11 @@ def test_out_of_memory_stops_cleanly_and_resumes(kind, tmp_path, monkeypatch, ti
     result = _train(cfg, db, signing_key)
     assert result.exit_code == 4, result.output
     (line,) = _error_lines(result.output)
-    assert f"out of {kind} memory at step 5" in line and "physical_batch_size" in line and "--resume" in line
+    assert f"out of {kind} memory during training" in line and "physical_batch_size" in line and "--resume" in line
+    assert "step" not in line.split("; no release")[0]
     assert "Traceback" not in result.output
     assert checkpoint.read_info(_partial(out)).step == 4
-    assert json.loads((_partial(out) / "FAILED.json").read_text())["resume_checkpoint"]["step"] == 4
+    assert json.loads((_partial(out) / "private" / "FAILED.json").read_text())["resume_checkpoint"]["step"] == 4
     monkeypatch.undo()
     result = _train(cfg, db, signing_key, "--resume", "training.physical_batch_size=2")
     assert result.exit_code == 0, result.output
@@ -303,7 +308,8 @@ def test_settle_refuses_a_resumable_run_and_abandon_charges_its_checkpoint(
     tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key
 ):
     """ledger show lists the pending charge with its age; settle refuses while a checkpoint can be resumed;
-    --abandon charges ε after the checkpoint's 3 steps; resume is then refused; a rerun needs --overwrite."""
+    --abandon charges the reserved ε (never ε at the step a signal reached); resume is then refused; a rerun needs
+    --overwrite."""
     cfg, out, db = _setup(tmp_path, tiny_model_dir, tickets_csv, "settle", checkpoint_every=4)
     _hook(monkeypatch, "after-step", 3, _sigterm)
     assert _train(cfg, db, signing_key).exit_code == 130
@@ -315,15 +321,14 @@ def test_settle_refuses_a_resumable_run_and_abandon_charges_its_checkpoint(
     assert f"ledger settle {run_id}" in runner.invoke(app, ["ledger", "show", "--db", str(db)]).output
 
     refused = runner.invoke(app, ["ledger", "settle", run_id, "--db", str(db)])
-    assert refused.exit_code == 2 and "resumable checkpoint at step 3/8" in refused.output
+    assert refused.exit_code == 2 and "resumable checkpoint in" in refused.output and "step 3" not in refused.output
     assert "--abandon" in refused.output and Ledger(db).charge(run_id).status == "pending"
 
     abandoned = runner.invoke(app, ["ledger", "settle", run_id, "--db", str(db), "--abandon"])
     assert abandoned.exit_code == 0, abandoned.output
-    metrics = [json.loads(ln) for ln in (_partial(out) / "private" / "metrics.jsonl").read_text().splitlines()]
-    eps3 = next(m["epsilon_upper"] for m in metrics if m.get("step") == 3)  # the plan's ε after 3 steps
+    assert "reserved ε" in abandoned.output and "3 steps" not in abandoned.output
     settled = Ledger(db).charge(run_id)
-    assert settled.status == "failed" and float(settled.epsilon) == eps3 < float(settled.reserved_epsilon)
+    assert settled.status == "failed" and settled.epsilon == settled.reserved_epsilon
 
     again = runner.invoke(app, ["ledger", "settle", run_id, "--db", str(db)])
     assert again.exit_code == 2 and "already failed" in again.output
@@ -339,7 +344,8 @@ def test_settle_refuses_a_resumable_run_and_abandon_charges_its_checkpoint(
 
 def test_overwrite_settles_a_discarded_unassigned_run(tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key):
     """A run without privacy.population killed after step 3, then rerun with --overwrite: the discarded run's
-    pending unassigned charge is settled as failed at its checkpoint's ε (never left pending at the reservation)."""
+    pending unassigned charge is settled as failed at its reserved ε (never left pending, never at the step a
+    signal reached)."""
     db, out = tmp_path / "u.sqlite3", tmp_path / "unassigned"
     raw = contract_dict(tiny_model_dir, tickets_csv, out, training={"steps": T, "checkpoint_every": 1})
     cfg = write_contract(tmp_path / "u.yaml", raw)
@@ -351,10 +357,11 @@ def test_overwrite_settles_a_discarded_unassigned_run(tmp_path, monkeypatch, tin
     assert pending.status == "pending" and pending.run_id == info.run_id
     rerun = _train(cfg, db, signing_key, "--overwrite")
     assert rerun.exit_code == 0, rerun.output
-    assert f"run {info.run_id} discarded at step {info.step}" in rerun.output
+    assert f"run {info.run_id} discarded: its ledger charge is settled at its reserved ε" in rerun.output
+    assert f"step {info.step}" not in rerun.output
     charges = {c.run_id: c for c in Ledger(db).unassigned()}
     assert charges[info.run_id].status == "failed"
-    assert float(charges[info.run_id].epsilon) == info.meta["epsilon_upper"] < float(pending.reserved_epsilon)
+    assert charges[info.run_id].epsilon == pending.reserved_epsilon
     assert sorted(c.status for c in charges.values()) == ["failed", "settled"]
 
 
@@ -410,34 +417,51 @@ def test_resume_refuses_changed_contract_or_data_naming_them(
     assert checkpoint.read_info(_partial(out)).step == 2  # refusals leave the checkpoint alone
 
 
-def test_intermediate_release_from_the_checkpoint(tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key):
-    """ledger record-release signs the step-3 adapters at ε(3): verifiable, loadable with peft, recorded as a
-    release of the same charge (no new charge); the resumed run then settles at the full ε."""
+def test_intermediate_release_only_after_the_dp_stop_rule(
+    tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key
+):
+    """After SIGTERM, ledger record-release is refused (adapters at a step a signal chose are no DP output at any
+    ε). After the DP stop rule (a non-finite parameter after step 3's noisy update, a DP output) it signs the
+    latest checkpoint's adapters at its ε: verifiable, loadable with peft, a release of the same charge."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    cfg, out, db = _setup(tmp_path, tiny_model_dir, tickets_csv, "inter", checkpoint_every=4)
+    from dplora.errors import NoisyUpdateError
+
+    cfg, out, db = _setup(tmp_path, tiny_model_dir, tickets_csv, "inter", checkpoint_every=1)
     _hook(monkeypatch, "after-step", 3, _sigterm)
     assert _train(cfg, db, signing_key).exit_code == 130
     monkeypatch.undo()
     info = checkpoint.read_info(_partial(out))
     args = ["ledger", "record-release", info.run_id, "--db", str(db), "--signing-key", str(signing_key[0])]
+    refused = runner.invoke(app, args)
+    assert refused.exit_code == 2 and "stopped by a signal or a failure" in refused.output, refused.output
+    assert not list(tmp_path.glob("inter.step-*")) and Ledger(db).releases() == []
+
+    def stop(*_):
+        raise NoisyUpdateError("non-finite parameter after step 3")
+
+    cfg, out, db = _setup(tmp_path, tiny_model_dir, tickets_csv, "dpstop", checkpoint_every=1)
+    _hook(monkeypatch, "after-step", 3, stop)
+    assert _train(cfg, db, signing_key).exit_code == 4
+    monkeypatch.undo()
+    failed = json.loads((_partial(out) / "FAILED.json").read_text())
+    assert failed["stopped_on_dp_output"] is True and failed["steps_done"] == 3  # a DP output: its step is public
+    info = checkpoint.read_info(_partial(out))
+    assert info.step == 2  # the stop came before step 3's checkpoint
+    args = ["ledger", "record-release", info.run_id, "--db", str(db), "--signing-key", str(signing_key[0])]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    folder = tmp_path / "inter.step-3"
+    folder = tmp_path / "dpstop.step-2"
     check = runner.invoke(app, ["verify", str(folder), "--public-key", str(signing_key[1])])
     assert check.exit_code == 0, check.output
     rec = _record(folder)
-    assert rec["accounting"]["steps_done"] == 3 and rec["intermediate"]["steps_planned"] == T
+    assert rec["accounting"]["steps_done"] == 2 and rec["intermediate"]["steps_planned"] == T
     assert rec["accounting"]["epsilon_spent"] == info.meta["epsilon_upper"] < rec["accounting"]["target_epsilon"]
     PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), folder / "adapter")
     (release,) = Ledger(db).releases()
-    assert release["label"] == "step-3" and len(Ledger(db).charges()) == 1
+    assert release["label"] == "step-2" and len(Ledger(db).charges()) == 1
     assert runner.invoke(app, args).exit_code == 2  # the folder exists: never overwritten
-    result = _train(cfg, db, signing_key, "--resume")
-    assert result.exit_code == 0, result.output
-    (charge,) = Ledger(db).charges()
-    assert charge.status == "settled" and float(charge.epsilon) == _record(out)["accounting"]["epsilon_spent"]
 
 
 def test_data_file_gone_before_the_release_stops_cleanly(
@@ -455,7 +479,7 @@ def test_data_file_gone_before_the_release_stops_cleanly(
     result = _train(cfg, db, signing_key, "--data-key", str(data_key))
     assert result.exit_code == 4, result.output
     (line,) = _error_lines(result.output)
-    assert "No such file or directory" in line and str(data) in line and "step 8/8" in line
+    assert "No such file or directory" in line and str(data) in line and "a resume checkpoint is in" in line
     monkeypatch.undo()
     moved.rename(data)
     result = _train(cfg, db, signing_key, "--data-key", str(data_key), "--resume")
@@ -517,3 +541,53 @@ def test_a_data_file_moved_mid_run_does_not_stop_it(tmp_path, monkeypatch, tiny_
     result = _train(cfg, db, signing_key)
     assert result.exit_code == 0, result.output
     assert not data.exists() and _record(out)["accounting"]["steps_done"] == T
+
+
+def _public(text: str, *roots: Path) -> str:
+    """``text`` with what differs between two runs by construction masked: run ids (32 hex), the runs' own folders,
+    and the time estimate (a probe's wall time, not the step reached)."""
+    import re
+
+    for i, root in enumerate(roots):
+        text = text.replace(str(root), f"<root{i}>")
+    text = re.sub(r"\b[0-9a-f]{32}\b", "<run_id>", text)
+    return "\n".join(ln for ln in text.splitlines() if not ln.startswith("estimate:"))
+
+
+def test_the_step_an_interruption_reached_never_reaches_the_public_surface(
+    tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key
+):
+    """The same contract and data, SIGTERM after step 2 in one run and after step 6 in the other (a deadline that
+    follows the private batches' times): the job output, --json's error, the public FAILED.json, `ledger show`, the
+    resumed run's output and the abandoned charge are identical; only the private files differ."""
+    seen = {}
+    for k in (2, 6):
+        root = tmp_path / f"k{k}"
+        root.mkdir()
+        cfg, out, db = _setup(root, tiny_model_dir, tickets_csv, "run", checkpoint_every=None)
+        _hook(monkeypatch, "after-step", k, _sigterm)
+        stopped = runner.invoke(
+            app,
+            ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress", "--ledger", str(db), "--json"],
+            env={"CI": "true"},
+        )
+        monkeypatch.undo()
+        assert stopped.exit_code == 130, stopped.output
+        assert checkpoint.read_info(_partial(out)).step == k  # the private checkpoint holds the step reached
+        assert json.loads((_partial(out) / "private" / "FAILED.json").read_text())["steps_done"] == k
+        failed = (_partial(out) / "FAILED.json").read_text()
+        shown = json.loads(runner.invoke(app, ["ledger", "show", "--db", str(db), "--json"]).output)
+        (charge,) = shown["charges"]
+        charge = {key: v for key, v in charge.items() if key not in ("age", "created_at", "settled_at", "reserved_at")}
+        resumed = _train(cfg, db, signing_key, "--resume")
+        assert resumed.exit_code == 0, resumed.output
+        rec = _record(out)
+        seen[k] = {
+            "stopped": _public(stopped.output, root),
+            "failed": _public(failed, root),
+            "ledger": _public(json.dumps(charge, sort_keys=True), root),
+            "resumed": _public(resumed.output, root),
+            "accounting": rec["accounting"],
+        }
+    assert seen[2] == seen[6]
+    assert "interrupted (SIGTERM)" in seen[2]["stopped"] and "step 2" not in seen[2]["stopped"]
