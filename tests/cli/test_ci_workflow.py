@@ -14,10 +14,12 @@ import re
 import shutil
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import release_statement
 
 from dplora.contract.loader import load_contract
 
@@ -48,7 +50,7 @@ def test_workflow_shape(workflow):
     assert steps["save-ledger"]["if"] == "always() && steps.restore-ledger.outcome == 'success'"
     order = list(steps)
     assert order.index("restore-ledger") < order.index("ledger-required") < order.index("budget")
-    assert order.index("train") < order.index("verify") < order.index("upload")
+    assert order.index("train") < order.index("verify") < order.index("stamp-reports") < order.index("upload")
     uploaded = steps["upload"]["with"]["path"]
     assert "release.dsse.json" in uploaded and "adapter/" in uploaded and "metrics" not in uploaded
     assert "--json" in steps["train"]["run"] and "--json" in steps["verify"]["run"]
@@ -177,8 +179,14 @@ def test_workflow_runs_locally_with_a_restored_ledger(job_inputs, workflow):
         )
     ran, failed = _run_job(job, _steps(workflow), secrets, write_tickets)
     assert not failed, failed
-    assert ran == ["ledger-required", "keys", "budget", "train", "verify", "cleanup"]
+    assert ran == ["ledger-required", "keys", "budget", "train", "verify", "stamp-reports", "cleanup"]
     reports = job.workspace / job.env["REPORTS_DIR"]
+    started = release_statement(job.workspace / job.env["OUTPUT_DIR"])["predicate"]["started_at"]
+    stamp = datetime.fromisoformat(started).timestamp()
+    # the uploaded reports carry the record's start time, never the run's end (an artifact keeps mtimes)
+    assert [int(p.stat().st_mtime) for p in (reports, reports / "train.json", reports / "verify.json")] == [
+        int(stamp)
+    ] * 3
     train = json.loads((reports / "train.json").read_text())
     verify = json.loads((reports / "verify.json").read_text())
     budget = json.loads((job.temp / "budget.json").read_text())
