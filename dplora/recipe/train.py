@@ -487,6 +487,7 @@ class DPLoRARecipe:
         header = dict(METRICS_HEADER)
         if not spec.mechanism.private:  # the control's metrics say it carries no DP guarantee
             header["non_private"] = control.NO_DP_STATEMENT
+        completed = False  # every planned step taken and accounted: only then does the tracker keep public numbers
         try:
             with (
                 outputs.open_metrics(spec.staging, state.step, header) as metrics,
@@ -502,6 +503,7 @@ class DPLoRARecipe:
                 loop.run_steps(spec, state, metrics=logged, progress=bar, after_step=hook)
                 train_seconds = time.perf_counter() - t0
             ranks = loop.check_accounted(spec, state)
+            completed = True
             t0 = time.perf_counter()
             evaluation = self._evaluate_held_out()
             eval_seconds = time.perf_counter() - t0 if evaluation is not None else 0.0
@@ -509,7 +511,7 @@ class DPLoRARecipe:
                 tracker.log_private(_eval_scalars(evaluation), step=state.step)
         finally:
             if tracker is not None:
-                tracker.close()
+                tracker.close(completed=completed)
         self._write_release(ranks, evaluation)
         return evaluation, train_seconds, eval_seconds
 

@@ -138,6 +138,14 @@ class Tracker:
         public = {PUBLIC_PREFIX + "epsilon_spent": float(eps)} if math.isfinite(eps) else {}
         self._write(public, private_values(entry) if self.report_private else {}, step=step)
 
+    def _whole_public_series(self) -> None:
+        """Replace what was logged publicly by the plan's whole series (the same numbers, all T steps)."""
+        series = _public_series(self.plan)
+        if self._public is not None and self._public._scalars is not None:
+            self._public._scalars = [(tag, float(v), step) for values, step in series for tag, v in values.items()]
+        elif self.backend not in ("none", "tensorboard"):
+            self._held = [(values, step) for values, step in series if values]
+
     def log_private(self, values: dict[str, float], step: int) -> None:
         """Private numbers (a private held-out evaluation), only with ``report_private``; prefixed."""
         if self.report_private:
@@ -159,8 +167,21 @@ class Tracker:
             if private and self._remote is not None:
                 self._remote.log(private, step=step)
 
-    def close(self) -> None:
-        """Flush and close the writers (safe to call twice)."""
+    def close(self, *, completed: bool = True) -> None:
+        """Flush and close the writers (safe to call twice).
+
+        The public numbers are the plan's (ε spent after each step of its curve, the run's constants), so the
+        public series a tracker keeps is written whole, steps 1..T, from the plan, and only for a run that
+        ``completed`` all T steps: a run stopped by a signal or a failure writes and sends no public number (how
+        far it got follows wall-clock time and its private batches), and its resumed run's series is the same as
+        an uninterrupted run's, whichever step the interruption reached.
+        """
+        if completed:
+            self._whole_public_series()
+        else:
+            if self._public is not None:
+                self._public._scalars = None  # nothing public for a run that did not finish
+            self._held.clear()
         for writer in (self._public, self._private):
             if writer is not None:
                 writer.close()
@@ -172,6 +193,16 @@ class Tracker:
             self._held.clear()
             self._remote.finish()
         self._public = self._private = self._remote = None
+
+
+def _public_series(plan) -> list[tuple[dict, int]]:
+    """The public numbers of a whole run: the constants at step 0, then ε spent after each step 1..T (finite)."""
+    series = [(public_constants(plan), 0)]
+    for step in range(1, int(plan.steps) + 1):
+        eps = plan.epsilon_at(step)
+        if math.isfinite(eps):
+            series.append(({PUBLIC_PREFIX + "epsilon_spent": float(eps)}, step))
+    return series
 
 
 def _epoch(when: str) -> float:

@@ -472,3 +472,66 @@ def test_prepare_twcs_neighbours_publish_the_same(tmp_path, conversations):
         ["prepare-twcs", tmp_path / "done-a" / "twcs.csv", tmp_path / "o.jsonl", "--show-private"], {"CI": "1"}
     )
     assert shown["exit"] == 0 and "12 customers" in shown["stdout"] + shown["stderr"], shown
+
+
+def _interrupted_job(world: Path, model: Path, data_path: Path, keys, stop_at: int, **sections) -> tuple:
+    """A CI job whose first `train` is cancelled (SIGTERM after step ``stop_at``: a deadline that followed the private
+    batches' times), then resumed to T: its public surface (progress lines off: they are the documented residual)."""
+    import signal
+
+    from dplora.run import checkpoint
+
+    key, pub = keys
+    env = {"CI": "true", "DPLORA_LEDGER": str(world / "ledger.sqlite3"), "DPLORA_CACHE_DIR": str(world / "cache")}
+    cfg = _contract(world, model, data_path, output=world / "runs" / "run", **sections)
+    (world / "runs").mkdir()
+    os.utime(world / "runs", (PARENT_MTIME, PARENT_MTIME))
+    run = world / "runs" / "run"
+    real, handler = checkpoint.fault_point, signal.getsignal(signal.SIGTERM)
+
+    def cancel(point, step):
+        if (point, step) == ("after-step", stop_at):
+            os.kill(os.getpid(), signal.SIGTERM)
+        real(point, step)
+
+    checkpoint.fault_point = cancel
+    try:
+        stopped = _run(["train", cfg, "--signing-key", key, "--json", "--no-progress"], env)
+    finally:
+        checkpoint.fault_point = real
+        signal.signal(signal.SIGTERM, handler)
+    assert stopped["exit"] == 130, stopped
+    failed = (world / "runs" / "run.partial" / "FAILED.json").read_text()
+    outputs = [
+        stopped,
+        {"args": ["FAILED.json"], "exit": 0, "stdout": failed, "stderr": ""},
+        _run(["ledger", "show"], env),
+        _run(["ledger", "show", "--json"], env),
+        _run(["train", cfg, "--signing-key", key, "--json", "--no-progress", "--resume"], env),
+        _run(["verify", run, "--public-key", pub, "--json"], env),
+        _run(["ledger", "show", "--json"], env),
+    ]
+    assert outputs[4]["exit"] == 0, outputs[4]
+    masks = Masks()
+    return _surface(world, outputs, masks, {}), masks
+
+
+def test_an_interrupted_then_resumed_job_publishes_the_same(tmp_path, tiny_model_dir, keys, tickets):
+    """A job cancelled by its deadline and resumed: A stopped after step 1, the same data again after step 1 (the
+    control), then B, one row fewer, stopped after step 2. Besides the progress lines printed before the signal, no
+    public output (the job log, --json's error and summary, FAILED.json, `ledger show`, the record, file names and
+    mtimes, TensorBoard) may depend on the step the deadline reached."""
+    columns, rows = _read(tickets)
+    world, surfaces, masks = tmp_path / "world", [], []
+    for name, keep, stop_at in (("a", rows, 1), ("a-again", rows, 1), ("b", rows[:-1], 2)):
+        world.mkdir()
+        data = _write(world / "data.csv", columns, keep)
+        surface, mask = _interrupted_job(world, tiny_model_dir, data, keys, stop_at, **ROW_LEVEL)
+        surfaces.append(surface)
+        masks.append({v: k for k, v in mask.values.items()})
+        shutil.move(world, tmp_path / f"done-{name}")
+    control = "\n".join(_diff(surfaces[0], surfaces[1]))
+    assert control == "", f"the same data and step twice gave different public output:\n{control}"
+    diff = "\n".join(_diff(surfaces[0], surfaces[2]))
+    print(diff)
+    assert diff == ""
