@@ -535,3 +535,73 @@ def test_an_interrupted_then_resumed_job_publishes_the_same(tmp_path, tiny_model
     diff = "\n".join(_diff(surfaces[0], surfaces[2]))
     print(diff)
     assert diff == ""
+
+
+def _sweep_attach_job(world: Path, model: Path, data_path: Path, keys, **sections) -> tuple:
+    """A CI job that tunes with `sweep` (one trial charged to a population, picked on public demo tickets; with two,
+    which one wins is a DP output, random even on the same data), then
+    attaches an audit (surrogate canaries) to the chosen release: the public surface of the sweep, and the attach's
+    outputs. The audit's own outcome (canary secrets, which canaries were inserted, the guesses) is drawn from OS
+    entropy and its data is the surrogate, never the private file: it cannot depend on the data, and being random
+    it is checked for shape, not compared."""
+    key, pub = keys
+    env = {"CI": "true", "DPLORA_LEDGER": str(world / "ledger.sqlite3"), "DPLORA_CACHE_DIR": str(world / "cache")}
+    cfg = _contract(world, model, data_path, output=world / "runs" / "run", **sections)
+    (world / "runs").mkdir()
+    os.utime(world / "runs", (PARENT_MTIME, PARENT_MTIME))
+    cap = ["ledger", "set-cap", "tickets", "--epsilon", "100", "--delta", "1e-3", "--unit", "row"]
+    outputs = [
+        _run([*cap, "--adjacency", "add_remove"], env),
+        _run(
+            ["sweep", cfg, "training.lr=1e-6", "--out", world / "sweep", "--signing-key", key]
+            + ["--eval-tickets", "4", "--no-progress", "--json"],
+            env,
+        ),
+    ]
+    assert outputs[1]["exit"] == 0, outputs[1]
+    summary = json.loads(outputs[1]["stdout"])
+    release = Path(summary["release"])
+    outputs += [_run(["verify", release, "--public-key", pub, "--json"], env), _run(["ledger", "show", "--json"], env)]
+    masks = Masks()
+    for i, run_id in enumerate(summary["tuning"]["trial_run_ids"]):  # each trial's random id, as a run's run_id
+        masks.add(run_id, f"trial_run_id:{i}")
+    surface = _dp_losses(_surface(world, outputs, masks, {}))
+    attach = _run(
+        ["audit", cfg, "--canaries", "8", "--candidates", "20", "--no-progress", "--threads", "1"]
+        + ["--data-source", "surrogate", "--out", world / "audit", "--attach", release, "--signing-key", key],
+        env,
+    )
+    assert attach["exit"] == 0, attach
+    verified = json.loads(_run(["verify", release, "--public-key", pub, "--json"], env)["stdout"])
+    assert verified["ok"] and "audit" in json.dumps(verified)
+    return surface, masks
+
+
+def _dp_losses(obj, parent: str = ""):
+    """``obj`` with the losses of a trial's noisy adapters on the public selection tickets (``held_out_loss``; the
+    ``adapter`` side of the selection's evaluation: DP outputs, random by design even on the same data) replaced by
+    their presence; the base model's loss on them, the choice, the trials' ε and everything else stay compared."""
+    if isinstance(obj, dict):
+        dp = {"held_out_loss"} | ({"loss", "perplexity"} if parent == "adapter" else set())
+        return {k: ("<dp output>" if k in dp else _dp_losses(v, k)) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_dp_losses(v, parent) for v in obj]
+    return obj
+
+
+def test_a_sweep_with_an_attached_audit_publishes_the_same(tmp_path, tiny_model_dir, keys, tickets):
+    """`sweep` (and then `audit --attach`) under CI=true on neighbours (one row removed), with the same-data
+    control: the comparison isolates what the data could change."""
+    columns, rows = _read(tickets)
+    sections = {"privacy": {"num_units": 200, "population": "tickets"}, "training": {"steps": 2, "lr": 1e-6}}
+    world, surfaces = tmp_path / "world", []
+    for name, keep in (("a", rows), ("a-again", rows), ("b", rows[:-1])):
+        world.mkdir()
+        data = _write(world / "data.csv", columns, keep)
+        surfaces.append(_sweep_attach_job(world, tiny_model_dir, data, keys, **sections)[0])
+        shutil.move(world, tmp_path / f"done-{name}")
+    control = "\n".join(_diff(surfaces[0], surfaces[1]))
+    assert control == "", f"the same data twice gave different public output:\n{control}"
+    diff = "\n".join(_diff(surfaces[0], surfaces[2]))
+    print(diff)
+    assert diff == ""
