@@ -1,12 +1,11 @@
 """A data file's shape from its structure only: column names and column types, never values or counts.
 
 Used by ``data.record_format: auto`` (when the contract names no column) and by ``dplora init``. What is read: a csv
-file's header; a jsonl file's first record's keys, the JSON type of each value (text or a list) and, for a list of
-objects, the keys of its first object (``init``: the keys, types and object keys that every record shares); a
-parquet file's schema. Nothing computed from the records (no value, no
+file's header; the keys, the JSON type of each value (text or a list) and, for a list of objects, the object keys
+that every jsonl record shares; a parquet file's schema. Nothing computed from the records' values (no value, no
 count, no length) is read, so the shape is a function of the file's schema: jsonl columns hold one JSON type in
 the whole file (:func:`dplora.data.readers._check_jsonl` refuses a column whose type changes), so a neighbouring
-file (one unit's records removed) has the same shape.
+file (one unit's records removed) has the same shape, unless that unit is the only one lacking a key.
 
 Shapes detected, in this order (the first that fits):
 
@@ -198,6 +197,10 @@ COLUMN_KEYS = ("text_column", "prompt_column", "response_column", "messages_colu
 def resolve_auto(contract):
     """``contract`` with ``data.record_format: auto`` resolved from the data file's structure, when it names no column.
 
+    The structure is the keys and value types that every record has (:func:`read_structure` with
+    ``every_record``): the resolved contract does not change when a unit is removed, unless that unit is the only
+    one lacking a key another record has (then its removal can add the key).
+
     A contract that names a column, sets another record format, or whose file has a ``messages`` column or cannot
     be read is returned unchanged (the data reader then reports a missing file or column). The resolved keys go
     into the resolved contract (and so into a release's ``contract.yaml``): they are column names, structure only.
@@ -208,7 +211,9 @@ def resolve_auto(contract):
     data = contract.data
     if data.record_format != "auto" or any(getattr(data, k) is not None for k in COLUMN_KEYS):
         return contract
-    structure = read_structure(Path(data.path), data.format)
+    # the keys every record has (as `dplora init` reads them), never the first record's alone: with records whose
+    # key sets differ, removing the first record's unit must not change the resolved (signed) contract
+    structure = read_structure(Path(data.path), data.format, every_record=True)
     shape = detect_shape(structure) if structure is not None else None
     if shape is None or not shape.keys:
         return contract

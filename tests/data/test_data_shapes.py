@@ -201,6 +201,21 @@ def test_detection_reads_only_the_first_record_s_structure(tmp_path):
     assert detect_shape(Structure("csv", {"prompt": "text"}, {})) is None
 
 
+def test_auto_resolves_from_the_keys_every_record_has_so_a_neighbour_resolves_the_same(tmp_path):
+    """The first record (one unit) also carries a ShareGPT ``conversations`` list the others lack: read from the
+    first record alone, ``auto`` resolved D as ShareGPT and D' (that unit removed) as prompt/completion, so the
+    signed contract.yaml told them apart. From the keys every record has, both resolve alike; the documented
+    residual is a unit that is the only one lacking a key."""
+    first = {"prompt": "p0", "completion": "c0", "conversations": [{"from": "human", "value": "hi"}]}
+    rest = [{"prompt": f"p{i}", "completion": f"c{i}"} for i in range(1, 4)]
+    d = _contract(tmp_path, _jsonl(tmp_path / "d.jsonl", [first, *rest]))
+    d_prime = _contract(tmp_path, _jsonl(tmp_path / "d2.jsonl", rest))
+    assert d.data.model_dump(exclude={"path"}) == d_prime.data.model_dump(exclude={"path"})
+    assert (d.data.prompt_column, d.data.response_column, d.data.messages_column) == ("prompt", "completion", None)
+    lacking = _contract(tmp_path, _jsonl(tmp_path / "r.jsonl", [{"prompt": "p"}, *rest]))  # the residual case
+    assert lacking.data.prompt_column is None
+
+
 def test_named_columns_or_another_record_format_are_never_re_resolved(tmp_path):
     path = _jsonl(tmp_path / "pc.jsonl", [{"prompt": "p", "completion": "c", "t": "x"}])
     assert _contract(tmp_path, path, text_column="t").data.kind == "text"
