@@ -36,22 +36,16 @@ class DiskFullError(DploraError):
     exit_code = 4
 
 
-def _free_bytes(folder: Path) -> int | None:
-    try:
-        return shutil.disk_usage(folder).free
-    except OSError:
-        return None
-
-
 def disk_full_error(target: Path, needed: int, err: OSError) -> DiskFullError:
-    """The one-line :class:`DiskFullError` for ``target``: bytes needed (``needed``) vs free on its file system."""
-    free = _free_bytes(Path(target).parent)
-    room = "unknown" if free is None else f"{free} bytes"
+    """The one-line :class:`DiskFullError` for ``target``: the file and its folder, never a byte count.
+
+    ``needed`` (the bytes the write needed) is not printed: the line reaches the job log and ``FAILED.json``, and the
+    size of a run's private files (its metrics, a checkpoint's header) grows with the steps it took and carries
+    their private numbers. Neither is the folder's free space, which the same writes move.
+    """
+    del needed  # kept in the signature for the callers; see above
     what = "quota exceeded" if err.errno == errno.EDQUOT else "disk full"
-    return DiskFullError(
-        f"{what} writing {target}: it needs {needed} bytes, {room} free in {Path(target).parent} "
-        "(the file was left as it was)"
-    )
+    return DiskFullError(f"{what} writing {target} (the file was left as it was): free space in {Path(target).parent}")
 
 
 def fsync_dir(folder: Path) -> None:

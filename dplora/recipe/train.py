@@ -52,6 +52,7 @@ from dplora.run.config import RunConfig
 from dplora.run.execution import execution_entry, utc_now
 from dplora.run.loop import METRICS_HEADER, RunSpec, RunState, sharded_base
 from dplora.run.progress import BatchReporter, ProgressReporter
+from dplora.signals import GracefulStop
 from dplora.surface import PrivateLog
 
 if TYPE_CHECKING:
@@ -293,7 +294,13 @@ class DPLoRARecipe:
         evaluation, train_seconds, eval_seconds = self.train()
         seconds = time.perf_counter() - t0
         per_step = train_seconds / max(self.config.plan.steps - first_step, 1)  # the loop alone, not the evaluation
-        return self.release(evaluation, seconds=seconds, seconds_per_step=per_step, eval_seconds=eval_seconds)
+        # SIGTERM/SIGINT while the signed release moves into place is held until it is in place: a half-published
+        # run helps no one, and a stop there would be told apart from one before the last step
+        with _HeldSignals() as held:
+            result = self.release(evaluation, seconds=seconds, seconds_per_step=per_step, eval_seconds=eval_seconds)
+        if held.signal_name is not None:
+            self.io.log(f"{held.signal_name} arrived while the finished run was published: the release is complete")
+        return result
 
     # --- setup -------------------------------------------------------------------------------------------------
 
@@ -471,6 +478,11 @@ class DPLoRARecipe:
         try:
             return self._train_and_sign()
         except BaseException as err:
+            if isinstance(err, KeyboardInterrupt) and not checkpointer.stopping:
+                # a signal after the last step (held-out evaluation, signing), past the checkpointer's handler: the
+                # same line as a stop before it, so the log does not tell k = T from k < T
+                signal_name = str(err.args[0]) if err.args else "SIGINT"
+                self.io.log(ckpt.stop_line(signal_name))
             self._record_failure(err)
             if isinstance(err, KeyboardInterrupt):
                 name = str(err.args[0]) if err.args else "Ctrl-C"
@@ -602,6 +614,9 @@ class DPLoRARecipe:
         try:  # whole or not at all (dplora.atomic); the private twin first, where the public one points
             write_json(outputs.private_staging(spec.staging) / outputs.FAILED_FILENAME, private)
             write_json(spec.staging / outputs.FAILED_FILENAME, public)
+            # their mtimes would be the failure time: the record's start instead (the private twin keeps the time)
+            outputs.stamp(spec.staging / outputs.FAILED_FILENAME, self.started)
+            outputs.stamp(spec.staging, self.started)
         except (OSError, DiskFullError):  # a full disk must not hide the original error
             pass
         (spec.staging / release.RELEASE_FILENAME).unlink(missing_ok=True)
@@ -655,6 +670,14 @@ class DPLoRARecipe:
             run_id=spec.run_id,
             summary=report.train_summary(self.facts, out, threads=spec.threads),
         )
+
+
+class _HeldSignals(GracefulStop):
+    """SIGTERM/SIGINT are recorded, never raised, while the finished run is published (every signal after the
+    first too)."""
+
+    def on_again(self, name: str) -> None:
+        """A later signal: held as the first."""
 
 
 def _eval_scalars(evaluation) -> dict[str, float]:

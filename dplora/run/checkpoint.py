@@ -293,6 +293,11 @@ def restore(spec, state, info: CheckpointInfo) -> None:
     state.empty_steps = int(info.meta["empty_steps"])
 
 
+def stop_line(name: str) -> str:
+    """The public line on the first SIGTERM/SIGINT (``name``): the same wherever the run was when it came."""
+    return f"{name}: stopping after the current step with a resume checkpoint (send it again to stop at once)"
+
+
 def default_checkpoint_every(steps: int) -> int:
     """Logical steps between resume checkpoints without ``training.checkpoint_every``: ⌈T/10⌉ (≥ 1), a function of
     the plan's T only, like the public progress lines' cadence."""
@@ -317,7 +322,7 @@ class Checkpointer(GracefulStop):
         super().__init__()
 
     def on_first(self, name: str) -> None:
-        self.log(f"{name}: stopping after the current step with a resume checkpoint (send it again to stop at once)")
+        self.log(stop_line(name))
 
     @property
     def stopping(self) -> bool:

@@ -320,6 +320,14 @@ def _publish_private(folder: Path, private: Path) -> None:
     folder.rename(private)
 
 
+def stamp(path: Path, when: str) -> None:
+    """Set ``path``'s modification (and access) time to ``when`` (ISO 8601 UTC, the record's ``started_at``)."""
+    import datetime as dt
+
+    stamp_ = dt.datetime.fromisoformat(when).timestamp()
+    os.utime(path, (stamp_, stamp_), follow_symlinks=False)
+
+
 def fix_mtimes(folder: Path, when: str) -> None:
     """Set the modification (and access) time of ``folder`` and of everything in it to ``when``.
 

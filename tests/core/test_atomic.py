@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 
 import pytest
 
@@ -25,8 +26,8 @@ def test_write_json_on_a_full_disk_keeps_the_old_file_and_names_it(tmp_path, mon
         atomic.write_json(target, {"new": "x" * 1000})
     message = str(info.value)
     assert str(target) in message and "\n" not in message
-    needed = len(json.dumps({"new": "x" * 1000}, indent=2, sort_keys=True)) + 1  # the JSON and its newline
-    assert f"needs {needed} bytes" in message and "bytes free in" in message
+    # no byte count: the size of a run's private files grows with the steps it took and carries their numbers
+    assert "free space in" in message and not re.search(r"\d+ bytes", message)
     assert info.value.exit_code == 4
     assert json.loads(target.read_text()) == {"old": 1}  # the old bytes, whole
     assert sorted(p.name for p in tmp_path.iterdir()) == ["FAILED.json"]  # no temp left

@@ -28,6 +28,7 @@ from typer.testing import CliRunner
 from dplora.cli.app import app
 from dplora.data import readers
 from dplora.data.demo import write_tickets
+from dplora.data.public import public_data
 from dplora.engine import warmstart
 from dplora.mechanism import noise as noise_mod
 from dplora.mechanism import optimizer as dpopt
@@ -135,7 +136,7 @@ def test_a_warm_started_run_fits_the_public_file_first_and_charges_nothing_for_i
     contract = parse_contract(yaml_load(tmp_path / "run.yaml"))
     fresh, tokenizer = setup_model(contract.model, contract.lora, contract.training, "cpu", "fp32", False, print)
     assert all(torch.equal(v, init[k]) for k, v in _lora(fresh).items())  # the same seeded init
-    public = warmstart.public_data(contract.data)
+    public = public_data(contract.data)
     assert public.path == str(public_csv) and str(tickets_csv) not in public.model_dump_json()
     entry = real_warm(public, contract.training, fresh, tokenizer, log=lambda *_: None)
     assert all(torch.equal(v, after[k]) for k, v in _lora(fresh).items())

@@ -72,7 +72,7 @@ def test_full_disk_at_contract_yaml_names_it_and_leaves_no_empty_file(
     result, out = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key)
     assert result.exit_code == 4, result.output
     staging = out.with_name("run.partial")
-    assert "contract.yaml" in result.output and "bytes free" in result.output, result.output
+    assert "contract.yaml" in result.output and "free space in" in result.output, result.output
     assert "--resume once there is free space" in result.output  # the resume hint stays
     assert not (staging / "contract.yaml").exists()  # never 0 bytes: absent
     assert not [p for p in staging.rglob("*") if p.name.endswith(".tmp")]
@@ -154,7 +154,7 @@ def test_full_disk_while_saving_the_adapters_leaves_no_half_written_adapter(
     result, out = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key)
     assert result.exit_code == 4, result.output
     staging = out.with_name(out.name + ".partial")
-    assert f"disk full writing {staging.resolve() / 'adapter'}" in result.output and "bytes free" in result.output
+    assert f"disk full writing {staging.resolve() / 'adapter'}" in result.output and "free space in" in result.output
     assert not (staging / "adapter").exists()
     assert not [p for p in staging.rglob("*") if p.name.endswith(".tmp")]
     assert not (out / "release.dsse.json").exists()

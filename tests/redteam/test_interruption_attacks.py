@@ -10,8 +10,8 @@ tracker files (``<output_dir>.tracking/``), mtimes.
 
 Each attack stops the same contract on the same data at two different steps (as a deadline that follows the private
 batches' times would) and compares what is public. ``test_held_*``: the attack failed (kept as a regression).
-``test_leak_*`` (xfail, strict where the test shows it every time): the attack found a public output that depends
-on k.
+``test_fixed_*``: the attack found a public output that depended on k (disk-full byte counts, a signal after the
+last step or while publishing, the public FAILED.json's mtime); fixed, kept as a regression.
 """
 
 from __future__ import annotations
@@ -241,22 +241,15 @@ def test_held_ledger_commands_and_overwrite_name_no_step(
     assert seen[2][:2] == [2, 2] and "discarded: its ledger charge is settled at its reserved" in seen[2][6]
 
 
-# --- leaks -------------------------------------------------------------------------------------------------------
+# --- found, then fixed ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=False,  # the leak is real; whether these two steps show it depends on the header's padding phase
-    reason="a full disk while a checkpoint is written: the public line, --json's error and the public FAILED.json "
-    "name the checkpoint's size (dplora.run.checkpoint._atomic_write → disk_full_error), whose header holds the step, "
-    "ε after it (its repr length) and the private empty-step count; safetensors pads the header to 8 bytes, so two "
-    "steps differ only when the paths in the header put the lengths across a padding boundary (seen: 12104 vs 12112 "
-    "bytes for k=2 vs k=6)",
-)
-def test_leak_a_full_disk_in_a_checkpoint_write_names_a_size_that_follows_the_step(
+def test_fixed_a_full_disk_in_a_checkpoint_write_names_no_size(
     tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key
 ):
-    """ENOSPC while the checkpoint after step 2 or step 6 is written (ε after step 2 prints one digit shorter than
-    after step 6 in this plan): the byte counts the public outputs name should not differ."""
+    """ENOSPC while the checkpoint after step 2 or step 6 is written: the public outputs named the checkpoint's size
+    (its header holds the step, ε after it and the private empty-step count; seen: 12104 vs 12112 bytes). Fixed: a
+    disk-full line names no byte count."""
 
     def full():
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -269,22 +262,17 @@ def test_leak_a_full_disk_in_a_checkpoint_write_names_a_size_that_follows_the_st
         monkeypatch.undo()
         assert stopped.exit_code == 4, stopped.output
         seen[k] = (_needs(stopped.output), _needs((_partial(out) / "FAILED.json").read_text()))
-    assert seen[2][0] and seen[2] == seen[6]
+    assert seen[2] == seen[6] == ([], [])
 
 
 @LINUX_FDS
-@pytest.mark.xfail(
-    strict=True,
-    reason="a resumed run that meets a full disk rewrites the private metrics.jsonl (dplora.run.outputs.open_metrics) "
-    "and the public disk-full line, --json's error and the public FAILED.json name its size: about 150 bytes per "
-    "step the interruption reached",
-)
-def test_leak_a_full_disk_on_resume_names_the_size_of_k_steps_of_metrics(
+def test_fixed_a_full_disk_on_resume_names_no_size_of_the_steps_done(
     tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key
 ):
     """SIGTERM after step 2 or 6; the resumed run finds the disk full (docs say: resume "once there is free space";
-    a quota with a little room left fails exactly this write). Its exit-4 line names "it needs N bytes" with N the
-    size of the private metrics of the k steps done (e.g. 494 vs 1089 bytes): k = (N − header) / line size."""
+    a quota with a little room left fails exactly this write). Its exit-4 line named "it needs N bytes" with N the
+    size of the private metrics of the k steps done (e.g. 494 vs 1089 bytes): k = (N − header) / line size. Fixed:
+    no byte count."""
     from dplora import atomic
 
     seen = {}
@@ -299,19 +287,13 @@ def test_leak_a_full_disk_on_resume_names_the_size_of_k_steps_of_metrics(
         monkeypatch.undo()
         assert resumed.exit_code == 4, resumed.output
         failed = (_partial(out) / "FAILED.json").read_text()
-        assert _needs(resumed.output) and _needs(failed)
-        seen[k] = (_needs(resumed.output), _needs(failed))
+        assert "disk full" in resumed.output and not _needs(resumed.output) and not _needs(failed)
+        seen[k] = (_public(resumed.output, root), _public(failed, root))
     assert seen[2] == seen[6]
 
 
 @LINUX_FDS
-@pytest.mark.xfail(
-    strict=True,
-    reason="a full disk while appending a step's line to the private metrics.jsonl: the public line, --json's error "
-    "and the public FAILED.json name the line's length, a function of step k+1, ε after it and the step's private "
-    "units, records, loss and seconds (dplora.atomic.append_line → disk_full_error)",
-)
-def test_leak_a_full_disk_during_a_step_names_the_length_of_its_private_metrics_line(
+def test_fixed_a_full_disk_during_a_step_names_no_length_of_its_private_metrics_line(
     tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key
 ):
     from dplora import atomic
@@ -328,17 +310,11 @@ def test_leak_a_full_disk_during_a_step_names_the_length_of_its_private_metrics_
     private = json.loads(line)
     assert private["step"] == k + 1 and "train_loss" in private["not_covered_by_dp"]
     public = stopped.output + (_partial(out) / "FAILED.json").read_text()
-    assert len(line) not in _needs(public)
+    assert len(line) not in _needs(public) and _needs(public) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a signal after the last step (held-out evaluation, release signing) reaches the run outside the "
-    "Checkpointer: the job log then lacks the 'SIGTERM: stopping after the current step …' line that every stop at "
-    "k < T prints, so it tells k = T from k < T (with --no-progress no progress line says so)",
-)
 @pytest.mark.parametrize("where", ["held-out evaluation", "release signing"])
-def test_leak_a_signal_after_the_last_step_is_told_apart_from_one_before(
+def test_fixed_a_signal_after_the_last_step_reads_as_one_before(
     where, tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key
 ):
     from dplora.recipe.train import DPLoRARecipe
@@ -361,38 +337,24 @@ def test_leak_a_signal_after_the_last_step_is_told_apart_from_one_before(
     assert seen["k6"] == seen[where]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a signal while the finished run is published (DPLoRARecipe.release, outside train()'s handler) prints "
-    "'training had not started, nothing was written' (dplora.cli.train._interrupted_message): k = T is told apart "
-    "from k < T (and the line is false: the signed release and the checkpoint are in .partial, the charge pending)",
-)
-def test_leak_a_signal_while_publishing_is_told_apart_from_one_in_training(
+def test_fixed_a_signal_while_publishing_is_held_until_the_release_is_in_place(
     tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key
 ):
-    seen = {}
-    for name in ("k6", "publish"):
-        root = tmp_path / name
-        cfg, out, db = _setup(root, tiny_model_dir, tickets_csv)
-        if name == "k6":
-            _hook(monkeypatch, "after-step", 6, _sigterm)
-        else:
-            monkeypatch.setattr(checkpoint, "discard", _signal_then(checkpoint.discard))
-        stopped = _train(cfg, db, signing_key, "--no-progress", "--json")
-        monkeypatch.undo()
-        assert stopped.exit_code == 130, stopped.output
-        assert Ledger(db).charges()[0].status == "pending"
-        lines = [ln for ln in stopped.output.splitlines() if not ln.startswith("SIGTERM: stopping")]
-        seen[name] = _public("\n".join(lines), root)  # the line tested above is left out here
-    assert seen["k6"] == seen["publish"]
+    """A signal while the finished run was published (outside train()'s handler) printed 'training had not started,
+    nothing was written' (false: the signed release and the checkpoint were in .partial, the charge pending). Fixed:
+    the signal is held until the release is in place; the run ends as a finished run (exit 0, settled)."""
+    root = tmp_path / "publish"
+    cfg, out, db = _setup(root, tiny_model_dir, tickets_csv)
+    monkeypatch.setattr(checkpoint, "discard", _signal_then(checkpoint.discard))
+    finished = _train(cfg, db, signing_key, "--no-progress", "--json")
+    monkeypatch.undo()
+    assert finished.exit_code == 0, finished.output
+    assert "arrived while the finished run was published: the release is complete" in finished.output
+    assert (out / "release.dsse.json").is_file() and not _partial(out).exists()
+    assert Ledger(db).charges()[0].status == "settled"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the public FAILED.json and the <output_dir>.partial folder keep their real mtime: the failure time that "
-    "private/FAILED.json keeps private (with the record's public started_at: the time the run took to reach k)",
-)
-def test_leak_the_public_failed_json_and_partial_folder_carry_the_failure_time(
+def test_fixed_the_public_failed_json_and_partial_folder_carry_the_record_start(
     tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key
 ):
     """Out of host memory in step 4 (a failure that read no DP output). The private twin's "time" is the failure

@@ -33,6 +33,7 @@ from dplora.contract.loader import parse_contract
 from dplora.data import readers
 from dplora.data.demo import write_tickets
 from dplora.data.precheck import check_warm_start_file
+from dplora.data.public import public_data
 from dplora.engine import warmstart
 from dplora.errors import BadInputError
 from dplora.mechanism import adambc
@@ -105,7 +106,7 @@ def test_finding_a_public_file_named_like_a_pattern_reads_the_private_file(tmp_p
     given = name if name.startswith("file:") else public
     data = _data(tmp_path, private, given)
     assert check_warm_start_file(data).startswith("OK  data.public_warm_start.path: ")
-    loaded = warmstart.load_public_examples(warmstart.public_data(data), byte_tokenizer(), max_seq_len=256)
+    loaded = warmstart.load_public_examples(public_data(data), byte_tokenizer(), max_seq_len=256)
     texts = _texts(loaded.examples)
     assert not any(CANARY in t for t in texts), f"the warm start read the private file through {name!r}"
     assert len(loaded.examples) == PUBLIC_TICKETS

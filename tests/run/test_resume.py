@@ -261,7 +261,7 @@ def test_full_disk_during_a_checkpoint_stops_cleanly(tmp_path, monkeypatch, tiny
     failed = json.loads((partial / "FAILED.json").read_text())
     assert failed["release"].startswith("none") and "steps_done" not in failed
     assert failed["reason"].startswith("disk full writing ")
-    assert checkpoint.CHECKPOINT_FILENAME in failed["reason"] and "bytes free" in failed["reason"]
+    assert checkpoint.CHECKPOINT_FILENAME in failed["reason"] and "free space in" in failed["reason"]
     private = json.loads((partial / "private" / "FAILED.json").read_text())
     assert private["resume_checkpoint"]["step"] == 2 and private["steps_done"] == 4
     assert not out.exists() and not list(tmp_path.rglob("release.dsse.json"))
