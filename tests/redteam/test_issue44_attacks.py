@@ -338,13 +338,27 @@ def test_per_unit_clip_before_sum_through_mechanism(per_sample, mode):
     assert float(got.norm()) <= len(GROUPS) * clip + 1e-6  # each unit contributes at most C
 
 
-def test_performance_flags_only_choose_the_rows():
-    """PerformanceFlags(per_sample=...) changes nothing of the event, plan or unit_mean."""
+def test_performance_flags_only_choose_how_the_rows_are_computed():
+    """Every PerformanceFlags field (per-example path, physical batch, checkpointing, sharding, threads, dtype,
+    attention, checkpoint interval) changes nothing of the event, plan or unit_mean."""
+    from dplora.contract.choices import AttnImplementation, Precision, Sharding
+
     plan = _plan()
-    a = make_mechanism(plan, PerformanceFlags(per_sample=PerSamplePath.FAST), distributed.SINGLE)
-    b = make_mechanism(plan, PerformanceFlags(per_sample=PerSamplePath.OPACUS), distributed.SINGLE)
-    assert a.event == b.event and a.plan is b.plan and a.private and b.private and a.unit_mean == b.unit_mean
-    assert [f.name for f in dataclasses.fields(PerformanceFlags)] == ["per_sample"]
+    base = make_mechanism(plan, PerformanceFlags(), distributed.SINGLE)
+    others = {
+        "per_sample": PerSamplePath.OPACUS,
+        "physical_batch_size": "auto",
+        "gradient_checkpointing": True,
+        "sharding": Sharding.FSDP,
+        "threads": 3,
+        "dtype": Precision.BF16,
+        "attn_implementation": AttnImplementation.EAGER,
+        "checkpoint_every": 5,
+    }
+    assert set(others) == {f.name for f in dataclasses.fields(PerformanceFlags)}  # a new flag is added here too
+    for name, value in others.items():
+        m = make_mechanism(plan, PerformanceFlags(**{name: value}), distributed.SINGLE)
+        assert m.event == base.event and m.plan is base.plan and m.private and m.unit_mean == base.unit_mean, name
 
 
 # ------------------------------------------------------------------------------- import-order rule misses
