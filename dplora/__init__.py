@@ -2,9 +2,47 @@
 
 Data flows one way: contract → plan (q, T, σ; no model) → data (units, sampling, tokens) →
 engine (model, LoRA, clip, noise, accountant, stop) → release (record, hashes, signature) → audit.
+
+From Python (:mod:`dplora.api`, docs/python.md): ``dplora.budget``, ``dplora.train``, ``dplora.verify`` and
+``dplora.private_report``; the error classes map one-to-one onto the CLI's exit codes. They are imported on first
+use, so ``import dplora`` stays light (no torch).
 """
 
 import logging
+
+from dplora.errors import (
+    BadInputError,
+    DploraError,
+    NotPrivateError,
+    PlanRefusedError,
+    TrainingFailedError,
+    VerificationError,
+)
+
+_API = ("budget", "train", "verify", "private_report", "load", "Release", "Verification", "NotCoveredByDP")
+__all__ = [
+    *_API,
+    "BadInputError",
+    "DploraError",
+    "NotPrivateError",
+    "PlanRefusedError",
+    "TrainingFailedError",
+    "VerificationError",
+]
+
+
+def __getattr__(name: str):
+    """The Python API's names, imported on first use (:mod:`dplora.api`).
+
+    The package root is the users' facade, not a stage: no module of dplora imports these names from it, and
+    the stage order (tests/test_import_order.py) is kept by importing the API by name here, on first use only.
+    """
+    if name in _API:
+        import importlib
+
+        return getattr(importlib.import_module("dplora.api"), name)
+    raise AttributeError(f"module 'dplora' has no attribute {name!r}")
+
 
 __version__ = "0.1.0"
 

@@ -190,6 +190,7 @@ STAGES: list[tuple[str, ...]] = [
     ("dplora.evaluate",),
     ("dplora.recipe",),
     ("dplora.audit", "dplora.synth", "dplora.export", "dplora.tuning"),
+    ("dplora.api",),
     ("dplora.cli", "dplora.__main__"),
 ]
 

@@ -198,12 +198,12 @@ def train(
 
 
 def _run(config: Path, overrides: list[str], options, *, as_json: bool, private_log=None):
-    """Load the contract and run :func:`dplora.recipe.train.run_training`; errors and Ctrl-C/SIGTERM as exits."""
+    """Load the contract and run it (:func:`dplora.api.load`, :func:`dplora.api.run`: the Python API's code path);
+    errors and Ctrl-C/SIGTERM as exits."""
     import contextlib
     import signal
 
-    from dplora.contract.loader import load_contract
-    from dplora.recipe.train import run_training
+    from dplora import api
 
     def _terminate(signum, _frame):  # SIGTERM (CI cancel) is handled like Ctrl-C: FAILED.json, ledger settled
         raise KeyboardInterrupt(signal.Signals(signum).name)
@@ -214,9 +214,9 @@ def _run(config: Path, overrides: list[str], options, *, as_json: bool, private_
     try:
         # stdout is kept for the final line or JSON document: anything a library prints during the run goes to stderr
         with contextlib.redirect_stdout(sys.stderr):
-            contract = load_contract(config, overrides)
+            contract = api.load(config, overrides)  # the Python API's code path (dplora.train)
             output_dir = contract.training.output_dir
-            return run_training(contract, options, log=log, private_log=private_log)
+            return api.run(contract, options, log=log, private_log=private_log)
     except DploraError as err:
         raise fail(err, as_json=as_json) from None
     except KeyboardInterrupt as err:

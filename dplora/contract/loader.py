@@ -426,19 +426,31 @@ def load_contract(path: str | Path, overrides: list[str] | None = None) -> Contr
         raise BadInputError(f"contract file not found: {path}") from None
     except OSError as err:
         raise BadInputError(f"cannot read contract {path}: {err.strerror or err.__class__.__name__}") from None
+    return load_contract_bytes(data, overrides, label=str(path))
+
+
+def load_contract_bytes(data: bytes | str, overrides: list[str] | None = None, *, label: str = "<string>") -> Contract:
+    """:func:`load_contract` of a contract's YAML text (``dplora.train("privacy: …")`` from Python): the same bounds,
+    parser, overrides and validation; ``label`` names it in errors.
+
+    Raises:
+        BadInputError: too large, not UTF-8, bad YAML, unknown key, bad value.
+    """
+    if isinstance(data, str):
+        data = data.encode("utf-8")
     if len(data) > MAX_CONTRACT_BYTES:
-        raise BadInputError(f"contract {path} is larger than {MAX_CONTRACT_BYTES // 1024} KiB: not a contract")
+        raise BadInputError(f"contract {label} is larger than {MAX_CONTRACT_BYTES // 1024} KiB: not a contract")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         line = data[: err.start].count(b"\n") + 1
-        raise BadInputError(f"contract {path} is not UTF-8 (line {line}); save it as UTF-8") from None
+        raise BadInputError(f"contract {label} is not UTF-8 (line {line}); save it as UTF-8") from None
     try:
         raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise BadInputError(f"contract {path} is not valid YAML{where}") from None
+        raise BadInputError(f"contract {label} is not valid YAML{where}") from None
     if raw is None:
         raw = {}
     if isinstance(raw, dict) and overrides:

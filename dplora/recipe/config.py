@@ -8,6 +8,7 @@ and the inputs a run's output folder must not hold (:func:`protected_inputs`).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,6 +45,7 @@ class RunOptions:
             throw-away key; the charge is the same).
         extra_records: rows appended to the training table after the held-out split (the audit's canaries, each
             its own protected unit); every column of the data file, text values.
+        on_progress: called after every logical step with public values only: (step, T, the plan's ε after it).
     """
 
     signing_key: Path | None = None
@@ -58,6 +60,7 @@ class RunOptions:
     contract_path: Path | None = None
     ledger_release: bool = True
     extra_records: tuple[dict, ...] = ()
+    on_progress: Callable[[int, int, float], None] | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

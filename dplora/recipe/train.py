@@ -503,7 +503,7 @@ class DPLoRARecipe:
         try:
             with (
                 outputs.open_metrics(spec.staging, state.step, header) as metrics,
-                ProgressReporter(enabled=self.io.progress) as bar,
+                ProgressReporter(enabled=self.io.progress, callback=self.io.options.on_progress) as bar,
                 checkpointer,
             ):
                 bar.start(spec.plan.steps)

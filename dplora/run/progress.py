@@ -102,12 +102,21 @@ class ProgressReporter(_Reporter):
         stream: where to write (default: ``sys.stderr``); an interactive terminal (``CI`` unset) gets a rich bar,
             anything else public plain lines every :func:`line_every` steps.
         interval_s, clock: kept for the signature; the plain lines have no time-based cadence.
+        callback: called after every step with public values only, ``(step, T, planned ε after it)`` (the Python
+            API's progress), whether or not anything is printed.
     """
 
     def __init__(
-        self, *, enabled: bool = True, stream: TextIO | None = None, interval_s: float = LINE_INTERVAL_S, clock=None
+        self,
+        *,
+        enabled: bool = True,
+        stream: TextIO | None = None,
+        interval_s: float = LINE_INTERVAL_S,
+        clock=None,
+        callback=None,
     ):
         super().__init__(enabled=enabled, stream=stream, interval_s=interval_s, clock=clock)
+        self._callback = callback
         self._total = 0
 
     def start(self, total: int) -> None:
@@ -122,6 +131,8 @@ class ProgressReporter(_Reporter):
         ``seconds_per_step`` and ``loss`` are private: the bar on the operator's terminal shows them (its ETA), the
         plain lines never do. A plain line is written at step 1, at every multiple of :func:`line_every` and at T.
         """
+        if self._callback is not None:  # public values only: never the loss or the step time
+            self._callback(step, self._total, epsilon)
         if self.mode == "bar":
             info = f"ε≤{epsilon:.3f}" + (f"  loss {loss:.3f}" if loss is not None else "")
             self._bar.update(self._task, completed=step, info=info)

@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 from dplora.contract.loader import load_contract
+from dplora.contract.spec import Contract
 from dplora.errors import BadInputError, PlanRefusedError
 from dplora.plan.estimate import estimate_doc, parse_duration
 from dplora.plan.training import TrainingPlan
@@ -23,7 +24,7 @@ def _eps_at_fraction(plan: TrainingPlan, frac: float) -> dict:
 
 
 def budget_report(
-    config: Path,
+    config: Path | Contract,
     overrides: list[str],
     *,
     ledger_path: Path | None = None,
@@ -72,7 +73,7 @@ def budget_report(
     if (epochs is not None or max_steps is not None) and not recommend:
         raise BadInputError("--epochs and --max-steps are compute budgets for --recommend")
     budget_seconds = None if time_budget is None else parse_duration(time_budget)
-    contract = load_contract(config, overrides)
+    contract = config if isinstance(config, Contract) else load_contract(config, overrides)
     if recommend and contract.privacy.num_units is None:
         raise BadInputError("--recommend needs privacy.num_units: a declared public N (the planner never counts data)")
     time_doc = None
