@@ -51,3 +51,11 @@ class GracefulStop:
     def on_again(self, name: str) -> None:
         """Called on every later signal. Raises: ``KeyboardInterrupt(name)``."""
         raise KeyboardInterrupt(name)
+
+
+class HeldSignals(GracefulStop):
+    """SIGTERM/SIGINT are recorded, never raised, while the finished run is published (every signal after the
+    first too)."""
+
+    def on_again(self, name: str) -> None:
+        """A later signal: held as the first."""

@@ -52,7 +52,7 @@ from dplora.run.config import RunConfig
 from dplora.run.execution import execution_entry, utc_now
 from dplora.run.loop import METRICS_HEADER, RunSpec, RunState, sharded_base
 from dplora.run.progress import BatchReporter, ProgressReporter
-from dplora.signals import GracefulStop
+from dplora.signals import HeldSignals
 from dplora.surface import PrivateLog
 
 if TYPE_CHECKING:
@@ -296,7 +296,7 @@ class DPLoRARecipe:
         per_step = train_seconds / max(self.config.plan.steps - first_step, 1)  # the loop alone, not the evaluation
         # SIGTERM/SIGINT while the signed release moves into place is held until it is in place: a half-published
         # run helps no one, and a stop there would be told apart from one before the last step
-        with _HeldSignals() as held:
+        with HeldSignals() as held:
             result = self.release(evaluation, seconds=seconds, seconds_per_step=per_step, eval_seconds=eval_seconds)
         if held.signal_name is not None:
             self.io.log(f"{held.signal_name} arrived while the finished run was published: the release is complete")
@@ -520,7 +520,7 @@ class DPLoRARecipe:
             evaluation = self._evaluate_held_out()
             eval_seconds = time.perf_counter() - t0 if evaluation is not None else 0.0
             if tracker is not None and evaluation is not None and not evaluation.public:
-                tracker.log_private(_eval_scalars(evaluation), step=state.step)
+                tracker.log_private(tracking.eval_scalars(evaluation), step=state.step)
         finally:
             if tracker is not None:
                 tracker.close(completed=completed)
@@ -670,20 +670,3 @@ class DPLoRARecipe:
             run_id=spec.run_id,
             summary=report.train_summary(self.facts, out, threads=spec.threads),
         )
-
-
-class _HeldSignals(GracefulStop):
-    """SIGTERM/SIGINT are recorded, never raised, while the finished run is published (every signal after the
-    first too)."""
-
-    def on_again(self, name: str) -> None:
-        """A later signal: held as the first."""
-
-
-def _eval_scalars(evaluation) -> dict[str, float]:
-    """The held-out evaluation's top-level numbers (private: logged only with ``training.report_private``)."""
-    flat = {}
-    for key, value in evaluation.to_dict().items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            flat[f"eval/{key}"] = float(value)
-    return flat

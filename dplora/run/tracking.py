@@ -318,3 +318,12 @@ def tracker_for(spec, started: str | None = None):
         report_private=config.report_private,
         started=started,
     )
+
+
+def eval_scalars(evaluation) -> dict[str, float]:
+    """The held-out evaluation's top-level numbers (private: logged only with ``training.report_private``)."""
+    flat = {}
+    for key, value in evaluation.to_dict().items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            flat[f"eval/{key}"] = float(value)
+    return flat
