@@ -25,7 +25,7 @@ from dplora.contract.loader import load_contract
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / "examples" / "ci" / "github-actions.yml"
-STAND_INS = {"install", "fetch", "restore-ledger", "save-ledger"}  # replaced here: setup, network, the store
+STAND_INS = {"install", "fetch", "fetch-model", "restore-ledger", "save-ledger"}  # here: setup, network, stores
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +55,15 @@ def test_workflow_shape(workflow):
     assert "release.dsse.json" in uploaded and "adapter/" in uploaded and "metrics" not in uploaded
     assert "--json" in steps["train"]["run"] and "--json" in steps["verify"]["run"]
     load_contract(ROOT / workflow["env"]["CONTRACT"])  # the shipped contract is valid
+    # pasteable: every action pinned by commit, dplora and torch's build pinned in env, the team's own base model
+    for step in _steps(workflow):
+        if "uses" in step:
+            assert re.fullmatch(r"[\w.-]+/[\w.-]+@[0-9a-f]{40}", step["uses"]), step["uses"]
+    install = steps["install"]["run"]
+    assert "scripts/setup.sh" not in install and "$DPLORA_PACKAGE" in install and "$TORCH_INDEX" in install
+    assert "@" in workflow["env"]["DPLORA_PACKAGE"] and workflow["env"]["TORCH_INDEX"].startswith("https://")
+    assert order.index("fetch-model") < order.index("budget")
+    assert '"model.path=$MODEL_DIR"' in steps["train"]["run"] and '--base-model "$MODEL_DIR"' in steps["verify"]["run"]
 
 
 class Job:
@@ -132,7 +141,7 @@ def job_inputs(tmp_path, tiny_model_dir, signing_key, workflow):
         "DPLORA_DATA_KEY": data_key.decode(),
     }
     variables = {"DPLORA_PUBLIC_KEY": signing_key[1].read_text().strip(), "LEDGER_ROLE_ARN": "arn:test"}
-    job = Job(workflow, workspace, secrets, variables, {"CONTRACT": str(contract)})
+    job = Job(workflow, workspace, secrets, variables, {"CONTRACT": str(contract), "MODEL_DIR": str(tiny_model_dir)})
     return job, secrets, write_tickets
 
 
@@ -179,7 +188,15 @@ def test_workflow_runs_locally_with_a_restored_ledger(job_inputs, workflow):
         )
     ran, failed = _run_job(job, _steps(workflow), secrets, write_tickets)
     assert not failed, failed
-    assert ran == ["ledger-required", "keys", "budget", "train", "verify", "stamp-reports", "cleanup"]
+    assert ran == [
+        "ledger-required",
+        "keys",
+        "budget",
+        "train",
+        "verify",
+        "stamp-reports",
+        "cleanup",
+    ]  # stand-ins aside
     reports = job.workspace / job.env["REPORTS_DIR"]
     started = release_statement(job.workspace / job.env["OUTPUT_DIR"])["predicate"]["started_at"]
     stamp = datetime.fromisoformat(started).timestamp()
