@@ -57,3 +57,15 @@ def _drop_bnb_cpu_kernel_notice(record: logging.LogRecord) -> bool:
 
 
 logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_drop_bnb_cpu_kernel_notice)
+
+# Offline (HF_HUB_OFFLINE=1, as a CI runner without network should be), the `kernels` package that bitsandbytes
+# loads warns on every model-loading command that it skips the publisher trust check of its cached kernel: a second
+# line under every one-line refusal, not actionable (dplora itself keeps Hub kernels off, dplora.engine.hubkernels).
+_KERNELS_OFFLINE_NOTICE = "Skipping publisher trust check for "
+
+
+def _drop_kernels_offline_notice(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(_KERNELS_OFFLINE_NOTICE)
+
+
+logging.getLogger("kernels._internals.hf_hub").addFilter(_drop_kernels_offline_notice)

@@ -25,3 +25,20 @@ def test_importing_peft_prints_no_bitsandbytes_kernel_notice():
         [sys.executable, "-c", "import dplora, peft"], capture_output=True, text=True, timeout=300, check=True
     )
     assert "gemm_4bit_forward" not in out.stderr
+
+
+def test_library_notices_that_are_not_actionable_are_dropped_and_others_kept(caplog):
+    """bitsandbytes' CPU kernel notice and the `kernels` package's offline trust-check line are filtered (each would
+    add a line under every one-line refusal); other warnings of the same loggers still show."""
+    import logging
+
+    assert dplora.__version__  # importing dplora installed the filters
+
+    with caplog.at_level(logging.WARNING):
+        hub = logging.getLogger("kernels._internals.hf_hub")
+        hub.warning("Skipping publisher trust check for 'kernels-community/x' because Hugging Face Hub is offline.")
+        hub.warning("another kernels warning")
+        bnb = logging.getLogger("bitsandbytes.backends.cpu.ops")
+        bnb.warning("Failed to load CPU gemm_4bit_forward from kernels-community")
+        bnb.warning("another bitsandbytes warning")
+    assert [r.getMessage() for r in caplog.records] == ["another kernels warning", "another bitsandbytes warning"]
