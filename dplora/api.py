@@ -23,6 +23,7 @@ import dataclasses
 import json
 import os
 import sys
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -38,8 +39,9 @@ ContractSource = str | os.PathLike | Mapping | Contract
 def load(contract: ContractSource, overrides: Sequence[str] = ()) -> Contract:
     """The validated contract from ``contract`` with ``overrides`` applied (``KEY=VALUE``, dotted keys).
 
-    A string holding a newline or a ``:`` that names no existing file is read as YAML text; any other string or
-    path is a file. The same loader, bounds and messages as ``dplora train CONFIG KEY=VALUE …``.
+    A string holding a newline is read as YAML text; any other string or path is a file (so a missing file gets
+    the CLI's "contract file not found", also when its name holds a ``:``). The same loader, bounds and messages
+    as ``dplora train CONFIG KEY=VALUE …``.
 
     Args:
         contract: a path, YAML text, a mapping (``{"privacy": {...}, "model": {...}, ...}``) or a Contract.
@@ -59,9 +61,14 @@ def load(contract: ContractSource, overrides: Sequence[str] = ()) -> Contract:
             return contract
         contract = contract.model_dump(mode="json")
     if isinstance(contract, Mapping):
-        raw = json.loads(json.dumps(dict(contract), default=str))  # plain values only, as YAML would give
+        try:  # plain values only, as YAML would give
+            raw = json.loads(json.dumps(dict(contract), default=str))
+        except (TypeError, ValueError):  # a non-text key, a mapping that holds itself
+            raise BadInputError(
+                "contract: a mapping of plain values (text keys; text, numbers, booleans, lists and mappings)"
+            ) from None
         return resolve_auto(parse_contract(apply_overrides(raw, overrides) if overrides else raw))
-    if isinstance(contract, str) and ("\n" in contract or ":" in contract) and not Path(contract).exists():
+    if isinstance(contract, str) and "\n" in contract:
         return load_contract_bytes(contract, overrides)
     if isinstance(contract, str | os.PathLike):
         return load_contract(Path(contract), overrides)
@@ -239,13 +246,20 @@ def train(
         threads=threads,
         progress=False,  # no bar or lines on stderr: on_progress gets the public values
         on_progress=on_progress,
-        contract_path=Path(contract) if isinstance(contract, os.PathLike) else None,
+        contract_path=_contract_file(contract),  # the output folder must not hold it, as in the CLI
     )
     echo = (lambda line: print(line, file=sys.stderr)) if show_private else None
+    caught: list = []
     try:
-        result = run(resolved, options, log=on_line, private_log=PrivateLog(echo))
+        with warnings.catch_warnings(record=True) as caught:  # nothing printed unless asked: dplora's own
+            warnings.simplefilter("always")  # warnings (a group-readable key) go to on_line, others are dropped
+            result = run(resolved, options, log=on_line, private_log=PrivateLog(echo))
     except DploraError as err:
         raise err from None
+    finally:
+        for w in caught:
+            if on_line is not None and f"{os.sep}dplora{os.sep}" in str(w.filename):
+                on_line(f"warning: {w.message}")
     return Release.of(result)
 
 
@@ -289,7 +303,7 @@ def verify(
     if data_key is not None and not data:
         raise BadInputError("data_key needs data: the data file(s) whose keyed digest to check")
     try:
-        key = load_data_key(Path(data_key)) if data else None
+        key = load_data_key(_path(data_key)) if data else None  # None: $DPLORA_DATA_KEY, as the CLI
         result = verify_release(
             Path(run_dir),
             Path(public_key),
@@ -356,6 +370,13 @@ def private_report(release: Release | str | os.PathLike) -> NotCoveredByDP:
     except (OSError, ValueError):
         raise BadInputError(f"no private report in {folder}: not a finished dplora run") from None
     return NotCoveredByDP(values=values, folder=folder)
+
+
+def _contract_file(contract: ContractSource) -> Path | None:
+    """The contract's file when ``contract`` names one (a path, or a string without a newline), else None."""
+    if isinstance(contract, os.PathLike) or (isinstance(contract, str) and "\n" not in contract):
+        return Path(contract)
+    return None
 
 
 def _path(value) -> Path | None:

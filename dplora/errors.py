@@ -19,6 +19,8 @@ Messages are one line and never contain raw training text; :func:`excerpt` bound
 
 from __future__ import annotations
 
+import re
+
 
 class DploraError(Exception):
     """Base class: a one-line, user-facing message plus an exit code (and the longest line the CLI prints of it)."""
@@ -89,6 +91,26 @@ def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
     """
     text = repr(value)
     return text if len(text) <= limit else text[: max(limit - 3, 0)] + "..."
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}")
+
+
+def names_shown(names, limit: int = 200, *, quote: bool = False) -> str:
+    """Column or key names for an error line: those that look like identifiers (a letter or ``_``, then letters,
+    digits, ``_ . -``; at most 64 characters; surrounding spaces kept as written), joined (``quote``: as Python
+    literals) and cut to ``limit`` characters, and a note when others were left out. A data file's keys come from
+    its records: one record's stray key can be private text (a name, a number), which an error line (exit 2, a
+    public job log) must not quote.
+
+    >>> names_shown(["message", "reply", "Jane Doe 078-05-1120"])
+    'message, reply and other names (not shown: not identifiers)'
+    """
+    names = [str(n) for n in names]
+    shown = [n for n in names if _NAME.fullmatch(n.strip())]  # as written: a stray space is worth seeing
+    text = ", ".join(repr(n) if quote else n for n in shown) or "none that are identifiers"
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    return text + (" and other names (not shown: not identifiers)" if len(shown) < len(names) else "")
 
 
 def one_line(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:

@@ -25,7 +25,7 @@ import dataclasses
 import hashlib
 
 from dplora.data.cells import cut_cells, tokenize_cells
-from dplora.errors import BadInputError, excerpt
+from dplora.errors import BadInputError, excerpt, names_shown
 
 ROLES = ("system", "user", "assistant")
 IGNORE = -100
@@ -135,7 +135,7 @@ def _content_text(content, where: str, turn: int):
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind != "text" or not isinstance(part.get("text"), str):
-            what = excerpt(str(kind), 20) if kind is not None else type(part).__name__
+            what = names_shown([kind], 20, quote=True) if kind is not None else type(part).__name__
             raise BadInputError(
                 f"{where}: message {turn} has a content part that is not text ({what}); only text is trained"
             )
@@ -183,7 +183,7 @@ def check_messages(value, row: int, column: str) -> list[dict]:
                     f"{where}: message {turn} (ShareGPT) has a 'from' other than {', '.join(SHAREGPT_ROLES)}"
                 )
         else:
-            keys = ", ".join(excerpt(str(k), 20) for k in list(message)[:4]) or "none"
+            keys = names_shown(list(message)[:4], 80, quote=True) if message else "none"
             raise BadInputError(f"{where}: message {turn} has keys {keys}; {_SHAPES}")
         if not isinstance(content, str):
             key = "content" if "role" in message and message.get("role") is not None else "value"

@@ -16,7 +16,7 @@ from pathlib import Path
 from dplora.contract.labels import same_file
 from dplora.contract.spec import DataSection
 from dplora.data.chat import check_messages
-from dplora.errors import BadInputError, excerpt
+from dplora.errors import BadInputError, excerpt, names_shown
 
 
 def _first_sentence(err: BaseException) -> str:
@@ -91,8 +91,7 @@ def check_data_files(data: DataSection, unit_key: str | None, *, chat_template: 
         needed += [c for c in (data.label_column, data.group_column) if c and key == "data.eval_path"]
         missing = [c for c in needed if c not in columns]
         if missing:
-            shown = ", ".join(columns)
-            shown = shown if len(shown) <= 200 else shown[:197] + "..."
+            shown = names_shown(columns)
             raise BadInputError(f"{key}: {path} has no column {missing[0]!r}; columns are: {shown}")
         kind = {"json": "jsonl" if path.suffix.lower() != ".json" else "json"}.get(builder, builder)
         line = f"OK  {key}: {path} ({kind}; columns {', '.join(needed)} present)"
@@ -154,8 +153,7 @@ def check_warm_start_file(data: DataSection) -> str | None:
     needed = required_columns(public, None)
     missing = [c for c in needed if c not in columns]
     if missing:
-        names = ", ".join(columns)
-        names = names if len(names) <= 200 else names[:197] + "..."
+        names = names_shown(columns)
         raise BadInputError(f"{key}: {path} has no column {missing[0]!r}; columns are: {names}")
     if data.messages_key is not None and first is not None:
         check_messages(first[data.messages_key], 1, data.messages_key)

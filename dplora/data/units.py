@@ -20,7 +20,7 @@ from dplora.contract.choices import ProtectedUnit
 from dplora.contract.spec import DataSection, PrivacySection
 from dplora.data.chat import check_messages
 from dplora.data.readers import TextTable, read_csv_text, read_table
-from dplora.errors import BadInputError, excerpt
+from dplora.errors import BadInputError, excerpt, names_shown
 
 _FORMATS = {".csv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
@@ -82,8 +82,7 @@ def load_table(data: DataSection, *, unit_key: str | None = None, light: bool = 
         raise BadInputError(f"data file {path} has no rows")
     missing = [c for c in required_columns(data, unit_key) if c not in table.column_names]
     if missing:
-        columns = ", ".join(table.column_names)  # header names come from the file: bounded below
-        columns = columns if len(columns) <= 200 else columns[:197] + "..."
+        columns = names_shown(table.column_names)  # names come from the file: identifiers only, bounded
         hint = ""
         if data.record_format == "auto" and missing[0] == data.messages_key == "messages":
             hint = (

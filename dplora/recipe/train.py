@@ -506,7 +506,7 @@ class DPLoRARecipe:
                 ProgressReporter(enabled=self.io.progress, callback=self.io.options.on_progress) as bar,
                 checkpointer,
             ):
-                bar.start(spec.plan.steps)
+                bar.start(spec.plan.steps, done=state.step, epsilon_at=spec.plan.epsilon_at)
                 checkpointer.write()  # before step 1 (skipped when resuming from this step)
                 logged = metrics if tracker is None else tracking.TrackedMetrics(metrics, tracker)
                 runtime.reset_peak_memory(spec.device)  # the peak reported is the steps', not the probe's (set-up)

@@ -119,9 +119,15 @@ class ProgressReporter(_Reporter):
         self._callback = callback
         self._total = 0
 
-    def start(self, total: int) -> None:
-        """Begin a run of ``total`` logical steps (the plan's T)."""
+    def start(self, total: int, *, done: int = 0, epsilon_at=None) -> None:
+        """Begin a run of ``total`` logical steps (the plan's T); a resumed run has ``done`` of them already.
+
+        The callback then first gets steps 1..``done`` (``epsilon_at(step)``: the plan's ε after it), so the public
+        values it receives are the same sequence 1..T whichever step an interruption reached."""
         self._total = total
+        if self._callback is not None and done and epsilon_at is not None:
+            for step in range(1, done + 1):
+                self._callback(step, total, epsilon_at(step))
         if self.mode == "bar":
             self._start_bar("DP-LoRA", total, info=True)
 

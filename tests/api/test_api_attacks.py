@@ -3,8 +3,10 @@
 Each test is one attack on a claim of docs/python.md: the Release is public, nothing is printed unless asked,
 on_progress gets public values only, private diagnostics come only through private_report, the ledger is charged
 as by ``dplora train``, errors are the CLI's named classes and one-line messages (no record text, no private
-count), and ``dplora.budget`` is public. Unmarked tests are attacks that held; ``xfail(strict=True)`` marks an
-attack that broke a claim (the reason says which and why).
+count), and ``dplora.budget`` is public. Ten attacks broke a claim when this file was written (on_progress after a
+resume, a str contract path inside the output folder, data refusals quoting record keys, bare TypeErrors, a missing
+path with a ':', a key-permission warning printed): all fixed, and kept as plain tests. The one ``xfail`` is a
+refusal the project keeps on purpose (the reason says why).
 """
 
 from __future__ import annotations
@@ -118,12 +120,6 @@ def test_budget_of_a_contract_object_with_overrides_is_the_files(tmp_path, tiny_
 # --- claim 5: errors are the CLI's named classes with the CLI's one-line messages ---------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="api.load turns a mapping into JSON with json.dumps(default=str) outside any try: a key that is not a "
-    "str/int/float/bool/None raises a bare TypeError and a self-referencing mapping a bare ValueError, not "
-    "BadInputError as docs/python.md promises for 'a wrong type'",
-)
 @pytest.mark.parametrize("odd", ["tuple-key", "circular"])
 def test_a_mapping_with_odd_types_is_a_bad_input_error(tmp_path, tiny_model_dir, odd):
     raw = contract_dict(tiny_model_dir, tmp_path / "d.csv", tmp_path / "run", privacy={"num_units": 200})
@@ -135,12 +131,6 @@ def test_a_mapping_with_odd_types_is_a_bad_input_error(tmp_path, tiny_model_dir,
         dplora.budget(raw)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="api.load reads a str holding ':' that names no existing file as YAML text, so a missing contract "
-    "file such as configs/prod:v2.yaml gets 'the contract must be a YAML mapping ...' instead of the CLI's "
-    "'contract file not found: configs/prod:v2.yaml'",
-)
 def test_a_missing_contract_path_with_a_colon_gets_the_clis_message():
     path = "configs/prod:v2.yaml"
     cli = CliRunner().invoke(app, ["budget", path])
@@ -150,11 +140,6 @@ def test_a_missing_contract_path_with_a_colon_gets_the_clis_message():
     assert f"error: {info.value}" in cli.output
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="api.verify calls load_data_key(Path(data_key)) whenever data is given: with data_key=None that is "
-    "Path(None), a bare TypeError, where `dplora verify --data FILE` reads $DPLORA_DATA_KEY and passes",
-)
 def test_verify_with_data_and_the_environments_data_key_passes_as_the_cli(released, signing_key, monkeypatch):
     monkeypatch.setenv("DPLORA_DATA_KEY", str(released["folder"] / "data.key"))
     path, data = released["release"].path, released["data"]
@@ -192,12 +177,6 @@ def _bad_data(tmp_path: Path, tiny_model_dir: Path, case: str) -> dict:
     return raw
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the data reader quotes record content in its refusal: every jsonl key of any record in 'columns are: "
-    "...' (dplora.data.units.load_table), a malformed turn's keys and a content part's 'type' value "
-    "(dplora.data.chat.check_messages, _content_text); docs/python.md promises 'never record text'",
-)
 @pytest.mark.parametrize("case", ["missing-column", "message-key", "content-part-type"])
 def test_a_data_refusal_quotes_no_record_text(tmp_path, tiny_model_dir, signing_key, case):
     raw = _bad_data(tmp_path, tiny_model_dir, case)
@@ -209,9 +188,8 @@ def test_a_data_refusal_quotes_no_record_text(tmp_path, tiny_model_dir, signing_
 
 @pytest.mark.xfail(
     strict=True,
-    reason="a data refusal states how many records have an empty cell ('has 2 empty cells (data rows ...)', "
-    "dplora.data.units._check_cells): a count computed on the private data, which docs/python.md says an "
-    "error never carries; it differs between neighbouring files",
+    reason="kept on purpose (docs/python.md, Errors): a refusal of the data names the rows to fix, and how many "
+    "(positions, never contents); it is the operator's feedback, and it differs between neighbouring files",
 )
 def test_a_data_refusal_carries_no_private_count(tmp_path, tiny_model_dir, signing_key):
     rows = _tickets(tmp_path / "all.csv").read_text().splitlines()
@@ -256,12 +234,6 @@ def test_a_failed_training_step_is_one_clean_named_line(tmp_path, tiny_model_dir
 # --- claim 2: nothing is printed unless asked ---------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="dplora.release.keys.load_private_key warns with warnings.warn (printed on stderr by Python) when the "
-    "signing key is group/world readable; dplora.train prints it although on_line was not given, where "
-    "docs/python.md says warnings go to on_line and nothing is printed unless asked",
-)
 def test_train_prints_nothing_unless_asked_with_a_readable_signing_key(tmp_path, signing_key):
     key = tmp_path / "ci.key"
     shutil.copy(signing_key[0], key)
@@ -414,13 +386,6 @@ def _stopped_then_resumed(folder: Path, raw: dict, key: Path, stop_at: int) -> l
     return steps
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="on a resumed run on_progress is first called with the checkpoint's step + 1, so an orchestrator that "
-    "logs the (documented public) progress values publishes where the run was stopped: a function of wall-clock "
-    "time and the realised private batches, which dplora itself keeps private (the resume line and the time "
-    "estimate leave it out: 'the steps already done are not public', FAILED.json's public entry omits it)",
-)
 def test_on_progress_does_not_reveal_where_a_resumed_run_stopped(tmp_path, tiny_model_dir, signing_key):
     data = _tickets(tmp_path / "d.csv")
     raw = contract_dict(
@@ -460,13 +425,6 @@ def test_the_ledger_charge_is_the_clis_for_the_same_contract(released, signing_k
     assert api_rows == cli_rows and {r["status"] for r in api_rows if "status" in r} == {"settled"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="dplora.train passes contract_path only for an os.PathLike contract, so a contract given as a str path "
-    "(the documented form) is not among the inputs the output folder must not hold: with overwrite=True the API "
-    "trains over the folder that holds its own contract and charges the ledger, where `dplora train` refuses "
-    "(exit 2, 'is or contains the contract') and charges nothing",
-)
 def test_a_contract_inside_the_output_folder_is_refused_and_uncharged_as_by_the_cli(released, signing_key, tmp_path):
     copy_dir = tmp_path / "previous-run"
     shutil.copytree(released["release"].path, copy_dir)
