@@ -351,7 +351,7 @@ HOISTED_FROM = {
     "dplora.plan.estimate": {"estimate_doc", "estimate_line"}, "dplora.cli.export": {"check_export"},
     "dplora.cli.synth": {"check_synthetic"},
     "dplora.run.outputs": {"fix_mtimes", "private_folder", "private_path", "private_staging"},
-    "dplora.run.progress": {"duration"}, "dplora.run.resume": {"failure_fields", "steps_run"},
+    "dplora.run.progress": {"duration"}, "dplora.run.resume": {"failure_entries", "steps_run"},
     "dplora.surface": {"PrivateLog", "echo_private", "in_ci"},
 }  # fmt: skip
 
