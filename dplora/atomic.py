@@ -1,7 +1,7 @@
 """Whole files or nothing: every file dplora writes goes to a temporary name in the same folder, is fsynced, then
 renamed over its target (``os.replace``), and the folder is fsynced. Readers see the old bytes or the new ones,
 never a 0-byte or half-written file; on any error the temporary file is removed. A full disk (ENOSPC, EDQUOT)
-raises :class:`DiskFullError`, whose one line names the target file and the bytes needed against those free.
+raises :class:`DiskFullError`, whose one line names the target file and its folder (never a byte count).
 
 Appends (``metrics.jsonl``) write one whole line per call; if the write fails the file is cut back to its length
 before the call, so a partial last line cannot remain (readers also drop a last line without its ``\\n``).
@@ -36,14 +36,13 @@ class DiskFullError(DploraError):
     exit_code = 4
 
 
-def disk_full_error(target: Path, needed: int, err: OSError) -> DiskFullError:
+def disk_full_error(target: Path, err: OSError) -> DiskFullError:
     """The one-line :class:`DiskFullError` for ``target``: the file and its folder, never a byte count.
 
-    ``needed`` (the bytes the write needed) is not printed: the line reaches the job log and ``FAILED.json``, and the
-    size of a run's private files (its metrics, a checkpoint's header) grows with the steps it took and carries
-    their private numbers. Neither is the folder's free space, which the same writes move.
+    No size is printed: the line reaches the job log and ``FAILED.json``, and the size of a run's private files (its
+    metrics, a checkpoint's header) grows with the steps it took and carries their private numbers. Neither is the
+    folder's free space, which the same writes move.
     """
-    del needed  # kept in the signature for the callers; see above
     what = "quota exceeded" if err.errno == errno.EDQUOT else "disk full"
     return DiskFullError(f"{what} writing {target} (the file was left as it was): free space in {Path(target).parent}")
 
@@ -62,13 +61,12 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def save_folder(target: Path, write: Callable[[Path], object], *, estimate: int) -> Path:
+def save_folder(target: Path, write: Callable[[Path], object]) -> Path:
     """Write a whole folder (a library's ``save_pretrained``) atomically: into a temp sibling, fsync, rename.
 
     Args:
         target: the folder to create or replace (e.g. ``<output_dir>.partial/adapter``).
         write: called with the temp folder; writes every file into it (its own plain ``open`` calls are fine).
-        estimate: bytes the folder needs (for the disk-full message), e.g. the adapters' parameter bytes.
     Returns:
         ``target``; it holds the old folder or the complete new one, never part of one.
     Raises:
@@ -90,7 +88,7 @@ def save_folder(target: Path, write: Callable[[Path], object], *, estimate: int)
     except OSError as err:
         shutil.rmtree(tmp, ignore_errors=True)
         if err.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise disk_full_error(target, estimate, err) from None
+            raise disk_full_error(target, err) from None
         raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -110,35 +108,26 @@ def replacing(path: Path, *, text: bool = False, mode: int = 0o644, newline: str
         mode: Permission bits of the new file (0644 unless given, e.g. 0600 for a private key).
         newline: As :func:`open`'s, in text mode.
     Raises:
-        DiskFullError: ENOSPC or EDQUOT (the message names ``path`` and the bytes written so far vs free); the
-            temp file is removed and ``path`` keeps its old content (or stays absent).
+        DiskFullError: ENOSPC or EDQUOT (the message names ``path`` and its folder); the temp file is removed and
+            ``path`` keeps its old content (or stays absent).
         OSError: Any other write error (the temp file is removed first).
     """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    written = 0
     try:
         kw = {"encoding": "utf-8", "newline": newline} if text else {}
         with os.fdopen(fd, "w" if text else "wb", **kw) as f:
             yield f
             f.flush()
-            written = f.tell()
             os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(err, OSError) and err.errno in DISK_FULL_ERRNOS:
-            raise disk_full_error(path, max(written, _size(tmp)), err) from err
+            raise disk_full_error(path, err) from err
         raise
     fsync_dir(path.parent)
-
-
-def _size(path: str) -> int:
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return 0
 
 
 def write_temp(folder: Path, name: str, data: bytes) -> Path:
@@ -159,7 +148,7 @@ def write_temp(folder: Path, name: str, data: bytes) -> Path:
     except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(err, OSError) and err.errno in DISK_FULL_ERRNOS:
-            raise disk_full_error(Path(folder) / name, len(data), err) from err
+            raise disk_full_error(Path(folder) / name, err) from err
         raise
     return Path(tmp)
 
@@ -182,7 +171,7 @@ def write_bytes(path: Path, data: bytes, *, mode: int = 0o644) -> Path:
         with replacing(path, mode=mode) as f:
             f.write(data)
     except DiskFullError as err:
-        raise disk_full_error(Path(path), len(data), err.__cause__) from err.__cause__
+        raise disk_full_error(Path(path), err.__cause__) from err.__cause__
     return Path(path)
 
 
@@ -234,7 +223,7 @@ def append_line(handle, line: str, *, sync: bool = True) -> None:
         except OSError:
             pass
         if err.errno in DISK_FULL_ERRNOS:
-            raise disk_full_error(Path(handle.name), len(data), err) from err
+            raise disk_full_error(Path(handle.name), err) from err
         raise
 
 

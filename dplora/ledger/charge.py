@@ -165,12 +165,19 @@ class RunCharge:
         if self.ledger is not None and not resumable:
             self.ledger.settle(self.run_id, epsilon_spent=spent, status="failed")
 
-    def settle(self, spent: float, *, record_sha256: str | None) -> None:
-        """Settle at ε spent; record the signed release (a DP run's, unless a sweep trial signs it later)."""
+    def settle(self, spent: float, *, record: Path) -> None:
+        """Settle at ε spent; record the signed release ``record`` by its sha256 (a DP run's, unless a sweep trial
+        signs it later)."""
         if self.ledger is None:
             return
         self.ledger.settle(self.run_id, epsilon_spent=spent, status="settled")
-        if self.private and self.ledger_release and record_sha256 is not None:
+        if self.private and self.ledger_release:
+            from dplora.data.digest import sha256_file
+
             self.ledger.record_release(
-                run_id=self.run_id, record_sha256=record_sha256, epsilon=spent, delta=self.plan.delta, label="final"
+                run_id=self.run_id,
+                record_sha256=sha256_file(record),
+                epsilon=spent,
+                delta=self.plan.delta,
+                label="final",
             )

@@ -27,7 +27,6 @@ from typing import IO, TYPE_CHECKING
 from dplora.atomic import DiskFullError, save_folder, write_json, write_text
 from dplora.contract.choices import ProtectedUnit, Quantization
 from dplora.contract.spec import Contract
-from dplora.data import digest as digests
 from dplora.data import units as data_mod
 from dplora.engine import distributed, runtime
 from dplora.engine.model import check_model_cache
@@ -583,8 +582,7 @@ class DPLoRARecipe:
         spec, state, io = self.spec, self.state, self.io
         staging = spec.staging.resolve()
         adapters = unwrap(state.model)
-        size = sum(p.numel() * p.element_size() for p in adapters.parameters() if p.requires_grad)
-        save_folder(staging / "adapter", adapters.save_pretrained, estimate=size + 64 * 1024)  # + config, card
+        save_folder(staging / "adapter", adapters.save_pretrained)
         write_text(staging / "contract.yaml", self.config.contract_yaml)
         self.facts = report.PublicFacts(
             contract=self.contract,
@@ -653,7 +651,7 @@ class DPLoRARecipe:
         )
         if kept is not None:
             io.log(f"warning: files appeared in {out} during the run; the old folder was kept as {kept}")
-        self.charge.settle(epsilon_spent, record_sha256=digests.sha256_file(out / release.RELEASE_FILENAME))
+        self.charge.settle(epsilon_spent, record=out / release.RELEASE_FILENAME)
         return RunResult(
             output_dir=out,
             release_path=out / release.RELEASE_FILENAME,

@@ -233,7 +233,7 @@ def _atomic_write(path: Path, payload: bytes, step: int) -> None:
     except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(err, OSError) and err.errno in atomic.DISK_FULL_ERRNOS:
-            raise atomic.disk_full_error(path, len(payload), err) from err
+            raise atomic.disk_full_error(path, err) from err
         if isinstance(err, OSError) and err.filename is None:
             raise OSError(err.errno, err.strerror or str(err), str(path)) from err
         raise

@@ -141,8 +141,8 @@ class Tracker:
     def _whole_public_series(self) -> None:
         """Replace what was logged publicly by the plan's whole series (the same numbers, all T steps)."""
         series = _public_series(self.plan)
-        if self._public is not None and self._public._scalars is not None:
-            self._public._scalars = [(tag, float(v), step) for values, step in series for tag, v in values.items()]
+        if self._public is not None:
+            self._public.replace([(tag, float(v), step) for values, step in series for tag, v in values.items()])
         elif self.backend not in ("none", "tensorboard"):
             self._held = [(values, step) for values, step in series if values]
 
@@ -180,7 +180,7 @@ class Tracker:
             self._whole_public_series()
         else:
             if self._public is not None:
-                self._public._scalars = None  # nothing public for a run that did not finish
+                self._public.discard()  # nothing public for a run that did not finish
             self._held.clear()
         for writer in (self._public, self._private):
             if writer is not None:
@@ -229,6 +229,15 @@ class _PublicEventFile:
     def add_scalar(self, tag: str, value: float, step: int) -> None:
         """Hold one scalar at ``step`` (written at close)."""
         self._scalars.append((tag, float(value), int(step)))
+
+    def replace(self, scalars: list[tuple[str, float, int]]) -> None:
+        """Hold ``scalars`` (tag, value, step) instead of what was added (nothing once written or discarded)."""
+        if self._scalars is not None:
+            self._scalars = list(scalars)
+
+    def discard(self) -> None:
+        """Write nothing at :meth:`close`."""
+        self._scalars = None
 
     def close(self) -> None:
         """Write the event file (once; later calls do nothing)."""
