@@ -58,6 +58,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -438,10 +439,16 @@ def train_one(raw: dict, key: Path, threads: int) -> dict:
     from dplora.contract.loader import parse_contract
     from dplora.recipe.config import RunOptions
     from dplora.recipe.train import run_training
+    from dplora.run.checkpoint import checkpoint_file
 
+    # a checkpoint left by a killed study run (same stable work folder, so same contract and data): resume it
+    staging = Path(f"{raw['training']['output_dir']}.partial")
+    resume = checkpoint_file(staging).exists()
     result = run_training(
         parse_contract(raw),
-        RunOptions(signing_key=key, data_key=None, overwrite=True, threads=threads, progress=False),
+        RunOptions(
+            signing_key=key, data_key=None, overwrite=not resume, resume=resume, threads=threads, progress=False
+        ),
         log=_quiet,
     )
     p = result.plan
@@ -456,6 +463,7 @@ def train_one(raw: dict, key: Path, threads: int) -> dict:
         "train_seconds": round(result.seconds, 1),
         "s_per_step": round(result.seconds_per_step, 2),
         "folder": str(result.output_dir),
+        "resumed": resume,  # then the seconds are the resumed part's only
     }
 
 
@@ -499,7 +507,7 @@ class Scorer:
         return record_nll(model, examples, pad_id=self.tokenizer.pad_token_id, device=self.device, batch_size=batch)
 
 
-def banking_eval(scorer: Scorer, model, test: list[dict], labels: list[str], contract) -> dict:
+def banking_eval(scorer: Scorer, model, test: list[dict], labels: list[str], contract, *, calibrate=True) -> dict:
     """Accuracy by candidate log-likelihood, per-intent accuracy, and the true label's loss per token.
 
     ``accuracy`` picks the label with the smallest SUMMED negative log-likelihood (the fixed reference's scoring);
@@ -523,13 +531,41 @@ def banking_eval(scorer: Scorer, model, test: list[dict], labels: list[str], con
         true_tok.append(tokens[j])
     correct = [p == r["category"] for p, r in zip(picks, test, strict=True)]
     groups, hidden = group_stats([r["category"] for r in test], true_nll, true_tok, correct, min_records=1)
+    calibrated = calibrated_eval(scorer, model, test, labels, contract) if calibrate else None
     return {
         "accuracy": sum(correct) / len(correct),
         "accuracy_per_token": sum(p == r["category"] for p, r in zip(per_token, test, strict=True)) / len(test),
+        # the product's classification path (dplora.evaluate.classify): per-token, calibrated on "N/A"
+        **(
+            {
+                "accuracy_calibrated": calibrated["accuracy"],
+                "per_label_recall": {g["label"]: g["recall"] for g in calibrated["per_label"]},
+            }
+            if calibrated is not None
+            else {}
+        ),
         "label_loss": math.fsum(true_nll) / sum(true_tok),
         "records": len(test),
         "groups": [dataclasses.asdict(g) for g in groups],
     }
+
+
+def calibrated_eval(scorer: Scorer, model, test: list[dict], labels: list[str], contract) -> dict:
+    """Banking77 scored as ``dplora eval`` scores a declared classification task: each label's length-normalised
+    log-likelihood minus its score on the fixed content-free input (Zhao et al. 2021, "Calibrate before use"),
+    through :func:`dplora.evaluate.classify.classify` and :func:`~dplora.evaluate.classify.classification_stats`.
+
+    Returns:
+        ``classification_stats``' dict: ``accuracy`` (calibrated), ``accuracy_uncalibrated``, ``per_label`` recall
+        (every intent: the test rows are balanced and public), ``bias``.
+    """
+    from dplora.evaluate.classify import classification_stats, classify
+
+    prompts = [r["text"] for r in test]
+    bias, scores = classify(
+        model, scorer.tokenizer, prompts, labels, contract.data, contract.training, device=scorer.device
+    )
+    return classification_stats(labels, [r["category"] for r in test], scores, bias, min_records=1)
 
 
 def bitext_eval(scorer: Scorer, model, held: list[dict], contract) -> dict:
@@ -1028,51 +1064,61 @@ def study_row(
     banking = task_name == "banking77"
     started = time.perf_counter()
     task = study_task(settings.banking if banking else settings.bitext, levers)
-    with tempfile.TemporaryDirectory(prefix="dplora-study-") as tmp_name:
-        tmp = Path(tmp_name)
-        isolate_user_state(tmp)
-        key, _ = generate_keypair(tmp / "bench.key", None, overwrite=False)
+    name = ("study-banking77-" if banking else "study-") + "+".join(levers)
+    if epsilon != STUDY_EPSILON:
+        name += f"-eps{epsilon:g}"
+    # A row at E 20 takes hours on one core, longer than a working session: the row's data, key, ledger and cache
+    # live in a stable folder under --out (never a temporary one), so that running the same command again resumes
+    # the killed run from its checkpoint (the contract, data and ledger are the same files), and the folder goes
+    # only when the row is scored.
+    tmp = out / "work" / name
+    tmp.mkdir(parents=True, exist_ok=True)
+    isolate_user_state(tmp)
+    key = tmp / "bench.key"
+    if not key.exists():
+        key, _ = generate_keypair(key, None, overwrite=False)
+    if banking:
+        path, held, labels = banking_data(settings, tmp)
+        val = banking_validation(settings, STUDY_VALIDATION_PER_INTENT)
+        columns = BANKING_COLUMNS
+    else:
+        (path, held), labels = bitext_data(settings, tmp), None
+        val = bitext_validation(settings, STUDY_VALIDATION_ROWS)
+        columns = BITEXT_COLUMNS
+    model_section = model_section_for(settings, model_path, out)
+    scorer = Scorer(threads, model_section)
+    contract = parse_contract(contract_for(task, settings, path, columns, tmp / "unused", model=model_section))
+
+    def score(model, rows: list[dict]) -> dict:
         if banking:
-            path, held, labels = banking_data(settings, tmp)
-            val = banking_validation(settings, STUDY_VALIDATION_PER_INTENT)
-            columns = BANKING_COLUMNS
-        else:
-            (path, held), labels = bitext_data(settings, tmp), None
-            val = bitext_validation(settings, STUDY_VALIDATION_ROWS)
-            columns = BITEXT_COLUMNS
-        model_section = model_section_for(settings, model_path, out)
-        scorer = Scorer(threads, model_section)
-        contract = parse_contract(contract_for(task, settings, path, columns, tmp / "unused", model=model_section))
+            return banking_eval(scorer, model, rows, labels, contract)
+        return bitext_eval(scorer, model, rows, contract)
 
-        def score(model, rows: list[dict]) -> dict:
-            if banking:
-                return banking_eval(scorer, model, rows, labels, contract)
-            return bitext_eval(scorer, model, rows, contract)
+    base_held, base_val = score(scorer.base, held), score(scorer.base, val)
+    folder = out / "runs" / name
+    kw = {"model": model_section, "arm": study_arm(levers), "epsilon": epsilon}
+    warm = None
+    if task.warm_start is not None:  # the public file, then the same contract with data.public_warm_start
+        warm_path, warm_records = warm_start_file(task.warm_start, settings, contract, tmp)
+        steps, batch, lr = settings.warm_start
+        kw["warm"] = {"path": str(warm_path), "steps": steps, "batch_size": batch, "lr": lr}
+        warm = {"source": task.warm_start, "records": warm_records, "steps": steps, "batch_size": batch, "lr": lr}
+    if any(STUDY_LEVERS[n][0].get("enabled") is False for n in levers):  # the control: its DP twin's B, T, lr
+        twin = contract_for(task, settings, path, columns, folder, **kw)
+        kw |= {"arm": "fixed", "fixed": resolved_settings(twin), "enabled": False}
+    raw = contract_for(task, settings, path, columns, folder, **kw)
+    run = train_one(raw, key, threads)
+    if warm is not None:  # what the signed record says of the public file (its sha256 names the exact rows)
+        from dplora.data.public import DEMO_SEED
+        from dplora.release.read import read_statement
 
-        base_held, base_val = score(scorer.base, held), score(scorer.base, val)
-        folder = out / "runs" / (("study-banking77-" if banking else "study-") + "+".join(levers))
-        kw = {"model": model_section, "arm": study_arm(levers), "epsilon": epsilon}
-        warm = None
-        if task.warm_start is not None:  # the public file, then the same contract with data.public_warm_start
-            warm_path, warm_records = warm_start_file(task.warm_start, settings, contract, tmp)
-            steps, batch, lr = settings.warm_start
-            kw["warm"] = {"path": str(warm_path), "steps": steps, "batch_size": batch, "lr": lr}
-            warm = {"source": task.warm_start, "records": warm_records, "steps": steps, "batch_size": batch, "lr": lr}
-        if any(STUDY_LEVERS[n][0].get("enabled") is False for n in levers):  # the control: its DP twin's B, T, lr
-            twin = contract_for(task, settings, path, columns, folder, **kw)
-            kw |= {"arm": "fixed", "fixed": resolved_settings(twin), "enabled": False}
-        raw = contract_for(task, settings, path, columns, folder, **kw)
-        run = train_one(raw, key, threads)
-        if warm is not None:  # what the signed record says of the public file (its sha256 names the exact rows)
-            from dplora.data.public import DEMO_SEED
-            from dplora.release.read import read_statement
-
-            entry = read_statement(Path(run["folder"]) / "release.dsse.json")["predicate"]["public_warm_start"]
-            described = WARM_START_SOURCES[warm["source"]].format(n=warm["records"], seed=DEMO_SEED)
-            warm |= {"sha256": entry["sha256"], "described": described}
-        model = scorer.model(run["folder"])
-        held_eval, val_eval = score(model, held), score(model, val)
-        scorer.release(model)
+        entry = read_statement(Path(run["folder"]) / "release.dsse.json")["predicate"]["public_warm_start"]
+        described = WARM_START_SOURCES[warm["source"]].format(n=warm["records"], seed=DEMO_SEED)
+        warm |= {"sha256": entry["sha256"], "described": described}
+    model = scorer.model(run["folder"])
+    held_eval, val_eval = score(model, held), score(model, val)
+    scorer.release(model)
+    shutil.rmtree(tmp, ignore_errors=True)
     row = {
         "task": task_name,
         "levers": list(levers),
@@ -1085,6 +1131,7 @@ def study_row(
         "trained_parameters": trained_parameters(Path(run["folder"]), task.freeze_a),
         **({"warm_start": warm} if warm is not None else {}),
         **{k: run[k] for k in ("batch", "steps", "q", "sigma", "lr", "epsilon_spent", "train_seconds", "s_per_step")},
+        **({"resumed": "from a checkpoint: seconds and minutes count the last part"} if run["resumed"] else {}),
     }
     if banking:
         row |= {
@@ -1098,6 +1145,11 @@ def study_row(
             # length-normalised scoring (a diagnostic; the share stays on the summed scoring's fixed reference)
             "test_accuracy_per_token": round(held_eval["accuracy_per_token"], 4),
             "base_test_accuracy_per_token": round(base_held["accuracy_per_token"], 4),
+            # the classification path (calibrated, per token) and its per-intent recall on the test rows
+            "test_accuracy_calibrated": round(held_eval["accuracy_calibrated"], 4),
+            "base_test_accuracy_calibrated": round(base_held["accuracy_calibrated"], 4),
+            "validation_accuracy_calibrated": round(val_eval["accuracy_calibrated"], 4),
+            "test_recall": {k: round(v, 4) for k, v in held_eval["per_label_recall"].items()},
         }
     else:
         row |= {
@@ -1135,17 +1187,20 @@ def _banking_table_md(rows: list[dict]) -> str:
     ref = rows[0]["reference"] if rows else BANKING_STUDY_REFERENCE
     lines = [
         "| levers | change | trained d | B | T | σ | ε spent | validation accuracy (base) | test accuracy | share "
-        "| train min | wall min |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| test accuracy, calibrated (base) | train min | wall min |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         f"| reference | today's DP-planner row (not retrained) | 460,800 | 32 | 52 | — | ≤ 8 | — | "
-        f"{ref['dp_eps8']:.3f} | {study_share(ref['dp_eps8'], ref):.3f} | — | — |",
+        f"{ref['dp_eps8']:.3f} | {study_share(ref['dp_eps8'], ref):.3f} | — | — | — |",
     ]
     for r in rows:
+        calibrated = "—"  # rows scored before the classification path was in the benchmark
+        if "test_accuracy_calibrated" in r:
+            calibrated = f"{r['test_accuracy_calibrated']:.3f} ({r['base_test_accuracy_calibrated']:.3f})"
         lines.append(
             f"| {'+'.join(r['levers'])} | {'; '.join(r['changes'])} | {r['trained_parameters']:,} | {r['batch']} | "
             f"{r['steps']} | {r['sigma']:.3f} | {_eps_cell(r['epsilon_spent'])} | {r['validation_accuracy']:.3f} "
             f"({r['base_validation_accuracy']:.3f}) | {r['test_accuracy']:.3f} | {r['share_of_control_gain']:.3f} | "
-            f"{r['train_seconds'] / 60:.1f} | {r['wall_minutes']:.1f} |"
+            f"{calibrated} | {r['train_seconds'] / 60:.1f} | {r['wall_minutes']:.1f} |"
         )
     return "\n".join(lines)
 
@@ -1197,9 +1252,10 @@ def rescore_banking(folders: list[Path], settings: Settings, threads: int, model
 
         def summary(model) -> dict:
             got = banking_eval(scorer, model, held, labels, contract)
-            keep = ("accuracy", "accuracy_per_token", "records")
+            keep = ("accuracy", "accuracy_per_token", "accuracy_calibrated", "records")
             return {k: round(got[k], 4) for k in keep} | {
-                "correct_by_intent": {g["group"]: round(g["accuracy"] * g["records"]) for g in got["groups"]}
+                "correct_by_intent": {g["group"]: round(g["accuracy"] * g["records"]) for g in got["groups"]},
+                "recall_calibrated": {k: round(v, 4) for k, v in got["per_label_recall"].items()},
             }
 
         report = {"base": summary(scorer.base)}

@@ -351,6 +351,13 @@ def test_toy_study_on_banking77_scores_accuracy_on_test_and_validation_rows(tmp_
     assert report["base"]["accuracy"] == row["base_test_accuracy"]
     assert report["base"]["accuracy_per_token"] == row["base_test_accuracy_per_token"]
     assert sum(got["correct_by_intent"].values()) == round(row["test_accuracy"] * row["test_rows"])
+    # the product's classification path (calibrated on the content-free input) scores the row and the rescore alike
+    assert got["accuracy_calibrated"] == row["test_accuracy_calibrated"]
+    assert report["base"]["accuracy_calibrated"] == row["base_test_accuracy_calibrated"]
+    assert set(row["test_recall"]) == set(settings.intents)
+    recalled = sum(row["test_recall"][label] * per for label in settings.intents)
+    assert recalled == pytest.approx(row["test_accuracy_calibrated"] * row["test_rows"], abs=1e-3)
+    assert not (out / "work").exists() or not any((out / "work").iterdir())  # the row's work folder is removed
     with pytest.raises(FileNotFoundError, match="no adapter"):
         bench.main(["--rescore-banking77", str(tmp_path), "--toy"])
 
@@ -366,7 +373,7 @@ def test_banking_eval_scores_summed_and_per_token_likelihoods():
             return [2.0, 3.0, 1.0, 9.0], [2, 10, 2, 10]  # row 1: means 1.0 vs 0.3; row 2: 0.5 vs 0.9
 
     rows = [{"text": "a", "category": "long"}, {"text": "b", "category": "short"}]
-    got = bench.banking_eval(Scorer(), None, rows, ["short", "long"], None)
+    got = bench.banking_eval(Scorer(), None, rows, ["short", "long"], None, calibrate=False)
     assert (got["accuracy"], got["accuracy_per_token"]) == (0.5, 1.0)
     assert got["label_loss"] == pytest.approx((3.0 + 1.0) / 12)
 
@@ -425,3 +432,34 @@ def test_toy_study_warm_start_levers_fit_a_public_corpus_first(tmp_path, source)
     else:
         assert count == 2083  # every (customer tweet → brand reply) pair of the 5,000-row sample (SOURCE.md sha256)
     assert f"| {lever} |" in md.read_text()
+
+
+@needs_shared("data", "banking77")
+def test_a_killed_study_row_resumes_from_its_checkpoint(tmp_path):
+    """A study row outlives a working session: stopped by SIGTERM after its first resume checkpoint, the same command
+    resumes the run (same stable work folder, contract, data and ledger) instead of training it again, says so in
+    the row, and its signed record accounts every step of both parts."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    bench = _bench()
+    out, js, md = tmp_path / "s", tmp_path / "study.json", tmp_path / "page.md"
+    args = ["--study", "none", "--only", "banking77", "--toy", "--threads", "1", "--out", str(out),
+            "--study-json", str(js), "--study-md", str(md)]  # fmt: skip
+    checkpoint = out / "runs" / "study-banking77-none.partial" / "resume.safetensors"
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "utility_bench.py"), *args], env=env, cwd=ROOT)
+    deadline = time.monotonic() + 300
+    while not checkpoint.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert checkpoint.exists(), "no resume checkpoint appeared"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) != 0 and not js.exists()  # stopped: no row written
+    assert (out / "work" / "study-banking77-none" / "ledger.sqlite3").exists()  # the row's state stays for the resume
+    row = bench.main(args)
+    assert row["resumed"].startswith("from a checkpoint") and 0 < row["epsilon_spent"] <= 8.0
+    accounting = release_statement(out / "runs" / "study-banking77-none")["predicate"]["accounting"]
+    assert accounting["epsilon_spent"] == pytest.approx(row["epsilon_spent"])  # the whole run, both parts, accounted
+    assert not (out / "work" / "study-banking77-none").exists()
