@@ -395,12 +395,13 @@ class ChatEncoder:
 
 
 def generation_ids(tokenizer, template: str, messages: list[dict], max_len: int, max_new_tokens: int) -> list[int]:
-    """Token ids of a conversation as served: rendered with ``add_generation_prompt=True``, the reply to follow.
+    """Token ids of a conversation as training rendered it, for the evaluation and ``synth``: with
+    ``add_generation_prompt=True``, the reply to follow.
 
     The same rendering as training (:class:`ChatEncoder`: the template, each content cut to
     :func:`dplora.data.cells.cell_char_bound` characters, no special tokens added beyond the template's). The last
     ``max_len − min(max_new_tokens, max_len // 2)`` tokens are kept (at least 1), so the generation prompt stays and
-    the reply has room as in training.
+    the reply has room as in training. ``dplora generate`` renders as served instead (:func:`served_ids`).
 
     Args:
         messages: checked turns (:func:`check_messages`), shape [turns] of ``{role, content}``.
@@ -418,9 +419,43 @@ def generation_ids(tokenizer, template: str, messages: list[dict], max_len: int,
         {"role": m["role"], "content": c}
         for m, c in zip(messages, cut_cells([m["content"] for m in messages], max_len), strict=True)
     ]
+    ids = _generation_render(tokenizer, template, msgs)
+    return ids[-max(max_len - min(max_new_tokens, max_len // 2), 1) :]
+
+
+def served_ids(tokenizer, template: str, messages: list[dict], char_bound: int | None = None) -> list[int]:
+    """Token ids of a conversation exactly as a server renders it: ``tokenizer.apply_chat_template(messages,
+    add_generation_prompt=True)`` with the run's template, whole (no cut to ``training.max_seq_len``).
+
+    The system turn is the caller's own, or the template's default one; nothing of a training record enters.
+
+    Args:
+        messages: checked turns (:func:`check_messages`), shape [turns] of ``{role, content}``.
+        char_bound: when given, each content keeps only its LAST ``char_bound`` characters before rendering, so a
+            huge prompt costs bounded time; a content that long exceeds the model's context anyway (a token spans
+            far fewer characters on average), and a prompt over the context keeps its last tokens, which this cut
+            leaves as they were.
+
+    Returns:
+        Token ids, length ≥ 1 for any template that renders a generation prompt.
+
+    Raises:
+        BadInputError: the template cannot render the conversation (the error class only, never the text).
+
+    Source: HF chat templating docs (``apply_chat_template``, ``add_generation_prompt``).
+    """
+    if char_bound is not None:
+        messages = [{"role": m["role"], "content": m["content"][-char_bound:]} for m in messages]
+    return _generation_render(tokenizer, template, messages)
+
+
+def _generation_render(tokenizer, template: str, messages: list[dict]) -> list[int]:
+    """The conversation rendered with the generation prompt and tokenized without added special tokens (what
+    ``apply_chat_template(..., tokenize=True)`` does), or a one-line error naming the error class only."""
     try:
-        text = tokenizer.apply_chat_template(msgs, chat_template=template, tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            messages, chat_template=template, tokenize=False, add_generation_prompt=True
+        )
     except Exception as err:  # a Jinja error may quote the conversation: name the class only
         raise BadInputError(f"the chat template cannot render the conversation ({err.__class__.__name__})") from None
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    return ids[-max(max_len - min(max_new_tokens, max_len // 2), 1) :]
+    return tokenizer(text, add_special_tokens=False)["input_ids"]

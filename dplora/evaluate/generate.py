@@ -1,12 +1,15 @@
 """Replies from base + adapters (``dplora generate``): post-processing of a release, no privacy budget.
 
-A prompt is formatted and truncated as in training: for a prompt/response contract the tokens of
-``f"{prompt}\\n"`` (the reply follows), for a text contract the prompt's tokens, without special tokens
-(``dplora.data.units``). A run trained through a chat template renders a prompt as one user turn, and a
-conversation (``--messages``) whole, through that template with the generation prompt; the template must hash as
-the release record says. Decoding is greedy by default (deterministic); ``temperature > 0`` samples with nucleus
-(top-p) filtering (Holtzman et al. 2020) through transformers' ``generate``. Sampling draws from OS entropy
-unless a seed is given.
+``dplora generate`` feeds the model what a server feeds the merged export (``dplora export --merge``) under plain
+transformers (:func:`served_prompt_ids`): a run trained through a chat template renders a prompt as one user turn,
+and a conversation (``--messages``) whole, with ``tokenizer.apply_chat_template(messages,
+add_generation_prompt=True)``, the template's default system turn or the caller's own, never cut to
+``training.max_seq_len``; a raw-text run reads ``f"{prompt}\\n"`` (prompt/response: the format the adapters learned)
+or the prompt (text), tokenized without special tokens. Only a prompt that, with ``max_new_tokens``, exceeds the
+model's context (:func:`model_context`) is cut, to its last tokens, with one warning line. The template must hash as
+the release record says. The evaluation and ``synth`` format a prompt as training did instead (:func:`prompt_ids`).
+Decoding is greedy by default (deterministic); ``temperature > 0`` samples with nucleus (top-p) filtering (Holtzman
+et al. 2020) through transformers' ``generate``. Sampling draws from OS entropy unless a seed is given.
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ import math
 from pathlib import Path
 
 from dplora.contract.spec import DataSection, TrainingSection
-from dplora.data.cells import tokenize_cells
-from dplora.data.chat import check_messages, generation_ids, template_in_use, template_sha256
+from dplora.data.cells import CHARS_PER_TOKEN_BOUND, tokenize_cells
+from dplora.data.chat import check_messages, generation_ids, served_ids, template_in_use, template_sha256
 from dplora.errors import BadInputError, NotPrivateError, VerificationError, excerpt
 
 MAX_NEW_TOKENS = 4096  # tokens generated at most per reply (--max-new-tokens upper bound)
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes a signed 64-bit integer; --seed is 0 … MAX_SEED
+# A context longer than this is a placeholder, not a limit (transformers' model_max_length default is int(1e30)).
+MAX_SANE_CONTEXT = 10**7
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -58,7 +63,8 @@ class Sampling:
 
 
 def prompt_ids(data: DataSection, training: TrainingSection, tokenizer, prompt, max_new_tokens: int) -> list[int]:
-    """Token ids of ``prompt`` formatted and truncated as in training (:func:`dplora.data.tokens.tokenize_records`).
+    """Token ids of ``prompt`` formatted and truncated as in training (:func:`dplora.data.tokens.tokenize_records`),
+    for the evaluation's exact match and ``synth``; ``dplora generate`` renders as served (:func:`served_prompt_ids`).
 
     Args:
         prompt: text (``--prompt``/``--prompts``), or a conversation (``--messages``: a checked list of
@@ -98,14 +104,97 @@ def prompt_ids(data: DataSection, training: TrainingSection, tokenizer, prompt, 
     return ids[:max_len]
 
 
+def model_context(model, tokenizer) -> int | None:
+    """The tokens the model attends over: the smaller of ``config.max_position_embeddings`` (GPT-2's
+    ``n_positions`` through its attribute map; a multimodal config's text config) and the tokenizer's
+    ``model_max_length``, of those defined and sane (an int in 1 … :data:`MAX_SANE_CONTEXT`); None if neither is."""
+    config = getattr(model, "config", None)
+    if config is not None and callable(getattr(config, "get_text_config", None)):
+        config = config.get_text_config()
+    found = (getattr(config, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None))
+    sane = [n for n in found if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_SANE_CONTEXT]
+    return min(sane) if sane else None
+
+
+def served_prompt_ids(data: DataSection, tokenizer, prompt, max_new_tokens: int, *, context: int | None, warn=None):
+    """Token ids of ``prompt`` as a server feeds them to the merged export under plain transformers.
+
+    A run trained through a chat template (:func:`dplora.data.chat.template_in_use`): text is one user turn, a
+    conversation is rendered whole, both by ``apply_chat_template(messages, add_generation_prompt=True)``
+    (:func:`dplora.data.chat.served_ids`): the template's default system turn or the caller's own. A raw-text run:
+    the tokens of ``f"{prompt}\\n"`` for a prompt/response run, of the prompt for a text run, no special tokens
+    (the format the adapters learned; docs/serving.md gives the same string to serve). Never cut to
+    ``training.max_seq_len``: training's cut is no part of the served model.
+
+    Args:
+        prompt: text (``--prompt``/``--prompts``), or a checked conversation (``--messages``).
+        max_new_tokens: tokens the reply may take.
+        context: the model's context (:func:`model_context`); None: nothing is cut.
+        warn: called with one line when the prompt is cut (it names token counts, never the prompt's text);
+            default: stderr.
+
+    Returns:
+        Token ids. A prompt whose tokens plus ``max_new_tokens`` exceed ``context`` keeps its last
+        ``context − max_new_tokens`` tokens (the generation prompt and the end of the last turn).
+
+    Raises:
+        BadInputError: ``max_new_tokens`` leaves no room for a prompt in ``context``; a conversation for a raw-text
+            run; a template that cannot render it.
+    """
+    if context is not None and max_new_tokens >= context:
+        raise BadInputError(
+            f"--max-new-tokens={max_new_tokens}: the model's context is {context} tokens, so a reply of that length "
+            "leaves no room for the prompt; give fewer"
+        )
+    bound = context * CHARS_PER_TOKEN_BOUND if context is not None else None  # a longer text overflows anyway
+    template = template_in_use(tokenizer, data)
+    if template is not None:
+        messages = prompt if not isinstance(prompt, str) else [{"role": "user", "content": prompt}]
+        ids = served_ids(tokenizer, template, messages, bound)
+    else:
+        if not isinstance(prompt, str):
+            raise BadInputError(
+                f"--messages: this run was trained on {data.kind} records as raw text (no chat template), "
+                "so a conversation has no training format here; use --prompt"
+            )
+        text = f"{prompt}\n" if data.prompt_column else prompt
+        ids = tokenizer([text[-bound:] if bound is not None else text], add_special_tokens=False)["input_ids"][0]
+    if context is not None and len(ids) + max_new_tokens > context:
+        keep = context - max_new_tokens
+        (warn or _stderr)(
+            f"warning: a prompt of {len(ids)} tokens plus --max-new-tokens {max_new_tokens} exceeds the model's "
+            f"context of {context} tokens: its first {len(ids) - keep} tokens are dropped"
+        )
+        ids = ids[-keep:]
+    return ids
+
+
+def _stderr(line: str) -> None:
+    import sys
+
+    print(line, file=sys.stderr)
+
+
 def generate_replies(
-    model, tokenizer, prompts: list, *, data: DataSection, training: TrainingSection, sampling: Sampling, device
+    model,
+    tokenizer,
+    prompts: list,
+    *,
+    data: DataSection,
+    training: TrainingSection,
+    sampling: Sampling,
+    device,
+    served: bool = False,
+    warn=None,
 ) -> list:
     """One reply per prompt (one prompt per forward: no padding, so a reply never depends on the others).
 
     Args:
         model: a causal LM (a peft model with adapters, or a base model), in eval mode.
         prompts: P prompts, as the user wrote them: text, or conversations (lists of ``{role, content}``).
+        served: True formats each prompt as served (:func:`served_prompt_ids`, ``dplora generate``); False as in
+            training (:func:`prompt_ids`: the evaluation, ``synth``).
+        warn: where :func:`served_prompt_ids` says a prompt was cut to the model's context (default stderr).
 
     Returns:
         The replies as text, special tokens removed, without the prompt.
@@ -128,9 +217,13 @@ def generate_replies(
         **settings,
     )
     replies = []
+    context = model_context(model, tokenizer) if served else None
     with torch.no_grad():
         for prompt in prompts:
-            ids = prompt_ids(data, training, tokenizer, prompt, sampling.max_new_tokens)
+            if served:
+                ids = served_prompt_ids(data, tokenizer, prompt, sampling.max_new_tokens, context=context, warn=warn)
+            else:
+                ids = prompt_ids(data, training, tokenizer, prompt, sampling.max_new_tokens)
             if not ids:
                 raise BadInputError("an empty prompt: every prompt needs at least one token")
             input_ids = torch.tensor([ids], device=device)
@@ -255,6 +348,7 @@ def generate_from_run(
     The release is verified first, as ``dplora synth`` does (:func:`dplora.release.verify.verify_release`: DSSE
     envelope, Ed25519 signature, every adapter file's sha256), so a tampered adapter never generates. Only with
     ``verify=False`` (``--no-verify``) is that skipped, and then one line saying ``unverified`` is logged.
+    Prompts are fed as served (:func:`served_prompt_ids`); a prompt cut to the model's context is one ``log`` line.
 
     Args:
         prompts: P prompts (text, or conversations from :func:`read_conversations`); the result is P replies, in
@@ -279,6 +373,8 @@ def generate_from_run(
         training=run.contract.training,
         sampling=sampling,
         device=device,
+        served=True,
+        warn=log,
     )
 
 

@@ -10,7 +10,7 @@ from tiny import byte_tokenizer
 
 from dplora.data.cells import CHARS_PER_TOKEN_BOUND, cell_char_bound, tokenize_cells
 from dplora.data.tokens import tokenize_records
-from dplora.evaluate.generate import prompt_ids
+from dplora.evaluate.generate import prompt_ids, served_prompt_ids
 
 MB3 = 3 * 1024 * 1024
 
@@ -96,6 +96,22 @@ def test_generate_prompts_go_through_the_same_bound():
     c = _contract(max_len=32, text=True)
     assert prompt_ids(c.data, c.training, spy, "t" * MB3, 8) == spy.inner("t" * 32)["input_ids"]
     assert spy.lengths == [32 * 32]
+
+
+def test_served_prompts_keep_their_last_context_bound():
+    """`dplora generate` feeds a prompt as served, not cut to max_seq_len: a 3 MB prompt keeps its last
+    context × 32 characters before tokenizing, then its last context − max_new_tokens tokens, said in one line."""
+    spy = SpyTokenizer(byte_tokenizer())
+    c = _contract(max_len=32)
+    said = []
+    ids = served_prompt_ids(c.data, spy, "p" * MB3 + "end", 8, context=128, warn=said.append)
+    assert spy.lengths == [128 * 32] and spy.decode(ids) == ("p" * 116) + "end\n"
+    assert len(said) == 1 and "context of 128 tokens" in said[0] and "ppp" not in said[0]
+    assert (
+        served_prompt_ids(c.data, spy, "p" * 100, 8, context=128, warn=said.append)
+        == spy.inner("p" * 100 + "\n")["input_ids"]
+    )
+    assert len(said) == 1  # a prompt that fits is fed whole, unannounced
 
 
 def test_tokenize_cells_of_no_cells():

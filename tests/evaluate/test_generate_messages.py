@@ -8,7 +8,7 @@ import json
 
 import pytest
 from conftest import train_tiny
-from tiny import CHATML, save_chat_model
+from tiny import CHATML, chat_tokenizer, save_chat_model
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
@@ -64,8 +64,8 @@ def _reference_replies(run_folder, conversations, max_new_tokens: int) -> list[s
     for conv in conversations:
         text = tokenizer.apply_chat_template(conv, chat_template=CHATML, tokenize=False, add_generation_prompt=True)
         assert text.endswith("<|im_start|>assistant\n")
-        # the documented cut: the last max_seq_len − min(max_new_tokens, max_seq_len // 2) tokens (here 96 − 4)
-        ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"][-(96 - max_new_tokens) :]])
+        # as served: the whole rendering (it fits the model's 128 positions), not training's max_seq_len cut
+        ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
         with torch.no_grad():
             out = model.generate(
                 input_ids=ids,
@@ -91,10 +91,11 @@ def test_messages_render_through_the_template_with_the_generation_prompt(chat_ru
 
 
 def test_prompt_on_a_template_run_is_a_one_user_turn_conversation(chat_run, tmp_path):
-    """As training rendered a prompt/response pair under chat_template auto: (user: prompt) + generation prompt."""
+    """As served (and as training rendered a prompt/response pair under chat_template auto): (user: prompt) +
+    generation prompt, the template's default system turn kept whole."""
     from dplora.contract.loader import load_contract
     from dplora.engine.model import load_model_and_tokenizer
-    from dplora.evaluate.generate import prompt_ids
+    from dplora.evaluate.generate import served_prompt_ids
 
     out, _ = chat_run
     as_prompt = runner.invoke(app, ["generate", str(out), "--prompt", "where is my parcel", *GEN])
@@ -104,12 +105,84 @@ def test_prompt_on_a_template_run_is_a_one_user_turn_conversation(chat_run, tmp_
     assert as_prompt.stdout.splitlines()[-1] == as_messages.stdout.splitlines()[-1]
     contract = load_contract(out / "contract.yaml")
     _, tokenizer = load_model_and_tokenizer(contract.model, lambda *_: None)
-    ids = prompt_ids(contract.data, contract.training, tokenizer, "where is my parcel", 4)
+    ids = served_prompt_ids(contract.data, tokenizer, "where is my parcel", 4, context=128)
     expected = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
     expected += "<|im_start|>user\nwhere is my parcel<|im_end|>\n<|im_start|>assistant\n"
     full = tokenizer(expected, add_special_tokens=False)["input_ids"]
-    assert len(full) > 96 - 4 and ids == full[-(96 - 4) :]  # the last max_seq_len − max_new_tokens tokens
-    assert tokenizer.decode(ids).endswith("<|im_start|>user\nwhere is my parcel<|im_end|>\n<|im_start|>assistant\n")
+    assert len(full) > 96 - 4 and ids == full  # longer than training's old cut, fed whole
+
+
+def _spy_on_generate(monkeypatch) -> list[list[int]]:
+    """The token ids `dplora generate` hands the model's ``generate``, one list per prompt."""
+    import dplora.release.read as read
+
+    fed: list[list[int]] = []
+    load = read.load_adapter_model
+
+    class Spy:
+        def __init__(self, model):
+            self.model = model
+
+        def __getattr__(self, name):
+            return getattr(self.model, name)
+
+        def generate(self, input_ids, **kw):
+            fed.append(input_ids[0].tolist())
+            return self.model.generate(input_ids=input_ids, **kw)
+
+    def spied(*args, **kw):
+        model, tokenizer, device = load(*args, **kw)
+        return Spy(model), tokenizer, device
+
+    monkeypatch.setattr(read, "load_adapter_model", spied)
+    return fed
+
+
+def _served(model_dir, conversation) -> list[int]:
+    """What plain transformers feeds the merged export: the model's own chat template with the generation prompt."""
+    from transformers import AutoTokenizer
+
+    rendered = AutoTokenizer.from_pretrained(model_dir).apply_chat_template(conversation, add_generation_prompt=True)
+    return rendered if isinstance(rendered, list) else rendered["input_ids"]
+
+
+def test_generate_feeds_the_model_what_apply_chat_template_gives(chat_run, tmp_path, monkeypatch):
+    """--prompt and --messages: the ids equal ``apply_chat_template(messages, add_generation_prompt=True)`` of the
+    same turns, the default system turn or the caller's own, longer than training's max_seq_len (96) and whole."""
+    out, model_dir = chat_run
+    fed = _spy_on_generate(monkeypatch)
+    as_prompt = runner.invoke(app, ["generate", str(out), "--prompt", "where is my parcel", *GEN])
+    path = _messages_file(tmp_path / "m.jsonl", CONVERSATIONS)
+    as_messages = runner.invoke(app, ["generate", str(out), "--messages", path, *GEN])
+    assert as_prompt.exit_code == as_messages.exit_code == 0, as_prompt.output + as_messages.output
+    expected = [_served(model_dir, c) for c in (CONVERSATIONS[0], *CONVERSATIONS)]
+    assert fed == expected
+    assert len(expected[0]) > 96 - 4 and len(expected[2]) > 96  # past the old cut and past max_seq_len itself
+    first_turns = "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\norder 7"  # the caller's system turn
+    assert chat_tokenizer().decode(expected[2]).startswith(first_turns)
+    assert "warning" not in as_prompt.output + as_messages.output  # nothing was cut
+
+
+def test_a_prompt_over_the_model_context_keeps_its_last_tokens_with_one_warning(chat_run, monkeypatch):
+    """Only a prompt that with --max-new-tokens exceeds the model's 128 positions is cut (its last tokens, so the
+    generation prompt stays), said in one stderr line that names no prompt text; a reply as long as the context
+    leaves no room and is exit 2."""
+    out, model_dir = chat_run
+    fed = _spy_on_generate(monkeypatch)
+    prompt = "SECRET " * 20
+    result = runner.invoke(app, ["generate", str(out), "--prompt", prompt, *GEN])
+    assert result.exit_code == 0, result.output
+    full = _served(model_dir, [{"role": "user", "content": prompt}])
+    assert len(full) + 4 > 128 and fed == [full[-(128 - 4) :]]
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning")]
+    assert warnings == [
+        f"warning: a prompt of {len(full)} tokens plus --max-new-tokens 4 exceeds the model's context of 128 tokens: "
+        f"its first {len(full) - 124} tokens are dropped"
+    ]
+    assert "SECRET" not in result.output
+    too_long = runner.invoke(app, ["generate", str(out), "--prompt", "hi", "--no-verify", "--max-new-tokens", "128"])
+    assert too_long.exit_code == 2 and "context is 128 tokens" in too_long.output, too_long.output
+    assert "Traceback" not in too_long.output
 
 
 @pytest.mark.parametrize(
@@ -154,10 +227,22 @@ def test_a_changed_chat_template_exits_2(chat_run, tmp_path):
         assert "chat template changed since training" in r.output and "Traceback" not in r.output
 
 
-def test_messages_on_a_raw_run_exit_2(tmp_path, tiny_model_dir, tickets_csv, signing_key):
-    """A run on a model without a template trained on raw f"{prompt}\\n" + response: no conversation format."""
+def test_messages_on_a_raw_run_exit_2_and_a_prompt_is_fed_as_the_documented_raw_string(
+    tmp_path, tiny_model_dir, tickets_csv, signing_key, monkeypatch
+):
+    """A run on a model without a template trained on raw f"{prompt}\\n" + response: no conversation format; a
+    prompt is fed as ``tokenizer(prompt + "\\n", add_special_tokens=False)`` (docs/serving.md), whole even when
+    longer than training's max_seq_len (48) would have kept."""
+    from tiny import byte_tokenizer
+
     result, out = train_tiny(tmp_path, tiny_model_dir, tickets_csv, signing_key)
     assert result.exit_code == 0, result.output
     path = _messages_file(tmp_path / "m.jsonl", [CONVERSATIONS[0]])
     gen = runner.invoke(app, ["generate", str(out), "--messages", path, *GEN])
     assert gen.exit_code == 2 and "raw text (no chat template)" in gen.output, gen.output
+    fed = _spy_on_generate(monkeypatch)
+    prompt = "my parcel never arrived and nobody answers my emails about it"
+    gen = runner.invoke(app, ["generate", str(out), "--prompt", prompt, *GEN])
+    assert gen.exit_code == 0, gen.output
+    expected = byte_tokenizer()(prompt + "\n", add_special_tokens=False)["input_ids"]
+    assert len(expected) > 48 and fed == [expected]
