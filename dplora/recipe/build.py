@@ -155,7 +155,25 @@ def _encode(config: RunConfig, data: DataSection, table, tokenizer, private: Pri
                 else ""
             )
         )
+    if data.task == "classification":
+        _label_note(data, table, private)
     return examples
+
+
+def _label_note(data: DataSection, table, private: PrivateLog) -> None:
+    """The training records whose label (the response, stripped) is outside the declared set, counted in the
+    private log only: they are trained on as written, never refused (refusing would make the exit code follow one
+    record), and a count that follows the data is a private number (Zhao et al. 2021 score only declared labels)."""
+    from dplora.contract.labels import declared_labels
+
+    known = set(declared_labels(data))
+    gold = ["" if y is None else str(y).strip() for y in table[data.response_column]]
+    outside = sum(y not in known for y in gold)
+    if outside:
+        private(
+            f"data: {outside} of {len(gold)} training records have a label outside the declared set "
+            f"({len(known)} labels); they are trained on as written, and scored wrong when held out"
+        )
 
 
 def _checked_held_out(config: RunConfig, data: DataSection, held_out, tokenizer, private: PrivateLog):

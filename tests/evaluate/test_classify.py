@@ -267,3 +267,24 @@ def test_a_chat_template_run_scores_the_label_as_the_assistant_turn_it_trained_o
         with torch.no_grad():
             logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].double(), dim=-1)
         assert score == pytest.approx(sum(float(logp[t - 1, ids[t]]) for t in targets) / len(targets), rel=1e-5)
+
+
+def test_training_labels_outside_the_set_are_counted_privately_and_trained(tmp_path, tiny_model_dir, signing_key):
+    """Two training records answer with a label outside the declared set: the run trains (never refuses: the exit
+    code would follow one record), the private train.log counts them, and the public output is the one a file
+    without them gives (D and D' differ by those two rows, N declared)."""
+    outputs = {}
+    for name, extra in (("d", []), ("d2", [("card gone #x", "not_declared"), ("parcel late #x", "late_parcel")])):
+        train = _write(tmp_path / f"{name}.csv", _rows(4) + extra)
+        data = {"task": "classification", "labels": LABELS}
+        result, out = train_tiny(tmp_path, tiny_model_dir, train, signing_key, name=name, data=data,
+                                 privacy={"num_units": 38})  # fmt: skip
+        assert result.exit_code == 0, result.output
+        log = out.with_name(out.name + ".private") / "train.log"
+        outputs[name] = (result.output.replace(str(out), "OUT"), log.read_text())
+    assert "label outside the declared set" not in outputs["d"][1]
+    assert "data: 2 of 38 training records have a label outside the declared set (3 labels)" in outputs["d2"][1]
+    assert "outside the declared set" not in outputs["d2"][0]
+    # the public lines are equal but for the synthetic step's timing (public: no record is read for it)
+    public = [[x for x in o.splitlines() if not x.startswith("estimate:")] for o, _ in outputs.values()]
+    assert public[0] == public[1] and any(x.startswith("done: 3/3 steps") for x in public[0])
