@@ -22,7 +22,7 @@ from dplora import __version__, atomic
 from dplora.cli import data as data_cmd
 from dplora.cli import train as train_cmd
 from dplora.cli import verify as verify_cmd
-from dplora.cli.common import console, emit_json, error_doc, fail, log, out
+from dplora.cli.common import console, emit_json, error_doc, fail, log, out, quiet_worker
 from dplora.cli.options import (
     JsonLinesOpt,
     RunArg,
@@ -114,6 +114,8 @@ class OneLineErrorGroup(typer.core.TyperGroup):
                 raise
             if err.__class__.__name__ == "NoArgsIsHelpError":  # bare `dplora`: the help text, as click prints it
                 err.show()
+                code = 2
+            elif quiet_worker():  # a launcher's other processes: the first one on the node prints the line
                 code = 2
             else:
                 ctx = getattr(err, "ctx", None)

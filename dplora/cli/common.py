@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Mapping
 
 import typer
 from rich.console import Console
@@ -13,8 +15,30 @@ console = Console(stderr=True, highlight=False, markup=False, soft_wrap=True)  #
 out = Console(highlight=False, markup=False, soft_wrap=True)  # stdout: never hard-wrapped
 
 
+def quiet_worker(env: Mapping[str, str] = os.environ) -> bool:
+    """True in a process that a launcher (torchrun, accelerate launch) started other than the first on its node.
+
+    Bad input is the same on every rank (each reads the same contract, overrides and files), so W processes would
+    print W copies of one line; the first process on each node prints it and the others exit 2 silently. A refusal
+    that only another rank meets still reaches the first one: the admission gate makes rank 0 raise it naming that
+    rank (:func:`dplora.engine.distributed.gate`). Each node's first process speaks, not only rank 0, so that a
+    node whose own copy of an input is bad (read before the process group forms) still says why.
+    """
+    try:
+        if int(env.get("WORLD_SIZE", "1") or 1) <= 1:
+            return False
+        return int(env.get("LOCAL_RANK", env.get("RANK", "0")) or 0) != 0
+    except ValueError:  # a launcher's variable we cannot read: speak rather than hide an error
+        return False
+
+
 def fail(err: DploraError, *, as_json: bool = False) -> typer.Exit:
-    """Print the error as one bounded line on stderr (and, with ``--json``, as a JSON document on stdout)."""
+    """Print the error as one bounded line on stderr (and, with ``--json``, as a JSON document on stdout).
+
+    Bad input (exit 2) prints nothing in a launcher's other processes (:func:`quiet_worker`): one line per node.
+    """
+    if err.exit_code == 2 and quiet_worker():
+        return typer.Exit(code=err.exit_code)
     message = one_line(str(err), limit=err.max_chars)
     console.print(f"error: {message}", markup=False, soft_wrap=True)
     if as_json:

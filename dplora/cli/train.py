@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from dplora.cli import budget_view
-from dplora.cli.common import console, emit_json, error_doc, fail, log, out
+from dplora.cli.common import console, emit_json, error_doc, fail, log, out, quiet_worker
 from dplora.cli.options import (
     MOST_THREADS,
     ConfigArg,
@@ -155,6 +155,8 @@ NonPrivateOpt = Annotated[
         help="Allow a privacy.enabled=false control on a ledger population; the ledger records it as ε=∞.",
     ),
 ]
+NOT_STARTED = "training had not started, nothing was written"
+
 AsJsonOpt = Annotated[bool, json_option("one JSON summary on stdout (progress and messages stay on stderr).")]
 
 
@@ -221,7 +223,8 @@ def _run(config: Path, overrides: list[str], options, *, as_json: bool, private_
         raise fail(err, as_json=as_json) from None
     except KeyboardInterrupt as err:
         message = _interrupted_message(err, output_dir, since=started)
-        log(message)
+        if not (message.endswith(NOT_STARTED) and quiet_worker()):  # a launcher stopping its other processes
+            log(message)  # after the first one's bad input: that one's line says why
         if as_json:
             emit_json(error_doc(130, one_line(message.removeprefix("error: "))))
         raise typer.Exit(code=130) from None
@@ -293,4 +296,4 @@ def _interrupted_message(err: KeyboardInterrupt, output_dir: str | None, *, sinc
         failed = outputs.staging_path(outputs.output_path(output_dir)) / outputs.FAILED_FILENAME
         if failed.is_file() and failed.stat().st_mtime >= since - 1:
             return f"{message}; see {failed}"
-    return f"{message}; training had not started, nothing was written"
+    return f"{message}; {NOT_STARTED}"
