@@ -8,7 +8,8 @@ CI, tracker events and their file metadata, synth/export/audit manifests and ``l
 **Private diagnostics** — realised timings, empty steps, peak memory, record and truncation counts, numbers on a
 private held-out set, memorisation counts, local data-count warnings — are computed on the private data and are
 NOT covered by ε. They have one home, ``<output_dir>.private/`` (``train.log`` and ``report.json``), and reach the
-terminal only when nobody else reads it: stderr is a terminal, ``CI`` is unset and ``--json`` was not given
+terminal only when nobody else reads it: stderr is a terminal, ``CI`` is unset, the command was not started from a
+Jupyter kernel (a notebook saves its cells' output and is shared as a file) and ``--json`` was not given
 (``--show-private``, or ``DPLORA_SHOW_PRIVATE=1``, prints them anyway; the operator then owns that log).
 
 A job log is public: a CI runner shows it to everyone who can read the job, and its own timestamps show the job's
@@ -20,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from dplora import atomic
@@ -38,15 +39,32 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in _FALSE
 
 
+def in_notebook(env: Mapping[str, str] = os.environ) -> bool:
+    """True in a process started from a Jupyter kernel: a notebook's ``!dplora ...`` (or ``subprocess`` in a cell).
+
+    Such a process may well have a terminal: ipykernel runs ``!cmd`` on a pseudo-terminal (IPython's pexpect-based
+    ``system`` on Linux and macOS), so ``isatty()`` is true, yet what it prints is saved in the ``.ipynb`` and
+    shared with it. The kernel's children are told apart by the environment they inherit: jupyter_client sets
+    ``JPY_PARENT_PID`` for the kernel it launches, and ipykernel itself sets ``TERM=xterm-color``, ``CLICOLOR=1``,
+    ``PAGER=cat`` and ``GIT_PAGER=cat`` (``ZMQInteractiveShell.init_environment``), whoever launched it. A terminal
+    that happens to look alike only loses the private echo (``--show-private`` restores it), never gains one.
+    """
+    if env.get("JPY_PARENT_PID", "").strip():
+        return True
+    kernel = {"TERM": "xterm-color", "CLICOLOR": "1", "PAGER": "cat", "GIT_PAGER": "cat"}
+    return all(env.get(k) == v for k, v in kernel.items())
+
+
 def echo_private(*, as_json: bool = False, show_private: bool = False, stream=None) -> bool:
     """Whether private diagnostics may be printed on ``stream`` (default stderr).
 
     True with ``show_private`` (``--show-private``) or ``$DPLORA_SHOW_PRIVATE`` set; else only when ``stream`` is
-    an interactive terminal, ``CI`` is unset and no ``--json`` document was asked for.
+    an interactive terminal, ``CI`` is unset, no Jupyter kernel started the process (:func:`in_notebook`) and no
+    ``--json`` document was asked for.
     """
     if show_private or os.environ.get(SHOW_PRIVATE_ENV, "").strip().lower() not in _FALSE:
         return True
-    if as_json or in_ci():
+    if as_json or in_ci() or in_notebook():
         return False
     isatty = getattr(stream if stream is not None else sys.stderr, "isatty", None)
     return bool(isatty is not None and isatty())

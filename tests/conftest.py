@@ -78,6 +78,8 @@ def _isolate(patch: pytest.MonkeyPatch, base: Path) -> None:
     patch.setenv("DPLORA_LEDGER", str(base / "ledger.sqlite3"))
     patch.delenv("DPLORA_SIGNING_KEY", raising=False)
     patch.delenv("DPLORA_DATA_KEY", raising=False)
+    for name in ("JPY_PARENT_PID", "GIT_PAGER"):  # pytest run from a notebook cell: its tests of a terminal still hold
+        patch.delenv(name, raising=False)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -14,7 +14,7 @@ import sys
 import time
 from typing import TextIO
 
-from dplora.surface import in_ci
+from dplora.surface import in_ci, in_notebook
 
 LINE_INTERVAL_S = 30.0
 
@@ -49,7 +49,8 @@ class _Reporter:
         self._clock = clock or time.monotonic
 
         isatty = getattr(self.stream, "isatty", None)
-        interactive = isatty is not None and isatty() and not in_ci()
+        # a notebook's `!dplora` has a pseudo-terminal, but its output is saved: plain public lines there
+        interactive = isatty is not None and isatty() and not in_ci() and not in_notebook()
         self.mode = "off" if not enabled else ("bar" if interactive else "lines")
         self._bar = self._task = None
         self._last_line: float | None = None
