@@ -14,7 +14,14 @@ machine inflates less than wall time.
 ``--config PATH`` times that contract instead (for example configs/demo.yaml, whose data must exist: issue 29's
 "under 2 s warm" is measured there), with the accountant it declares.
 
+``--phases`` instead splits one cold ``budget`` of the contract (default configs/demo.yaml's numbers: q = 0.032,
+T = 24, ε 8, δ 1e-5, PRV) into the CPU seconds of its parts, in fresh processes with an empty cache: the CLI's
+imports, the RDP calibration that starts the numerical accountant's bracket, the numerical calibration, the checked
+ε curve and the attack ceiling (the PLD at the finest interval that ``verify`` can recompute in time). CPU seconds
+(``time.process_time``) are what a busy machine inflates least.
+
 Usage: python scripts/bench_budget.py [--repeat 3] [--accountants rdp prv pld] [--config configs/demo.yaml]
+       python scripts/bench_budget.py --phases [--repeat 3]
 """
 
 from __future__ import annotations
@@ -69,13 +76,61 @@ def run_once(config: Path, accountant: str | None, cache: Path, *extra: str) -> 
     return wall, json.loads(proc.stdout) | {"cpu_seconds": _child_cpu() - cpu0}
 
 
+PHASES = """
+import json, os, sys, tempfile, time
+os.environ["DPLORA_CACHE_DIR"] = tempfile.mkdtemp()
+q, steps, target, delta, accountant = float(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), 1e-5, sys.argv[4]
+cpu = time.process_time
+t = [cpu()]
+import dplora.cli.app  # noqa: F401  (the CLI and what it imports before any command runs)
+t.append(cpu())
+import scipy.special, scipy.optimize  # noqa: E401  (the accountants' first import: Opacus's RDP needs them)
+t.append(cpu())
+from dplora.accounting.calibration import calibrate
+from dplora.accounting.checked import FLOOR, checked_curve, numerical_chain
+from dplora.accounting.cost import tolerance_for
+from dplora.accounting.events import Adjacency, DpSgdEvent
+kw = dict(target_epsilon=target, sample_rate=q, steps=steps, delta=delta, adjacency="add_remove")
+calibrate(accountant=FLOOR, **kw)
+t.append(cpu())
+sigma, _ = calibrate(accountant=accountant, **kw)
+t.append(cpu())
+event = DpSgdEvent(sample_rate=q, noise_multiplier=sigma, steps=steps, adjacency=Adjacency.ADD_REMOVE)
+chain = numerical_chain(accountant, Adjacency.ADD_REMOVE)
+checked_curve(event, delta, chain, sorted({max(1, steps * k // 4) for k in (1, 2, 3, 4)}), tolerance_for(target))
+t.append(cpu())
+from dplora.accounting.ceiling import attack_ceiling
+attack_ceiling(event)
+t.append(cpu())
+names = ["imports (CLI)", "imports (scipy)", "RDP calibration", "numerical calibration", "checked ε curve", "ceiling"]
+print(json.dumps(dict(zip(names, [b - a for a, b in zip(t, t[1:])]))))
+"""
+
+
+def phases(repeat: int, q: float = 0.032, steps: int = 24, target: float = 8.0, accountant: str = "prv") -> None:
+    """Print the median CPU seconds of each part of a cold ``budget`` (see the module's docstring)."""
+    runs = []
+    for _ in range(repeat):
+        args = [sys.executable, "-c", PHASES, repr(q), str(steps), repr(target), accountant]
+        proc = subprocess.run(args, capture_output=True, text=True, check=True)
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    print(f"cold budget parts, q={q:g}, T={steps}, target ε={target:g}, δ=1e-5, {accountant}; median CPU s of {repeat}")
+    for name in runs[0]:
+        print(f"  {name:<24} {statistics.median(r[name] for r in runs):6.2f}")
+    print(f"  {'total':<24} {statistics.median(sum(r.values()) for r in runs):6.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="cold and warm runs per accountant (median shown)")
     parser.add_argument("--accountants", nargs="+", default=["rdp", "prv", "pld"])
     parser.add_argument("--config", type=Path, help="time this contract (its own accountant) instead")
     parser.add_argument("--no-search", action="store_true", help="skip the B × E search (code without epochs: auto)")
+    parser.add_argument("--phases", action="store_true", help="CPU seconds of each part of a cold budget")
     args = parser.parse_args()
+    if args.phases:
+        phases(args.repeat)
+        return
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="dplora-bench-") as tmp:
