@@ -83,6 +83,49 @@ def open_release(run_dir: Path, signing_key: Path | None) -> AttachTarget:
     return AttachTarget(folder=run_dir, statement=verified.statement, private_key=private_key)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MovedFiles:
+    """Where a moved release's data and base model are, for the audit's contract: ``data.path=`` / ``model.path=``
+    overrides, and the data file's name as trained (the name the audit section records, never a given file's)."""
+
+    overrides: list[str]
+    data_name: str | None = None
+
+
+def moved_release_files(contract, target: AttachTarget, inputs, log=print) -> MovedFiles:
+    """The audit contract's data and base model found where the release now is
+    (:func:`dplora.release.locate.locate_inputs`), when the audit reads the release's own files.
+
+    A file is located when ``--data`` / ``--model`` is given, or when the audit contract names the release's file by
+    the same path (its ``contract.yaml`` as trained): from here, else from the run folder's parent. Another data
+    file (a public or surrogate audit) is left as the contract names it.
+
+    Args:
+        contract: the audit's contract before the overrides (its ``data.path`` and ``model.path`` as written).
+        target: the release the audit attaches to (:func:`open_release`: already verified).
+        inputs: :class:`dplora.release.locate.ReleaseInputs` (``--data``, ``--model``, ``--data-key``).
+        log: the one-line sink of notes.
+    Returns:
+        :class:`MovedFiles` (absolute paths, so a path reads the same as a YAML override value).
+    Raises:
+        BadInputError: a needed file not found (naming the option), or a file whose digest differs from the
+            release record's (exit 2).
+    """
+    from dplora.release.locate import locate_inputs
+    from dplora.release.read import read_run
+
+    run = read_run(target.folder)
+    data = inputs.data is not None or contract.data.path == run.contract.data.path
+    model = inputs.model is not None or (
+        contract.model.path is not None and contract.model.path == run.contract.model.path
+    )
+    located = locate_inputs(run, inputs, data=data, model=model, log=log)
+    overrides = [f"data.path={Path(located.contract.data.path).resolve()}"] if data else []
+    if model and located.contract.model.path is not None:
+        overrides.append(f"model.path={Path(located.contract.model.path).resolve()}")
+    return MovedFiles(overrides=overrides, data_name=Path(run.contract.data.path).name if data else None)
+
+
 def pin_overrides(privacy: PrivacySection, target: AttachTarget) -> list[str]:
     """Overrides that give the audit the release's N (so q, T and σ follow), when its contract's privacy section
     declares none.

@@ -25,6 +25,9 @@ from dplora.cli import verify as verify_cmd
 from dplora.cli.common import console, emit_json, error_doc, fail, log, out, quiet_worker
 from dplora.cli.options import (
     JsonLinesOpt,
+    ReleaseDataKeyOpt,
+    ReleaseDataOpt,
+    ReleaseModelOpt,
     RunArg,
     SeedOpt,
     ThreadsOpt,
@@ -222,19 +225,28 @@ def eval_(
     threads: ThreadsOpt = None,
     group_column: GroupColumnOpt = None,
     show_private: EvalShowPrivateOpt = False,
+    data: ReleaseDataOpt = None,
+    model: ReleaseModelOpt = None,
+    data_key: ReleaseDataKeyOpt = None,
 ) -> None:
     """Held-out loss and perplexity of the base model and of the run's adapters (same masking as training).
 
     The held-out set is the run's data.eval_path or data.eval_fraction split (from its contract.yaml), or
     --eval-path. Numbers on private held-out data are NOT covered by DP: they are written to <run>.private/eval.json
     and printed only on an interactive terminal (or with --show-private); this command never changes a release.
-    --group-column may only name the contract's data.group_column (a declared public label).
+    --group-column may only name the contract's data.group_column (a declared public label). A relative path in
+    the run's contract is read from here, else from the run folder's parent; --data and --model stand in for a
+    moved release's files.
     """
     from dplora.evaluate.heldout import evaluate_run
+    from dplora.release.locate import ReleaseInputs
     from dplora.release.read import read_run
 
     try:
-        evaluation = evaluate_run(run, eval_path=eval_path, threads=threads, log=log, group_column=group_column)
+        inputs = ReleaseInputs(data=data, model=model, data_key=data_key)
+        evaluation = evaluate_run(
+            run, eval_path=eval_path, threads=threads, log=log, group_column=group_column, inputs=inputs
+        )
     except DploraError as err:
         raise fail(err, as_json=as_json) from None
     doc = {"ok": True, **evaluation.to_dict(), "differentially_private": evaluation.differentially_private}
@@ -328,20 +340,23 @@ def generate(
     as_json: GenerateJsonOpt = False,
     threads: ThreadsOpt = None,
     choices: ChoicesOpt = None,
+    model: ReleaseModelOpt = None,
 ) -> None:
     """Replies from the base model + the run's adapters (post-processing of the release: no budget spent).
 
     The release is verified with ``--public-key`` first (exit 3 on a mismatch); ``--no-verify`` skips that.
     ``--messages FILE`` replies to conversations, one reply per line (``--json``: one JSON line per conversation).
     ``--choices LABELS`` ranks the labels as the evaluation of a classification run does (length-normalised,
-    calibrated on the run's content-free input) and prints the chosen label.
+    calibrated on the run's content-free input) and prints the chosen label. A relative model.path is read from
+    here, else from the run folder's parent; ``--model`` stands in for a moved release's base model.
     """
     from dplora.evaluate.generate import Sampling, generate_from_run, read_conversations, read_prompts
+    from dplora.release.locate import ReleaseInputs, locate_inputs
     from dplora.release.read import read_run
 
     if choices is not None:
         _choose(run, choices, prompt, prompts, messages, temperature, allow_non_private, public_key, no_verify,
-                as_json, threads)  # fmt: skip
+                as_json, threads, model)  # fmt: skip
         return
     try:
         if messages is not None:
@@ -351,8 +366,10 @@ def generate(
         else:
             texts = read_prompts(prompt, prompts)
         sampling = Sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+        # the base model found where the release now is (a given one checked); generation reads the located run
+        located = locate_inputs(run, ReleaseInputs(model=model), data=False, log=log)
         replies = generate_from_run(
-            run,
+            located,
             texts,
             sampling=sampling,
             allow_non_private=allow_non_private,
@@ -376,12 +393,13 @@ def generate(
 
 
 def _choose(run, choices, prompt, prompts, messages, temperature, allow_non_private, public_key, no_verify, as_json,
-            threads) -> None:  # fmt: skip
+            threads, model=None) -> None:  # fmt: skip
     """``generate --choices``: the chosen label and its calibrated scores per prompt (``--json``: only those)."""
     import math
 
     from dplora.contract.labels import parse_choices
     from dplora.evaluate.generate import choose_from_run, read_prompts
+    from dplora.release.locate import ReleaseInputs, locate_inputs
     from dplora.release.read import read_run
 
     try:
@@ -393,7 +411,7 @@ def _choose(run, choices, prompt, prompts, messages, temperature, allow_non_priv
         data = read_run(run).contract.data  # its files are compared by identity only, never read
         labels = parse_choices(choices, private={"data.path": data.path, "data.eval_path": data.eval_path})
         chosen = choose_from_run(
-            run,
+            locate_inputs(run, ReleaseInputs(model=model), data=False, log=log),
             texts,
             labels,
             allow_non_private=allow_non_private,

@@ -9,6 +9,9 @@ from dplora.cli.common import fail, log, out
 from dplora.cli.options import (
     ConfigArg,
     OverridesArg,
+    ReleaseDataKeyOpt,
+    ReleaseDataOpt,
+    ReleaseModelOpt,
     TrainingProgressOpt,
     ledger_option,
     overwrite_option,
@@ -84,6 +87,9 @@ def audit(
     progress: TrainingProgressOpt = True,
     power_check: PowerCheckOpt = False,
     power_data: PowerDataOpt = None,
+    data: ReleaseDataOpt = None,
+    model: ReleaseModelOpt = None,
+    data_key: ReleaseDataKeyOpt = None,
 ) -> None:
     """Insert canaries with probability 1/2, train exactly as `dplora train`, score and bound ε from below.
 
@@ -91,14 +97,18 @@ def audit(
     exceeds the release's attack ceiling beyond its confidence interval; fewer than 1,000 canaries report
     "uninformative", not a pass. With --attach, the results are signed into the release's record (the audit must
     run the release's mechanism). --power-check also trains the same canaries without noise on public data.
+    With --attach, the release's data and base model are found as eval finds them (a relative path from here, else
+    from the release folder's parent); --data and --model stand in for a moved release's files.
     """
     from dplora.audit.runner import REPORT_FILENAME, AuditOptions, run_audit
     from dplora.audit.summary import summary_markdown
+    from dplora.release.locate import ReleaseInputs
 
     envelope = None
     try:
-        contract, source, folder, target = prepare_audit(
-            config, overrides or [], data_source, audit_dir, attach, signing_key
+        inputs = ReleaseInputs(data=data, model=model, data_key=data_key)
+        contract, source, folder, target, data_name = prepare_audit(
+            config, overrides or [], data_source, audit_dir, attach, signing_key, inputs
         )
         options = AuditOptions(
             canaries=canaries,
@@ -122,7 +132,7 @@ def audit(
             power_source=power[1] if power else None,
         )
         if target is not None:
-            envelope = _attach(target, report, contract, folder, ledger)
+            envelope = _attach(target, report, contract, folder, ledger, data_name)
     except DploraError as err:
         raise fail(err) from None
     out.print(summary_markdown(report), markup=False, soft_wrap=True)
@@ -133,16 +143,21 @@ def audit(
         raise typer.Exit(code=AUDIT_VIOLATION_EXIT)
 
 
-def prepare_audit(config: Path, overrides: list[str], data_source: str, audit_dir, attach, signing_key):
+def prepare_audit(
+    config: Path, overrides: list[str], data_source: str, audit_dir, attach, signing_key, inputs=None
+):  # fmt: skip
     """(the audit's contract, its :class:`~dplora.audit.runner.DataSource`, its folder, the release to attach to or
-    None), checked before training: with --attach the release verifies and the audit's plan is the release's
-    mechanism; planner ``auto`` values are resolved as train resolves them
+    None, the data file's name as the release trained on it or None), checked before training: with --attach the
+    release verifies, its data and base model are found where it now is
+    (:func:`dplora.audit.attach.moved_release_files`; ``inputs``: ``--data``, ``--model``, ``--data-key``) and the
+    audit's plan is the release's mechanism; planner ``auto`` values are resolved as train resolves them
     (:func:`dplora.plan.resolve.resolve_auto`). The audit trains in ``<folder>/run``; ``folder`` is
     ``audit_dir`` or ``<output_dir>-audit``.
 
     Raises:
-        BadInputError: an unknown ``data_source``, ``--signing-key`` without ``--attach``, an audit folder inside
-            the release (or the release inside it), or a contract that does not load (exit 2).
+        BadInputError: an unknown ``data_source``, ``--signing-key`` without ``--attach``, ``--data`` or ``--model``
+            without ``--attach``, an audit folder inside the release (or the release inside it), a moved release's
+            file not found or not the recorded one, or a contract that does not load (exit 2).
         BadInputError: from :func:`dplora.audit.attach.open_release` and :func:`dplora.audit.attach.check_plan`:
             no key, a release that does not verify, or an audit plan that differs from the release's mechanism.
         PlanRefusedError: the audit's plan is refused (planning).
@@ -153,6 +168,7 @@ def prepare_audit(config: Path, overrides: list[str], data_source: str, audit_di
     from dplora.plan.resolve import resolve_auto
 
     pinned: list[str] = []
+    moved = None
     try:
         source = DataSource(data_source)
     except ValueError:
@@ -164,9 +180,18 @@ def prepare_audit(config: Path, overrides: list[str], data_source: str, audit_di
         _separate(folder, attach)
         target = attaching.open_release(attach, signing_key)
         pinned = attaching.pin_overrides(first.privacy, target)
+        if inputs is not None:
+            moved = attaching.moved_release_files(first, target, inputs, log)
     elif signing_key is not None:
         raise BadInputError("--signing-key signs an attached audit: give --attach RUN_DIR too")
-    contract = load_contract(config, replace_overrides(overrides, [*pinned, f"training.output_dir={folder / 'run'}"]))
+    elif inputs is not None and (inputs.data is not None or inputs.model is not None):
+        raise BadInputError(
+            "--data and --model stand in for the files of the release given with --attach RUN_DIR; without one, "
+            "name the audit's files in the contract (data.path=FILE model.path=PATH)"
+        )
+    located = moved.overrides if moved is not None else []
+    output_dir = f"training.output_dir={folder / 'run'}"
+    contract = load_contract(config, replace_overrides(overrides, [*pinned, *located, output_dir]))
     # training.expected_batch_size / steps: auto: B, T and lr from the planner, as train resolves them, before
     # the attach check plans the mechanism and the audit trains and reports it
     contract, _ = resolve_auto(contract)
@@ -174,7 +199,7 @@ def prepare_audit(config: Path, overrides: list[str], data_source: str, audit_di
         attaching.check_plan(contract, target)
         if pinned:
             log(f"attach: the audit declares the release's N ({pinned[0]}), so q, T and σ are the release's")
-    return contract, source, folder, target
+    return contract, source, folder, target, (moved.data_name if moved is not None else None)
 
 
 def _power_contract(config: Path, overrides: list[str], contract, source, folder: Path, wanted: bool, data):
@@ -223,12 +248,14 @@ def _power_contract(config: Path, overrides: list[str], contract, source, folder
     return power, power_source
 
 
-def _attach(target, report: dict, contract, folder: Path, ledger: Path | None) -> Path:
-    """Sign the finished audit into the release's record and note it in the ledger; the new envelope's path."""
+def _attach(target, report: dict, contract, folder: Path, ledger: Path | None, data_name: str | None = None) -> Path:
+    """Sign the finished audit into the release's record and note it in the ledger; the new envelope's path.
+    ``data_name``: the release's data file's name as trained, when the audit read it where the release now is (a
+    given file's own name is never recorded)."""
     from dplora.audit import attach as attaching
     from dplora.audit.runner import REPORT_FILENAME
 
-    data_files = [contract.data.path.rsplit("/", 1)[-1]]
+    data_files = [data_name or contract.data.path.rsplit("/", 1)[-1]]
     section = attaching.audit_section(report, sha256_file(folder / REPORT_FILENAME), data_files)
     envelope = attaching.attach(target, section)
     attaching.record_in_ledger(target, envelope, ledger, log)

@@ -136,6 +136,29 @@ TrainingProgressOpt = Annotated[bool, progress_option()]
 ReplaceFileOpt = Annotated[bool, overwrite_option()]
 TopPOpt = Annotated[float, typer.Option(help="Nucleus mass kept when sampling, in (0, 1].")]
 SeedOpt = Annotated[int | None, typer.Option(metavar="N", help="Seed for sampling. Default: OS entropy.")]
+# A release moved from where it was trained: the files its contract names by a path that no longer resolves, each
+# checked against the signed record's digests (dplora.release.locate.locate_inputs).
+ReleaseDataOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--data",
+        metavar="FILE",
+        help="The run's training data when its data.path does not resolve here (a moved release); checked against "
+        "the record's data digest.",
+    ),
+]
+ReleaseModelOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--model",
+        metavar="PATH",
+        help="The base model folder or .gguf file when the run's model.path does not resolve here (a moved "
+        "release); checked against the record's base-model digests.",
+    ),
+]
+ReleaseDataKeyOpt = Annotated[
+    Path | None, data_key_option("The data owner's HMAC key, to check --data against the record's keyed digest.")
+]
 
 
 def _expand(value):

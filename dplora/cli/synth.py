@@ -13,6 +13,9 @@ import typer
 from dplora.cli.common import emit_json, fail, log, out
 from dplora.cli.options import (
     JsonLineOpt,
+    ReleaseDataKeyOpt,
+    ReleaseDataOpt,
+    ReleaseModelOpt,
     RunArg,
     SeedOpt,
     SigningKeyOpt,
@@ -112,16 +115,21 @@ def synth(
     threads: ThreadsOpt = None,
     record_format: SynthFormatOpt = "auto",
     show_private: SynthShowPrivateOpt = False,
+    data: ReleaseDataOpt = None,
+    model: ReleaseModelOpt = None,
+    data_key: ReleaseDataKeyOpt = None,
 ) -> None:
     """Synthetic records in the training schema from base + released adapters (post-processing: no budget).
 
     Writes FILE and its signed manifest FILE.dsse.json; the verbatim-match counts (computed on the private data,
     not covered by DP) go to <run>.private/synth/FILE.memorisation.json and are printed only on a terminal or
-    with --show-private.
+    with --show-private. A relative path in the run's contract is read from here, else from the run folder's
+    parent; --data and --model stand in for a moved release's files.
     """
     shown = echo_private(as_json=as_json, show_private=show_private)
     from dplora.evaluate.generate import Sampling
     from dplora.release.keys import load_private_key
+    from dplora.release.locate import ReleaseInputs
     from dplora.synth.files import synthesize
 
     try:
@@ -139,6 +147,7 @@ def synth(
             record_format=record_format,
             log=log,
             private_log=PrivateLog(log if shown else None),
+            inputs=ReleaseInputs(data=data, model=model, data_key=data_key),
         )
     except DploraError as err:
         raise fail(err, as_json=as_json) from None

@@ -27,13 +27,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from dplora.contract.labels import declared_labels
 from dplora.contract.spec import DataSection
 from dplora.data.cells import tokenize_cells
 from dplora.errors import BadInputError, excerpt
 from dplora.evaluate.report import group_stats
+
+if TYPE_CHECKING:
+    from dplora.release.locate import ReleaseInputs
 
 
 class EvalBuild(Protocol):
@@ -418,17 +421,29 @@ def evaluate_run(
     threads: int | None = None,
     log=print,
     group_column: str | None = None,
+    inputs: ReleaseInputs | None = None,
 ) -> Evaluation:
     """Evaluate the released adapters of ``target`` (a run folder or its contract) on the held-out set.
 
     The run's own ``contract.yaml`` decides the data, the split and the masking, so a ``data.eval_fraction``
     split is the same one training held out. ``group_column`` (default ``data.group_column``) adds per-group
-    numbers.
+    numbers. The data and base model are found where the release now is
+    (:func:`dplora.release.locate.locate_inputs`: ``inputs`` given, else the contract's paths from here, else from
+    the run folder's parent); the held-out set is still named by the contract's file names, never the given ones.
 
+    Args:
+        target: a run folder or its contract.
+        eval_path: ``--eval-path``: a held-out file instead of the contract's.
+        threads: CPU threads (default: the contract's, else the free ones).
+        log: the one-line sink.
+        group_column: ``--group-column``.
+        inputs: ``--data``, ``--model`` and ``--data-key`` for a moved release.
     Raises:
-        BadInputError: no release, no held-out set, unreadable data or model, a missing group column, or a
+        BadInputError: no release, no held-out set, data or model not found (naming the option to give), a given
+            file that differs from the record's digest, unreadable data or model, a missing group column, or a
             ``group_column`` other than the contract's declared ``data.group_column``.
     """
+    from dplora.release.locate import ReleaseInputs, locate_inputs
     from dplora.release.read import load_adapter_model, read_run
 
     run = read_run(target)
@@ -438,10 +453,13 @@ def evaluate_run(
             f"--group-column {excerpt(group_column, 60)}: only the column the run's contract declares as a public "
             f"label (data.group_column: {declared or 'none declared'}) can be reported per group; declare it there"
         )
-    contract = run.contract
+    # the split reads data.path; a contract's own held-out file replaces it, and --eval-path replaces both
+    reads_data = eval_path is None and run.contract.data.eval_path is None and run.contract.data.has_eval_set
+    located = locate_inputs(run, inputs or ReleaseInputs(), data=reads_data, eval_file=eval_path is None, log=log)
+    contract = located.contract
     table = held_out_table(contract.data, eval_path, unit_key=contract.privacy.unit_key, seed=contract.training.seed)
-    source, public = held_out_source(contract.data, eval_path)
-    model, tokenizer, device = load_adapter_model(run, threads=threads, log=log)
+    source, public = held_out_source(run.contract.data, eval_path)  # the names trained on, never a given file's
+    model, tokenizer, device = load_adapter_model(located, threads=threads, log=log)
     return evaluate_model(
         model,
         tokenizer,

@@ -83,9 +83,13 @@ def released_tokenization(run: ReleasedRun) -> dict | None:
     return entry if isinstance(entry, dict) else None
 
 
-def read_run(target: Path, overrides: list[str] | None = None) -> ReleasedRun:
+def read_run(target: Path | ReleasedRun, overrides: list[str] | None = None) -> ReleasedRun:
     """Read the run folder named by ``target`` (a run folder or its contract).
 
+    Args:
+        target: a run folder or its contract; a run already read (e.g. with its data and base model located for a
+            moved release, :func:`dplora.release.locate.locate_inputs`) is returned as it is.
+        overrides: dotted overrides for a contract ``target``.
     Returns:
         :class:`ReleasedRun`; the contract is the run's own ``contract.yaml`` (the one its release covers).
 
@@ -94,6 +98,8 @@ def read_run(target: Path, overrides: list[str] | None = None) -> ReleasedRun:
     """
     from dplora.release.envelope import PREDICATE_TYPE, RELEASE_FILENAME
 
+    if isinstance(target, ReleasedRun):
+        return target
     folder = resolve_run_folder(target, overrides)
     if not folder.is_dir():
         raise BadInputError(f"run folder {folder} does not exist: train it first")

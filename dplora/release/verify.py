@@ -109,21 +109,41 @@ def _salt(digest: dict) -> bytes:
 
 
 def _check_data(predicate, data_files: list[Path], data_key: bytes) -> None:
+    for p in map(Path, data_files):
+        check_data_file(predicate, p, data_key)
+
+
+def check_data_file(predicate, path: Path, data_key: bytes, *, name: str | None = None) -> None:
+    """Check one data file against the record's keyed ``data.digest``
+    (:func:`dplora.release.envelope.data_digest_entry`): HMAC-SHA256 (RFC 2104) of the recorded salt and the file.
+
+    Args:
+        predicate: the release record (its ``data.digest``).
+        path: the data file.
+        data_key: the data owner's HMAC key.
+        name: the recorded file name to check against (default: ``path``'s own name; a file moved under another
+            name is checked against the name it was trained under).
+    Raises:
+        VerificationError: no keyed digest in the record, the name is not in it, a malformed salt, or a mismatch
+            (exit 3); the message names the file, never its content.
+        BadInputError: the file cannot be read (exit 2).
+    """
     data = predicate.get("data") if isinstance(predicate, dict) else None
     digest = data.get("digest") if isinstance(data, dict) else None
     files = digest.get("files") if isinstance(digest, dict) and digest.get("keyed") is True else None
     if not isinstance(files, dict):
         raise VerificationError("the release has no keyed data digest to check the data files against")
     salt = _salt(digest)
-    for p in map(Path, data_files):
-        if p.name not in files:
-            raise VerificationError(f"{p.name}: not in the release's data digest")
-        try:
-            found = hmac_sha256_file(p, data_key, salt)
-        except OSError as exc:
-            raise BadInputError(f"cannot read data file {p}: {exc.strerror or exc}") from None
-        if not hmac.compare_digest(found, str(files[p.name]).lower()):
-            raise VerificationError(f"{p.name}: data HMAC mismatch (wrong data file or wrong data key)")
+    path = Path(path)
+    name = path.name if name is None else name
+    if name not in files:
+        raise VerificationError(f"{name}: not in the release's data digest")
+    try:
+        found = hmac_sha256_file(path, data_key, salt)
+    except OSError as exc:
+        raise BadInputError(f"cannot read data file {path}: {exc.strerror or exc}") from None
+    if not hmac.compare_digest(found, str(files[name]).lower()):
+        raise VerificationError(f"{path.name}: data HMAC mismatch (wrong data file or wrong data key)")
 
 
 def check_base_model(predicate, path: Path) -> tuple[str, ...]:

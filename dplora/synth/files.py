@@ -37,6 +37,7 @@ from dplora.data.digest import sha256_file
 from dplora.errors import BadInputError, NotPrivateError, VerificationError, excerpt
 from dplora.evaluate.generate import Sampling
 from dplora.release.derived import NO_DP_GUARANTEE, guarantee_text, release_payload, source_release_entry
+from dplora.release.locate import ReleaseInputs, locate_inputs
 from dplora.run.outputs import private_folder, private_path
 
 SYNTH_PREDICATE_TYPE = "https://dplora.dev/synthetic/v1"
@@ -253,11 +254,14 @@ def synthesize(
     record_format: str = "auto",
     log=print,
     private_log=None,
+    inputs: ReleaseInputs | None = None,
 ) -> SynthResult:
     """Generate ``rows`` synthetic records from the run ``target``'s release and sign their manifest.
 
     Args:
         target: a finished run folder or its contract.
+        inputs: ``--data``, ``--model`` and ``--data-key`` for a moved release: the data and base model are found
+            by :func:`dplora.release.locate.locate_inputs` (checked against the verified record's digests).
         rows: records to write (≥ 1); prompt i is the public prompt i mod (number of prompts).
         out: the synthetic file, ``.csv`` or ``.jsonl``; ``out.dsse.json`` beside it, and the memorisation report
             in the run's private folder (:func:`report_path`).
@@ -275,7 +279,8 @@ def synthesize(
         :class:`SynthResult`.
 
     Raises:
-        BadInputError: bad settings, no prompts, no release, unloadable model (exit 2); nothing is written.
+        BadInputError: bad settings, no prompts, no release, data or model not found (naming the option to give),
+            a given file that differs from the record's digest, unloadable model (exit 2); nothing is written.
         VerificationError: the release does not verify with the signing key's public half (exit 3): the
             manifest would chain to adapters nobody signed.
         NotPrivateError: a non-private control without ``allow_non_private`` (exit 6).
@@ -319,6 +324,9 @@ def synthesize(
     payload, statement = release_payload(run.folder / RELEASE_FILENAME)
     private = run.differentially_private
     guarantee = guarantee_text(statement["predicate"], private=private)
+    # found after the release verifies: a given file is checked against the signed record's digests
+    why = "synth flags rows equal to a training row, so it needs the run's data"
+    run = locate_inputs(run, inputs or ReleaseInputs(), data=True, data_for=why, log=log)
     try:  # the verbatim check runs on every file: no row equal to a training row goes unflagged
         table = load_table(run.contract.data, unit_key=run.contract.privacy.unit_key)
     except BadInputError as err:

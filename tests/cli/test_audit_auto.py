@@ -18,7 +18,7 @@ def test_audit_contract_has_the_planners_batch_steps_and_lr(tmp_path, tiny_model
         training={"expected_batch_size": "auto", "steps": "auto", "epochs": 2},
     )
     cfg = write_contract(tmp_path / "audit.yaml", raw)
-    contract, _, folder, target = prepare_audit(cfg, [], "private", tmp_path / "audit", None, None)
+    contract, _, folder, target, _ = prepare_audit(cfg, [], "private", tmp_path / "audit", None, None)
     _, rec = resolve_auto(load_contract(cfg, []))
     training = contract.training
     assert target is None and folder == tmp_path / "audit"
