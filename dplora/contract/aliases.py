@@ -49,12 +49,30 @@ ALIASES: dict[str, tuple[str, str]] = {
     "epsilon": ("privacy.target_epsilon", ""),
     "target_delta": ("privacy.delta", ""),
     "per_sample_max_grad_norm": ("privacy.max_grad_norm", "C, per protected unit"),
+    "train_on_inputs": ("data.train_on", "false is assistant, the default; true is all"),
+    "assistant_only_loss": ("data.train_on", "assistant, the default; all trains every token"),
+    "completion_only_loss": ("data.response_column", "a prompt/response record trains on its response only"),
+    "datasets": ("data.path", "one local csv, jsonl, json or parquet file"),
+    "dataset_name": ("data.path", "one local csv, jsonl, json or parquet file; a Hub dataset is not fetched"),
+    "lr_scheduler": ("training.lr_schedule", "constant, linear or cosine"),
+    "adapter": ("model.quantization", "qlora is 4bit; LoRA is dplora's only adapter"),
+    "lora_target_linear": ("lora.target_modules", "all-linear"),
+    "wandb_project": ("training.report_to", "wandb: public numbers only"),
+    # command-line spellings (``dplora train c.yaml --model X``): by spelling they would go to --data-key or --json
+    "model": ("model.path", "a local folder or .gguf file; a Hub id goes in model.name"),
+    "data": ("data.path", "one local csv, jsonl, json or parquet file"),
+    "train_file": ("data.path", "one local csv, jsonl, json or parquet file"),
+    "out": ("training.output_dir", ""),
 }
+# Other tools' names that dplora has no key for and that spelling would pair with an unrelated one (model_type is
+# not "the section model": the architecture is read from the model's own config). Listed among those with no key.
+NO_KEY = frozenset({"model_type", "tokenizer_type"})
 # A name that is a dplora key in another section (e.g. training.max_grad_norm, the HF Trainer's clip).
 _MOVED_NOTE = {
     ("training", "max_grad_norm"): (
         "the HF Trainer's max_grad_norm clips the whole batch, dplora's clips each protected unit"
     ),
+    (None, "max_grad_norm"): "the HF Trainer's max_grad_norm clips the whole batch, dplora's clips each protected unit",
 }
 
 
@@ -73,11 +91,14 @@ def hint(section: str | None, key: str, contract_cls) -> tuple[str, str, str] | 
     ``kind`` is ``alias`` (another tool's name for ``target``), ``moved`` (a dplora key of another section),
     ``near`` (the nearest key by spelling) or ``section`` (the nearest section by spelling). Meaning comes before
     spelling: :data:`ALIASES`, then the same name in another section, then ``difflib.get_close_matches`` (cutoff
-    0.6) in the same section (or among sections at the top level), then in any section (cutoff 0.75).
+    0.6) in the same section (or among sections at the top level), then in any section (cutoff 0.75); a name in
+    :data:`NO_KEY` gets None.
     """
     sections = _keys(contract_cls)
     if key in ALIASES:
         return ("alias", *ALIASES[key])
+    if key in NO_KEY:
+        return None
     for name, keys in sections.items():
         if name != section and key in keys:
             return "moved", f"{name}.{key}", _MOVED_NOTE.get((section, key), "")

@@ -147,8 +147,8 @@ def check_messages(value, row: int, column: str) -> list[dict]:
     """One conversation cell as a list of ``{"role", "content"}`` (other keys dropped), or a one-line error.
 
     A message is ``{"role", "content"}`` (TRL/OpenAI, roles :data:`ROLES`; ``content`` a string or OpenAI-style
-    text parts, joined) or ShareGPT ``{"from", "value"}`` (axolotl's default; ``from`` mapped by
-    :data:`SHAREGPT_ROLES`: human or user → user, gpt or assistant → assistant, system → system).
+    text parts, joined) or ShareGPT ``{"from", "value"}`` (axolotl's default; ``value`` read as ``content``; ``from``
+    mapped by :data:`SHAREGPT_ROLES`: human or user → user, gpt or assistant → assistant, system → system).
     The shape is decided per message by its keys (``role`` present: TRL; else ``from``: ShareGPT).
 
     Args:
@@ -177,7 +177,7 @@ def check_messages(value, row: int, column: str) -> list[dict]:
             if role not in ROLES:
                 raise BadInputError(f"{where}: message {turn} has a role other than {', '.join(ROLES)}")
         elif message.get("from") is not None:
-            role, content = SHAREGPT_ROLES.get(message.get("from")), message.get("value")
+            role, content = SHAREGPT_ROLES.get(message.get("from")), _content_text(message.get("value"), where, turn)
             if role is None:
                 raise BadInputError(
                     f"{where}: message {turn} (ShareGPT) has a 'from' other than {', '.join(SHAREGPT_ROLES)}"

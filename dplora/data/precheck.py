@@ -96,9 +96,13 @@ def check_data_files(data: DataSection, unit_key: str | None, *, chat_template: 
         kind = {"json": "jsonl" if path.suffix.lower() != ".json" else "json"}.get(builder, builder)
         line = f"OK  {key}: {path} ({kind}; columns {', '.join(needed)} present)"
         if data.messages_key is not None:
+            shape = "{role, content}"
             if first is not None:
-                check_messages(first[data.messages_key], 1, data.messages_key)
-            line += f"; {data.messages_key} holds lists of {{role, content}}"
+                cell = first[data.messages_key]
+                check_messages(cell, 1, data.messages_key)
+                if cell[0].get("role") is None:  # checked: a message without a role is ShareGPT's
+                    shape = "ShareGPT {from, value}"
+            line += f"; {data.messages_key} holds lists of {shape}"
         lines.append(line)
     if (warm := check_warm_start_file(data)) is not None:
         lines.append(warm)

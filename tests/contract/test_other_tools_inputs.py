@@ -7,6 +7,8 @@ import json
 
 import pytest
 import yaml
+from conftest import contract_dict, write_contract
+from tiny import save_chat_model
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
@@ -31,6 +33,38 @@ def test_sharegpt_with_role_names_in_from():
     assert check_messages(turns, 1, "conversations") == WANT
     human = [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "hi there"}]
     assert check_messages([*human, {"from": "gpt", "value": "hello"}], 1, "conversations") == WANT
+
+
+def test_sharegpt_values_may_be_content_parts_too():
+    turns = [
+        {"from": "system", "value": [{"type": "text", "text": "Be brief."}]},
+        {"from": "user", "value": "hi there"},
+    ]
+    assert check_messages([*turns, {"from": "gpt", "value": "hello"}], 1, "conversations") == WANT
+
+
+@pytest.mark.parametrize(
+    ("name", "column", "turns", "shape"),
+    [
+        ("sharegpt.jsonl", "conversations", [{"from": "user", "value": "hi"}, {"from": "assistant", "value": "ok"}],
+         "conversations holds lists of ShareGPT {from, value}"),
+        ("parts.json", "messages", [{"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                                    {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}],
+         "messages holds lists of {role, content}"),
+    ],
+)  # fmt: skip
+def test_check_files_reads_other_tools_conversations_and_names_their_shape(tmp_path, name, column, turns, shape):
+    """`validate --check-files` on a ShareGPT jsonl (from: user/assistant) and a .json array of OpenAI content parts:
+    the first record is read and its shape named."""
+    path = tmp_path / name
+    rows = [{column: turns} for _ in range(3)]
+    path.write_text(json.dumps(rows) if name.endswith(".json") else "".join(json.dumps(r) + "\n" for r in rows))
+    model = save_chat_model(tmp_path / "model")
+    data = {"prompt_column": None, "response_column": None, "messages_column": column}
+    cfg = write_contract(tmp_path / "c.yaml", contract_dict(model, path, tmp_path / "out", data=data))
+    result = run("validate", cfg, "--check-files")
+    assert result.exit_code == 0, result.output
+    assert f"OK  data.path: {path} ({name.rsplit('.', 1)[1]}; columns {column} present); {shape}" in result.output
 
 
 def test_openai_content_parts_are_joined_text():
@@ -90,23 +124,24 @@ AXOLOTL = {
     "lr_scheduler": "cosine",
     "learning_rate": 0.0002,
     "warmup_steps": 10,
+    "train_on_inputs": False,
 }
 
 
 def test_an_axolotl_config_names_every_key_grouped_and_uncut(tmp_path):
-    assert len(AXOLOTL) == 24
+    assert len(AXOLOTL) == 25
     path = tmp_path / "axolotl.yaml"
     path.write_text(yaml.safe_dump(AXOLOTL, sort_keys=False))
     result = run("validate", path)
     assert result.exit_code == 2
     lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: contract: 24 unknown keys"), lines
+    assert len(lines) == 1 and lines[0].startswith("error: contract: 25 unknown keys"), lines
     line = lines[0]
     assert not line.endswith("...") and len(line) > 600
     no_key = line.split("no dplora key: ", 1)[1].split(";", 1)[0].split(", ")
     for key in AXOLOTL:  # every key named once: with the dplora key it stands for, or among those without one
         assert (f"{key} → " in line) != (key in no_key), key
-    assert no_key == ["tokenizer_type", "strict", "dataset_prepared_path", "adapter", "sample_packing", "lr_scheduler"]
+    assert no_key == ["model_type", "tokenizer_type", "strict", "dataset_prepared_path", "sample_packing"]
     for theirs, ours in [
         ("base_model", "model.path"),
         ("learning_rate", "training.lr"),
@@ -114,9 +149,43 @@ def test_an_axolotl_config_names_every_key_grouped_and_uncut(tmp_path):
         ("micro_batch_size", "training.physical_batch_size"),
         ("output_dir", "training.output_dir"),
         ("warmup_steps", "training.warmup_steps"),
+        ("datasets", "data.path"),
+        ("adapter", "model.quantization"),
+        ("lr_scheduler", "training.lr_schedule"),
+        ("train_on_inputs", "data.train_on"),
     ]:
         assert f"{theirs} → {ours}" in line, theirs
     assert line.index("dplora calls them:") < line.index("nearest dplora keys:") < line.index("no dplora key:")
+
+
+def test_a_trl_config_gets_the_dplora_key_for_each_known_name(tmp_path):
+    """TRL's SFTConfig names by meaning; the HF Trainer's max_grad_norm keeps its batch-versus-unit note."""
+    trl = {
+        "model_name_or_path": "Qwen/Qwen2-0.5B",
+        "dataset_name": "trl-lib/Capybara",
+        "learning_rate": 2e-5,
+        "assistant_only_loss": True,
+        "completion_only_loss": True,
+        "max_grad_norm": 1.0,
+        "packing": False,
+        "seed": 42,
+    }
+    path = tmp_path / "trl.yaml"
+    path.write_text(yaml.safe_dump(trl, sort_keys=False))
+    result = run("validate", path)
+    assert result.exit_code == 2
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: contract: 8 unknown keys"), lines
+    for theirs, ours in [
+        ("model_name_or_path", "model.path"),
+        ("dataset_name", "data.path"),
+        ("assistant_only_loss", "data.train_on"),
+        ("completion_only_loss", "data.response_column"),
+        ("seed", "training.seed"),
+    ]:
+        assert f"{theirs} → {ours}" in lines[0], theirs
+    assert "max_grad_norm → privacy.max_grad_norm (the HF Trainer's max_grad_norm clips the whole batch" in lines[0]
+    assert lines[0].split("no dplora key: ", 1)[1].startswith("packing;")
 
 
 @pytest.mark.parametrize(
@@ -131,6 +200,12 @@ def test_an_axolotl_config_names_every_key_grouped_and_uncut(tmp_path):
         (["train", "x.yaml", "--learning-rate", "1e-3"], "use the override training.lr=…"),
         (["budget", "x.yaml", "--epsilon", "4"], "use the override privacy.target_epsilon=…"),
         (["eval", "--run", "r"], "the run folder (or its contract) is the first argument: dplora eval RUN"),
+        (["train", "x.yaml", "--model", "m"], "use the override model.path=…: dplora train CONTRACT.yaml model.path=…"),
+        (
+            ["train", "x.yaml", "--data", "d.csv"],
+            "use the override data.path=…: dplora train CONTRACT.yaml data.path=…",
+        ),
+        (["train", "x.yaml", "--out", "o"], "use the override training.output_dir=…"),
         (["train", "x.yaml", "--overwite"], "did you mean --overwrite?"),
     ],
 )
@@ -139,4 +214,4 @@ def test_option_suggestions_prefer_meaning_over_spelling(args, expected):
     assert result.exit_code == 2
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and expected in lines[0], lines
-    assert "--ledger" not in lines[0] and "--json" not in lines[0]
+    assert "--ledger" not in lines[0] and "--json" not in lines[0] and "--data-key" not in lines[0]
