@@ -79,7 +79,8 @@ def _meant_option(name: str, ctx) -> str | None:
     """What an unknown option most likely means, by meaning rather than spelling, or None: ``--config`` on a command
     that takes the contract as its first argument (``dplora train CONTRACT.yaml``), ``--run`` on one that takes a
     run folder, and a contract key (``--lr``, ``--learning-rate``: another tool's name) on a command that takes
-    overrides (``training.lr=…``). Spelling alone would send ``--lr`` to ``--ledger``."""
+    overrides (``training.lr=…``), or a training setting on one that does not (set when training). Spelling alone
+    would send ``--lr`` to ``--ledger`` (train) or ``--model`` (eval)."""
     if ctx is None:
         return None
     key = name.lstrip("-").replace("-", "_").lower()
@@ -89,8 +90,6 @@ def _meant_option(name: str, ctx) -> str | None:
         return f"the contract is the first argument: {command} CONTRACT.yaml"
     if key in (*_RUN_OPTIONS, *_CONFIG_OPTIONS) and "run" in params:
         return f"the run folder (or its contract) is the first argument: {command} RUN"
-    if "overrides" not in params:
-        return None
     from dplora.contract.aliases import ALIASES
     from dplora.contract.spec import Contract
 
@@ -98,6 +97,10 @@ def _meant_option(name: str, ctx) -> str | None:
     if not keys and key in ALIASES:
         keys = [ALIASES[key][0]]
     if not keys:
+        return None
+    if "overrides" not in params:  # a training setting on eval, generate, ...: spelling would pick an unrelated option
+        if all(k.split(".", 1)[0] in ("privacy", "lora", "training") for k in keys):
+            return f"{keys[0]} is a contract key, set when training: dplora train CONTRACT.yaml {keys[0]}=…"
         return None
     if len(keys) == 1:
         return f"use the override {keys[0]}=…: {command} CONTRACT.yaml {keys[0]}=…"

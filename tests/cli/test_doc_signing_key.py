@@ -16,6 +16,7 @@ NOT_COMMANDS = {
     "dplora train c.yaml --lr 1e-3",  # an error example: the unknown option's refusal
     "No such option: --lr; use the override training.lr=…: dplora train CONTRACT.yaml training.lr=…",  # its message
     "the contract is the first argument: dplora train CONTRACT.yaml",  # the same, for --config
+    "training.lr is a contract key, set when training: dplora train CONTRACT.yaml training.lr=…",  # --lr on eval
     "dplora synth RUN --format messages",  # names one option of synth
 }
 

@@ -206,6 +206,8 @@ def test_a_trl_config_gets_the_dplora_key_for_each_known_name(tmp_path):
             "use the override data.path=…: dplora train CONTRACT.yaml data.path=…",
         ),
         (["train", "x.yaml", "--out", "o"], "use the override training.output_dir=…"),
+        (["eval", "r", "--lr", "1e-3"], "training.lr is a contract key, set when training: dplora train CONTRACT.yaml"),
+        (["generate", "r", "--max-seq-len", "9"], "training.max_seq_len is a contract key, set when training"),
         (["train", "x.yaml", "--overwite"], "did you mean --overwrite?"),
     ],
 )
@@ -215,3 +217,4 @@ def test_option_suggestions_prefer_meaning_over_spelling(args, expected):
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and expected in lines[0], lines
     assert "--ledger" not in lines[0] and "--json" not in lines[0] and "--data-key" not in lines[0]
+    assert "--model?" not in lines[0] and "--max-new-tokens" not in lines[0]
