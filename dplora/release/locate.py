@@ -43,7 +43,6 @@ class ReleaseInputs:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _Found:
     path: Path
-    given: bool  # the caller's option, not the contract's path
     guessed: bool  # found beside the run folder, not where the contract's path points from here
 
 
@@ -63,11 +62,11 @@ def _find(written: str, folder: Path, exists) -> _Found | None:
     """The contract's path as written (from the current directory), else relative to the run folder's parent."""
     path = Path(written).expanduser()
     if exists(path):
-        return _Found(path=path, given=False, guessed=False)
+        return _Found(path=path, guessed=False)
     if not path.is_absolute():
         beside = folder.resolve().parent / path
         if exists(beside):
-            return _Found(path=beside, given=False, guessed=True)
+            return _Found(path=beside, guessed=True)
     return None
 
 
