@@ -72,6 +72,18 @@ def base_folder(run, base_model: Path | None, log=print) -> Path:
     return folder
 
 
+def _carry_training_template(tokenizer, data) -> None:
+    """Give the merged model's tokenizer the chat template training rendered records with, where the base model
+    had none: conversations on such a model train through dplora's plain fallback
+    (:data:`dplora.data.chat.PLAIN_TEMPLATE`), and without it in ``tokenizer_config.json`` the served model's
+    ``apply_chat_template`` would fail or format otherwise than ``dplora generate``. A model's own template and the
+    raw text formats are left as they are."""
+    from dplora.data.chat import PLAIN_TEMPLATE, model_template, template_in_use
+
+    if model_template(tokenizer) is None and template_in_use(tokenizer, data) == PLAIN_TEMPLATE:
+        tokenizer.chat_template = PLAIN_TEMPLATE
+
+
 def merged_model(base: Path, adapter: Path):
     """The base at ``base`` (in its own dtype) with the adapters at ``adapter`` merged in (peft ``merge_and_unload``).
 
@@ -246,6 +258,7 @@ def export_release(
             except VerificationError as err:
                 raise VerificationError(f"not the base this release was trained on: {err}") from None
             model, tokenizer, dtype = merged_model(base, adapter)
+            _carry_training_template(tokenizer, run.contract.data)
             model.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
         else:

@@ -199,3 +199,37 @@ def test_export_bad_inputs_exit_2_in_one_line(runs, merged, signing_key, tmp_pat
     assert result.exit_code == 2 and "allowed values are merge, peft" in result.output, result.output
     result = _verify(runs[0], tmp_path, signing_key[1])
     assert result.exit_code == 2 and "not a dplora export folder" in result.output, result.output
+
+
+def test_a_conversations_run_on_a_model_without_a_template_exports_the_template_it_trained_with(
+    tiny_model_dir, signing_key, tmp_path
+):
+    """The tiny model has no chat template, so conversations train through dplora's plain fallback: the merged
+    export's tokenizer carries that template, so plain transformers renders a conversation as training and
+    ``dplora generate`` do; a prompt/response run's export gets none (its records were raw text)."""
+    from transformers import AutoTokenizer
+
+    from dplora.data.chat import PLAIN_TEMPLATE
+
+    chats = tmp_path / "chats.jsonl"
+    turns = [[{"role": "user", "content": f"order {i} is late"}, {"role": "assistant", "content": "Sorry, checking."}]
+             for i in range(40)]  # fmt: skip
+    chats.write_text("".join(json.dumps({"messages": t}) + "\n" for t in turns))
+    data = {"path": str(chats), "prompt_column": None, "response_column": None}
+    cfg = write_contract(tmp_path / "chat.yaml", contract_dict(tiny_model_dir, chats, tmp_path / "chat", data=data))
+    result = runner.invoke(app, ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert AutoTokenizer.from_pretrained(str(tiny_model_dir)).chat_template is None  # the premise
+    out = tmp_path / "served"
+    assert _export(tmp_path / "chat", out, signing_key[0], "--merge").exit_code == 0
+    served = AutoTokenizer.from_pretrained(str(out))
+    assert served.chat_template == PLAIN_TEMPLATE
+    text = served.apply_chat_template(turns[0][:1], tokenize=False, add_generation_prompt=True)
+    assert "order 0 is late" in text
+    assert _verify(tmp_path / "chat", out, signing_key[1]).exit_code == 0  # the manifest signs the tokenizer as saved
+
+
+def test_a_prompt_response_export_gets_no_template(merged):
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(str(merged)).chat_template is None
