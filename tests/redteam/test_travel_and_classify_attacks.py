@@ -381,6 +381,35 @@ def test_generate_choices_exit_code_and_output_do_not_follow_the_training_data(t
     assert "refund" not in refused.output
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="generate --choices @FILE compares FILE with the contract's relative data.path from the current folder "
+    "only: from another folder (the model now found beside the run folder) the training file itself is read as "
+    "the label set and its records are printed as labels and score keys, exit 0",
+)
+def test_choices_file_that_is_the_training_file_is_refused_from_another_folder(
+    tmp_path, tiny_model_dir, signing_key, monkeypatch
+):
+    trained = tmp_path / "trained"
+    (trained / "data").mkdir(parents=True)
+    _write(trained / "data" / "train.csv", _rows(4))
+    shutil.copytree(tiny_model_dir, trained / "model")
+    monkeypatch.chdir(trained)
+    data = {"task": "classification", "labels": LABELS}
+    raw = contract_dict(Path("model"), Path("data/train.csv"), Path("run"), data=data, privacy={"num_units": 36})
+    cfg = write_contract(trained / "contract.yaml", raw)
+    trained_run = runner.invoke(app, ["train", str(cfg), "--no-progress", "--signing-key", str(signing_key[0])])
+    assert trained_run.exit_code == 0, trained_run.output
+    args = ["--prompt", "hi", "--no-verify", "--json"]
+    here = runner.invoke(app, ["generate", "run", *args, "--choices", "@data/train.csv"])
+    assert here.exit_code == 2 and "data.path (private data)" in _one_line(here)  # held from the training folder
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    got = runner.invoke(app, ["generate", str(trained / "run"), *args, "--choices", f"@{trained / 'data/train.csv'}"])
+    assert "I want my money back #0" not in got.output  # observed: every training line is a key of "scores"
+    assert got.exit_code == 2 and "data.path (private data)" in _one_line(got)
+
+
 # --- 3. quiet rules ----------------------------------------------------------------------------------------------
 
 
