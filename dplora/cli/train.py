@@ -140,7 +140,10 @@ OverwriteOpt = Annotated[
 ]
 TrainThreadsOpt = Annotated[int | None, threads_option(most=MOST_THREADS)]
 ProgressOpt = Annotated[
-    bool, progress_option("Report progress on stderr: a bar on a terminal, a plain line every 30 s otherwise.")
+    bool,
+    progress_option(
+        "Report progress on stderr: a bar on a terminal, else a plain line every ⌈T/10⌉ steps (public values only)."
+    ),
 ]
 TuningTrialOpt = Annotated[
     bool, typer.Option(help="Charge the ledger as a hyperparameter-tuning trial: it spends budget like a release.")

@@ -24,6 +24,13 @@ from conftest import release_statement
 from dplora.contract.loader import load_contract
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _pinned_torch() -> str:
+    """The top torch version pyproject allows (``torch>=…,<=X``): the version the workflow must install."""
+    return re.search(r'"torch>=[^,]+,<=([0-9.]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+
+
 WORKFLOW = ROOT / "examples" / "ci" / "github-actions.yml"
 STAND_INS = {"install", "fetch", "fetch-model", "restore-ledger", "save-ledger"}  # here: setup, network, stores
 
@@ -62,6 +69,8 @@ def test_workflow_shape(workflow):
     install = steps["install"]["run"]
     assert "scripts/setup.sh" not in install and "$DPLORA_PACKAGE" in install and "$TORCH_INDEX" in install
     assert "@" in workflow["env"]["DPLORA_PACKAGE"] and workflow["env"]["TORCH_INDEX"].startswith("https://")
+    assert '"torch==$TORCH_VERSION"' in install  # an unpinned torch would be replaced by the index's CUDA build
+    assert workflow["env"]["TORCH_VERSION"] == _pinned_torch()
     assert order.index("fetch-model") < order.index("budget")
     assert '"model.path=$MODEL_DIR"' in steps["train"]["run"] and '--base-model "$MODEL_DIR"' in steps["verify"]["run"]
 
