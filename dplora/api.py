@@ -359,6 +359,11 @@ def private_report(release: Release | str | os.PathLike) -> NotCoveredByDP:
     """The private diagnostics of a finished run (NOT covered by DP): read explicitly, never returned by
     :func:`train`.
 
+    ``values`` holds ``<run>.private/report.json`` (timings, empty steps, peak memory, records zeroed) and, when the
+    run evaluated a held-out set, ``eval``: the held-out numbers training wrote to ``metrics.jsonl`` (base and
+    adapter loss per target token and perplexity, per-group numbers, a classification's accuracy and recall),
+    as ``dplora eval --json`` reports them.
+
     Raises:
         BadInputError: the run has no private report (not a finished dplora run folder).
     """
@@ -369,7 +374,26 @@ def private_report(release: Release | str | os.PathLike) -> NotCoveredByDP:
         values = json.loads((folder / "report.json").read_text())
     except (OSError, ValueError):
         raise BadInputError(f"no private report in {folder}: not a finished dplora run") from None
-    return NotCoveredByDP(values=values, folder=folder)
+    evaluation = _held_out_numbers(folder / "metrics.jsonl")
+    return NotCoveredByDP(values=values | ({"eval": evaluation} if evaluation is not None else {}), folder=folder)
+
+
+def _held_out_numbers(metrics: Path) -> dict | None:
+    """The last ``not_covered_by_dp.eval`` entry of a run's private ``metrics.jsonl`` (None: no evaluation)."""
+    found = None
+    try:
+        lines = metrics.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        private = entry.get("not_covered_by_dp") if isinstance(entry, dict) else None
+        if isinstance(private, dict) and isinstance(private.get("eval"), dict):
+            found = private["eval"]
+    return found
 
 
 def _contract_file(contract: ContractSource) -> Path | None:

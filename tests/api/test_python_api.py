@@ -95,7 +95,8 @@ def test_train_returns_public_fields_only_and_the_private_report_says_so(tmp_pat
     values in its repr."""
     import dataclasses
 
-    raw = contract_dict(tiny_model_dir, tmp_path / "d.csv", tmp_path / "run", privacy={"num_units": 200})
+    data = {"eval_fraction": 0.25}
+    raw = contract_dict(tiny_model_dir, tmp_path / "d.csv", tmp_path / "run", privacy={"num_units": 200}, data=data)
     from dplora.data.demo import write_tickets
 
     write_tickets(tmp_path / "d.csv", num_tickets=40, seed=1, max_turns=1)
@@ -114,6 +115,9 @@ def test_train_returns_public_fields_only_and_the_private_report_says_so(tmp_pat
     assert release.attack_ceiling and set(release.attack_ceiling) == {"0.1%", "1%", "10%"}
     private = dplora.private_report(release)
     assert "empty_steps" in private.values and "not shown" in repr(private)
+    # the held-out numbers training wrote privately are in the report too, as `dplora eval --json` gives them
+    held = private.values["eval"]
+    assert held["adapter"]["loss"] > 0 and held["base"]["loss"] > 0 and held["base"]["records"] > 0
     checked = dplora.verify(release.path, public_key=signing_key[1])
     assert checked.ok and checked.claims["epsilon"] == release.epsilon and checked.differentially_private
 
