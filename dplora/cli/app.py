@@ -402,7 +402,7 @@ def _choose(run, choices, prompt, prompts, messages, temperature, allow_non_priv
 
     from dplora.contract.labels import parse_choices
     from dplora.evaluate.generate import choose_from_run, read_prompts
-    from dplora.release.locate import ReleaseInputs, locate_inputs
+    from dplora.release.locate import ReleaseInputs, locate_inputs, private_data_paths
     from dplora.release.read import read_run
 
     try:
@@ -411,8 +411,8 @@ def _choose(run, choices, prompt, prompts, messages, temperature, allow_non_priv
         if temperature != 0:
             raise BadInputError("--choices ranks labels deterministically: --temperature does not apply")
         texts = read_prompts(prompt, prompts)
-        data = read_run(run).contract.data  # its files are compared by identity only, never read
-        labels = parse_choices(choices, private={"data.path": data.path, "data.eval_path": data.eval_path})
+        # the data files, as written and beside the run folder, are compared by identity only, never read
+        labels = parse_choices(choices, private=private_data_paths(read_run(run)))
         chosen = choose_from_run(
             locate_inputs(run, ReleaseInputs(model=model), data=False, log=log),
             texts,

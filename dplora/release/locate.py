@@ -150,6 +150,41 @@ def check_model(run: ReleasedRun, path: Path, *, option: str, log=print) -> None
         check_base_model(predicate, path)
     except VerificationError as err:
         raise BadInputError(f"{option}: does not match the release's base model ({err})") from None
+    if path.is_dir():  # a file that transformers would read and training did not (a new chat_template.jinja)
+        from fnmatch import fnmatch
+
+        from dplora.engine.basefiles import BASE_MODEL_FILES
+
+        recorded = set(base["files"])
+        extra = sorted(
+            p.name
+            for p in path.iterdir()
+            if p.is_file() and p.name not in recorded and any(fnmatch(p.name, g) for g in BASE_MODEL_FILES)
+        )
+        if extra:
+            raise BadInputError(
+                f"{option}: does not match the release's base model ({_shown(extra[0], 80)} is not a file it "
+                f"was trained with{f', nor {len(extra) - 1} more' if len(extra) > 1 else ''})"
+            )
+
+
+def private_data_paths(run: ReleasedRun) -> dict[str, str]:
+    """Every place the run's private data files may be found from here, for identity guards (a label set or prompt
+    file that must never be the data): ``data.path`` and ``data.eval_path`` as written (from the current
+    directory) and, for a relative one, from the run folder's parent, where :func:`locate_inputs` looks too.
+
+    Returns:
+        {description: path}; paths only, nothing is read.
+    """
+    out: dict[str, str] = {}
+    for key in ("path", "eval_path"):
+        written = getattr(run.contract.data, key)
+        if written is None:
+            continue
+        out[f"data.{key}"] = written
+        if not Path(written).expanduser().is_absolute():
+            out[f"data.{key}, beside the run folder"] = str(run.folder.resolve().parent / written)
+    return out
 
 
 def _rebind(run: ReleasedRun, *, data: dict, model: dict) -> ReleasedRun:
@@ -230,26 +265,38 @@ def _data_path(run: ReleasedRun, inputs: ReleaseInputs, log, data_for: str | Non
     if found is None:
         why = f"{data_for}: " if data_for else ""
         raise BadInputError(f"{why}data file not found: {_shown(written)} ({_where(written)}); give --data FILE")
-    if found.guessed:
-        _check_guess(run, found.path, inputs, "data", log)
+    _check_found(run, found, inputs, "data", log)
     return found.path
 
 
-def _check_guess(run: ReleasedRun, path: Path, inputs: ReleaseInputs, kind: str, log) -> None:
-    """A file found beside the run folder is checked as a given one: a keyed digest without a key is not a reason to
-    refuse it (nothing was given), a different file is."""
+def _check_found(run: ReleasedRun, found: _Found, inputs: ReleaseInputs, kind: str, log) -> None:
+    """A file the command found (not given) is checked against the record whenever it can be: any file the
+    contract's path now points at may have been replaced since training (a held-out split and an attached audit
+    computed on other rows would be wrong, the audit signed). A base model is always checkable (its files'
+    sha256); data under a plain digest too; data under a keyed digest only with the owner's key, and a file found
+    beside the run folder that cannot be checked is said so in one line (nothing was given, so it is not refused)."""
     from dplora.release.envelope import load_data_key
 
-    where = f"{kind} found beside the run folder at {_shown(str(path))}"
+    if found.guessed:
+        where = f"{kind} found beside the run folder at {_shown(str(found.path))}"
+    else:
+        where = f"{kind} at {_shown(str(found.path))} ({TRAINED_WHERE})"
     option = "--data FILE" if kind == "data" else "--model PATH"
     try:
         if kind == "model":
-            check_model(run, path, option=where, log=lambda _line: None)
+            check_model(run, found.path, option=where, log=lambda _line: None)
             return
         digest = _data_digest(_predicate(run))
-        if digest is not None and digest.get("keyed") is True and load_data_key(inputs.data_key) is None:
-            return  # cannot check without the owner's key; the contract's own path is not checked either
-        check_data(run, path, inputs.data_key, option=where, log=lambda _line: None)
+        if digest is None:
+            return  # nothing recorded to check against (trained without a data digest), as before
+        if digest.get("keyed") is True and load_data_key(inputs.data_key) is None:
+            if found.guessed:
+                log(
+                    f"note: the {where} is not checked: the release's data digest is keyed; give --data-key PATH or "
+                    "set $DPLORA_DATA_KEY to check it"
+                )
+            return
+        check_data(run, found.path, inputs.data_key, option=where, log=lambda _line: None)
     except BadInputError as err:
         raise BadInputError(f"{err}; give {option}") from None
 
@@ -274,6 +321,5 @@ def _model_path(run: ReleasedRun, inputs: ReleaseInputs, log) -> Path | None:
     found = _find(written, run.folder, lambda p: p.is_file() or p.is_dir())
     if found is None:
         raise BadInputError(f"model not found: model.path={_shown(written)} ({_where(written)}); give --model PATH")
-    if found.guessed:
-        _check_guess(run, found.path, inputs, "model", log)
+    _check_found(run, found, inputs, "model", log)
     return found.path

@@ -157,11 +157,6 @@ def test_a_data_path_with_control_characters_or_private_text_stays_out_of_json_a
     assert json.loads(refused.stdout)["error"] == line.removeprefix("error: ")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the contract's relative data.path resolving from the current folder is used unchecked even with "
-    "--data-key given: eval of a moved release reads a different data/tickets.csv and exits 0",
-)
 def test_data_found_from_here_is_checked_when_the_key_is_given(at, monkeypatch):
     here = _folder_with(at["tmp"] / "here-other", at["other"], at["model"])
     monkeypatch.chdir(here)
@@ -170,11 +165,6 @@ def test_data_found_from_here_is_checked_when_the_key_is_given(at, monkeypatch):
     assert "does not match the release's data digest" in _one_line(got)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a data file found beside the run folder under a keyed digest and no key is used unchecked with no "
-    "line at all (a record without a digest says 'is not checked')",
-)
 def test_data_found_beside_the_run_folder_without_a_key_is_said_to_be_unchecked(at):
     copy = at["tmp"] / "swapped-copy"
     if not copy.exists():
@@ -186,11 +176,6 @@ def test_data_found_beside_the_run_folder_without_a_key_is_said_to_be_unchecked(
     assert "not checked" in got.stderr  # observed: nothing is said
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="--model passes base_model.files with an extra chat_template.jinja the record does not list: eval "
-    "renders the held-out set through a template training never used and reports other numbers, exit 0",
-)
 def test_a_model_folder_with_an_extra_model_file_is_refused(at):
     extra = at["tmp"] / "base-with-template"
     if not extra.exists():
@@ -211,11 +196,6 @@ def test_a_model_folder_missing_a_recorded_file_is_one_line_exit_2(at):
     assert "does not match the release's base model" in line and "generation_config.json is missing" in line
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a model.path found from the current folder is used unchecked although base_model.files needs no key: "
-    "generate of a moved release replies from other base weights, exit 0",
-)
 def test_a_model_found_from_here_with_other_weights_is_refused(at, signing_key, monkeypatch):
     from tiny import save_tiny_model
 
@@ -229,11 +209,6 @@ def test_a_model_found_from_here_with_other_weights_is_refused(at, signing_key, 
     assert "does not match the release's base model" in _one_line(got)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="audit --attach on a moved release reads the contract's data.path from the current folder unchecked "
-    "(even with --data-key) and signs a section 'data: private, files [tickets.csv]' computed on other rows",
-)
 def test_audit_attach_refuses_other_data_found_from_here(at, signing_key, monkeypatch):
     run = at["tmp"] / "audited" / "run"
     if not run.exists():
@@ -251,8 +226,9 @@ def test_audit_attach_refuses_other_data_found_from_here(at, signing_key, monkey
 
 @pytest.mark.xfail(
     strict=True,
-    reason="audit --attach --data FILE: the audit's own run (in the audit folder) signs a record whose data.files "
-    "is the given file's name and writes a model card naming it ('Described, never shown: `renamed.csv`')",
+    reason="kept on purpose (docs/audit.md): audit --attach --data FILE trains the audit's own working runs (in "
+    "the audit folder, never shipped) on the file as given, so their records and cards name it; the attached "
+    "section names the file as trained",
 )
 def test_audit_attach_with_given_data_names_no_given_file_in_the_audit_run(at, signing_key):
     run = at["tmp"] / "audited-given" / "run"
@@ -381,12 +357,6 @@ def test_generate_choices_exit_code_and_output_do_not_follow_the_training_data(t
     assert "refund" not in refused.output
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="generate --choices @FILE compares FILE with the contract's relative data.path from the current folder "
-    "only: from another folder (the model now found beside the run folder) the training file itself is read as "
-    "the label set and its records are printed as labels and score keys, exit 0",
-)
 def test_choices_file_that_is_the_training_file_is_refused_from_another_folder(
     tmp_path, tiny_model_dir, signing_key, monkeypatch
 ):
@@ -407,7 +377,7 @@ def test_choices_file_that_is_the_training_file_is_refused_from_another_folder(
     monkeypatch.chdir(tmp_path / "elsewhere")
     got = runner.invoke(app, ["generate", str(trained / "run"), *args, "--choices", f"@{trained / 'data/train.csv'}"])
     assert "I want my money back #0" not in got.output  # observed: every training line is a key of "scores"
-    assert got.exit_code == 2 and "data.path (private data)" in _one_line(got)
+    assert got.exit_code == 2 and "data.path, beside the run folder (private data)" in _one_line(got)
 
 
 # --- 3. quiet rules ----------------------------------------------------------------------------------------------
