@@ -336,8 +336,8 @@ class Ledger:
         if not create and not self.path.is_file():
             raise LedgerError(
                 f"no ledger at {self.path}: create it with `dplora ledger set-cap POPULATION "
-                "--epsilon E --delta D` (or name another ledger: --ledger on train and budget, --db on ledger commands, or "
-                "$DPLORA_LEDGER)"
+                "--epsilon E --delta D` (or name another ledger: --ledger on train and budget, --db on ledger "
+                "commands, or $DPLORA_LEDGER)"
             )
         if self.path.is_dir():
             raise LedgerError(f"ledger {self.path} is a directory: pass a file path")
