@@ -360,9 +360,9 @@ def private_report(release: Release | str | os.PathLike) -> NotCoveredByDP:
     :func:`train`.
 
     ``values`` holds ``<run>.private/report.json`` (timings, empty steps, peak memory, records zeroed) and, when the
-    run evaluated a held-out set, ``eval``: the held-out numbers training wrote to ``metrics.jsonl`` (base and
-    adapter loss per target token and perplexity, per-group numbers, a classification's accuracy and recall),
-    as ``dplora eval --json`` reports them.
+    ``eval``: the held-out numbers training wrote to ``metrics.jsonl`` (base and adapter loss per target token and
+    perplexity, per-group numbers, a classification's accuracy and recall, as ``dplora eval --json`` reports them),
+    or None when the run evaluated none.
 
     Raises:
         BadInputError: the run has no private report (not a finished dplora run folder).
@@ -374,8 +374,9 @@ def private_report(release: Release | str | os.PathLike) -> NotCoveredByDP:
         values = json.loads((folder / "report.json").read_text())
     except (OSError, ValueError):
         raise BadInputError(f"no private report in {folder}: not a finished dplora run") from None
-    evaluation = _held_out_numbers(folder / "metrics.jsonl")
-    return NotCoveredByDP(values=values | ({"eval": evaluation} if evaluation is not None else {}), folder=folder)
+    # "eval" is always a key (None: no held-out numbers), so the repr's count of values never says whether a
+    # private held-out split could be evaluated
+    return NotCoveredByDP(values=values | {"eval": _held_out_numbers(folder / "metrics.jsonl")}, folder=folder)
 
 
 def _held_out_numbers(metrics: Path) -> dict | None:
