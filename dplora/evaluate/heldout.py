@@ -453,6 +453,11 @@ def evaluate_run(
             f"--group-column {excerpt(group_column, 60)}: only the column the run's contract declares as a public "
             f"label (data.group_column: {declared or 'none declared'}) can be reported per group; declare it there"
         )
+    if eval_path is None and run.contract.data.eval_path is None and not run.contract.data.has_eval_set:
+        # said before any file is looked for: --data would otherwise be refused as unused, a less useful line
+        raise BadInputError(
+            "no held-out set: the run's contract has no data.eval_path or data.eval_fraction; pass --eval-path FILE"
+        )
     # the split reads data.path; a contract's own held-out file replaces it, and --eval-path replaces both
     reads_data = eval_path is None and run.contract.data.eval_path is None and run.contract.data.has_eval_set
     located = locate_inputs(run, inputs or ReleaseInputs(), data=reads_data, eval_file=eval_path is None, log=log)

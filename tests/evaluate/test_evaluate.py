@@ -439,3 +439,17 @@ def test_eval_group_column_cli(split_run, tmp_path, tiny_model_dir, tickets_csv,
     assert doc["groups"]["adapter"] == [] and doc["groups"]["hidden"]["records"] == doc["base"]["records"]
     saved = json.loads((grouped.with_name(grouped.name + ".private") / "eval.json").read_text())
     assert saved["groups"] == doc["groups"]
+
+
+def test_eval_of_a_run_without_a_held_out_set_says_so_before_any_file_option(tmp_path, tiny_model_dir, tickets_csv,
+                                                                           signing_key):  # fmt: skip
+    """No held-out set: the line says so and how to give one, also when --data is given (which would otherwise be
+    refused as unused, a line that sends the user the wrong way)."""
+    from conftest import train_tiny
+
+    result, out = train_tiny(tmp_path, tiny_model_dir, tickets_csv, signing_key)
+    assert result.exit_code == 0, result.output
+    for extra in ([], ["--data", str(tickets_csv)]):
+        got = runner.invoke(app, ["eval", str(out), *extra])
+        assert got.exit_code == 2 and got.output.count("\n") == 1, got.output
+        assert "no held-out set" in got.output and "pass --eval-path FILE" in got.output
