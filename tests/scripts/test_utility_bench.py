@@ -388,7 +388,7 @@ def test_toy_study_at_epsilon_3_spends_at_most_3_and_says_so(tmp_path):
                       "--study-json", str(js), "--study-md", str(md)])  # fmt: skip
     assert row["epsilon"] == 3.0 and 2.5 < row["epsilon_spent"] <= 3.0
     assert row["changes"][-1] == "target ε 3 (not 8)"
-    assert release_statement(out / "runs" / "study-none")["predicate"]["accounting"]["epsilon_spent"] <= 3.0
+    assert release_statement(out / "runs" / "study-none-eps3")["predicate"]["accounting"]["epsilon_spent"] <= 3.0
     assert row["share_of_control_gain"] == pytest.approx((3.0793 - row["heldout_loss"]) / (3.0793 - 1.4329), abs=1e-4)
 
 
