@@ -49,6 +49,13 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def base_model_file_names(folder: Path) -> list[str]:
+    """The names of the top-level files of a Hugging Face folder that :data:`BASE_MODEL_FILES` matches (config,
+    weights, tokenizer, chat template): the files a record's ``base_model.files`` digests, sorted."""
+    files = sorted(p for p in Path(folder).iterdir() if p.is_file())
+    return [p.name for p in files if any(fnmatch.fnmatch(p.name, pat) for pat in BASE_MODEL_FILES)]
+
+
 def base_model_files(folder: Path) -> dict[str, str]:
     """sha256 (FIPS 180-4) hex of the config, weight and tokenizer files at the top of a Hugging Face folder.
 
@@ -59,8 +66,7 @@ def base_model_files(folder: Path) -> dict[str, str]:
     Raises:
         OSError: If a file cannot be read.
     """
-    files = sorted(p for p in Path(folder).iterdir() if p.is_file())
-    return {p.name: _sha256(p) for p in files if any(fnmatch.fnmatch(p.name, pat) for pat in BASE_MODEL_FILES)}
+    return {name: _sha256(Path(folder) / name) for name in base_model_file_names(folder)}
 
 
 def _own_name(folder: Path) -> tuple[str, str]:

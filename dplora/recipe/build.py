@@ -165,9 +165,10 @@ def _label_note(data: DataSection, table, private: PrivateLog) -> None:
     private log only: they are trained on as written, never refused (refusing would make the exit code follow one
     record), and a count that follows the data is a private number (Zhao et al. 2021 score only declared labels)."""
     from dplora.contract.labels import declared_labels
+    from dplora.evaluate.classify import gold_labels
 
     known = set(declared_labels(data))
-    gold = ["" if y is None else str(y).strip() for y in table[data.response_column]]
+    gold = gold_labels(table, data)
     outside = sum(y not in known for y in gold)
     if outside:
         private(

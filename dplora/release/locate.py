@@ -151,16 +151,9 @@ def check_model(run: ReleasedRun, path: Path, *, option: str, log=print) -> None
     except VerificationError as err:
         raise BadInputError(f"{option}: does not match the release's base model ({err})") from None
     if path.is_dir():  # a file that transformers would read and training did not (a new chat_template.jinja)
-        from fnmatch import fnmatch
+        from dplora.engine.basefiles import base_model_file_names
 
-        from dplora.engine.basefiles import BASE_MODEL_FILES
-
-        recorded = set(base["files"])
-        extra = sorted(
-            p.name
-            for p in path.iterdir()
-            if p.is_file() and p.name not in recorded and any(fnmatch(p.name, g) for g in BASE_MODEL_FILES)
-        )
+        extra = [name for name in base_model_file_names(path) if name not in base["files"]]
         if extra:
             raise BadInputError(
                 f"{option}: does not match the release's base model ({_shown(extra[0], 80)} is not a file it "
