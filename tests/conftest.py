@@ -219,6 +219,58 @@ def train_tiny(tmp_path: Path, model_dir: Path, data_path: Path, signing_key, *e
     return CliRunner().invoke(app, args), tmp_path / name
 
 
+def moved_release(tmp: Path, model_dir: Path, data_csv: Path, signing_key, at_home=None) -> dict:
+    """A release moved away from where it was trained, for the tests of ``--data``/``--model``.
+
+    The run is trained in ``tmp/trained`` with relative paths (``data/tickets.csv``, ``model``, ``run``),
+    ``eval_fraction`` 0.25 and the data key ``tmp/data.key``, then copied alone to ``tmp/moved/run``; the trained
+    data is copied as ``elsewhere/renamed.csv``, other rows with the same columns are ``elsewhere/other.csv``, the
+    model is ``elsewhere/base``, and ``tmp/cwd`` is empty. ``at_home(runner)`` runs from the training folder right
+    after training (``DPLORA_DATA_KEY`` unset); its result is under ``"home"``. Returns the paths by name.
+    """
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from dplora.cli.app import app
+    from dplora.data.demo import write_tickets
+
+    runner = CliRunner()
+    trained = tmp / "trained"
+    (trained / "data").mkdir(parents=True)
+    shutil.copy(data_csv, trained / "data" / "tickets.csv")
+    shutil.copytree(model_dir, trained / "model")
+    key = tmp / "data.key"
+    key.write_bytes(b"k" * 32)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(trained)
+        mp.delenv("DPLORA_DATA_KEY", raising=False)
+        raw = contract_dict(Path("model"), Path("data/tickets.csv"), Path("run"), data={"eval_fraction": 0.25})
+        cfg = write_contract(trained / "contract.yaml", raw)
+        args = ["train", str(cfg), "--signing-key", str(signing_key[0]), "--data-key", str(key), "--no-progress"]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+        home = at_home(runner) if at_home is not None else None
+    (tmp / "moved").mkdir()
+    shutil.copytree(trained / "run", tmp / "moved" / "run")
+    (tmp / "elsewhere").mkdir()
+    shutil.copy(data_csv, tmp / "elsewhere" / "renamed.csv")
+    shutil.copytree(model_dir, tmp / "elsewhere" / "base")
+    write_tickets(tmp / "elsewhere" / "other.csv", num_tickets=120, seed=2)  # same columns, other rows
+    (tmp / "cwd").mkdir()
+    return {
+        "tmp": tmp,
+        "trained": trained,
+        "run": tmp / "moved" / "run",
+        "data": tmp / "elsewhere" / "renamed.csv",
+        "model": tmp / "elsewhere" / "base",
+        "other": tmp / "elsewhere" / "other.csv",
+        "key": key,
+        "cwd": tmp / "cwd",
+        "home": home,
+    }
+
+
 def minimal_contract(*, max_len: int, text: bool = False):
     """A parsed row-level contract with no data or model behind it (paths unused), for tokenizing tests."""
     from dplora.contract.loader import parse_contract

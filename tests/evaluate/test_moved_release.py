@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import contract_dict, write_contract
+from conftest import moved_release
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
@@ -29,52 +29,22 @@ PROMPT = ["--prompt", "my order never arrived", "--max-new-tokens", "6", "--json
 
 @pytest.fixture(scope="module")
 def moved(tmp_path_factory, tiny_model_dir, tickets_csv, signing_key):
-    """(paths, the eval --json numbers and the greedy reply where it was trained): the run trained in ``trained/``
-    with a data key, copied to ``moved/run``; the data copied as ``elsewhere/renamed.csv``, the model as
-    ``elsewhere/base``; ``cwd/`` is empty."""
+    """(paths, the eval --json numbers and the greedy reply where it was trained): :func:`conftest.moved_release`,
+    plus a model with the same shapes and other weights as ``elsewhere/other-model``."""
     from tiny import save_tiny_model
 
-    from dplora.data.demo import write_tickets
-
-    tmp = tmp_path_factory.mktemp("moved")
-    trained = tmp / "trained"
-    (trained / "data").mkdir(parents=True)
-    shutil.copy(tickets_csv, trained / "data" / "tickets.csv")
-    shutil.copytree(tiny_model_dir, trained / "model")
-    key = tmp / "data.key"
-    key.write_bytes(b"k" * 32)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(trained)
-        mp.delenv("DPLORA_DATA_KEY", raising=False)
-        raw = contract_dict(Path("model"), Path("data/tickets.csv"), Path("run"), data={"eval_fraction": 0.25})
-        cfg = write_contract(trained / "contract.yaml", raw)
-        args = ["train", str(cfg), "--signing-key", str(signing_key[0]), "--data-key", str(key), "--no-progress"]
-        result = runner.invoke(app, args)
-        assert result.exit_code == 0, result.output
+    def at_home(runner):
         here = runner.invoke(app, ["eval", "run", "--json", "--show-private"])
         assert here.exit_code == 0, here.output
         reply = runner.invoke(app, ["generate", "run", "--public-key", str(signing_key[1]), *PROMPT])
         assert reply.exit_code == 0, reply.output
-    (tmp / "moved").mkdir()
-    shutil.copytree(trained / "run", tmp / "moved" / "run")
-    (tmp / "elsewhere").mkdir()
-    shutil.copy(tickets_csv, tmp / "elsewhere" / "renamed.csv")
-    shutil.copytree(tiny_model_dir, tmp / "elsewhere" / "base")
-    write_tickets(tmp / "elsewhere" / "other.csv", num_tickets=120, seed=2)  # same columns, other rows
-    save_tiny_model(tmp / "elsewhere" / "other-model", seed=5)  # same shapes, other weights
-    (tmp / "cwd").mkdir()
-    paths = {
-        "tmp": tmp,
-        "trained": trained,
-        "run": tmp / "moved" / "run",
-        "data": tmp / "elsewhere" / "renamed.csv",
-        "model": tmp / "elsewhere" / "base",
-        "other": tmp / "elsewhere" / "other.csv",
-        "other_model": tmp / "elsewhere" / "other-model",
-        "key": key,
-        "cwd": tmp / "cwd",
-    }
-    return paths, json.loads(here.output), json.loads(reply.output)["reply"]
+        return json.loads(here.output), json.loads(reply.output)["reply"]
+
+    paths = moved_release(tmp_path_factory.mktemp("moved"), tiny_model_dir, tickets_csv, signing_key, at_home)
+    save_tiny_model(paths["tmp"] / "elsewhere" / "other-model", seed=5)  # same shapes, other weights
+    paths["other_model"] = paths["tmp"] / "elsewhere" / "other-model"
+    numbers, reply = paths.pop("home")
+    return paths, numbers, reply
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import contract_dict, train_tiny, write_contract
+from conftest import contract_dict, moved_release, train_tiny, write_contract
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
@@ -30,46 +30,16 @@ ESC = "\x1b"
 
 @pytest.fixture(scope="module")
 def moved(tmp_path_factory, tiny_model_dir, tickets_csv, signing_key):
-    """Paths: the run trained in ``trained/`` (data key ``key``), copied to ``moved/run``; the trained data copied
-    as ``elsewhere/renamed.csv``, other rows with the same columns as ``elsewhere/other.csv``, the model as
-    ``elsewhere/base``; and the eval numbers where it was trained."""
-    from dplora.data.demo import write_tickets
+    """:func:`conftest.moved_release`, with the eval numbers where it was trained under ``numbers``."""
 
-    tmp = tmp_path_factory.mktemp("travel")
-    trained = tmp / "trained"
-    (trained / "data").mkdir(parents=True)
-    shutil.copy(tickets_csv, trained / "data" / "tickets.csv")
-    shutil.copytree(tiny_model_dir, trained / "model")
-    key = tmp / "data.key"
-    key.write_bytes(b"k" * 32)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(trained)
-        mp.delenv("DPLORA_DATA_KEY", raising=False)
-        raw = contract_dict(Path("model"), Path("data/tickets.csv"), Path("run"), data={"eval_fraction": 0.25})
-        cfg = write_contract(trained / "contract.yaml", raw)
-        args = ["train", str(cfg), "--signing-key", str(signing_key[0]), "--data-key", str(key), "--no-progress"]
-        result = runner.invoke(app, args)
-        assert result.exit_code == 0, result.output
+    def at_home(runner):
         here = runner.invoke(app, ["eval", "run", "--json", "--show-private", "--threads", "1"])
         assert here.exit_code == 0, here.output
-    (tmp / "moved").mkdir()
-    shutil.copytree(trained / "run", tmp / "moved" / "run")
-    (tmp / "elsewhere").mkdir()
-    shutil.copy(tickets_csv, tmp / "elsewhere" / "renamed.csv")
-    shutil.copytree(tiny_model_dir, tmp / "elsewhere" / "base")
-    write_tickets(tmp / "elsewhere" / "other.csv", num_tickets=120, seed=2)  # same columns, other rows
-    (tmp / "cwd").mkdir()
-    return {
-        "tmp": tmp,
-        "trained": trained,
-        "run": tmp / "moved" / "run",
-        "data": tmp / "elsewhere" / "renamed.csv",
-        "model": tmp / "elsewhere" / "base",
-        "other": tmp / "elsewhere" / "other.csv",
-        "key": key,
-        "cwd": tmp / "cwd",
-        "numbers": json.loads(here.stdout),
-    }
+        return json.loads(here.stdout)
+
+    paths = moved_release(tmp_path_factory.mktemp("travel"), tiny_model_dir, tickets_csv, signing_key, at_home)
+    paths["numbers"] = paths.pop("home")
+    return paths
 
 
 @pytest.fixture
