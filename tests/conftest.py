@@ -271,6 +271,31 @@ def moved_release(tmp: Path, model_dir: Path, data_csv: Path, signing_key, at_ho
     }
 
 
+# A tiny three-intent classification set (message → reply = the intent), for the classification tests.
+INTENT_LABELS = ["refund", "shipping", "lost_or_stolen_card"]
+INTENT_PROMPTS = {
+    "refund": ["I want my money back", "refund my order please", "charged twice, refund"],
+    "shipping": ["where is my parcel", "when does it ship", "tracking number missing"],
+    "lost_or_stolen_card": ["my card was stolen", "I lost my card", "someone took my card"],
+}
+
+
+def write_intents(path: Path, rows: list[tuple[str, str]]) -> Path:
+    """``rows`` of (message, reply) as a csv with the header ``message,reply``."""
+    import csv
+
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["message", "reply"])
+        writer.writerows(rows)
+    return path
+
+
+def intent_rows(copies: int) -> list[tuple[str, str]]:
+    """Every prompt of every intent ``copies`` times (numbered, so no two rows are equal): 9·copies rows."""
+    return [(f"{p} #{i}", label) for i in range(copies) for label in INTENT_LABELS for p in INTENT_PROMPTS[label]]
+
+
 def minimal_contract(*, max_len: int, text: bool = False):
     """A parsed row-level contract with no data or model behind it (paths unused), for tokenizing tests."""
     from dplora.contract.loader import parse_contract

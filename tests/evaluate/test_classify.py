@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import csv
 import json
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import INTENT_LABELS as LABELS
 from conftest import contract_dict, minimal_contract, train_tiny, write_contract
+from conftest import intent_rows as _rows
+from conftest import write_intents as _write
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
@@ -19,24 +21,6 @@ from dplora.contract.loader import parse_contract
 
 runner = CliRunner()
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")
-LABELS = ["refund", "shipping", "lost_or_stolen_card"]
-PROMPTS = {
-    "refund": ["I want my money back", "refund my order please", "charged twice, refund"],
-    "shipping": ["where is my parcel", "when does it ship", "tracking number missing"],
-    "lost_or_stolen_card": ["my card was stolen", "I lost my card", "someone took my card"],
-}
-
-
-def _write(path: Path, rows: list[tuple[str, str]]) -> Path:
-    with path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["message", "reply"])
-        writer.writerows(rows)
-    return path
-
-
-def _rows(copies: int) -> list[tuple[str, str]]:
-    return [(f"{p} #{i}", label) for i in range(copies) for label in LABELS for p in PROMPTS[label]]
 
 
 @pytest.fixture(scope="module")

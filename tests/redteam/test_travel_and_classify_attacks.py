@@ -18,7 +18,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import INTENT_LABELS as LABELS
 from conftest import contract_dict, moved_release, train_tiny, write_contract
+from conftest import intent_rows as _rows
+from conftest import write_intents as _write
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
@@ -221,25 +224,6 @@ def test_audit_attach_with_given_data_names_no_given_file_in_the_audit_run(at, s
 
 
 # --- 2. classification -------------------------------------------------------------------------------------------
-
-LABELS = ["refund", "shipping", "lost_or_stolen_card"]
-PROMPTS = {
-    "refund": ["I want my money back", "refund my order please", "charged twice, refund"],
-    "shipping": ["where is my parcel", "when does it ship", "tracking number missing"],
-    "lost_or_stolen_card": ["my card was stolen", "I lost my card", "someone took my card"],
-}
-
-
-def _write(path: Path, rows: list[tuple[str, str]]) -> Path:
-    with path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["message", "reply"])
-        writer.writerows(rows)
-    return path
-
-
-def _rows(copies: int) -> list[tuple[str, str]]:
-    return [(f"{p} #{i}", label) for i in range(copies) for label in LABELS for p in PROMPTS[label]]
 
 
 _VOLATILE = re.compile(r"^estimate:|[0-9a-f]{64}|\d{4}-\d\d-\d\dT[\d:.+Z-]+")
