@@ -5,7 +5,7 @@ prints the number of modules, the import edges between dplora modules, the depth
 chain and the import cycles (strongly connected components with more than one module, or a self-import); then
 (issue 44) modules and lines per package, modules over 450 lines, functions over 60 lines in ``recipe/``,
 functions taking a ``Contract``, edges that exist only inside functions, underscore names crossing modules,
-re-exports, edges against the stage order (:data:`STAGES`, which the test imports) and the parameter count of
+re-exports, edges against the stage order (:data:`dplora.stages.STAGES`) and the parameter count of
 ``recipe.train.run_training``. :func:`metrics` defines each measure.
 
 Usage: ``python scripts/import_graph.py [PACKAGE_DIR] [--json]`` (default: ``dplora`` beside this script's
@@ -20,6 +20,8 @@ import json
 import re
 import sys
 from pathlib import Path
+
+from dplora.stages import STAGES, stage_of, upward_edges  # noqa: F401  (the one copy of the stage order; re-exported)
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -174,51 +176,8 @@ def longest_chain(graph: dict[str, set[str]]) -> list[str]:
     return max((chain(v) for v in sorted(graph)), key=len, default=[])
 
 
-# The stage order (lowest first), the one copy: tests/test_import_order.py imports it. A module belongs to the stage
-# of its longest matching dotted prefix (the root package only as itself).
-STAGES: list[tuple[str, ...]] = [
-    ("dplora", "dplora.errors", "dplora.signals", "dplora.atomic", "dplora.surface"),
-    ("dplora.accounting",),
-    ("dplora.contract",),
-    ("dplora.plan",),
-    ("dplora.data",),
-    ("dplora.engine",),
-    ("dplora.mechanism",),
-    ("dplora.run",),
-    ("dplora.release",),
-    ("dplora.ledger",),
-    ("dplora.evaluate",),
-    ("dplora.recipe",),
-    ("dplora.audit", "dplora.synth", "dplora.export", "dplora.tuning"),
-    ("dplora.api",),
-    ("dplora.cli", "dplora.__main__"),
-]
-
 BIG_MODULE_LINES = 450
 LONG_FUNCTION_LINES = 60
-
-
-def stage_of(module: str, stages=STAGES) -> int | None:
-    """Index in ``stages`` of the longest dotted prefix of ``module``; ``None`` when no stage names it."""
-    best, rank = -1, None
-    for i, names in enumerate(stages):
-        for name in names:
-            inside = module == name or (name != "dplora" and module.startswith(name + "."))
-            if inside and len(name) > best:
-                best, rank = len(name), i
-    return rank
-
-
-def upward_edges(graph: dict[str, set[str]], stages=STAGES) -> list[str]:
-    """Each ``importer -> imported`` edge whose target sits in a higher stage than its source, sorted (edges with an
-    end outside every stage are left out)."""
-    out = []
-    for src, dsts in graph.items():
-        for dst in dsts:
-            s, d = stage_of(src, stages), stage_of(dst, stages)
-            if s is not None and d is not None and d > s:
-                out.append(f"{src} -> {dst}")
-    return sorted(out)
 
 
 def _functions(tree: ast.Module):

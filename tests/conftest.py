@@ -26,51 +26,24 @@ def needs_shared(*parts: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(not path.exists(), reason=f"{path} is absent (../shared is not part of a clone)")
 
 
-# The fast tier (issue 44.6): ``pytest -m "not slow"`` for the edit loop, plain ``pytest -q`` (CI, ``.ci/run``) for
-# everything. Tests are marked slow here, in one place, from SLOW_LIST, so that no test file needs editing to move a
-# test between tiers (a test may still carry its own ``@pytest.mark.slow``). To find candidates, measure a folder:
+# The fast tier: ``pytest -m "not slow"`` for the edit loop, plain ``pytest -q`` (CI, ``.ci/run``) for everything.
+# A test is slow exactly when it lives under tests/slow/ (CLI training runs, multi-process runs, the 135M model, long
+# checks): the folder is the tier, so moving a test between tiers is moving it, and a rename needs no second edit.
+# To find candidates, measure a folder:
 #     nice -n 10 env PYTHONPATH=$PWD .venv/bin/pytest -q --durations=60 tests/<folder>
-# (``--durations=0`` for all) and list the real CLI training runs, multi-process runs and long checks.
-SLOW_LIST = Path(__file__).parent / "slow_tests.txt"
-COLLECTED = pytest.StashKey[tuple[str, ...]]()  # every collected node id, before -m/-k deselect any
+SLOW_DIR = Path(__file__).parent / "slow"
 
 
-def slow_entries(path: Path = SLOW_LIST) -> list[str]:
-    """The entries of a slow list: one node-id prefix a line (``#`` starts a comment), in file order.
-
-    An entry is a folder (``tests/scripts/``), a module (``tests/scripts/test_x.py``) or a test
-    (``tests/run/test_x.py::test_y``, with all its parametrizations; ``::Class`` or ``::Class::test`` too), relative
-    to the repository root, as pytest prints node ids. Raises OSError when the file cannot be read."""
-    entries = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        entry = line.split("#", 1)[0].strip()
-        if entry:
-            entries.append(entry)
-    return entries
-
-
-def entry_matches(entry: str, nodeid: str) -> bool:
-    """Whether the test ``nodeid`` lies under the slow-list ``entry``: the folder, the module, the class or the test
-    itself (a test entry covers its ``[param]`` ids, never a longer name such as ``test_y_more``)."""
-    if entry.endswith("/"):
-        return nodeid.startswith(entry)
-    return nodeid == entry or nodeid.startswith((entry + "::", entry + "["))
-
-
-def mark_slow(items, entries: list[str]) -> int:
-    """Add ``pytest.mark.slow`` to every item whose node id matches one of ``entries``; returns how many."""
-    count = 0
-    for item in items:
-        if any(entry_matches(entry, item.nodeid) for entry in entries):
-            item.add_marker(pytest.mark.slow)
-            count += 1
-    return count
+def in_slow_tier(path: Path, slow_dir: Path = SLOW_DIR) -> bool:
+    """Whether the test file ``path`` lies under ``slow_dir`` (tests/slow/ by default); both resolved."""
+    return slow_dir.resolve() in Path(path).resolve().parents
 
 
 @pytest.hookimpl(tryfirst=True)  # before the mark plugin's own hook applies ``-m``
 def pytest_collection_modifyitems(config, items):
-    config.stash[COLLECTED] = tuple(item.nodeid for item in items)
-    mark_slow(items, slow_entries(SLOW_LIST))  # read at call time, so a test can point it elsewhere
+    for item in items:
+        if in_slow_tier(item.path):
+            item.add_marker(pytest.mark.slow)
 
 
 def _isolate(patch: pytest.MonkeyPatch, base: Path) -> None:

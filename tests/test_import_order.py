@@ -1,7 +1,8 @@
 """The package layout stays one-way: no import cycle, no import against the stage order (issue 24).
 
 Every module's imports are read with ``ast`` (imports inside functions included) by ``scripts/import_graph.py``.
-A module may import its own stage and the stages below it, never one above it. The order, lowest first:
+A module may import its own stage and the stages below it, never one above it. The order (``dplora.stages``, its one
+copy), lowest first:
 
     core (dplora, errors, signals, atomic, surface) → accounting → contract → plan → data → engine → mechanism → run →
     release → ledger → evaluate → recipe → audit, synth, export, tuning → cli (and ``python -m dplora``)
@@ -22,11 +23,15 @@ from pathlib import Path
 
 import pytest
 
+import dplora.stages as stage_order
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import import_graph  # noqa: E402
-from import_graph import STAGES, cycles, module_imports  # noqa: E402  (the one copy of the stage order)
+from import_graph import cycles, module_imports  # noqa: E402
+
+STAGES = stage_order.STAGES
 
 # The calls that make the DP mechanism, by what they do; a call whose function name (or attribute) is one of these
 # is allowed only inside dplora.mechanism.
@@ -104,9 +109,9 @@ def forbidden_calls(root: Path) -> list[str]:
 
 
 def stage_of(module: str, stages=STAGES) -> int:
-    """Index in ``stages`` of the longest dotted prefix of ``module`` (``import_graph.stage_of``); KeyError when no
+    """Index in ``stages`` of the longest dotted prefix of ``module`` (``dplora.stages.stage_of``); KeyError when no
     stage names it (every module must have one)."""
-    rank = import_graph.stage_of(module, stages)
+    rank = stage_order.stage_of(module, stages)
     if rank is None:
         raise KeyError(module)
     return rank

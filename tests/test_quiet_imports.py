@@ -17,16 +17,6 @@ def test_the_bitsandbytes_cpu_kernel_notice_is_dropped_and_its_other_warnings_ke
     assert [r.getMessage() for r in caplog.records] == ["some other bitsandbytes warning"]
 
 
-def test_importing_peft_prints_no_bitsandbytes_kernel_notice():
-    import subprocess
-    import sys
-
-    out = subprocess.run(
-        [sys.executable, "-c", "import dplora, peft"], capture_output=True, text=True, timeout=300, check=True
-    )
-    assert "gemm_4bit_forward" not in out.stderr
-
-
 def test_library_notices_that_are_not_actionable_are_dropped_and_others_kept(caplog):
     """bitsandbytes' CPU kernel notice and the `kernels` package's offline trust-check line are filtered (each would
     add a line under every one-line refusal); other warnings of the same loggers still show."""

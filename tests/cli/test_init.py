@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from support.init import filled
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
-from dplora.contract.loader import load_contract, parse_contract
+from dplora.contract.loader import parse_contract
 from dplora.errors import BadInputError
 
 DECLARED = {
@@ -28,17 +29,9 @@ def _jsonl(path, rows):
     return path
 
 
-def _filled(path, n: int = 200):
-    text = path.read_text()
-    for old, new in DECLARED.items():
-        new = new.replace("200", str(n))
-        assert text.count(old) == 1
-        text = text.replace(old, new)
-    path.write_text(text)
-    return load_contract(path)
-
-
 TURN = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+
+
 SHAPES = [
     ("chat.jsonl", [{"customer_id": "c1", "messages": TURN}], {"messages_column": "messages"}, "user"),
     (
@@ -84,7 +77,7 @@ def test_init_writes_a_contract_that_fails_until_n_eps_delta_are_declared(
         "error: contract: declare privacy.target_epsilon, privacy.delta, privacy.num_units (written as DECLARE: the "
         "comments beside them say why dplora cannot fill them)"
     ]
-    contract = _filled(tmp_path / "c.yaml")
+    contract = filled(tmp_path / "c.yaml")
     d = contract.data
     got = {
         k: getattr(d, k)
@@ -220,17 +213,3 @@ def test_every_missing_key_is_named_at_once():
         parse_contract(raw)
     raw["privacy"]["num_units"] = 100
     assert parse_contract(raw).privacy.num_units == 100
-
-
-def test_an_init_contract_plans_with_the_planner_once_declared(tmp_path, monkeypatch):
-    from dplora.data.demo import write_tickets
-
-    monkeypatch.chdir(tmp_path)
-    write_tickets(tmp_path / "t.jsonl", num_tickets=40, seed=0, record_format="messages")
-    assert run("init", "t.jsonl", "smollm2-135m", "--out", "c.yaml").exit_code == 0
-    _filled(tmp_path / "c.yaml", n=1000)
-    res = CliRunner().invoke(app, ["budget", "c.yaml", "privacy.accountant=rdp", "--json"])
-    assert res.exit_code == 0, res.output
-    report = json.loads(res.stdout)
-    # the rule's brute force for N=1000, ε=8, δ=1e-5, RDP (tests/plan/test_planner.py): B=48, T=ceil(3000/48)=63
-    assert report["num_units"] == 1000 and (report["expected_batch_size"], report["steps"]) == (48, 63)

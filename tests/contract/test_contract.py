@@ -124,20 +124,6 @@ def test_every_shipped_contract_validates(path):
     assert c.privacy.delta <= 1e-5
 
 
-def test_performance_flags_do_not_change_the_plan():
-    """physical_batch_size and threads are performance flags: the plan and its DpSgdEvent stay identical."""
-    from dplora.plan.training import make_plan
-
-    raw = _raw()
-    raw["privacy"]["num_units"] = 1000
-    base = make_plan(parse_contract(raw), num_units=1000, num_units_source="contract")
-    raw["training"]["physical_batch_size"] = 1
-    raw["training"]["threads"] = 2
-    other = make_plan(parse_contract(raw), num_units=1000, num_units_source="contract")
-    assert base.to_dict() == other.to_dict()
-    assert base.event == other.event
-
-
 def test_duplicate_keys_are_refused(tmp_path):
     """A reviewer reads the first value; YAML would keep the last: duplicates are an error naming the line."""
     path = tmp_path / "dup.yaml"
@@ -173,8 +159,6 @@ def test_scientific_notation_without_dot_is_a_number(tmp_path):
     path.write_text(yaml.safe_dump(_raw()).replace("lr: 0.01", "lr: 1e-3"))
     assert load_contract(path).training.lr == pytest.approx(1e-3)
 
-
-# --- issue 8, item 2: messages in the contract's own terms ------------------------------------------------------------
 
 LIBRARY_WORDING = ("Input should be", "instance of", "Value error", "valid tuple", "Section", "dictionary")
 
@@ -212,9 +196,6 @@ def test_validator_messages_lose_the_value_error_prefix():
     with pytest.raises(BadInputError) as info:
         parse_contract(raw)
     assert str(info.value) == "contract: privacy.unit_key must be empty when protected_unit is row"
-
-
-# --- issue 8, item 4: an override of one of an exclusive pair replaces the other ----------------------------------
 
 
 def _file_with(tmp_path, **sections) -> Path:
@@ -276,9 +257,6 @@ def test_sharding_fsdp_refusals_and_the_default_yaml(tmp_path):
         with pytest.raises(BadInputError) as err:
             parse_contract(bad)
         assert words in str(err.value) and "\n" not in str(err.value)
-
-
-# --- the learning rate's bound and the group column's refusals, from the contract alone ----------------------------
 
 
 def _validate(tmp_path, raw) -> list[str]:

@@ -20,6 +20,7 @@ from dplora.errors import BadInputError
 
 TWCS = SHARED / "data" / "twcs_customer_support_twitter" / "twcs_first5000.csv"
 
+
 needs_twcs = pytest.mark.skipif(not TWCS.exists(), reason=f"TWCS sample not present at {TWCS}")
 
 
@@ -99,17 +100,6 @@ def test_write_round_trip_and_stats(tmp_path, pairs, suffix):
     assert set(stats) == {"min", "median", "p95", "max"}
     assert stats["min"] == counts[0] >= 1 and stats["max"] == counts[-1]
     assert stats["min"] <= stats["median"] <= stats["p95"] <= stats["max"]
-
-
-@needs_twcs
-def test_write_refusals(tmp_path):
-    with pytest.raises(BadInputError):
-        write_twcs_pairs(TWCS, tmp_path / "pairs.parquet")
-    dest = tmp_path / "pairs.csv"
-    dest.write_text("keep me", encoding="utf-8")
-    with pytest.raises(BadInputError, match="exists"):
-        write_twcs_pairs(TWCS, dest)
-    assert dest.read_text(encoding="utf-8") == "keep me"
 
 
 def test_missing_file_is_bad_input(tmp_path):

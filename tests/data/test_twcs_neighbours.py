@@ -9,68 +9,25 @@ report counts and ids only (the tweets are real, CC BY-NC-SA).
 
 from __future__ import annotations
 
-import csv
 import json
-import random
-from pathlib import Path
 
 import pytest
 from conftest import SHARED
+from support.twcs_neighbours import shared_csv
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
-from dplora.data.twcs import load_twcs_conversations, load_twcs_pairs, write_twcs_conversations, write_twcs_pairs
+from dplora.data.twcs import load_twcs_conversations, load_twcs_pairs
 from dplora.data.twcs_tweets import BrandRule, load_brands, read_twcs_rows
 from dplora.errors import BadInputError
 
 runner = CliRunner()
+
+
 TWCS = SHARED / "data" / "twcs_customer_support_twitter" / "twcs_first5000.csv"
+
+
 HEADER = ",tweet_id,author_id,inbound,created_at,text,response_tweet_id,in_response_to_tweet_id\n"
-
-
-def _csv(path: Path, tweets: list[tuple]) -> Path:
-    """tweets: (tweet_id, author, inbound, minute, text, parent or '')."""
-    lines = [
-        f'{i},{tid},{author},{inbound},Tue Oct 31 22:{minute:02d}:00 +0000 2017,"{text}",,{parent}\n'
-        for i, (tid, author, inbound, minute, text, parent) in enumerate(tweets)
-    ]
-    path.write_text(HEADER + "".join(lines), encoding="utf-8")
-    return path
-
-
-def _without(rows: list[dict[str, str]], customer: str) -> list[dict[str, str]]:
-    """``rows`` without ``customer``'s conversation: their tweets and the brand tweets answering them (an
-    independent walk: a brand tweet goes when its parent went)."""
-    gone = {r["tweet_id"] for r in rows if r["author_id"] == customer}
-    changed = True
-    while changed:
-        changed = False
-        for r in rows:
-            parent = r["in_response_to_tweet_id"].split(".")[0]
-            if r["inbound"] == "False" and r["tweet_id"] not in gone and parent in gone:
-                gone.add(r["tweet_id"])
-                changed = True
-    return [r for r in rows if r["tweet_id"] not in gone]
-
-
-def _write(path: Path, rows: list[dict[str, str]]) -> Path:
-    with path.open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
-
-
-def _records(path: Path, mode: str, tmp: Path) -> list[str]:
-    """The written file's lines (bytes as text), one per record."""
-    dest = tmp / f"out-{mode}.jsonl"
-    dest.unlink(missing_ok=True)
-    (write_twcs_conversations if mode == "conversations" else write_twcs_pairs)(path, dest)
-    return dest.read_text(encoding="utf-8").splitlines()
-
-
-def _customer(line: str) -> str:
-    return json.loads(line)["customer_id"]
 
 
 def test_a_brand_that_answered_only_another_customer_stays_a_brand(tmp_path):
@@ -78,8 +35,8 @@ def test_a_brand_that_answered_only_another_customer_stays_a_brand(tmp_path):
     kept @BrandY with 222 present and wrote @customer with 222 removed: two units moved."""
     a = [(1, 111, True, 0, "@BrandX @BrandY my parcel", ""), (2, "BrandX", False, 1, "@111 sorry", "1.0")]
     b = [(5, 222, True, 2, "@BrandY help", ""), (6, "BrandY", False, 3, "@222 on it", "5.0")]
-    with_b = {r["customer_id"]: r for r in load_twcs_conversations(_csv(tmp_path / "ab.csv", a + b))}
-    without_b = {r["customer_id"]: r for r in load_twcs_conversations(_csv(tmp_path / "a.csv", a))}
+    with_b = {r["customer_id"]: r for r in load_twcs_conversations(shared_csv(tmp_path / "ab.csv", a + b))}
+    without_b = {r["customer_id"]: r for r in load_twcs_conversations(shared_csv(tmp_path / "a.csv", a))}
     assert json.dumps(with_b["111"]) == json.dumps(without_b["111"])
     assert with_b["111"]["messages"][0]["content"] == "@BrandX @BrandY my parcel"
     pairs_with = [p for p in load_twcs_pairs(tmp_path / "ab.csv") if p["customer_id"] == "111"]
@@ -94,7 +51,7 @@ def test_pairs_mode_redacts_other_customers_ids(tmp_path):
         (3, 333, True, 2, "@222 @BrandY same here!", "2.0"),
         (4, "BrandY", False, 3, "@333 @222 we are on it", "3.0"),
     ]
-    pairs = {p["customer_id"]: p for p in load_twcs_pairs(_csv(tmp_path / "t.csv", tweets))}
+    pairs = {p["customer_id"]: p for p in load_twcs_pairs(shared_csv(tmp_path / "t.csv", tweets))}
     assert pairs["333"] == {
         "customer_id": "333",
         "tweet_id": "3",
@@ -102,48 +59,6 @@ def test_pairs_mode_redacts_other_customers_ids(tmp_path):
         "reply": "@333 @customer we are on it",
     }
     assert pairs["222"]["message"] == "@BrandY my order" and pairs["222"]["reply"] == "@222 sorry"
-
-
-def _picked(rows: list[dict[str, str]], k: int = 12) -> list[str]:
-    """Customers to remove: every customer who is the only one some brand answered (on main, removing them made
-    that brand's handle a customer's) and ``k`` random others (fixed seed)."""
-    by_id = {r["tweet_id"]: r for r in rows}
-    answered: dict[str, set[str]] = {}
-    for r in rows:
-        if r["inbound"] != "False":
-            continue
-        up = r
-        while up is not None and up["inbound"] == "False":
-            up = by_id.get(up["in_response_to_tweet_id"].split(".")[0])
-        answered.setdefault(r["author_id"], set()).add(up["author_id"] if up else "")
-    sole = sorted({next(iter(c)) for c in answered.values() if len(c) == 1} - {""})
-    customers = sorted({r["author_id"] for r in rows if r["inbound"] == "True"} - set(sole))
-    return sole + random.Random(41).sample(customers, k)
-
-
-@pytest.mark.parametrize("mode", ["conversations", "pairs"])
-def test_removing_one_customer_leaves_every_other_customers_records_byte_identical(tmp_path, mode):
-    if not TWCS.exists():
-        pytest.skip(f"TWCS sample not present at {TWCS}")
-    rows = read_twcs_rows(TWCS)
-    full = _records(_write(tmp_path / "full.csv", rows), mode, tmp_path)
-    picked = _picked(rows)
-    assert len(picked) >= 20 and "117260" in picked  # the one brand (AldiUK) 14 other customers mention
-    moved = []
-    for customer in picked:
-        neighbour = _records(_write(tmp_path / "nb.csv", _without(rows, customer)), mode, tmp_path)
-        if [x for x in full if _customer(x) != customer] != neighbour:
-            moved.append(customer)
-        assert all(_customer(x) != customer for x in neighbour)
-    assert not moved, f"removing {len(moved)} of {len(picked)} customers changed another customer's records"
-
-
-def test_same_data_control_gives_the_same_bytes(tmp_path):
-    """Control: the same file twice gives the same bytes (so a difference above is the neighbour's)."""
-    if not TWCS.exists():
-        pytest.skip(f"TWCS sample not present at {TWCS}")
-    path = _write(tmp_path / "full.csv", read_twcs_rows(TWCS))
-    assert _records(path, "conversations", tmp_path) == _records(path, "conversations", tmp_path)
 
 
 def test_the_default_rule_classifies_the_shared_file_as_its_inbound_flags_do():
@@ -169,7 +84,7 @@ def test_a_brands_file_keeps_only_its_handles(tmp_path):
         (1, "alice", True, 0, "@Brand @OtherBrand @Smith @123 help", ""),
         (2, "Brand", False, 1, "@alice @bob sorry", "1.0"),
     ]
-    (conv,) = load_twcs_conversations(_csv(tmp_path / "t.csv", tweets), brands=rule)
+    (conv,) = load_twcs_conversations(shared_csv(tmp_path / "t.csv", tweets), brands=rule)
     assert [m["content"] for m in conv["messages"]] == [
         "@Brand @OtherBrand @customer @customer help",
         "@alice @customer sorry",
@@ -195,7 +110,7 @@ def test_a_flag_the_brand_rule_contradicts_is_refused(tmp_path, tweet, message):
     brands = tmp_path / "brands.txt"
     brands.write_text("Brand\n", encoding="utf-8")
     base = [(1, "alice", True, 0, "help", ""), (2, "Brand", False, 1, "@alice hi", "1.0")]
-    path = _csv(tmp_path / "t.csv", [*base, tweet])
+    path = shared_csv(tmp_path / "t.csv", [*base, tweet])
     for load in (load_twcs_conversations, load_twcs_pairs):
         with pytest.raises(BadInputError, match=message):
             load(path, brands=load_brands(brands))
@@ -219,40 +134,8 @@ def test_the_default_rule_redacts_every_numbered_id_but_the_customers_own(tmp_pa
         (1, 115712, True, 0, "@AmazonHelp @115713 @115713_x @\uff11\uff12 @115712 hi", ""),
         (2, "AmazonHelp", False, 1, "@115712 @0 ok", "1.0"),
     ]
-    (conv,) = load_twcs_conversations(_csv(tmp_path / "t.csv", tweets))
+    (conv,) = load_twcs_conversations(shared_csv(tmp_path / "t.csv", tweets))
     assert [m["content"] for m in conv["messages"]] == [
         "@AmazonHelp @customer @customer @customer @115712 hi",
         "@115712 @customer ok",
     ]
-
-
-@pytest.mark.parametrize("mode", ["conversations", "pairs"])
-@pytest.mark.parametrize("brand_answers_go", [True, False])
-def test_random_threads_of_mixed_customers_are_neighbour_proof(tmp_path, mode, brand_answers_go):
-    """Attack: 60 random files of 40 tweets (5 customers, 3 brands, every tweet replying to a random earlier one or
-    opening a thread, mentions of everyone and of ids absent from the file). Remove one customer: their tweets,
-    with or without the brand answers below them. Every other customer's records must stay byte-identical."""
-    rng = random.Random(4141)
-    customers, brands = ["101", "102", "103", "104", "105"], ["BrandA", "BrandB", "BrandC"]
-    for trial in range(60):
-        tweets = []
-        for tid in range(1, 41):
-            author = rng.choice(customers + brands)
-            names = rng.sample([*customers, *brands, "999", "Stranger"], 2)
-            parent = "" if tid == 1 or rng.random() < 0.2 else f"{rng.randrange(1, tid)}.0"
-            text = f"@{names[0]} t{tid} by {author} @{names[1]}"
-            tweets.append((tid, author, author in customers, tid % 60, text, parent))
-        path = _csv(tmp_path / "full.csv", tweets)
-        rows = read_twcs_rows(path)
-        try:
-            full = _records(path, mode, tmp_path)
-        except BadInputError:  # no record at all (nothing to compare)
-            continue
-        for gone in customers:
-            kept = _without(rows, gone) if brand_answers_go else [r for r in rows if r["author_id"] != gone]
-            try:
-                neighbour = _records(_write(tmp_path / "nb.csv", kept), mode, tmp_path)
-            except BadInputError:
-                neighbour = []
-            assert [x for x in full if _customer(x) != gone] == neighbour, (trial, gone)
-            assert all(f"by {gone}" not in x for x in neighbour)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
+from support.device import DevicePolice, shared_contract
 from tiny import tiny_llama
 
 import dplora
@@ -32,91 +32,8 @@ pytestmark = pytest.mark.filterwarnings(
     "ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning"
 )
 
+
 PACKAGE = str(Path(dplora.__file__).parent)  # every dplora module (the package root, not one stage)
-FACTORIES = {
-    torch.zeros,
-    torch.ones,
-    torch.full,
-    torch.empty,
-    torch.tensor,
-    torch.as_tensor,
-    torch.arange,
-    torch.randn,
-    torch.rand,
-    torch.randint,
-    torch.normal,
-    torch.eye,
-    torch.linspace,
-}
-
-
-class DevicePolice(torch.overrides.TorchFunctionMode):
-    """Record every tensor-creating call made from dplora's own code without ``device=``, and every tensor a
-    dplora call returns on a device other than ``device``."""
-
-    def __init__(self, device: torch.device):
-        super().__init__()
-        self.device = torch.device(device)
-        self.violations: list[str] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        frame = sys._getframe(1)
-        ours = frame.f_code.co_filename.startswith(PACKAGE)
-        where = f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} {getattr(func, '__name__', func)}"
-        if ours and func in FACTORIES and kwargs.get("device") is None:
-            self.violations.append(f"no device: {where}")
-        out = func(*args, **kwargs)
-        if ours and isinstance(out, torch.Tensor) and out.device.type != self.device.type:
-            self.violations.append(f"on {out.device}: {where}")
-        return out
-
-
-def _contract(tmp_path, model_dir, data_csv, **model):
-    return parse_contract(
-        {
-            "privacy": {
-                "protected_unit": "user",
-                "unit_key": "customer_id",
-                "adjacency": "add_remove",
-                "target_epsilon": 50.0,
-                "delta": 1e-5,
-                "accountant": "rdp",
-                "max_grad_norm": 1.0,
-                "noise_multiplier": 1.0,
-                "num_units": 40,  # a public N (add/remove releases need it declared): the fixture's ~40 customers
-            },
-            "model": {"path": str(model_dir), **model},
-            "data": {"path": str(data_csv), "prompt_column": "message", "response_column": "reply"},
-            "lora": {"r": 4, "alpha": 8},
-            "training": {
-                "expected_batch_size": 8,
-                "physical_batch_size": 4,
-                "steps": 2,
-                "lr": 0.01,
-                "max_seq_len": 24,
-                "output_dir": str(tmp_path / "run"),
-            },
-        }
-    )
-
-
-def test_every_engine_tensor_names_its_device(tmp_path, tiny_model_dir, tickets_csv, signing_key):
-    """A full run (probe, unit-level steps split across physical batches, noise, release) under DevicePolice.
-
-    On the code before issue 10 this fails at the probe: ``batching.collate`` built its batch with ``torch.full``
-    and no device (``no device: engine.py:… full``), which is the index_select mismatch seen on cuda:0.
-    """
-    contract = _contract(tmp_path, tiny_model_dir, tickets_csv)
-    police = DevicePolice(torch.device("cpu"))
-    with police:
-        result = run_training(
-            contract,
-            RunOptions(signing_key=signing_key[0], data_key=None, progress=False, threads=1),
-            log=lambda *_: None,
-        )
-    assert police.violations == []
-    assert result.steps_done == 2
 
 
 def test_device_police_catches_a_cpu_default():
@@ -141,7 +58,7 @@ def test_failure_before_the_loop_is_one_line_and_leaves_failed_json(
         raise RuntimeError("Expected all tensors to be on the same device, but found cuda:0 and cpu!\nsecond line")
 
     monkeypatch.setattr(gradcheck, "probe_per_sample_gradients", broken_probe)
-    contract = _contract(tmp_path, tiny_model_dir, tickets_csv)
+    contract = shared_contract(tmp_path, tiny_model_dir, tickets_csv)
     with pytest.raises(TrainingFailedError) as info:
         run_training(
             contract, RunOptions(signing_key=signing_key[0], data_key=None, progress=False, threads=1), log=lambda *_: 0
@@ -152,9 +69,6 @@ def test_failure_before_the_loop_is_one_line_and_leaves_failed_json(
     failed = json.loads((tmp_path / "run.partial" / "FAILED.json").read_text())
     assert failed["steps_done"] == 0 and failed["epsilon_charged_upper_bound"] == 0.0
     assert not list(tmp_path.rglob(release.RELEASE_FILENAME))
-
-
-# ------------------------------------------------------------------------------------------------ precision
 
 
 def test_precision_resolution():
@@ -224,27 +138,3 @@ def test_bf16_base_per_example_norms_match_one_at_a_time():
     assert min(expected) > 1e-3
     for g, e in zip(got.tolist(), expected, strict=True):
         assert abs(g - e) / e < 1e-2
-
-
-def test_bf16_run_records_its_dtype(tmp_path, tiny_model_dir, tickets_csv, signing_key):
-    """model.dtype=bf16 on CPU trains, verifies, and the signed record names the dtype and the generator."""
-    from typer.testing import CliRunner
-
-    from dplora.cli.app import app
-
-    contract = _contract(tmp_path, tiny_model_dir, tickets_csv, dtype="bf16")
-    result = run_training(
-        contract, RunOptions(signing_key=signing_key[0], data_key=None, progress=False, threads=1), log=lambda *_: None
-    )
-    envelope = json.loads(result.release_path.read_text())
-    import base64
-
-    record = json.loads(base64.b64decode(envelope["payload"]))["predicate"]
-    execution = record["execution"]
-    assert execution["base_dtype"] == "bf16" and execution["lora_dtype"] == "fp32"
-    assert execution["device_type"] == "cpu" and execution["allow_tf32"] is False
-    assert "ChaCha20" in execution["noise_generator"] and "os.urandom" in execution["noise_generator"]
-    assert "cpu device" in execution["noise_generator"] and "floating point" in execution["noise_floating_point_note"]
-    assert record["model"]["dtype"] == "bf16"
-    verify = CliRunner().invoke(app, ["verify", str(result.output_dir), "--public-key", str(signing_key[1])])
-    assert verify.exit_code == 0, verify.output

@@ -8,7 +8,6 @@ tiny random Llama (hidden 16, 2 layers) with peft LoRA r=4 on q_proj and v_proj.
 from __future__ import annotations
 
 import copy
-import json
 import math
 import re
 from types import SimpleNamespace
@@ -18,25 +17,24 @@ import torch
 import torch.nn.functional as F
 from opacus import GradSampleModule
 from peft import LoraConfig, get_peft_model
-from tiny import save_tiny_model, tiny_llama
+from tiny import tiny_llama
 
-from dplora.contract.loader import parse_contract
 from dplora.engine import batch as batching
 from dplora.engine import gradcheck, perexample
 from dplora.errors import TrainingFailedError
 from dplora.mechanism import optimizer as dpopt
 from dplora.mechanism.noise import CsprngGaussian
-from dplora.recipe.config import RunOptions
-from dplora.recipe.train import run_training
-from dplora.release import envelope as release
-from dplora.release import keys as release_keys
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning"
 )
 
+
 PAD = 256  # tests/tiny.py: <pad> = 256, <eos> = 257
+
+
 IGNORE = batching.IGNORE_INDEX
+
 
 # (input_ids, labels) records of different lengths; record 0 masks a two-token prompt.
 RECORDS = [
@@ -50,10 +48,9 @@ RECORDS = [
     ([70, 71, 72, 73, 74], [70, 71, 72, 73, 74]),
     ([80, 81, 82, 83], [IGNORE, IGNORE, 82, 83]),
 ]
+
+
 ALL_PROMPT = ([30, 31, 32], [IGNORE, IGNORE, IGNORE])
-
-
-# ----------------------------------------------------------------------------------------------- helpers
 
 
 def _lora_model(*, lora_b_std: float = 0.3, seed: int = 0):
@@ -173,9 +170,6 @@ def _flat_out(grads: dict[str, torch.Tensor], names: list[str]) -> torch.Tensor:
     return _flat(grads, names)
 
 
-# -------------------------------------------------------------------------------- per-sample gradients
-
-
 def test_per_sample_grads_match_brute_force(pristine):
     """grad_sample[i] of every trainable LoRA tensor equals example i's own batch-1 backward (fp32, ~1e-7)."""
     model = copy.deepcopy(pristine)
@@ -232,8 +226,6 @@ def test_padding_width_changes_nothing_and_all_prompt_is_zero(pristine):
     assert float(loss8[4]) == 0.0
     assert all(float(gs8[n][:4].abs().max()) > 0 for n, _ in named)
 
-
-# ------------------------------------------------------------------------------------ per-unit clipping
 
 # Three units over RECORDS[:7], delivered unit by unit; with physical batches of 3, unit 0 (four records) and
 # unit 2 each span two physical batches.
@@ -366,9 +358,6 @@ def test_tiny_clip_bounds_the_update(pristine, record_grads):
     assert min(float(sum(per_record[r] for r in g).norm()) for g in UNITS) > 1e3 * clip
 
 
-# ------------------------------------------------------------------------------------------------ noise
-
-
 def test_noise_std_is_sigma_c_on_empty_batch():
     """Empty step: p.grad·B is N(0, (σC)²); sample mean and std of 10⁴ draws within 5 standard errors."""
     sigma, clip, batch = 1.5, 0.4, 8
@@ -440,9 +429,6 @@ def test_noise_does_not_follow_the_global_seed():
     seeded = torch.randn(8)
     assert not torch.equal(draws[0], draws[1])
     assert not torch.equal(draws[0], seeded) and not torch.equal(draws[1], seeded)
-
-
-# ------------------------------------------------------------------------------ accountant, sanity checks
 
 
 def test_accountant_counts_every_logical_step_including_empty(pristine):
@@ -533,148 +519,3 @@ def test_gradient_checkpointing_is_refused():
     model.base_model.model.gradient_checkpointing_enable()
     with pytest.raises(TrainingFailedError, match="checkpointing"):
         _private(model)
-
-
-# ------------------------------------------------------------------------------------------- full runs
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
-
-
-@pytest.fixture()
-def signing_key(tmp_path, monkeypatch):
-    monkeypatch.delenv(release.DATA_KEY_ENV, raising=False)
-    return release_keys.generate_keypair(tmp_path / "keys" / "signing.pem")[0]
-
-
-def _contract(tmp_path, model_dir, *, rows: int, privacy: dict, training: dict):
-    csv = tmp_path / "data.csv"
-    csv.write_text("text\n" + "".join(f"record {i} asks about order {1000 + i}\n" for i in range(rows)))
-    raw = {
-        "privacy": {
-            "protected_unit": "row",
-            "adjacency": "add_remove",
-            "target_epsilon": 50.0,
-            "delta": 1e-5,
-            "accountant": "rdp",
-            "max_grad_norm": 1.0,
-            "noise_multiplier": 1.0,
-            "num_units": rows,  # a public N: add/remove releases need it declared (issue 23)
-            **privacy,
-        },
-        "model": {"path": str(model_dir)},
-        "data": {"path": str(csv), "text_column": "text"},
-        "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
-        "training": {
-            "physical_batch_size": 16,
-            "lr": 0.05,
-            "optimizer": "sgd",
-            "max_seq_len": 16,
-            "output_dir": str(tmp_path / "run"),
-            **training,
-        },
-    }
-    return parse_contract(raw)
-
-
-def test_run_training_steps_accountant_on_empty_batches(tmp_path, tiny_model_dir, signing_key, monkeypatch):
-    """T5: q=0.001 over 10 rows: every step accounted, empty steps move params, no forward of B=0."""
-    contract = _contract(
-        tmp_path,
-        tiny_model_dir,
-        rows=10,
-        privacy={"num_units": 1000},
-        training={"expected_batch_size": 1, "steps": 8},
-    )
-    spy = {"units": [], "moved": [], "batch_sizes": []}
-    real_make_private, real_loss = dpopt.make_private, batching.per_sequence_loss
-
-    def make_private_spy(model, optimizer, **kw):
-        gsm, dp_opt, accountant = real_make_private(model, optimizer, **kw)
-        begin, step = dp_opt.begin_logical_step, dp_opt.step
-
-        def begin_spy(num_units):
-            if spy.get("training"):  # the setup probes (memory, time estimate) also begin synthetic steps
-                spy["units"].append(num_units)
-            return begin(num_units)
-
-        def step_spy(*args, **kwargs):
-            before = [p.detach().clone() for p in dp_opt.params]
-            out = step(*args, **kwargs)
-            spy["moved"].append(
-                min(float((p.detach() - b).abs().max()) for p, b in zip(dp_opt.params, before, strict=True))
-            )
-            return out
-
-        dp_opt.begin_logical_step, dp_opt.step = begin_spy, step_spy
-        spy["accountant"] = accountant
-        return gsm, dp_opt, accountant
-
-    def loss_spy(model, batch):
-        spy["batch_sizes" if spy.get("training") else "setup_sizes"].append(int(batch["input_ids"].shape[0]))
-        return real_loss(model, batch)
-
-    from dplora.run import loop
-
-    real_run_steps = loop.run_steps
-
-    def run_steps_spy(*args, **kwargs):
-        spy["training"] = True
-        return real_run_steps(*args, **kwargs)
-
-    spy["setup_sizes"] = []
-    monkeypatch.setattr(dpopt, "make_private", make_private_spy)
-    monkeypatch.setattr(batching, "per_sequence_loss", loss_spy)
-    monkeypatch.setattr(loop, "run_steps", run_steps_spy)
-    result = run_training(
-        contract, RunOptions(signing_key=signing_key, data_key=None, progress=False, threads=1), log=lambda *_: None
-    )
-    plan = result.plan
-    assert plan.sample_rate == pytest.approx(0.001) and plan.steps == 8
-    assert result.steps_done == spy["accountant"].steps == 8
-    assert spy["accountant"].history == [(1.0, 0.001, 8)]
-    assert len(spy["units"]) == 8 and result.empty_steps == spy["units"].count(0) >= 1
-    assert len(spy["moved"]) == 8 and all(m > 0 for m in spy["moved"])  # noise on empty steps too
-    # setup (probes and the per-example check) ran synthetic batches only, never a batch of 0 records
-    assert spy["setup_sizes"] and all(b > 0 for b in spy["setup_sizes"])
-    assert all(b > 0 for b in spy["batch_sizes"])
-    assert len(spy["batch_sizes"]) == sum(1 for u in spy["units"] if u)  # one forward per non-empty step
-    lines = [
-        json.loads(line)
-        for line in (result.output_dir.with_name(result.output_dir.name + ".private") / "metrics.jsonl")
-        .read_text()
-        .splitlines()
-    ]
-    assert [m["not_covered_by_dp"]["units"] for m in lines[1:]] == spy["units"]
-    assert result.release_path.is_file()
-
-
-def test_non_finite_losses_are_zero_contributions_not_a_failure(tmp_path, tiny_model_dir, signing_key, monkeypatch):
-    """T7 under issue 41.4: NaN losses in every training forward no longer stop the run (whether such a record is
-    in the data would decide a public exit code); each such record contributes zero, the noise still moves every
-    LoRA tensor, the run releases at T, and the zeroed records are counted in the private report only."""
-    contract = _contract(tmp_path, tiny_model_dir, rows=4, privacy={}, training={"expected_batch_size": 4, "steps": 2})
-    from dplora.run import loop
-
-    real_loss, real_run_steps, calls, training = batching.per_sequence_loss, loop.run_steps, [], []
-
-    def nan_in_training(model, batch):  # the setup probes and the per-example check see finite losses
-        if not training:
-            return real_loss(model, batch)
-        calls.append(batch["input_ids"].shape[0])
-        return real_loss(model, batch) * float("nan")
-
-    def run_steps(*args, **kwargs):
-        training.append(True)
-        return real_run_steps(*args, **kwargs)
-
-    monkeypatch.setattr(batching, "per_sequence_loss", nan_in_training)
-    monkeypatch.setattr(loop, "run_steps", run_steps)
-    result = run_training(
-        contract, RunOptions(signing_key=signing_key, data_key=None, progress=False, threads=1), log=print
-    )
-    assert result.release_path.is_file() and result.steps_done == 2
-    report = json.loads((tmp_path / "run.private" / "report.json").read_text())
-    assert calls and report["records_zeroed"] == sum(calls)  # every training record, nothing else

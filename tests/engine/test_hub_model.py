@@ -4,11 +4,11 @@ the id and the commit; a model not in the cache is a one-line exit 2."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
-from conftest import contract_dict, release_statement, write_contract
+from conftest import contract_dict, write_contract
+from support.hub_model import build_hub_cache
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
@@ -16,28 +16,20 @@ from dplora.contract.loader import parse_contract
 from dplora.errors import BadInputError
 
 runner = CliRunner()
+
+
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")
+
+
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
 OTHER = "fedcba9876543210fedcba9876543210fedcba98"
 
 
 @pytest.fixture
 def hub_cache(tmp_path, tiny_model_dir, monkeypatch) -> Path:
-    """A Hugging Face hub cache holding ``tiny-org/tiny-llama`` at ``main`` = COMMIT and tag ``v1`` = OTHER."""
-    cache = tmp_path / "hf-hub"
-    repo = cache / "models--tiny-org--tiny-llama"
-    for commit in (COMMIT, OTHER):
-        shutil.copytree(tiny_model_dir, repo / "snapshots" / commit)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(COMMIT)
-    (repo / "refs" / "v1").write_text(OTHER)
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    import huggingface_hub.constants as hc
-
-    monkeypatch.setattr(hc, "HF_HUB_CACHE", str(cache))  # read at import; the env var is for subprocesses
-    monkeypatch.setattr(hc, "HF_HUB_OFFLINE", True)
-    return cache
+    return build_hub_cache(tmp_path, tiny_model_dir, monkeypatch)
 
 
 def _model_section(**model):
@@ -86,18 +78,6 @@ def test_a_model_not_in_the_cache_is_a_clear_bad_input(hub_cache, model, needle)
 def test_contract_refuses_non_hub_names_and_a_revision_without_a_hub_id(model):
     with pytest.raises(BadInputError):
         _model_section(**model)
-
-
-def test_train_from_a_hub_id_names_id_and_commit_in_record_and_card(tmp_path, hub_cache, tickets_csv, signing_key):
-    raw = contract_dict(Path("unused"), tickets_csv, tmp_path / "run")
-    raw["model"] = {"name": "tiny-org/tiny-llama"}
-    cfg = write_contract(tmp_path / "hub.yaml", raw)
-    result = runner.invoke(app, ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress"])
-    assert result.exit_code == 0, result.output
-    base = release_statement(tmp_path / "run")["predicate"]["base_model"]
-    assert (base["name_or_path"], base["revision"], base["commit"]) == ("tiny-org/tiny-llama", "main", COMMIT)
-    card = (tmp_path / "run" / "adapter" / "README.md").read_text()
-    assert "base_model: tiny-org/tiny-llama" in card and COMMIT in card
 
 
 def test_train_from_a_hub_id_not_cached_exits_2_in_one_line(tmp_path, hub_cache, tickets_csv, signing_key):

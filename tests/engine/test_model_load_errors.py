@@ -4,8 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import release_statement, train_tiny
-from tiny import byte_tokenizer, tiny_causal_lm
+from support.model_load_errors import build_arch_dirs
 
 from dplora.contract.spec import ModelSection
 from dplora.engine.model import load_model_and_tokenizer, resolve_attn_implementation, supports_sdpa
@@ -14,16 +13,7 @@ from dplora.errors import BadInputError
 
 @pytest.fixture(scope="module")
 def arch_dirs(tmp_path_factory):
-    """Saved tiny folders of two architectures; Gemma-2's config is saved without an attention setting."""
-    out = {}
-    for arch in ("gemma2", "llama", "gpt2"):
-        folder = tmp_path_factory.mktemp(arch)
-        model, _ = tiny_causal_lm(arch)
-        model.config._attn_implementation_internal = None  # as a downloaded folder: no kernel stored
-        model.save_pretrained(folder)
-        byte_tokenizer().save_pretrained(folder)
-        out[arch] = folder
-    return out
+    return build_arch_dirs(tmp_path_factory)
 
 
 def test_transformers_declares_sdpa_per_architecture():
@@ -79,11 +69,3 @@ def test_a_hub_id_in_model_path_points_to_model_name(tmp_path, monkeypatch):
     with pytest.raises(BadInputError) as plain:
         load_model_and_tokenizer(ModelSection(path="./no-such-folder"))
     assert str(plain.value) == "model not found: model.path='no-such-folder' is neither a folder nor a .gguf file"
-
-
-def test_the_release_records_the_resolved_kernel(arch_dirs, tmp_path, tickets_csv, signing_key):
-    lora = {"target_modules": ["q_proj", "v_proj"]}
-    result, out = train_tiny(tmp_path, arch_dirs["gemma2"], tickets_csv, signing_key, lora=lora)
-    assert result.exit_code == 0, result.output
-    assert release_statement(out)["predicate"]["execution"]["attn_implementation"] == "eager"
-    assert "attn_implementation: auto" in (out / "contract.yaml").read_text()

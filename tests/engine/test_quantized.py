@@ -20,15 +20,15 @@ import copy
 
 import pytest
 import torch
-
-bnb = pytest.importorskip("bitsandbytes")  # the `quant` extra; CI installs it (scripts/setup.sh)
-
 from peft import LoraConfig, get_peft_model  # noqa: E402
-from tiny import byte_tokenizer, tiny_llama  # noqa: E402
+from support.quantized import build_model_dir
 
 from dplora.engine import batch as batching  # noqa: E402
 from dplora.engine.fastclip import FlatLoRAGrads  # noqa: E402
 from dplora.mechanism.clipping import UnitClipAccumulator  # noqa: E402
+
+bnb = pytest.importorskip("bitsandbytes")  # the `quant` extra; CI installs it (scripts/setup.sh)
+
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Full backward hook is firing:UserWarning",
@@ -37,9 +37,16 @@ pytestmark = pytest.mark.filterwarnings(
     "ignore::UserWarning",
 )
 
+
 PAD, IGNORE = 256, batching.IGNORE_INDEX
+
+
 OUTLIER, HOT = 99, 3
+
+
 ALL_7 = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
 RECORDS = [
     ([1, 2, 3, 4, 5], [IGNORE, IGNORE, 3, 4, 5]),
     ([6, 7, 8], [6, 7, 8]),
@@ -48,22 +55,14 @@ RECORDS = [
     ([50, 51, 52, 53, 54, 55], [IGNORE, 51, 52, 53, 54, 55]),
     ([60, 61, 62], [60, 61, 62]),
 ]
+
+
 OUTLIER_RECORD = ([40, OUTLIER, 41, OUTLIER], [40, OUTLIER, 41, OUTLIER])
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    """A tiny Llama with the planted outlier feature, saved (unquantized) with its tokenizer."""
-    model = tiny_llama(seed=0)
-    with torch.no_grad():
-        emb = model.model.embed_tokens.weight
-        emb[:, HOT] = 0.0
-        emb[OUTLIER, HOT] = 1000.0
-        model.model.layers[0].input_layernorm.weight[HOT] = 40.0
-    folder = tmp_path_factory.mktemp("tiny-4bit-source")
-    model.save_pretrained(folder)
-    byte_tokenizer().save_pretrained(folder)
-    return folder
+    return build_model_dir(tmp_path_factory)
 
 
 def _load_4bit(folder):
@@ -217,9 +216,6 @@ def test_opacus_per_sample_gradients_on_a_4bit_base_match_the_reference(pristine
         assert _rel(G[i], reference[i]) < 1e-5, i
 
 
-# ----------------------------------------------------------------------------------------- loader and release
-
-
 def test_loader_stores_nf4_and_records_the_unquantized_digests(model_dir):
     """``load_base_model`` gives NF4 Linear4bit layers computing in the run's dtype; the record entry names the
     quantization and the digests of the unquantized files (those of the same folder without quantization)."""
@@ -301,28 +297,3 @@ def test_8bit_is_refused_with_one_line(tmp_path, tickets_csv, signing_key):
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and "8bit" in lines[0] and "outlier" in lines[0] and "whole batch" in lines[0], lines
     assert "Traceback" not in result.output and not out.exists()
-
-
-def test_train_4bit_and_verify(tmp_path, model_dir, tickets_csv, signing_key):
-    """A short ``dplora train`` on the 4-bit tiny model trains and ``dplora verify`` passes; the signed record and
-    the card name the quantization and the unquantized weights' digests."""
-    from conftest import release_statement, train_tiny
-    from typer.testing import CliRunner
-
-    from dplora.cli.app import app
-    from dplora.engine.basefiles import base_model_files
-
-    result, out = train_tiny(
-        tmp_path, model_dir, tickets_csv, signing_key, model={"quantization": "4bit"}, training={"steps": 2}
-    )
-    assert result.exit_code == 0, result.output
-    assert "device: cpu (NF4 4-bit base, fp32 compute, fp32 LoRA)" in result.output  # not "fp32 base" (issue 42.10)
-    verified = CliRunner().invoke(app, ["verify", str(out), "--public-key", str(signing_key[1])])
-    assert verified.exit_code == 0, verified.output
-    base = release_statement(out)["predicate"]["base_model"]
-    assert base["quantization"]["quant_type"] == "nf4" and base["quantization"]["compute_dtype"] == "fp32"
-    assert base["quantization"]["bitsandbytes_version"] == bnb.__version__
-    assert base["files"] == base_model_files(model_dir)
-    card = (out / "adapter" / "README.md").read_text()
-    assert "`nf4`" in card and "unquantized weights" in card and bnb.__version__ in card
-    assert "quantization: 4bit" in (out / "contract.yaml").read_text()

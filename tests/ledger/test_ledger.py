@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import sqlite3
 from decimal import Decimal
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import typer
+from support.ledger import shared_reserve
 from typer.testing import CliRunner
 
 from dplora.cli.ledger import ledger_app
@@ -18,20 +18,9 @@ from dplora.errors import BadInputError, PlanRefusedError
 from dplora.ledger.store import LEDGER_ENV, Ledger, LedgerError, default_ledger_path
 
 POP = "support-tickets-eu"
+
+
 SHA = [f"{i:064x}" for i in range(100)]
-
-
-def _reserve(ledger: Ledger, run_id: str, epsilon, delta="1e-6", **kw):
-    kw.setdefault("population", POP)
-    return ledger.reserve(
-        protected_unit="row",
-        run_id=run_id,
-        epsilon=epsilon,
-        delta=delta,
-        accountant="rdp",
-        adjacency="add-remove",
-        **kw,
-    )
 
 
 @pytest.fixture
@@ -46,78 +35,32 @@ def ledger(db: Path):
         yield led
 
 
-# --- multiprocessing workers (module level: picklable under the spawn start method) ---
-
-
-def _reserve_worker(path: str, run_id: str, barrier, results) -> None:
-    try:
-        with Ledger(Path(path), timeout_s=30.0) as led:
-            barrier.wait(timeout=60)
-            _reserve(led, run_id, "1.0")
-        results.put((run_id, "ok"))
-    except PlanRefusedError as e:
-        results.put((run_id, f"refused: {e}"))
-    except Exception as e:  # noqa: BLE001 - reported to the parent
-        results.put((run_id, f"error: {e!r}"))
-
-
-def _settle_release_worker(path: str, i: int, barrier, results) -> None:
-    try:
-        with Ledger(Path(path), timeout_s=30.0) as led:
-            barrier.wait(timeout=60)
-            for k in range(3):
-                led.record_release(run_id="shared", record_sha256=SHA[10 * i + k], epsilon=f"1.{i}{k}", delta=0)
-            led.settle(f"run-{i}", epsilon_spent=f"0.{i + 1}", status="failed" if i % 2 else "settled")
-            for k in range(3):
-                sha = SHA[50 + 5 * i + k]
-                led.record_release(run_id=f"run-{i}", record_sha256=sha, epsilon=f"0.{i + 1}", delta="1e-7")
-        results.put((i, "ok"))
-    except Exception as e:  # noqa: BLE001 - reported to the parent
-        results.put((i, f"error: {e!r}"))
-
-
-def _run_workers(target, args_list) -> list:
-    ctx = mp.get_context("spawn")
-    barrier, results = ctx.Barrier(len(args_list)), ctx.Queue()
-    procs = [ctx.Process(target=target, args=(*args, barrier, results)) for args in args_list]
-    for p in procs:
-        p.start()
-    out = [results.get(timeout=120) for _ in procs]
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
-    return out
-
-
-# --- caps and exact sums ---
-
-
 def test_reserve_over_cap_is_refused_and_writes_nothing(ledger: Ledger) -> None:
-    _reserve(ledger, "r1", "2.5")
+    shared_reserve(ledger, "r1", "2.5")
     with pytest.raises(PlanRefusedError) as exc:
-        _reserve(ledger, "r2", "0.7")
+        shared_reserve(ledger, "r2", "0.7")
     assert str(exc.value) == (f"population {POP!r}: spent ε=2.5 + planned ε=0.7 = 3.2 exceeds the cap ε_max=3.0")
     assert [c.run_id for c in ledger.charges()] == ["r1"]
     assert ledger.spent(POP) == (Decimal("2.5"), Decimal("0.000001"))
     with pytest.raises(PlanRefusedError, match=r"δ_max=0.00001"):
-        _reserve(ledger, "r3", "0.1", delta="0.00001")
+        shared_reserve(ledger, "r3", "0.1", delta="0.00001")
     assert len(ledger.charges()) == 1
 
 
 def test_exact_decimal_sums_at_the_cap(ledger: Ledger) -> None:
     for i in range(3):
-        _reserve(ledger, f"a{i}", "1.0")
+        shared_reserve(ledger, f"a{i}", "1.0")
     assert ledger.spent(POP)[0] == Decimal("3.0")  # exactly at the cap: accepted
     ledger.set_cap(
         "other", epsilon_max=3.0, delta_max=1e-5, protected_unit="row", adjacency="add_remove"
     )  # floats go through str()
-    _reserve(ledger, "b0", 1.1, population="other")
-    _reserve(ledger, "b1", 1.1, population="other")
+    shared_reserve(ledger, "b0", 1.1, population="other")
+    shared_reserve(ledger, "b1", 1.1, population="other")
     with pytest.raises(PlanRefusedError, match=r"spent ε=2.2 \+ planned ε=1.0 = 3.2 exceeds the cap ε_max=3.0"):
-        _reserve(ledger, "b2", "1.0", population="other")
+        shared_reserve(ledger, "b2", "1.0", population="other")
     ledger.set_cap("third", epsilon_max="0.3", delta_max="1e-5", protected_unit="row", adjacency="add_remove")
-    _reserve(ledger, "c0", 0.1, population="third")
-    _reserve(ledger, "c1", 0.2, population="third")  # float 0.1 + 0.2 > 0.3; Decimal is exact
+    shared_reserve(ledger, "c0", 0.1, population="third")
+    shared_reserve(ledger, "c1", 0.2, population="third")  # float 0.1 + 0.2 > 0.3; Decimal is exact
     assert 0.1 + 0.2 > 0.3 and ledger.spent("third")[0] == Decimal("0.3")
     with pytest.raises(PlanRefusedError):
         ledger.check("third", epsilon="1e-30", delta=0)
@@ -136,7 +79,7 @@ def test_check_and_caps(ledger: Ledger) -> None:
     ):
         ledger.check("nobody", epsilon=1, delta=0)
     with pytest.raises(PlanRefusedError, match="no privacy cap"):
-        _reserve(ledger, "x", "1", population="nobody")
+        shared_reserve(ledger, "x", "1", population="nobody")
     for eps, delta in [
         ("0", "1e-5"),
         ("nan", "1e-5"),
@@ -149,14 +92,14 @@ def test_check_and_caps(ledger: Ledger) -> None:
             ledger.set_cap(POP, epsilon_max=eps, delta_max=delta, protected_unit="row", adjacency="add_remove")
     assert ledger.cap(POP) == (Decimal("3.0"), Decimal("1e-5"))
     assert ledger.cap("nobody") is None
-    _reserve(ledger, "r1", "2")
+    shared_reserve(ledger, "r1", "2")
     ledger.set_cap(
         POP, epsilon_max="1.5", delta_max="1e-5", protected_unit="row", adjacency="add_remove"
     )  # lowering below spent is allowed...
     [pop] = ledger.populations()  # ...and reported
     assert pop["epsilon_left"] == "-0.5" and pop["over_cap"] is True and pop["epsilon_spent"] == "2"
     with pytest.raises(BadInputError, match="already has a charge"):
-        _reserve(ledger, "r1", "0.1")
+        shared_reserve(ledger, "r1", "0.1")
 
 
 def test_default_ledger_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -169,12 +112,9 @@ def test_default_ledger_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
     assert default_ledger_path() == Path.home() / ".local/share/dplora/ledger.sqlite3"
 
 
-# --- settle, failures, releases ---
-
-
 def test_failed_and_never_settled_runs_are_charged(ledger: Ledger) -> None:
-    _reserve(ledger, "failed", "1.0")
-    _reserve(ledger, "killed", "1.5")  # the process dies: never settled
+    shared_reserve(ledger, "failed", "1.0")
+    shared_reserve(ledger, "killed", "1.5")  # the process dies: never settled
     charge = ledger.settle("failed", epsilon_spent="0.4", status="failed")
     assert (charge.status, charge.epsilon, charge.reserved_epsilon) == (
         "failed",
@@ -192,14 +132,14 @@ def test_failed_and_never_settled_runs_are_charged(ledger: Ledger) -> None:
         ledger.settle("ghost", epsilon_spent="0.1")
     with pytest.raises(BadInputError):
         ledger.settle("killed", epsilon_spent="0.1", status="done")
-    _reserve(ledger, "trial", "0.5", purpose="tuning")  # tuning trials count like releases
+    shared_reserve(ledger, "trial", "0.5", purpose="tuning")  # tuning trials count like releases
     assert ledger.spent(POP)[0] == Decimal("2.4")
     with pytest.raises(PlanRefusedError):
-        _reserve(ledger, "too-much", "0.7")
+        shared_reserve(ledger, "too-much", "0.7")
 
 
 def test_release_is_not_a_new_charge(ledger: Ledger) -> None:
-    _reserve(ledger, "run", "2.0", delta="1e-6")
+    shared_reserve(ledger, "run", "2.0", delta="1e-6")
     ledger.settle("run", epsilon_spent="1.2")
     ledger.record_release(run_id="run", record_sha256=SHA[0], epsilon="1.2", delta="1e-6", label="step-100")
     ledger.record_release(run_id="run", record_sha256=SHA[1], epsilon="1.8", delta="1e-6", label="step-200")
@@ -222,58 +162,19 @@ def test_release_is_not_a_new_charge(ledger: Ledger) -> None:
 
 
 def test_release_raise_respects_the_cap(ledger: Ledger) -> None:
-    _reserve(ledger, "run", "2.0")
+    shared_reserve(ledger, "run", "2.0")
     ledger.settle("run", epsilon_spent="1.0")  # frees 1.0 ...
-    _reserve(ledger, "next", "2.0")  # ... which another run takes: total 3.0 = cap
+    shared_reserve(ledger, "next", "2.0")  # ... which another run takes: total 3.0 = cap
     with pytest.raises(PlanRefusedError, match="exceeds the cap"):
         ledger.record_release(run_id="run", record_sha256=SHA[0], epsilon="1.5", delta=0)
     assert ledger.releases() == [] and ledger.spent(POP)[0] == Decimal("3.0")
 
 
 def test_release_before_settle_keeps_the_reservation(ledger: Ledger) -> None:
-    _reserve(ledger, "run", "2.0")
+    shared_reserve(ledger, "run", "2.0")
     ledger.record_release(run_id="run", record_sha256=SHA[0], epsilon="0.5", delta=0)
     assert ledger.charges()[0].epsilon == Decimal("2.0")  # still running: reserved ε stays charged
     assert ledger.settle("run", epsilon_spent="0.3").epsilon == Decimal("0.5")  # ≥ released ε
-
-
-# --- concurrency ---
-
-
-def test_concurrent_reservations_never_overspend(tmp_path: Path) -> None:
-    db = tmp_path / "ledger.sqlite3"
-    with Ledger(db) as led:
-        led.set_cap(POP, epsilon_max="5.0", delta_max="1e-3", protected_unit="row", adjacency="add_remove")
-    results = dict(_run_workers(_reserve_worker, [(str(db), f"run-{i}") for i in range(8)]))
-    assert not [v for v in results.values() if v.startswith("error")], results
-    ok = sorted(k for k, v in results.items() if v == "ok")
-    assert len(ok) == 5 and sum(v.startswith("refused") for v in results.values()) == 3
-    with Ledger(db) as led:
-        assert sorted(c.run_id for c in led.charges(POP)) == ok
-        assert led.spent(POP)[0] == Decimal("5.0")
-
-
-def test_concurrent_settle_and_release_lose_no_update(tmp_path: Path) -> None:
-    db = tmp_path / "ledger.sqlite3"
-    with Ledger(db) as led:
-        led.set_cap(POP, epsilon_max="100", delta_max="0.5", protected_unit="row", adjacency="add_remove")
-        _reserve(led, "shared", "5.0", delta="1e-6")
-        led.settle("shared", epsilon_spent="1.0")
-        for i in range(8):
-            _reserve(led, f"run-{i}", "1.0", delta="1e-6")
-    results = _run_workers(_settle_release_worker, [(str(db), i) for i in range(8)])
-    assert all(v == "ok" for _, v in results), results
-    with Ledger(db) as led:
-        assert len(led.releases("shared")) == 24 and len(led.releases()) == 48
-        charges = {c.run_id: c for c in led.charges(POP)}
-        assert charges["shared"].epsilon == Decimal("1.72")  # max over all concurrent releases
-        for i in range(8):
-            assert charges[f"run-{i}"].epsilon == Decimal(f"0.{i + 1}")
-            assert charges[f"run-{i}"].status == ("failed" if i % 2 else "settled")
-        assert led.spent(POP)[0] == Decimal("1.72") + sum(Decimal(f"0.{i + 1}") for i in range(8))
-
-
-# --- damaged or busy databases ---
 
 
 def test_corrupted_database_is_reported_and_left_alone(tmp_path: Path) -> None:
@@ -298,23 +199,20 @@ def test_foreign_sqlite_database_is_refused(tmp_path: Path) -> None:
 
 
 def test_locked_database(ledger: Ledger) -> None:
-    _reserve(ledger, "before", "1.0")
+    shared_reserve(ledger, "before", "1.0")
     holder = sqlite3.connect(ledger.path, isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")
     try:
         with Ledger(ledger.path, timeout_s=0.2) as busy, pytest.raises(LedgerError, match="locked") as exc:
-            _reserve(busy, "during", "1.0")
+            shared_reserve(busy, "during", "1.0")
         assert str(ledger.path) in str(exc.value) and "retry" in str(exc.value)
     finally:
         holder.execute("ROLLBACK")
         holder.close()
     with Ledger(ledger.path) as again:
         assert [c.run_id for c in again.charges()] == ["before"]
-        _reserve(again, "after", "1.0")
+        shared_reserve(again, "after", "1.0")
         assert again.spent(POP)[0] == Decimal("2.0")
-
-
-# --- CLI ---
 
 
 def _cli(*args: str):
@@ -347,7 +245,7 @@ def test_cli_set_cap_show_check(db: Path) -> None:
     )
     assert res.exit_code == 0, res.output
     with Ledger(db) as led:
-        _reserve(led, "r1", "2.5")
+        shared_reserve(led, "r1", "2.5")
         led.record_release(run_id="r1", record_sha256=SHA[0], epsilon="2.5", delta="1e-6", label="final")
     res = _cli("show", "--db", str(db), "--json")
     assert res.exit_code == 0, res.output

@@ -15,7 +15,6 @@ from conftest import minimal_contract as _contract
 from datasets import Dataset
 from tiny import byte_tokenizer
 
-from dplora.contract.loader import parse_contract
 from dplora.contract.spec import PrivacySection
 from dplora.data.units import build_unit_index
 from dplora.errors import BadInputError
@@ -34,9 +33,6 @@ def _privacy(unit: str = "ticket", key: str | None = "tid", cap: int | None = No
         max_grad_norm=1.0,
         max_records_per_unit=cap,
     )
-
-
-# ------------------------------------------------------------------------------------------ sampling
 
 
 def test_batch_size_moments_match_binomial():
@@ -94,9 +90,6 @@ def test_invalid_rate_rejected(q):
     """q must lie in (0, 1]."""
     with pytest.raises(ValueError):
         PoissonUnitSampler(10, q)
-
-
-# ------------------------------------------------------------------------------------------ unit index
 
 
 def test_ticket_key_groups_records_in_first_seen_order():
@@ -226,9 +219,6 @@ def test_cap_choice_follows_the_records_not_their_rows():
     assert sorted(shifted) == sorted(kept)
 
 
-# ---------------------------------------------------------------------------------------- tokenization
-
-
 def test_prompt_masked_and_eos_appended():
     """Prompt "hi\\n" (3 bytes) is masked with −100; the response bytes and EOS are the targets."""
     tok = byte_tokenizer()
@@ -261,48 +251,3 @@ def test_text_column_trains_every_token():
     (ids, labels), (ids2, labels2) = contract_records(table, tok, _contract(max_len=16, text=True))
     assert ids == labels and len(ids) == 4 and ids[-1] == EOS and tok.decode(ids[:3]) == "abc"
     assert ids2 == labels2 and len(ids2) == 16 and EOS not in ids2
-
-
-def _jsonl_units(tmp_path, name, rows, **data):
-    """(each unit's kept messages, held-out unit ids, training texts) of a user-level jsonl file, cap 2."""
-    import json
-
-    from conftest import contract_dict
-
-    from dplora.data import units as data_mod
-
-    path = tmp_path / f"{name}.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    raw = contract_dict(tmp_path / "no-model", path, tmp_path / "out")
-    raw["privacy"].update(protected_unit="user", unit_key="user", max_records_per_unit=2)
-    raw["data"].update(data)
-    contract = parse_contract(raw)
-    table = data_mod.load_table(contract.data, unit_key="user")
-    table, held = data_mod.split_eval(table, contract.data, unit_key="user", seed=0)
-    index = data_mod.build_unit_index(table, contract.privacy, seed=0)
-    kept = {table["user"][int(g[0])]: sorted(table["message"][int(i)] for i in g) for g in index.records_of_unit}
-    texts = dict(zip(table["message"], table["reply"], strict=True))
-    return kept, (set(held["user"]) if held is not None else set()), texts
-
-
-@pytest.mark.parametrize(
-    "extra",
-    [
-        {"user": 99, "message": "x", "reply": "y", "score": 0, "note": "a key no other record has"},
-        {"user": 99, "message": "x", "reply": "y", "score": 0.5},  # one decimal makes the column float
-        {"user": 99.5, "message": "x", "reply": "y", "score": 0},  # a decimal id makes every id float
-        {"user": 99, "message": "x", "reply": 2.5, "score": 0},  # numeric replies: 2 would read as 2.0
-    ],
-)
-def test_jsonl_types_of_one_unit_move_no_other_unit(tmp_path, extra):
-    """Red-team case: jsonl/parquet columns take one type for the whole file, so one added unit's extra key or
-    decimal changed every other unit's kept records (record digest over typed cells), ids ("1" → "1.0": other
-    held-out units) and training text ("2" → "2.0"). Cells are now text by their own value (data.cell_text)."""
-    rows = [{"user": u, "message": f"m{u}-{i}", "reply": i * 2, "score": i} for u in range(1, 41) for i in range(5)]
-    a, held_a, texts_a = _jsonl_units(tmp_path, "d", rows, eval_fraction=0.3)
-    b, held_b, texts_b = _jsonl_units(tmp_path, "d2", [*rows, extra], eval_fraction=0.3)
-    new = {str(extra["user"]) if not float(extra["user"]).is_integer() else str(int(extra["user"]))}
-    assert held_b - new == held_a and held_a  # the held-out split of every other unit is unchanged
-    assert {u: k for u, k in b.items() if u not in new} == a  # every other unit keeps the same records
-    assert {m: t for m, t in texts_b.items() if m != "x"} == texts_a  # and trains on the same text
-    assert texts_a["m1-1"] == "2"

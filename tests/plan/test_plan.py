@@ -6,10 +6,10 @@ import json
 import math
 
 import pytest
+from support.plan import check_curve, contract, user_contract
 
 from dplora.accounting import epsilon
-from dplora.accounting.backends import pld_epsilons, rdp_epsilons
-from dplora.accounting.events import Accountant, DpSgdEvent
+from dplora.accounting.events import Accountant
 from dplora.contract.loader import parse_contract
 from dplora.errors import BadInputError, PlanRefusedError
 from dplora.plan.training import check_delta, make_plan, planned_steps
@@ -23,33 +23,8 @@ def _fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
 
 
-def contract(privacy=None, training=None, data=None):
-    raw = {
-        "privacy": {
-            "protected_unit": "row",
-            "adjacency": "add_remove",
-            "target_epsilon": 8.0,
-            "delta": 1e-5,
-            "accountant": "rdp",
-            "max_grad_norm": 1.0,
-        },
-        "model": {"path": "/nonexistent"},
-        "data": {"path": "data.csv", "prompt_column": "message", "response_column": "reply"},
-        "training": {"expected_batch_size": 32, "steps": 24},
-    }
-    raw["privacy"].update(privacy or {})
-    raw["training"].update(training or {})
-    raw["data"].update(data or {})
-    if "epochs" in (training or {}):
-        raw["training"].pop("steps")
-    return parse_contract(raw)
-
-
 def plan(n, privacy=None, training=None, source="contract"):
     return make_plan(contract(privacy, training), num_units=n, num_units_source=source)
-
-
-# --- T from epochs, exactly ---------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -83,9 +58,6 @@ def test_steps_given_directly():
     assert planned_steps(contract(training={"steps": 123}), 1000) == 123
 
 
-# --- A7: q = expected batch / N -----------------------------------------------------------------------------------
-
-
 def test_a7_sample_rate_from_contract():
     p = plan(1000, privacy={"noise_multiplier": 1.0}, training={"expected_batch_size": 64})
     assert p.sample_rate == 0.064  # not 1/len(loader) = 1/15 = 0.0667
@@ -115,9 +87,6 @@ def test_no_units_is_bad_input():
         plan(0)
 
 
-# --- A8: gradient accumulation ------------------------------------------------------------------------------------
-
-
 def test_a8_physical_batch_does_not_enter_accounting():
     p = plan(
         1000,
@@ -132,20 +101,6 @@ def test_a8_physical_batch_does_not_enter_accounting():
         training={"expected_batch_size": 80, "physical_batch_size": 80, "steps": 100},
     )
     assert same.epsilon == p.epsilon and same.sample_rate == p.sample_rate
-
-
-@pytest.mark.slow
-def test_a8_pld_plan():
-    p = plan(
-        1000,
-        privacy={"noise_multiplier": 1.0, "target_epsilon": 10, "accountant": "pld"},
-        training={"expected_batch_size": 80, "physical_batch_size": 10, "steps": 100},
-    )
-    assert p.accountant is Accountant.PLD
-    assert p.epsilon == pytest.approx(5.61, abs=TOL)
-
-
-# --- δ against N --------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("delta", [1e-3, 2e-3, 0.5])
@@ -175,42 +130,9 @@ def _users_csv(path, users=1000, rows_per_user=10):
     return path
 
 
-def _user_contract(path, **privacy):
-    return contract(
-        privacy={"protected_unit": "user", "unit_key": "user_id", "noise_multiplier": 1.0, **privacy},
-        training={"expected_batch_size": 10, "steps": 1000},
-        data={"path": str(path)},
-    )
-
-
 @pytest.fixture(scope="module")
 def users_csv(tmp_path_factory):
     return _users_csv(tmp_path_factory.mktemp("users") / "users.csv")
-
-
-def test_t8_user_level_q_and_delta_over_users(users_csv):
-    from dplora.data.units import count_units
-    from dplora.plan.resolve import plan_for
-
-    c = _user_contract(users_csv)
-    index = count_units(c.data, c.privacy, seed=0)
-    assert index.num_units == 1000 and index.num_records == 10000
-    p = plan_for(c, index, release=False)  # a dry run may count N
-    assert p.num_units == 1000 and p.num_units_source == "data"
-    assert p.sample_rate == 0.01  # 10 users / 1000 users, not 10 / 10000 rows
-    assert p.protected_unit.value == "user" and p.unit_key == "user_id"
-    # the T8 anchor, user-level, with PLD (the plan above is RDP for speed)
-    assert epsilon(
-        sample_rate=p.sample_rate, noise_multiplier=p.noise_multiplier, steps=p.steps, delta=p.delta, accountant="pld"
-    ) == pytest.approx(1.83, abs=TOL)
-
-    # δ is checked against the 1000 users: 5e-4 < 1/1000 is allowed with a warning (against the 10000 rows
-    # it would be refused), 2e-3 is refused.
-    warned = plan_for(_user_contract(users_csv, delta=5e-4), index, release=False)
-    assert len(warned.warnings) == 1 and "NIST SP 800-226" in warned.warnings[0]
-    with pytest.raises(PlanRefusedError) as info:
-        plan_for(_user_contract(users_csv, delta=2e-3), index, release=False)
-    assert "N=1000" in str(info.value) and info.value.exit_code == 2
 
 
 @pytest.mark.parametrize(
@@ -223,7 +145,7 @@ def test_a_declared_n_far_from_the_data_warns_locally(users_csv, declared, warni
     from dplora.data.units import count_units
     from dplora.plan.resolve import plan_for
 
-    c = _user_contract(users_csv, num_units=declared)
+    c = user_contract(users_csv, num_units=declared)
     lines = []
     p = plan_for(c, count_units(c.data, c.privacy, seed=0), release=True, log=lines.append)
     assert p.num_units == declared and p.num_units_source == "contract" and p.sample_rate == 10 / declared
@@ -232,20 +154,6 @@ def test_a_declared_n_far_from_the_data_warns_locally(users_csv, declared, warni
     else:
         assert len(lines) == 1 and warning in lines[0] and "1000 " not in lines[0] and "1,000" not in lines[0]
     assert not any(warning and warning in w for w in p.warnings)  # never a plan warning (those are released)
-
-
-@pytest.mark.slow
-def test_t8_user_level_pld_plan(users_csv):
-    from dplora.data.units import count_units
-    from dplora.plan.resolve import plan_for
-
-    c = _user_contract(users_csv, accountant="pld", target_epsilon=3.0)
-    p = plan_for(c, count_units(c.data, c.privacy, seed=0), release=False)
-    assert p.accountant is Accountant.PLD and p.sample_rate == 0.01
-    assert p.epsilon == pytest.approx(1.83, abs=TOL)
-
-
-# --- σ and the target ---------------------------------------------------------------------------------------------
 
 
 def test_given_noise_over_target_refused():
@@ -282,44 +190,10 @@ def test_replace_one_with_rdp_refused():
     assert "pld" in str(info.value)
 
 
-# --- the ε curve and the budget stop ------------------------------------------------------------------------------
-
-
-def _check_curve(p):
-    assert p.epsilon_curve[-1] == (p.steps, p.epsilon)
-    assert p.epsilon <= p.target_epsilon
-    assert p.epsilon_at(0) == 0.0
-    values = [p.epsilon_at(t) for t in range(0, p.steps + 1)]
-    assert all(a <= b for a, b in zip(values, values[1:], strict=False))
-    assert values[-1] == p.epsilon
-    with pytest.raises(PlanRefusedError):
-        p.epsilon_at(p.steps + 1)
-
-
 def test_epsilon_curve_rdp_every_step():
     p = plan(1000, privacy={"target_epsilon": 3.0}, training={"expected_batch_size": 10, "steps": 300})
     assert [s for s, _ in p.epsilon_curve] == list(range(1, 301))
-    _check_curve(p)
-
-
-def test_epsilon_curve_pld_every_step_is_checked():
-    """ε at step 1 and at every step; each value bounds PLD's own ε there and never exceeds RDP (add/remove)."""
-    p = plan(
-        1000,
-        privacy={"noise_multiplier": 2.0, "target_epsilon": 3.0, "accountant": "pld"},
-        training={"expected_batch_size": 10, "steps": 20},
-    )
-    assert p.accountant is Accountant.PLD and p.accountant_note is None
-    assert [s for s, _ in p.epsilon_curve] == list(range(1, 21))
-    _check_curve(p)
-    event = DpSgdEvent(sample_rate=0.01, noise_multiplier=2.0, steps=20)
-    rdp = rdp_epsilons(event, 1e-5, list(range(1, 21)))
-    own = pld_epsilons(event, 1e-5, list(range(1, 21)))  # PLD's own ε at every step
-    assert own[-1] == epsilon(sample_rate=0.01, noise_multiplier=2.0, steps=20, delta=1e-5, accountant="pld")
-    for (t, value), pld, bound in zip(p.epsilon_curve, own, rdp, strict=True):
-        assert pld - 1e-12 <= value <= bound + 1e-12, t
-        assert p.epsilon_at(t) == value  # the per-step bound in metrics.jsonl is the plotted curve
-    assert p.epsilon_at(1) == pytest.approx(0.028, abs=0.002)  # not the 25 % value
+    check_curve(p)
 
 
 def test_epsilon_spent():
@@ -342,7 +216,6 @@ def test_plan_to_dict_is_json():
 
 def test_absurd_epochs_are_refused_at_plan_time():
     """T above the supported maximum (10^6) is refused before any accountant work."""
-    from dplora.contract.loader import parse_contract
     from dplora.errors import PlanRefusedError
     from dplora.plan.training import make_plan
 

@@ -7,7 +7,6 @@ d0874ff). None of them uses real TWCS text: the files are hand-built.
 from __future__ import annotations
 
 import csv
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,8 @@ from dplora.errors import BadInputError
 from dplora.mechanism.clipping import UnitClipAccumulator
 
 C = 1.0
+
+
 HEADER = ["tweet_id", "author_id", "inbound", "created_at", "text", "response_tweet_id", "in_response_to_tweet_id"]
 
 
@@ -39,9 +40,6 @@ CUSTOMER_A = [
     ["1", "111", "True", _at(1), "@Brand my parcel is late", "2", ""],
     ["2", "Brand", "False", _at(2), "@111 sorry, we will look", "", "1"],
 ]
-
-
-# --- 1. The overflow rule: a unit of finite records whose SUM overflows poisons the whole clipped sum ----------------
 
 
 def _others(rows: torch.Tensor, ids: torch.Tensor, skip: int) -> torch.Tensor:
@@ -84,9 +82,6 @@ def test_finite_rows_whose_unit_sum_overflows_under_normalize_stay_bounded():
     assert torch.isfinite(total).all(), f"clipped sum {total.tolist()}"
 
 
-# --- 2. TWCS: one customer's own tweet text decides whether anyone's records exist ---------------------------------
-
-
 @pytest.mark.xfail(
     strict=True,
     reason="known limit (docs/sharp_edges.md, TWCS input dplora cannot classify): a tweet whose text holds a line "
@@ -111,9 +106,6 @@ def test_another_customers_tweet_text_does_not_refuse_my_records(tmp_path, load)
     assert [r for r in with_b if r["customer_id"] == "111"] == without
 
 
-# --- 3. TWCS: an invisible format character the normaliser misses keeps another customer's @id --------------------
-
-
 @pytest.mark.parametrize(
     "invisible",
     ["\u2066", "\u2069", "\u061c", "\u034f", "\ufe0f", "\U000e0020"],
@@ -131,90 +123,6 @@ def test_an_invisible_character_after_the_at_does_not_keep_another_customers_id(
     out = load(_twcs(tmp_path / "t.csv", rows))
     text = out[0]["messages"][1]["content"] if "messages" in out[0] else out[0]["reply"]
     assert "222" not in text, repr(text)
-
-
-# --- 4. A run stopped at step k by the DP stop rule, then replaced with --overwrite, is charged fewer than k steps ---
-
-
-@pytest.mark.parametrize("then", ["overwrite", "resume"])
-def test_a_run_stopped_at_step_k_stays_charged_k_steps(tmp_path, tiny_model_dir, signing_key, monkeypatch, then):
-    """Guarantee (issue 49, docs/sharp_edges.md overflow row): 'a run that stops at step k for any reason is charged
-    k steps'. Attack: the noisy update of step 3 is NaN (a DP output: the only stop rule), so the run stops with
-    exit 4 and publishes 'non-finite parameter after step 3' (a function of 3 noisy steps). Its only resume
-    checkpoint is the one written before step 1 (training.checkpoint_every unset: about every 10 minutes). Running
-    again with --overwrite discards that checkpoint and settles the pending charge 'at the ε of the checkpoint's
-    steps' (RunCharge.settle_discarded): ε(0) = 0, not ε(3). (With --resume instead, steps 1..3 are run again
-    under the one reservation of T steps: T + 3 noisy steps of the same data under a charge of T.)
-    Found: the failed run's ledger charge is settled at ε = 0 (overwrite); the resumed run's charge holds T = 8 steps
-    (resume)."""
-    import yaml
-
-    from dplora.contract.loader import parse_contract
-    from dplora.errors import TrainingFailedError
-    from dplora.ledger.store import Ledger, default_ledger_path
-    from dplora.mechanism import optimizer as dpopt
-    from dplora.recipe.config import RunOptions
-    from dplora.recipe.train import run_training
-
-    monkeypatch.setenv("DPLORA_LEDGER", str(tmp_path / "ledger.sqlite3"))  # this test's own ledger
-    csv_path = tmp_path / "data.csv"
-    csv_path.write_text("text\n" + "".join(f"record {i} asks about order {1000 + i}\n" for i in range(8)))
-    raw = {
-        "privacy": {
-            "protected_unit": "row",
-            "adjacency": "add_remove",
-            "target_epsilon": 50.0,
-            "delta": 1e-5,
-            "accountant": "rdp",
-            "max_grad_norm": 1.0,
-            "noise_multiplier": 1.0,
-            "num_units": 8,
-        },
-        "model": {"path": str(tiny_model_dir)},
-        "data": {"path": str(csv_path), "text_column": "text"},
-        "lora": {"r": 2, "alpha": 4, "target_modules": ["q_proj", "v_proj"]},
-        "training": {
-            "expected_batch_size": 4,
-            "physical_batch_size": 4,
-            "steps": 8,
-            "lr": 0.05,
-            "optimizer": "sgd",
-            "max_seq_len": 24,
-            "output_dir": str(tmp_path / "run"),
-        },
-    }
-    contract = parse_contract(yaml.safe_load(yaml.safe_dump(raw)))
-    real, calls = dpopt.privatize, []
-
-    def nan_at_step_3(clipped_sum, **kw):
-        calls.append(1)
-        out = real(clipped_sum, **kw)
-        return out * float("nan") if len(calls) == 3 else out
-
-    monkeypatch.setattr(dpopt, "privatize", nan_at_step_3)
-    opts = RunOptions(signing_key=signing_key[0], data_key=None, progress=False, threads=1)
-    with pytest.raises(TrainingFailedError, match="after step 3"):
-        run_training(contract, opts, log=print)
-    with Ledger(default_ledger_path(), create=False) as ledger:
-        (failed,) = [c for c in ledger.unassigned() if c.status == "pending"]  # this test's run (a shared ledger)
-    monkeypatch.setattr(dpopt, "privatize", real)
-    if then == "resume":  # fixed: refused (redoing steps 1..3 would spend more than the charge of T steps)
-        from dplora.errors import BadInputError
-
-        with pytest.raises(BadInputError, match=r"took 3 steps but its last checkpoint holds [0-2]\b"):
-            run_training(contract, dataclasses.replace(opts, resume=True), log=print)
-        with Ledger(default_ledger_path(), create=False) as ledger:
-            assert ledger.charge(failed.run_id).status == "pending"  # still held at its reservation of T steps
-        return
-    result = run_training(contract, dataclasses.replace(opts, **{then: True}), log=print)
-    with Ledger(default_ledger_path(), create=False) as ledger:
-        settled = ledger.charge(failed.run_id)
-    stopped_at = result.plan.epsilon_at(3)
-    assert settled.status == "failed"
-    assert float(settled.epsilon) >= stopped_at - 1e-9, f"charged ε={settled.epsilon}, 3 steps are ε={stopped_at}"
-
-
-# --- 5. A longer record zeroes a shorter one through the padding (a non-finite pad embedding) -----------------------
 
 
 def test_a_neighbours_length_does_not_zero_my_record_through_padding():

@@ -18,17 +18,14 @@ from __future__ import annotations
 import hashlib
 import os
 import random
-import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import contract_dict, release_statement, train_tiny, write_contract
-from safetensors.torch import load_file
-from typer.testing import CliRunner
+from conftest import contract_dict, train_tiny
+from support.issue43_attacks import write_private
 
-from dplora.cli.app import app
 from dplora.contract.loader import parse_contract
 from dplora.data import readers
 from dplora.data.demo import write_tickets
@@ -36,28 +33,19 @@ from dplora.data.precheck import check_warm_start_file
 from dplora.data.public import public_data
 from dplora.engine import warmstart
 from dplora.errors import BadInputError
-from dplora.mechanism import adambc
-from dplora.mechanism import noise as noise_mod
-from dplora.mechanism import optimizer as dpopt
-from dplora.run import checkpoint
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning"
 )
-runner = CliRunner()
+
+
 CANARY = "PRIVATE-CANARY-7f3a"
+
+
 WARM = {"steps": 4, "batch_size": 4, "lr": 0.05}
+
+
 PUBLIC_TICKETS = 30
-
-
-def _write_private(path: Path, rows: int = 40) -> Path:
-    """A private csv with the demo tickets' columns (those of the public files here: a team's public and private
-    exports share a header); every record carries CANARY, so any read of it can be seen."""
-    lines = ["ticket_id,customer_id,message,reply"] + [
-        f"T-{i:06d},C-{i:05d},{CANARY} my card {i:04d} was charged twice,{CANARY} refund {i} sent" for i in range(rows)
-    ]
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 def _data(tmp_path: Path, private: Path, public: Path | str, **extra):
@@ -73,10 +61,6 @@ def _texts(examples) -> list[str]:
     tok = byte_tokenizer()
     return [tok.decode([t for t in ids if t < 256]) for ids, _ in examples]
 
-
-# ----------------------------------------------------------------------------------------------------------------
-# Findings: the reader resolved the file name as a pattern, so the warm start could read the private file
-# ----------------------------------------------------------------------------------------------------------------
 
 GLOB_NAMES = {
     "brackets": "[t]ickets.csv",  # matches tickets.csv only: the private file INSTEAD of the public one
@@ -101,7 +85,7 @@ def test_finding_a_public_file_named_like_a_pattern_reads_the_private_file(tmp_p
     from tiny import byte_tokenizer
 
     monkeypatch.chdir(tmp_path)  # the protocol-prefix case is a relative path, as a contract may give it
-    private = _write_private(tmp_path / "tickets.csv")
+    private = write_private(tmp_path / "tickets.csv")
     public = _glob_public(tmp_path, name)
     given = name if name.startswith("file:") else public
     data = _data(tmp_path, private, given)
@@ -117,48 +101,18 @@ def test_finding_a_public_file_named_like_a_pattern_reads_the_private_file(tmp_p
 def test_finding_any_data_file_is_read_as_named_not_as_a_pattern(tmp_path, name):
     """The same reader serves data.path and data.eval_path (eval_public: its evaluation is published): a file is
     read as named, so a digest, a precheck and a hash always describe the bytes that were trained or evaluated on."""
-    _write_private(tmp_path / "tickets.csv")
+    write_private(tmp_path / "tickets.csv")
     named = _glob_public(tmp_path, name)
     table = readers.read_table(named, "csv")
     assert table.num_rows == PUBLIC_TICKETS and not any(CANARY in m for m in table["message"])
-
-
-def test_finding_end_to_end_the_warm_start_trains_on_the_public_file_only(
-    tmp_path, tiny_model_dir, signing_key, monkeypatch
-):
-    """``dplora train`` with ``public_warm_start.path: <dir>/[t]ickets.csv`` beside the private ``<dir>/tickets.csv``:
-    the noise-free fit must see public records only, and the signed record's ``records`` must be the public count
-    (at ff1c69b: 40, the private file's record count, and every fitted record carried the canary)."""
-    private = _write_private(tmp_path / "tickets.csv")
-    public = _glob_public(tmp_path, "[t]ickets.csv")
-    fitted: list[list] = []
-    real_fit = warmstart.fit
-
-    def spy_fit(model, examples, **kw):
-        fitted.append(list(examples))
-        return real_fit(model, examples, **kw)
-
-    monkeypatch.setattr(warmstart, "fit", spy_fit)
-    data = {"public_warm_start": {"path": str(public), **WARM}}
-    result, out = train_tiny(tmp_path, tiny_model_dir, private, signing_key, data=data)
-    assert result.exit_code == 0, result.output
-    (examples,) = fitted
-    assert not any(CANARY in t for t in _texts(examples)), "noise-free steps on private records, charged nothing"
-    warm = release_statement(out)["predicate"]["public_warm_start"]
-    assert warm["records"] == PUBLIC_TICKETS and warm["sha256"] == hashlib.sha256(public.read_bytes()).hexdigest()
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Held: the warm start never names the private file, whatever alias it is given
-# ----------------------------------------------------------------------------------------------------------------
 
 
 def test_held_every_alias_of_the_private_or_held_out_file_is_refused(tmp_path, monkeypatch):
     """Hard link, /proc/self/root, /proc/self/fd/N, relative against absolute, ``//`` and ``./``, a linked folder,
     data.path itself a link to the 'public' file, a hard link of eval_path: one line, naming the key."""
     monkeypatch.chdir(tmp_path)
-    private = _write_private(tmp_path / "tickets.csv")
-    held = _write_private(tmp_path / "held.csv", rows=5)
+    private = write_private(tmp_path / "tickets.csv")
+    held = write_private(tmp_path / "held.csv", rows=5)
     os.link(private, tmp_path / "hard.csv")
     os.link(held, tmp_path / "held_hard.csv")
     (tmp_path / "dirlink").symlink_to(tmp_path)
@@ -198,7 +152,7 @@ def test_held_the_precheck_outcome_does_not_depend_on_the_private_contents(tmp_p
     publics += [tmp_path / "cols.csv", tmp_path / "notes.txt"]
     private = tmp_path / "private.csv"
     variants = {
-        "records": lambda: _write_private(private),
+        "records": lambda: write_private(private),
         "empty": lambda: private.write_bytes(b""),
         "binary": lambda: private.write_bytes(bytes(range(256)) * 40),
         "other columns": lambda: private.write_text(f"{CANARY},x\n1,2\n"),
@@ -230,7 +184,7 @@ def test_held_a_warm_start_refusal_after_the_data_is_read_is_the_same_for_any_pr
     public.write_text("message,reply\n" + "x" * 10 + ",\n")  # an empty reply cell: the reader refuses it
     outputs = []
     for i, rows in enumerate((40, 17)):
-        private = _write_private(tmp_path / f"private{i}.csv", rows=rows)
+        private = write_private(tmp_path / f"private{i}.csv", rows=rows)
         data = {"public_warm_start": {"path": str(public), "steps": 1}}
         result, out = train_tiny(tmp_path, tiny_model_dir, private, signing_key, name=f"run{i}", data=data)
         assert result.exit_code == 2, result.output
@@ -239,11 +193,6 @@ def test_held_a_warm_start_refusal_after_the_data_is_read_is_the_same_for_any_pr
         assert not out.exists() and not Path(f"{out}.partial").exists()
         outputs.append(lines[-1].replace(f"run{i}", "run"))
     assert outputs[0] == outputs[1]
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Held: randomness, the combination of the three paths, resume
-# ----------------------------------------------------------------------------------------------------------------
 
 
 def test_held_the_warm_start_leaves_every_global_generator_as_it_found_it(tiny_model_dir):
@@ -268,145 +217,3 @@ def test_held_the_warm_start_leaves_every_global_generator_as_it_found_it(tiny_m
     after_np = np.random.get_state()
     assert after_np[0] == state_np[0] and np.array_equal(after_np[1], state_np[1]) and after_np[2:] == state_np[2:]
     assert random.getstate() == state_py
-
-
-def _combo_run(tmp_path, tiny_model_dir, private, signing_key, public, monkeypatch, name):
-    """warm start + freeze_a + dp_adambc with E = 1 (empty steps likely): events, noise, samples, Φ, the release."""
-    events: list[str] = []
-    sizes: list[int] = []
-    firsts: list[torch.Tensor] = []
-    phis: list[float] = []
-    samples: list[np.ndarray] = []
-    real_normal, real_account = noise_mod.CsprngGaussian.normal, dpopt.StepAccountant.step
-    real_warm = warmstart.warm_start
-    from dplora.mechanism import sampling
-
-    real_sample = sampling.PoissonUnitSampler.sample
-
-    def spy_normal(self, size, std, *, device="cpu"):
-        events.append("noise")
-        sizes.append(int(size))
-        out = real_normal(self, size, std, device=device)
-        firsts.append(out.reshape(-1)[:8].clone())
-        return out
-
-    def spy_account(self, optimizer):
-        events.append("account")
-        return real_account(self, optimizer)
-
-    def spy_warm(*args, **kw):
-        events.append("warm")
-        return real_warm(*args, **kw)
-
-    def spy_sample(self):
-        got = real_sample(self)
-        samples.append(got.copy())
-        return got
-
-    class Spy(adambc.DPAdamBC):
-        def __init__(self, params, **kw):
-            phis.append(kw["noise_variance"])
-            super().__init__(params, **kw)
-
-    with monkeypatch.context() as mp:
-        mp.setattr(noise_mod.CsprngGaussian, "normal", spy_normal)
-        mp.setattr(dpopt.StepAccountant, "step", spy_account)
-        mp.setattr(warmstart, "warm_start", spy_warm)
-        mp.setattr(sampling.PoissonUnitSampler, "sample", spy_sample)
-        mp.setattr(adambc, "DPAdamBC", Spy)
-        result, out = train_tiny(
-            tmp_path,
-            tiny_model_dir,
-            private,
-            signing_key,
-            name=name,
-            data={"public_warm_start": {"path": str(public), **WARM}},
-            lora={"freeze_a": True},
-            training={"optimizer": "dp_adambc", "expected_batch_size": 1, "steps": 4, "seed": 7},
-        )
-    assert result.exit_code == 0, result.output
-    return result, out, {"events": events, "sizes": sizes, "firsts": firsts, "phis": phis, "samples": samples}
-
-
-def test_held_warm_start_with_freeze_a_and_dp_adambc_keeps_every_invariant(
-    tmp_path, tiny_model_dir, signing_key, monkeypatch
-):
-    """The three new paths together, twice with the same seed and public file but different private files: one
-    noise draw per logical step, of B's size only, each followed by its accountant step, all after the warm start
-    (empty batches included); A is bit-equal to its seeded init (neither the warm start nor DP moved it); Φ is the
-    signed plan's (σC/E)²; noise and sampling differ between the runs (OS entropy, not the seed the warm start
-    uses); the warm-start entry and its log line are the same for both (no private value in them); ε = the plan's."""
-    public = _glob_public(tmp_path, "public.csv")
-    priv_a = _write_private(tmp_path / "a.csv", rows=40)
-    priv_b = _write_private(tmp_path / "b.csv", rows=40)
-    priv_b.write_text(priv_b.read_text().replace("charged twice", "never delivered"))  # same N, other records
-    res_a, out_a, got_a = _combo_run(tmp_path, tiny_model_dir, priv_a, signing_key, public, monkeypatch, "ra")
-    res_b, out_b, got_b = _combo_run(tmp_path, tiny_model_dir, priv_b, signing_key, public, monkeypatch, "rb")
-    adapter = load_file(out_a / "adapter" / "adapter_model.safetensors")
-    b_count = sum(v.numel() for k, v in adapter.items() if "lora_B" in k)
-    for got, out in ((got_a, out_a), (got_b, out_b)):
-        assert got["events"] == ["warm"] + ["noise", "account"] * 4
-        assert got["sizes"] == [b_count] * 4  # A frozen: no coordinate of A is noised
-        assert len(got["samples"]) == 4
-        record = release_statement(out)["predicate"]
-        mech = record["mechanism"]
-        phi = (mech["noise_std"] / mech["normalizer"]["expected_units_per_step"]) ** 2
-        assert got["phis"] == [pytest.approx(phi, rel=1e-12)] and mech["normalizer"]["expected_units_per_step"] == 1
-        assert record["lora"]["freeze_a"] is True
-        assert record["accounting"]["epsilon_spent"] <= record["accounting"]["target_epsilon"]
-    assert not torch.equal(got_a["firsts"][0], got_b["firsts"][0])  # fresh key per run, not training.seed
-    flat_a, flat_b = (np.concatenate([np.append(s, -1) for s in g["samples"]]) for g in (got_a, got_b))
-    everything_empty = all(len(s) == 0 for s in got_a["samples"] + got_b["samples"])  # p ≈ 0.36⁸: inconclusive
-    assert everything_empty or not np.array_equal(flat_a, flat_b)  # Poisson masks are not a function of the seed
-    # A: the warm start and DP both left it at peft's seeded init (same seed, so equal across the two runs too)
-    other = load_file(out_b / "adapter" / "adapter_model.safetensors")
-    for k, v in adapter.items():
-        if "lora_A" in k:
-            assert torch.equal(v, other[k]), k
-        else:
-            assert not torch.equal(v, other[k]), k  # B: differs (noise and sampling are not seeded)
-    warm_a = release_statement(out_a)["predicate"]["public_warm_start"]
-    warm_b = release_statement(out_b)["predicate"]["public_warm_start"]
-    assert warm_a == warm_b and warm_a["records"] == PUBLIC_TICKETS
-    line = [ln for ln in res_a.output.splitlines() if ln.startswith("public warm start:")]
-    assert line == [ln for ln in res_b.output.splitlines() if ln.startswith("public warm start:")] and len(line) == 1
-
-
-def test_held_resume_keeps_the_entry_of_the_weights_it_restores(tmp_path, tiny_model_dir, signing_key, monkeypatch):
-    """SIGTERM after step 2; the public file is then EDITED: --resume runs no second warm start and the record keeps
-    the sha256 the restored adapters were fitted on (not the file's new one). Dropping the warm start from the
-    contract before resuming is refused (a changed contract), so the record never loses the entry either."""
-    private = _write_private(tmp_path / "tickets.csv", rows=40)
-    public = _glob_public(tmp_path, "public.csv")
-    original = hashlib.sha256(public.read_bytes()).hexdigest()
-    calls: list[str] = []
-    real_warm, real_fault = warmstart.warm_start, checkpoint.fault_point
-
-    def counting(*args, **kw):
-        calls.append("warm")
-        return real_warm(*args, **kw)
-
-    def hook(point, step):
-        if (point, step) == ("after-step", 2):
-            os.kill(os.getpid(), signal.SIGTERM)
-        real_fault(point, step)
-
-    monkeypatch.setattr(warmstart, "warm_start", counting)
-    monkeypatch.setattr(checkpoint, "fault_point", hook)
-    data = {"public_warm_start": {"path": str(public), **WARM}}
-    raw = contract_dict(tiny_model_dir, private, tmp_path / "run", data=data, training={"steps": 4})
-    cfg = write_contract(tmp_path / "run.yaml", raw)
-    args = ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress"]
-    assert runner.invoke(app, args).exit_code == 130
-    monkeypatch.setattr(checkpoint, "fault_point", real_fault)
-    write_tickets(public, num_tickets=PUBLIC_TICKETS + 5, seed=99, overwrite=True)  # the file changes meanwhile
-    raw_without = contract_dict(tiny_model_dir, private, tmp_path / "run", training={"steps": 4})
-    dropped = runner.invoke(
-        app, ["train", str(write_contract(tmp_path / "plain.yaml", raw_without)), *args[2:], "--resume"]
-    )
-    assert dropped.exit_code == 2 and "the contract changed since the checkpoint" in dropped.output, dropped.output
-    resumed = runner.invoke(app, [*args, "--resume"])
-    assert resumed.exit_code == 0, resumed.output
-    assert calls == ["warm"]
-    warm = release_statement(tmp_path / "run")["predicate"]["public_warm_start"]
-    assert warm["sha256"] == original and warm["records"] == PUBLIC_TICKETS

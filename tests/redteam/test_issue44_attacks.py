@@ -1,10 +1,3 @@
-# ruff: noqa: E501 - planted one-line sources
-"""Red team of the issue-44 restructure (dplora/mechanism/, RunOptions, accountant registry).
-
-Each test is one attack on the stated guarantee after the move; a passing test guards what held, an
-``xfail(strict=True)`` records a finding (the reason says what broke). Brute-force references throughout.
-"""
-
 from __future__ import annotations
 
 import copy
@@ -19,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
+from support.issue44_attacks import contract_raw
 from tiny import save_tiny_model, tiny_llama
 
 from dplora.accounting import epsilon
@@ -34,16 +28,34 @@ from dplora.mechanism import optimizer as dpopt
 from dplora.mechanism.core import DPMechanism, NonPrivateEvent, PerformanceFlags, make_mechanism
 from dplora.recipe.config import RunOptions, compile_run
 
+# ruff: noqa: E501 - planted one-line sources
+"""Red team of the issue-44 restructure (dplora/mechanism/, RunOptions, accountant registry).
+
+Each test is one attack on the stated guarantee after the move; a passing test guards what held, an
+``xfail(strict=True)`` records a finding (the reason says what broke). Brute-force references throughout.
+"""
+
+
 ROOT = Path(__file__).resolve().parents[2]
+
+
 sys.path.insert(0, str(ROOT / "tests"))
+
+
 sys.path.insert(0, str(ROOT / "scripts"))
+
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning"
 )
 
+
 PAD = 256
+
+
 IGNORE = batching.IGNORE_INDEX
+
+
 RECORDS = [
     ([1, 2, 3, 4, 5], [IGNORE, IGNORE, 3, 4, 5]),
     ([6, 7, 8], [6, 7, 8]),
@@ -52,6 +64,8 @@ RECORDS = [
     ([40, 41, 42, 43], [40, 41, 42, 43]),
     ([50, 51, 52, 53, 54, 55], [IGNORE, 51, 52, 53, 54, 55]),
 ]
+
+
 GROUPS = [[0, 1, 2], [3], [4, 5]]  # three units: 3, 1 and 2 records
 
 
@@ -90,9 +104,6 @@ def _wrap(model, plan, *, per_sample="fast", unit_mean=False, private=True):
         mech = make_mechanism(plan, flags, distributed.SINGLE, private=private, unit_mean=unit_mean)
     gsm, step_opt, acc = mech.wrap(model, opt)
     return mech, gsm, step_opt, acc, named
-
-
-# --------------------------------------------------------------------- noise: once per step, std σC, empty steps
 
 
 @pytest.mark.parametrize("per_sample", ["fast", "opacus"])
@@ -140,28 +151,6 @@ def test_sigma_zero_private_plan_is_refused_by_make_mechanism():
         make_mechanism(_plan(sigma=0.0), PerformanceFlags(), distributed.SINGLE, private=True)
 
 
-# ------------------------------------------------------------------------------------- control vs DP twin
-
-
-def _contract_raw(tmp_path, model_dir, *, rows=8, privacy=None, training=None):
-    csv = tmp_path / "data.csv"
-    csv.write_text("text\n" + "".join(f"record {i} asks about order {1000 + i}\n" for i in range(rows)))
-    return {
-        "privacy": {
-            "protected_unit": "row", "adjacency": "add_remove", "target_epsilon": 50.0, "delta": 1e-5,
-            "accountant": "rdp", "max_grad_norm": 1.0, "noise_multiplier": 1.0, "num_units": rows,
-            **(privacy or {}),
-        },
-        "model": {"path": str(model_dir)},
-        "data": {"path": str(csv), "text_column": "text"},
-        "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
-        "training": {
-            "physical_batch_size": 16, "lr": 0.05, "optimizer": "sgd", "max_seq_len": 16, "expected_batch_size": 2,
-            "steps": 3, "output_dir": str(tmp_path / "run"), "threads": 1, **(training or {}),
-        },
-    }  # fmt: skip
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return save_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
@@ -169,7 +158,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.mark.parametrize("enabled", [True, False])
 def test_the_compiled_mechanism_follows_privacy_enabled(tmp_path, model_dir, enabled):
-    contract = parse_contract(_contract_raw(tmp_path, model_dir, privacy={"enabled": enabled}))
+    contract = parse_contract(contract_raw(tmp_path, model_dir, privacy={"enabled": enabled}))
     plan = _plan(sigma=1.3)
     if not enabled:
         import math as _m
@@ -194,44 +183,6 @@ def test_the_compiled_mechanism_follows_privacy_enabled(tmp_path, model_dir, ena
         opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
         _, step_opt, counter = mech.wrap(model, opt)
         assert isinstance(step_opt, control.NonPrivateStep) and isinstance(counter, control.StepCounter)
-
-
-def test_control_run_writes_no_dp_record_and_dp_run_is_noised(tmp_path, model_dir, monkeypatch):
-    """End to end: a control's record is the non-private predicate; the DP twin's every step drew noise."""
-    from dplora.recipe.train import run_training
-    from dplora.release import envelope
-    from dplora.release import keys as release_keys
-
-    monkeypatch.delenv(envelope.DATA_KEY_ENV, raising=False)
-    key = release_keys.generate_keypair(tmp_path / "k" / "s.pem")[0]
-    results = {}
-    for enabled in (False, True):
-        sub = tmp_path / str(enabled)
-        sub.mkdir()
-        raw = _contract_raw(sub, model_dir, privacy={"enabled": enabled})
-        contract = parse_contract(raw)
-        results[enabled] = run_training(
-            contract,
-            RunOptions(signing_key=key, progress=False, threads=1, ledger_path=sub / "l.db"),
-            log=lambda *_: None,
-        )
-    ctl, dp = results[False], results[True]
-    assert ctl.differentially_private is False and dp.differentially_private is True
-    assert math.isinf(ctl.epsilon_spent) and ctl.plan.noise_multiplier == 0.0
-    assert dp.plan.noise_multiplier == 1.0 and dp.epsilon_spent <= dp.plan.target_epsilon
-    statement = lambda r: json.loads(  # noqa: E731
-        __import__("base64").b64decode(json.loads((r.output_dir / "release.dsse.json").read_text())["payload"])
-    )
-    assert statement(ctl)["predicateType"] == envelope.NON_PRIVATE_PREDICATE_TYPE
-    assert statement(dp)["predicateType"] != envelope.NON_PRIVATE_PREDICATE_TYPE
-    from dplora.ledger.store import Ledger
-
-    ledger = Ledger(tmp_path / "True" / "l.db", create=False)
-    charges = ledger.charges(None) if hasattr(ledger, "charges") else []
-    assert len(charges) >= 1 or ledger.unassigned()  # the DP run was charged (unassigned)
-
-
-# ------------------------------------------------------------------------------------------------- sampling
 
 
 def test_sampler_is_poisson_from_fresh_entropy(monkeypatch):
@@ -280,9 +231,6 @@ def test_sharded_sampler_union_is_poisson_over_all_units():
 def test_empty_poisson_batches_occur():
     s = make_mechanism(_plan(q=0.001), PerformanceFlags(), distributed.SINGLE).sampler(10)
     assert sum(len(s.sample()) == 0 for _ in range(200)) > 150
-
-
-# ------------------------------------------------------------------------ clipping before summing, both paths
 
 
 def _brute(model, records):
@@ -361,8 +309,6 @@ def test_performance_flags_only_choose_how_the_rows_are_computed():
         assert m.event == base.event and m.plan is base.plan and m.private and m.unit_mean == base.unit_mean, name
 
 
-# ------------------------------------------------------------------------------- import-order rule misses
-
 PLANTS_CAUGHT = {
     # found since the red team's round (issue 44): resolved aliases, torch's in-place and *_like draws, reduce, all_gather
     "torch.randn_like * sigma": "import torch\ndef f(g, s):\n    return g + torch.randn_like(g) * s\n",
@@ -378,6 +324,8 @@ PLANTS_CAUGHT = {
     "np binomial": "import numpy as np\ndef f(n, q):\n    return np.random.binomial(1, q, n)\n",
     "torch.bernoulli": "import torch\ndef f(p):\n    return torch.bernoulli(p)\n",
 }
+
+
 PLANTS_MISSED = {
     # left to review, by decision: torch.randn is an initialiser (LoRA, perturbations) and stays allowed; a uniform
     # compared with q, getattr and functools.partial are not calls the rule can name without false alarms
@@ -420,8 +368,6 @@ def test_import_rule_misses(tmp_path, name):
     assert _plant(tmp_path, PLANTS_MISSED[name]), name
 
 
-# ---------------------------------------------------------------------------------------------- accounting
-
 PUBLISHED = [  # (q, σ, T, δ, accountant, ε) from NOTES.md / the package docstring
     (0.01, 1.0, 300, 1e-5, "rdp", 1.451),
     (0.01, 1.0, 600, 1e-5, "rdp", 1.748),
@@ -447,10 +393,7 @@ def test_unknown_accountant_name_raises(name):
 @pytest.mark.parametrize("name", ["gdp", "RDP", "opacus"])
 def test_unknown_accountant_in_contract_is_bad_input(tmp_path, model_dir, name):
     with pytest.raises(BadInputError):
-        parse_contract(_contract_raw(tmp_path, model_dir, privacy={"accountant": name}))
-
-
-# ----------------------------------------------------------------------------------------------- RunOptions
+        parse_contract(contract_raw(tmp_path, model_dir, privacy={"accountant": name}))
 
 
 def test_every_run_option_is_read():
@@ -496,7 +439,7 @@ def test_tuning_trial_no_ledger_release_and_canaries_are_charged(tmp_path, model
     key = release_keys.generate_keypair(tmp_path / "k" / "s.pem")[0]
     from dplora.recipe import train as train_mod
 
-    raw = _contract_raw(tmp_path, model_dir, rows=8, privacy={"num_units": 10})  # public N: 8 rows + 2 canaries
+    raw = contract_raw(tmp_path, model_dir, rows=8, privacy={"num_units": 10})  # public N: 8 rows + 2 canaries
     contract = parse_contract(raw)
     db = tmp_path / "ledger.db"
     extra = ({"text": "canary one 424242"}, {"text": "canary two 737373"})
@@ -532,6 +475,8 @@ def test_tuning_trial_no_ledger_release_and_canaries_are_charged(tmp_path, model
 
 
 COMPOSE_MAIN = Path("/tmp/attack44/compose_main.json")
+
+
 COMPOSE_I44 = Path("/tmp/attack44/compose_i44.json")
 
 

@@ -25,7 +25,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import budget_in_subprocess
 
 from dplora.contract.loader import parse_contract
 from dplora.data import public as public_data
@@ -33,6 +32,8 @@ from dplora.data import units as data_mod
 from dplora.errors import BadInputError, PlanRefusedError
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
 SEED = 7
 
 
@@ -90,9 +91,6 @@ def _split(contract, light=False):
     return data_mod.split_eval(table, contract.data, unit_key=contract.privacy.unit_key, seed=SEED, light=light)
 
 
-# A1 ------------------------------------------------------------------------------------------------------------
-
-
 def test_a1_eval_fraction_splits_by_unit_with_the_keyed_hash_everywhere(tmp_path, tickets, rank1):
     from dplora.evaluate.heldout import held_out_table
 
@@ -118,9 +116,6 @@ def test_a1_eval_fraction_splits_by_unit_with_the_keyed_hash_everywhere(tmp_path
     t_train, t_held = t_admitted.table, t_admitted.held_out
     assert not set(t_train["ticket"]) & set(t_held["ticket"])
     assert all((t in set(t_held["ticket"])) is data_mod._held_out_unit(t, SEED, 0.4) for t in set(t_train["ticket"]))
-
-
-# A2 ------------------------------------------------------------------------------------------------------------
 
 
 def test_a2_eval_path_without_or_with_blank_unit_key_is_read_not_refused(tmp_path, tickets, rank1):
@@ -153,9 +148,6 @@ def test_a2_eval_path_without_or_with_blank_unit_key_is_read_not_refused(tmp_pat
     assert "SECRET" not in str(err.value)
 
 
-# A3 ------------------------------------------------------------------------------------------------------------
-
-
 def test_a3_row_level_split_keys_on_the_record_text(tmp_path):
     rows = [f"q{i % 30},a{i % 30}" for i in range(90)]  # every record three times
     path = _csv(tmp_path / "rows.csv", "message,reply", rows)
@@ -165,9 +157,6 @@ def test_a3_row_level_split_keys_on_the_record_text(tmp_path):
     assert pairs(train) and pairs(held) and not pairs(train) & pairs(held)  # identical records fall together
     for m, r in pairs(train) | pairs(held):
         assert ((m, r) in pairs(held)) is data_mod._held_out_unit(f"{m}\x1f{r}", SEED, 0.3)
-
-
-# A4 ------------------------------------------------------------------------------------------------------------
 
 
 def test_a4_public_sample_reads_the_unit_key_only_with_units_and_refuses_private_files(tmp_path, tickets):
@@ -196,9 +185,6 @@ def test_a4_public_sample_reads_the_unit_key_only_with_units_and_refuses_private
     # the data section used to evaluate on a public table keeps label_column only where the table has it
     labelled = _contract(tmp_path, tickets, label_column="label", eval_fraction=0.2)
     assert public_data.eval_data(labelled.data, table(Path(public), units=False)[0]).label_column is None
-
-
-# A5 ------------------------------------------------------------------------------------------------------------
 
 
 def _info(contract, index, digest, plan):
@@ -244,9 +230,6 @@ def test_a5_resume_refuses_a_changed_unit_key_or_data_changed_only_in_its_unit_k
         resume_point(staging, contract.to_yaml(), contract.data, plan, now)
 
 
-# A6 ------------------------------------------------------------------------------------------------------------
-
-
 def test_a6_ranks_input_digests_cover_the_unit_key_column(tmp_path, rank1):
     admit, seen = rank1
     rows = [f"u{i % 6},q{i},a{i}" for i in range(24)]
@@ -257,9 +240,6 @@ def test_a6_ranks_input_digests_cover_the_unit_key_column(tmp_path, rank1):
         admit(_contract(tmp_path, path))
     assert len(seen) == 2 and seen[0]["num_units"] == seen[1]["num_units"]
     assert seen[0]["data_sha256"] != seen[1]["data_sha256"]  # the unit key column is in the digest
-
-
-# A7 ------------------------------------------------------------------------------------------------------------
 
 
 def test_a7_synth_verbatim_check_reads_the_data_as_training_does(tmp_path):
@@ -274,9 +254,6 @@ def test_a7_synth_verbatim_check_reads_the_data_as_training_does(tmp_path):
     _csv(tmp_path / "d.csv", "message,reply", ["q1,a1", "q2,a2"])
     memo = memorisation_counts(rows, contract.data, lambda _m: None, unit_key="user_id")
     assert memo["checked"] is False
-
-
-# A8 ------------------------------------------------------------------------------------------------------------
 
 
 def _plan():
@@ -333,8 +310,6 @@ def test_a8_control_runs_are_charged_infinity_on_a_population_and_nothing_withou
 
     assert charged(dp) and not charged(ctrl) and charged(on_pop)
 
-
-# A9 ------------------------------------------------------------------------------------------------------------
 
 # names a50d302 moved from function bodies into module-level ``from X import name`` statements
 HOISTED_FROM = {
@@ -401,23 +376,3 @@ def test_a9_no_monkeypatched_name_was_hoisted_into_a_module_level_from_import():
     for module, names in HOISTED_FROM.items():
         mod = importlib.import_module(module)
         assert all(hasattr(mod, n) for n in names), module
-
-
-# A10 -----------------------------------------------------------------------------------------------------------
-
-
-def test_a10_budget_sweep_with_an_eval_path_lacking_the_unit_key_stays_light(tmp_path):
-    rows = [f"u{i % 120},question {i},answer {i}" for i in range(300)]
-    _csv(tmp_path / "data.csv", "user_id,message,reply", rows)
-    _csv(tmp_path / "held.csv", "message,reply", ["hq,ha", "hq2,ha2"])
-    (tmp_path / "contract.yaml").write_text(
-        "privacy: {protected_unit: user, unit_key: user_id, adjacency: add_remove, target_epsilon: 8, delta: 1.0e-5,\n"
-        "          max_grad_norm: 1.0, num_units: 100, max_records_per_unit: 2}\n"
-        "model: {path: /nonexistent}\n"
-        "data: {path: data.csv, prompt_column: message, response_column: reply, eval_path: held.csv}\n"
-        "training: {expected_batch_size: 16, steps: 20}\n"
-    )
-    probe, report, stderr = budget_in_subprocess(tmp_path, "--sweep")
-    assert probe == {"code": 0, "heavy": []}, stderr[-2000:]
-    assert report["not_covered_by_dp"]["unit_stats"]["max_records_per_unit_after_cap"] == 2  # the data was read
-    assert "sweep" in report

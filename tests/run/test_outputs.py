@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import pytest
 from conftest import contract_dict, write_contract
+from support.outputs import workdir
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
@@ -15,17 +15,6 @@ from dplora.errors import BadInputError
 from dplora.run import outputs
 
 runner = CliRunner()
-
-
-def _workdir(tmp_path, monkeypatch, tickets_csv, signing_key) -> Path:
-    """A working folder as a new user has it: contract, data and key pair side by side (cwd)."""
-    work = tmp_path / "work"
-    work.mkdir()
-    shutil.copy(tickets_csv, work / "tickets.csv")
-    shutil.copy(signing_key[0], work / "signing.key")
-    shutil.copy(signing_key[1], work / "signing.pub")
-    monkeypatch.chdir(work)
-    return work
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
@@ -50,7 +39,7 @@ def test_overwrite_never_touches_the_working_folder_or_the_data(
     tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key, output_dir, needle
 ):
     """Exit 2 before any work; the contract, the data and both keys survive byte for byte."""
-    work = _workdir(tmp_path, monkeypatch, tickets_csv, signing_key)
+    work = workdir(tmp_path, monkeypatch, tickets_csv, signing_key)
     data = work / "tickets.csv"
     if output_dir == "data":
         (work / "data").mkdir()
@@ -73,7 +62,7 @@ def test_output_folder_holding_a_key_or_the_contract_is_refused(
     tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key, inside, needle
 ):
     """A previous run's folder that also holds a key or the contract is refused even with --overwrite."""
-    work = _workdir(tmp_path, monkeypatch, tickets_csv, signing_key)
+    work = workdir(tmp_path, monkeypatch, tickets_csv, signing_key)
     run = work / "run"
     run.mkdir()
     (run / "release.dsse.json").write_text("{}")
@@ -95,7 +84,7 @@ def test_output_folder_holding_a_key_or_the_contract_is_refused(
 def test_overwrite_refuses_a_folder_dplora_did_not_write(
     tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key
 ):
-    work = _workdir(tmp_path, monkeypatch, tickets_csv, signing_key)
+    work = workdir(tmp_path, monkeypatch, tickets_csv, signing_key)
     (work / "notes").mkdir()
     (work / "notes" / "todo.txt").write_text("mine")
     cfg = write_contract(work / "c.yaml", contract_dict(tiny_model_dir, work / "tickets.csv", Path("notes")))
@@ -103,30 +92,6 @@ def test_overwrite_refuses_a_folder_dplora_did_not_write(
     assert result.exit_code == 2 and "has no release.dsse.json" in result.output, result.output
     assert (work / "notes" / "todo.txt").read_text() == "mine"
     assert not (work / "notes.partial").exists() and not (work / "notes.lock").exists()
-
-
-def test_overwrite_replaces_a_previous_run_and_nothing_else(
-    tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key
-):
-    """A previous run is replaced (exit 0, the new release verifies); one with a foreign file is refused."""
-    work = _workdir(tmp_path, monkeypatch, tickets_csv, signing_key)
-    cfg = write_contract(work / "c.yaml", contract_dict(tiny_model_dir, work / "tickets.csv", Path("run")))
-    assert _train(cfg).exit_code == 0
-    first = json.loads((work / "run" / "release.dsse.json").read_text())
-    (work / "run" / "mine.txt").write_text("keep")
-    refused = _train(cfg, "--overwrite")
-    assert refused.exit_code == 2 and "also holds 'mine.txt'" in refused.output
-    (work / "run" / "mine.txt").unlink()
-    again = _train(cfg, "--overwrite")
-    assert again.exit_code == 0, again.output
-    assert json.loads((work / "run" / "release.dsse.json").read_text()) != first
-    names = ["c.yaml", "run", "run.private", "signing.key", "signing.pub", "tickets.csv"]  # one private folder
-    assert sorted(p.name for p in work.iterdir()) == names
-    check = runner.invoke(app, ["verify", "run", "--public-key", "signing.pub"])
-    assert check.exit_code == 0, check.output
-
-
-# --- the rules, without a run ---------------------------------------------------------------------------------------
 
 
 def test_check_output_dir_rules(tmp_path, monkeypatch):

@@ -16,20 +16,21 @@ import numpy as np
 import pytest
 import torch
 from conftest import contract_dict
-from peft import LoraConfig, get_peft_model
-from tiny import tiny_llama
+from support.physical_batch import OOMAbove, engine, shared_model
 
 from dplora.contract.loader import parse_contract
 from dplora.engine import batch as batching
 from dplora.engine import distributed, membatch
-from dplora.mechanism import optimizer as dpopt
 from dplora.mechanism import sampling
 from dplora.run import loop
 from dplora.run.execution import memory_entry
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning")
 
+
 PAD, IGNORE = 256, batching.IGNORE_INDEX
+
+
 RECORDS = [
     ([1, 2, 3, 4, 5], [IGNORE, IGNORE, 3, 4, 5]),
     ([6, 7, 8], [6, 7, 8]),
@@ -41,60 +42,31 @@ RECORDS = [
     ([70, 71, 72, 73, 74], [70, 71, 72, 73, 74]),
     ([80, 81, 82, 83], [IGNORE, IGNORE, 82, 83]),
 ]
+
+
 UNITS = [[0, 1], [2, 3, 4], [5], [6, 7, 8]]  # records of each protected unit
+
+
 STEP_UNITS = [np.array([0, 1, 3]), np.array([1, 2]), np.array([0, 1, 2, 3])]  # the "Poisson" sample of each step
+
+
 PLAN = types.SimpleNamespace(
     noise_multiplier=1.0, max_grad_norm=0.5, expected_batch_size=2.0, sample_rate=0.5, steps=3, target_epsilon=10.0
 )
+
+
 PLAN.epsilon_at = lambda step: 0.1 * step
+
+
 REAL_PHYSICAL_BATCHES = loop._physical_batches
-
-
-def _model():
-    model = get_peft_model(tiny_llama(seed=0), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-    return model.train()
-
-
-class OOMAbove:
-    """Forward pre-hook: raise torch.OutOfMemoryError when the batch has more than ``k`` records, or on forward
-    number ``once_at`` (1-based). Records every batch size it saw."""
-
-    def __init__(self, k: int = 10**9, once_at: int | None = None):
-        self.k, self.once_at, self.sizes, self.calls = k, once_at, [], 0
-
-    def __call__(self, module, args, kwargs):
-        size = kwargs["input_ids"].shape[0]
-        self.calls += 1
-        self.sizes.append(size)
-        if size > self.k or self.calls == self.once_at:
-            raise torch.OutOfMemoryError(f"simulated: {size} records")
-
-
-def _engine(model, monkeypatch, noise, per_sample="fast"):
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    opt = torch.optim.SGD([p for _, p in named], lr=0.5)
-    wrapped, dp_opt, accountant = dpopt.make_private(model, opt, plan=PLAN, unit_mean=False, per_sample=per_sample)
-    sums = []
-
-    def fixed_noise(clipped_sum, *, noise_multiplier, max_grad_norm, expected_batch_size, generator):
-        sums.append(clipped_sum.clone())
-        return (clipped_sum + noise).div_(expected_batch_size)
-
-    monkeypatch.setattr(dpopt, "privatize", fixed_noise)
-    return wrapped, dp_opt, accountant, named, sums
 
 
 def _run(monkeypatch, hook: OOMAbove | None, physical: int = 4, per_sample: str = "fast"):
     """Three logical steps through loop.run_steps over STEP_UNITS; returns what the test compares."""
-    model = _model()
+    model = shared_model()
     noise = torch.randn(sum(p.numel() for p in model.parameters() if p.requires_grad), generator=torch.Generator())
     noise = noise * 0 + torch.linspace(-0.1, 0.1, noise.numel())  # fixed, the same in every run
-    wrapped, dp_opt, accountant, named, sums = _engine(model, monkeypatch, noise, per_sample)
+    wrapped, dp_opt, accountant, named, sums = engine(model, monkeypatch, noise, per_sample)
     if hook is not None:
         model.base_model.model.register_forward_pre_hook(hook, with_kwargs=True)
     samples, attempts = [], []
@@ -194,37 +166,12 @@ def test_the_opacus_path_does_not_retry_and_refuses_auto(monkeypatch):
         parse_contract(raw)
 
 
-def test_auto_probe_picks_at_most_k_on_synthetic_batches_without_noise_or_accounting(monkeypatch):
-    model = _model()
-    wrapped, dp_opt, accountant, named, sums = _engine(model, monkeypatch, 0.0)
-    before = [p.detach().clone() for _, p in named]
-    hook = OOMAbove(k=5)
-    model.base_model.model.register_forward_pre_hook(hook, with_kwargs=True)
-    seen = []
-    model.base_model.model.register_forward_pre_hook(
-        lambda m, a, kw: seen.append(kw["input_ids"].clone()), with_kwargs=True, prepend=True
-    )
-    kw = {"max_seq_len": 12, "pad_id": PAD, "device": torch.device("cpu")}
-    assert membatch.probe_physical_batch(wrapped, dp_opt, named, **kw) == membatch.CPU_DEFAULT == 8
-    assert hook.sizes == []  # CPU: the fixed default, no forward
-    chosen = membatch.probe_physical_batch(wrapped, dp_opt, named, **kw, cap=64, probe_cpu=True)
-    assert chosen == 4 <= hook.k
-    assert hook.sizes == [64, 32, 16, 8, 4]
-    assert all(t.shape[1] == 12 and bool((t == 1).all()) for t in seen)  # synthetic tokens, never a record
-    assert sums == [] and accountant.steps == 0  # no noise, no accountant step
-    assert all(p.grad is None for _, p in named) and dp_opt.flat._armed is None
-    assert all(bool((p.detach() == b).all()) for (_, p), b in zip(named, before, strict=True))
-    # the run goes on normally afterwards: the per-unit sum starts empty
-    total, norms = dp_opt.accumulator.finish()
-    assert float(total.abs().max()) == 0.0 and len(norms) == 0
-
-
 def test_probe_frees_the_largest_tries_gradient_buffer(monkeypatch):
     """The fast path's (B, P) storage only grows; after the probe settles on 4 records it no longer holds the
     64-row try: it is freed, and the first step allocates 4 rows. On main it stayed (64, P) for the whole run
     (10.7 GB dead on Llama-3.1-8B at 8 of 64 rows). The OOM retry frees it the same way."""
-    model = _model()
-    wrapped, dp_opt, _, named, _ = _engine(model, monkeypatch, 0.0)
+    model = shared_model()
+    wrapped, dp_opt, _, named, _ = engine(model, monkeypatch, 0.0)
     flat = dp_opt.flat
     rows = []
     arm = flat.buffer

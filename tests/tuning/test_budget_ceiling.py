@@ -8,20 +8,12 @@ Reference: ../shared/cases/README.md F7 row 2 (q 32/4214, σ 0.417, T 12: TPR 0.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from support.budget_ceiling import config
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
-
-CONTRACT = """\
-privacy: {protected_unit: row, adjacency: add_remove, target_epsilon: 20, delta: 1.0e-6, accountant: rdp,
-          max_grad_norm: 1.0, num_units: 4214, noise_multiplier: 0.417}
-model: {path: /nonexistent}
-data: {path: data.csv, prompt_column: message, response_column: reply}
-training: {expected_batch_size: 32, steps: 12}
-"""
 
 
 @pytest.fixture(autouse=True)
@@ -30,54 +22,13 @@ def _fresh_cache(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
-def _config(tmp_path: Path, rows: int, name: str = "contract.yaml") -> Path:
-    data = tmp_path / f"data{rows}.csv"
-    data.write_text("message,reply\n" + "".join(f"question {i},answer {i}\n" for i in range(rows)))
-    path = tmp_path / name
-    path.write_text(CONTRACT.replace("data.csv", data.name))
-    return path
-
-
 def _json(*args) -> dict:
     res = CliRunner().invoke(app, ["budget", *map(str, args), "--json"])
     assert res.exit_code == 0, res.output
     return json.loads(res.stdout)
 
 
-def test_budget_json_and_text_state_f7s_ceiling(tmp_path):
-    report = _json(_config(tmp_path, 100))
-    entry = report["attack_ceiling"]
-    assert entry["available"] is True
-    assert entry["true_positive_rate_at"] == pytest.approx({"0.1%": 0.0089, "1%": 0.0306, "10%": 0.1411}, abs=0.002)
-    assert "PLD" in entry["method"] and entry["accountant_version"].startswith("dp-accounting")
-    res = CliRunner().invoke(app, ["budget", str(_config(tmp_path, 100))])
-    assert res.exit_code == 0, res.output
-    assert "3.06 % at 1 %" in res.stdout
-    assert "no test of whether one row was used can exceed 3.1 % true positives at 1 % false positives" in res.stdout
-
-
 def test_neighbouring_data_files_give_identical_ceilings(tmp_path):
-    big = _json(_config(tmp_path, 100, "a.yaml"))
-    small = _json(_config(tmp_path, 99, "b.yaml"))  # one row removed; N declared 4214 in both
+    big = _json(config(tmp_path, 100, "a.yaml"))
+    small = _json(config(tmp_path, 99, "b.yaml"))  # one row removed; N declared 4214 in both
     assert big["attack_ceiling"] == small["attack_ceiling"]
-
-
-def test_planner_table_shows_each_candidates_ceiling(tmp_path):
-    """--recommend at ε 8: a larger B with fewer steps gives a different ceiling; the chosen one is the plan's."""
-    cfg = tmp_path / "auto.yaml"
-    cfg.write_text(
-        CONTRACT.replace("target_epsilon: 20", "target_epsilon: 8")
-        .replace(", noise_multiplier: 0.417", "")
-        .replace("{expected_batch_size: 32, steps: 12}", "{expected_batch_size: auto, steps: auto}")
-    )
-    report = _json(cfg, "--recommend")
-    rec = report["recommendation"]
-    calibrated = [c for c in rec["candidates"] if c["noise_multiplier"] is not None]
-    assert len(calibrated) >= 2
-    tprs = [c["attack_ceiling"]["1%"] for c in calibrated]
-    assert all(0.01 < t < 1.0 for t in tprs) and len(set(tprs)) > 1
-    chosen = rec["choice"]["attack_ceiling"]
-    plan = report["attack_ceiling"]["true_positive_rate_at"]
-    assert chosen == pytest.approx(plan, abs=2e-4)  # interval 1e-3 in the table, 1e-4 in the plan
-    res = CliRunner().invoke(app, ["budget", str(cfg), "--recommend"])
-    assert res.exit_code == 0 and "TPR@1%" in res.stdout and "attack ceiling:" in res.stdout

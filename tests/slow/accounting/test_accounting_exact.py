@@ -1,0 +1,48 @@
+"""Closed forms before grids (issue 23, item 4): q = 1 is the Gaussian mechanism and a single step has an exact
+privacy profile, so neither meets the accountant cost limit; a calibration that cannot reach its tolerance says so.
+
+References: the analytic Gaussian mechanism (Balle & Wang 2018, Thm. 8; ``dp_accounting.get_epsilon_gaussian``)
+and the pinned values of ../shared/cases/README.md (A3, A7, A10) with Opacus 1.6.0 / dp-accounting 0.6.0.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import dplora.accounting.cost as cost
+from dplora.accounting import epsilon
+from dplora.contract.loader import parse_contract
+from dplora.plan.training import make_plan
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def pld(q, sigma, steps, adjacency="add_remove", delta=1e-5):
+    return epsilon(
+        sample_rate=q, noise_multiplier=sigma, steps=steps, delta=delta, accountant="pld", adjacency=adjacency
+    )
+
+
+def test_loose_calibration_says_so_in_the_accountant_note(monkeypatch):
+    """With a limit too small for PLD below some σ, replace-one calibration stops at the range edge: the plan's
+    accountant_note says the tolerance was not reached (main returned the loose σ without a word)."""
+    monkeypatch.setattr(cost, "PLD_MAX_SECONDS", 0.3)
+    raw = {
+        "privacy": {
+            "protected_unit": "row",
+            "adjacency": "replace_one",
+            "accountant": "pld",
+            "target_epsilon": 8.0,
+            "delta": 1e-5,
+            "max_grad_norm": 1.0,
+        },
+        "model": {"path": "/nonexistent"},
+        "data": {"path": "data.csv", "prompt_column": "message", "response_column": "reply"},
+        "training": {"expected_batch_size": 100, "steps": 10},
+    }
+    plan = make_plan(parse_contract(raw), num_units=1000, num_units_source="contract")
+    assert plan.epsilon <= 8.0
+    assert plan.accountant_note is not None and "did not reach its tolerance" in plan.accountant_note

@@ -1,0 +1,42 @@
+"""Hub model ids from the local cache (issue 32.3): ``model.name: ORG/NAME`` resolves from a Hugging Face cache
+folder built here (``models--org--name/snapshots/<commit>/`` + ``refs/main``), trains, and the record and card name
+the id and the commit; a model not in the cache is a one-line exit 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import contract_dict, release_statement, write_contract
+from support.hub_model import build_hub_cache
+from typer.testing import CliRunner
+
+from dplora.cli.app import app
+
+runner = CliRunner()
+
+
+pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")
+
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+OTHER = "fedcba9876543210fedcba9876543210fedcba98"
+
+
+@pytest.fixture
+def hub_cache(tmp_path, tiny_model_dir, monkeypatch) -> Path:
+    return build_hub_cache(tmp_path, tiny_model_dir, monkeypatch)
+
+
+def test_train_from_a_hub_id_names_id_and_commit_in_record_and_card(tmp_path, hub_cache, tickets_csv, signing_key):
+    raw = contract_dict(Path("unused"), tickets_csv, tmp_path / "run")
+    raw["model"] = {"name": "tiny-org/tiny-llama"}
+    cfg = write_contract(tmp_path / "hub.yaml", raw)
+    result = runner.invoke(app, ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    base = release_statement(tmp_path / "run")["predicate"]["base_model"]
+    assert (base["name_or_path"], base["revision"], base["commit"]) == ("tiny-org/tiny-llama", "main", COMMIT)
+    card = (tmp_path / "run" / "adapter" / "README.md").read_text()
+    assert "base_model: tiny-org/tiny-llama" in card and COMMIT in card

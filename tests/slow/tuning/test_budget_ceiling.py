@@ -1,0 +1,61 @@
+"""``dplora budget`` states the attack ceiling (issue 46 item 1): text, --json, the planner's candidate table, and
+identical values on neighbouring data files (declared N: the ceiling reads q, σ, T and adjacency only).
+
+Reference: ../shared/cases/README.md F7 row 2 (q 32/4214, σ 0.417, T 12: TPR 0.0089 / 0.0306 / 0.1411 at FPR
+0.1 / 1 / 10 %), which holds whatever accountant the plan's ε uses (the ceiling is always the PLD profile's).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from support.budget_ceiling import CONTRACT, config
+from typer.testing import CliRunner
+
+from dplora.cli.app import app
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+
+
+def _json(*args) -> dict:
+    res = CliRunner().invoke(app, ["budget", *map(str, args), "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def test_budget_json_and_text_state_f7s_ceiling(tmp_path):
+    report = _json(config(tmp_path, 100))
+    entry = report["attack_ceiling"]
+    assert entry["available"] is True
+    assert entry["true_positive_rate_at"] == pytest.approx({"0.1%": 0.0089, "1%": 0.0306, "10%": 0.1411}, abs=0.002)
+    assert "PLD" in entry["method"] and entry["accountant_version"].startswith("dp-accounting")
+    res = CliRunner().invoke(app, ["budget", str(config(tmp_path, 100))])
+    assert res.exit_code == 0, res.output
+    assert "3.06 % at 1 %" in res.stdout
+    assert "no test of whether one row was used can exceed 3.1 % true positives at 1 % false positives" in res.stdout
+
+
+def test_planner_table_shows_each_candidates_ceiling(tmp_path):
+    """--recommend at ε 8: a larger B with fewer steps gives a different ceiling; the chosen one is the plan's."""
+    cfg = tmp_path / "auto.yaml"
+    cfg.write_text(
+        CONTRACT.replace("target_epsilon: 20", "target_epsilon: 8")
+        .replace(", noise_multiplier: 0.417", "")
+        .replace("{expected_batch_size: 32, steps: 12}", "{expected_batch_size: auto, steps: auto}")
+    )
+    report = _json(cfg, "--recommend")
+    rec = report["recommendation"]
+    calibrated = [c for c in rec["candidates"] if c["noise_multiplier"] is not None]
+    assert len(calibrated) >= 2
+    tprs = [c["attack_ceiling"]["1%"] for c in calibrated]
+    assert all(0.01 < t < 1.0 for t in tprs) and len(set(tprs)) > 1
+    chosen = rec["choice"]["attack_ceiling"]
+    plan = report["attack_ceiling"]["true_positive_rate_at"]
+    assert chosen == pytest.approx(plan, abs=2e-4)  # interval 1e-3 in the table, 1e-4 in the plan
+    res = CliRunner().invoke(app, ["budget", str(cfg), "--recommend"])
+    assert res.exit_code == 0 and "TPR@1%" in res.stdout and "attack ceiling:" in res.stdout

@@ -1,0 +1,34 @@
+"""Helpers shared by tests/redteam/test_issue44_attacks.py and its slow tier under tests/slow/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tiny import save_tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def contract_raw(tmp_path, model_dir, *, rows=8, privacy=None, training=None):
+    csv = tmp_path / "data.csv"
+    csv.write_text("text\n" + "".join(f"record {i} asks about order {1000 + i}\n" for i in range(rows)))
+    return {
+        "privacy": {
+            "protected_unit": "row", "adjacency": "add_remove", "target_epsilon": 50.0, "delta": 1e-5,
+            "accountant": "rdp", "max_grad_norm": 1.0, "noise_multiplier": 1.0, "num_units": rows,
+            **(privacy or {}),
+        },
+        "model": {"path": str(model_dir)},
+        "data": {"path": str(csv), "text_column": "text"},
+        "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+        "training": {
+            "physical_batch_size": 16, "lr": 0.05, "optimizer": "sgd", "max_seq_len": 16, "expected_batch_size": 2,
+            "steps": 3, "output_dir": str(tmp_path / "run"), "threads": 1, **(training or {}),
+        },
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
