@@ -30,8 +30,8 @@ import importlib
 import weakref
 
 import torch
+import torch.utils._pytree as pytree
 from torch.overrides import TorchFunctionMode
-from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 CUDA, HOST = "cuda", "host"

@@ -32,7 +32,15 @@ class AccountingNumericalError(ArithmeticError):
 
 
 @functools.cache
-def _opacus_rdp():
+def opacus_rdp():
+    """Opacus's ``accountants.analysis.rdp`` module (``compute_rdp``, ``get_privacy_spent``; Mironov et al. 2019).
+
+    The real one when ``opacus`` is already imported; otherwise its file loaded alone (as
+    ``_dplora_opacus_rdp_analysis``), without ``opacus/__init__`` and its torch imports. Cached.
+
+    Raises:
+        ImportError: Opacus is not installed.
+    """
     if "opacus" in sys.modules:
         from opacus.accountants.analysis import rdp
 
@@ -86,7 +94,7 @@ def _opacus_prv():
     stub.RDPAccountant = RDPAccountant
     sys.modules[name + ".rdp"] = stub
     package(name + ".analysis", root / "analysis")
-    sys.modules[name + ".analysis.rdp"] = _opacus_rdp()
+    sys.modules[name + ".analysis.rdp"] = opacus_rdp()
     prv_spec = importlib.util.spec_from_file_location(
         name + ".analysis.prv",
         root / "analysis" / "prv" / "__init__.py",
@@ -164,7 +172,7 @@ def _rdp_one_step(sample_rate: float, noise_multiplier: float) -> tuple[float, .
     """RDP of one step at each of ``RDP_ORDERS`` (Opacus ``compute_rdp``); T steps cost T times this."""
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore", RuntimeWarning)  # overflow at tiny σ: the order's RDP is then ∞
-        one = _opacus_rdp().compute_rdp(
+        one = opacus_rdp().compute_rdp(
             q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=list(RDP_ORDERS)
         )
     return tuple(float(v) for v in one)

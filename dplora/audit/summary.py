@@ -24,8 +24,13 @@ def _verdict_words(report: dict) -> str:
     return "no violation detected"
 
 
-def _up(x: float, decimals: int) -> str:
-    """A ceiling printed rounded UP (never below its value: rounding to nearest could print one below it)."""
+def rounded_up(x: float, decimals: int) -> str:
+    """``x`` as text with ``decimals`` decimals, rounded UP: a ceiling printed is never below its value (rounding
+    to nearest could print one below it). E.g. ``rounded_up(0.12341, 4) == "0.1235"``; an exact value stays.
+
+    Args:
+        x: a finite float (a TPR or an ε̂ ceiling); decimals: digits after the point (>= 0).
+    """
     return f"{math.ceil(x * 10**decimals) / 10**decimals:.{decimals}f}"
 
 
@@ -33,9 +38,11 @@ def _tpr_lines(report: dict) -> list[str]:
     """One line per FPR: measured TPR (lower limit) against the ceiling."""
     lines = []
     for p in report.get("tpr_vs_ceiling") or []:
-        ceiling = "n/a (no DP)" if p["ceiling"] is None else _up(p["ceiling"], 4)
+        ceiling = "n/a (no DP)" if p["ceiling"] is None else rounded_up(p["ceiling"], 4)
         at_upper = (
-            "" if p["ceiling_at_fpr_upper"] is None else f" ({_up(p['ceiling_at_fpr_upper'], 4)} at the FPR's upper "
+            ""
+            if p["ceiling_at_fpr_upper"] is None
+            else f" ({rounded_up(p['ceiling_at_fpr_upper'], 4)} at the FPR's upper "
         )
         at_upper += f"limit {p['fpr_upper']:.4f})" if at_upper else ""
         lines.append(
@@ -55,8 +62,8 @@ def summary_markdown(report: dict) -> str:
         if ceiling is None
         else [
             f"- this audit's ceiling: with {report['canaries']} canaries and {report['guesses']} guesses no outcome "
-            f"can show more than ε̂ = {_up(ceiling, 3)} (δ={report['delta']:g}; "
-            f"{_up(report['epsilon_lower_bound_ceiling_delta0'], 3)} at δ = 0)"
+            f"can show more than ε̂ = {rounded_up(ceiling, 3)} (δ={report['delta']:g}; "
+            f"{rounded_up(report['epsilon_lower_bound_ceiling_delta0'], 3)} at δ = 0)"
         ]
     )
     return "\n".join(
@@ -72,7 +79,7 @@ def summary_markdown(report: dict) -> str:
             f"; claimed ε: {_fmt(report['claimed_epsilon'])} — {verdict}",
             *power_line,
             *_tpr_lines(report),
-            *_power_check_lines(report),
+            *power_check_lines(report),
             f"- MIA AUC: {_fmt(report['mia_auc'])}",
             f"- exposure (bits, {report['candidates']} candidates; chance ≈ {report['exposure_chance_bits']:.2f}, "
             f"max {report['exposure_max_bits']:.2f}): inserted {_fmt(report['exposure_inserted_mean'])}, "
@@ -82,8 +89,18 @@ def summary_markdown(report: dict) -> str:
     )
 
 
-def _power_check_lines(report: dict) -> list[str]:
-    """The power check's line ([] without one)."""
+def power_check_lines(report: dict) -> list[str]:
+    """The power check's line of the audit summary: [] without ``report["power_check"]``, else one Markdown line.
+
+    Args:
+        report: an audit report (``audit.json``); its ``power_check`` entry holds ``data_source``,
+            ``epsilon_lower_bound``, ``epsilon_lower_bound_ceiling``, ``fraction_of_ceiling``, ``correct``,
+            ``guesses``, ``mia_auc`` and an optional ``data_note`` (:data:`dplora.audit.runner.POWER_DATA_NOTE` for a
+            copy declared public), appended as "its data: ...".
+
+    Raises:
+        KeyError: a power check entry without one of those keys.
+    """
     check = report.get("power_check")
     if not check:
         return []

@@ -358,7 +358,21 @@ def _id_text(value) -> str:
     return cell_text(value)
 
 
-def _held_out_unit(unit_id: str, seed: int, fraction: float) -> bool:
+def held_out_unit(unit_id: str, seed: int, fraction: float) -> bool:
+    """Whether the unit ``unit_id`` goes to the held-out side of ``data.eval_fraction`` (:func:`split_eval`).
+
+    A keyed hash, so each unit's side depends on its own id and the seed only (never on the other rows): blake2b
+    of the UTF-8 id, 8 bytes, keyed by ``seed`` (8 bytes little-endian), personalised with
+    :data:`EVAL_SPLIT_PERSON`; held out when that digest / 2**64 < ``fraction``.
+
+    Args:
+        unit_id: the unit's id text (the unit key cell, or without a unit key the record's used cells joined by
+            ``\x1f``, as :func:`split_eval` forms them).
+        seed: ``training.seed`` (0 <= seed < 2**64). fraction: ``data.eval_fraction`` in [0, 1].
+
+    Raises:
+        OverflowError: a seed outside [0, 2**64).
+    """
     digest = hashlib.blake2b(
         unit_id.encode("utf-8"), digest_size=8, key=seed.to_bytes(8, "little"), person=EVAL_SPLIT_PERSON
     ).digest()
@@ -406,7 +420,7 @@ def split_eval(table, data: DataSection, *, unit_key: str | None, seed: int, lig
     if data.eval_fraction is None:
         return table, None
     fraction = data.eval_fraction
-    held = [_held_out_unit(u, seed, fraction) for u in _unit_ids(table, data, unit_key)]
+    held = [held_out_unit(u, seed, fraction) for u in _unit_ids(table, data, unit_key)]
     eval_rows = [i for i, h in enumerate(held) if h]
     train_rows = [i for i, h in enumerate(held) if not h]
     if not train_rows:

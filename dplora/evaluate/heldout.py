@@ -203,14 +203,22 @@ def held_out_loss(model, examples: list, *, pad_id: int, device, batch_size: int
     )
 
 
-def _exact_match(model, tokenizer, table, data: DataSection, training: EvalBuild, device) -> float:
-    """Share of held-out prompts whose greedy reply equals the label (stripped)."""
-    right = _exact_match_rows(model, tokenizer, table, data, training, device)
-    return sum(right) / len(right)
+def exact_match_rows(model, tokenizer, table, data: DataSection, training: EvalBuild, device) -> list[bool]:
+    """Whether each held-out prompt's greedy reply equals its label (both stripped).
 
+    Args:
+        model: anything with Hugging Face's ``generate(input_ids, attention_mask, generation_config)``.
+        tokenizer: the run's tokenizer.
+        table: the held-out ``datasets.Dataset`` (``data.prompt_column``; ``data.label_column`` where present: a
+            jsonl file whose records all lack it gives "" labels).
+        data, training: the contract's data section and the settings the prompt is formatted and cut with, as in
+            training (:func:`dplora.evaluate.generate.generate_replies`).
+        device: where the prompts go.
 
-def _exact_match_rows(model, tokenizer, table, data: DataSection, training: EvalBuild, device) -> list[bool]:
-    """Whether each held-out prompt's greedy reply equals its label (both stripped)."""
+    Returns:
+        One bool per row, in table order. Greedy decoding of at most (the longest label's tokens + 2) new tokens,
+        capped at :data:`dplora.evaluate.generate.MAX_NEW_TOKENS`.
+    """
     from dplora.evaluate.generate import MAX_NEW_TOKENS, Sampling, generate_replies
 
     prompts = [str(p) for p in table[data.prompt_column]]
@@ -328,7 +336,7 @@ def evaluate_model(
         nll, tokens = record_nll(
             peft_model, examples, pad_id=tokenizer.pad_token_id, device=device, batch_size=batch, on_batch=tick
         )
-        right = _exact_match_rows(peft_model, tokenizer, table, data, training, device) if data.label_column else None
+        right = exact_match_rows(peft_model, tokenizer, table, data, training, device) if data.label_column else None
         if tick is not None and replies:
             tick(replies)
         rows[name] = (nll, tokens, right)

@@ -75,7 +75,7 @@ def _guarantee(record: dict) -> str:
             f"- Mechanism: Poisson sampling of units at q = {acc['sample_rate']:.6g}, {privacy['clipping']} "
             f"with C = {mech['max_grad_norm']:g}, Gaussian noise σ = {acc['noise_multiplier']:.6g} (std σ·C) once per "
             f"step from OS entropy.\n"
-            f"- N = {acc['num_units']} protected units, {n_source}.\n" + _optimizer(record) + _ceiling(record)
+            f"- N = {acc['num_units']} protected units, {n_source}.\n" + _optimizer(record) + ceiling_line(record)
         )
         + _tuning(record)
         + _audit(record)
@@ -141,8 +141,13 @@ CEILING_UNIT_WORDS = {
 }
 
 
-def _ceiling(record: dict) -> str:
-    """The attack ceiling in plain words ('' for an older record without one).
+def ceiling_line(record: dict) -> str:
+    """The model card's line stating the attack ceiling in plain words ('' for an older record without one).
+
+    Args:
+        record: a release predicate; reads ``attack_ceiling``, ``privacy.protected_unit`` and, where present,
+            ``audit.composed.attack_ceiling`` and ``tuning.attack_ceiling``
+            (:func:`dplora.accounting.ceiling.ceiling_sentence` words them).
 
     With an attached audit on the private data (``audit.composed``) the sentence states the runs' ceiling
     together (:func:`dplora.release.audit_section.composed_attack_ceiling`), and for a ``dplora sweep`` release

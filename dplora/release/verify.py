@@ -230,7 +230,7 @@ def _check_audit(predicate) -> None:
         raise VerificationError(f"the audit's claimed ε={claimed!r} is not the record's ε={spent!r}")
 
 
-def _check_attack_ceiling(predicate) -> tuple[dict | None, bool]:
+def check_attack_ceiling(predicate) -> tuple[dict | None, bool]:
     """(the attack ceiling recomputed from the record's mechanism, whether the record states one).
 
     (None, False) for a predicate with neither a mechanism nor a ceiling entry.
@@ -340,7 +340,7 @@ def verify_release(
     ``base_model``, the sha256 of every recorded base-model file in that folder (or of that one file). An
     ``audit`` section (``dplora audit --attach``) is covered by the signature like the rest of the record and
     must name this record's mechanism and ε. A private record's attack ceiling is recomputed from its mechanism
-    (:func:`_check_attack_ceiling`) and must equal the recorded one.
+    (:func:`check_attack_ceiling`) and must equal the recorded one.
 
     Args:
         release_path: The envelope file, or the folder holding ``release.dsse.json``.
@@ -375,7 +375,7 @@ def verify_release(
     matched = check_base_model(statement.get("predicate"), Path(base_model)) if base_model is not None else ()
     ceiling, recorded = (None, False)
     if ptype == PREDICATE_TYPE and isinstance(statement.get("predicate"), dict):
-        ceiling, recorded = _check_attack_ceiling(statement.get("predicate"))
+        ceiling, recorded = check_attack_ceiling(statement.get("predicate"))
     return VerifiedRelease(
         statement=statement,
         key_id_rule=opened.key_id_rule,

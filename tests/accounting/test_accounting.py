@@ -129,9 +129,9 @@ def test_a6_never_negative():
     import warnings
 
     # Opacus's own RDP conversion gives about −0.53 here
-    from dplora.accounting.backends import _opacus_rdp
+    from dplora.accounting.backends import opacus_rdp
 
-    rdp = _opacus_rdp()
+    rdp = opacus_rdp()
     one = rdp.compute_rdp(q=0.1, noise_multiplier=1.0, steps=10, orders=list(RDP_ORDERS))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -76,8 +76,8 @@ def test_count_correct_ranks_nan_as_least_likely_inserted():
 
 def test_the_report_prints_ceilings_rounded_up():
     """A ceiling shown to 3 or 4 decimals is never below its value (red team round 2 of issue 46)."""
-    from dplora.audit.summary import _up
+    from dplora.audit.summary import rounded_up
 
-    assert _up(0.12341, 4) == "0.1235"
-    assert _up(1.5790001, 3) == "1.580"
-    assert _up(0.25, 2) == "0.25"
+    assert rounded_up(0.12341, 4) == "0.1235"
+    assert rounded_up(1.5790001, 3) == "1.580"
+    assert rounded_up(0.25, 2) == "0.25"

@@ -99,7 +99,7 @@ def test_exact_match_accuracy_on_a_label_column(tmp_path, tiny_model_dir, ticket
     from tiny import byte_tokenizer
 
     from dplora.data.units import load_table, split_eval
-    from dplora.evaluate.heldout import _exact_match
+    from dplora.evaluate.heldout import exact_match_rows
 
     contract = parse_contract(
         contract_dict(tiny_model_dir, tickets_csv, tmp_path / "o", data={"eval_fraction": 0.3, "label_column": "reply"})
@@ -123,8 +123,9 @@ def test_exact_match_accuracy_on_a_label_column(tmp_path, tiny_model_dir, ticket
             return torch.cat([input_ids, torch.tensor([new])], dim=1)
 
     stub = Stub()
-    got = _exact_match(stub, tokenizer, held, contract.data, contract.training, "cpu")
-    assert got == pytest.approx(len(right) / held.num_rows)
+    got = exact_match_rows(stub, tokenizer, held, contract.data, contract.training, "cpu")
+    assert got == [i in right for i in range(held.num_rows)]
+    assert sum(got) / len(got) == pytest.approx(len(right) / held.num_rows)  # the accuracy the report states
     longest = max(len(tokenizer([y], add_special_tokens=False)["input_ids"][0]) for y in labels)
     assert stub.max_new == {longest + 2}
     for prompt, message in zip(stub.prompts, held["message"], strict=True):  # training's rule: 48 // 2 bytes

@@ -65,7 +65,7 @@ def test_power_data_copy_of_the_private_file_exits_alike_under_d_and_its_neighbo
 
 def test_power_check_line_says_a_copy_declared_public_voids_the_guarantee():
     from dplora.audit.runner import POWER_DATA_NOTE
-    from dplora.audit.summary import _power_check_lines
+    from dplora.audit.summary import power_check_lines
 
     check = {
         "data_source": "public",
@@ -77,13 +77,13 @@ def test_power_check_line_says_a_copy_declared_public_voids_the_guarantee():
         "guesses": 4,
         "mia_auc": 0.75,
     }
-    (line,) = _power_check_lines({"power_check": check})
+    (line,) = power_check_lines({"power_check": check})
     assert line.endswith(
         "MIA AUC 0.750; its data: declared public by the caller; dplora refuses only the private file itself (same "
         "path or file) and never compares contents: a copy of private data declared public voids the guarantee (this "
         "run has no noise, and its numbers are in this report and in any release it is attached to)"
     ), line
-    (surrogate,) = _power_check_lines({"power_check": {**check, "data_source": "surrogate", "data_note": None}})
+    (surrogate,) = power_check_lines({"power_check": {**check, "data_source": "surrogate", "data_note": None}})
     assert "voids" not in surrogate
 
 

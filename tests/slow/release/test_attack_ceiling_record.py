@@ -14,7 +14,7 @@ from dplora.accounting.events import DpSgdEvent
 from dplora.errors import VerificationError
 from dplora.release import envelope as rel
 from dplora.release import keys as release_keys
-from dplora.release.card import _ceiling
+from dplora.release.card import ceiling_line
 from dplora.release.verify import verify_release
 
 EVENT = DpSgdEvent(sample_rate=32 / 4214, noise_multiplier=0.417, steps=12)
@@ -80,10 +80,10 @@ def test_an_older_record_without_a_ceiling_verifies_and_gets_one_recomputed(tmp_
 
 
 def test_card_states_it_in_plain_words(entry):
-    line = _ceiling(_record(entry))
+    line = ceiling_line(_record(entry))
     assert "no test of whether one customer's records were used can exceed 3.1 % true positives at 1 % false" in line
     assert "this holds for this release alone" in line
-    assert _ceiling(_record()) == ""
+    assert ceiling_line(_record()) == ""
 
 
 def _attached(q: float, sigma: float, steps: int, audit_sigma: float) -> dict:
@@ -124,29 +124,29 @@ def test_attached_private_audit_ceiling_is_both_runs_together_and_verify_recompu
     3.3): TPR at 1 % = Φ(Φ⁻¹(0.01) + √5) = 0.4640; the card states it as this release and its audit together."""
     from statistics import NormalDist
 
-    from dplora.release.verify import _check_attack_ceiling
+    from dplora.release.verify import check_attack_ceiling
 
     attached = _attached(1.0, 2.0, 4, 1.0)
     want = NormalDist().cdf(NormalDist().inv_cdf(0.01) + 5**0.5)
     entry = attached["audit"]["composed"]["attack_ceiling"]
     assert entry["true_positive_rate_at"]["1%"] == pytest.approx(want, abs=1e-6)
     assert want == pytest.approx(0.4640, abs=1e-4)
-    recomputed, recorded = _check_attack_ceiling(attached)
+    recomputed, recorded = check_attack_ceiling(attached)
     assert recorded and recomputed["true_positive_rate_at"] == entry["true_positive_rate_at"]
-    card = _ceiling(attached)
+    card = ceiling_line(attached)
     assert "46.5 % true positives at 1 %" in card and "its attached audit run together" in card
     tampered = copy.deepcopy(attached)
     tampered["audit"]["composed"]["attack_ceiling"]["true_positive_rate_at"]["1%"] = 0.05
     with pytest.raises(VerificationError, match="composed attack ceiling"):
-        _check_attack_ceiling(tampered)
+        check_attack_ceiling(tampered)
 
 
 def test_attached_audit_on_surrogate_data_keeps_the_release_ceiling():
-    from dplora.release.verify import _check_attack_ceiling
+    from dplora.release.verify import check_attack_ceiling
 
     attached = _attached(1.0, 2.0, 4, 2.0)
     attached["audit"] = {**attached["audit"], "data": {"source": "surrogate"}}
     del attached["audit"]["composed"]
-    recomputed, _ = _check_attack_ceiling(attached)
+    recomputed, _ = check_attack_ceiling(attached)
     assert recomputed["true_positive_rate_at"] == attached["attack_ceiling"]["true_positive_rate_at"]
-    assert "this release alone" in _ceiling(attached)
+    assert "this release alone" in ceiling_line(attached)

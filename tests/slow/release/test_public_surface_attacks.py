@@ -86,9 +86,9 @@ def test_eval_fraction_split_refusal_depends_on_one_unit(tmp_path, tiny_model_di
 
 
 def _held_out_rows(columns, table, fraction: float, seed: int = 0) -> list[int]:
-    from dplora.data.units import _held_out_unit
+    from dplora.data.units import held_out_unit
 
-    return [i for i, r in enumerate(table) if _held_out_unit(r["message"] + "\x1f" + r["reply"], seed, fraction)]
+    return [i for i, r in enumerate(table) if held_out_unit(r["message"] + "\x1f" + r["reply"], seed, fraction)]
 
 
 @pytest.mark.parametrize("selection", ["--eval-contract", "--eval-private"])

@@ -42,9 +42,10 @@ FILES = {
         "class Holder:\n    def method(self, c: Contract):\n        return c\n\n\n"
         "def contracts_only(contracts, opt: SweepContractOpt = None):\n    return contracts\n"
     ),
-    # an underscore name imported inside the package; plan.steps imported only inside a def
+    # an underscore name imported inside the package (a parenthesised from-import: the same AST node);
+    # plan.steps imported only inside a def
     "recipe/train.py": (
-        "from dplora.contract.spec import Contract\nfrom dplora.recipe.setup import _helper\n\n\n"
+        "from dplora.contract.spec import Contract\nfrom dplora.recipe.setup import (_helper)\n\n\n"
         "def run_training(contract, *, a, b=1, **kw):\n    return _helper()\n\n\n"
         "def lazy():\n    from dplora.plan import steps\n\n    return steps\n\n\n" + LONG_61 + "\n\n" + LONG_60
     ),
