@@ -294,7 +294,7 @@ def attack_ceiling(
     )
     tprs = _cached(key, fprs) if use_cache else None
     if tprs is None:
-        tprs = _computed(event, interval, tuple(fprs))
+        tprs = computed(event, interval, tuple(fprs))
         if use_cache:
             from dplora.accounting import cache
 
@@ -303,7 +303,7 @@ def attack_ceiling(
 
 
 @functools.lru_cache(maxsize=64)
-def _computed(event: DpSgdEvent, interval: float, fprs: tuple[float, ...]) -> tuple[float, ...]:
+def computed(event: DpSgdEvent, interval: float, fprs: tuple[float, ...]) -> tuple[float, ...]:
     """The ceilings at ``fprs``, computed (memoised in this process only: a pure function of its arguments)."""
     deltas = _profile(event, interval)
     return tuple(tradeoff_tpr(deltas, EPS_GRID, a) for a in fprs)

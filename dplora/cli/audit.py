@@ -121,7 +121,7 @@ def audit(
         run_options = RunOptions(
             overwrite=overwrite, threads=threads, progress=progress, ledger_path=ledger, contract_path=config
         )
-        power = _power_contract(config, overrides or [], contract, source, folder, power_check, power_data)
+        power = power_contract(config, overrides or [], contract, source, folder, power_check, power_data)
         report = run_audit(
             contract,
             options,
@@ -202,7 +202,7 @@ def prepare_audit(
     return contract, source, folder, target, (moved.data_name if moved is not None else None)
 
 
-def _power_contract(config: Path, overrides: list[str], contract, source, folder: Path, wanted: bool, data):
+def power_contract(config: Path, overrides: list[str], contract, source, folder: Path, wanted: bool, data):
     """(the power check's control contract, its data source), or None without --power-check; checked before any
     training. Its data is --power-data (public or surrogate, declared by the user) or the audit's own data when
     that is public or surrogate; never the audit's private data file.

@@ -59,7 +59,7 @@ def test_a_numerical_failure_is_stated_not_raised(monkeypatch):
         raise FloatingPointError("overflow")
 
     monkeypatch.setattr(ceiling, "_profile", boom)
-    ceiling._computed.cache_clear()
+    ceiling.computed.cache_clear()
     entry = ceiling_entry(DpSgdEvent(sample_rate=0.2, noise_multiplier=0.9, steps=7), use_cache=False)
     assert entry["available"] is False and "FloatingPointError" in entry["reason"]
     assert "not stated" in ceiling_sentence(entry)

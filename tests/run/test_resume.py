@@ -6,9 +6,7 @@ SIGKILLs itself there; in-process tests replace the hook with a signal, a full d
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from support.resume import setup
+from support.resume import partial_dir, setup, train
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
@@ -19,15 +17,6 @@ runner = CliRunner()
 
 
 T = 8
-
-
-def _train(cfg, db, signing_key, *extra):
-    args = ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress", "--ledger", str(db), *extra]
-    return runner.invoke(app, args)
-
-
-def _partial(out: Path) -> Path:
-    return out.with_name(out.name + ".partial")
 
 
 def test_settle_without_a_readable_checkpoint_charges_the_planned_epsilon(tmp_path):
@@ -58,9 +47,9 @@ def test_settle_without_a_readable_checkpoint_charges_the_planned_epsilon(tmp_pa
 def test_rerun_keeps_a_failed_runs_folder_without_overwrite(tmp_path, tiny_model_dir, tickets_csv, signing_key):
     """A .partial folder with FAILED.json (no checkpoint) is not deleted by a rerun without --overwrite."""
     cfg, out, db = setup(tmp_path, tiny_model_dir, tickets_csv, "failed")
-    _partial(out).mkdir()
-    (_partial(out) / "FAILED.json").write_text('{"reason": "earlier"}')
-    result = _train(cfg, db, signing_key)
+    partial_dir(out).mkdir()
+    (partial_dir(out) / "FAILED.json").write_text('{"reason": "earlier"}')
+    result = train(cfg, db, signing_key)
     assert result.exit_code == 2 and "FAILED.json" in result.output and "--overwrite" in result.output
-    assert (_partial(out) / "FAILED.json").read_text() == '{"reason": "earlier"}'
+    assert (partial_dir(out) / "FAILED.json").read_text() == '{"reason": "earlier"}'
     assert Ledger(db).charges() == []

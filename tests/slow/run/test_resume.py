@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import contract_dict, release_statement, write_contract
-from support.resume import setup
+from support.resume import hook_fault_point, partial_dir, setup, sigterm, train
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
@@ -33,15 +33,6 @@ ROOT = Path(__file__).resolve().parents[3]
 T = 8
 
 
-def _train(cfg, db, signing_key, *extra):
-    args = ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress", "--ledger", str(db), *extra]
-    return runner.invoke(app, args)
-
-
-def _partial(out: Path) -> Path:
-    return out.with_name(out.name + ".partial")
-
-
 def _record(out: Path) -> dict:
     return release_statement(out)["predicate"]
 
@@ -55,27 +46,12 @@ def _error_lines(output: str) -> list[str]:
     return [ln for ln in output.splitlines() if ln.startswith("error:")]
 
 
-def _hook(monkeypatch, point: str, step: int, action) -> None:
-    real = checkpoint.fault_point
-
-    def hook(p, s):
-        if (p, s) == (point, step):
-            action()
-        real(p, s)
-
-    monkeypatch.setattr(checkpoint, "fault_point", hook)
-
-
-def _sigterm():
-    os.kill(os.getpid(), signal.SIGTERM)
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, tiny_model_dir, tickets_csv, signing_key):
     """An uninterrupted run of the same contract: its record."""
     tmp = tmp_path_factory.mktemp("reference")
     cfg, out, db = setup(tmp, tiny_model_dir, tickets_csv, "ref")
-    result = _train(cfg, db, signing_key)
+    result = train(cfg, db, signing_key)
     assert result.exit_code == 0, result.output
     return _record(out)
 
@@ -109,7 +85,7 @@ def test_sigkill_at_three_points_then_resume_matches_an_uninterrupted_run(
         assert proc.returncode == -signal.SIGKILL, f"{name}: {output}"
     for name, (cfg, out, db) in runs.items():
         start = KILLS[name][1]
-        partial = _partial(out)
+        partial = partial_dir(out)
         info = checkpoint.read_info(partial)
         assert info.step == info.accounted_steps == start, name
         assert not out.exists() and not (partial / "release.dsse.json").exists()
@@ -118,7 +94,7 @@ def test_sigkill_at_three_points_then_resume_matches_an_uninterrupted_run(
             assert 0 < tmp.stat().st_size < info.path.stat().st_size
         (charge,) = Ledger(db).charges()
         assert charge.status == "pending" and charge.run_id == info.run_id
-        result = _train(cfg, db, signing_key, "--resume")
+        result = train(cfg, db, signing_key, "--resume")
         assert result.exit_code == 0, f"{name}: {result.output}"
         assert "from its checkpoint;" in result.output and f"step {start}/" not in result.output
         rec = _record(out)
@@ -144,21 +120,23 @@ def test_sigterm_writes_a_checkpoint_and_resume_finishes(
     """SIGTERM at step 3 (checkpoints every 4): a checkpoint of step 3 exists, no release, exit 130 with a
     one-line resume hint; --resume finishes from step 3."""
     cfg, out, db = setup(tmp_path, tiny_model_dir, tickets_csv, "term", checkpoint_every=4)
-    _hook(monkeypatch, "after-step", 3, _sigterm)
-    result = _train(cfg, db, signing_key)
+    hook_fault_point(monkeypatch, "after-step", 3, sigterm)
+    result = train(cfg, db, signing_key)
     assert result.exit_code == 130, result.output
     (line,) = _error_lines(result.output)
-    assert line.startswith(f"error: interrupted (SIGTERM); no release was written; see {_partial(out) / 'FAILED.json'}")
+    assert line.startswith(
+        f"error: interrupted (SIGTERM); no release was written; see {partial_dir(out) / 'FAILED.json'}"
+    )
     assert "step 3" not in line and "--resume" in line  # the step a signal reached is never public
-    assert checkpoint.read_info(_partial(out)).step == 3
+    assert checkpoint.read_info(partial_dir(out)).step == 3
     assert not out.exists() and not list(tmp_path.rglob("release.dsse.json"))
-    failed = json.loads((_partial(out) / "FAILED.json").read_text())
+    failed = json.loads((partial_dir(out) / "FAILED.json").read_text())
     assert failed["reason"] == "interrupted (SIGTERM)" and failed["steps_planned"] == T and "steps_done" not in failed
     assert "3" not in json.dumps({k: v for k, v in failed.items() if k not in ("run_id", "epsilon_reserved")})
-    private = json.loads((_partial(out) / "private" / "FAILED.json").read_text())
+    private = json.loads((partial_dir(out) / "private" / "FAILED.json").read_text())
     assert private["resume_checkpoint"]["step"] == 3 and private["steps_done"] == 3
     monkeypatch.undo()
-    result = _train(cfg, db, signing_key, "--resume")
+    result = train(cfg, db, signing_key, "--resume")
     assert result.exit_code == 0, result.output
     assert "from its checkpoint;" in result.output and "step 3/8" not in result.output
     assert _record(out)["accounting"]["steps_done"] == T
@@ -238,14 +216,14 @@ def test_full_disk_during_a_checkpoint_stops_cleanly(tmp_path, monkeypatch, tiny
         raise OSError(errno.ENOSPC, "No space left on device")
 
     cfg, out, db = setup(tmp_path, tiny_model_dir, tickets_csv, "disk")
-    _hook(monkeypatch, "checkpoint-write", 4, full)
-    result = _train(cfg, db, signing_key)
+    hook_fault_point(monkeypatch, "checkpoint-write", 4, full)
+    result = train(cfg, db, signing_key)
     assert result.exit_code == 4, result.output
     (line,) = _error_lines(result.output)
     assert "Traceback" not in result.output
     assert "disk full" in line and checkpoint.CHECKPOINT_FILENAME in line and "--resume" in line
     assert "step 2" not in line and "a resume checkpoint is in" in line
-    partial = _partial(out)
+    partial = partial_dir(out)
     assert checkpoint.read_info(partial).step == 2 and not list(partial.glob(".resume.*"))
     failed = json.loads((partial / "FAILED.json").read_text())
     assert failed["release"].startswith("none") and "steps_done" not in failed
@@ -278,16 +256,16 @@ def test_out_of_memory_stops_cleanly_and_resumes(kind, tmp_path, monkeypatch, ti
 
     monkeypatch.setattr(run_mod, "logical_step", step)
     cfg, out, db = setup(tmp_path, tiny_model_dir, tickets_csv, "oom")
-    result = _train(cfg, db, signing_key)
+    result = train(cfg, db, signing_key)
     assert result.exit_code == 4, result.output
     (line,) = _error_lines(result.output)
     assert f"out of {kind} memory during training" in line and "physical_batch_size" in line and "--resume" in line
     assert "step" not in line.split("; no release")[0]
     assert "Traceback" not in result.output
-    assert checkpoint.read_info(_partial(out)).step == 4
-    assert json.loads((_partial(out) / "private" / "FAILED.json").read_text())["resume_checkpoint"]["step"] == 4
+    assert checkpoint.read_info(partial_dir(out)).step == 4
+    assert json.loads((partial_dir(out) / "private" / "FAILED.json").read_text())["resume_checkpoint"]["step"] == 4
     monkeypatch.undo()
-    result = _train(cfg, db, signing_key, "--resume", "training.physical_batch_size=2")
+    result = train(cfg, db, signing_key, "--resume", "training.physical_batch_size=2")
     assert result.exit_code == 0, result.output
     assert _record(out)["accounting"]["steps_done"] == T
     assert [c.status for c in Ledger(db).charges()] == ["settled"]
@@ -300,10 +278,10 @@ def test_settle_refuses_a_resumable_run_and_abandon_charges_its_checkpoint(
     --abandon charges the reserved ε (never ε at the step a signal reached); resume is then refused; a rerun needs
     --overwrite."""
     cfg, out, db = setup(tmp_path, tiny_model_dir, tickets_csv, "settle", checkpoint_every=4)
-    _hook(monkeypatch, "after-step", 3, _sigterm)
-    assert _train(cfg, db, signing_key).exit_code == 130
+    hook_fault_point(monkeypatch, "after-step", 3, sigterm)
+    assert train(cfg, db, signing_key).exit_code == 130
     monkeypatch.undo()
-    run_id = checkpoint.read_info(_partial(out)).run_id
+    run_id = checkpoint.read_info(partial_dir(out)).run_id
     shown = runner.invoke(app, ["ledger", "show", "--db", str(db), "--json"])
     (charge,) = json.loads(shown.output)["charges"]
     assert charge["status"] == "pending" and charge["age"].endswith("m")
@@ -321,12 +299,12 @@ def test_settle_refuses_a_resumable_run_and_abandon_charges_its_checkpoint(
 
     again = runner.invoke(app, ["ledger", "settle", run_id, "--db", str(db)])
     assert again.exit_code == 2 and "already failed" in again.output
-    resumed = _train(cfg, db, signing_key, "--resume")
+    resumed = train(cfg, db, signing_key, "--resume")
     assert resumed.exit_code == 2 and "already failed" in resumed.output
-    rerun = _train(cfg, db, signing_key)
+    rerun = train(cfg, db, signing_key)
     assert rerun.exit_code == 2 and "holds a resume checkpoint" in rerun.output and "--overwrite" in rerun.output
-    assert checkpoint.read_info(_partial(out)).step == 3  # untouched
-    rerun = _train(cfg, db, signing_key, "--overwrite")
+    assert checkpoint.read_info(partial_dir(out)).step == 3  # untouched
+    rerun = train(cfg, db, signing_key, "--overwrite")
     assert rerun.exit_code == 0, rerun.output
     assert sorted(c.status for c in Ledger(db).charges()) == ["failed", "settled"]
 
@@ -338,13 +316,13 @@ def test_overwrite_settles_a_discarded_unassigned_run(tmp_path, monkeypatch, tin
     db, out = tmp_path / "u.sqlite3", tmp_path / "unassigned"
     raw = contract_dict(tiny_model_dir, tickets_csv, out, training={"steps": T, "checkpoint_every": 1})
     cfg = write_contract(tmp_path / "u.yaml", raw)
-    _hook(monkeypatch, "after-step", 3, _sigterm)
-    assert _train(cfg, db, signing_key).exit_code == 130
+    hook_fault_point(monkeypatch, "after-step", 3, sigterm)
+    assert train(cfg, db, signing_key).exit_code == 130
     monkeypatch.undo()
-    info = checkpoint.read_info(_partial(out))
+    info = checkpoint.read_info(partial_dir(out))
     (pending,) = Ledger(db).unassigned()
     assert pending.status == "pending" and pending.run_id == info.run_id
-    rerun = _train(cfg, db, signing_key, "--overwrite")
+    rerun = train(cfg, db, signing_key, "--overwrite")
     assert rerun.exit_code == 0, rerun.output
     assert f"run {info.run_id} discarded: its ledger charge is settled at its reserved ε" in rerun.output
     assert f"step {info.step}" not in rerun.output
@@ -362,23 +340,23 @@ def test_resume_refuses_changed_contract_or_data_naming_them(
     data = tmp_path / "tickets.csv"
     data.write_bytes(tickets_csv.read_bytes())
     cfg, out, db = setup(tmp_path, tiny_model_dir, data, "changed", checkpoint_every=4)
-    nothing = _train(cfg, db, signing_key, "--resume")
+    nothing = train(cfg, db, signing_key, "--resume")
     assert nothing.exit_code == 2 and "no resume checkpoint" in nothing.output
-    _hook(monkeypatch, "after-step", 2, _sigterm)
-    assert _train(cfg, db, signing_key).exit_code == 130
+    hook_fault_point(monkeypatch, "after-step", 2, sigterm)
+    assert train(cfg, db, signing_key).exit_code == 130
     monkeypatch.undo()
     for override, needle in (
         ("privacy.target_epsilon=4.0", "privacy.target_epsilon (8.0 → 4.0)"),
         ("training.lr=0.5", "training.lr (0.01 → 0.5)"),
     ):
-        result = _train(cfg, db, signing_key, "--resume", override)
+        result = train(cfg, db, signing_key, "--resume", override)
         assert result.exit_code == 2 and needle in result.output, result.output
     lines = data.read_text().splitlines()
     data.write_text("\n".join([*lines[:-1], lines[-1].replace(",", ",x", 1)]) + "\n")
-    result = _train(cfg, db, signing_key, "--resume")
+    result = train(cfg, db, signing_key, "--resume")
     assert result.exit_code == 2 and "the data changed since the checkpoint" in result.output
     assert "records then" not in result.output  # a count of the private data is never printed (issue 42.10)
-    assert checkpoint.read_info(_partial(out)).step == 2  # refusals leave the checkpoint alone
+    assert checkpoint.read_info(partial_dir(out)).step == 2  # refusals leave the checkpoint alone
 
 
 def test_intermediate_release_only_after_the_dp_stop_rule(
@@ -393,10 +371,10 @@ def test_intermediate_release_only_after_the_dp_stop_rule(
     from dplora.errors import NoisyUpdateError
 
     cfg, out, db = setup(tmp_path, tiny_model_dir, tickets_csv, "inter", checkpoint_every=1)
-    _hook(monkeypatch, "after-step", 3, _sigterm)
-    assert _train(cfg, db, signing_key).exit_code == 130
+    hook_fault_point(monkeypatch, "after-step", 3, sigterm)
+    assert train(cfg, db, signing_key).exit_code == 130
     monkeypatch.undo()
-    info = checkpoint.read_info(_partial(out))
+    info = checkpoint.read_info(partial_dir(out))
     args = ["ledger", "record-release", info.run_id, "--db", str(db), "--signing-key", str(signing_key[0])]
     refused = runner.invoke(app, args)
     assert refused.exit_code == 2 and "stopped by a signal or a failure" in refused.output, refused.output
@@ -406,12 +384,12 @@ def test_intermediate_release_only_after_the_dp_stop_rule(
         raise NoisyUpdateError("non-finite parameter after step 3")
 
     cfg, out, db = setup(tmp_path, tiny_model_dir, tickets_csv, "dpstop", checkpoint_every=1)
-    _hook(monkeypatch, "after-step", 3, stop)
-    assert _train(cfg, db, signing_key).exit_code == 4
+    hook_fault_point(monkeypatch, "after-step", 3, stop)
+    assert train(cfg, db, signing_key).exit_code == 4
     monkeypatch.undo()
-    failed = json.loads((_partial(out) / "FAILED.json").read_text())
+    failed = json.loads((partial_dir(out) / "FAILED.json").read_text())
     assert failed["stopped_on_dp_output"] is True and failed["steps_done"] == 3  # a DP output: its step is public
-    info = checkpoint.read_info(_partial(out))
+    info = checkpoint.read_info(partial_dir(out))
     assert info.step == 2  # the stop came before step 3's checkpoint
     args = ["ledger", "record-release", info.run_id, "--db", str(db), "--signing-key", str(signing_key[0])]
     result = runner.invoke(app, args)
@@ -439,14 +417,14 @@ def test_data_file_gone_before_the_release_stops_cleanly(
     data_key.write_bytes(b"k" * 32)
     cfg, out, db = setup(tmp_path, tiny_model_dir, data, "gone")
     moved = tmp_path / "moved.csv"
-    _hook(monkeypatch, "after-step", 5, lambda: data.rename(moved))
-    result = _train(cfg, db, signing_key, "--data-key", str(data_key))
+    hook_fault_point(monkeypatch, "after-step", 5, lambda: data.rename(moved))
+    result = train(cfg, db, signing_key, "--data-key", str(data_key))
     assert result.exit_code == 4, result.output
     (line,) = _error_lines(result.output)
     assert "No such file or directory" in line and str(data) in line and "a resume checkpoint is in" in line
     monkeypatch.undo()
     moved.rename(data)
-    result = _train(cfg, db, signing_key, "--data-key", str(data_key), "--resume")
+    result = train(cfg, db, signing_key, "--data-key", str(data_key), "--resume")
     assert result.exit_code == 0, result.output
     assert _metric_steps(out)[-2:] == [8, "resumed@8"]
 
@@ -468,9 +446,9 @@ def test_resume_restores_the_lr_schedule(tmp_path, monkeypatch, tiny_model_dir, 
     resumed = False
     monkeypatch.setattr(run_mod, "logical_step", step)
     cfg, out, db = setup(tmp_path, tiny_model_dir, tickets_csv, "sched", lr_schedule="linear", warmup_steps=2)
-    assert _train(cfg, db, signing_key).exit_code == 4
+    assert train(cfg, db, signing_key).exit_code == 4
     resumed = True
-    result = _train(cfg, db, signing_key, "--resume")
+    result = train(cfg, db, signing_key, "--resume")
     assert result.exit_code == 0, result.output
     lr, warmup = 0.01, 2
 
@@ -490,8 +468,8 @@ def test_a_data_file_moved_mid_run_does_not_stop_it(tmp_path, monkeypatch, tiny_
     data = tmp_path / "moved.csv"
     shutil.copy(tickets_csv, data)
     cfg, out, db = setup(tmp_path, tiny_model_dir, data, "moved")
-    _hook(monkeypatch, "after-step", 2, lambda: data.rename(tmp_path / "elsewhere.csv"))
-    result = _train(cfg, db, signing_key)
+    hook_fault_point(monkeypatch, "after-step", 2, lambda: data.rename(tmp_path / "elsewhere.csv"))
+    result = train(cfg, db, signing_key)
     assert result.exit_code == 0, result.output
     assert not data.exists() and _record(out)["accounting"]["steps_done"] == T
 
@@ -518,7 +496,7 @@ def test_the_step_an_interruption_reached_never_reaches_the_public_surface(
         root = tmp_path / f"k{k}"
         root.mkdir()
         cfg, out, db = setup(root, tiny_model_dir, tickets_csv, "run", checkpoint_every=None)
-        _hook(monkeypatch, "after-step", k, _sigterm)
+        hook_fault_point(monkeypatch, "after-step", k, sigterm)
         stopped = runner.invoke(
             app,
             ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress", "--ledger", str(db), "--json"],
@@ -526,13 +504,13 @@ def test_the_step_an_interruption_reached_never_reaches_the_public_surface(
         )
         monkeypatch.undo()
         assert stopped.exit_code == 130, stopped.output
-        assert checkpoint.read_info(_partial(out)).step == k  # the private checkpoint holds the step reached
-        assert json.loads((_partial(out) / "private" / "FAILED.json").read_text())["steps_done"] == k
-        failed = (_partial(out) / "FAILED.json").read_text()
+        assert checkpoint.read_info(partial_dir(out)).step == k  # the private checkpoint holds the step reached
+        assert json.loads((partial_dir(out) / "private" / "FAILED.json").read_text())["steps_done"] == k
+        failed = (partial_dir(out) / "FAILED.json").read_text()
         shown = json.loads(runner.invoke(app, ["ledger", "show", "--db", str(db), "--json"]).output)
         (charge,) = shown["charges"]
         charge = {key: v for key, v in charge.items() if key not in ("age", "created_at", "settled_at", "reserved_at")}
-        resumed = _train(cfg, db, signing_key, "--resume")
+        resumed = train(cfg, db, signing_key, "--resume")
         assert resumed.exit_code == 0, resumed.output
         rec = _record(out)
         seen[k] = {

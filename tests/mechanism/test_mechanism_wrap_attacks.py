@@ -1,49 +1,33 @@
+"""Attacks on the DP mechanism as ``DPMechanism.wrap`` and ``make_mechanism`` build it (dplora/mechanism/): noise
+draws and keys, the Poisson sampler, per-unit clipping before the sum, and what ``privacy.enabled`` and the
+performance flags may change.
+
+Each test is one attack on a stated guarantee; brute-force references throughout.
+"""
+
 from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import math
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from support.issue44_attacks import contract_raw
+from support.row_contract import contract_raw
 from tiny import save_tiny_model, tiny_llama
 
-from dplora.accounting import epsilon
-from dplora.accounting import registry as acc_registry
 from dplora.accounting.events import DpSgdEvent
 from dplora.contract.choices import PerSamplePath
 from dplora.contract.loader import parse_contract
 from dplora.engine import batch as batching
 from dplora.engine import distributed
-from dplora.errors import BadInputError
 from dplora.mechanism import control, sampling
 from dplora.mechanism import optimizer as dpopt
 from dplora.mechanism.core import DPMechanism, NonPrivateEvent, PerformanceFlags, make_mechanism
 from dplora.recipe.config import RunOptions, compile_run
-
-# ruff: noqa: E501 - planted one-line sources
-"""Red team of the issue-44 restructure (dplora/mechanism/, RunOptions, accountant registry).
-
-Each test is one attack on the stated guarantee after the move; a passing test guards what held, an
-``xfail(strict=True)`` records a finding (the reason says what broke). Brute-force references throughout.
-"""
-
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-sys.path.insert(0, str(ROOT / "tests"))
-
-
-sys.path.insert(0, str(ROOT / "scripts"))
-
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning"
@@ -307,183 +291,3 @@ def test_performance_flags_only_choose_how_the_rows_are_computed():
     for name, value in others.items():
         m = make_mechanism(plan, PerformanceFlags(**{name: value}), distributed.SINGLE)
         assert m.event == base.event and m.plan is base.plan and m.private and m.unit_mean == base.unit_mean, name
-
-
-PLANTS_CAUGHT = {
-    # found since the red team's round (issue 44): resolved aliases, torch's in-place and *_like draws, reduce, all_gather
-    "torch.randn_like * sigma": "import torch\ndef f(g, s):\n    return g + torch.randn_like(g) * s\n",
-    "tensor.normal_": "import torch\ndef f(g, s):\n    return g + torch.empty_like(g).normal_(0, s)\n",
-    "aliased torch.normal": "import torch as th\ndef f(g, s):\n    return g + th.normal(0.0, s, g.shape)\n",
-    "dist.reduce": "import torch.distributed as dist\ndef f(t):\n    dist.reduce(t, dst=0)\n",
-    "all_gather + sum": "import torch, torch.distributed as dist\ndef f(t, w):\n    out = [torch.empty_like(t) for _ in range(w)]\n    dist.all_gather(out, t)\n    return sum(out)\n",
-    "aliased all_reduce": "from torch.distributed import all_reduce as ar\ndef f(t):\n    ar(t)\n",
-    "opacus clipper": "from opacus.optimizers import DPOptimizer\ndef f(o):\n    return DPOptimizer(o, noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=4)\n",
-    "torch.normal": "import torch\ndef f(g, s):\n    return g + torch.normal(0.0, s, g.shape)\n",
-    "dist.all_reduce": "import torch.distributed as dist\ndef f(t):\n    dist.all_reduce(t)\n",
-    "from-import all_reduce": "from torch.distributed import all_reduce\ndef f(t):\n    all_reduce(t)\n",
-    "np binomial": "import numpy as np\ndef f(n, q):\n    return np.random.binomial(1, q, n)\n",
-    "torch.bernoulli": "import torch\ndef f(p):\n    return torch.bernoulli(p)\n",
-}
-
-
-PLANTS_MISSED = {
-    # left to review, by decision: torch.randn is an initialiser (LoRA, perturbations) and stays allowed; a uniform
-    # compared with q, getattr and functools.partial are not calls the rule can name without false alarms
-    "torch.randn(shape) * sigma": "import torch\ndef f(g, s):\n    return g + s * torch.randn(g.shape)\n",
-    "np uniform < q (Poisson)": "import numpy as np\ndef f(n, q):\n    return np.random.default_rng().random(n) < q\n",
-    "getattr all_reduce": "import torch.distributed as dist\ndef f(t):\n    getattr(dist, 'all_reduce')(t)\n",
-    "functools.partial all_reduce": "import functools, torch.distributed as dist\ndef f(t):\n    functools.partial(dist.all_reduce)(t)\n",
-}
-
-
-def _plant(tmp_path, source):
-    from test_import_order import forbidden_calls
-
-    pkg = tmp_path / "dplora"
-    (pkg / "run").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "run" / "__init__.py").write_text("")
-    (pkg / "run" / "planted.py").write_text(source)
-    return forbidden_calls(pkg)
-
-
-@pytest.mark.parametrize("name", sorted(PLANTS_CAUGHT))
-def test_import_rule_catches(tmp_path, name):
-    assert _plant(tmp_path, PLANTS_CAUGHT[name]), name
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(
-            n,
-            marks=pytest.mark.xfail(
-                strict=True, reason=f"known limit (docs/architecture.md): FORBIDDEN_CALLS misses {n!r}"
-            ),
-        )
-        for n in sorted(PLANTS_MISSED)
-    ],
-)
-def test_import_rule_misses(tmp_path, name):
-    assert _plant(tmp_path, PLANTS_MISSED[name]), name
-
-
-PUBLISHED = [  # (q, σ, T, δ, accountant, ε) from NOTES.md / the package docstring
-    (0.01, 1.0, 300, 1e-5, "rdp", 1.451),
-    (0.01, 1.0, 600, 1e-5, "rdp", 1.748),
-    (0.01, 1.0, 300, 1e-5, "prv", 1.078),
-    (0.01, 1.0, 600, 1e-5, "prv", 1.449),
-]
-
-
-@pytest.mark.parametrize("q,sigma,T,delta,acc,eps", PUBLISHED)
-def test_accountants_give_published_numbers(q, sigma, T, delta, acc, eps):
-    got = epsilon(sample_rate=q, noise_multiplier=sigma, steps=T, delta=delta, accountant=acc)
-    assert round(got, 3) == pytest.approx(eps, abs=0.0015)
-
-
-@pytest.mark.parametrize("name", ["gdp", "RDP", "prv ", "", "opacus", None])
-def test_unknown_accountant_name_raises(name):
-    with pytest.raises((BadInputError, ValueError, KeyError)):
-        epsilon(sample_rate=0.01, noise_multiplier=1.0, steps=10, delta=1e-5, accountant=name)
-    with pytest.raises((BadInputError, ValueError, KeyError)):
-        acc_registry.get(name)
-
-
-@pytest.mark.parametrize("name", ["gdp", "RDP", "opacus"])
-def test_unknown_accountant_in_contract_is_bad_input(tmp_path, model_dir, name):
-    with pytest.raises(BadInputError):
-        parse_contract(contract_raw(tmp_path, model_dir, privacy={"accountant": name}))
-
-
-def test_every_run_option_is_read():
-    """Each RunOptions field is read by the code (an unread field is an option silently dropped)."""
-    import ast
-
-    fields = {f.name for f in dataclasses.fields(RunOptions)}
-    read = set()
-    for path in (ROOT / "dplora").rglob("*.py"):
-        if path.name == "options.py":
-            continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Attribute) and node.attr in fields:
-                owner = node.value
-                if (isinstance(owner, ast.Name) and owner.id in {"options", "run_options", "opts"}) or (
-                    isinstance(owner, ast.Attribute) and owner.attr == "options"
-                ):
-                    read.add(node.attr)
-    assert fields - read == set()
-
-
-def test_cli_train_passes_every_option(monkeypatch, tmp_path):
-    """`dplora train` builds RunOptions from every flag (tuning_trial, non_private, ledger, resume...)."""
-    import inspect
-
-    from dplora.cli import train as cli_train
-
-    src = inspect.getsource(cli_train)
-    for name in ("signing_key", "data_key", "ledger_path", "overwrite", "resume", "threads", "progress",
-                 "tuning_trial", "non_private", "contract_path"):  # fmt: skip
-        assert f"{name}=" in src, name
-
-
-def test_tuning_trial_no_ledger_release_and_canaries_are_charged(tmp_path, model_dir, monkeypatch):
-    """A sweep-like run (tuning_trial, ledger_release=False) with extra_records: charged as tuning, settled at
-    ε spent, no release row; the extra rows are units in the plan (N = rows + 2)."""
-    from dplora.ledger.store import Ledger
-    from dplora.recipe.train import run_training
-    from dplora.release import envelope
-    from dplora.release import keys as release_keys
-
-    monkeypatch.delenv(envelope.DATA_KEY_ENV, raising=False)
-    key = release_keys.generate_keypair(tmp_path / "k" / "s.pem")[0]
-    from dplora.recipe import train as train_mod
-
-    raw = contract_raw(tmp_path, model_dir, rows=8, privacy={"num_units": 10})  # public N: 8 rows + 2 canaries
-    contract = parse_contract(raw)
-    db = tmp_path / "ledger.db"
-    extra = ({"text": "canary one 424242"}, {"text": "canary two 737373"})
-    seen = []
-    real_index = train_mod.data_mod.build_unit_index
-
-    def index_spy(table, *args, **kwargs):
-        seen.append([row["text"] for row in table])
-        return real_index(table, *args, **kwargs)
-
-    monkeypatch.setattr(train_mod.data_mod, "build_unit_index", index_spy)
-    result = run_training(
-        contract,
-        RunOptions(
-            signing_key=key,
-            progress=False,
-            threads=1,
-            ledger_path=db,
-            tuning_trial=True,
-            ledger_release=False,
-            extra_records=extra,
-        ),
-        log=lambda *_: None,
-    )
-    assert len(seen) == 1 and len(seen[0]) == 10 and seen[0][-2:] == [e["text"] for e in extra]
-    ledger = Ledger(db, create=False)
-    charges = ledger.unassigned()
-    assert len(charges) == 1
-    c = charges[0].to_dict()
-    assert c["purpose"] == "tuning" and c["run_id"] == result.run_id
-    assert float(c["epsilon"]) == pytest.approx(result.plan.epsilon)
-    assert ledger.releases(result.run_id) == []
-
-
-COMPOSE_MAIN = Path("/tmp/attack44/compose_main.json")
-
-
-COMPOSE_I44 = Path("/tmp/attack44/compose_i44.json")
-
-
-@pytest.mark.skipif(
-    not (COMPOSE_MAIN.is_file() and COMPOSE_I44.is_file()), reason="run /tmp/attack44/compose_grid.py first"
-)
-def test_trial_composition_identical_to_main():
-    """dplora.accounting.composition.compose (tuning trials) gives main's compositions, key for key."""
-    main, new = json.loads(COMPOSE_MAIN.read_text()), json.loads(COMPOSE_I44.read_text())
-    assert len(main) == 10 and main == new

@@ -1,11 +1,11 @@
-"""Red team on issue 43's new training paths: ``data.public_warm_start``, ``training.optimizer: dp_adambc`` and
-``lora.freeze_a`` (FFA-LoRA), against the project's invariants (issue 49 wins where it is stricter).
+"""Attacks on the public warm start (``data.public_warm_start``) and the paths it shares with
+``training.optimizer: dp_adambc`` and ``lora.freeze_a`` (FFA-LoRA).
 
-Each ``test_finding_*`` failed at ff1c69b and passes since the fix in :func:`dplora.data.readers.read_table`: the
-file name was handed to ``datasets.load_dataset(data_files=...)``, which treats it as an fsspec glob/URL pattern, so
-a public warm-start file named ``[t]ickets.csv``, ``ticket?.csv``, ``tick*.csv``, ``file:tickets.csv`` (relative)
-or ``tickets.csv::/…/pub.csv`` passed the precheck (it IS a separate public file) while the reader loaded the
-private ``tickets.csv`` instead of it or beside it: noise-free training on private records, charged nothing, and the
+Each ``test_finding_*`` holds the fix in :func:`dplora.data.readers.read_table`: the file name was handed to
+``datasets.load_dataset(data_files=...)``, which treats it as an fsspec glob/URL pattern, so a public warm-start
+file named ``[t]ickets.csv``, ``ticket?.csv``, ``tick*.csv``, ``file:tickets.csv`` (relative) or
+``tickets.csv::/…/pub.csv`` passed the precheck (it IS a separate public file) while the reader loaded the private
+``tickets.csv`` instead of it or beside it: noise-free training on private records, charged nothing, and the
 record's ``public_warm_start.records`` became a private count next to the sha256 of the file that was NOT read.
 
 Each ``test_held_*`` is an attack the code withstood, kept as a regression. References are independent of the code
@@ -24,11 +24,10 @@ import numpy as np
 import pytest
 import torch
 from conftest import contract_dict, train_tiny
-from support.issue43_attacks import write_private
+from support.warm_start_attacks import CANARY, PUBLIC_TICKETS, WARM, decoded_texts, glob_public, write_private
 
 from dplora.contract.loader import parse_contract
 from dplora.data import readers
-from dplora.data.demo import write_tickets
 from dplora.data.precheck import check_warm_start_file
 from dplora.data.public import public_data
 from dplora.engine import warmstart
@@ -39,27 +38,11 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 
-CANARY = "PRIVATE-CANARY-7f3a"
-
-
-WARM = {"steps": 4, "batch_size": 4, "lr": 0.05}
-
-
-PUBLIC_TICKETS = 30
-
-
 def _data(tmp_path: Path, private: Path, public: Path | str, **extra):
     raw = contract_dict(
         Path("/m"), private, tmp_path / "out", data={"public_warm_start": {"path": str(public), **WARM}, **extra}
     )
     return parse_contract(raw).data
-
-
-def _texts(examples) -> list[str]:
-    from tiny import byte_tokenizer
-
-    tok = byte_tokenizer()
-    return [tok.decode([t for t in ids if t < 256]) for ids, _ in examples]
 
 
 GLOB_NAMES = {
@@ -71,13 +54,6 @@ GLOB_NAMES = {
 }
 
 
-def _glob_public(tmp_path: Path, name: str) -> Path:
-    public = tmp_path / name
-    public.parent.mkdir(parents=True, exist_ok=True)
-    write_tickets(public, num_tickets=PUBLIC_TICKETS, seed=4242)
-    return public
-
-
 @pytest.mark.parametrize("name", list(GLOB_NAMES.values()), ids=list(GLOB_NAMES))
 def test_finding_a_public_file_named_like_a_pattern_reads_the_private_file(tmp_path, monkeypatch, name):
     """The precheck accepts the public file (a different file from data.path: right), then the warm start must read
@@ -86,12 +62,12 @@ def test_finding_a_public_file_named_like_a_pattern_reads_the_private_file(tmp_p
 
     monkeypatch.chdir(tmp_path)  # the protocol-prefix case is a relative path, as a contract may give it
     private = write_private(tmp_path / "tickets.csv")
-    public = _glob_public(tmp_path, name)
+    public = glob_public(tmp_path, name)
     given = name if name.startswith("file:") else public
     data = _data(tmp_path, private, given)
     assert check_warm_start_file(data).startswith("OK  data.public_warm_start.path: ")
     loaded = warmstart.load_public_examples(public_data(data), byte_tokenizer(), max_seq_len=256)
-    texts = _texts(loaded.examples)
+    texts = decoded_texts(loaded.examples)
     assert not any(CANARY in t for t in texts), f"the warm start read the private file through {name!r}"
     assert len(loaded.examples) == PUBLIC_TICKETS
     assert loaded.sha256 == hashlib.sha256(public.read_bytes()).hexdigest()
@@ -102,7 +78,7 @@ def test_finding_any_data_file_is_read_as_named_not_as_a_pattern(tmp_path, name)
     """The same reader serves data.path and data.eval_path (eval_public: its evaluation is published): a file is
     read as named, so a digest, a precheck and a hash always describe the bytes that were trained or evaluated on."""
     write_private(tmp_path / "tickets.csv")
-    named = _glob_public(tmp_path, name)
+    named = glob_public(tmp_path, name)
     table = readers.read_table(named, "csv")
     assert table.num_rows == PUBLIC_TICKETS and not any(CANARY in m for m in table["message"])
 
@@ -116,7 +92,7 @@ def test_held_every_alias_of_the_private_or_held_out_file_is_refused(tmp_path, m
     os.link(private, tmp_path / "hard.csv")
     os.link(held, tmp_path / "held_hard.csv")
     (tmp_path / "dirlink").symlink_to(tmp_path)
-    public_real = _glob_public(tmp_path, "pub.csv")
+    public_real = glob_public(tmp_path, "pub.csv")
     (tmp_path / "private_link.csv").symlink_to(public_real)  # data.path is a link TO the file declared public
     fd = os.open(private, os.O_RDONLY)
     try:
@@ -148,7 +124,7 @@ def test_held_the_precheck_outcome_does_not_depend_on_the_private_contents(tmp_p
     (tmp_path / "folder.csv").mkdir()
     (tmp_path / "cols.csv").write_text("question,answer\nq,a\n")
     (tmp_path / "notes.txt").write_text("message,reply\nq,a\n")
-    publics = [_glob_public(tmp_path, "pub.csv"), tmp_path / "absent.csv", tmp_path / "folder.csv"]
+    publics = [glob_public(tmp_path, "pub.csv"), tmp_path / "absent.csv", tmp_path / "folder.csv"]
     publics += [tmp_path / "cols.csv", tmp_path / "notes.txt"]
     private = tmp_path / "private.csv"
     variants = {

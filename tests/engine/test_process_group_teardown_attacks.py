@@ -1,5 +1,5 @@
-"""Red team of the teardown change (f69d81f): ``distributed.finish`` leaves the single-rank group that
-``ensure_process_group`` made, remembered by the module flag ``_OWN_GROUP``.
+"""Attack on the process-group teardown: ``distributed.finish`` leaves only the single-rank group that
+``ensure_process_group`` made (``_OWN_GROUP`` holds that group object), never a group the caller made.
 
 FINDING (low; fixed: ``_OWN_GROUP`` now holds the group object and ``finish`` leaves only that one): the flag
 outlived the group it named. When the caller leaves that group itself (as

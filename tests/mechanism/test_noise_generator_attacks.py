@@ -1,18 +1,16 @@
-"""Red team on issue 47 item 1: the DP-SGD Gaussian noise (dplora.mechanism.noise, dplora.mechanism.chacha).
+"""Attacks on the DP-SGD Gaussian noise (dplora.mechanism.noise, dplora.mechanism.chacha).
 
-Each ``test_finding_*`` failed at ddb4741 (a finding of the red-team report: an empty draw crashed the host path, an
-int key became the all-zero key, the import rule missed the torch keystream) and passes since the fix; each
-``test_held_*`` is an attack that the code withstood, kept as a regression; the last two close the report's "not
-tested" lines (two threads taking one nonce, ``__getstate__`` returning the key). References are independent of
-the code under test where it matters: ``cryptography``'s ChaCha20 (OpenSSL) for the keystream, numpy for the
-Box-Muller recipe, spies on the stream constructors for nonce/counter reuse.
+Each ``test_finding_*`` holds a fix (an empty draw crashed the host path, an int key became the all-zero key); each
+``test_held_*`` is an attack that the code withstood, kept as a regression; the last two pin two threads taking one
+nonce and ``__getstate__`` returning the key. References are independent of the code under test where it matters:
+``cryptography``'s ChaCha20 (OpenSSL) for the keystream, numpy for the Box-Muller recipe, spies on the stream
+constructors for nonce/counter reuse. The mechanism rule's attacks live in test_mechanism_rule_attacks.py.
 """
 
 from __future__ import annotations
 
 import ast
 import copy
-import importlib.util
 import math
 import os
 import pickle
@@ -37,6 +35,8 @@ from dplora.mechanism.noise import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
 KEY = bytes(range(7, 39))
 
 
@@ -49,11 +49,6 @@ def _ref_noise(key: bytes, draw: int, size: int, std: float) -> np.ndarray:
     r = np.sqrt(-2.0 * np.log(u1))
     z = r * np.cos(2 * np.pi * u2) + r * np.sin(2 * np.pi * u2)
     return ((z[:, 0] + z[:, 1]) * (0.5 * std)).astype(np.float32)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Findings (fail on the current code)
-# ----------------------------------------------------------------------------------------------------------------
 
 
 def test_finding_empty_draw_crashes_on_the_host_path_but_not_on_the_device_path(monkeypatch):
@@ -79,42 +74,6 @@ def test_finding_an_int_key_silently_becomes_the_all_zero_key():
         gen = CsprngGaussian(32)  # accepted today
         # what it would mean: the noise is the public zero-key stream
         assert torch.equal(gen.normal(8, 1.0), CsprngGaussian(key=bytes(32)).normal(8, 1.0))
-
-
-def _load_import_order():
-    spec = importlib.util.spec_from_file_location("_import_order_rt47", ROOT / "tests" / "test_import_order.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _forbidden_in_planted_run(tmp_path, source: str) -> list[str]:
-    """The mechanism rule's findings on a tiny ``dplora`` package whose ``run/planted.py`` holds ``source``."""
-    pkg = tmp_path / "dplora"
-    for sub in ("run", "mechanism"):
-        (pkg / sub).mkdir(parents=True)
-        (pkg / sub / "__init__.py").write_text("")
-    (pkg / "__init__.py").write_text("")
-    (pkg / "run" / "planted.py").write_text(source)
-    return _load_import_order().forbidden_calls(pkg)
-
-
-@pytest.mark.parametrize("call", ["chacha20_words64", "chacha20_blocks", "chacha20_keystream_torch"])
-def test_finding_the_mechanism_rule_misses_the_torch_keystream(tmp_path, call):
-    """The mechanism rule (docs/architecture.md, tests/test_import_order.py FORBIDDEN_CALLS) is what keeps a noise
-    stream with a chosen key out of dplora outside dplora/mechanism; it lists ``chacha20_keystream`` and
-    ``ChaCha20`` but not the torch keystream of issue 47 (chacha20_words64 / chacha20_blocks /
-    chacha20_keystream_torch). A planted fixed-key noise stream in dplora/run passes the rule."""
-    found = _forbidden_in_planted_run(
-        tmp_path,
-        f"from dplora.mechanism.chacha import {call}\n\ndef noise(n):\n    return {call}(bytes(32), bytes(12), 0, n)\n",
-    )
-    assert len(found) == 1 and found[0].startswith("dplora.run.planted:"), found
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Attacks that held
-# ----------------------------------------------------------------------------------------------------------------
 
 
 def test_held_torch_keystream_equals_cryptography_at_random_offsets_and_at_the_counter_end():
@@ -372,17 +331,6 @@ def test_held_record_names_where_the_stream_is_computed(monkeypatch):
     assert chacha.COUNTER_LIMIT == 2**32
 
 
-def test_held_control_the_rule_harness_finds_a_listed_noise_call(tmp_path):
-    """Control for test_finding_the_mechanism_rule_misses_the_torch_keystream: the same planted file with the
-    host keystream (``chacha20_keystream``, listed) is found, so the finding is the list, not the harness."""
-    found = _forbidden_in_planted_run(
-        tmp_path,
-        "from dplora.mechanism.noise import chacha20_keystream\n\n"
-        "def noise(n):\n    return chacha20_keystream(bytes(32), bytes(12), n)\n",
-    )
-    assert len(found) == 1 and found[0].endswith("noise chacha20_keystream"), found
-
-
 def test_held_a_caller_mutating_its_key_buffer_changes_nothing():
     """Guarantee 4: the generator copies its key (a bytearray mutated after construction does not alter the
     stream), and draws are a pure function of (key, draw number)."""
@@ -393,7 +341,7 @@ def test_held_a_caller_mutating_its_key_buffer_changes_nothing():
 
 
 def test_two_threads_drawing_at_once_take_distinct_nonces():
-    """Red team issue 47, 'not tested' line: normal() read the draw count and then added 1 with no lock between; 8
+    """Two threads drawing at once: normal() read the draw count and then added 1 with no lock between; 8
     threads × 50 draws now take 400 distinct nonces (draws == 400 and every value differs)."""
     import threading
 
@@ -419,7 +367,7 @@ def test_two_threads_drawing_at_once_take_distinct_nonces():
 
 
 def test_the_generators_state_is_not_readable_through_getstate():
-    """Red team issue 47, 'not tested' line: object.__getstate__ of a slotted instance returned the key."""
+    """The key never leaves through __getstate__: object.__getstate__ of a slotted instance returned the key."""
     import pytest
 
     from dplora.mechanism.noise import CsprngGaussian
