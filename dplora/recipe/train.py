@@ -511,7 +511,9 @@ class DPLoRARecipe:
                 runtime.reset_peak_memory(spec.device)  # the peak reported is the steps', not the probe's (set-up)
                 t0 = time.perf_counter()
                 hook = ckpt.after_step_hook(state, checkpointer)
+                ckpt.fault_point("loop-start", state.step)  # test seam (dplora.run.checkpoint.fault_hook)
                 loop.run_steps(spec, state, metrics=logged, progress=bar, after_step=hook)
+                ckpt.fault_point("loop-end", state.step)
                 train_seconds = time.perf_counter() - t0
             ranks = loop.check_accounted(spec, state)
             completed = True

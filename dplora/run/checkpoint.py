@@ -20,11 +20,13 @@ holds unreleased adapters) and never enters a release record.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import signal
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from dplora import atomic
@@ -34,8 +36,9 @@ from dplora.signals import GracefulStop
 
 CHECKPOINT_FILENAME = "resume.safetensors"  # dplora.run.outputs accepts it in a .partial folder
 FORMAT = "dplora-resume-checkpoint/1"
-# Tests only: "<point>:<step>" makes the process SIGKILL itself there (points: after-step, checkpoint-write).
+# Tests only: "<point>:<step>" makes the process SIGKILL itself there (points: :func:`fault_point`).
 FAULT_ENV = "DPLORA_TEST_FAULT"
+_FAULT_HOOKS: list[Callable[[str, int], None]] = []  # :func:`fault_hook`'s, in the order registered
 NOT_STORED = (
     "noise key and Poisson sampler state (never stored; a fresh ChaCha20 key and sampler from OS entropy on resume)"
 )
@@ -82,9 +85,36 @@ def checkpoint_file(staging: Path) -> Path:
 
 
 def fault_point(point: str, step: int) -> None:
-    """Test hook: SIGKILL this process at ``point`` of ``step`` when ``$DPLORA_TEST_FAULT`` names it."""
+    """Test seam: call the :func:`fault_hook` hooks, then SIGKILL this process at ``point`` of ``step`` when
+    ``$DPLORA_TEST_FAULT`` names it (``"<point>:<step>"``). Nothing happens otherwise.
+
+    Points (``step`` is the logical steps done there, ``state.step``):
+        ``loop-start``, ``loop-end``: rank 0's training phase, right before and right after
+            :func:`dplora.run.loop.run_steps` (inside the timed loop; the accounting check and the held-out
+            evaluation come after ``loop-end``);
+        ``after-step``: after each logical step is applied and logged, before its checkpoint
+            (:meth:`Checkpointer.after_step`);
+        ``checkpoint-write``: half-way through writing a resume checkpoint's file.
+    """
+    for hook in tuple(_FAULT_HOOKS):
+        hook(point, step)
     if os.environ.get(FAULT_ENV) == f"{point}:{step}":
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def fault_hook(hook: Callable[[str, int], None]) -> Iterator[None]:
+    """Test seam: ``hook(point, step)`` is called at every :func:`fault_point` of this process while the block runs.
+
+    A hook injects a fault where it is called (raise, or send this process a signal) or observes the run's phases;
+    it is removed when the block ends, also on an error. Hooks nest and run in the order registered. Without one
+    (every production run) :func:`fault_point` only reads ``$DPLORA_TEST_FAULT``.
+    """
+    _FAULT_HOOKS.append(hook)
+    try:
+        yield
+    finally:
+        _FAULT_HOOKS.remove(hook)
 
 
 def read_info(where: Path) -> CheckpointInfo | None:

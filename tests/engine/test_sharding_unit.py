@@ -92,15 +92,15 @@ def test_an_fsdp_run_frees_its_model_before_it_leaves_the_group_it_made(
         return real(*args, **kwargs)
 
     monkeypatch.setattr(dist, "destroy_process_group", spy)
-    if outcome == "failed":  # after the last step, with the model in the failing frames
-        from dplora.errors import TrainingFailedError
-        from dplora.run import loop
+    from dplora.errors import TrainingFailedError
+    from dplora.run import checkpoint
 
-        def fail(spec, state):
+    def fail(point, _step):
+        if outcome == "failed" and point == "loop-end":  # after the last step, with the model in the failing frames
             raise TrainingFailedError("planted failure after the steps")
 
-        monkeypatch.setattr(loop, "check_accounted", fail)
-    result, _ = train_tiny(tmp_path, tiny_model_dir, tickets_csv, signing_key, training={"sharding": "fsdp"})
+    with checkpoint.fault_hook(fail):
+        result, _ = train_tiny(tmp_path, tiny_model_dir, tickets_csv, signing_key, training={"sharding": "fsdp"})
     assert result.exit_code == (0 if outcome == "released" else 4), result.output
     assert alive_at_destroy == [0]  # left once, with no sharded module alive (the tiny model has 3 FSDP modules)
     assert not dist.is_initialized()

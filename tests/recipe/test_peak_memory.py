@@ -15,7 +15,7 @@ from dplora.contract.loader import parse_contract
 from dplora.engine import gradcheck, runtime
 from dplora.recipe.config import RunOptions
 from dplora.recipe.train import run_training
-from dplora.run import loop
+from dplora.run import checkpoint
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning"
@@ -39,29 +39,29 @@ def test_peak_is_reset_after_the_setup_probes_and_before_step_1(
     """A real run: the per-example check (set-up), then one reset on the run's device, then the steps (step 0
     when the reset happens), then the peak is read at publish."""
     events = []
-    probe, run_steps, peak = gradcheck.probe_per_sample_gradients, loop.run_steps, runtime.peak_memory_gib
+    probe, peak = gradcheck.probe_per_sample_gradients, runtime.peak_memory_gib
 
     def spy_probe(*args, **kwargs):
         events.append("per-example check")
         return probe(*args, **kwargs)
 
-    def spy_steps(spec, state, **kwargs):
-        events.append(f"steps from {state.step}")
-        return run_steps(spec, state, **kwargs)
+    def spy_steps(point, step):
+        if point == "loop-start":  # right before run_steps
+            events.append(f"steps from {step}")
 
     def spy_peak(device):
         events.append("peak read")
         return peak(device)
 
     monkeypatch.setattr(gradcheck, "probe_per_sample_gradients", spy_probe)
-    monkeypatch.setattr(loop, "run_steps", spy_steps)
     monkeypatch.setattr(runtime, "reset_peak_memory", lambda device: events.append(f"reset on {device}"))
     monkeypatch.setattr(runtime, "peak_memory_gib", spy_peak)
     raw = contract_dict(tiny_model_dir, tickets_csv, tmp_path / "run", training={"steps": 2})
-    result = run_training(
-        parse_contract(raw),
-        RunOptions(signing_key=signing_key[0], data_key=None, progress=False, threads=1),
-        log=lambda *_: None,
-    )
+    with checkpoint.fault_hook(spy_steps):
+        result = run_training(
+            parse_contract(raw),
+            RunOptions(signing_key=signing_key[0], data_key=None, progress=False, threads=1),
+            log=lambda *_: None,
+        )
     assert result.steps_done == 2
     assert events == ["per-example check", "reset on cpu", "steps from 0", "peak read"]

@@ -214,15 +214,15 @@ def test_a_failed_training_step_is_one_clean_named_line(tmp_path, tiny_model_dir
     None. (Its ``__context__`` still holds the original exception object, hidden by ``__suppress_context__``.)"""
     import torch
 
-    from dplora.run import loop
+    from dplora.run import checkpoint
 
-    def boom(*_a, **_k):
-        raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 2 GiB for 17 records of {SECRET}")
+    def boom(point, _step):
+        if point == "loop-start":  # where the steps begin
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 2 GiB for 17 records of {SECRET}")
 
-    monkeypatch.setattr(loop, "run_steps", boom)
     data = _tickets(tmp_path / "d.csv")
     raw = contract_dict(tiny_model_dir, data, tmp_path / "run", privacy={"num_units": 200})
-    with pytest.raises(dplora.TrainingFailedError) as info:
+    with pytest.raises(dplora.TrainingFailedError) as info, checkpoint.fault_hook(boom):
         dplora.train(raw, signing_key=signing_key[0], ledger=tmp_path / "l.sqlite3", threads=1)
     err = info.value
     assert err.exit_code == 4 and err.__suppress_context__ and err.__cause__ is None

@@ -66,16 +66,13 @@ def interrupted(tmp_path_factory, tiny_model_dir, tickets_csv, signing_key):
         tmp / "contract.yaml",
         contract_dict(tiny_model_dir, tickets_csv, out, privacy={"population": "tickets"}, training=training),
     )
-    real = checkpoint.fault_point
 
     def sigterm_after_step_3(point, step):
         if (point, step) == ("after-step", RESUME_AT):
             os.kill(os.getpid(), signal.SIGTERM)
-        real(point, step)
 
     args = ["train", str(cfg), "--signing-key", str(signing_key[0]), "--ledger", str(db)]
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(checkpoint, "fault_point", sigterm_after_step_3)
+    with checkpoint.fault_hook(sigterm_after_step_3):
         result = CliRunner().invoke(app, [*args, "--no-progress"])
     assert result.exit_code == 130, result.output
     assert checkpoint.read_info(out.with_name("run.partial")).step == RESUME_AT

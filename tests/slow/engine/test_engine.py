@@ -103,21 +103,19 @@ def test_run_training_steps_accountant_on_empty_batches(tmp_path, tiny_model_dir
         spy["batch_sizes" if spy.get("training") else "setup_sizes"].append(int(batch["input_ids"].shape[0]))
         return real_loss(model, batch)
 
-    from dplora.run import loop
+    from dplora.run import checkpoint
 
-    real_run_steps = loop.run_steps
-
-    def run_steps_spy(*args, **kwargs):
-        spy["training"] = True
-        return real_run_steps(*args, **kwargs)
+    def loop_start(point, _step):
+        if point == "loop-start":  # the set-up (probes, per-example check) is over
+            spy["training"] = True
 
     spy["setup_sizes"] = []
     monkeypatch.setattr(dpopt, "make_private", make_private_spy)
     monkeypatch.setattr(batching, "per_sequence_loss", loss_spy)
-    monkeypatch.setattr(loop, "run_steps", run_steps_spy)
-    result = run_training(
-        contract, RunOptions(signing_key=signing_key, data_key=None, progress=False, threads=1), log=lambda *_: None
-    )
+    with checkpoint.fault_hook(loop_start):
+        result = run_training(
+            contract, RunOptions(signing_key=signing_key, data_key=None, progress=False, threads=1), log=lambda *_: None
+        )
     plan = result.plan
     assert plan.sample_rate == pytest.approx(0.001) and plan.steps == 8
     assert result.steps_done == spy["accountant"].steps == 8
@@ -143,9 +141,9 @@ def test_non_finite_losses_are_zero_contributions_not_a_failure(tmp_path, tiny_m
     in the data would decide a public exit code); each such record contributes zero, the noise still moves every
     LoRA tensor, the run releases at T, and the zeroed records are counted in the private report only."""
     contract = _contract(tmp_path, tiny_model_dir, rows=4, privacy={}, training={"expected_batch_size": 4, "steps": 2})
-    from dplora.run import loop
+    from dplora.run import checkpoint
 
-    real_loss, real_run_steps, calls, training = batching.per_sequence_loss, loop.run_steps, [], []
+    real_loss, calls, training = batching.per_sequence_loss, [], []
 
     def nan_in_training(model, batch):  # the setup probes and the per-example check see finite losses
         if not training:
@@ -153,15 +151,15 @@ def test_non_finite_losses_are_zero_contributions_not_a_failure(tmp_path, tiny_m
         calls.append(batch["input_ids"].shape[0])
         return real_loss(model, batch) * float("nan")
 
-    def run_steps(*args, **kwargs):
-        training.append(True)
-        return real_run_steps(*args, **kwargs)
+    def loop_start(point, _step):
+        if point == "loop-start":
+            training.append(True)
 
     monkeypatch.setattr(batching, "per_sequence_loss", nan_in_training)
-    monkeypatch.setattr(loop, "run_steps", run_steps)
-    result = run_training(
-        contract, RunOptions(signing_key=signing_key, data_key=None, progress=False, threads=1), log=print
-    )
+    with checkpoint.fault_hook(loop_start):
+        result = run_training(
+            contract, RunOptions(signing_key=signing_key, data_key=None, progress=False, threads=1), log=print
+        )
     assert result.release_path.is_file() and result.steps_done == 2
     report = json.loads((tmp_path / "run.private" / "report.json").read_text())
     assert calls and report["records_zeroed"] == sum(calls)  # every training record, nothing else

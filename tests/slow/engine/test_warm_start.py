@@ -188,25 +188,21 @@ def test_resume_does_not_run_the_warm_start_again(
         calls.append("warm")
         return real_warm(*args, **kw)
 
-    real_fault = checkpoint.fault_point
-
     def hook(point, step):
         if (point, step) == ("after-step", 2):
             os.kill(os.getpid(), signal.SIGTERM)
-        real_fault(point, step)
 
     monkeypatch.setattr(warmstart, "warm_start", counting)
-    monkeypatch.setattr(checkpoint, "fault_point", hook)
     data = {"public_warm_start": {"path": str(public_csv), **WARM}}
     raw = contract_dict(tiny_model_dir, tickets_csv, tmp_path / "run", data=data, training={"steps": 4})
     cfg = write_contract(tmp_path / "run.yaml", raw)
     args = ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress"]
-    first = runner.invoke(app, args)
+    with checkpoint.fault_hook(hook):
+        first = runner.invoke(app, args)
     assert first.exit_code == 130, first.output
     assert calls == ["warm"]
     info = checkpoint.read_info(tmp_path / "run.partial")
     assert info.step == 2 and info.meta["warm_start"]["sha256"] == hashlib.sha256(public_csv.read_bytes()).hexdigest()
-    monkeypatch.setattr(checkpoint, "fault_point", real_fault)
     second = runner.invoke(app, [*args, "--resume"])
     assert second.exit_code == 0, second.output
     assert calls == ["warm"] and "public warm start" not in second.output

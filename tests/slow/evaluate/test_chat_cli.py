@@ -73,7 +73,7 @@ def test_a_conversations_contract_trains_verifies_and_evaluates(chat_setup, sign
     assert numbers["adapter"]["tokens"] == numbers["base"]["tokens"] > 0
 
 
-def test_resume_refuses_a_chat_template_change(chat_setup, signing_key, monkeypatch):
+def test_resume_refuses_a_chat_template_change(chat_setup, signing_key):
     """A run interrupted under the model's template cannot resume raw (data.chat_template=none) or under an edited
     template: exit 2 naming it, the checkpoint kept."""
     import os
@@ -88,17 +88,14 @@ def test_resume_refuses_a_chat_template_change(chat_setup, signing_key, monkeypa
     write_tickets(tickets, num_tickets=40, seed=2)
     raw = contract_dict(model, tickets, tmp / "resumed", training={"steps": 6, "checkpoint_every": 1})
     cfg = write_contract(tmp / "resumed.yaml", raw)
-    real = checkpoint.fault_point
 
     def hook(point, step):
         if point == "after-step" and step == 2:
             os.kill(os.getpid(), signal.SIGTERM)
-        real(point, step)
 
-    monkeypatch.setattr(checkpoint, "fault_point", hook)
     args = ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress"]
-    assert runner.invoke(app, args).exit_code == 130
-    monkeypatch.undo()
+    with checkpoint.fault_hook(hook):
+        assert runner.invoke(app, args).exit_code == 130
     info = checkpoint.read_info(tmp / "resumed.partial")
     assert info.meta["tokenization"]["chat_template_sha256"] == hashlib.sha256(CHATML.encode()).hexdigest()
     raw_resume = runner.invoke(app, [*args, "--resume", "data.chat_template=none"])

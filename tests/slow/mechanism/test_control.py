@@ -140,7 +140,7 @@ def test_ledger_refuses_the_control_on_a_population_unless_non_private(
 
 
 def test_an_interrupted_control_resumes_and_has_no_intermediate_dp_release(
-    tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key
+    tmp_path, tiny_model_dir, tickets_csv, signing_key
 ):
     """SIGTERM after step 2: the checkpoint holds the control's step count (σ = 0 history); `ledger
     record-release` refuses to sign it as a DP release; --resume finishes; the charge ends at ε = ∞."""
@@ -169,18 +169,15 @@ def test_an_interrupted_control_resumes_and_has_no_intermediate_dp_release(
         ],
     )
     assert cap.exit_code == 0, cap.output
-    real = checkpoint.fault_point
 
     def hook(point, step):
         if (point, step) == ("after-step", 2):
             os.kill(os.getpid(), signal.SIGTERM)
-        real(point, step)
 
-    monkeypatch.setattr(checkpoint, "fault_point", hook)
     extra = ("--ledger", str(db), "--non-private")
-    stopped, out = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, *extra, privacy={"population": "p"})
+    with checkpoint.fault_hook(hook):
+        stopped, out = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, *extra, privacy={"population": "p"})
     assert stopped.exit_code == 130, stopped.output
-    monkeypatch.undo()
     info = checkpoint.read_info(out.with_name(out.name + ".partial"))
     assert info.step == 2 and info.meta["accountant_history"] == [[0.0, 8 / 120, 2]]
     args = ["ledger", "record-release", info.run_id, "--db", str(db), "--signing-key", str(signing_key[0])]

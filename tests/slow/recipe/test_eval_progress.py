@@ -22,25 +22,26 @@ def test_slow_eval_timings_are_private_and_the_loop_alone_is_s_per_step(
     no time reach the log or `--json`; `<out>.private/report.json` has the loop's measured time over T as
     s/step and the evaluation's seconds apart (issue 40: realised timings are private diagnostics)."""
     import dplora.evaluate.heldout as heldout
-    import dplora.run.loop as loop
+    from dplora.run import checkpoint
 
-    loop_seconds = []
-    real_steps, real_eval = loop.run_steps, heldout.evaluate_model
+    loop_seconds, started = [], []
+    real_eval = heldout.evaluate_model
 
-    def timed_steps(*args, **kwargs):
-        t0 = time.perf_counter()
-        real_steps(*args, **kwargs)
-        loop_seconds.append(time.perf_counter() - t0)
+    def timed_steps(point, _step):  # the loop of steps alone: from right before run_steps to right after it
+        if point == "loop-start":
+            started.append(time.perf_counter())
+        elif point == "loop-end":
+            loop_seconds.append(time.perf_counter() - started[-1])
 
     def slow_eval(*args, **kwargs):
         time.sleep(SLOW_EVAL_S)
         return real_eval(*args, **kwargs)
 
-    monkeypatch.setattr(loop, "run_steps", timed_steps)
     monkeypatch.setattr(heldout, "evaluate_model", slow_eval)
-    result, out = train_tiny(
-        tmp_path, tiny_model_dir, tickets_csv, signing_key, "--progress", "--json", data={"eval_fraction": 0.25}
-    )
+    with checkpoint.fault_hook(timed_steps):
+        result, out = train_tiny(
+            tmp_path, tiny_model_dir, tickets_csv, signing_key, "--progress", "--json", data={"eval_fraction": 0.25}
+        )
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert not {"seconds", "seconds_per_step", "eval_seconds", "empty_steps"} & set(doc)

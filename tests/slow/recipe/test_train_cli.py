@@ -426,17 +426,17 @@ def test_interrupt_names_the_signal_and_the_real_path(
     import os
     import signal
 
-    from dplora.run.progress import ProgressReporter
+    from dplora.run import checkpoint
 
-    def interrupt(self, step, *args, **kwargs):
-        if step == 2:
+    def interrupt(point, step):
+        if (point, step) == ("after-step", 2):
             if how == "sigterm":
                 os.kill(os.getpid(), signal.SIGTERM)  # the CLI's handler raises KeyboardInterrupt("SIGTERM")
             else:
                 raise KeyboardInterrupt
 
-    monkeypatch.setattr(ProgressReporter, "update", interrupt)
-    result, out = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key)
+    with checkpoint.fault_hook(interrupt):
+        result, out = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key)
     assert result.exit_code == 130, result.output
     failed = out.with_name("run.partial") / "FAILED.json"
     what = "SIGTERM" if how == "sigterm" else "Ctrl-C"

@@ -404,15 +404,12 @@ def test_the_folder_train_creates_above_the_release_carries_the_end_time(
     import time
     from datetime import datetime
 
-    from dplora.recipe.train import DPLoRARecipe  # the locked run's train phase
+    from dplora.run import checkpoint
 
-    real = DPLoRARecipe._train_and_sign
+    def slow(point, _step):
+        if point == "loop-start":  # the locked run's train phase
+            time.sleep(1.1)
 
-    def slow(*args, **kwargs):
-        time.sleep(1.1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(DPLoRARecipe, "_train_and_sign", slow)
     columns, table = rows
     world = tmp_path / "world"
     world.mkdir()
@@ -423,7 +420,8 @@ def test_the_folder_train_creates_above_the_release_carries_the_end_time(
         privacy={"num_units": 100},
         training={"output_dir": str(world / "jobs" / "run")},
     )
-    out = run_dplora(["train", cfg, "--signing-key", signing_key[0], "--json"], _env(world))
+    with checkpoint.fault_hook(slow):
+        out = run_dplora(["train", cfg, "--signing-key", signing_key[0], "--json"], _env(world))
     assert out["exit"] == 0, out
     envelope = json.loads((world / "jobs" / "run" / "release.dsse.json").read_text())
     started = json.loads(base64.b64decode(envelope["payload"]))["predicate"]["started_at"]

@@ -13,7 +13,7 @@ from conftest import train_tiny
 
 from dplora.engine import membatch
 from dplora.plan import estimate as est
-from dplora.run import loop
+from dplora.run import checkpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning")
 
@@ -62,25 +62,23 @@ def test_train_prints_the_same_estimate_on_neighbouring_datasets_before_step_1(
     real = est.estimate_inputs
 
     order = []
-    real_step = loop.logical_step
 
     def spy(*args, **kwargs):
         captured.append((args, kwargs))
         order.append("estimate")
         return real(*args, **kwargs)
 
-    def step(*args, **kwargs):
-        order.append("step")
-        return real_step(*args, **kwargs)
-
-    monkeypatch.setattr(loop, "logical_step", step)
+    def step(point, _step):
+        if point == "after-step":  # once per logical step, right after it
+            order.append("step")
 
     monkeypatch.setattr(est, "estimate_inputs", spy)
     monkeypatch.setattr(membatch, "time_synthetic_step", lambda *a, **k: 0.25)  # a fixed clock: compare the rest
     lines = []
     for name, path in zip(("a", "b"), _neighbours(tmp_path), strict=True):
-        res, _ = train_tiny(tmp_path, tiny_model_dir, path, signing_key, name=name,
-                            privacy={"num_units": 60}, training={"steps": 3, "expected_batch_size": 8})  # fmt: skip
+        with checkpoint.fault_hook(step):
+            res, _ = train_tiny(tmp_path, tiny_model_dir, path, signing_key, name=name,
+                                privacy={"num_units": 60}, training={"steps": 3, "expected_batch_size": 8})  # fmt: skip
         assert res.exit_code == 0, res.output
         found = [line for line in res.output.splitlines() if line.startswith("estimate:")]
         assert len(found) == 1
