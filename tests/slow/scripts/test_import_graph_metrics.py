@@ -187,15 +187,19 @@ def test_command_line_prints_the_old_lines_first_and_json_on_request(tmp_path):
     assert json.loads(out.stdout) == import_graph.metrics(pkg)
 
 
-def test_the_import_order_test_uses_the_scripts_stage_order():
-    """One copy of the stage order: tests/test_import_order.py imports the script's STAGES and defines none."""
-    tree = ast.parse((ROOT / "tests" / "test_import_order.py").read_text(encoding="utf-8"))
-    assigned = [n for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))]
-    names = {
-        t.id for n in assigned for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if hasattr(t, "id")
-    }
-    assert "STAGES" not in names
-    imported = {
-        a.name for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "import_graph" for a in n.names
-    }
-    assert "STAGES" in imported
+def test_one_copy_of_the_stage_order():
+    """One copy of the stage order, dplora/stages.py: tests/test_import_order.py and scripts/import_graph.py import
+    its STAGES and define none."""
+    for path in (ROOT / "tests" / "test_import_order.py", ROOT / "scripts" / "import_graph.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        assigned = [n for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))]
+        names = {
+            t.id for n in assigned for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if hasattr(t, "id")
+        }
+        assert "STAGES" not in names, path
+        imported = {
+            a.name for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "dplora.stages" for a in n.names
+        }
+        assert "STAGES" in imported, path
+    stages = ast.parse((ROOT / "dplora" / "stages.py").read_text(encoding="utf-8"))
+    assert any(isinstance(n, ast.AnnAssign) and n.target.id == "STAGES" for n in stages.body)
