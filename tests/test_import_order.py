@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 import dplora.stages as stage_order
+from dplora.stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -32,8 +33,6 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import import_graph  # noqa: E402
 from import_graph import cycles, module_imports  # noqa: E402
 from support.import_rules import forbidden_calls  # noqa: E402
-
-STAGES = stage_order.STAGES
 
 
 def stage_of(module: str, stages=STAGES) -> int:
