@@ -181,15 +181,29 @@ def release_statement(path: Path) -> dict:
     return json.loads(base64.b64decode(envelope["payload"]))
 
 
-def train_tiny(tmp_path: Path, model_dir: Path, data_path: Path, signing_key, *extra, name="run", **sections):
-    """``dplora train`` in-process on :func:`contract_dict` (``sections`` update it): (click result, output dir)."""
+def train_contract(cfg: Path, signing_key_path, *extra: str):
+    """``dplora train CFG --signing-key KEY --no-progress EXTRA`` in-process, as the console script runs it: the
+    click result (exit code, stdout, stderr)."""
     from typer.testing import CliRunner
 
     from dplora.cli.app import app
 
+    args = ["train", str(cfg), "--signing-key", str(signing_key_path), "--no-progress", *map(str, extra)]
+    return CliRunner().invoke(app, args)
+
+
+def train_tiny(tmp_path: Path, model_dir: Path, data_path: Path, signing_key, *extra, name="run", **sections):
+    """``dplora train`` in-process on :func:`contract_dict` (``sections`` update it), the contract written as
+    ``tmp_path/NAME.yaml``: (click result, output dir ``tmp_path/NAME``)."""
     cfg = write_contract(tmp_path / f"{name}.yaml", contract_dict(model_dir, data_path, tmp_path / name, **sections))
-    args = ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress", *extra]
-    return CliRunner().invoke(app, args), tmp_path / name
+    return train_contract(cfg, signing_key[0], *extra), tmp_path / name
+
+
+def train_ok(tmp_path: Path, model_dir: Path, data_path: Path, signing_key, *extra, name="run", **sections) -> Path:
+    """:func:`train_tiny` that must exit 0: the output dir."""
+    result, out = train_tiny(tmp_path, model_dir, data_path, signing_key, *extra, name=name, **sections)
+    assert result.exit_code == 0, result.output
+    return out
 
 
 def moved_release(tmp: Path, model_dir: Path, data_csv: Path, signing_key, at_home=None) -> dict:

@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import contract_dict, write_contract
+from conftest import contract_dict, train_contract, write_contract
 from support.outputs import workdir
 from typer.testing import CliRunner
 
@@ -19,10 +19,6 @@ runner = CliRunner()
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
     return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
-
-
-def _train(cfg: Path, *extra: str):
-    return runner.invoke(app, ["train", str(cfg), "--signing-key", "signing.key", "--no-progress", *extra])
 
 
 @pytest.mark.parametrize(
@@ -48,7 +44,7 @@ def test_overwrite_never_touches_the_working_folder_or_the_data(
     out = str(work) if output_dir == "WORK" else output_dir
     cfg = write_contract(work / "c.yaml", contract_dict(tiny_model_dir, data, Path(out)))
     before = _snapshot(tmp_path)
-    result = _train(cfg, "--overwrite")
+    result = train_contract(cfg, "signing.key", "--overwrite")
     assert result.exit_code == 2, result.output
     (line,) = result.output.splitlines()
     assert line.startswith("error: training.output_dir=") and needle in line
@@ -88,7 +84,7 @@ def test_overwrite_refuses_a_folder_dplora_did_not_write(
     (work / "notes").mkdir()
     (work / "notes" / "todo.txt").write_text("mine")
     cfg = write_contract(work / "c.yaml", contract_dict(tiny_model_dir, work / "tickets.csv", Path("notes")))
-    result = _train(cfg, "--overwrite")
+    result = train_contract(cfg, "signing.key", "--overwrite")
     assert result.exit_code == 2 and "has no release.dsse.json" in result.output, result.output
     assert (work / "notes" / "todo.txt").read_text() == "mine"
     assert not (work / "notes.partial").exists() and not (work / "notes.lock").exists()

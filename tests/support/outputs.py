@@ -7,8 +7,6 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from dplora.cli.app import app
-
 runner = CliRunner()
 
 
@@ -21,7 +19,3 @@ def workdir(tmp_path, monkeypatch, tickets_csv, signing_key) -> Path:
     shutil.copy(signing_key[1], work / "signing.pub")
     monkeypatch.chdir(work)
     return work
-
-
-def _train(cfg: Path, *extra: str):
-    return runner.invoke(app, ["train", str(cfg), "--signing-key", "signing.key", "--no-progress", *extra])

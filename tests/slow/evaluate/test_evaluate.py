@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import contract_dict, write_contract
+from conftest import contract_dict, train_tiny
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
@@ -20,14 +20,6 @@ runner = CliRunner()
 
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")
-
-
-def _train(tmp_path, tiny_model_dir, data_file, signing_key, name="run", *extra, **sections):
-    cfg = write_contract(
-        tmp_path / f"{name}.yaml", contract_dict(tiny_model_dir, data_file, tmp_path / name, **sections)
-    )
-    result = runner.invoke(app, ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress", *extra])
-    return result, tmp_path / name, cfg
 
 
 def _payload(out: Path) -> dict:
@@ -46,7 +38,8 @@ def _metrics_eval(out: Path) -> dict:
 def split_run(tmp_path_factory, tiny_model_dir, tickets_csv, signing_key):
     """A finished DP run holding out 25 % of the rows (row-level units)."""
     tmp = tmp_path_factory.mktemp("eval")
-    result, out, cfg = _train(tmp, tiny_model_dir, tickets_csv, signing_key, data={"eval_fraction": 0.25})
+    result, out = train_tiny(tmp, tiny_model_dir, tickets_csv, signing_key, data={"eval_fraction": 0.25})
+    cfg = tmp / "run.yaml"
     assert result.exit_code == 0, result.output
     return result, out, cfg
 
@@ -104,7 +97,7 @@ def test_public_eval_set_enters_the_record(tmp_path, tiny_model_dir, tickets_csv
     public = tmp_path / "public.csv"
     public.write_text("message,reply\nwhere is my parcel,it ships tomorrow\nreset my password,use the reset link\n")
     data = {"eval_path": str(public), "eval_public": True}
-    result, out, _ = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, data=data)
+    result, out = train_tiny(tmp_path, tiny_model_dir, tickets_csv, signing_key, data=data)
     assert result.exit_code == 0, result.output
     signed = _payload(out)["predicate"]["evaluation"]
     metrics = _metrics_eval(out)
@@ -179,11 +172,11 @@ def test_missing_label_column_is_refused_before_training(tmp_path, tiny_model_di
     held = tmp_path / "held.csv"
     held.write_text("message,reply\nwhere is my parcel,it ships tomorrow\n")
     data = {"eval_path": str(held), "label_column": "intent"}
-    result, out, _ = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, data=data)
+    result, out = train_tiny(tmp_path, tiny_model_dir, tickets_csv, signing_key, data=data)
     assert result.exit_code == 2 and "no column 'intent'" in result.output
     assert not out.exists() and not out.with_name(out.name + ".partial").exists()
     data = {"eval_path": str(held), "group_column": "category"}
-    result, out, _ = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, "run2", data=data)
+    result, out = train_tiny(tmp_path, tiny_model_dir, tickets_csv, signing_key, name="run2", data=data)
     assert result.exit_code == 2 and "no column 'category' (the group column)" in result.output
     assert not out.exists() and not out.with_name(out.name + ".partial").exists()
 
@@ -295,7 +288,7 @@ def test_eval_group_column_cli(split_run, tmp_path, tiny_model_dir, tickets_csv,
     err = json.loads(undeclared.stdout)
     assert err == {"ok": False, "exit_code": 2, "error": err["error"]} and "data.group_column" in err["error"]
     data = {"eval_fraction": 0.25, "group_column": "customer_id"}
-    result, grouped, _ = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, data=data)
+    result, grouped = train_tiny(tmp_path, tiny_model_dir, tickets_csv, signing_key, data=data)
     assert result.exit_code == 0, result.output
     quiet = runner.invoke(app, ["eval", str(grouped), "--group-column", "customer_id"])
     assert quiet.exit_code == 0 and "customer_id" not in quiet.stdout and "private" in quiet.stdout

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import contract_dict, write_contract
+from conftest import contract_dict, train_ok, write_contract
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
@@ -21,20 +21,12 @@ runner = CliRunner()
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")
 
 
-def _train(tmp, model_dir, tickets_csv, signing_key, name, **privacy):
-    raw = contract_dict(model_dir, tickets_csv, tmp / name, privacy=privacy)
-    cfg = write_contract(tmp / f"{name}.yaml", raw)
-    result = runner.invoke(app, ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress"])
-    assert result.exit_code == 0, result.output
-    return tmp / name
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_model_dir, tickets_csv, signing_key):
     tmp = tmp_path_factory.mktemp("export")
     return (
-        _train(tmp, tiny_model_dir, tickets_csv, signing_key, "dp"),
-        _train(tmp, tiny_model_dir, tickets_csv, signing_key, "ctl", enabled=False),
+        train_ok(tmp, tiny_model_dir, tickets_csv, signing_key, name="dp"),
+        train_ok(tmp, tiny_model_dir, tickets_csv, signing_key, name="ctl", privacy=dict(enabled=False)),
     )
 
 

@@ -11,10 +11,8 @@ import json
 import os
 import pathlib
 
-from conftest import contract_dict, write_contract
-from typer.testing import CliRunner
+from conftest import train_tiny
 
-from dplora.cli.app import app
 from dplora.errors import TrainingFailedError
 from dplora.ledger.store import Ledger
 from dplora.plan.training import TrainingPlan
@@ -56,20 +54,13 @@ def _disk_full_for(monkeypatch, name: str) -> None:
     monkeypatch.setattr(os, "fdopen", fdopen)
 
 
-def _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, *extra, **sections):
-    out = tmp_path / "run"
-    cfg = write_contract(tmp_path / "cfg.yaml", contract_dict(tiny_model_dir, tickets_csv, out, **sections))
-    args = ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress", *extra]
-    return CliRunner().invoke(app, args), out
-
-
 def test_full_disk_at_contract_yaml_names_it_and_leaves_no_empty_file(
     tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key
 ):
     """After training, contract.yaml cannot be written: exit 4 (an environment fault after work began), the
     message names the file and the free space; no 0-byte contract.yaml, no temp; FAILED.json whole."""
     _disk_full_for(monkeypatch, "contract.yaml")
-    result, out = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key)
+    result, out = train_tiny(tmp_path, tiny_model_dir, tickets_csv, signing_key)
     assert result.exit_code == 4, result.output
     staging = out.with_name("run.partial")
     assert "contract.yaml" in result.output and "free space in" in result.output, result.output
@@ -91,7 +82,7 @@ def test_full_disk_at_failed_json_leaves_no_empty_file(tmp_path, monkeypatch, ti
 
     monkeypatch.setattr(TrainingPlan, "epsilon_at", refuse)
     _disk_full_for(monkeypatch, "FAILED.json")
-    result, out = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key)
+    result, out = train_tiny(tmp_path, tiny_model_dir, tickets_csv, signing_key)
     assert result.exit_code == 4 and "injected" in result.output, result.output
     staging = out.with_name("run.partial")
     assert not (staging / "FAILED.json").exists()
@@ -110,13 +101,13 @@ def test_the_loser_of_a_ledger_race_leaves_nothing(tmp_path, monkeypatch, tiny_m
         return real_reserve(self, **kw)
 
     monkeypatch.setattr(Ledger, "reserve", winner_first)
-    result, out = _train(
+    result, out = train_tiny(
         tmp_path, tiny_model_dir, tickets_csv, signing_key, "--ledger", str(db), privacy={"population": "tickets"}
     )
     assert result.exit_code == 2, result.output
     assert "over" in result.output or "exceed" in result.output, result.output
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["cfg.yaml", "ledger.sqlite3"] + sorted(
-        p.name for p in tmp_path.iterdir() if p.name.startswith("ledger.sqlite3-")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["ledger.sqlite3", "run.yaml"] + [p.name for p in tmp_path.iterdir() if p.name.startswith("ledger.sqlite3-")]
     )
     assert [c.run_id for c in Ledger(db).charges("tickets")] == ["winner"]  # the loser charged nothing
 
@@ -151,7 +142,7 @@ def test_full_disk_while_saving_the_adapters_leaves_no_half_written_adapter(
         raise OSError(errno.ENOSPC, "No space left on device", filename)
 
     monkeypatch.setattr(peft.peft_model, "safe_save_file", half_then_full)
-    result, out = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key)
+    result, out = train_tiny(tmp_path, tiny_model_dir, tickets_csv, signing_key)
     assert result.exit_code == 4, result.output
     staging = out.with_name(out.name + ".partial")
     assert f"disk full writing {staging.resolve() / 'adapter'}" in result.output and "free space in" in result.output

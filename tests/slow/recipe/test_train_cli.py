@@ -14,17 +14,13 @@ from dplora.cli.app import app
 runner = CliRunner()
 
 
-def _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, *extra, name="run", **sections):
-    return train_tiny(tmp_path, tiny_model_dir, tickets_csv, signing_key, *extra, name=name, **sections)
-
-
 _payload = release_statement
 
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory, tiny_model_dir, tickets_csv, signing_key):
     tmp = tmp_path_factory.mktemp("e2e")
-    result, out = _train(tmp, tiny_model_dir, tickets_csv, signing_key)
+    result, out = train_tiny(tmp, tiny_model_dir, tickets_csv, signing_key)
     assert result.exit_code == 0, result.output
     return result, out
 
@@ -117,7 +113,7 @@ def test_keyed_data_digest(tmp_path, tiny_model_dir, tickets_csv, signing_key):
 
     key = tmp_path / "data.key"
     key.write_bytes(b"k" * 32)
-    result, out = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, "--data-key", str(key))
+    result, out = train_tiny(tmp_path, tiny_model_dir, tickets_csv, signing_key, "--data-key", str(key))
     assert result.exit_code == 0, result.output
     digest = _payload(out)["predicate"]["data"]["digest"]
     salt = bytes.fromhex(digest["salt"])  # issue 41: HMAC(key, fresh salt ‖ data), the salt in the record
@@ -145,8 +141,8 @@ def test_noise_and_sampling_are_not_reproducible_from_the_seed(tmp_path, tiny_mo
     """Two runs with the same recorded seed give different adapters (noise from OS entropy)."""
     from safetensors.torch import load_file
 
-    r1, out1 = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, name="a")
-    r2, out2 = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, name="b")
+    r1, out1 = train_tiny(tmp_path, tiny_model_dir, tickets_csv, signing_key, name="a")
+    r2, out2 = train_tiny(tmp_path, tiny_model_dir, tickets_csv, signing_key, name="b")
     assert r1.exit_code == 0 and r2.exit_code == 0
     w1 = load_file(out1 / "adapter" / "adapter_model.safetensors")
     w2 = load_file(out2 / "adapter" / "adapter_model.safetensors")
@@ -184,7 +180,7 @@ BAD_CASES = {
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(case, tmp_path, tiny_model_dir, tickets_csv, signing_key):
     """Bad input: exit 2, one line, no traceback, no output folder and no partial folder."""
     sections, needle = BAD_CASES[case]
-    result, out = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, **sections)
+    result, out = train_tiny(tmp_path, tiny_model_dir, tickets_csv, signing_key, **sections)
     assert result.exit_code == 2, result.output
     assert needle in result.output
     assert "Traceback" not in result.output
@@ -196,7 +192,7 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(case, tmp_path, tiny
 def test_empty_data_and_missing_key_exit_2(tmp_path, tiny_model_dir, tickets_csv, signing_key):
     empty = tmp_path / "empty.csv"
     empty.write_text("ticket_id,customer_id,message,reply\n")
-    result, out = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, data={"path": str(empty)})
+    result, out = train_tiny(tmp_path, tiny_model_dir, tickets_csv, signing_key, data={"path": str(empty)})
     assert result.exit_code == 2 and "no rows" in result.output and not out.exists()
     cfg = write_contract(tmp_path / "k.yaml", contract_dict(tiny_model_dir, tickets_csv, tmp_path / "k"))
     result = runner.invoke(app, ["train", str(cfg), "--no-progress"])
@@ -209,7 +205,7 @@ def test_existing_output_is_kept_without_overwrite(tmp_path, tiny_model_dir, tic
     out = tmp_path / "run"
     out.mkdir()
     (out / "precious.txt").write_text("keep me")
-    result, _ = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key)
+    result, _ = train_tiny(tmp_path, tiny_model_dir, tickets_csv, signing_key)
     assert result.exit_code == 2 and "--overwrite" in result.output
     assert (out / "precious.txt").read_text() == "keep me"
 
@@ -223,7 +219,7 @@ def test_ledger_charges_runs_and_refuses_over_cap(tmp_path, tiny_model_dir, tick
     # 7.23 at δ = 2e-5 (basic: 16.0), above the cap. (Before the measured PLD cost model the composition fell back
     # to RDP, 8.86, and the cap here was 8.5.)
     Ledger(db).set_cap("tickets", epsilon_max="7.1", delta_max="1e-4", protected_unit="row", adjacency="add_remove")
-    r1, out1 = _train(
+    r1, out1 = train_tiny(
         tmp_path,
         tiny_model_dir,
         tickets_csv,
@@ -237,7 +233,7 @@ def test_ledger_charges_runs_and_refuses_over_cap(tmp_path, tiny_model_dir, tick
     eps1 = _payload(out1)["predicate"]["accounting"]["epsilon_spent"]
     spent, _ = Ledger(db).spent("tickets")
     assert float(spent) == pytest.approx(eps1)
-    r2, out2 = _train(
+    r2, out2 = train_tiny(
         tmp_path,
         tiny_model_dir,
         tickets_csv,
@@ -274,7 +270,7 @@ def test_failure_while_signing_leaves_no_release(tmp_path, monkeypatch, tiny_mod
     db = tmp_path / "ledger.sqlite3"
     Ledger(db).set_cap("tickets", epsilon_max="100", delta_max="1e-3", protected_unit="row", adjacency="add_remove")
     monkeypatch.setattr(release, "write_release", boom)
-    result, out = _train(
+    result, out = train_tiny(
         tmp_path, tiny_model_dir, tickets_csv, signing_key, "--ledger", str(db), privacy={"population": "tickets"}
     )
     assert result.exit_code == 4, result.output
@@ -301,7 +297,7 @@ def test_unit_level_runs_label_the_unit(tmp_path, tiny_model_dir, signing_key, u
     data = tmp_path / "multi.csv"
     summary = write_tickets(data, num_tickets=60, seed=2, max_turns=3)
     n_units = summary["num_tickets"] if unit == "ticket" else summary["num_customers"]
-    result, out = _train(
+    result, out = train_tiny(
         tmp_path,
         tiny_model_dir,
         data,
@@ -328,19 +324,19 @@ def test_concurrent_run_into_the_same_output_is_refused(tmp_path, tiny_model_dir
 
     lock = lock_output(tmp_path / "run")
     try:
-        result, out = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key)
+        result, out = train_tiny(tmp_path, tiny_model_dir, tickets_csv, signing_key)
     finally:
         lock.close()
     assert result.exit_code == 2 and "another dplora train" in result.output
     assert not out.exists() and not out.with_name("run.partial").exists()
-    result, out = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key)
+    result, out = train_tiny(tmp_path, tiny_model_dir, tickets_csv, signing_key)
     assert result.exit_code == 0, result.output
     assert not (tmp_path / "run.lock").exists()
 
 
 def test_output_path_that_is_a_file(tmp_path, tiny_model_dir, tickets_csv, signing_key):
     (tmp_path / "run").write_text("not a folder")
-    result, _ = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key)
+    result, _ = train_tiny(tmp_path, tiny_model_dir, tickets_csv, signing_key)
     assert result.exit_code == 2 and "not a folder" in result.output
     assert (tmp_path / "run").read_text() == "not a folder"
 
@@ -436,7 +432,7 @@ def test_interrupt_names_the_signal_and_the_real_path(
                 raise KeyboardInterrupt
 
     with checkpoint.fault_hook(interrupt):
-        result, out = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key)
+        result, out = train_tiny(tmp_path, tiny_model_dir, tickets_csv, signing_key)
     assert result.exit_code == 130, result.output
     failed = out.with_name("run.partial") / "FAILED.json"
     what = "SIGTERM" if how == "sigterm" else "Ctrl-C"
@@ -468,7 +464,7 @@ def test_early_interrupt_points_to_no_partial_folder(tmp_path, monkeypatch, tiny
         raise KeyboardInterrupt
 
     monkeypatch.setattr(data_mod, "load_table", interrupted)
-    result, out = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key)
+    result, out = train_tiny(tmp_path, tiny_model_dir, tickets_csv, signing_key)
     assert result.exit_code == 130
     assert result.stderr == (
         "error: interrupted (Ctrl-C); no release was written; training had not started, nothing was written\n"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import contract_dict, write_contract
+from conftest import contract_dict, train_contract, write_contract
 from support.outputs import workdir
 from typer.testing import CliRunner
 
@@ -14,23 +14,19 @@ from dplora.cli.app import app
 runner = CliRunner()
 
 
-def _train(cfg: Path, *extra: str):
-    return runner.invoke(app, ["train", str(cfg), "--signing-key", "signing.key", "--no-progress", *extra])
-
-
 def test_overwrite_replaces_a_previous_run_and_nothing_else(
     tmp_path, monkeypatch, tiny_model_dir, tickets_csv, signing_key
 ):
     """A previous run is replaced (exit 0, the new release verifies); one with a foreign file is refused."""
     work = workdir(tmp_path, monkeypatch, tickets_csv, signing_key)
     cfg = write_contract(work / "c.yaml", contract_dict(tiny_model_dir, work / "tickets.csv", Path("run")))
-    assert _train(cfg).exit_code == 0
+    assert train_contract(cfg, "signing.key").exit_code == 0
     first = json.loads((work / "run" / "release.dsse.json").read_text())
     (work / "run" / "mine.txt").write_text("keep")
-    refused = _train(cfg, "--overwrite")
+    refused = train_contract(cfg, "signing.key", "--overwrite")
     assert refused.exit_code == 2 and "also holds 'mine.txt'" in refused.output
     (work / "run" / "mine.txt").unlink()
-    again = _train(cfg, "--overwrite")
+    again = train_contract(cfg, "signing.key", "--overwrite")
     assert again.exit_code == 0, again.output
     assert json.loads((work / "run" / "release.dsse.json").read_text()) != first
     names = ["c.yaml", "run", "run.private", "signing.key", "signing.pub", "tickets.csv"]  # one private folder

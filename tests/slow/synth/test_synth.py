@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import contract_dict, write_contract
+from conftest import contract_dict, train_ok, write_contract
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
@@ -24,19 +24,11 @@ runner = CliRunner()
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")
 
 
-def _train(tmp, tiny_model_dir, tickets_csv, signing_key, name, **privacy):
-    raw = contract_dict(tiny_model_dir, tickets_csv, tmp / name, privacy=privacy)
-    cfg = write_contract(tmp / f"{name}.yaml", raw)
-    result = runner.invoke(app, ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress"])
-    assert result.exit_code == 0, result.output
-    return tmp / name
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_model_dir, tickets_csv, signing_key):
     tmp = tmp_path_factory.mktemp("synth")
-    dp = _train(tmp, tiny_model_dir, tickets_csv, signing_key, "dp")
-    control = _train(tmp, tiny_model_dir, tickets_csv, signing_key, "ctl", enabled=False)
+    dp = train_ok(tmp, tiny_model_dir, tickets_csv, signing_key, name="dp")
+    control = train_ok(tmp, tiny_model_dir, tickets_csv, signing_key, name="ctl", privacy=dict(enabled=False))
     prompts = tmp / "public.csv"
     prompts.write_text("message\nMy order has not arrived\nHow do I reset my password?\nCancel my plan\n")
     return dp, control, prompts
@@ -231,7 +223,7 @@ def test_a_manifest_signed_by_another_key_or_renamed_file_is_caught(runs, signin
 
 
 def test_synth_refuses_a_run_whose_adapter_changed_after_release(tmp_path, tiny_model_dir, tickets_csv, signing_key):
-    run = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, "changed")
+    run = train_ok(tmp_path, tiny_model_dir, tickets_csv, signing_key, name="changed")
     prompts = tmp_path / "p.txt"
     prompts.write_text("hello\n")
     weights = run / "adapter" / "adapter_model.safetensors"
@@ -263,7 +255,7 @@ def test_no_dp_guarantee_is_in_every_output_of_a_control(runs, signing_key, tmp_
 def test_synth_refuses_to_run_without_the_data_for_the_verbatim_check(tmp_path, tiny_model_dir, signing_key):
     data = tmp_path / "tickets.csv"
     data.write_text("message,reply\n" + "".join(f"question {i},answer {i}\n" for i in range(40)))
-    run = _train(tmp_path, tiny_model_dir, data, signing_key, "gone")
+    run = train_ok(tmp_path, tiny_model_dir, data, signing_key, name="gone")
     data.unlink()  # the data owner moved the file: synth cannot flag verbatim rows, so it writes nothing
     prompts = tmp_path / "p.txt"
     prompts.write_text("hello\n")

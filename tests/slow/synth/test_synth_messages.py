@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import contract_dict, write_contract
+from conftest import contract_dict, train_contract, write_contract
 from tiny import CHATML, save_chat_model
 from typer.testing import CliRunner
 
@@ -28,11 +28,6 @@ def _chats(path, n: int = 30):
     return path
 
 
-def _train(cfg, key):
-    result = runner.invoke(app, ["train", str(cfg), "--signing-key", str(key), "--no-progress"])
-    assert result.exit_code == 0, result.output
-
-
 @pytest.fixture(scope="module")
 def chat_run(tmp_path_factory, signing_key):
     tmp = tmp_path_factory.mktemp("synthchat")
@@ -45,7 +40,7 @@ def chat_run(tmp_path_factory, signing_key):
         privacy={"protected_unit": "user", "unit_key": "customer"},
         training={"max_seq_len": 64},
     )
-    _train(write_contract(tmp / "chat.yaml", raw), signing_key[0])
+    assert train_contract(write_contract(tmp / "chat.yaml", raw), signing_key[0]).exit_code == 0
     prompts = tmp / "public.txt"
     prompts.write_text("My order has not arrived\nHow do I reset my password?\n")
     return tmp, model, tmp / "run", prompts
@@ -77,13 +72,13 @@ def test_synth_of_a_messages_run_writes_conversations_that_train_reads_back(chat
     raw["privacy"]["num_units"] = 4
     raw["privacy"]["delta"] = 0.01
     raw["training"] |= {"expected_batch_size": 2, "max_seq_len": 64}
-    _train(write_contract(tmp_path / "again.yaml", raw), signing_key[0])
+    assert train_contract(write_contract(tmp_path / "again.yaml", raw), signing_key[0]).exit_code == 0
     assert (tmp_path / "again" / "release.dsse.json").is_file()
 
 
 def test_synth_format_messages_from_a_pair_run_and_refuses_csv(tmp_path, tiny_model_dir, tickets_csv, signing_key):
     raw = contract_dict(tiny_model_dir, tickets_csv, tmp_path / "pair", training={"steps": 1})
-    _train(write_contract(tmp_path / "pair.yaml", raw), signing_key[0])
+    assert train_contract(write_contract(tmp_path / "pair.yaml", raw), signing_key[0]).exit_code == 0
     prompts = tmp_path / "p.txt"
     prompts.write_text("Where is my parcel?\n")
     refused = _synth(tmp_path / "pair", tmp_path / "s.csv", prompts, signing_key[0], "--format", "messages")
