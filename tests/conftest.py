@@ -99,16 +99,23 @@ def signing_key(tmp_path_factory) -> tuple[Path, Path]:
     return generate_keypair(folder / "test.key")
 
 
+# The privacy section every small test contract starts from: row level, add/remove, (8, 1e-5), C = 1 (the accountant
+# is each contract's own choice).
+ROW_PRIVACY = {
+    "protected_unit": "row",
+    "adjacency": "add_remove",
+    "target_epsilon": 8.0,
+    "delta": 1e-5,
+    "max_grad_norm": 1.0,
+}
+
+
 def contract_dict(model_dir: Path, data_path: Path, out_dir: Path, **sections) -> dict:
     """A small valid row-level contract for the tiny model; ``sections`` update each section's keys."""
     raw = {
         "privacy": {
-            "protected_unit": "row",
-            "adjacency": "add_remove",
-            "target_epsilon": 8.0,
-            "delta": 1e-5,
+            **ROW_PRIVACY,
             "accountant": "rdp",
-            "max_grad_norm": 1.0,
         },
         "model": {"path": str(model_dir)},
         "data": {"path": str(data_path), "prompt_column": "message", "response_column": "reply"},

@@ -5,13 +5,23 @@ Reference values: Opacus 1.6.0 (RDP, PRV), dp-accounting 0.6.0 (PLD); tolerance 
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import time
 
 import pytest
-from support.accounting import GRID, PINNED_FAST, SLOW_A1_GRID, SLOW_PINNED, calib, check_grid_point, eps
+from support.accounting import (
+    GRID,
+    PINNED,
+    SLOW_A1_GRID,
+    SLOW_PINNED,
+    TOL,
+    broken_prv,
+    calib,
+    check_grid_point,
+    eps,
+    observed,
+)
 
 import dplora.accounting.backends as backends
 from dplora.accounting.backends import RDP_ORDERS, AccountingNumericalError
@@ -19,26 +29,11 @@ from dplora.accounting.cache import cache_dir
 from dplora.accounting.events import Accountant
 from dplora.errors import BadInputError, PlanRefusedError, UnsupportedAccountingError
 
-TOL = 0.02
-
-
-MNIST_Q = 256 / 60000
-
 
 @pytest.fixture(autouse=True)
 def _fresh_cache(tmp_path, monkeypatch):
     """A fresh calibration cache per test: no result depends on an earlier run."""
     monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
-
-
-PINNED = {p[0]: p[1:] for p in PINNED_FAST}
-
-
-@functools.cache
-def observed(case: str) -> float:
-    """ε for a pinned case, computed once per session (the relations test reuses it)."""
-    accountant, q, sigma, steps, delta, adjacency, _ = PINNED[case]
-    return eps(accountant, q, sigma, steps, delta, adjacency)
 
 
 @pytest.mark.parametrize("case", [case for case in PINNED if case not in SLOW_PINNED])
@@ -95,12 +90,8 @@ def test_a3_prv_short_run():
     assert value == pytest.approx(4.98, abs=TOL)
 
 
-def _broken_prv(event, delta, *args):
-    raise AccountingNumericalError("Discrete mean differs from continuous mean")
-
-
 def test_prv_numerical_error_is_named(monkeypatch):
-    monkeypatch.setattr(backends, "prv_epsilon", _broken_prv)
+    monkeypatch.setattr(backends, "prv_epsilon", broken_prv)
     with pytest.raises(AccountingNumericalError):
         eps("prv", 0.2, 1.0, 10)
 

@@ -10,22 +10,17 @@ from __future__ import annotations
 import math
 
 import pytest
+from support.accounting_exact import pld
 
 import dplora.accounting.backends as backends
 import dplora.accounting.cost as cost
-from dplora.accounting import calibrate_noise, epsilon
+from dplora.accounting import calibrate_noise
 from dplora.accounting.events import DpSgdEvent
 
 
 @pytest.fixture(autouse=True)
 def _fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
-
-
-def pld(q, sigma, steps, adjacency="add_remove", delta=1e-5):
-    return epsilon(
-        sample_rate=q, noise_multiplier=sigma, steps=steps, delta=delta, accountant="pld", adjacency=adjacency
-    )
 
 
 def test_issue_case_replace_one_single_step_calibrates_to_the_root():

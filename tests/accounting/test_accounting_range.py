@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from support.accounting_range import assert_checked, shared_plan
+from support.accounting_range import EVENT, PLD, RDP, STEPS, assert_checked, fake_pld, never, shared_plan
 
 import dplora.accounting.backends as backends
 import dplora.accounting.cost as cost
@@ -24,9 +24,7 @@ from dplora.accounting.cost import (
     pld_step_range,
     tolerance_for,
 )
-from dplora.accounting.events import Accountant, DpSgdEvent
-
-PRV, PLD, RDP = Accountant.PRV, Accountant.PLD, Accountant.RDP
+from dplora.accounting.events import DpSgdEvent
 
 
 @pytest.fixture(autouse=True)
@@ -34,14 +32,10 @@ def _fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
 
 
-def _never(*_args, **_kwargs):
-    raise AssertionError("a numerical accountant was called outside its range")
-
-
 def test_case1_tiny_delta_is_rdp_without_calling_prv_or_pld(monkeypatch):
     """δ=1e-15: below PRV's floating point and PLD's truncated mass, so neither is called; RDP decides."""
-    monkeypatch.setattr(backends, "prv_epsilon", _never)
-    monkeypatch.setattr(backends, "pld_epsilons", _never)
+    monkeypatch.setattr(backends, "prv_epsilon", never)
+    monkeypatch.setattr(backends, "pld_epsilons", never)
     p = shared_plan(120, 8, 400, target_epsilon=4.0, delta=1e-15, accountant="prv")
     assert p.noise_multiplier <= 2.955 * 1.001
     assert p.accountant is RDP and p.accountant_version.startswith("opacus ")
@@ -66,34 +60,21 @@ def test_replace_one_outside_pld_range_is_refused(privacy, fragment):
     assert info.value.exit_code == 2 and fragment in str(info.value) and "PLD" in str(info.value)
 
 
-EVENT = DpSgdEvent(sample_rate=0.01, noise_multiplier=1.0, steps=100)
-
-
-STEPS = [1, 50, 100]
-
-
-def _fake_pld(values):
-    def fake(event, delta, steps, interval=1e-4):
-        return [values(event.noise_multiplier, t) for t in steps]
-
-    return fake
-
-
 def test_decreasing_curve_falls_to_rdp(monkeypatch):
-    monkeypatch.setattr(backends, "pld_epsilons", _fake_pld(lambda s, t: 1.0 - t / 200))
+    monkeypatch.setattr(backends, "pld_epsilons", fake_pld(lambda s, t: 1.0 - t / 200))
     curve = checked_curve(EVENT, 1e-5, (PLD,), STEPS, Tolerance())
     assert curve.accountant is RDP and "not non-decreasing in T" in curve.notes[0]
     assert curve.epsilons == tuple(rdp_epsilons(EVENT, 1e-5, STEPS))
 
 
 def test_infinite_value_falls_to_rdp(monkeypatch):
-    monkeypatch.setattr(backends, "pld_epsilons", _fake_pld(lambda s, t: math.inf))
+    monkeypatch.setattr(backends, "pld_epsilons", fake_pld(lambda s, t: math.inf))
     curve = checked_curve(EVENT, 1e-5, (PLD,), STEPS, Tolerance())
     assert curve.accountant is RDP and "inf" in curve.notes[0]
 
 
 def test_answer_above_rdp_is_floored(monkeypatch):
-    monkeypatch.setattr(backends, "pld_epsilons", _fake_pld(lambda s, t: 100.0))
+    monkeypatch.setattr(backends, "pld_epsilons", fake_pld(lambda s, t: 100.0))
     curve = checked_curve(EVENT, 1e-5, (PLD,), STEPS, Tolerance())
     assert curve.accountant is PLD and "lower at 3 of 3 points" in curve.notes[0]
     assert curve.epsilons == tuple(rdp_epsilons(EVENT, 1e-5, STEPS))
@@ -101,13 +82,13 @@ def test_answer_above_rdp_is_floored(monkeypatch):
 
 def test_wobble_within_the_slack_is_smoothed_to_a_bound(monkeypatch):
     """A decrease within 2·eps_error is kept as the later (valid, lower) bound: a suffix minimum."""
-    monkeypatch.setattr(backends, "pld_epsilons", _fake_pld(lambda s, t: {1: 0.05, 50: 0.30, 100: 0.29}[t]))
+    monkeypatch.setattr(backends, "pld_epsilons", fake_pld(lambda s, t: {1: 0.05, 50: 0.30, 100: 0.29}[t]))
     curve = checked_curve(EVENT, 1e-5, (PLD,), STEPS, Tolerance())
     assert curve.accountant is PLD and curve.epsilons == (0.05, 0.29, 0.29)
 
 
 def test_replace_one_failing_check_is_refused(monkeypatch):
-    monkeypatch.setattr(backends, "pld_epsilons", _fake_pld(lambda s, t: math.inf))
+    monkeypatch.setattr(backends, "pld_epsilons", fake_pld(lambda s, t: math.inf))
     event = DpSgdEvent(sample_rate=0.01, noise_multiplier=1.0, steps=100, adjacency="replace_one")
     with pytest.raises(OutOfRangeError, match="replace_one needs PLD"):
         checked_curve(event, 1e-5, (PLD,), STEPS, Tolerance())

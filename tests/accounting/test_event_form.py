@@ -4,10 +4,9 @@ and composition all write :meth:`DpSgdEvent.to_dict` and read it back with :meth
 from __future__ import annotations
 
 import pytest
+from support.event_form import EVENT
 
-from dplora.accounting.events import Adjacency, DpSgdEvent
-
-EVENT = DpSgdEvent(sample_rate=0.0625, noise_multiplier=0.93, steps=37, adjacency=Adjacency.REPLACE_ONE)
+from dplora.accounting.events import DpSgdEvent
 
 
 def test_from_dict_reads_back_what_to_dict_wrote():

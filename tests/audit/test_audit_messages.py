@@ -13,12 +13,6 @@ from dplora.audit import canaries
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")
 
 
-NO_PAIR = {"prompt_column": None, "response_column": None}
-
-
-PRIVATE_MARK = "PRIVATE-TICKET-TEXT"
-
-
 def test_a_messages_canary_is_a_conversation_with_the_secret_in_the_assistant_turn(tmp_path):
     """Its record renders through the template; the targets are exactly the assistant span (secret included)."""
     import datasets

@@ -8,22 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import contract_dict, write_contract
-from typer.testing import CliRunner
-
-from dplora.cli.app import app
-
-SECRET = "SECRET-7f3a"
-
-
-def _cfg(tmp_path, model, data_path, **sections):
-    raw = contract_dict(model, data_path, tmp_path / "out", **sections)
-    raw["privacy"]["num_units"] = 100
-    return write_contract(tmp_path / "c.yaml", raw)
-
-
-def _validate(cfg, *extra):
-    return CliRunner().invoke(app, ["validate", str(cfg), "--check-files", *extra])
+from support.check_files import SECRET, shared_cfg, validate
 
 
 @pytest.fixture
@@ -34,7 +19,7 @@ def data_csv(tmp_path):
 
 
 def test_json_lists_the_checks(tmp_path, tiny_model_dir, data_csv):
-    result = _validate(_cfg(tmp_path, tiny_model_dir, data_csv), "--json")
+    result = validate(shared_cfg(tmp_path, tiny_model_dir, data_csv), "--json")
     doc = json.loads(result.output)
     assert doc["ok"] is True and len(doc["files"]) == 2 and doc["files"][1].startswith("OK  data.path: ")
 
@@ -70,22 +55,22 @@ def test_model_problems_are_one_line_exit_2(tmp_path, tiny_model_dir, data_csv, 
     if breakage == "not gguf":
         model = tmp_path / "m.gguf"
         model.write_bytes(b"PK\x03\x04 not a gguf")
-    result = _validate(_cfg(tmp_path, model, data_csv))
+    result = validate(shared_cfg(tmp_path, model, data_csv))
     assert result.exit_code == 2
     assert expected in result.output and result.output.count("\n") == 1
 
 
 def test_data_problems_name_the_column_never_a_value(tmp_path, tiny_model_dir, data_csv):
-    result = _validate(_cfg(tmp_path, tiny_model_dir, data_csv, data={"response_column": "answer"}))
+    result = validate(shared_cfg(tmp_path, tiny_model_dir, data_csv, data={"response_column": "answer"}))
     assert result.exit_code == 2
     assert result.output == f"error: data.path: {data_csv} has no column 'answer'; columns are: message, reply\n"
-    missing = _validate(_cfg(tmp_path, tiny_model_dir, tmp_path / "nope.csv"))
+    missing = validate(shared_cfg(tmp_path, tiny_model_dir, tmp_path / "nope.csv"))
     assert missing.exit_code == 2 and "data file not found: data.path=" in missing.output
 
 
 def test_a_byte_order_mark_is_fine_and_names_are_kept_as_written(tmp_path, tiny_model_dir):
     data = tmp_path / "bom.csv"
     data.write_bytes("\ufeffmessage, reply\nhi,there\n".encode())
-    result = _validate(_cfg(tmp_path, tiny_model_dir, data))
+    result = validate(shared_cfg(tmp_path, tiny_model_dir, data))
     assert result.exit_code == 2  # " reply" (with its space) is not "reply", as train reads the header
     assert result.output == f"error: data.path: {data} has no column 'reply'; columns are: message,  reply\n"

@@ -13,25 +13,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support.ci_workflow import build_job_inputs, run_job
+from support.ci_workflow import WORKFLOW, build_job_inputs, run_job, shared_steps
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-WORKFLOW = ROOT / "examples" / "ci" / "github-actions.yml"
-
-
-STAND_INS = {"install", "fetch", "fetch-model", "restore-ledger", "save-ledger"}  # here: setup, network, stores
 
 
 @pytest.fixture(scope="module")
 def workflow() -> dict:
     return yaml.safe_load(WORKFLOW.read_text())
-
-
-def _steps(workflow: dict) -> list[dict]:
-    (job,) = workflow["jobs"].values()
-    return job["steps"]
 
 
 @pytest.fixture
@@ -42,7 +31,7 @@ def job_inputs(tmp_path, tiny_model_dir, signing_key, workflow):
 def test_workflow_fails_closed_without_the_ledger(job_inputs, workflow):
     """Cap set, ledger not restored: the job stops before any dplora command; train alone refuses as well."""
     job, secrets, write_tickets = job_inputs
-    steps = _steps(workflow)
+    steps = shared_steps(workflow)
     ran, failed = run_job(job, steps, secrets, write_tickets)
     assert ran == ["ledger-required"] and failed["id"] == "ledger-required" and failed["code"] == 1
     assert "::error::privacy ledger not restored" in failed["stdout"]

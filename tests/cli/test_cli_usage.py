@@ -8,16 +8,13 @@ import re
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from support.cli_usage import runner
 
 import dplora
 from dplora.cli.app import app
 from dplora.run.progress import ProgressReporter
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-runner = CliRunner()
 
 
 def _one_line_usage_error(result, *needles: str) -> str:

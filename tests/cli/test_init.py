@@ -6,22 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from support.init import filled
-from typer.testing import CliRunner
+from support.init import filled, run
 
-from dplora.cli.app import app
 from dplora.contract.loader import parse_contract
 from dplora.errors import BadInputError
-
-DECLARED = {
-    "target_epsilon: DECLARE": "target_epsilon: 8.0",
-    "delta: DECLARE": "delta: 1.0e-5",
-    "num_units: DECLARE": "num_units: 200",
-}
-
-
-def run(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 def _jsonl(path, rows):

@@ -11,12 +11,10 @@ from __future__ import annotations
 import io
 
 import pytest
+from support.notebook_output import KERNEL_ENV
 
 from dplora.run.progress import ProgressReporter
 from dplora.surface import echo_private, in_notebook
-
-# what ipykernel's ZMQInteractiveShell.init_environment sets for every process the kernel starts
-KERNEL_ENV = {"TERM": "xterm-color", "CLICOLOR": "1", "PAGER": "cat", "GIT_PAGER": "cat"}
 
 
 class Tty(io.StringIO):

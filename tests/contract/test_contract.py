@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import contract_dict
+from support.contract import shared_raw
 
 from dplora.contract.choices import ProtectedUnit
 from dplora.contract.loader import apply_overrides, load_contract, parse_contract
@@ -16,13 +17,9 @@ from dplora.errors import BadInputError
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _raw():
-    return contract_dict(Path("/m"), Path("d.csv"), Path("out"))
-
-
 def test_valid_contract_parses_to_enums():
     """A valid contract gives typed, frozen sections."""
-    c = parse_contract(_raw())
+    c = parse_contract(shared_raw())
     assert isinstance(c, Contract)
     assert c.privacy.protected_unit is ProtectedUnit.ROW
     assert c.privacy.accountant.value == "rdp"
@@ -55,7 +52,7 @@ def test_valid_contract_parses_to_enums():
 )
 def test_bad_values_name_the_key(section, key, value, needle):
     """Each bad value gives one line naming the key (and the allowed values for enums)."""
-    raw = _raw()
+    raw = shared_raw()
     raw[section][key] = value
     with pytest.raises(BadInputError) as info:
         parse_contract(raw)
@@ -66,7 +63,7 @@ def test_bad_values_name_the_key(section, key, value, needle):
 
 def test_unit_key_rules():
     """ticket/user need unit_key; row refuses one."""
-    raw = _raw()
+    raw = shared_raw()
     raw["privacy"]["protected_unit"] = "user"
     with pytest.raises(BadInputError, match="unit_key is required"):
         parse_contract(raw)
@@ -78,7 +75,7 @@ def test_unit_key_rules():
 
 
 def test_exactly_one_of_epochs_or_steps():
-    raw = _raw()
+    raw = shared_raw()
     raw["training"]["epochs"] = 2
     with pytest.raises(BadInputError, match="exactly one of training.epochs or training.steps"):
         parse_contract(raw)
@@ -87,7 +84,7 @@ def test_exactly_one_of_epochs_or_steps():
 def test_overrides_apply_and_parse_yaml_scalars(tmp_path):
     """Dotted overrides change values and parse numbers; a bad override is a one-line error."""
     path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(_raw()))
+    path.write_text(yaml.safe_dump(shared_raw()))
     c = load_contract(path, ["training.lr=1e-3", "privacy.target_epsilon=3", "privacy.num_units=500"])
     assert c.training.lr == pytest.approx(1e-3)
     assert c.privacy.target_epsilon == 3.0
@@ -110,11 +107,11 @@ def test_missing_and_bad_yaml_files(tmp_path):
 
 def test_contract_digest_changes_with_content():
     """sha256 covers the resolved contract: one changed value changes it."""
-    a = parse_contract(_raw())
-    raw = _raw()
+    a = parse_contract(shared_raw())
+    raw = shared_raw()
     raw["training"]["lr"] = 0.5
     assert a.sha256 != parse_contract(raw).sha256
-    assert a.sha256 == parse_contract(_raw()).sha256
+    assert a.sha256 == parse_contract(shared_raw()).sha256
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
@@ -127,7 +124,7 @@ def test_every_shipped_contract_validates(path):
 def test_duplicate_keys_are_refused(tmp_path):
     """A reviewer reads the first value; YAML would keep the last: duplicates are an error naming the line."""
     path = tmp_path / "dup.yaml"
-    text = yaml.safe_dump(_raw()).replace("target_epsilon: 8.0", "target_epsilon: 1.0\n  target_epsilon: 50.0")
+    text = yaml.safe_dump(shared_raw()).replace("target_epsilon: 8.0", "target_epsilon: 1.0\n  target_epsilon: 50.0")
     path.write_text(text)
     with pytest.raises(BadInputError, match="duplicate key 'target_epsilon'"):
         load_contract(path)
@@ -149,14 +146,14 @@ def test_duplicate_keys_are_refused(tmp_path):
 def test_no_silent_coercion(tmp_path, override):
     """Booleans, quoted numbers, floats for counts, empty names and absurd step counts are errors."""
     path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(_raw()))
+    path.write_text(yaml.safe_dump(shared_raw()))
     with pytest.raises(BadInputError):
         load_contract(path, [override])
 
 
 def test_scientific_notation_without_dot_is_a_number(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(_raw()).replace("lr: 0.01", "lr: 1e-3"))
+    path.write_text(yaml.safe_dump(shared_raw()).replace("lr: 0.01", "lr: 1e-3"))
     assert load_contract(path).training.lr == pytest.approx(1e-3)
 
 
@@ -181,7 +178,7 @@ LIBRARY_WORDING = ("Input should be", "instance of", "Value error", "valid tuple
     ],
 )
 def test_messages_use_the_contracts_terms(section, value, expected):
-    raw = _raw()
+    raw = shared_raw()
     raw[section] = value
     with pytest.raises(BadInputError) as info:
         parse_contract(raw)
@@ -191,7 +188,7 @@ def test_messages_use_the_contracts_terms(section, value, expected):
 
 
 def test_validator_messages_lose_the_value_error_prefix():
-    raw = _raw()
+    raw = shared_raw()
     raw["privacy"]["unit_key"] = "customer_id"
     with pytest.raises(BadInputError) as info:
         parse_contract(raw)
@@ -199,7 +196,7 @@ def test_validator_messages_lose_the_value_error_prefix():
 
 
 def _file_with(tmp_path, **sections) -> Path:
-    raw = _raw()
+    raw = shared_raw()
     for name, values in sections.items():
         raw[name] = values
     path = tmp_path / "c.yaml"
@@ -235,7 +232,6 @@ def test_sharding_fsdp_refusals_and_the_default_yaml(tmp_path):
     """training.sharding: fsdp needs the fast path, a fixed physical batch and an unquantized base (one line each);
     the default (none) leaves the contract's YAML and digest as before the key existed; fsdp is in the YAML."""
     import yaml
-    from conftest import contract_dict
 
     from dplora.contract.loader import parse_contract
     from dplora.errors import BadInputError
@@ -273,7 +269,7 @@ def _validate(tmp_path, raw) -> list[str]:
 
 def test_training_lr_is_at_most_10_like_the_warm_start_lr(tmp_path):
     """A rate such as 1e39 used to pass and fail inside the first optimizer step; now one line, exit 2."""
-    raw = _raw()
+    raw = shared_raw()
     raw["training"]["lr"] = 1e39
     assert _validate(tmp_path, raw) == [2, "error: contract: training.lr=1e+39: must be ≤ 10.0"]
     raw["training"]["lr"] = 10.5
@@ -293,7 +289,7 @@ def test_a_planner_reference_lr_keeps_the_scaled_rate_within_the_bound(tmp_path)
 
     assert BATCH_GRID[-1] == PLANNER_TOP_BATCH == 8192 and MAX_REFERENCE_LR == 0.625
     assert scaled_lr(MAX_REFERENCE_LR, PLANNER_TOP_BATCH) == MAX_LR
-    raw = _raw()
+    raw = shared_raw()
     raw["privacy"]["num_units"] = 10**6
     raw["training"] = {"expected_batch_size": "auto", "lr": 9.0, "output_dir": "out"}
     assert _validate(tmp_path, raw) == [
@@ -324,7 +320,7 @@ def test_a_planner_reference_lr_keeps_the_scaled_rate_within_the_bound(tmp_path)
 def test_a_group_column_that_is_training_text_or_the_unit_key_is_refused(tmp_path, data, privacy, key):
     """Group names are printed; a trained column (free private text) or the unit key (names a protected unit) is
     refused from the contract alone, with no data file read (the contract's data.path does not exist)."""
-    raw = _raw()
+    raw = shared_raw()
     raw["data"] = {k: v for k, v in {**raw["data"], "eval_fraction": 0.1, **data}.items() if v is not None}
     raw["privacy"].update(privacy)
     key = key or "data.text_column"

@@ -13,28 +13,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import typer
 import yaml
-from click.testing import CliRunner
-from hypothesis import strategies as st
 from support.fuzz_boundary import (
     BASE,
+    KEYS,
     SLOW_TRAIN_CASES,
     TRAIN_CASES,
+    bomb,
     build_workdir,
     check_outcome,
+    invoke,
     run_train_case,
-    scalars,
 )
 
-from dplora.cli.app import app
 from dplora.errors import EXCERPT_CHARS, MAX_MESSAGE_CHARS, excerpt, one_line
-
-LONG = 300  # generated strings at least this long must never appear whole in a message
-
-
-KEYS = {section: sorted(values) for section, values in BASE.items()}
-
 
 KEYS["privacy"] += ["num_units", "max_records_per_unit", "unit_clipping", "population", "sampling", "per_sample"]
 
@@ -59,37 +51,6 @@ KEYS["training"] += [
 ]
 
 
-ODD_TEXT = ["", " ", "💥🔥", "\u202eevil", "a\nb", "a\x1bb", "null", "NaN", "~", "1e-3", "0x10", "1_000", "2001-13-45"]
-
-
-ODD_NUMBERS = [0, -1, 2**63, 10**30, 1e300, 1e-300, 5e-324, -0.0, 1e-3, 9.99e-4, 1e4, 10000.5, 1e6, 1000000.1, 1e-7]
-
-
-COMMAND = typer.main.get_command(app)  # built once: typer's CliRunner rebuilds it on every call (about 50 ms)
-
-
-def invoke(args: list[str]):
-    """Run ``dplora ARGS`` in-process, as the console script would (one-line errors, exit codes)."""
-    return CliRunner().invoke(COMMAND, [str(a) for a in args])
-
-
-values = st.recursive(
-    scalars,
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3),
-    max_leaves=6,
-)
-
-
-sections = st.sampled_from([*KEYS, "evaluation", ""])
-
-
-def _bomb(levels: int) -> str:
-    """A "billion laughs": each anchor is a list of nine aliases of the one before (9**levels strings)."""
-    lines = ["b0: &b0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
-    lines += [f"b{i}: &b{i} [{', '.join([f'*b{i - 1}'] * 9)}]" for i in range(1, levels)]
-    return "\n".join(lines) + "\n"
-
-
 @pytest.fixture
 def workdir(tmp_path, monkeypatch) -> Path:
     return build_workdir(tmp_path, monkeypatch)
@@ -108,7 +69,7 @@ def test_messages_are_one_bounded_line():
 @pytest.mark.parametrize(
     ("text", "needle"),
     [
-        (_bomb(9) + "privacy: *b8\n", "alias"),
+        (bomb(9) + "privacy: *b8\n", "alias"),
         ("a: &a {x: 1}\nb: *a\n", "alias"),
         ("privacy: {delta: !!timestamp 0.0001}\n", "!!timestamp"),
         ("privacy: {target_epsilon: !!bool 8.0}\n", "!!bool"),

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import ROW_PRIVACY
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
@@ -20,11 +21,7 @@ from dplora.errors import BadInputError
 ROOT = Path(__file__).resolve().parents[2]
 BASE = {
     "privacy": {
-        "protected_unit": "row",
-        "adjacency": "add_remove",
-        "target_epsilon": 8.0,
-        "delta": 1e-5,
-        "max_grad_norm": 1.0,
+        **ROW_PRIVACY,
     },
     "model": {"path": "m"},
     "data": {"path": "d.csv", "text_column": "t"},

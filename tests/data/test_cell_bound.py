@@ -5,14 +5,12 @@ from __future__ import annotations
 
 from conftest import minimal_contract as _contract
 from datasets import Dataset
-from support.cell_bound import SpyTokenizer
+from support.cell_bound import MB3, SpyTokenizer
 from tiny import byte_tokenizer
 
 from dplora.data.cells import CHARS_PER_TOKEN_BOUND, cell_char_bound, tokenize_cells
 from dplora.data.tokens import tokenize_records
 from dplora.evaluate.generate import prompt_ids, served_prompt_ids
-
-MB3 = 3 * 1024 * 1024
 
 
 def _uncut_records(table, tok, contract):

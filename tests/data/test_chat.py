@@ -11,14 +11,12 @@ import json
 
 import pytest
 from conftest import contract_table, minimal_contract
-from support.chat import CONVO
+from support.chat import CONVO, IGN
 from tiny import CHATML, LLAMA3, chat_tokenizer
 
 from dplora.data import tokens as tokenizing
 from dplora.data.chat import ChatEncoder, check_messages, template_sha256
 from dplora.errors import BadInputError
-
-IGN = -100
 
 
 def _tok(tokenizer, text: str) -> list[int]:

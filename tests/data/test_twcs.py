@@ -12,16 +12,11 @@ from collections import Counter
 from datetime import datetime
 
 import pytest
-from conftest import SHARED
+from support.twcs import TWCS, needs_twcs
 
 from dplora.data.twcs import PAIR_COLUMNS, load_twcs_pairs, write_twcs_pairs
 from dplora.data.twcs_tweets import plain_text, read_twcs_rows
 from dplora.errors import BadInputError
-
-TWCS = SHARED / "data" / "twcs_customer_support_twitter" / "twcs_first5000.csv"
-
-
-needs_twcs = pytest.mark.skipif(not TWCS.exists(), reason=f"TWCS sample not present at {TWCS}")
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import SHARED
-from support.twcs_neighbours import shared_csv
+from support.twcs_neighbours import TWCS, shared_csv
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
@@ -22,12 +21,6 @@ from dplora.data.twcs_tweets import BrandRule, load_brands, read_twcs_rows
 from dplora.errors import BadInputError
 
 runner = CliRunner()
-
-
-TWCS = SHARED / "data" / "twcs_customer_support_twitter" / "twcs_first5000.csv"
-
-
-HEADER = ",tweet_id,author_id,inbound,created_at,text,response_tweet_id,in_response_to_tweet_id\n"
 
 
 def test_a_brand_that_answered_only_another_customer_stays_a_brand(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 from support.architectures import RECORDS
-from support.checkpointing import shared_model
+from support.checkpointing import PAD, shared_model
 from tiny import tiny_causal_lm
 
 from dplora.engine import batch as batching
@@ -21,12 +21,6 @@ from dplora.errors import TrainingFailedError
 from dplora.mechanism import optimizer as dpopt
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning")
-
-
-PAD = 256
-
-
-ALL_7 = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def test_reentrant_checkpointing_and_a_second_write_are_refused():

@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from support.device import DevicePolice, shared_contract
+from support.device import PACKAGE, DevicePolice, shared_contract
 from tiny import tiny_llama
 
-import dplora
 from dplora.contract.loader import parse_contract
 from dplora.engine import batch as batching
 from dplora.engine import gradcheck
@@ -31,9 +30,6 @@ from dplora.release import envelope as release
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning"
 )
-
-
-PACKAGE = str(Path(dplora.__file__).parent)  # every dplora module (the package root, not one stage)
 
 
 def test_device_police_catches_a_cpu_default():

@@ -8,23 +8,13 @@ from pathlib import Path
 
 import pytest
 from conftest import contract_dict, write_contract
-from support.hub_model import build_hub_cache
-from typer.testing import CliRunner
+from support.hub_model import COMMIT, OTHER, build_hub_cache, runner
 
 from dplora.cli.app import app
 from dplora.contract.loader import parse_contract
 from dplora.errors import BadInputError
 
-runner = CliRunner()
-
-
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")
-
-
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
-
-
-OTHER = "fedcba9876543210fedcba9876543210fedcba98"
 
 
 @pytest.fixture

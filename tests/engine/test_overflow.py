@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.overflow import C
 
 from dplora.mechanism.clipping import UnitClipAccumulator
-
-C = 1.0
 
 
 def _clipped(rows: list[torch.Tensor]) -> torch.Tensor:

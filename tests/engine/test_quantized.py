@@ -21,14 +21,11 @@ import copy
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model  # noqa: E402
-from support.quantized import build_model_dir
+from support.quantized import OUTLIER, bnb, build_model_dir
 
 from dplora.engine import batch as batching  # noqa: E402
 from dplora.engine.fastclip import FlatLoRAGrads  # noqa: E402
 from dplora.mechanism.clipping import UnitClipAccumulator  # noqa: E402
-
-bnb = pytest.importorskip("bitsandbytes")  # the `quant` extra; CI installs it (scripts/setup.sh)
-
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Full backward hook is firing:UserWarning",
@@ -39,9 +36,6 @@ pytestmark = pytest.mark.filterwarnings(
 
 
 PAD, IGNORE = 256, batching.IGNORE_INDEX
-
-
-OUTLIER, HOT = 99, 3
 
 
 ALL_7 = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

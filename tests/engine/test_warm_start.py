@@ -18,8 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import release_statement, train_tiny
-from support.warm_start import build_public_csv
-from typer.testing import CliRunner
+from support.warm_start import WARM, build_public_csv, runner
 
 from dplora.cli.app import app
 from dplora.engine import warmstart
@@ -27,12 +26,6 @@ from dplora.engine import warmstart
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning"
 )
-
-
-runner = CliRunner()
-
-
-WARM = {"steps": 6, "batch_size": 4, "lr": 0.05}  # a large lr: the tiny model's adapters move visibly in 6 steps
 
 
 @pytest.fixture(scope="module")

@@ -11,14 +11,10 @@ import pytest
 import torch
 from conftest import INTENT_LABELS as LABELS
 from conftest import contract_dict, minimal_contract, write_contract
-from support.classify import build_files
-from typer.testing import CliRunner
+from support.classify import build_files, runner
 
 from dplora.cli.app import app
 from dplora.contract.loader import parse_contract
-
-runner = CliRunner()
-
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")
 

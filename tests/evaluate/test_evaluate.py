@@ -8,13 +8,10 @@ import math
 import pytest
 import torch
 from conftest import contract_dict, write_contract
-from typer.testing import CliRunner
+from support.evaluate import runner
 
 from dplora.cli.app import app
 from dplora.contract.loader import parse_contract
-
-runner = CliRunner()
-
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")
 

@@ -6,16 +6,10 @@ from __future__ import annotations
 import sys
 
 import pytest
-from support.plot import fake_run
-from typer.testing import CliRunner
+from support.plot import fake_run, run
 
-from dplora.cli.app import app
 from dplora.errors import BadInputError
 from dplora.evaluate import plot as plot_mod
-
-
-def run(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 def test_plot_errors_are_one_line(tmp_path, monkeypatch):

@@ -12,19 +12,16 @@ Regenerate only on purpose (a reviewed behaviour change): ``DPLORA_GOLDEN_WRITE=
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
+from support.golden import WRITE
 from typer.main import get_command
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
 
 HERE = Path(__file__).parent
-
-
-WRITE = os.environ.get("DPLORA_GOLDEN_WRITE") == "1"
 
 
 def _commands(group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:

@@ -10,17 +10,12 @@ from pathlib import Path
 
 import pytest
 import typer
-from support.ledger import shared_reserve
+from support.ledger import POP, SHA, shared_reserve
 from typer.testing import CliRunner
 
 from dplora.cli.ledger import ledger_app
 from dplora.errors import BadInputError, PlanRefusedError
 from dplora.ledger.store import LEDGER_ENV, Ledger, LedgerError, default_ledger_path
-
-POP = "support-tickets-eu"
-
-
-SHA = [f"{i:064x}" for i in range(100)]
 
 
 @pytest.fixture

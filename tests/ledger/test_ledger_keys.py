@@ -13,14 +13,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from support.ledger_keys import reserve
-from typer.testing import CliRunner
+from support.ledger_keys import reserve, runner
 
 from dplora.cli.app import app
 from dplora.errors import BadInputError, PlanRefusedError
 from dplora.ledger.store import Ledger
-
-runner = CliRunner()
 
 
 def test_a_charge_keyed_on_another_column_is_refused_naming_both_keys(tmp_path):

@@ -9,14 +9,11 @@ from decimal import Decimal
 import pytest
 import torch
 from conftest import contract_dict, write_contract
-from typer.testing import CliRunner
+from support.control import runner
 
 from dplora.cli.app import app
 from dplora.ledger.store import Ledger
 from dplora.mechanism.control import NonPrivateStep, StepCounter
-
-runner = CliRunner()
-
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")
 

@@ -6,7 +6,7 @@ import json
 import math
 
 import pytest
-from support.plan import check_curve, contract, user_contract
+from support.plan import TOL, check_curve, contract, plan, shared_users_csv, user_contract
 
 from dplora.accounting import epsilon
 from dplora.accounting.events import Accountant
@@ -14,17 +14,11 @@ from dplora.contract.loader import parse_contract
 from dplora.errors import BadInputError, PlanRefusedError
 from dplora.plan.training import check_delta, make_plan, planned_steps
 
-TOL = 0.02
-
 
 @pytest.fixture(autouse=True)
 def _fresh_cache(tmp_path, monkeypatch):
     """A fresh calibration cache per test: no result depends on an earlier run."""
     monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
-
-
-def plan(n, privacy=None, training=None, source="contract"):
-    return make_plan(contract(privacy, training), num_units=n, num_units_source=source)
 
 
 @pytest.mark.parametrize(
@@ -123,16 +117,9 @@ def test_no_warning_when_delta_well_below():
     assert len(check_delta(1.01e-4, 1000)) == 1
 
 
-def _users_csv(path, users=1000, rows_per_user=10):
-    lines = ["user_id,message,reply"]
-    lines += [f"u{u},hello {u} {r},hi {r}" for u in range(users) for r in range(rows_per_user)]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
 @pytest.fixture(scope="module")
 def users_csv(tmp_path_factory):
-    return _users_csv(tmp_path_factory.mktemp("users") / "users.csv")
+    return shared_users_csv(tmp_path_factory.mktemp("users") / "users.csv")
 
 
 @pytest.mark.parametrize(
@@ -217,7 +204,6 @@ def test_plan_to_dict_is_json():
 def test_absurd_epochs_are_refused_at_plan_time():
     """T above the supported maximum (10^6) is refused before any accountant work."""
     from dplora.errors import PlanRefusedError
-    from dplora.plan.training import make_plan
 
     raw = {
         "privacy": {

@@ -5,14 +5,12 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import contract_dict
+from support.planner import ARGS, auto
 
 from dplora.accounting.calibration import calibrate
 from dplora.contract.loader import parse_contract
 from dplora.errors import BadInputError, PlanRefusedError
 from dplora.plan.planner import batch_options, recommend, scaled_lr
-
-ARGS = {"num_units": 1000, "target_epsilon": 8.0, "delta": 1e-5, "accountant": "rdp", "adjacency": "add_remove"}
 
 
 def test_an_unreachable_target_is_refused():
@@ -68,15 +66,8 @@ def test_scaled_lr_sqrt():
     assert scaled_lr(1e-3, 128) == pytest.approx(2e-3)
 
 
-def _auto(tmp_path, tiny_model_dir, data, **training):
-    raw = contract_dict(tiny_model_dir, data, tmp_path / "out", privacy={"num_units": 800})
-    raw["training"].pop("steps")
-    raw["training"].update({"expected_batch_size": "auto", "steps": "auto"} | training)
-    return raw
-
-
 def test_auto_contract_validation(tmp_path, tiny_model_dir, tickets_csv):
-    raw = _auto(tmp_path, tiny_model_dir, tickets_csv)
+    raw = auto(tmp_path, tiny_model_dir, tickets_csv)
     assert parse_contract(raw).training.is_auto
     raw["training"]["expected_batch_size"] = 8
     with pytest.raises(BadInputError, match="steps: auto needs"):
@@ -97,7 +88,7 @@ def test_the_recorded_schedule_is_the_one_that_runs(tmp_path, tiny_model_dir, gi
     optimization.planner) says so, never the planner's default beside them."""
     from dplora.plan.resolve import resolve_auto
 
-    raw = _auto(tmp_path, tiny_model_dir, tmp_path / "missing.csv", epochs=3, **given)
+    raw = auto(tmp_path, tiny_model_dir, tmp_path / "missing.csv", epochs=3, **given)
     resolved, rec = resolve_auto(parse_contract(raw))
     t = resolved.training.model_dump(mode="json")
     table = rec.to_dict()

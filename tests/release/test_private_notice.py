@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import yaml
+from conftest import ROW_PRIVACY
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
@@ -26,12 +27,8 @@ def _world(folder: Path, model_dir: Path, key: Path, columns: list[str], rows: l
         writer.writerows(rows)
     contract = {
         "privacy": {
-            "protected_unit": "row",
-            "adjacency": "add_remove",
-            "target_epsilon": 8.0,
-            "delta": 1e-5,
+            **ROW_PRIVACY,
             "accountant": "rdp",
-            "max_grad_norm": 1.0,
             "num_units": 200,  # declared public N: the same in both worlds
         },
         "model": {"path": str(model_dir)},

@@ -7,14 +7,11 @@ from pathlib import Path
 
 import pytest
 from conftest import contract_dict, train_contract, write_contract
-from support.outputs import workdir
-from typer.testing import CliRunner
+from support.outputs import runner, workdir
 
 from dplora.cli.app import app
 from dplora.errors import BadInputError
 from dplora.run import outputs
-
-runner = CliRunner()
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:

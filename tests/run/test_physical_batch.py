@@ -16,19 +16,15 @@ import numpy as np
 import pytest
 import torch
 from conftest import contract_dict
-from support.physical_batch import OOMAbove, engine, shared_model
+from support.physical_batch import IGNORE, PAD, PLAN, OOMAbove, engine, shared_model
 
 from dplora.contract.loader import parse_contract
-from dplora.engine import batch as batching
 from dplora.engine import distributed, membatch
 from dplora.mechanism import sampling
 from dplora.run import loop
 from dplora.run.execution import memory_entry
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning")
-
-
-PAD, IGNORE = 256, batching.IGNORE_INDEX
 
 
 RECORDS = [
@@ -48,14 +44,6 @@ UNITS = [[0, 1], [2, 3, 4], [5], [6, 7, 8]]  # records of each protected unit
 
 
 STEP_UNITS = [np.array([0, 1, 3]), np.array([1, 2]), np.array([0, 1, 2, 3])]  # the "Poisson" sample of each step
-
-
-PLAN = types.SimpleNamespace(
-    noise_multiplier=1.0, max_grad_norm=0.5, expected_batch_size=2.0, sample_rate=0.5, steps=3, target_epsilon=10.0
-)
-
-
-PLAN.epsilon_at = lambda step: 0.1 * step
 
 
 REAL_PHYSICAL_BATCHES = loop._physical_batches

@@ -6,17 +6,11 @@ SIGKILLs itself there; in-process tests replace the hook with a signal, a full d
 
 from __future__ import annotations
 
-from support.resume import partial_dir, setup, train
-from typer.testing import CliRunner
+from support.resume import partial_dir, runner, setup, train
 
 from dplora.cli.app import app
 from dplora.ledger.store import Ledger
 from dplora.run import checkpoint
-
-runner = CliRunner()
-
-
-T = 8
 
 
 def test_settle_without_a_readable_checkpoint_charges_the_planned_epsilon(tmp_path):

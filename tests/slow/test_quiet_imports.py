@@ -1,4 +1,4 @@
-"""Third-party import-time notices that are not actionable do not reach dplora's users; the rest still do."""
+"""The slow tier of tests/test_quiet_imports.py, whose docstring describes the module."""
 
 import dplora  # noqa: F401  (installs the filter)
 

@@ -70,7 +70,7 @@ def observed(case: str) -> float:
     return eps(accountant, q, sigma, steps, delta, adjacency)
 
 
-def _broken_prv(event, delta, *args):
+def broken_prv(event, delta, *args):
     raise AccountingNumericalError("Discrete mean differs from continuous mean")
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from conftest import ROW_PRIVACY
+
 from dplora.accounting.backends import rdp_epsilons
 from dplora.accounting.events import Accountant, DpSgdEvent
 from dplora.contract.loader import parse_contract
@@ -15,11 +17,7 @@ PRV, PLD, RDP = Accountant.PRV, Accountant.PLD, Accountant.RDP
 def shared_plan(n, batch, steps, **privacy):
     raw = {
         "privacy": {
-            "protected_unit": "row",
-            "adjacency": "add_remove",
-            "target_epsilon": 8.0,
-            "delta": 1e-5,
-            "max_grad_norm": 1.0,
+            **ROW_PRIVACY,
             **privacy,
         },
         "model": {"path": "/nonexistent"},
@@ -29,7 +27,7 @@ def shared_plan(n, batch, steps, **privacy):
     return make_plan(parse_contract(raw), num_units=n, num_units_source="contract")
 
 
-def _never(*_args, **_kwargs):
+def never(*_args, **_kwargs):
     raise AssertionError("a numerical accountant was called outside its range")
 
 
@@ -51,7 +49,7 @@ EVENT = DpSgdEvent(sample_rate=0.01, noise_multiplier=1.0, steps=100)
 STEPS = [1, 50, 100]
 
 
-def _fake_pld(values):
+def fake_pld(values):
     def fake(event, delta, steps, interval=1e-4):
         return [values(event.noise_multiplier, t) for t in steps]
 

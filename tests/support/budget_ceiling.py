@@ -26,7 +26,7 @@ def config(tmp_path: Path, rows: int, name: str = "contract.yaml") -> Path:
     return path
 
 
-def _json(*args) -> dict:
+def shared_json(*args) -> dict:
     res = CliRunner().invoke(app, ["budget", *map(str, args), "--json"])
     assert res.exit_code == 0, res.output
     return json.loads(res.stdout)

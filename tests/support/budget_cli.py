@@ -22,11 +22,11 @@ def build_config(tmp_path):
     """The contract (N=1000 declared) and a 100-row data.csv: budget reads the data as train does."""
     path = tmp_path / "contract.yaml"
     path.write_text(CONTRACT)
-    _write_csv(tmp_path / "data.csv", [(f"u{i}", f"question {i}", f"answer {i}") for i in range(100)])
+    write_csv(tmp_path / "data.csv", [(f"u{i}", f"question {i}", f"answer {i}") for i in range(100)])
     return path
 
 
-def _write_csv(path: Path, rows: list[tuple], header=("user_id", "message", "reply")) -> Path:
+def write_csv(path: Path, rows: list[tuple], header=("user_id", "message", "reply")) -> Path:
     lines = [",".join(header)] + [",".join(str(c) for c in row) for row in rows]
     path.write_text("\n".join(lines) + "\n")
     return path

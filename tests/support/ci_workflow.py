@@ -26,7 +26,7 @@ def workflow() -> dict:
     return yaml.safe_load(WORKFLOW.read_text())
 
 
-def _steps(workflow: dict) -> list[dict]:
+def shared_steps(workflow: dict) -> list[dict]:
     (job,) = workflow["jobs"].values()
     return job["steps"]
 

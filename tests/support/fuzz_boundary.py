@@ -76,7 +76,7 @@ values = st.recursive(
 sections = st.sampled_from([*KEYS, "evaluation", ""])
 
 
-def _bomb(levels: int) -> str:
+def bomb(levels: int) -> str:
     """A "billion laughs": each anchor is a list of nine aliases of the one before (9**levels strings)."""
     lines = ["b0: &b0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
     lines += [f"b{i}: &b{i} [{', '.join([f'*b{i - 1}'] * 9)}]" for i in range(1, levels)]

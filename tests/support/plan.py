@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from conftest import ROW_PRIVACY
 
 from dplora.contract.loader import parse_contract
 from dplora.errors import PlanRefusedError
@@ -14,12 +15,8 @@ TOL = 0.02
 def contract(privacy=None, training=None, data=None):
     raw = {
         "privacy": {
-            "protected_unit": "row",
-            "adjacency": "add_remove",
-            "target_epsilon": 8.0,
-            "delta": 1e-5,
+            **ROW_PRIVACY,
             "accountant": "rdp",
-            "max_grad_norm": 1.0,
         },
         "model": {"path": "/nonexistent"},
         "data": {"path": "data.csv", "prompt_column": "message", "response_column": "reply"},
@@ -37,7 +34,7 @@ def plan(n, privacy=None, training=None, source="contract"):
     return make_plan(contract(privacy, training), num_units=n, num_units_source=source)
 
 
-def _users_csv(path, users=1000, rows_per_user=10):
+def shared_users_csv(path, users=1000, rows_per_user=10):
     lines = ["user_id,message,reply"]
     lines += [f"u{u},hello {u} {r},hi {r}" for u in range(users) for r in range(rows_per_user)]
     path.write_text("\n".join(lines) + "\n")
@@ -54,7 +51,7 @@ def user_contract(path, **privacy):
 
 @pytest.fixture(scope="module")
 def users_csv(tmp_path_factory):
-    return _users_csv(tmp_path_factory.mktemp("users") / "users.csv")
+    return shared_users_csv(tmp_path_factory.mktemp("users") / "users.csv")
 
 
 def check_curve(p):

@@ -11,6 +11,7 @@ from datetime import datetime
 from pathlib import Path
 
 import yaml
+from conftest import ROW_PRIVACY
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
@@ -185,12 +186,8 @@ def diff_surfaces(a, b, path="") -> list[str]:
 def surface_contract(world: Path, model: Path, data_path: Path, output: Path | None = None, **sections) -> Path:
     raw = {
         "privacy": {
-            "protected_unit": "row",
-            "adjacency": "add_remove",
-            "target_epsilon": 8.0,
-            "delta": 1e-5,
+            **ROW_PRIVACY,
             "accountant": "rdp",
-            "max_grad_norm": 1.0,
         },
         "model": {"path": str(model)},
         "data": {"path": str(data_path), "prompt_column": "message", "response_column": "reply", "eval_fraction": 0.2},

@@ -7,13 +7,8 @@ Reference: ../shared/cases/README.md F7 row 2 (q 32/4214, σ 0.417, T 12: TPR 0.
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from support.budget_ceiling import config
-from typer.testing import CliRunner
-
-from dplora.cli.app import app
+from support.budget_ceiling import config, shared_json
 
 
 @pytest.fixture(autouse=True)
@@ -22,13 +17,7 @@ def _fresh_cache(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
-def _json(*args) -> dict:
-    res = CliRunner().invoke(app, ["budget", *map(str, args), "--json"])
-    assert res.exit_code == 0, res.output
-    return json.loads(res.stdout)
-
-
 def test_neighbouring_data_files_give_identical_ceilings(tmp_path):
-    big = _json(config(tmp_path, 100, "a.yaml"))
-    small = _json(config(tmp_path, 99, "b.yaml"))  # one row removed; N declared 4214 in both
+    big = shared_json(config(tmp_path, 100, "a.yaml"))
+    small = shared_json(config(tmp_path, 99, "b.yaml"))  # one row removed; N declared 4214 in both
     assert big["attack_ceiling"] == small["attack_ceiling"]

@@ -5,10 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from support.budget_cli import CONTRACT, budget_json, build_config
-from typer.testing import CliRunner
-
-from dplora.cli.app import app
+from support.budget_cli import CONTRACT, budget, budget_json, build_config, write_csv
 
 TOL = 0.02
 
@@ -35,16 +32,6 @@ def _fresh_cache(tmp_path, monkeypatch):
 @pytest.fixture
 def config(tmp_path) -> Path:
     return build_config(tmp_path)
-
-
-def _write_csv(path: Path, rows: list[tuple], header=("user_id", "message", "reply")) -> Path:
-    lines = [",".join(header)] + [",".join(str(c) for c in row) for row in rows]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def budget(*args: str):
-    return CliRunner().invoke(app, ["budget", *[str(a) for a in args]])
 
 
 def assert_one_line_error(res, *fragments: str) -> str:
@@ -121,7 +108,7 @@ def test_budget_declared_units_still_checks_the_data(config):
     report = budget_json(config, "privacy.noise_multiplier=1")
     assert report["num_units"] == 1000 and report["num_units_source"] == "contract"
     assert report["sample_rate"] == 32 / 1000  # N stays the declared public number, not the count (100)
-    _write_csv(Path("data.csv"), [(f"u{i}", f"question {i}", f"answer {i}") for i in range(50)])
+    write_csv(Path("data.csv"), [(f"u{i}", f"question {i}", f"answer {i}") for i in range(50)])
     fewer = budget_json(config, "privacy.num_units=8", "training.expected_batch_size=4", "privacy.noise_multiplier=5")
     assert fewer["num_units"] == 8  # more units than declared: a local warning, not a refusal (issue 23)
     assert any("more protected units than privacy.num_units=8" in w for w in fewer["warnings"])
@@ -133,7 +120,7 @@ def test_budget_declared_units_still_checks_the_data(config):
 def test_budget_labels_private_statistics(config):
     """Item 7: records-per-unit statistics carry the 'not covered by DP' label of metrics.jsonl."""
     rows = [(f"u{u}", f"question {u} {r}", f"answer {r}") for u in range(40) for r in range(1 + u % 11)]
-    _write_csv(Path("data.csv"), rows)
+    write_csv(Path("data.csv"), rows)
     args = ["privacy.num_units=null", "privacy.noise_multiplier=1", "privacy.target_epsilon=50"]
     args += ["privacy.protected_unit=user", "privacy.unit_key=user_id", "training.expected_batch_size=4"]
     report = budget_json(config, *args)
@@ -151,16 +138,16 @@ def test_budget_public_view_has_no_private_statistic_and_no_counted_private_n(co
     """Issue 40: without a terminal (a CI log) or with --json and no --show-private, budget publishes public inputs
     only: no records-per-unit statistics, no data-count warning, no planning time, and a counted N where N is
     private is refused by the contract alone (exit 2, the same line whatever the data holds)."""
-    _write_csv(Path("data.csv"), [(f"u{u}", f"question {u}", "answer") for u in range(40)])
+    write_csv(Path("data.csv"), [(f"u{u}", f"question {u}", "answer") for u in range(40)])
     public = budget_json(config, *DECLARED, "training.steps=300", private=False)
     assert "not_covered_by_dp" not in public and "seconds" not in public
     assert not [w for w in public["warnings"] if "privacy.num_units=10000" in w]
     assert public == budget_json(config, *DECLARED, "training.steps=300", private=False)  # same document again
-    _write_csv(Path("data.csv"), [(f"u{u}", f"question {u}", "answer") for u in range(41)])  # a neighbour
+    write_csv(Path("data.csv"), [(f"u{u}", f"question {u}", "answer") for u in range(41)])  # a neighbour
     assert budget_json(config, *DECLARED, "training.steps=300", private=False) == public
     errors = []
     for n in (40, 41):
-        _write_csv(Path("data.csv"), [(f"u{u}", f"question {u}", "answer") for u in range(n)])
+        write_csv(Path("data.csv"), [(f"u{u}", f"question {u}", "answer") for u in range(n)])
         res = budget(config, "privacy.num_units=null", "privacy.noise_multiplier=1", "--json")
         assert res.exit_code == 2 and "declare a public (rounded) N" in res.stderr and str(n) not in res.stderr
         errors.append(res.output)
@@ -267,7 +254,7 @@ def test_data_path_is_a_folder(config):
 
 
 def test_missing_column(config):
-    _write_csv(Path("data.csv"), [("u1", "hello")], header=("user_id", "message"))
+    write_csv(Path("data.csv"), [("u1", "hello")], header=("user_id", "message"))
     assert_one_line_error(budget(config, "privacy.num_units=null"), "'reply'")
 
 
@@ -280,7 +267,7 @@ def test_empty_data_file(config, content):
 def test_budget_states_what_the_unit_covers(config):
     """The budget says what each unit protects; ticket-level carries the group-privacy caveat."""
     rows = [(f"t{u}", f"question {u} {r}", f"answer {r}") for u in range(40) for r in range(1 + u % 3)]
-    _write_csv(Path("data.csv"), rows)
+    write_csv(Path("data.csv"), rows)
     common = ["privacy.num_units=null", "privacy.noise_multiplier=1", "privacy.target_epsilon=50"]
     row = budget_json(config, *common)
     assert row["unit_note"].startswith("row-level") and "not a ticket or a customer" in row["unit_note"]

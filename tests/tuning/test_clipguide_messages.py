@@ -7,12 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import contract_dict
+from support.clipguide_messages import NO_PAIR
 from tiny import CHATML, save_chat_model
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")
-
-
-NO_PAIR = {"prompt_column": None, "response_column": None}
 
 
 def _by_hand(tokenizer, conversation) -> tuple[list[int], list[int]]:

@@ -1,19 +1,25 @@
-"""Pinned accountant numbers and calibration guarantees (cases A1–A10 of ../shared/cases/README.md).
-
-Reference values: Opacus 1.6.0 (RDP, PRV), dp-accounting 0.6.0 (PLD); tolerance ±0.02 in ε unless stated.
-"""
+"""The slow tier of tests/accounting/test_accounting.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
-import functools
-
 import pytest
+from conftest import ROW_PRIVACY
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from support.accounting import PINNED_FAST, SLOW_A1_GRID, SLOW_PINNED, calib, check_grid_point, eps
+from support.accounting import (
+    PINNED,
+    SLOW_A1_GRID,
+    SLOW_PINNED,
+    TOL,
+    broken_prv,
+    calib,
+    check_grid_point,
+    eps,
+    observed,
+)
 
 import dplora.accounting.backends as backends
-from dplora.accounting.backends import RDP_ORDERS, AccountingNumericalError
+from dplora.accounting.backends import RDP_ORDERS
 from dplora.accounting.calibration import SIGMA_MIN
 from dplora.accounting.checked import checked_curve, numerical_chain
 from dplora.accounting.cost import tolerance_for
@@ -22,26 +28,11 @@ from dplora.contract.loader import parse_contract
 from dplora.errors import PlanRefusedError
 from dplora.plan.training import make_plan
 
-TOL = 0.02
-
-
-MNIST_Q = 256 / 60000
-
 
 @pytest.fixture(autouse=True)
 def _fresh_cache(tmp_path, monkeypatch):
     """A fresh calibration cache per test: no result depends on an earlier run."""
     monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
-
-
-PINNED = {p[0]: p[1:] for p in PINNED_FAST}
-
-
-@functools.cache
-def observed(case: str) -> float:
-    """ε for a pinned case, computed once per session (the relations test reuses it)."""
-    accountant, q, sigma, steps, delta, adjacency, _ = PINNED[case]
-    return eps(accountant, q, sigma, steps, delta, adjacency)
 
 
 def test_rdp_orders_equal_opacus_default_alphas():
@@ -130,12 +121,8 @@ def test_a2_prv_small_target():
 def _contract(**privacy):
     raw = {
         "privacy": {
-            "protected_unit": "row",
-            "adjacency": "add_remove",
-            "target_epsilon": 8.0,
-            "delta": 1e-5,
+            **ROW_PRIVACY,
             "accountant": "prv",
-            "max_grad_norm": 1.0,
             **privacy,
         },
         "model": {"path": "/nonexistent"},
@@ -145,12 +132,8 @@ def _contract(**privacy):
     return parse_contract(raw)
 
 
-def _broken_prv(event, delta, *args):
-    raise AccountingNumericalError("Discrete mean differs from continuous mean")
-
-
 def test_a3_plan_falls_back_to_pld(monkeypatch):
-    monkeypatch.setattr(backends, "prv_epsilon", _broken_prv)
+    monkeypatch.setattr(backends, "prv_epsilon", broken_prv)
     plan = make_plan(_contract(noise_multiplier=1.0), num_units=1000, num_units_source="contract")
     assert plan.sample_rate == 0.2 and plan.steps == 10
     assert plan.accountant is Accountant.PLD
@@ -162,7 +145,7 @@ def test_a3_plan_falls_back_to_pld(monkeypatch):
 
 
 def test_a3_calibrating_plan_falls_back_to_pld(monkeypatch):
-    monkeypatch.setattr(backends, "prv_epsilon", _broken_prv)
+    monkeypatch.setattr(backends, "prv_epsilon", broken_prv)
     plan = make_plan(_contract(target_epsilon=5.0), num_units=1000, num_units_source="contract")
     assert plan.accountant is Accountant.PLD and plan.accountant_note
     assert plan.noise_source == "calibrated"

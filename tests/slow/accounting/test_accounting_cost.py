@@ -1,11 +1,4 @@
-"""The PLD cost limit is a model measured on the reference machine, not a guess (issue 41.5).
-
-Main refused PLD at q 0.2, σ 0.5, T 3 ("PLD would cost 4.62e+06 work units (limit 4.19e+06 …)") and at q 0.01,
-σ 0.35, T 120 (7.91e6 units), which dp_accounting answers in 3.5 s and 4.8 s here. The measured cases below are
-every PLD case of tests/accounting and of ../shared/cases (A1-A10, F6-F8), the two issue cases and larger ones,
-with dp_accounting's own time (seconds, one PLDAccountant ε, 2026-12-03, the machine shared with one other job):
-each one measured under 10 s must be in range, and something far beyond must still be refused.
-"""
+"""The slow tier of tests/accounting/test_accounting_cost.py, whose docstring describes the module."""
 
 from __future__ import annotations
 

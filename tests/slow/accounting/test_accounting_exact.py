@@ -1,16 +1,10 @@
-"""Closed forms before grids (issue 23, item 4): q = 1 is the Gaussian mechanism and a single step has an exact
-privacy profile, so neither meets the accountant cost limit; a calibration that cannot reach its tolerance says so.
-
-References: the analytic Gaussian mechanism (Balle & Wang 2018, Thm. 8; ``dp_accounting.get_epsilon_gaussian``)
-and the pinned values of ../shared/cases/README.md (A3, A7, A10) with Opacus 1.6.0 / dp-accounting 0.6.0.
-"""
+"""The slow tier of tests/accounting/test_accounting_exact.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
 import pytest
 
 import dplora.accounting.cost as cost
-from dplora.accounting import epsilon
 from dplora.contract.loader import parse_contract
 from dplora.plan.training import make_plan
 
@@ -18,12 +12,6 @@ from dplora.plan.training import make_plan
 @pytest.fixture(autouse=True)
 def _fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
-
-
-def pld(q, sigma, steps, adjacency="add_remove", delta=1e-5):
-    return epsilon(
-        sample_rate=q, noise_multiplier=sigma, steps=steps, delta=delta, accountant="pld", adjacency=adjacency
-    )
 
 
 def test_loose_calibration_says_so_in_the_accountant_note(monkeypatch):

@@ -1,11 +1,4 @@
-"""Accountants only where their numbers hold (issue 7): the cost and δ range of PRV/PLD decided before any call,
-checked ε curves with RDP as the floor under add/remove, tolerance from the target, and refusal under replace-one.
-
-Cases 1-3 are the issue's: a tiny δ (N=120, q=1/15, T=400, δ=1e-15, ε=4), a tiny ε (N=50,000, q=0.01, T=1000,
-δ=1e-5, ε=0.01) and a huge ε (the demo contract, ε=1e6). Reference σ values: RDP reaches ε=4.00 in case 1 at
-σ ≈ 2.955 (ε 2.09 / 2.87 / 3.48 / 4.00 at 25 / 50 / 75 / 100 % of T); PLD at its default interval (1e-4 =
-target/100) needs σ ≈ 81.4 in case 2.
-"""
+"""The slow tier of tests/accounting/test_accounting_range.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
@@ -14,7 +7,7 @@ import math
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.accounting_range import assert_checked, shared_plan
+from support.accounting_range import EVENT, PLD, PRV, RDP, STEPS, assert_checked, fake_pld, never, shared_plan
 
 import dplora.accounting.backends as backends
 import dplora.accounting.cost as cost
@@ -30,16 +23,10 @@ from dplora.accounting.cost import (
 from dplora.accounting.events import Accountant, DpSgdEvent
 from dplora.errors import PlanRefusedError
 
-PRV, PLD, RDP = Accountant.PRV, Accountant.PLD, Accountant.RDP
-
 
 @pytest.fixture(autouse=True)
 def _fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
-
-
-def _never(*_args, **_kwargs):
-    raise AssertionError("a numerical accountant was called outside its range")
 
 
 def test_case2_tiny_target_is_computed_to_its_own_precision():
@@ -53,8 +40,8 @@ def test_case2_tiny_target_is_computed_to_its_own_precision():
 
 def test_case3_huge_target_is_decided_by_the_cost_estimate(monkeypatch):
     """ε=1e6 on the demo's q and T: PRV and PLD would need billions of points; RDP is used, neither is called."""
-    monkeypatch.setattr(backends, "prv_epsilon", _never)
-    monkeypatch.setattr(backends, "pld_epsilons", _never)
+    monkeypatch.setattr(backends, "prv_epsilon", never)
+    monkeypatch.setattr(backends, "pld_epsilons", never)
     p = shared_plan(1000, 32, 24, target_epsilon=1e6, accountant="prv")
     assert p.accountant is RDP
     assert "PRV would need" in p.accountant_note and "PLD would take" in p.accountant_note
@@ -72,19 +59,6 @@ def test_demo_contract_keeps_prv():
     assert_checked(p)
 
 
-EVENT = DpSgdEvent(sample_rate=0.01, noise_multiplier=1.0, steps=100)
-
-
-STEPS = [1, 50, 100]
-
-
-def _fake_pld(values):
-    def fake(event, delta, steps, interval=1e-4):
-        return [values(event.noise_multiplier, t) for t in steps]
-
-    return fake
-
-
 def test_prv_failing_falls_to_pld_then_rdp(monkeypatch):
     def broken(*_args):
         raise backends.AccountingNumericalError("Discrete mean differs from continuous mean")
@@ -92,7 +66,7 @@ def test_prv_failing_falls_to_pld_then_rdp(monkeypatch):
     monkeypatch.setattr(backends, "prv_epsilon", broken)
     curve = checked_curve(EVENT, 1e-5, (PRV, PLD), STEPS, Tolerance())
     assert curve.accountant is PLD and "Discrete mean" in curve.notes[0]
-    monkeypatch.setattr(backends, "pld_epsilons", _fake_pld(lambda s, t: math.nan))
+    monkeypatch.setattr(backends, "pld_epsilons", fake_pld(lambda s, t: math.nan))
     curve = checked_curve(EVENT, 1e-5, (PRV, PLD), STEPS, Tolerance())
     assert curve.accountant is RDP and len(curve.notes) == 2
 
@@ -100,7 +74,7 @@ def test_prv_failing_falls_to_pld_then_rdp(monkeypatch):
 @pytest.mark.parametrize("privacy", [{"target_epsilon": 1.0}, {"target_epsilon": 8.0, "noise_multiplier": 5.0}])
 def test_epsilon_rising_with_sigma_is_caught(monkeypatch, privacy):
     """Calibration checks its (σ, ε) pairs; a given σ is probed at 1.01·σ. Either way the plan uses RDP."""
-    monkeypatch.setattr(backends, "pld_epsilons", _fake_pld(lambda s, t: s * s / 10 * t / 100))
+    monkeypatch.setattr(backends, "pld_epsilons", fake_pld(lambda s, t: s * s / 10 * t / 100))
     p = shared_plan(10_000, 100, 100, accountant="pld", **privacy)
     assert p.accountant is RDP and "not non-increasing in σ" in p.accountant_note
     assert_checked(p)

@@ -1,9 +1,4 @@
-"""The attack ceiling (issue 46 item 1): F7's three rows, a closed-form reference, and what the ceiling may read.
-
-References: ../shared/cases/README.md F7 (dp_accounting ``get_true_positive_rates``, PLD add/remove, ε grid 0-30
-step 0.01, tolerance ±0.002) and, at q = 1, the Gaussian trade-off curve TPR(α) = Φ(Φ⁻¹(α) + μ) with
-μ = √T/σ (Dong, Roth & Su 2022, μ-GDP is exact for T Gaussian mechanisms of sensitivity 1 and std σ).
-"""
+"""The slow tier of tests/accounting/test_attack_ceiling.py, whose docstring describes the module."""
 
 from __future__ import annotations
 

@@ -1,17 +1,15 @@
-"""One serialised form of the DP-SGD event (issue 44, item 3): the record's ``mechanism``, a ledger charge's events
-and composition all write :meth:`DpSgdEvent.to_dict` and read it back with :meth:`DpSgdEvent.from_dict`."""
+"""The slow tier of tests/accounting/test_event_form.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
+from support.event_form import EVENT
 
 from dplora.accounting.composition import compose_events, dp_event_of, validate_events
-from dplora.accounting.events import Adjacency, DpSgdEvent
+from dplora.accounting.events import DpSgdEvent
 from dplora.plan.training import TrainingPlan, ledger_event
-
-EVENT = DpSgdEvent(sample_rate=0.0625, noise_multiplier=0.93, steps=37, adjacency=Adjacency.REPLACE_ONE)
 
 
 def _plan(tmp_path, monkeypatch) -> TrainingPlan:

@@ -1,4 +1,4 @@
-"""dplora audit: canaries as protected units, exposure and AUC by hand, the CLI on a tiny model, refusals."""
+"""The slow tier of tests/audit/test_audit.py, whose docstring describes the module."""
 
 from __future__ import annotations
 

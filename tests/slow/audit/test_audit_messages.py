@@ -1,5 +1,4 @@
-"""Audit canaries as conversations (issue 31): on a messages contract the canary is a user turn + the secret in the
-assistant turn, trained and scored through the chat template with the mask of training (assistant span only)."""
+"""The slow tier of tests/audit/test_audit_messages.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
@@ -8,7 +7,7 @@ import math
 
 import pytest
 from conftest import write_contract
-from support.audit_messages import shared_contract
+from support.audit_messages import PRIVATE_MARK, shared_contract
 from tiny import CHATML
 from typer.testing import CliRunner
 
@@ -19,12 +18,6 @@ runner = CliRunner()
 
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")
-
-
-NO_PAIR = {"prompt_column": None, "response_column": None}
-
-
-PRIVATE_MARK = "PRIVATE-TICKET-TEXT"
 
 
 def test_audit_of_a_messages_contract_scores_canaries_through_the_template(tmp_path):

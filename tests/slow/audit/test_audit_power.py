@@ -1,9 +1,4 @@
-"""Audits that state their power (issue 46 item 2, issue 49): the ε̂ ceiling of (m, r) (F9), "uninformative"
-below 1,000 canaries, and the measured TPR against the release's attack ceiling (exit 5 beyond its interval).
-
-References: ../shared/cases/README.md F9 (Steinke, Nasr & Jagielski 2023; tolerance 1e-4; with v = r and δ 0 the
-bound is logit(0.05^(1/r))) and F7 row 2 for the ceiling; Clopper-Pearson limits checked against hand values.
-"""
+"""The slow tier of tests/audit/test_audit_power.py, whose docstring describes the module."""
 
 from __future__ import annotations
 

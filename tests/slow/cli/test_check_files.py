@@ -1,6 +1,4 @@
-"""Issue 42.6: ``dplora validate --check-files`` checks the model (config.json, weights, tokenizer, chat template)
-and the data file (columns from its header or schema, the conversation shape) without importing torch, printing
-no value computed from the records (issue 49); ``train`` checks the model folder before it reads the data."""
+"""The slow tier of tests/cli/test_check_files.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
@@ -10,26 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import contract_dict, write_contract
+from support.check_files import SECRET, shared_cfg, validate
 from tiny import save_chat_model
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-SECRET = "SECRET-7f3a"
-
-
-def _cfg(tmp_path, model, data_path, **sections):
-    raw = contract_dict(model, data_path, tmp_path / "out", **sections)
-    raw["privacy"]["num_units"] = 100
-    return write_contract(tmp_path / "c.yaml", raw)
-
-
-def _validate(cfg, *extra):
-    return CliRunner().invoke(app, ["validate", str(cfg), "--check-files", *extra])
 
 
 @pytest.fixture
@@ -40,7 +25,7 @@ def data_csv(tmp_path):
 
 
 def test_ok_lines_name_the_model_and_the_columns(tmp_path, tiny_model_dir, data_csv):
-    result = _validate(_cfg(tmp_path, tiny_model_dir, data_csv))
+    result = validate(shared_cfg(tmp_path, tiny_model_dir, data_csv))
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[0].startswith(f"OK: contract {tmp_path / 'c.yaml'} is valid (sha256 ")
@@ -61,7 +46,7 @@ def test_conversation_shape_from_the_first_record(tmp_path):
     good.write_text(json.dumps({"customer_id": "c1", "messages": turns}) + "\n")
     data = {"prompt_column": None, "response_column": None, "record_format": "messages"}
     privacy = {"protected_unit": "user", "unit_key": "customer_id"}
-    result = _validate(_cfg(tmp_path, model, good, data=data, privacy=privacy))
+    result = validate(shared_cfg(tmp_path, model, good, data=data, privacy=privacy))
     assert result.exit_code == 0, result.output
     assert "a chat template)" in result.output
     assert f"OK  data.path: {good} (jsonl; columns messages, customer_id present); messages holds lists of" in (
@@ -69,14 +54,14 @@ def test_conversation_shape_from_the_first_record(tmp_path):
     )
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"customer_id": "c1", "messages": SECRET}) + "\n")  # text, not a list of turns
-    refused = _validate(_cfg(tmp_path, model, bad, data=data, privacy=privacy))
+    refused = validate(shared_cfg(tmp_path, model, bad, data=data, privacy=privacy))
     assert refused.exit_code == 2
     assert "column 'messages', data row 1: a conversation must be a non-empty list of messages" in (refused.output)
     assert SECRET not in refused.output and SECRET not in result.output
 
 
 def test_check_files_imports_no_torch(tmp_path, tiny_model_dir, data_csv):
-    cfg = _cfg(tmp_path, tiny_model_dir, data_csv)
+    cfg = shared_cfg(tmp_path, tiny_model_dir, data_csv)
     code = (
         "import sys\nfrom dplora.cli.app import app\n"
         f"code = app(['validate', {str(cfg)!r}, '--check-files'], standalone_mode=False)\n"
@@ -91,7 +76,7 @@ def test_check_files_imports_no_torch(tmp_path, tiny_model_dir, data_csv):
 
 
 def test_train_checks_the_model_before_reading_the_data(tmp_path, signing_key):
-    cfg = _cfg(tmp_path, tmp_path / "no-model", tmp_path / "no-data.csv")
+    cfg = shared_cfg(tmp_path, tmp_path / "no-model", tmp_path / "no-data.csv")
     result = CliRunner().invoke(app, ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress"])
     assert result.exit_code == 2
     assert "model not found: model.path=" in result.output and "data file not found" not in result.output

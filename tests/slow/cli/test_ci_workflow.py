@@ -1,10 +1,4 @@
-"""examples/ci/github-actions.yml: parsed, then its shell steps run locally, in order, on demo data and the tiny
-model. The fetch, install, restore and save steps (network, cloud store) are replaced by local stand-ins; every
-step that runs dplora runs as written, through a ``dplora`` on PATH that is this checkout.
-
-Two jobs: the ledger was restored (budget, train, verify pass; the charge is in the saved ledger), and it was not
-(the job fails closed before training, and ``dplora train`` on its own refuses too, creating no ledger).
-"""
+"""The slow tier of tests/cli/test_ci_workflow.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
@@ -16,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import release_statement
-from support.ci_workflow import build_job_inputs, run_job
+from support.ci_workflow import WORKFLOW, build_job_inputs, run_job, shared_steps
 
 from dplora.contract.loader import load_contract
 
@@ -28,28 +22,17 @@ def _pinned_torch() -> str:
     return re.search(r'"torch>=[^,]+,<=([0-9.]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
 
 
-WORKFLOW = ROOT / "examples" / "ci" / "github-actions.yml"
-
-
-STAND_INS = {"install", "fetch", "fetch-model", "restore-ledger", "save-ledger"}  # here: setup, network, stores
-
-
 @pytest.fixture(scope="module")
 def workflow() -> dict:
     return yaml.safe_load(WORKFLOW.read_text())
 
 
-def _steps(workflow: dict) -> list[dict]:
-    (job,) = workflow["jobs"].values()
-    return job["steps"]
-
-
 def test_workflow_shape(workflow):
     """Secrets only through env (never pasted into a script), one job at a time on the ledger, the ledger saved even
     after a failed run but only when it was restored, and no metrics (losses on private data) in the upload."""
-    steps = {s.get("id"): s for s in _steps(workflow)}
+    steps = {s.get("id"): s for s in shared_steps(workflow)}
     assert workflow["concurrency"]["cancel-in-progress"] is False
-    for step in _steps(workflow):
+    for step in shared_steps(workflow):
         assert "${{" not in step.get("run", ""), step["name"]
     assert "secrets.DPLORA_SIGNING_KEY" in steps["keys"]["env"]["SIGNING_KEY_PEM"]
     assert "secrets.DPLORA_DATA_KEY" in steps["keys"]["env"]["DATA_KEY"]
@@ -62,7 +45,7 @@ def test_workflow_shape(workflow):
     assert "--json" in steps["train"]["run"] and "--json" in steps["verify"]["run"]
     load_contract(ROOT / workflow["env"]["CONTRACT"])  # the shipped contract is valid
     # pasteable: every action pinned by commit, dplora and torch's build pinned in env, the team's own base model
-    for step in _steps(workflow):
+    for step in shared_steps(workflow):
         if "uses" in step:
             assert re.fullmatch(r"[\w.-]+/[\w.-]+@[0-9a-f]{40}", step["uses"]), step["uses"]
     install = steps["install"]["run"]
@@ -95,7 +78,7 @@ def test_workflow_runs_locally_with_a_restored_ledger(job_inputs, workflow):
             unit_key="customer_id",
             adjacency="add_remove",
         )
-    ran, failed = run_job(job, _steps(workflow), secrets, write_tickets)
+    ran, failed = run_job(job, shared_steps(workflow), secrets, write_tickets)
     assert not failed, failed
     assert ran == [
         "ledger-required",

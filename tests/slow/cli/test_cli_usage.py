@@ -1,16 +1,13 @@
-"""Issue 8, items 2, 4, 5 and 9: one-line usage errors, overrides on the command line, CI progress lines,
---version, 80-column help and ledger output, keygen's message, usage placeholders, threads from free cores."""
+"""The slow tier of tests/cli/test_cli_usage.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from typer.testing import CliRunner
+from support.cli_usage import runner
 
 from dplora.cli.app import app
-
-runner = CliRunner()
 
 
 def test_usage_error_in_a_real_process():

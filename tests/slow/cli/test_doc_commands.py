@@ -1,9 +1,4 @@
-"""Issue 42.1: every shell block of the README tour, its own-data and serving sections, and of the docs' how-to pages
-runs as written, in order, in a temporary folder. Only the model (a tiny random Llama from tests/tiny.py) and sizes
-are substituted: `configs/demo.yaml` there is the repository's file with `model.path` and the training sizes
-changed, and the placeholders BASE / BASE_DIR / my/llama-folder name the tiny model folder. A drifted path, flag or
-file name fails here. Blocks and lines that need a GPU, the network or a long job are skipped, each by name below,
-and every other bash block of the README and docs/ must be listed as run: a new block cannot go untested."""
+"""The slow tier of tests/cli/test_doc_commands.py, whose docstring describes the module."""
 
 from __future__ import annotations
 

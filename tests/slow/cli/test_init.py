@@ -1,24 +1,13 @@
-"""Issue 42.4: ``dplora init DATA MODEL`` writes a commented contract from the data file's structure only; N, ε and δ
-are left for the user (the file fails validation with one line naming all of them); every missing key at once."""
+"""The slow tier of tests/cli/test_init.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
 import json
 
-from support.init import filled
+from support.init import filled, run
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
-
-DECLARED = {
-    "target_epsilon: DECLARE": "target_epsilon: 8.0",
-    "delta: DECLARE": "delta: 1.0e-5",
-    "num_units: DECLARE": "num_units: 200",
-}
-
-
-def run(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 def test_an_init_contract_plans_with_the_planner_once_declared(tmp_path, monkeypatch):

@@ -1,10 +1,4 @@
-"""Bad input under a launcher: every process exits 2, only the first one on the node prints its line.
-
-Under ``torchrun --nproc-per-node W`` each process read the same contract and printed the same error line, W times,
-above torch's own failure summary. Now the processes other than the first on a node exit 2 silently (the admission
-gate hands rank 0 any refusal that only another rank meets). torchrun itself still exits 1 and prints its
-ChildFailedError summary: that is torch's launcher, documented in docs/multi-gpu.md and docs/commands.md.
-"""
+"""The slow tier of tests/cli/test_launcher_errors.py, whose docstring describes the module."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""A notebook's ``!dplora train`` prints the public lines only, though it runs on a pseudo-terminal.
-
-ipykernel runs ``!cmd`` through IPython's pexpect-based ``system`` on Linux and macOS: the command's stderr is a
-pseudo-terminal, so ``isatty()`` is true, and dplora printed the private diagnostics (held-out loss, timings) and a
-progress bar with the training loss into the cell, which the ``.ipynb`` keeps. The kernel's children are now told
-apart by the environment the kernel gives them (docs/notebooks.md).
-"""
+"""The slow tier of tests/cli/test_notebook_output.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
@@ -16,12 +10,9 @@ from pathlib import Path
 
 import pytest
 from conftest import contract_dict, write_contract
+from support.notebook_output import KERNEL_ENV
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-# what ipykernel's ZMQInteractiveShell.init_environment sets for every process the kernel starts
-KERNEL_ENV = {"TERM": "xterm-color", "CLICOLOR": "1", "PAGER": "cat", "GIT_PAGER": "cat"}
 
 
 def _train_on_a_pty(cmd: list[str], env: dict, cwd: Path) -> tuple[int, str]:

@@ -1,6 +1,4 @@
-"""Issue 31: the chat contracts in configs/ (demo_chat.yaml: demo conversations at user level; twcs_conversations.yaml:
-TWCS conversations at customer level) plan with `dplora budget` on tiny data of their format, and demo_chat trains
-on the tiny chat model through its template; configs/demo.yaml keeps its short max_seq_len explicit."""
+"""The slow tier of tests/contract/test_chat_configs.py, whose docstring describes the module."""
 
 from __future__ import annotations
 

@@ -1,23 +1,17 @@
-"""Contract validation: closed keys and values, one-line errors naming the key, overrides, shipped configs."""
+"""The slow tier of tests/contract/test_contract.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from conftest import contract_dict
+from support.contract import shared_raw
 
 from dplora.contract.loader import parse_contract
-
-
-def _raw():
-    return contract_dict(Path("/m"), Path("d.csv"), Path("out"))
 
 
 def test_performance_flags_do_not_change_the_plan():
     """physical_batch_size and threads are performance flags: the plan and its DpSgdEvent stay identical."""
     from dplora.plan.training import make_plan
 
-    raw = _raw()
+    raw = shared_raw()
     raw["privacy"]["num_units"] = 1000
     base = make_plan(parse_contract(raw), num_units=1000, num_units_source="contract")
     raw["training"]["physical_batch_size"] = 1

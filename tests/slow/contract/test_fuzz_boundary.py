@@ -1,12 +1,4 @@
-"""Fuzzed input boundary: generated contracts, overrides and data files through ``validate``/``budget``, and a few
-one-step ``train`` runs on the tiny model. Every case must end in exit 0 or 2 with at most one ``error:`` line on
-stderr (bounded, never a traceback), and write nothing on exit 2.
-
-Hypothesis runs derandomized (the same cases on every run, so CI cannot flake); the counts by exit code are printed
-(``pytest -s``). A deeper local fuzz: ``DPLORA_FUZZ_EXAMPLES=5000 DPLORA_FUZZ_RANDOM=1 pytest -s -k fuzzed``.
-Budget runs in-process (CliRunner) with the RDP accountant, a given σ and q = 1, so one case costs milliseconds
-unless it reaches the accountant.
-"""
+"""The slow tier of tests/contract/test_fuzz_boundary.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
@@ -17,22 +9,24 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import typer
 import yaml
-from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.fuzz_boundary import (
     BASE,
+    KEYS,
+    LONG,
     SLOW_TRAIN_CASES,
+    bomb,
     build_workdir,
     check_outcome,
+    invoke,
     run_train_case,
     scalars,
+    sections,
     snapshot,
+    values,
 )
-
-from dplora.cli.app import app
 
 CONTRACT_CASES = int(os.environ.get("DPLORA_FUZZ_EXAMPLES", 500))
 
@@ -41,12 +35,6 @@ DATA_CASES = max(60, CONTRACT_CASES // 8)
 
 
 DERANDOMIZE = not os.environ.get("DPLORA_FUZZ_RANDOM")
-
-
-LONG = 300  # generated strings at least this long must never appear whole in a message
-
-
-KEYS = {section: sorted(values) for section, values in BASE.items()}
 
 
 KEYS["privacy"] += ["num_units", "max_records_per_unit", "unit_clipping", "population", "sampling", "per_sample"]
@@ -75,9 +63,6 @@ KEYS["training"] += [
 TAGS = ["!!timestamp", "!!bool", "!!set", "!!binary", "!!str", "!!int", "!!float", "!!omap", "!!python/none", "!x"]
 
 
-ODD_TEXT = ["", " ", "💥🔥", "\u202eevil", "a\nb", "a\x1bb", "null", "NaN", "~", "1e-3", "0x10", "1_000", "2001-13-45"]
-
-
 BENIGN_OVERRIDES = [
     "training.steps=3",
     "training.epochs=2",
@@ -90,27 +75,6 @@ BENIGN_OVERRIDES = [
     "data.text_column=message",
     "training.seed=7",
 ]
-
-
-ODD_NUMBERS = [0, -1, 2**63, 10**30, 1e300, 1e-300, 5e-324, -0.0, 1e-3, 9.99e-4, 1e4, 10000.5, 1e6, 1000000.1, 1e-7]
-
-
-COMMAND = typer.main.get_command(app)  # built once: typer's CliRunner rebuilds it on every call (about 50 ms)
-
-
-def invoke(args: list[str]):
-    """Run ``dplora ARGS`` in-process, as the console script would (one-line errors, exit codes)."""
-    return CliRunner().invoke(COMMAND, [str(a) for a in args])
-
-
-values = st.recursive(
-    scalars,
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3),
-    max_leaves=6,
-)
-
-
-sections = st.sampled_from([*KEYS, "evaluation", ""])
 
 
 @st.composite
@@ -132,13 +96,6 @@ def dict_mutation(draw, raw: dict) -> None:
     raw[section][key] = draw(values)
 
 
-def _bomb(levels: int) -> str:
-    """A "billion laughs": each anchor is a list of nine aliases of the one before (9**levels strings)."""
-    lines = ["b0: &b0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
-    lines += [f"b{i}: &b{i} [{', '.join([f'*b{i - 1}'] * 9)}]" for i in range(1, levels)]
-    return "\n".join(lines) + "\n"
-
-
 @st.composite
 def text_mutation(draw, text: str) -> bytes:
     """Change the YAML text: tags, aliases, complex keys, deep nesting, huge integers, non-UTF-8 bytes, size."""
@@ -153,7 +110,7 @@ def text_mutation(draw, text: str) -> bytes:
         text = value_at.sub(lambda m: m.group(1) + draw(st.sampled_from(TAGS)) + " ", text, count=1)
     elif kind == "bomb":
         levels = draw(st.integers(min_value=2, max_value=9))
-        text = _bomb(levels) + value_at.sub(lambda m: m.group(1) + f"*b{levels - 1} #", text, count=1)
+        text = bomb(levels) + value_at.sub(lambda m: m.group(1) + f"*b{levels - 1} #", text, count=1)
     elif kind == "alias":
         text = "anchor: &a {x: 1}\n" + text + "extra: *a\n"
     elif kind == "complex_key":

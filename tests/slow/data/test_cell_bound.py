@@ -1,15 +1,12 @@
-"""Bounded text inputs (issue 26.4): a cell is cut to max_seq_len × 32 characters before it is tokenized, so
-memory does not grow with a cell's size, and records of normal-length cells are unchanged."""
+"""The slow tier of tests/data/test_cell_bound.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
 from conftest import contract_records
 from conftest import minimal_contract as _contract
 from datasets import Dataset
-from support.cell_bound import SpyTokenizer
+from support.cell_bound import MB3, SpyTokenizer
 from tiny import byte_tokenizer
-
-MB3 = 3 * 1024 * 1024
 
 
 def test_a_3mb_cell_is_cut_before_tokenizing():

@@ -1,18 +1,12 @@
-"""Issue 28: conversations through the chat template, assistant-only masks, turn-aware truncation, bad records.
-
-Expected masks are built by hand from the template's literal pieces (tokenized one by one), never from the code
-under test.
-"""
+"""The slow tier of tests/data/test_chat.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
 import pytest
-from support.chat import CONVO
+from support.chat import CONVO, IGN
 from tiny import CHATML, chat_tokenizer, tiny_llama
 
 from dplora.data.chat import ChatEncoder
-
-IGN = -100
 
 
 def test_a_conversation_s_loss_and_gradient_do_not_depend_on_its_batch_mates():

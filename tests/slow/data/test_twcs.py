@@ -1,20 +1,12 @@
-"""Tests for dplora.data.twcs on the shared TWCS 5,000-row sample (skipped when the file is absent).
-
-Assertions report only counts and ids, never tweet text (the data is real and CC BY-NC-SA).
-"""
+"""The slow tier of tests/data/test_twcs.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
 import pytest
-from conftest import SHARED
+from support.twcs import TWCS, needs_twcs
 
 from dplora.data.twcs import write_twcs_pairs
 from dplora.errors import BadInputError
-
-TWCS = SHARED / "data" / "twcs_customer_support_twitter" / "twcs_first5000.csv"
-
-
-needs_twcs = pytest.mark.skipif(not TWCS.exists(), reason=f"TWCS sample not present at {TWCS}")
 
 
 @needs_twcs

@@ -1,7 +1,4 @@
-"""Issue 31: `prepare-twcs --conversations`: one multi-turn conversation per reply thread at customer level. A thread
-that mixes two customers (their texts carry unique markers) never puts one customer's text or id into the other's
-record; roles alternate (user first, assistant last); the first-reply mode is unchanged. Real-file assertions
-report counts only (the tweets are real, CC BY-NC-SA)."""
+"""The slow tier of tests/data/test_twcs_conversations.py, whose docstring describes the module."""
 
 from __future__ import annotations
 

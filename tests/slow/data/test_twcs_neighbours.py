@@ -1,11 +1,4 @@
-"""Issue 41, items 1 and 2: a TWCS customer's records are a function of that customer's own tweets and of public
-inputs only (the brand rule or a ``--brands`` list), in both modes.
-
-Neighbouring datasets (customer-level add/remove): the file, and the file without one customer B's conversation:
-every tweet B wrote, and every brand tweet whose reply chain reaches a tweet of B before any other customer's (the
-brand's answers to B). Every other customer's written records must then be byte-identical. Real-file assertions
-report counts and ids only (the tweets are real, CC BY-NC-SA).
-"""
+"""The slow tier of tests/data/test_twcs_neighbours.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
@@ -15,17 +8,11 @@ import random
 from pathlib import Path
 
 import pytest
-from conftest import SHARED
-from support.twcs_neighbours import shared_csv
+from support.twcs_neighbours import TWCS, shared_csv
 
 from dplora.data.twcs import write_twcs_conversations, write_twcs_pairs
 from dplora.data.twcs_tweets import read_twcs_rows
 from dplora.errors import BadInputError
-
-TWCS = SHARED / "data" / "twcs_customer_support_twitter" / "twcs_first5000.csv"
-
-
-HEADER = ",tweet_id,author_id,inbound,created_at,text,response_tweet_id,in_response_to_tweet_id\n"
 
 
 def _without(rows: list[dict[str, str]], customer: str) -> list[dict[str, str]]:

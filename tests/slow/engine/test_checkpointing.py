@@ -1,10 +1,4 @@
-"""Gradient checkpointing on the fast per-example path (issue 27.1), against the one-record-at-a-time reference.
-
-transformers' non-reentrant activation checkpointing re-runs each decoder layer's forward inside the backward.
-Each LoRA layer's per-example gradient must still be written exactly once, from the dropout masks the loss used.
-The reference replays, one record at a time through peft's stock forward, the masks drawn by the ORIGINAL forward
-(captured outside the backward): if the recomputation drew new masks, the fast rows would differ from it.
-"""
+"""The slow tier of tests/engine/test_checkpointing.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
@@ -13,18 +7,12 @@ import copy
 import pytest
 import torch
 from support.architectures import RECORDS, brute_force, clipped_unit_sum, fast_logical_step, rel
-from support.checkpointing import shared_model
+from support.checkpointing import PAD, shared_model
 
 from dplora.engine import batch as batching
 from dplora.engine.fastclip import FlatLoRAGrads, checkpointing_mode
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning")
-
-
-PAD = 256
-
-
-ALL_7 = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 class _Replay(torch.nn.Module):

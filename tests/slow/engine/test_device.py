@@ -1,29 +1,19 @@
-"""Device placement and precision (issue 10): the CUDA fault class caught on CPU, bf16 base weights, the record.
-
-CI has no GPU. The fault seen on an H200 (a synthetic probe batch built on the CPU while the model was on
-``cuda:0``) belongs to a class that a CPU run can still catch: any tensor that dplora's own code creates
-without naming a device lands on the CPU. :class:`DevicePolice` fails every such call during a full run.
-"""
+"""The slow tier of tests/engine/test_device.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 from support.device import DevicePolice, shared_contract
 
-import dplora
 from dplora.recipe.config import RunOptions
 from dplora.recipe.train import run_training
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning"
 )
-
-
-PACKAGE = str(Path(dplora.__file__).parent)  # every dplora module (the package root, not one stage)
 
 
 def test_every_engine_tensor_names_its_device(tmp_path, tiny_model_dir, tickets_csv, signing_key):

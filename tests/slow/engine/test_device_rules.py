@@ -1,11 +1,4 @@
-"""CUDA's device-mixing rules on the training path, on a CPU (``tests/devicerules.py``).
-
-CI has no GPU. :class:`devicerules.CudaRules` makes dplora select ``cuda:0`` while the numbers stay on the CPU,
-tags the storages that would live on CUDA and raises on every op that mixes them with a CPU tensor as CUDA would.
-The harness is checked first (it raises, it lets CPU scalars through, it tags results); then full runs go through
-it (fp32, bf16, gradient checkpointing, the ``auto`` batch probe with an out-of-memory retry, device-side noise);
-then the historic fault, a probe batch built on the CPU, is planted and must fail.
-"""
+"""The slow tier of tests/engine/test_device_rules.py, whose docstring describes the module."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""Tests of dplora.mechanism.optimizer: per-sample gradients, per-unit clipping, noise, accounting and failed runs.
-
-Every number is checked against an independent reference: a brute-force backward of one example at a time on
-an unwrapped copy of the model, a clipped sum computed by hand, or the moments of the Gaussian. The model is a
-tiny random Llama (hidden 16, 2 layers) with peft LoRA r=4 on q_proj and v_proj.
-"""
+"""The slow tier of tests/engine/test_engine.py, whose docstring describes the module."""
 
 from __future__ import annotations
 

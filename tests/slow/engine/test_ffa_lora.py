@@ -1,11 +1,4 @@
-"""FFA-LoRA (``lora.freeze_a``, issue 43; Sun et al., ICLR 2024): A stays at its seeded initialisation, only B is
-trained, through ``dplora train`` on both per-example paths (fast and the Opacus reference).
-
-Checked against references that can fail: the released A tensors equal a fresh peft initialisation under the
-recorded seed bit for bit, every B moved from its zero init, each noise draw has exactly the number of B weights
-(A gets no noise), the optimizer holds only B, and the signed record and ``dplora verify`` say A was frozen. The
-per-example gradients themselves are compared to brute force in ``test_fastclip.py``.
-"""
+"""The slow tier of tests/engine/test_ffa_lora.py, whose docstring describes the module."""
 
 from __future__ import annotations
 

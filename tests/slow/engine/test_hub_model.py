@@ -1,6 +1,4 @@
-"""Hub model ids from the local cache (issue 32.3): ``model.name: ORG/NAME`` resolves from a Hugging Face cache
-folder built here (``models--org--name/snapshots/<commit>/`` + ``refs/main``), trains, and the record and card name
-the id and the commit; a model not in the cache is a one-line exit 2."""
+"""The slow tier of tests/engine/test_hub_model.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
@@ -8,21 +6,11 @@ from pathlib import Path
 
 import pytest
 from conftest import contract_dict, release_statement, write_contract
-from support.hub_model import build_hub_cache
-from typer.testing import CliRunner
+from support.hub_model import COMMIT, build_hub_cache, runner
 
 from dplora.cli.app import app
 
-runner = CliRunner()
-
-
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")
-
-
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
-
-
-OTHER = "fedcba9876543210fedcba9876543210fedcba98"
 
 
 @pytest.fixture

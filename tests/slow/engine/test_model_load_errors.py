@@ -1,5 +1,4 @@
-"""Issue 42.2: model-load errors with causes (the library's first sentence plus dplora's hint), ``auto`` attention
-(sdpa where the architecture supports it, eager otherwise; recorded as resolved), a Hub id in ``model.path``."""
+"""The slow tier of tests/engine/test_model_load_errors.py, whose docstring describes the module."""
 
 from __future__ import annotations
 

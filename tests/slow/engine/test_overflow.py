@@ -1,10 +1,4 @@
-"""Issue 41.4 (with issue 49's line): a record's overflow is a zero contribution, not a failure.
-
-A record whose loss or per-example gradient is non-finite contributes ZERO to its unit's vector; its row is replaced
-after it is formed (a NaN times a zero weight is still NaN); the unit is still counted, clipped and summed; noise
-and the accountant step happen as usual; the count of zeroed records is private. Only a non-finite *noisy* update
-(a DP output) stops the run, and a run that stops at step k is charged k steps.
-"""
+"""The slow tier of tests/engine/test_overflow.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
@@ -13,6 +7,7 @@ import math
 
 import pytest
 import torch
+from support.overflow import C
 from tiny import byte_tokenizer, save_tiny_model, tiny_llama
 
 from dplora.contract.loader import parse_contract
@@ -20,9 +15,6 @@ from dplora.errors import TrainingFailedError
 from dplora.mechanism import optimizer as dpopt
 from dplora.recipe.config import RunOptions
 from dplora.recipe.train import run_training
-
-C = 1.0
-
 
 POISON = "\u00a4"  # "¤": two byte tokens; its second byte (0xA4) appears in no other record of these tests
 

@@ -1,26 +1,9 @@
-"""4-bit NF4 bases (``model.quantization: 4bit``, issue 30) against the one-record-at-a-time reference, on CPU.
-
-The model: a tiny random Llama (hidden 16, 2 layers) saved to disk, with a planted outlier: token ``OUTLIER`` has
-an embedding 1000 in feature ``HOT``, every other token 0 there, and layer 0's ``input_layernorm`` weight is 40 in
-that feature, so the outlier record's q/k/v inputs reach ~160 (LLM.int8's ``llm_int8_threshold`` is 6.0) while
-the other records' stay below 6 (asserted). It is loaded by transformers with ``BitsAndBytesConfig`` (NF4, double
-quantization, fp32 compute: bf16 compute on CPU would add bf16 rounding to a check of exactness), so its
-q/k/v/o/gate/up/down projections are bitsandbytes ``Linear4bit`` and peft wraps them as ``lora.bnb.Linear4bit``.
-
-Tolerance: NF4 de-quantizes weights only, so with fp32 compute each record's forward is an fp32 computation of
-its own; batched and one-record matmuls differ only by fp32 summation order (~1e-7 relative at hidden 16).
-Row-level checks use 1e-5 relative, the isolation check (one record's gradient with two different batch-mates)
-1e-6 absolute on gradients of norm ~1e-1. A path that mixes records differs by O(1) (the outlier's gradient is
-orders of magnitude larger).
-"""
+"""The slow tier of tests/engine/test_quantized.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
 import pytest
-from support.quantized import build_model_dir
-
-bnb = pytest.importorskip("bitsandbytes")  # the `quant` extra; CI installs it (scripts/setup.sh)
-
+from support.quantized import bnb, build_model_dir
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Full backward hook is firing:UserWarning",
@@ -28,9 +11,6 @@ pytestmark = pytest.mark.filterwarnings(
     "ignore::DeprecationWarning",
     "ignore::UserWarning",
 )
-
-
-OUTLIER, HOT = 99, 3
 
 
 @pytest.fixture(scope="module")

@@ -1,14 +1,4 @@
-"""The public warm start (``data.public_warm_start``, issue 43): the adapter fitted without noise on a public file,
-then trained with DP on the private file from those weights.
-
-Checked against references that can fail: the adapters right after the warm start differ from peft's seeded
-initialisation and equal a direct call of :func:`dplora.engine.warmstart.warm_start` on a fresh model under the same
-seed, bit for bit; nothing reads the private file while the warm start runs (the readers and ``open`` are spied);
-the DP phase that follows draws one noise vector and takes one accountant step per logical step, all after the warm
-start; ε spent equals the same run without a warm start; the record holds the public file's sha256 and ``verify``
-and the card say so; ``--resume`` does not run it again and keeps the record's entry; a non-private control may warm
-start too.
-"""
+"""The slow tier of tests/engine/test_warm_start.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
@@ -22,8 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import contract_dict, release_statement, train_tiny, write_contract
-from support.warm_start import build_public_csv
-from typer.testing import CliRunner
+from support.warm_start import WARM, build_public_csv, runner
 
 from dplora.cli.app import app
 from dplora.data import readers
@@ -36,12 +25,6 @@ from dplora.run import checkpoint
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning"
 )
-
-
-runner = CliRunner()
-
-
-WARM = {"steps": 6, "batch_size": 4, "lr": 0.05}  # a large lr: the tiny model's adapters move visibly in 6 steps
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,4 @@
-"""Classification as a declared task: label ranking by length-normalised log-likelihood with contextual calibration
-(Zhao et al. 2021), checked against a brute-force scorer; the calibration bias is the same on neighbouring held-out
-sets; `generate --choices` chooses what the evaluation chooses; bad label sets exit 2 from the contract and file
-identity alone."""
+"""The slow tier of tests/evaluate/test_classify.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
@@ -12,13 +9,9 @@ from conftest import INTENT_LABELS as LABELS
 from conftest import intent_rows as _rows
 from conftest import train_tiny
 from conftest import write_intents as _write
-from support.classify import build_files
-from typer.testing import CliRunner
+from support.classify import build_files, runner
 
 from dplora.cli.app import app
-
-runner = CliRunner()
-
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")
 

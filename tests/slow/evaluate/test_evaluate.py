@@ -1,5 +1,4 @@
-"""Held-out evaluation and generation on a tiny random Llama: a hand-computed loss, the split by protected unit,
-private numbers kept out of the signed record, and deterministic greedy replies."""
+"""The slow tier of tests/evaluate/test_evaluate.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
@@ -11,13 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import contract_dict, train_tiny
-from typer.testing import CliRunner
+from support.evaluate import runner
 
 from dplora.cli.app import app
 from dplora.contract.loader import parse_contract
-
-runner = CliRunner()
-
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")
 

@@ -1,5 +1,4 @@
-"""Issue 42.9: ``dplora plot RUN`` draws loss, ε and step time from ``<run>.private/metrics.jsonl`` into a PRIVATE
-PNG inside ``<run>.private/``."""
+"""The slow tier of tests/evaluate/test_plot.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
@@ -7,15 +6,9 @@ import json
 import struct
 
 from conftest import train_tiny
-from support.plot import fake_run
-from typer.testing import CliRunner
+from support.plot import fake_run, run
 
-from dplora.cli.app import app
 from dplora.evaluate import plot as plot_mod
-
-
-def run(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 def _png_size(path):

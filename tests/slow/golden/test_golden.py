@@ -1,23 +1,13 @@
-"""Issue 44's behaviour lock, added on main before any file moved: ``--help`` of every command and the demo
-contract's signed record must stay as they were.
-
-- ``--help``: every command and sub-command's help at a fixed 100-column, colour-free terminal, byte for byte
-  against ``help/<command path>.txt``.
-- The record: the demo contract (``configs/demo.yaml``: its privacy, LoRA and training sections) trained on the
-  tiny model for 3 steps; the signed predicate's key set and every value except run ids, times, digests and the
-  event's serialised form equal ``record_demo.json``.
-
-Regenerate only on purpose (a reviewed behaviour change): ``DPLORA_GOLDEN_WRITE=1 pytest tests/golden``.
-"""
+"""The slow tier of tests/golden/test_golden.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import yaml
 from conftest import contract_dict, release_statement, write_contract
+from support.golden import WRITE
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
@@ -26,9 +16,6 @@ HERE = Path(__file__).resolve().parents[2] / "golden"
 
 
 REPO = HERE.parents[1]
-
-
-WRITE = os.environ.get("DPLORA_GOLDEN_WRITE") == "1"
 
 
 # per-run or per-file by design, never a function of the mechanism: masked by key name wherever they appear

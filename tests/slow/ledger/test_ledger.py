@@ -1,4 +1,4 @@
-"""Tests of the privacy budget ledger (dplora.ledger.store) and its CLI (dplora.cli.ledger)."""
+"""The slow tier of tests/ledger/test_ledger.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
@@ -7,15 +7,10 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from support.ledger import shared_reserve
+from support.ledger import POP, SHA, shared_reserve
 
 from dplora.errors import PlanRefusedError
 from dplora.ledger.store import Ledger
-
-POP = "support-tickets-eu"
-
-
-SHA = [f"{i:064x}" for i in range(100)]
 
 
 @pytest.fixture

@@ -1,12 +1,4 @@
-"""Issue 41, item 4: a population is pinned by (protected unit, unit key), not the unit's label alone.
-
-On main a population pinned to ``user`` accepted a run keyed on ``customer_id`` and one keyed on ``ticket_id`` (really
-ticket level) and composed them as one customer-level total; by group privacy the second alone is worth k·ε for a
-customer with k tickets. ``schema3_main.sqlite3`` was written by main (commit 059e784, schema 3) before the change:
-a user-level population ``customers`` (cap ε 10, δ 1e-4; a settled charge ε 1.828 with a release and a pending one,
-both PLD events q 0.01, σ 1, T 1000), a row-level population ``rows`` (cap ε 5; one charge ε 1.0, T 300) and an
-unassigned user-level run ``main-x1`` (ε 2.0).
-"""
+"""The slow tier of tests/ledger/test_ledger_keys.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
@@ -16,8 +8,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from support.ledger_keys import reserve
-from typer.testing import CliRunner
+from support.ledger_keys import reserve, runner
 
 from dplora.accounting.composition import compose_events
 from dplora.cli.app import app
@@ -25,9 +16,6 @@ from dplora.errors import BadInputError, PlanRefusedError
 from dplora.ledger.store import Ledger
 
 MAIN_SCHEMA_3 = Path(__file__).resolve().parents[2] / "ledger" / "data" / "schema3_main.sqlite3"
-
-
-runner = CliRunner()
 
 
 def sgd(q=0.01, sigma=1.0, steps=1000):

@@ -1,8 +1,4 @@
-"""The ledger composes like units (issue 23, item 3): pinned unit and adjacency, stored events, composed totals.
-
-References: ../shared/cases/README.md F6 (dp-accounting 0.6.0 PLD): two releases at q 0.01, σ 1, T 1000 (ε 1.828
-each at δ 1e-5) compose to ε 2.584 at total δ 1e-5; with q 0.02, σ 1.5, T 500 as the second, 2.303.
-"""
+"""The slow tier of tests/ledger/test_ledger_units.py, whose docstring describes the module."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""DP-AdamBC (dplora.mechanism.adambc): the update against a float64 hand-written reference of Algorithm 1, Adam at
-Φ = 0, the mechanism's Φ against the noise the optimizer really receives, checkpoint state and the contract key."""
+"""The slow tier of tests/mechanism/test_adambc.py, whose docstring describes the module."""
 
 from __future__ import annotations
 

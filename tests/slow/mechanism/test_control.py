@@ -1,5 +1,4 @@
-"""The non-private control (privacy.enabled: false): the step by hand, its own signed record, verify exit 6, the
-ledger's ε = ∞ charge and the --non-private refusal, and generate's refusal."""
+"""The slow tier of tests/mechanism/test_control.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
@@ -8,13 +7,10 @@ from decimal import Decimal
 
 import pytest
 from conftest import release_statement, train_tiny
-from typer.testing import CliRunner
+from support.control import runner
 
 from dplora.cli.app import app
 from dplora.ledger.store import Ledger
-
-runner = CliRunner()
-
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")
 

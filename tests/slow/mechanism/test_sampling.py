@@ -1,8 +1,4 @@
-"""Tests of dplora.data.units: Poisson sampling over units, grouping records into units, tokenization (no torch).
-
-References: the Binomial(N, q) moments of a Poisson-sampled batch, hand-built unit groupings, and the byte
-count of the text for the byte-level tokenizer of tests/tiny.py (one token per UTF-8 byte).
-"""
+"""The slow tier of tests/mechanism/test_sampling.py, whose docstring describes the module."""
 
 from __future__ import annotations
 

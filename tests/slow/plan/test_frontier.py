@@ -1,5 +1,4 @@
-"""The planner's reach: small teams plan from `init`, the noise–compute table is calibrated tightly, and a time
-budget is an operator tool that reads public inputs only."""
+"""The slow tier of tests/plan/test_frontier.py, whose docstring describes the module."""
 
 from __future__ import annotations
 

@@ -1,27 +1,20 @@
-"""The training plan: N, q, T, σ and δ checks from a contract (cases A6, A7, A8, T8). Loads no model."""
+"""The slow tier of tests/plan/test_plan.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
 import pytest
-from support.plan import check_curve, contract, user_contract
+from support.plan import TOL, check_curve, plan, shared_users_csv, user_contract
 
 from dplora.accounting import epsilon
 from dplora.accounting.backends import pld_epsilons, rdp_epsilons
 from dplora.accounting.events import Accountant, DpSgdEvent
 from dplora.errors import PlanRefusedError
-from dplora.plan.training import make_plan
-
-TOL = 0.02
 
 
 @pytest.fixture(autouse=True)
 def _fresh_cache(tmp_path, monkeypatch):
     """A fresh calibration cache per test: no result depends on an earlier run."""
     monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
-
-
-def plan(n, privacy=None, training=None, source="contract"):
-    return make_plan(contract(privacy, training), num_units=n, num_units_source=source)
 
 
 def test_a8_pld_plan():
@@ -34,16 +27,9 @@ def test_a8_pld_plan():
     assert p.epsilon == pytest.approx(5.61, abs=TOL)
 
 
-def _users_csv(path, users=1000, rows_per_user=10):
-    lines = ["user_id,message,reply"]
-    lines += [f"u{u},hello {u} {r},hi {r}" for u in range(users) for r in range(rows_per_user)]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
 @pytest.fixture(scope="module")
 def users_csv(tmp_path_factory):
-    return _users_csv(tmp_path_factory.mktemp("users") / "users.csv")
+    return shared_users_csv(tmp_path_factory.mktemp("users") / "users.csv")
 
 
 def test_t8_user_level_q_and_delta_over_users(users_csv):

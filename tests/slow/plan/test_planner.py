@@ -1,4 +1,4 @@
-"""The planner (issue 29): its choice is the rule's, within ε for every candidate, and blind to private counts."""
+"""The slow tier of tests/plan/test_planner.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import math
 
 import pytest
 from conftest import contract_dict, write_contract
+from support.planner import ARGS, auto
 from typer.testing import CliRunner
 
 from dplora.accounting.calibration import calibrate
@@ -15,8 +16,6 @@ from dplora.accounting.cost import tolerance_for
 from dplora.accounting.events import DpSgdEvent
 from dplora.contract.loader import parse_contract
 from dplora.plan.planner import MIN_STEPS, batch_options, recommend
-
-ARGS = {"num_units": 1000, "target_epsilon": 8.0, "delta": 1e-5, "accountant": "rdp", "adjacency": "add_remove"}
 
 
 def test_choice_is_the_rules_brute_force():
@@ -59,13 +58,6 @@ def test_every_candidate_within_target_same_accountant_integer_t():
             assert eps <= 8.0
 
 
-def _auto(tmp_path, tiny_model_dir, data, **training):
-    raw = contract_dict(tiny_model_dir, data, tmp_path / "out", privacy={"num_units": 800})
-    raw["training"].pop("steps")
-    raw["training"].update({"expected_batch_size": "auto", "steps": "auto"} | training)
-    return raw
-
-
 def test_planner_never_reads_data_and_ignores_private_counts(tmp_path, tiny_model_dir):
     """Two data files with different records per unit (same declared N) and a missing file: one choice."""
     from dplora.plan.resolve import resolve_auto
@@ -76,7 +68,7 @@ def test_planner_never_reads_data_and_ignores_private_counts(tmp_path, tiny_mode
     (tmp_path / "b.csv").write_text(rows_b)
     out = []
     for name in ("a.csv", "b.csv", "missing.csv"):
-        raw = _auto(tmp_path, tiny_model_dir, tmp_path / name, epochs=3)
+        raw = auto(tmp_path, tiny_model_dir, tmp_path / name, epochs=3)
         raw["privacy"].update({"protected_unit": "user", "unit_key": "customer_id", "max_records_per_unit": 4})
         resolved, rec = resolve_auto(parse_contract(raw))
         out.append((resolved.training.model_dump(mode="json"), rec.to_dict()))

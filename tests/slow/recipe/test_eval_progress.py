@@ -1,5 +1,4 @@
-"""Progress to the end (issue 26.7): the held-out evaluation prints progress lines like training, and the
-``done:`` line's s/step is the loop of steps alone, the evaluation's time reported beside it."""
+"""The slow tier of tests/recipe/test_eval_progress.py, whose docstring describes the module."""
 
 from __future__ import annotations
 

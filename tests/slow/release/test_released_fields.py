@@ -1,8 +1,4 @@
-"""Issue 23 items 1–2: nothing released depends on the private N, and only covered files are in the release.
-
-Neighbouring datasets under add/remove (one row removed) must give records that are identical apart from ids,
-timestamps and digests; the release folder must hold no realised batch size, loss or wall time.
-"""
+"""The slow tier of tests/release/test_released_fields.py, whose docstring describes the module."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Issue 42.7: the time estimate before step 1 is public by construction: the plan's public numbers, public contract
-keys and a timed synthetic step; never a count of the private data."""
+"""The slow tier of tests/run/test_estimate.py, whose docstring describes the module."""
 
 from __future__ import annotations
 

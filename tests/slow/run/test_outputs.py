@@ -1,4 +1,4 @@
-"""Item 1 of issue 8: --overwrite replaces only a folder a previous dplora run wrote; inputs always survive."""
+"""The slow tier of tests/run/test_outputs.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
@@ -6,12 +6,9 @@ import json
 from pathlib import Path
 
 from conftest import contract_dict, train_contract, write_contract
-from support.outputs import workdir
-from typer.testing import CliRunner
+from support.outputs import runner, workdir
 
 from dplora.cli.app import app
-
-runner = CliRunner()
 
 
 def test_overwrite_replaces_a_previous_run_and_nothing_else(

@@ -1,34 +1,14 @@
-"""``training.physical_batch_size: auto`` and the out-of-memory retry (issue 27.2), with simulated OOM errors.
-
-A forward pre-hook raises ``torch.OutOfMemoryError`` when a physical batch has more than k records (or once, on a
-chosen forward, after earlier physical batches of the step already filled the per-unit sum). The privatisation is
-patched to add a FIXED noise vector and record its input, so a run with OOM retries and one without can be compared
-exactly: the same units, the same clipped sum, one noise draw and one accountant step per logical step.
-"""
+"""The slow tier of tests/run/test_physical_batch.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
-import types
-
 import pytest
 import torch
-from support.physical_batch import OOMAbove, engine, shared_model
+from support.physical_batch import PAD, OOMAbove, engine, shared_model
 
-from dplora.engine import batch as batching
 from dplora.engine import membatch
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning")
-
-
-PAD, IGNORE = 256, batching.IGNORE_INDEX
-
-
-PLAN = types.SimpleNamespace(
-    noise_multiplier=1.0, max_grad_norm=0.5, expected_batch_size=2.0, sample_rate=0.5, steps=3, target_epsilon=10.0
-)
-
-
-PLAN.epsilon_at = lambda step: 0.1 * step
 
 
 def test_auto_probe_picks_at_most_k_on_synthetic_batches_without_noise_or_accounting(monkeypatch):

@@ -1,8 +1,4 @@
-"""Resume checkpoints, faults that stop cleanly, and a ledger that recovers (tiny random Llama, T=8 steps).
-
-Kill points are fixed by the ``DPLORA_TEST_FAULT`` hook (``dplora.run.checkpoint.fault_point``): a subprocess
-SIGKILLs itself there; in-process tests replace the hook with a signal, a full disk or an exception.
-"""
+"""The slow tier of tests/run/test_resume.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
@@ -17,20 +13,13 @@ from pathlib import Path
 
 import pytest
 from conftest import contract_dict, release_statement, write_contract
-from support.resume import hook_fault_point, partial_dir, setup, sigterm, train
-from typer.testing import CliRunner
+from support.resume import T, hook_fault_point, partial_dir, runner, setup, sigterm, train
 
 from dplora.cli.app import app
 from dplora.ledger.store import Ledger
 from dplora.run import checkpoint
 
-runner = CliRunner()
-
-
 ROOT = Path(__file__).resolve().parents[3]
-
-
-T = 8
 
 
 def _record(out: Path) -> dict:

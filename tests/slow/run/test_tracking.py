@@ -1,6 +1,4 @@
-"""Experiment tracking (issue 32.2): TensorBoard event files, read back with tensorboard's EventAccumulator, hold the
-plan's public numbers (values equal to the plan's) outside the release folder, and private diagnostics only with
-training.report_private, under not_covered_by_dp/ in the private folder; a missing tracker library is exit 2."""
+"""The slow tier of tests/run/test_tracking.py, whose docstring describes the module."""
 
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
-"""``dplora budget`` states the attack ceiling (issue 46 item 1): text, --json, the planner's candidate table, and
-identical values on neighbouring data files (declared N: the ceiling reads q, σ, T and adjacency only).
-
-Reference: ../shared/cases/README.md F7 row 2 (q 32/4214, σ 0.417, T 12: TPR 0.0089 / 0.0306 / 0.1411 at FPR
-0.1 / 1 / 10 %), which holds whatever accountant the plan's ε uses (the ceiling is always the PLD profile's).
-"""
+"""The slow tier of tests/tuning/test_budget_ceiling.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from support.budget_ceiling import CONTRACT, config
+from support.budget_ceiling import CONTRACT, config, shared_json
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
@@ -22,14 +15,8 @@ def _fresh_cache(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
-def _json(*args) -> dict:
-    res = CliRunner().invoke(app, ["budget", *map(str, args), "--json"])
-    assert res.exit_code == 0, res.output
-    return json.loads(res.stdout)
-
-
 def test_budget_json_and_text_state_f7s_ceiling(tmp_path):
-    report = _json(config(tmp_path, 100))
+    report = shared_json(config(tmp_path, 100))
     entry = report["attack_ceiling"]
     assert entry["available"] is True
     assert entry["true_positive_rate_at"] == pytest.approx({"0.1%": 0.0089, "1%": 0.0306, "10%": 0.1411}, abs=0.002)
@@ -48,7 +35,7 @@ def test_planner_table_shows_each_candidates_ceiling(tmp_path):
         .replace(", noise_multiplier: 0.417", "")
         .replace("{expected_batch_size: 32, steps: 12}", "{expected_batch_size: auto, steps: auto}")
     )
-    report = _json(cfg, "--recommend")
+    report = shared_json(cfg, "--recommend")
     rec = report["recommendation"]
     calibrated = [c for c in rec["candidates"] if c["noise_multiplier"] is not None]
     assert len(calibrated) >= 2

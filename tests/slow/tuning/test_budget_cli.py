@@ -1,4 +1,4 @@
-"""``dplora budget``: the dry run through the CLI (typer CliRunner), its JSON, its plot and its errors."""
+"""The slow tier of tests/tuning/test_budget_cli.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
@@ -7,10 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.budget_cli import budget_json, build_config
-from typer.testing import CliRunner
-
-from dplora.cli.app import app
+from support.budget_cli import budget, budget_json, build_config, write_csv
 
 
 @pytest.fixture(autouse=True)
@@ -23,16 +20,6 @@ def _fresh_cache(tmp_path, monkeypatch):
 @pytest.fixture
 def config(tmp_path) -> Path:
     return build_config(tmp_path)
-
-
-def _write_csv(path: Path, rows: list[tuple], header=("user_id", "message", "reply")) -> Path:
-    lines = [",".join(header)] + [",".join(str(c) for c in row) for row in rows]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def budget(*args: str):
-    return CliRunner().invoke(app, ["budget", *[str(a) for a in args]])
 
 
 def test_budget_table_output(config):
@@ -48,7 +35,7 @@ def test_budget_table_output(config):
 
 def test_budget_counts_units_from_data(config):
     rows = [(f"u{u}", f"question {u} {r}", f"answer {r}") for u in range(40) for r in range(1 + u % 3)]
-    _write_csv(Path("data.csv"), rows)
+    write_csv(Path("data.csv"), rows)
     report = budget_json(config, "privacy.num_units=null", "privacy.noise_multiplier=1", "privacy.target_epsilon=50")
     assert report["num_units"] == len(rows) and report["num_units_source"] == "data"
     assert report["not_covered_by_dp"]["unit_stats"]["num_units"] == len(rows)
@@ -76,7 +63,7 @@ DEMO = Path(__file__).resolve().parents[3] / "configs" / "demo.yaml"
 
 def test_small_population_warning_for_10_units_not_for_the_demo(config):
     """10 units (q = 0.2): one warning line saying what ε means there; the demo contract (N=1000 declared): none."""
-    _write_csv(Path("data.csv"), [(f"u{i}", f"question {i}", f"answer {i}") for i in range(10)])
+    write_csv(Path("data.csv"), [(f"u{i}", f"question {i}", f"answer {i}") for i in range(10)])
     small = budget(config, "privacy.num_units=10", "training.expected_batch_size=2", "privacy.delta=1e-3")
     assert small.exit_code == 0, small.output
     lines = [line for line in small.stderr.splitlines() if "small population" in line]  # stderr, as train's
@@ -84,7 +71,7 @@ def test_small_population_warning_for_10_units_not_for_the_demo(config):
     assert "warning:" not in small.stdout
     assert "q=0.2 is above 0.1" in lines[0]
     Path("demo").mkdir()
-    _write_csv(Path("demo/tickets.csv"), [(f"c{i}", f"question {i}", f"answer {i}") for i in range(1000)])
+    write_csv(Path("demo/tickets.csv"), [(f"c{i}", f"question {i}", f"answer {i}") for i in range(1000)])
     demo = budget_json(DEMO, "privacy.accountant=rdp")  # N rows counted as train counts them: the demo holds out
     assert demo["num_units"] == 1000 and demo["sample_rate"] == 32 / 1000  # the declared public N (issue 23)
     assert 850 < demo["not_covered_by_dp"]["unit_stats"]["num_units"] < 950  # ~10 % held out (eval_fraction)
@@ -110,7 +97,7 @@ def test_real_process_stderr_is_one_line(config):
 def test_a_large_eval_fraction_says_how_much_is_held_out(config):
     """Issue 42.10: eval_fraction 0.999 warns that 99.9 % of the units are held out (from the contract alone); an
     empty side is refused without a count of the records."""
-    _write_csv(Path("data.csv"), [(f"u{i}", f"question {i}", f"answer {i}") for i in range(3000)])
+    write_csv(Path("data.csv"), [(f"u{i}", f"question {i}", f"answer {i}") for i in range(3000)])
     held = budget(config, "privacy.num_units=3000", "data.eval_fraction=0.999", "privacy.delta=1e-5")
     assert held.exit_code == 0, held.output
     assert (
@@ -119,7 +106,7 @@ def test_a_large_eval_fraction_says_how_much_is_held_out(config):
     ) in held.stderr
     normal = budget(config, "privacy.num_units=3000", "data.eval_fraction=0.1", "privacy.delta=1e-5")
     assert normal.exit_code == 0 and "holds out about" not in normal.output
-    _write_csv(Path("data.csv"), [(f"u{i}", f"question {i}", f"answer {i}") for i in range(3)])
+    write_csv(Path("data.csv"), [(f"u{i}", f"question {i}", f"answer {i}") for i in range(3)])
     empty = budget(config, "privacy.num_units=3", "data.eval_fraction=0.999", "privacy.delta=1e-2")
     assert empty.exit_code == 2
     assert "data.eval_fraction=0.999 leaves the training side empty; choose another fraction" in empty.output

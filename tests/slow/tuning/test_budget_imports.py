@@ -1,5 +1,4 @@
-"""``dplora budget`` stays light (issue 29): no torch/transformers/peft/opacus/datasets on its path, and the csv it
-reads without ``datasets`` gives the same cells as ``datasets`` does."""
+"""The slow tier of tests/tuning/test_budget_imports.py, whose docstring describes the module."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""`clip-guide` on a conversations contract (issue 31): per-unit norms come from the tokenization and loss mask of
-training (the chat template, targets on the assistant span), equal to a brute-force per-unit backward through the
-engine's loss on tokens rendered by hand from the template."""
+"""The slow tier of tests/tuning/test_clipguide_messages.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
@@ -8,6 +6,7 @@ import json
 
 import pytest
 from conftest import contract_dict, write_contract
+from support.clipguide_messages import NO_PAIR
 from tiny import CHATML, save_chat_model
 from typer.testing import CliRunner
 
@@ -17,9 +16,6 @@ runner = CliRunner()
 
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")
-
-
-NO_PAIR = {"prompt_column": None, "response_column": None}
 
 
 def test_clip_guide_cli_on_a_messages_contract_with_a_public_file(tmp_path):

@@ -1,4 +1,4 @@
-"""Clipping guidance and charged tuning on a tiny random Llama: brute-force norms, a 3-trial sweep, refusals."""
+"""The slow tier of tests/tuning/test_tuning.py, whose docstring describes the module."""
 
 from __future__ import annotations
 
