@@ -16,7 +16,6 @@ import pytest
 import yaml
 from support.fuzz_boundary import (
     BASE,
-    KEYS,
     SLOW_TRAIN_CASES,
     TRAIN_CASES,
     bomb,
@@ -27,28 +26,6 @@ from support.fuzz_boundary import (
 )
 
 from dplora.errors import EXCERPT_CHARS, MAX_MESSAGE_CHARS, excerpt, one_line
-
-KEYS["privacy"] += ["num_units", "max_records_per_unit", "unit_clipping", "population", "sampling", "per_sample"]
-
-
-KEYS["model"] += ["name", "dtype", "allow_tf32", "attn_implementation"]
-
-
-KEYS["data"] += ["format", "text_column"]
-
-
-KEYS["lora"] += ["dropout"]
-
-
-KEYS["training"] += [
-    "epochs",
-    "physical_batch_size",
-    "optimizer",
-    "max_seq_len",
-    "seed",
-    "threads",
-    "gradient_checkpointing",
-]
 
 
 @pytest.fixture

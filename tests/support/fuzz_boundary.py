@@ -37,7 +37,14 @@ BASE = {
 }
 
 
+# the keys a fuzzed section draws from: those BASE sets, then the optional ones it leaves out
 KEYS = {section: sorted(values) for section, values in BASE.items()}
+KEYS["privacy"] += ["num_units", "max_records_per_unit", "unit_clipping", "population", "sampling", "per_sample"]
+KEYS["model"] += ["name", "dtype", "allow_tf32", "attn_implementation"]
+KEYS["data"] += ["format", "text_column"]
+KEYS["lora"] += ["dropout"]
+KEYS["training"] += ["epochs", "physical_batch_size", "optimizer", "max_seq_len", "seed", "threads"]
+KEYS["training"] += ["gradient_checkpointing"]
 
 
 ODD_TEXT = ["", " ", "💥🔥", "\u202eevil", "a\nb", "a\x1bb", "null", "NaN", "~", "1e-3", "0x10", "1_000", "2001-13-45"]

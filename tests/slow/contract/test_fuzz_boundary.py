@@ -37,27 +37,15 @@ DATA_CASES = max(60, CONTRACT_CASES // 8)
 DERANDOMIZE = not os.environ.get("DPLORA_FUZZ_RANDOM")
 
 
-KEYS["privacy"] += ["num_units", "max_records_per_unit", "unit_clipping", "population", "sampling", "per_sample"]
-
-
-KEYS["model"] += ["name", "dtype", "allow_tf32", "attn_implementation"]
-
-
-KEYS["data"] += ["format", "text_column"]
-
-
-KEYS["lora"] += ["dropout"]
-
-
-KEYS["training"] += [
-    "epochs",
-    "physical_batch_size",
-    "optimizer",
-    "max_seq_len",
-    "seed",
-    "threads",
-    "gradient_checkpointing",
-]
+def fuzz_settings(max_examples: int):
+    """Hypothesis settings of every fuzzed test here: derandomized unless DPLORA_FUZZ_RANDOM, no database."""
+    return settings(
+        max_examples=max_examples,
+        deadline=None,
+        derandomize=DERANDOMIZE,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
 
 
 TAGS = ["!!timestamp", "!!bool", "!!set", "!!binary", "!!str", "!!int", "!!float", "!!omap", "!!python/none", "!x"]
@@ -197,13 +185,7 @@ def test_fuzzed_contracts_and_overrides_exit_0_or_2(workdir):
     counts: Counter = Counter()
     before = snapshot(workdir)
 
-    @settings(
-        max_examples=CONTRACT_CASES,
-        deadline=None,
-        derandomize=DERANDOMIZE,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-    )
+    @fuzz_settings(CONTRACT_CASES)
     @given(case=contract_cases())
     def run(case):
         data, extra, as_json = case
@@ -271,13 +253,7 @@ def test_fuzzed_data_files_exit_0_or_2(workdir):
         "training": {**BASE["training"], "expected_batch_size": 1000},
     }
 
-    @settings(
-        max_examples=DATA_CASES,
-        deadline=None,
-        derandomize=DERANDOMIZE,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-    )
+    @fuzz_settings(DATA_CASES)
     @given(case=data_files())
     def run(case):
         name, data = case
@@ -311,9 +287,7 @@ def test_fuzzed_mapping_and_repeated_overrides_exit_2_with_one_line(workdir):
     (workdir / "c.yaml").write_text(yaml.safe_dump(BASE))
     before = snapshot(workdir)
 
-    @settings(
-        max_examples=60, deadline=None, derandomize=DERANDOMIZE, database=None, suppress_health_check=list(HealthCheck)
-    )
+    @fuzz_settings(60)
     @given(
         key=mapping_keys,
         value=mappings,
