@@ -75,6 +75,13 @@ def _isolated_cache(tmp_path_factory):
         yield
 
 
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """A calibration cache of the test's own (``pytestmark = pytest.mark.usefixtures("fresh_cache")``): no result
+    depends on a calibration an earlier test left in the session's cache."""
+    monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     from tiny import save_tiny_model
@@ -110,8 +117,12 @@ ROW_PRIVACY = {
 }
 
 
-def contract_dict(model_dir: Path, data_path: Path, out_dir: Path, **sections) -> dict:
-    """A small valid row-level contract for the tiny model; ``sections`` update each section's keys."""
+# The privacy section of the contracts that only tokenize (no accountant runs): ROW_PRIVACY at ε = 3.
+TOKENIZE_PRIVACY = {**ROW_PRIVACY, "target_epsilon": 3.0}
+
+
+def contract_base(model_dir: Path, data_path: Path, out_dir: Path, **sections) -> dict:
+    """``contract_dict`` without its declared ``num_units``: the sections exactly as given."""
     raw = {
         "privacy": {
             **ROW_PRIVACY,
@@ -133,6 +144,12 @@ def contract_dict(model_dir: Path, data_path: Path, out_dir: Path, **sections) -
     }
     for name, values in sections.items():
         raw.setdefault(name, {}).update(values)
+    return raw
+
+
+def contract_dict(model_dir: Path, data_path: Path, out_dir: Path, **sections) -> dict:
+    """A small valid row-level contract for the tiny model; ``sections`` update each section's keys."""
+    raw = contract_base(model_dir, data_path, out_dir, **sections)
     if "num_units" not in raw["privacy"]:
         _declare_num_units(raw)
     return raw
@@ -298,18 +315,24 @@ def minimal_contract(*, max_len: int, text: bool = False):
     data.update({"text_column": "text"} if text else {"prompt_column": "message", "response_column": "reply"})
     return parse_contract(
         {
-            "privacy": {
-                "protected_unit": "row",
-                "adjacency": "add_remove",
-                "target_epsilon": 3.0,
-                "delta": 1e-5,
-                "max_grad_norm": 1.0,
-            },
+            "privacy": {**TOKENIZE_PRIVACY},
             "model": {"path": "unused"},
             "data": data,
             "training": {"expected_batch_size": 1, "steps": 1, "max_seq_len": max_len},
         }
     )
+
+
+def reserve_charge(ledger, population, run_id: str, epsilon, delta="1e-6", **kw):
+    """``ledger.reserve`` with the usual test terms: row level, RDP, add/remove (``kw`` overrides or adds any)."""
+    kw = {"accountant": "rdp", "adjacency": "add_remove", "protected_unit": "row", **kw}
+    return ledger.reserve(population=population, run_id=run_id, epsilon=epsilon, delta=delta, **kw)
+
+
+def set_cap_args(population: str, db: Path, *, epsilon="10", delta="1e-4", unit="row", adjacency="add_remove"):
+    """The arguments of ``dplora ledger set-cap`` (after ``ledger``) that cap POPULATION in the ledger DB."""
+    caps = ["--epsilon", str(epsilon), "--delta", str(delta), "--unit", unit, "--adjacency", adjacency]
+    return ["set-cap", population, *caps, "--db", str(db)]
 
 
 def ledger_with_charges(db: Path, events_per_charge: list[list[dict]], *, epsilon: str = "1") -> Path:
@@ -319,8 +342,7 @@ def ledger_with_charges(db: Path, events_per_charge: list[list[dict]], *, epsilo
     with Ledger(db) as led:
         led.set_cap("p", epsilon_max="30", delta_max="1e-4", protected_unit="row", adjacency="add_remove")
         for i, events in enumerate(events_per_charge):
-            led.reserve(population="p", run_id=f"r{i}", epsilon=epsilon, delta="1e-6", accountant="pld",
-                        adjacency="add_remove", protected_unit="row", events=events)  # fmt: skip
+            reserve_charge(led, "p", f"r{i}", epsilon, accountant="pld", events=events)
     return db
 
 

@@ -12,7 +12,7 @@ import json
 
 import pytest
 import yaml
-from conftest import contract_table
+from conftest import TOKENIZE_PRIVACY, contract_table
 from tiny import CHATML, save_chat_model
 
 from dplora.contract.loader import load_contract
@@ -43,14 +43,7 @@ def _hand(tok, pieces):
 
 def _contract(tmp_path, data_path, **data):
     raw = {
-        "privacy": {
-            "protected_unit": "row",
-            "adjacency": "add_remove",
-            "target_epsilon": 3.0,
-            "delta": 1e-5,
-            "max_grad_norm": 1.0,
-            "num_units": 2,
-        },
+        "privacy": {**TOKENIZE_PRIVACY, "num_units": 2},
         "model": {"path": "unused"},
         "data": {"path": str(data_path), **data},
         "training": {"expected_batch_size": 1, "steps": 1, "max_seq_len": 256},

@@ -10,24 +10,16 @@ from pathlib import Path
 
 import pytest
 import typer
-from support.ledger import POP, SHA, shared_reserve
+from conftest import set_cap_args
+from support.ledger import POP, SHA, capped_ledger, ledger_db, shared_reserve
 from typer.testing import CliRunner
 
 from dplora.cli.ledger import ledger_app
 from dplora.errors import BadInputError, PlanRefusedError
 from dplora.ledger.store import LEDGER_ENV, Ledger, LedgerError, default_ledger_path
 
-
-@pytest.fixture
-def db(tmp_path: Path) -> Path:
-    return tmp_path / "ledger" / "ledger.sqlite3"
-
-
-@pytest.fixture
-def ledger(db: Path):
-    with Ledger(db) as led:
-        led.set_cap(POP, epsilon_max="3.0", delta_max="1e-5", protected_unit="row", adjacency="add_remove")
-        yield led
+db = ledger_db  # the two fixtures both tiers use
+ledger = capped_ledger
 
 
 def test_reserve_over_cap_is_refused_and_writes_nothing(ledger: Ledger) -> None:
@@ -224,20 +216,7 @@ def _cli(*args: str):
 def test_cli_set_cap_show_check(db: Path) -> None:
     res = _cli("show", "--db", str(db))
     assert res.exit_code == 2 and "no ledger" in res.stderr and not db.exists()
-    res = _cli(
-        "set-cap",
-        POP,
-        "--epsilon",
-        "3.0",
-        "--delta",
-        "1e-5",
-        "--unit",
-        "row",
-        "--adjacency",
-        "add_remove",
-        "--db",
-        str(db),
-    )
+    res = _cli(*set_cap_args(POP, db, epsilon="3.0", delta="1e-5"))
     assert res.exit_code == 0, res.output
     with Ledger(db) as led:
         shared_reserve(led, "r1", "2.5")
@@ -271,20 +250,7 @@ def test_cli_set_cap_show_check(db: Path) -> None:
     res = _cli("check", POP, "--epsilon", "0.7", "--delta", "1e-6", "--db", str(db))
     assert res.exit_code == 2
     assert res.stderr == (f"error: population {POP!r}: spent ε=2.5 + planned ε=0.7 = 3.2 exceeds the cap ε_max=3.0\n")
-    res = _cli(
-        "set-cap",
-        POP,
-        "--epsilon",
-        "-1",
-        "--delta",
-        "1e-5",
-        "--unit",
-        "row",
-        "--adjacency",
-        "add_remove",
-        "--db",
-        str(db),
-    )
+    res = _cli(*set_cap_args(POP, db, epsilon="-1", delta="1e-5"))
     assert res.exit_code == 2 and res.stderr.startswith("error: epsilon_max must be > 0")
 
 

@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import pytest
 import torch
-from conftest import contract_dict, write_contract
+from conftest import contract_dict, reserve_charge, write_contract
 from support.control import runner
 
 from dplora.cli.app import app
@@ -51,15 +51,7 @@ def test_a_failed_control_stays_charged_infinite(tmp_path):
         charge = ledger.settle("r1", epsilon_spent=float("inf"), status="failed")
         assert charge.epsilon == Decimal("Infinity") and charge.status == "failed"
         ledger.set_cap("q", epsilon_max="5", delta_max="1e-5", protected_unit="row", adjacency="add_remove")
-        ledger.reserve(
-            protected_unit="row",
-            population="q",
-            run_id="r2",
-            epsilon="1",
-            delta="1e-6",
-            accountant="rdp",
-            adjacency="add_remove",
-        )
+        reserve_charge(ledger, "q", "r2", "1")
         with pytest.raises(PlanRefusedError):
             ledger.settle("r2", epsilon_spent=float("inf"))
 

@@ -6,6 +6,7 @@ SIGKILLs itself there; in-process tests replace the hook with a signal, a full d
 
 from __future__ import annotations
 
+from conftest import reserve_charge
 from support.resume import partial_dir, runner, setup, train
 
 from dplora.cli.app import app
@@ -18,15 +19,7 @@ def test_settle_without_a_readable_checkpoint_charges_the_planned_epsilon(tmp_pa
     db = tmp_path / "l.sqlite3"
     ledger = Ledger(db)
     ledger.set_cap("tickets", epsilon_max="10", delta_max="1e-3", protected_unit="row", adjacency="add_remove")
-    ledger.reserve(
-        protected_unit="row",
-        population="tickets",
-        run_id="r1",
-        epsilon="3.5",
-        delta="1e-5",
-        accountant="rdp",
-        adjacency="add_remove",
-    )
+    reserve_charge(ledger, "tickets", "r1", "3.5", "1e-5")
     staging = tmp_path / "run.partial"
     staging.mkdir()
     (staging / checkpoint.CHECKPOINT_FILENAME).write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+from conftest import reserve_charge
+
 
 def reserve(ledger, run, eps, unit="row", events=None, delta="1e-5", adjacency="add_remove"):
-    return ledger.reserve(
-        population="p",
-        run_id=run,
-        epsilon=eps,
-        delta=delta,
+    unit_key = None if unit == "row" else "user_id"
+    return reserve_charge(
+        ledger,
+        "p",
+        run,
+        eps,
+        delta,
         accountant="pld",
         adjacency=adjacency,
         protected_unit=unit,
-        unit_key=None if unit == "row" else "user_id",
+        unit_key=unit_key,
         events=events,
     )
 

@@ -11,7 +11,7 @@ from datetime import datetime
 from pathlib import Path
 
 import yaml
-from conftest import ROW_PRIVACY
+from conftest import contract_base
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
@@ -184,25 +184,8 @@ def diff_surfaces(a, b, path="") -> list[str]:
 
 
 def surface_contract(world: Path, model: Path, data_path: Path, output: Path | None = None, **sections) -> Path:
-    raw = {
-        "privacy": {
-            **ROW_PRIVACY,
-            "accountant": "rdp",
-        },
-        "model": {"path": str(model)},
-        "data": {"path": str(data_path), "prompt_column": "message", "response_column": "reply", "eval_fraction": 0.2},
-        "lora": {"r": 2, "alpha": 4, "target_modules": ["q_proj", "v_proj"]},
-        "training": {
-            "expected_batch_size": 8,
-            "physical_batch_size": 4,
-            "steps": 3,
-            "lr": 0.01,
-            "max_seq_len": 48,
-            "seed": 0,
-            "output_dir": str(output or world / "run"),
-            "threads": 1,
-        },
-    }
+    raw = contract_base(model, data_path, output or world / "run")
+    raw["data"]["eval_fraction"] = 0.2
     for name, values in sections.items():
         raw.setdefault(name, {}).update(values)
     path = world / "contract.yaml"

@@ -6,23 +6,13 @@ import multiprocessing as mp
 from decimal import Decimal
 from pathlib import Path
 
-import pytest
-from support.ledger import POP, SHA, shared_reserve
+from support.ledger import POP, SHA, capped_ledger, ledger_db, shared_reserve
 
 from dplora.errors import PlanRefusedError
 from dplora.ledger.store import Ledger
 
-
-@pytest.fixture
-def db(tmp_path: Path) -> Path:
-    return tmp_path / "ledger" / "ledger.sqlite3"
-
-
-@pytest.fixture
-def ledger(db: Path):
-    with Ledger(db) as led:
-        led.set_cap(POP, epsilon_max="3.0", delta_max="1e-5", protected_unit="row", adjacency="add_remove")
-        yield led
+db = ledger_db  # the two fixtures both tiers use
+ledger = capped_ledger
 
 
 def _reserve_worker(path: str, run_id: str, barrier, results) -> None:

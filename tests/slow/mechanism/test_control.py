@@ -6,7 +6,7 @@ import json
 from decimal import Decimal
 
 import pytest
-from conftest import release_statement, train_tiny
+from conftest import release_statement, set_cap_args, train_tiny
 from support.control import runner
 
 from dplora.cli.app import app
@@ -96,24 +96,7 @@ def test_ledger_refuses_the_control_on_a_population_unless_non_private(
     """Without --non-private: exit 2, nothing written, no charge. With it: a charge of ε = ∞, and the population
     is then over its cap, so a later DP run on it is refused."""
     db = tmp_path / "ledger.sqlite3"
-    cap = runner.invoke(
-        app,
-        [
-            "ledger",
-            "set-cap",
-            "tickets",
-            "--epsilon",
-            "10",
-            "--delta",
-            "1e-4",
-            "--unit",
-            "row",
-            "--adjacency",
-            "add_remove",
-            "--db",
-            str(db),
-        ],
-    )
+    cap = runner.invoke(app, ["ledger", *set_cap_args("tickets", db)])
     assert cap.exit_code == 0, cap.output
     privacy = {"population": "tickets"}
     refused, out = _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, "--ledger", str(db), privacy=privacy)
@@ -146,24 +129,7 @@ def test_an_interrupted_control_resumes_and_has_no_intermediate_dp_release(
     from dplora.run import checkpoint
 
     db = tmp_path / "ledger.sqlite3"
-    cap = runner.invoke(
-        app,
-        [
-            "ledger",
-            "set-cap",
-            "p",
-            "--epsilon",
-            "10",
-            "--delta",
-            "1e-4",
-            "--unit",
-            "row",
-            "--adjacency",
-            "add_remove",
-            "--db",
-            str(db),
-        ],
-    )
+    cap = runner.invoke(app, ["ledger", *set_cap_args("p", db)])
     assert cap.exit_code == 0, cap.output
 
     def hook(point, step):
