@@ -223,6 +223,13 @@ def train_tiny(tmp_path: Path, model_dir: Path, data_path: Path, signing_key, *e
     return train_contract(cfg, signing_key[0], *extra), tmp_path / name
 
 
+def trained_once(tmp_path_factory, folder: str, model_dir: Path, data_path: Path, signing_key, *extra, **kw):
+    """A module fixture's run: ``train_tiny`` in a fresh folder named FOLDER; it must exit 0. (result, output)"""
+    result, out = train_tiny(tmp_path_factory.mktemp(folder), model_dir, data_path, signing_key, *extra, **kw)
+    assert result.exit_code == 0, result.output
+    return result, out
+
+
 def train_ok(tmp_path: Path, model_dir: Path, data_path: Path, signing_key, *extra, name="run", **sections) -> Path:
     """:func:`train_tiny` that must exit 0: the output dir."""
     result, out = train_tiny(tmp_path, model_dir, data_path, signing_key, *extra, name=name, **sections)

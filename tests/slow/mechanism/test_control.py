@@ -6,7 +6,7 @@ import json
 from decimal import Decimal
 
 import pytest
-from conftest import release_statement, set_cap_args, train_tiny
+from conftest import release_statement, set_cap_args, train_tiny, trained_once
 from support.control import runner
 
 from dplora.cli.app import app
@@ -20,22 +20,19 @@ def _train(tmp_path, tiny_model_dir, tickets_csv, signing_key, *extra, name="ctl
     return train_tiny(tmp_path, tiny_model_dir, tickets_csv, signing_key, *extra, name=name, **sections)
 
 
-_statement = release_statement
-
-
 @pytest.fixture(scope="module")
 def control_run(tmp_path_factory, tiny_model_dir, tickets_csv, signing_key):
-    tmp = tmp_path_factory.mktemp("control")
-    result, out = _train(tmp, tiny_model_dir, tickets_csv, signing_key)
-    assert result.exit_code == 0, result.output
-    return result, out
+    privacy = {"enabled": False}
+    return trained_once(
+        tmp_path_factory, "control", tiny_model_dir, tickets_csv, signing_key, name="ctl", privacy=privacy
+    )
 
 
 def test_control_run_signs_a_non_private_record(control_run, tickets_csv):
     """Same q and T as the DP twin, its own predicate type, no accounting, every output says NOT DP."""
     result, out = control_run
     assert "NOT DIFFERENTIALLY PRIVATE" in result.output and "non-private record" in result.output
-    statement = _statement(out)
+    statement = release_statement(out)
     assert statement["predicateType"] == "https://dplora.dev/non-private/v1"
     record = statement["predicate"]
     assert record["differentially_private"] is False and "NOT DIFFERENTIALLY PRIVATE" in record["statement"]
@@ -150,7 +147,7 @@ def test_an_interrupted_control_resumes_and_has_no_intermediate_dp_release(
     )
     assert resumed.exit_code == 0, resumed.output
     assert "from its checkpoint;" in resumed.output and "step 2/3" not in resumed.output
-    assert _statement(out)["predicate"]["training"]["steps_done"] == 3
+    assert release_statement(out)["predicate"]["training"]["steps_done"] == 3
     with Ledger(db) as ledger:
         [charge] = ledger.charges("p")
         assert charge.status == "settled" and charge.epsilon == Decimal("Infinity")

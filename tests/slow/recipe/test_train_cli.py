@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import contract_dict, release_statement, train_tiny, write_contract
+from conftest import contract_dict, release_statement, train_tiny, trained_once, write_contract
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
@@ -14,15 +14,9 @@ from dplora.cli.app import app
 runner = CliRunner()
 
 
-_payload = release_statement
-
-
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory, tiny_model_dir, tickets_csv, signing_key):
-    tmp = tmp_path_factory.mktemp("e2e")
-    result, out = train_tiny(tmp, tiny_model_dir, tickets_csv, signing_key)
-    assert result.exit_code == 0, result.output
-    return result, out
+    return trained_once(tmp_path_factory, "e2e", tiny_model_dir, tickets_csv, signing_key)
 
 
 def test_train_writes_adapters_and_a_verifiable_release(finished_run, signing_key):
@@ -32,7 +26,7 @@ def test_train_writes_adapters_and_a_verifiable_release(finished_run, signing_ke
     assert not out.with_name(out.name + ".partial").exists()
     check = runner.invoke(app, ["verify", str(out), "--public-key", str(signing_key[1])])
     assert check.exit_code == 0, check.output
-    statement = _payload(out)
+    statement = release_statement(out)
     names = {s["name"] for s in statement["subject"]}
     assert {"adapter/adapter_model.safetensors", "adapter/adapter_config.json", "contract.yaml"} <= names
     rec = statement["predicate"]
@@ -86,7 +80,7 @@ def test_no_raw_text_in_outputs(finished_run, tickets_csv):
         rows = list(csv.DictReader(fh))
     pieces = {r[c][:24] for r in rows for c in ("message", "reply") if len(r[c]) >= 24}
     blobs = [
-        json.dumps(_payload(out)),
+        json.dumps(release_statement(out)),
         (out.with_name(out.name + ".private") / "metrics.jsonl").read_text(),
         (out / "contract.yaml").read_text(),
         result.output,
@@ -115,7 +109,7 @@ def test_keyed_data_digest(tmp_path, tiny_model_dir, tickets_csv, signing_key):
     key.write_bytes(b"k" * 32)
     result, out = train_tiny(tmp_path, tiny_model_dir, tickets_csv, signing_key, "--data-key", str(key))
     assert result.exit_code == 0, result.output
-    digest = _payload(out)["predicate"]["data"]["digest"]
+    digest = release_statement(out)["predicate"]["data"]["digest"]
     salt = bytes.fromhex(digest["salt"])  # issue 41: HMAC(key, fresh salt ‖ data), the salt in the record
     expected = hmac.new(b"k" * 32, salt + tickets_csv.read_bytes(), hashlib.sha256).hexdigest()
     assert digest["keyed"] is True and digest["files"][tickets_csv.name] == expected
@@ -219,30 +213,19 @@ def test_ledger_charges_runs_and_refuses_over_cap(tmp_path, tiny_model_dir, tick
     # 7.23 at δ = 2e-5 (basic: 16.0), above the cap. (Before the measured PLD cost model the composition fell back
     # to RDP, 8.86, and the cap here was 8.5.)
     Ledger(db).set_cap("tickets", epsilon_max="7.1", delta_max="1e-4", protected_unit="row", adjacency="add_remove")
-    r1, out1 = train_tiny(
-        tmp_path,
-        tiny_model_dir,
-        tickets_csv,
-        signing_key,
-        "--ledger",
-        str(db),
-        name="one",
-        privacy={"population": "tickets"},
-    )
+
+    def train_on_tickets(name):
+        privacy = {"population": "tickets"}
+        return train_tiny(
+            tmp_path, tiny_model_dir, tickets_csv, signing_key, "--ledger", str(db), name=name, privacy=privacy
+        )
+
+    r1, out1 = train_on_tickets("one")
     assert r1.exit_code == 0, r1.output
-    eps1 = _payload(out1)["predicate"]["accounting"]["epsilon_spent"]
+    eps1 = release_statement(out1)["predicate"]["accounting"]["epsilon_spent"]
     spent, _ = Ledger(db).spent("tickets")
     assert float(spent) == pytest.approx(eps1)
-    r2, out2 = train_tiny(
-        tmp_path,
-        tiny_model_dir,
-        tickets_csv,
-        signing_key,
-        "--ledger",
-        str(db),
-        name="two",
-        privacy={"population": "tickets"},
-    )
+    r2, out2 = train_on_tickets("two")
     assert r2.exit_code == 2 and "exceeds the cap" in r2.output
     assert not out2.exists()
     assert len(Ledger(db).charges("tickets")) == 1
@@ -306,7 +289,7 @@ def test_unit_level_runs_label_the_unit(tmp_path, tiny_model_dir, signing_key, u
         training={"expected_batch_size": 4},
     )
     assert result.exit_code == 0, result.output
-    rec = _payload(out)["predicate"]
+    rec = release_statement(out)["predicate"]
     assert rec["privacy"]["protected_unit"] == unit and rec["privacy"]["unit_key"] == key
     assert needle in rec["privacy"]["statement"]
     assert rec["privacy"]["contribution_bound"]["max_records_per_unit"] == 3
@@ -371,7 +354,7 @@ def test_verify_names_each_check(finished_run, signing_key):
     check = runner.invoke(app, ["verify", str(out), "--public-key", str(signing_key[1])])
     assert check.exit_code == 0, check.output
     lines = check.stdout.splitlines()
-    n = len(_payload(out)["subject"])
+    n = len(release_statement(out)["subject"])
     assert [ln.split(":")[0] for ln in lines[:4]] == ["OK  key", "OK  signature", "OK  artifacts", "--  data digest"]
     assert f"OK  artifacts: {n} files match their signed sha256 digests; no unsigned files" in lines
     assert "--  data digest: not checked (pass --data FILE --data-key KEY)" in lines
