@@ -15,6 +15,7 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 from support.device import PACKAGE, DevicePolice, shared_contract
+from support.lora import randomize_lora_b
 from tiny import tiny_llama
 
 from dplora.contract.loader import parse_contract
@@ -97,13 +98,7 @@ def _bf16_lora_model():
     model = tiny_llama(hidden=32, seed=3).to(torch.bfloat16)
     config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
     peft_model = get_peft_model(model, config, autocast_adapter_dtype=True)
-    gen = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for name, p in peft_model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-    peft_model.train()
-    return peft_model
+    return randomize_lora_b(peft_model, 7)
 
 
 def test_bf16_base_per_example_norms_match_one_at_a_time():

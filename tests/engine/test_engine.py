@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from opacus import GradSampleModule
 from peft import LoraConfig, get_peft_model
+from support.lora import ALL_PROMPT, IGNORE, PAD, RECORDS, randomize_lora_b
 from tiny import tiny_llama
 
 from dplora.engine import batch as batching
@@ -30,29 +31,6 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 
-PAD = 256  # tests/tiny.py: <pad> = 256, <eos> = 257
-
-
-IGNORE = batching.IGNORE_INDEX
-
-
-# (input_ids, labels) records of different lengths; record 0 masks a two-token prompt.
-RECORDS = [
-    ([1, 2, 3, 4, 5], [IGNORE, IGNORE, 3, 4, 5]),
-    ([6, 7, 8], [6, 7, 8]),
-    ([9, 10, 11, 12, 13, 14, 15], [9, 10, 11, 12, 13, 14, 15]),
-    ([20, 21], [20, 21]),
-    ([40, 41, 42, 43], [40, 41, 42, 43]),
-    ([50, 51, 52, 53, 54, 55], [IGNORE, 51, 52, 53, 54, 55]),
-    ([60, 61, 62], [60, 61, 62]),
-    ([70, 71, 72, 73, 74], [70, 71, 72, 73, 74]),
-    ([80, 81, 82, 83], [IGNORE, IGNORE, 82, 83]),
-]
-
-
-ALL_PROMPT = ([30, 31, 32], [IGNORE, IGNORE, IGNORE])
-
-
 def _lora_model(*, lora_b_std: float = 0.3, seed: int = 0):
     """Tiny peft LoRA Llama in train mode; lora_B ~ N(0, std²) so lora_A gets gradients (0: peft's zeros)."""
     model = tiny_llama(seed=seed)
@@ -60,13 +38,8 @@ def _lora_model(*, lora_b_std: float = 0.3, seed: int = 0):
     config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
     peft_model = get_peft_model(model, config)
     if lora_b_std:
-        gen = torch.Generator().manual_seed(seed + 1)
-        with torch.no_grad():
-            for name, p in peft_model.named_parameters():
-                if "lora_B" in name:
-                    p.copy_(torch.randn(p.shape, generator=gen) * lora_b_std)
-    peft_model.train()
-    return peft_model
+        return randomize_lora_b(peft_model, seed + 1, lora_b_std)
+    return peft_model.train()
 
 
 def _trainable(model) -> list[tuple[str, torch.nn.Parameter]]:

@@ -14,6 +14,9 @@ import pytest
 import torch
 from opacus import GradSampleModule
 from peft import LoraConfig, get_peft_model
+from support.architectures import unit_batches
+from support.lora import ALL_7, ALL_PROMPT, IGNORE, PAD, ReplayDropout, randomize_lora_b
+from support.lora import RECORDS as LORA_RECORDS
 from tiny import tiny_llama
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -29,21 +32,8 @@ pytestmark = pytest.mark.filterwarnings(
     "ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning"
 )
 
-PAD, IGNORE = 256, batching.IGNORE_INDEX
-ALL_7 = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
 # (input_ids, labels): different lengths (right padding), masked prompts, one record with no target token.
-RECORDS = [
-    ([1, 2, 3, 4, 5], [IGNORE, IGNORE, 3, 4, 5]),
-    ([6, 7, 8], [6, 7, 8]),
-    ([9, 10, 11, 12, 13, 14, 15], [9, 10, 11, 12, 13, 14, 15]),
-    ([20, 21], [20, 21]),
-    ([30, 31, 32], [IGNORE, IGNORE, IGNORE]),
-    ([50, 51, 52, 53, 54, 55], [IGNORE, 51, 52, 53, 54, 55]),
-    ([60, 61, 62], [60, 61, 62]),
-    ([70, 71, 72, 73, 74], [70, 71, 72, 73, 74]),
-    ([80, 81, 82, 83], [IGNORE, IGNORE, 82, 83]),
-]
+RECORDS = [*LORA_RECORDS[:4], ALL_PROMPT, *LORA_RECORDS[5:]]
 
 
 def _lora_model(*, targets=("q_proj", "v_proj"), dropout=0.0, dtype=torch.float32, seed=0):
@@ -51,15 +41,10 @@ def _lora_model(*, targets=("q_proj", "v_proj"), dropout=0.0, dtype=torch.float3
     model = tiny_llama(seed=seed).to(dtype)
     config = LoraConfig(r=4, lora_alpha=8, lora_dropout=dropout, target_modules=list(targets))
     peft_model = get_peft_model(model, config)
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in peft_model.named_parameters():
-            if "lora_" in name:
-                p.data = p.data.float()  # LoRA in fp32 whatever the base dtype
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-    peft_model.train()
-    return peft_model
+    for name, p in peft_model.named_parameters():
+        if "lora_" in name:
+            p.data = p.data.float()  # LoRA in fp32 whatever the base dtype
+    return randomize_lora_b(peft_model, seed + 1)
 
 
 def _trainable(model):
@@ -71,7 +56,7 @@ def _brute_force(model, records) -> torch.Tensor:
     rows = []
     for i, record in enumerate(records):
         for m in model.modules():
-            if isinstance(m, _ReplayDropout):
+            if isinstance(m, ReplayDropout):
                 m.example = i
         loss = batching.per_sequence_loss(model, batching.collate([record], PAD))[0]
         grads = torch.autograd.grad(loss, _trainable(model), allow_unused=True)
@@ -107,20 +92,13 @@ def _reference_sum(per_record, groups, c, mean=False) -> torch.Tensor:
 
 def _logical_step(model, flat, records, groups, physical, c, *, mean=False):
     """Records of each unit contiguous, cut into physical batches; returns (clipped sum, norms)."""
-    order = [r for g in groups for r in g]
-    unit_of = {r: u for u, g in enumerate(groups) for r in g}
     acc = UnitClipAccumulator(flat.P, c, "cpu")
     acc.begin_step()
-    for start in range(0, len(order), physical):
-        chunk = order[start : start + physical]
-        ids = torch.tensor([unit_of[r] for r in chunk])
-        nxt = order[start + physical] if start + physical < len(order) else None
+    for chunk, ids, continues in unit_batches(groups, physical):
         flat.buffer(len(chunk))
         batching.per_sequence_loss(model, batching.collate([records[r] for r in chunk], PAD)).sum().backward()
-        weight = torch.tensor([1.0 / len(groups[unit_of[r]]) for r in chunk]) if mean else None
-        acc.add(
-            flat.gradients(), ids, last_unit_continues=nxt is not None and unit_of[nxt] == ids[-1], row_weight=weight
-        )
+        weight = torch.tensor([1.0 / len(groups[u]) for u in ids.tolist()]) if mean else None
+        acc.add(flat.gradients(), ids, last_unit_continues=continues, row_weight=weight)
     total, norms = acc.finish()
     return total.clone(), norms
 
@@ -191,17 +169,6 @@ def test_unit_level_split_across_physical_batches(pristine, reference, groups, p
     assert int((unit_vectors.norm(dim=1) > c).sum()) >= 1
 
 
-class _ReplayDropout(torch.nn.Module):
-    """x · mask[example, :T]: replays, one record at a time, the dropout mask the batched forward drew."""
-
-    def __init__(self, mask: torch.Tensor):
-        super().__init__()
-        self.mask, self.example = mask, 0
-
-    def forward(self, x):
-        return x * self.mask[self.example : self.example + 1, : x.shape[1]]
-
-
 def test_lora_dropout_is_exact_per_example(pristine):
     """Wide LoRA with dropout 0.5: row b of G is the gradient of the forward that ran, with its own masks."""
     model = _lora_model(targets=ALL_7, dropout=0.5)
@@ -224,7 +191,7 @@ def test_lora_dropout_is_exact_per_example(pristine):
     G = _fast_grads(model, flat, RECORDS)
     for name, m in reference_model.named_modules():
         if name in masks:
-            m.lora_dropout["default"] = _ReplayDropout(masks[name])
+            m.lora_dropout["default"] = ReplayDropout(masks[name])
     reference = _brute_force(reference_model, RECORDS)
     assert float(reference.abs().max()) > 0.05
     assert (G - reference).abs().max() < 1e-5

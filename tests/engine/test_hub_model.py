@@ -7,10 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import contract_dict, write_contract
-from support.hub_model import COMMIT, OTHER, build_hub_cache, runner
+from conftest import contract_dict
+from support.hub_model import COMMIT, OTHER, build_hub_cache
+from support.hub_train import train_hub_id
 
-from dplora.cli.app import app
 from dplora.contract.loader import parse_contract
 from dplora.errors import BadInputError
 
@@ -71,10 +71,7 @@ def test_contract_refuses_non_hub_names_and_a_revision_without_a_hub_id(model):
 
 
 def test_train_from_a_hub_id_not_cached_exits_2_in_one_line(tmp_path, hub_cache, tickets_csv, signing_key):
-    raw = contract_dict(Path("unused"), tickets_csv, tmp_path / "run")
-    raw["model"] = {"name": "tiny-org/absent"}
-    cfg = write_contract(tmp_path / "hub.yaml", raw)
-    result = runner.invoke(app, ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress"])
+    result = train_hub_id(tmp_path, tickets_csv, signing_key, "tiny-org/absent")
     assert result.exit_code == 2, result.output
     assert "not in the local Hugging Face cache" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "run").exists()

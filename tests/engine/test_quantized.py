@@ -21,6 +21,8 @@ import copy
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model  # noqa: E402
+from support.lora import ALL_7, PAD, randomize_lora_b
+from support.lora import RECORDS as LORA_RECORDS
 from support.quantized import OUTLIER, bnb, build_model_dir
 
 from dplora.engine import batch as batching  # noqa: E402
@@ -35,20 +37,7 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 
-PAD, IGNORE = 256, batching.IGNORE_INDEX
-
-
-ALL_7 = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-RECORDS = [
-    ([1, 2, 3, 4, 5], [IGNORE, IGNORE, 3, 4, 5]),
-    ([6, 7, 8], [6, 7, 8]),
-    ([9, 10, 11, 12, 13, 14, 15], [9, 10, 11, 12, 13, 14, 15]),
-    ([20, 21], [20, 21]),
-    ([50, 51, 52, 53, 54, 55], [IGNORE, 51, 52, 53, 54, 55]),
-    ([60, 61, 62], [60, 61, 62]),
-]
+RECORDS = [*LORA_RECORDS[:4], *LORA_RECORDS[5:7]]  # records 0-3, 5 and 6
 
 
 OUTLIER_RECORD = ([40, OUTLIER, 41, OUTLIER], [40, OUTLIER, 41, OUTLIER])
@@ -79,13 +68,7 @@ def _lora(base, targets=ALL_7, seed=1):
     model = get_peft_model(
         base, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=list(targets)), autocast_adapter_dtype=True
     )
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-    model.train()
-    return model
+    return randomize_lora_b(model, seed)
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
+from support.lora import PAD, randomize_lora_b
+from support.lora import RECORDS as LORA_RECORDS
 from support.row_contract import contract_raw
 from tiny import save_tiny_model, tiny_llama
 
@@ -34,20 +36,7 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 
-PAD = 256
-
-
-IGNORE = batching.IGNORE_INDEX
-
-
-RECORDS = [
-    ([1, 2, 3, 4, 5], [IGNORE, IGNORE, 3, 4, 5]),
-    ([6, 7, 8], [6, 7, 8]),
-    ([9, 10, 11, 12, 13, 14, 15], [9, 10, 11, 12, 13, 14, 15]),
-    ([20, 21], [20, 21]),
-    ([40, 41, 42, 43], [40, 41, 42, 43]),
-    ([50, 51, 52, 53, 54, 55], [IGNORE, 51, 52, 53, 54, 55]),
-]
+RECORDS = LORA_RECORDS[:6]
 
 
 GROUPS = [[0, 1, 2], [3], [4, 5]]  # three units: 3, 1 and 2 records
@@ -58,13 +47,7 @@ def _lora(seed=0):
     peft_model = get_peft_model(
         model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
     )
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in peft_model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-    peft_model.train()
-    return peft_model
+    return randomize_lora_b(peft_model, seed + 1)
 
 
 def _plan(*, sigma=1.0, clip=1.0, batch=4.0, q=0.5, steps=10, clipping="clip"):

@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from peft import LoraConfig, get_peft_model
+from support.lora import randomize_lora_b
 from tiny import tiny_llama
 
 from dplora.engine import batch as batching
@@ -252,12 +253,7 @@ def test_the_fast_path_gives_the_same_clipped_sum_as_a_brute_force_backward():
     model = get_peft_model(
         tiny_llama(layers=1, seed=3), LoraConfig(r=2, lora_alpha=4, lora_dropout=0.0, target_modules=["q_proj"])
     )
-    gen = torch.Generator().manual_seed(4)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-    model.train()
+    randomize_lora_b(model, 4)
     records = [([1, 2, 3, 4], [1, 2, 3, 4]), ([5, 6, 7], [5, 6, 7]), ([8, 9], [8, 9]), ([10, 11, 12], [10, 11, 12])]
     units = [0, 0, 1, 2]
     trainable = [p for p in model.parameters() if p.requires_grad]

@@ -41,22 +41,29 @@ def clipped_unit_sum(per_record, groups, c) -> torch.Tensor:
     return total
 
 
-def fast_logical_step(model, flat, records, groups, physical, c):
-    """Units' records contiguous, cut into physical batches of ``physical``: (G rows stacked, clipped sum)."""
+def unit_batches(groups, physical):
+    """Units' records contiguous, cut into physical batches of ``physical``: per batch (its record indices, their
+    unit ids as a tensor, whether its last unit continues in the next batch)."""
     order = [r for g in groups for r in g]
     unit_of = {r: u for u, g in enumerate(groups) for r in g}
-    acc = UnitClipAccumulator(flat.P, c, "cpu")
-    acc.begin_step()
-    rows = []
     for start in range(0, len(order), physical):
         chunk = order[start : start + physical]
         ids = torch.tensor([unit_of[r] for r in chunk])
         nxt = order[start + physical] if start + physical < len(order) else None
+        yield chunk, ids, nxt is not None and unit_of[nxt] == int(ids[-1])
+
+
+def fast_logical_step(model, flat, records, groups, physical, c):
+    """Units' records contiguous, cut into physical batches of ``physical``: (G rows stacked, clipped sum)."""
+    acc = UnitClipAccumulator(flat.P, c, "cpu")
+    acc.begin_step()
+    rows = []
+    for chunk, ids, continues in unit_batches(groups, physical):
         flat.buffer(len(chunk))
         batching.per_sequence_loss(model, batching.collate([records[r] for r in chunk], PAD)).sum().backward()
         G = flat.gradients()
         rows.append(G.clone())
-        acc.add(G, ids, last_unit_continues=nxt is not None and unit_of[nxt] == int(ids[-1]))
+        acc.add(G, ids, last_unit_continues=continues)
     total, _ = acc.finish()
     return torch.cat(rows), total.clone()
 

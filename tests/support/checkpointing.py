@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import torch
 from peft import LoraConfig, get_peft_model
 from tiny import tiny_causal_lm
 
 from dplora.engine.model import enable_gradient_checkpointing
+from support.lora import randomize_lora_b
 
 PAD = 256
 
@@ -20,9 +20,4 @@ def shared_model(*, checkpointing: bool, dropout: float = 0.3, arch: str = "llam
         enable_gradient_checkpointing(base)
     config = LoraConfig(r=4, lora_alpha=8, lora_dropout=dropout, target_modules=targets or arch_targets)
     model = get_peft_model(base, config)
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-    return model.train()
+    return randomize_lora_b(model, seed + 1)

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 import dplora
-from dplora.contract.loader import parse_contract
+from support import device_rules
 
 PACKAGE = str(Path(dplora.__file__).parent)  # every dplora module (the package root, not one stage)
 
@@ -53,29 +53,5 @@ class DevicePolice(torch.overrides.TorchFunctionMode):
 
 
 def shared_contract(tmp_path, model_dir, data_csv, **model):
-    return parse_contract(
-        {
-            "privacy": {
-                "protected_unit": "user",
-                "unit_key": "customer_id",
-                "adjacency": "add_remove",
-                "target_epsilon": 50.0,
-                "delta": 1e-5,
-                "accountant": "rdp",
-                "max_grad_norm": 1.0,
-                "noise_multiplier": 1.0,
-                "num_units": 40,  # a public N (add/remove releases need it declared): the fixture's ~40 customers
-            },
-            "model": {"path": str(model_dir), **model},
-            "data": {"path": str(data_csv), "prompt_column": "message", "response_column": "reply"},
-            "lora": {"r": 4, "alpha": 8},
-            "training": {
-                "expected_batch_size": 8,
-                "physical_batch_size": 4,
-                "steps": 2,
-                "lr": 0.01,
-                "max_seq_len": 24,
-                "output_dir": str(tmp_path / "run"),
-            },
-        }
-    )
+    """support.device_rules' user-level contract, ``model`` updating its model section."""
+    return device_rules.shared_contract(tmp_path, model_dir, data_csv, model=model)

@@ -10,6 +10,7 @@ from tiny import tiny_llama
 
 from dplora.engine import batch as batching
 from dplora.mechanism import optimizer as dpopt
+from support.lora import randomize_lora_b
 
 PAD, IGNORE = 256, batching.IGNORE_INDEX
 
@@ -23,13 +24,9 @@ PLAN.epsilon_at = lambda step: 0.1 * step
 
 
 def shared_model():
+    """The tiny peft LoRA Llama (r = 4 on q_proj and v_proj, no dropout), lora_B ~ N(0, 0.3²) from seed 1."""
     model = get_peft_model(tiny_llama(seed=0), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-    return model.train()
+    return randomize_lora_b(model, 1)
 
 
 class OOMAbove:

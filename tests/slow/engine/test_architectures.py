@@ -14,6 +14,7 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 from support.architectures import RECORDS, brute_force, clipped_unit_sum, fast_logical_step, rel
+from support.lora import randomize_lora_b
 from tiny import tiny_causal_lm
 
 from dplora.engine.fastclip import FlatLoRAGrads
@@ -28,12 +29,7 @@ def lora_model(arch: str, *, dropout: float = 0.0, seed: int = 0):
     """A tiny peft LoRA model of ``arch`` in train mode; lora_B ~ N(0, 0.3²) so lora_A gets gradients too."""
     base, targets = tiny_causal_lm(arch, seed=seed)
     model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, lora_dropout=dropout, target_modules=targets))
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-    return model.train()
+    return randomize_lora_b(model, seed + 1)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

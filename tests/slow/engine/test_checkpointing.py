@@ -8,22 +8,12 @@ import pytest
 import torch
 from support.architectures import RECORDS, brute_force, clipped_unit_sum, fast_logical_step, rel
 from support.checkpointing import PAD, shared_model
+from support.lora import ReplayDropout
 
 from dplora.engine import batch as batching
 from dplora.engine.fastclip import FlatLoRAGrads, checkpointing_mode
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning")
-
-
-class _Replay(torch.nn.Module):
-    """x · mask[example, :T]: the mask the batched original forward drew, replayed for one record."""
-
-    def __init__(self, masks: torch.Tensor):
-        super().__init__()
-        self.masks, self.example = masks, 0
-
-    def forward(self, x):
-        return x * self.masks[self.example : self.example + 1, : x.shape[1]]
 
 
 def _capture_original_masks(model):
@@ -56,7 +46,7 @@ def _reference_with_masks(reference_model, masks, order, physical):
         for name, m in reference_model.named_modules():
             if name in masks:
                 mask = masks[name][b]
-                replays[name] = _Replay(torch.nn.functional.pad(mask, (0, 0, 0, max(0, width - mask.shape[1]))))
+                replays[name] = ReplayDropout(torch.nn.functional.pad(mask, (0, 0, 0, max(0, width - mask.shape[1]))))
                 m.lora_dropout["default"] = replays[name]
         for i, r in enumerate(chunk):
             for replay in replays.values():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from support.row_contract import contract_raw
 from tiny import save_tiny_model
 
 from dplora.contract.loader import parse_contract
@@ -32,33 +33,7 @@ def signing_key(tmp_path, monkeypatch):
 
 
 def _contract(tmp_path, model_dir, *, rows: int, privacy: dict, training: dict):
-    csv = tmp_path / "data.csv"
-    csv.write_text("text\n" + "".join(f"record {i} asks about order {1000 + i}\n" for i in range(rows)))
-    raw = {
-        "privacy": {
-            "protected_unit": "row",
-            "adjacency": "add_remove",
-            "target_epsilon": 50.0,
-            "delta": 1e-5,
-            "accountant": "rdp",
-            "max_grad_norm": 1.0,
-            "noise_multiplier": 1.0,
-            "num_units": rows,  # a public N: add/remove releases need it declared (issue 23)
-            **privacy,
-        },
-        "model": {"path": str(model_dir)},
-        "data": {"path": str(csv), "text_column": "text"},
-        "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
-        "training": {
-            "physical_batch_size": 16,
-            "lr": 0.05,
-            "optimizer": "sgd",
-            "max_seq_len": 16,
-            "output_dir": str(tmp_path / "run"),
-            **training,
-        },
-    }
-    return parse_contract(raw)
+    return parse_contract(contract_raw(tmp_path, model_dir, rows=rows, privacy=privacy, training=training))
 
 
 def test_run_training_steps_accountant_on_empty_batches(tmp_path, tiny_model_dir, signing_key, monkeypatch):

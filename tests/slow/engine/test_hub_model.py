@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import contract_dict, release_statement, write_contract
-from support.hub_model import COMMIT, build_hub_cache, runner
-
-from dplora.cli.app import app
+from conftest import release_statement
+from support.hub_model import COMMIT, build_hub_cache
+from support.hub_train import train_hub_id
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning", "ignore::FutureWarning")
 
@@ -19,10 +18,7 @@ def hub_cache(tmp_path, tiny_model_dir, monkeypatch) -> Path:
 
 
 def test_train_from_a_hub_id_names_id_and_commit_in_record_and_card(tmp_path, hub_cache, tickets_csv, signing_key):
-    raw = contract_dict(Path("unused"), tickets_csv, tmp_path / "run")
-    raw["model"] = {"name": "tiny-org/tiny-llama"}
-    cfg = write_contract(tmp_path / "hub.yaml", raw)
-    result = runner.invoke(app, ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress"])
+    result = train_hub_id(tmp_path, tickets_csv, signing_key, "tiny-org/tiny-llama")
     assert result.exit_code == 0, result.output
     base = release_statement(tmp_path / "run")["predicate"]["base_model"]
     assert (base["name_or_path"], base["revision"], base["commit"]) == ("tiny-org/tiny-llama", "main", COMMIT)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from support.row_contract import contract_raw
 
 
 @pytest.mark.parametrize("then", ["overwrite", "resume"])
@@ -29,32 +30,9 @@ def test_a_run_stopped_at_step_k_stays_charged_k_steps(tmp_path, tiny_model_dir,
     from dplora.recipe.train import run_training
 
     monkeypatch.setenv("DPLORA_LEDGER", str(tmp_path / "ledger.sqlite3"))  # this test's own ledger
-    csv_path = tmp_path / "data.csv"
-    csv_path.write_text("text\n" + "".join(f"record {i} asks about order {1000 + i}\n" for i in range(8)))
-    raw = {
-        "privacy": {
-            "protected_unit": "row",
-            "adjacency": "add_remove",
-            "target_epsilon": 50.0,
-            "delta": 1e-5,
-            "accountant": "rdp",
-            "max_grad_norm": 1.0,
-            "noise_multiplier": 1.0,
-            "num_units": 8,
-        },
-        "model": {"path": str(tiny_model_dir)},
-        "data": {"path": str(csv_path), "text_column": "text"},
-        "lora": {"r": 2, "alpha": 4, "target_modules": ["q_proj", "v_proj"]},
-        "training": {
-            "expected_batch_size": 4,
-            "physical_batch_size": 4,
-            "steps": 8,
-            "lr": 0.05,
-            "optimizer": "sgd",
-            "max_seq_len": 24,
-            "output_dir": str(tmp_path / "run"),
-        },
-    }
+    training = {"expected_batch_size": 4, "physical_batch_size": 4, "steps": 8, "max_seq_len": 24}
+    raw = contract_raw(tmp_path, tiny_model_dir, rows=8, training=training)
+    raw["lora"].update(r=2, alpha=4)
     contract = parse_contract(yaml.safe_load(yaml.safe_dump(raw)))
     real, calls = dpopt.privatize, []
 
