@@ -7,11 +7,12 @@ exit code to OUT/rank<r>.json.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import warnings
 from pathlib import Path
+
+from workers_common import run_app_and_record
 
 
 def main(out: Path, dirs: list[str], args: list[str]) -> None:
@@ -20,12 +21,7 @@ def main(out: Path, dirs: list[str], args: list[str]) -> None:
     os.chdir(dirs[rank])
     from dplora.cli.app import app
 
-    try:
-        app(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    (out / f"rank{rank}.json").write_text(json.dumps({"exit_code": code}))
+    run_app_and_record(app, args, out, rank)
 
 
 if __name__ == "__main__":

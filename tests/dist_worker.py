@@ -70,19 +70,20 @@ def _noise_only(world) -> tuple[np.ndarray, list[float], int, bool]:
     return mine.numpy(), draws, reducer.noise_draws, same
 
 
+def _privatize_nothing(reducer) -> torch.Tensor:
+    """The reduction of an 8-value accumulator with no units added: σ = C = E = 1, OS-entropy noise."""
+    acc = UnitClipAccumulator(8, 1.0, "cpu")
+    return reducer.privatize(
+        acc, noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=1.0, generator=dpopt.os_entropy_generator()
+    )
+
+
 def _two_draws(world) -> str:
     """Both ranks act as rank 0 (each draws): the reduction must refuse the step on every rank."""
     liar = distributed.World(rank=0, world_size=world.world_size, launcher="test", backend="gloo")
     reducer = reduction.StepReducer(liar, 8, "cpu")
-    acc = UnitClipAccumulator(8, 1.0, "cpu")
     try:
-        reducer.privatize(
-            acc,
-            noise_multiplier=1.0,
-            max_grad_norm=1.0,
-            expected_batch_size=1.0,
-            generator=dpopt.os_entropy_generator(),
-        )
+        _privatize_nothing(reducer)
     except TrainingFailedError as err:
         return str(err)
     return "accepted"
@@ -92,17 +93,10 @@ def _failures_reach_every_rank(world) -> dict:
     """Rank 1 fails inside a step's reduction and inside a setup gate: what each rank raises (class, message)."""
     out = {}
     reducer = reduction.StepReducer(world, 8, "cpu")
-    acc = UnitClipAccumulator(8, 1.0, "cpu")
     if world.rank == 1:
         reducer.fail(TrainingFailedError("non-finite loss at logical step 3: stopping without a release"))
     try:
-        reducer.privatize(
-            acc,
-            noise_multiplier=1.0,
-            max_grad_norm=1.0,
-            expected_batch_size=1.0,
-            generator=dpopt.os_entropy_generator(),
-        )
+        _privatize_nothing(reducer)
         out["step"] = ["none", ""]
     except TrainingFailedError as err:
         out["step"] = [type(err).__name__, str(err)]
@@ -141,18 +135,9 @@ STEP_CLIP, STEP_E = 0.05, 4.0
 
 
 def _lora_model():
-    from peft import LoraConfig, get_peft_model
-    from tiny import tiny_llama
+    from support.physical_batch import shared_model  # r = 4 on q_proj and v_proj, lora_B ~ N(0, 0.3²) from seed 1
 
-    model = get_peft_model(
-        tiny_llama(seed=0), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
-    )
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-    return model.train()
+    return shared_model()
 
 
 def _one_step(model, units, per_sample: str, world) -> tuple[torch.Tensor, int]:

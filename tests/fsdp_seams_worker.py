@@ -27,6 +27,8 @@ import sys
 import warnings
 from pathlib import Path
 
+from workers_common import run_app_and_record
+
 
 def main(out: Path, dirs: list[str], args: list[str]) -> None:
     warnings.filterwarnings("ignore")
@@ -120,12 +122,7 @@ def main(out: Path, dirs: list[str], args: list[str]) -> None:
         return result
 
     loop.logical_step = logged_step
-    try:
-        app(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    (out / f"rank{rank}.json").write_text(json.dumps({"exit_code": code}))
+    run_app_and_record(app, args, out, rank)
 
 
 if __name__ == "__main__":

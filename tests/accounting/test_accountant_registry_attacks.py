@@ -3,9 +3,6 @@ and in a contract), and the tuning trials' composition."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 from support.row_contract import contract_raw
 from tiny import save_tiny_model
@@ -46,18 +43,3 @@ def model_dir(tmp_path_factory):
 def test_unknown_accountant_in_contract_is_bad_input(tmp_path, model_dir, name):
     with pytest.raises(BadInputError):
         parse_contract(contract_raw(tmp_path, model_dir, privacy={"accountant": name}))
-
-
-COMPOSE_MAIN = Path("/tmp/attack44/compose_main.json")
-
-
-COMPOSE_BRANCH = Path("/tmp/attack44/compose_i44.json")
-
-
-@pytest.mark.skipif(
-    not (COMPOSE_MAIN.is_file() and COMPOSE_BRANCH.is_file()), reason="run /tmp/attack44/compose_grid.py first"
-)
-def test_trial_composition_identical_to_main():
-    """dplora.accounting.composition.compose (tuning trials) gives main's compositions, key for key."""
-    main, new = json.loads(COMPOSE_MAIN.read_text()), json.loads(COMPOSE_BRANCH.read_text())
-    assert len(main) == 10 and main == new

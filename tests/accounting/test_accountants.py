@@ -17,9 +17,7 @@ from dplora.errors import BadInputError
 MNIST_Q = 256 / 60000
 
 
-@pytest.fixture(autouse=True)
-def _fresh_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("fresh_cache")  # a calibration cache of each test's own
 
 
 class TestRDP(AccountantContract):

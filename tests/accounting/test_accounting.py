@@ -29,11 +29,7 @@ from dplora.accounting.cache import cache_dir
 from dplora.accounting.events import Accountant
 from dplora.errors import BadInputError, PlanRefusedError, UnsupportedAccountingError
 
-
-@pytest.fixture(autouse=True)
-def _fresh_cache(tmp_path, monkeypatch):
-    """A fresh calibration cache per test: no result depends on an earlier run."""
-    monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("fresh_cache")  # a calibration cache of each test's own
 
 
 @pytest.mark.parametrize("case", [case for case in PINNED if case not in SLOW_PINNED])

@@ -17,10 +17,7 @@ import dplora.accounting.cost as cost
 from dplora.accounting import calibrate_noise
 from dplora.accounting.events import DpSgdEvent
 
-
-@pytest.fixture(autouse=True)
-def _fresh_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("fresh_cache")  # a calibration cache of each test's own
 
 
 def test_issue_case_replace_one_single_step_calibrates_to_the_root():

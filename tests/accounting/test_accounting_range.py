@@ -26,10 +26,7 @@ from dplora.accounting.cost import (
 )
 from dplora.accounting.events import DpSgdEvent
 
-
-@pytest.fixture(autouse=True)
-def _fresh_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("fresh_cache")  # a calibration cache of each test's own
 
 
 def test_case1_tiny_delta_is_rdp_without_calling_prv_or_pld(monkeypatch):

@@ -20,10 +20,7 @@ from dplora.accounting.ceiling import (
 )
 from dplora.accounting.events import DpSgdEvent
 
-
-@pytest.fixture(autouse=True)
-def _fresh_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("fresh_cache")  # a calibration cache of each test's own
 
 
 def test_the_single_pair_bound_is_vacuous_where_the_ceiling_is_not():

@@ -15,10 +15,7 @@ from dplora.accounting.events import DpSgdEvent
 from dplora.audit import power
 from dplora.audit.bound import epsilon_lower_bound
 
-
-@pytest.fixture(autouse=True)
-def _fresh_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("fresh_cache")  # a calibration cache of each test's own
 
 
 @pytest.mark.parametrize(

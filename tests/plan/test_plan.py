@@ -14,11 +14,7 @@ from dplora.contract.loader import parse_contract
 from dplora.errors import BadInputError, PlanRefusedError
 from dplora.plan.training import check_delta, make_plan, planned_steps
 
-
-@pytest.fixture(autouse=True)
-def _fresh_cache(tmp_path, monkeypatch):
-    """A fresh calibration cache per test: no result depends on an earlier run."""
-    monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("fresh_cache")  # a calibration cache of each test's own
 
 
 @pytest.mark.parametrize(

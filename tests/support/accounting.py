@@ -14,25 +14,15 @@ MNIST_Q = 256 / 60000
 
 
 def eps(accountant, q, sigma, steps, delta=1e-5, adjacency="add_remove"):
-    return epsilon(
-        sample_rate=q,
-        noise_multiplier=sigma,
-        steps=steps,
-        delta=delta,
-        accountant=accountant,
-        adjacency=adjacency,
-    )
+    """ε of the public (q, σ, T, δ, adjacency) under ``accountant`` (dplora.accounting.epsilon)."""
+    common = dict(sample_rate=q, steps=steps, delta=delta, accountant=accountant, adjacency=adjacency)
+    return epsilon(noise_multiplier=sigma, **common)
 
 
 def calib(accountant, target, q, steps, delta=1e-5, adjacency="add_remove"):
-    return calibrate_noise(
-        target_epsilon=target,
-        sample_rate=q,
-        steps=steps,
-        delta=delta,
-        accountant=accountant,
-        adjacency=adjacency,
-    )
+    """σ calibrated to ``target`` ε for the public (q, T, δ, adjacency) (dplora.accounting.calibrate_noise)."""
+    common = dict(sample_rate=q, steps=steps, delta=delta, accountant=accountant, adjacency=adjacency)
+    return calibrate_noise(target_epsilon=target, **common)
 
 
 PINNED_FAST = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
@@ -42,3 +43,17 @@ def budget_json(*args: str, private: bool = True) -> dict:
     res = budget(*args, "--json", *(["--show-private"] if private else []))
     assert res.exit_code == 0, res.output
     return json.loads(res.stdout)
+
+
+# the fixtures both tiers use, bound in each module as ``_fresh_cache = budget_cli.fresh_workdir`` and
+# ``config = budget_cli.budget_config``
+@pytest.fixture(autouse=True)
+def fresh_workdir(tmp_path, monkeypatch):
+    """A fresh calibration cache per test, and the test's folder as working directory (relative data.path)."""
+    monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture
+def budget_config(tmp_path) -> Path:
+    return build_config(tmp_path)

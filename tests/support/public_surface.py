@@ -183,6 +183,16 @@ def diff_surfaces(a, b, path="") -> list[str]:
     return [] if a == b else [f"{path}: {a!r} != {b!r}"]
 
 
+def ci_env(world: Path, show_private: str = "") -> dict:
+    """The environment of a CI job in ``world`` (``CI=true``, its own ledger and cache)."""
+    return {
+        "CI": "true",
+        "DPLORA_LEDGER": str(world / "ledger.sqlite3"),
+        "DPLORA_CACHE_DIR": str(world / "cache"),
+        "DPLORA_SHOW_PRIVATE": show_private,
+    }
+
+
 def surface_contract(world: Path, model: Path, data_path: Path, output: Path | None = None, **sections) -> Path:
     raw = contract_base(model, data_path, output or world / "run")
     raw["data"]["eval_fraction"] = 0.2

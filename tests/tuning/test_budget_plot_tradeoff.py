@@ -15,10 +15,7 @@ from scipy.stats import norm
 
 from dplora.tuning.budget import plot_curve
 
-
-@pytest.fixture(autouse=True)
-def _fresh_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("fresh_cache")  # a calibration cache of each test's own
 
 
 def _report(q: float, sigma: float, steps: int) -> dict:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from conftest import ROW_PRIVACY
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from support.accounting import (
@@ -17,6 +16,7 @@ from support.accounting import (
     eps,
     observed,
 )
+from support.plan import contract as planning_contract
 
 import dplora.accounting.backends as backends
 from dplora.accounting.backends import RDP_ORDERS
@@ -24,15 +24,10 @@ from dplora.accounting.calibration import SIGMA_MIN
 from dplora.accounting.checked import checked_curve, numerical_chain
 from dplora.accounting.cost import tolerance_for
 from dplora.accounting.events import Accountant, DpSgdEvent
-from dplora.contract.loader import parse_contract
 from dplora.errors import PlanRefusedError
 from dplora.plan.training import make_plan
 
-
-@pytest.fixture(autouse=True)
-def _fresh_cache(tmp_path, monkeypatch):
-    """A fresh calibration cache per test: no result depends on an earlier run."""
-    monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("fresh_cache")  # a calibration cache of each test's own
 
 
 def test_rdp_orders_equal_opacus_default_alphas():
@@ -119,17 +114,9 @@ def test_a2_prv_small_target():
 
 
 def _contract(**privacy):
-    raw = {
-        "privacy": {
-            **ROW_PRIVACY,
-            "accountant": "prv",
-            **privacy,
-        },
-        "model": {"path": "/nonexistent"},
-        "data": {"path": "data.csv", "prompt_column": "message", "response_column": "reply"},
-        "training": {"expected_batch_size": 200, "steps": 10},
-    }
-    return parse_contract(raw)
+    return planning_contract(
+        privacy={"accountant": "prv", **privacy}, training={"expected_batch_size": 200, "steps": 10}
+    )
 
 
 def test_a3_plan_falls_back_to_pld(monkeypatch):

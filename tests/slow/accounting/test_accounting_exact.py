@@ -8,10 +8,7 @@ import dplora.accounting.cost as cost
 from dplora.contract.loader import parse_contract
 from dplora.plan.training import make_plan
 
-
-@pytest.fixture(autouse=True)
-def _fresh_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("fresh_cache")  # a calibration cache of each test's own
 
 
 def test_loose_calibration_says_so_in_the_accountant_note(monkeypatch):

@@ -23,10 +23,7 @@ from dplora.accounting.cost import (
 from dplora.accounting.events import Accountant, DpSgdEvent
 from dplora.errors import PlanRefusedError
 
-
-@pytest.fixture(autouse=True)
-def _fresh_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("fresh_cache")  # a calibration cache of each test's own
 
 
 def test_case2_tiny_target_is_computed_to_its_own_precision():

@@ -22,9 +22,7 @@ F7 = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _fresh_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("fresh_cache")  # a calibration cache of each test's own
 
 
 @pytest.mark.parametrize(("mechanism", "expected"), F7)

@@ -9,10 +9,7 @@ import pytest
 from dplora.accounting.events import DpSgdEvent
 from dplora.audit import power
 
-
-@pytest.fixture(autouse=True)
-def _fresh_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("fresh_cache")  # a calibration cache of each test's own
 
 
 @pytest.mark.parametrize(("m", "r", "eps0", "eps5"), [(1000, 100, 3.4930, 3.4654), (1000, 1000, 5.8091, 5.7823)])

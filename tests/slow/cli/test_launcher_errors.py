@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from conftest import contract_dict, write_contract
-
-ROOT = Path(__file__).resolve().parents[3]
-
-
-def _env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    return env
+from support.torchrun import ROOT, TORCHRUN_2, cpu_env
 
 
 @pytest.mark.parametrize("case", ["unknown key", "bad override", "missing data file"])
@@ -37,9 +26,9 @@ def test_torchrun_two_processes_print_one_line_for_bad_input(case, tmp_path, tin
         "bad override": "error: contract: training.lr='abc': must be a number (no quotes)",
         "missing data file": f"error: data file not found: {data}",
     }[case]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "dplora"]
+    cmd = [*TORCHRUN_2, "-m", "dplora"]
     args = ["train", str(cfg), *extra, "--signing-key", str(signing_key[0]), "--no-progress"]
-    proc = subprocess.run([*cmd, *args], env=_env(), capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    proc = subprocess.run([*cmd, *args], env=cpu_env(), capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr[-2000:]  # torchrun's own status when a process failed
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
     assert lines == [expected], proc.stderr[-2000:]

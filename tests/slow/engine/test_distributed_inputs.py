@@ -9,27 +9,15 @@ data digest, the unit count, the unit-index digest and the contract and plan dig
 from __future__ import annotations
 
 import csv
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from conftest import contract_dict, write_contract
+from conftest import contract_dict
+from support.torchrun import train_on_two_ranks
 
 from dplora.contract.loader import parse_contract
 from dplora.data import units as data_mod
 from dplora.engine import distributed
-
-ROOT = Path(__file__).resolve().parents[3]
-
-
-def _env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    return env
 
 
 def _reordered_copy(source: Path, target: Path) -> Path:
@@ -80,14 +68,7 @@ def test_two_ranks_reading_a_reordered_copy_stop_before_step_1(tmp_path, tiny_mo
     _reordered_copy(tickets_csv, dirs[1] / "tickets.csv")
     out = tmp_path / "run"
     raw = contract_dict(tiny_model_dir, Path("tickets.csv"), out, training={"steps": 2}, privacy={"num_units": 120})
-    cfg = write_contract(tmp_path / "contract.yaml", raw)
-    results = tmp_path / "results"
-    results.mkdir()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    worker = [str(ROOT / "tests" / "dist_train_worker.py"), str(results), *map(str, dirs)]
-    args = ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress"]
-    proc = subprocess.run([*cmd, *worker, *args], env=_env(), capture_output=True, text=True, timeout=600)
-    codes = [json.loads((results / f"rank{r}.json").read_text())["exit_code"] for r in (0, 1)]
+    proc, codes = train_on_two_ranks(tmp_path, raw, dirs, signing_key)
     released = (out / "release.dsse.json").exists()
     assert codes == [2, 2], (codes, released, proc.stderr[-1500:])
     assert not released and not out.exists() and not out.with_name("run.partial").exists()
@@ -111,14 +92,7 @@ def test_two_ranks_with_other_model_weights_stop_before_step_1(tmp_path, tickets
         save_tiny_model(d / "model", seed=100 + r)
     out = tmp_path / "run"
     raw = contract_dict(Path("model"), Path("tickets.csv"), out, training={"steps": 2}, privacy={"num_units": 120})
-    cfg = write_contract(tmp_path / "contract.yaml", raw)
-    results = tmp_path / "results"
-    results.mkdir()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    worker = [str(ROOT / "tests" / "dist_train_worker.py"), str(results), *map(str, dirs)]
-    args = ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress"]
-    proc = subprocess.run([*cmd, *worker, *args], env=_env(), capture_output=True, text=True, timeout=600)
-    codes = [json.loads((results / f"rank{r}.json").read_text())["exit_code"] for r in (0, 1)]
+    proc, codes = train_on_two_ranks(tmp_path, raw, dirs, signing_key)
     assert codes == [2, 2], (codes, proc.stderr[-1500:])
     assert not out.exists() and not out.with_name("run.partial").exists()
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]

@@ -5,14 +5,13 @@ from __future__ import annotations
 import builtins
 import hashlib
 import json
-import os
-import signal
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import contract_dict, release_statement, train_tiny, write_contract
 from support.warm_start import WARM, build_public_csv, runner
+from support.warm_start_resume import count_warm_starts, sigterm_after_step
 
 from dplora.cli.app import app
 from dplora.data import readers
@@ -164,18 +163,8 @@ def test_resume_does_not_run_the_warm_start_again(
 ):
     """SIGTERM after step 2 (a checkpoint there), then --resume: no second warm start, the record keeps the
     entry the first attempt computed (the checkpoint carries it)."""
-    calls: list[str] = []
-    real_warm = warmstart.warm_start
-
-    def counting(*args, **kw):
-        calls.append("warm")
-        return real_warm(*args, **kw)
-
-    def hook(point, step):
-        if (point, step) == ("after-step", 2):
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    monkeypatch.setattr(warmstart, "warm_start", counting)
+    calls = count_warm_starts(monkeypatch)
+    hook = sigterm_after_step(2)
     data = {"public_warm_start": {"path": str(public_csv), **WARM}}
     raw = contract_dict(tiny_model_dir, tickets_csv, tmp_path / "run", data=data, training={"steps": 4})
     cfg = write_contract(tmp_path / "run.yaml", raw)

@@ -11,8 +11,6 @@ accountant and the optimizer, and the expected Φ is recomputed from the signed 
 from __future__ import annotations
 
 import hashlib
-import os
-import signal
 
 import numpy as np
 import pytest
@@ -20,6 +18,7 @@ import torch
 from conftest import contract_dict, release_statement, train_tiny, write_contract
 from safetensors.torch import load_file
 from support.warm_start_attacks import CANARY, PUBLIC_TICKETS, WARM, decoded_texts, glob_public, write_private
+from support.warm_start_resume import count_warm_starts, sigterm_after_step
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
@@ -172,20 +171,9 @@ def test_held_resume_keeps_the_entry_of_the_weights_it_restores(tmp_path, tiny_m
     private = write_private(tmp_path / "tickets.csv", rows=40)
     public = glob_public(tmp_path, "public.csv")
     original = hashlib.sha256(public.read_bytes()).hexdigest()
-    calls: list[str] = []
-    real_warm, real_fault = warmstart.warm_start, checkpoint.fault_point
-
-    def counting(*args, **kw):
-        calls.append("warm")
-        return real_warm(*args, **kw)
-
-    def hook(point, step):
-        if (point, step) == ("after-step", 2):
-            os.kill(os.getpid(), signal.SIGTERM)
-        real_fault(point, step)
-
-    monkeypatch.setattr(warmstart, "warm_start", counting)
-    monkeypatch.setattr(checkpoint, "fault_point", hook)
+    real_fault = checkpoint.fault_point
+    calls = count_warm_starts(monkeypatch)
+    monkeypatch.setattr(checkpoint, "fault_point", sigterm_after_step(2, then=real_fault))
     data = {"public_warm_start": {"path": str(public), **WARM}}
     raw = contract_dict(tiny_model_dir, private, tmp_path / "run", data=data, training={"steps": 4})
     cfg = write_contract(tmp_path / "run.yaml", raw)

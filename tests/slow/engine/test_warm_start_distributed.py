@@ -10,24 +10,12 @@ if rank 0's warm-started adapters reach rank 1 before step 1. The record names r
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-from conftest import contract_dict, release_statement, write_contract
+from conftest import contract_dict, release_statement
+from support.torchrun import train_on_two_ranks
 
 from dplora.data.demo import write_tickets
-
-ROOT = Path(__file__).resolve().parents[3]
-
-
-def _env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    return env
 
 
 def test_two_ranks_start_from_rank_0s_warm_start(tmp_path, tiny_model_dir, tickets_csv, signing_key):
@@ -48,14 +36,7 @@ def test_two_ranks_start_from_rank_0s_warm_start(tmp_path, tiny_model_dir, ticke
         training={"steps": 2},
         privacy={"num_units": 120},
     )
-    cfg = write_contract(tmp_path / "contract.yaml", raw)
-    results = tmp_path / "results"
-    results.mkdir()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    worker = [str(ROOT / "tests" / "dist_train_worker.py"), str(results), *map(str, dirs)]
-    args = ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress"]
-    proc = subprocess.run([*cmd, *worker, *args], env=_env(), capture_output=True, text=True, timeout=600)
-    codes = [json.loads((results / f"rank{r}.json").read_text())["exit_code"] for r in (0, 1)]
+    proc, codes = train_on_two_ranks(tmp_path, raw, dirs, signing_key)
     assert codes == [0, 0], (codes, proc.stderr[-2000:])
     assert proc.stderr.count("public warm start: 6 steps of 4 records from public.csv") == 1  # rank 0 logs
     record = release_statement(out)["predicate"]

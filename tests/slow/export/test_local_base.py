@@ -11,6 +11,7 @@ import shutil
 
 import pytest
 from conftest import contract_dict, write_contract
+from support.peft_logits import logits_auto_manual_base
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
@@ -67,11 +68,7 @@ def test_auto_peft_loads_the_local_base_copy_offline(run, tiny_model_dir, signin
     monkeypatch.chdir(tmp_path)  # not the base's parent: the name resolves by its absolute path
     auto = AutoPeftModelForCausalLM.from_pretrained(str(out))
     manual = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(run / "adapter"))
-    ids = torch.tensor([[5, 17, 99, 200, 3]])
-    with torch.no_grad():
-        got, want = auto(input_ids=ids).logits, manual(input_ids=ids).logits
-        with manual.disable_adapter():
-            base = manual(input_ids=ids).logits
+    got, want, base = logits_auto_manual_base(auto, manual)
     torch.testing.assert_close(got, want)
     assert (got - base).abs().max() > 0
 

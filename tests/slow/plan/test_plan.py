@@ -10,11 +10,7 @@ from dplora.accounting.backends import pld_epsilons, rdp_epsilons
 from dplora.accounting.events import Accountant, DpSgdEvent
 from dplora.errors import PlanRefusedError
 
-
-@pytest.fixture(autouse=True)
-def _fresh_cache(tmp_path, monkeypatch):
-    """A fresh calibration cache per test: no result depends on an earlier run."""
-    monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("fresh_cache")  # a calibration cache of each test's own
 
 
 def test_a8_pld_plan():

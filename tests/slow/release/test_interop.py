@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import contract_dict, write_contract
+from support.peft_logits import logits_auto_manual_base
 from typer.testing import CliRunner
 
 from dplora.cli.app import app
@@ -167,11 +168,7 @@ def test_auto_peft_model_loads_offline_from_the_adapter_alone(monkeypatch, hub_r
         hub_run / "adapter", cache_dir=str(hub_model[0]), local_files_only=True
     )
     manual = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(hub_model[1]), hub_run / "adapter")
-    ids = torch.tensor([[5, 17, 99, 200, 3]])
-    with torch.no_grad():
-        got, want = auto(input_ids=ids).logits, manual(input_ids=ids).logits
-        with manual.disable_adapter():
-            base = manual(input_ids=ids).logits
+    got, want, base = logits_auto_manual_base(auto, manual)
     torch.testing.assert_close(got, want)
     assert (got - base).abs().max() > 0  # the adapter is applied, not just the base model
 

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from support.public_surface import (
     Masks,
+    ci_env,
     diff_surfaces,
     public_surface,
     read_text_file,
@@ -41,15 +42,19 @@ PARENT_MTIME = 1_000_000_000  # 2001-09-09: the output's parent folder's mtime b
 # Sizes: 120 demo tickets (row level), 60 with up to 3 exchanges each (ticket level), 60 conversations (customer).
 
 
+def _assert_neighbours_match(surfaces: list, same: str) -> None:
+    """Surfaces of worlds a, a again and b: a twice must match (the control), then a and b (the finding)."""
+    control = "\n".join(diff_surfaces(surfaces[0], surfaces[1]))
+    assert control == "", f"{same} gave different public output:\n{control}"
+    diff = "\n".join(diff_surfaces(surfaces[0], surfaces[2]))
+    print(diff)
+    assert diff == ""
+
+
 def _job(world: Path, model: Path, data_path: Path, keys, *, show_private: str = "", **sections) -> dict:
     """Run a CI job's commands in ``world`` (``CI=true``, its own ledger and cache); return its public surface."""
     key, pub = keys
-    env = {
-        "CI": "true",
-        "DPLORA_LEDGER": str(world / "ledger.sqlite3"),
-        "DPLORA_CACHE_DIR": str(world / "cache"),
-        "DPLORA_SHOW_PRIVATE": show_private,
-    }
+    env = ci_env(world, show_private)
     cfg = surface_contract(world, model, data_path, output=world / "runs" / "run", **sections)
     (world / "prompts.txt").write_text("my card is lost\nwhere is my order\n")
     # the folder above the output exists before the job with a fixed mtime: the run must leave it so (its real
@@ -329,11 +334,7 @@ def test_an_interrupted_then_resumed_job_publishes_the_same(tmp_path, tiny_model
         surfaces.append(surface)
         masks.append({v: k for k, v in mask.values.items()})
         shutil.move(world, tmp_path / f"done-{name}")
-    control = "\n".join(diff_surfaces(surfaces[0], surfaces[1]))
-    assert control == "", f"the same data and step twice gave different public output:\n{control}"
-    diff = "\n".join(diff_surfaces(surfaces[0], surfaces[2]))
-    print(diff)
-    assert diff == ""
+    _assert_neighbours_match(surfaces, "the same data and step twice")
 
 
 def _sweep_attach_job(world: Path, model: Path, data_path: Path, keys, **sections) -> tuple:
@@ -402,8 +403,4 @@ def test_a_sweep_with_an_attached_audit_publishes_the_same(tmp_path, tiny_model_
         data = write_text_file(world / "data.csv", columns, keep)
         surfaces.append(_sweep_attach_job(world, tiny_model_dir, data, keys, **sections)[0])
         shutil.move(world, tmp_path / f"done-{name}")
-    control = "\n".join(diff_surfaces(surfaces[0], surfaces[1]))
-    assert control == "", f"the same data twice gave different public output:\n{control}"
-    diff = "\n".join(diff_surfaces(surfaces[0], surfaces[2]))
-    print(diff)
-    assert diff == ""
+    _assert_neighbours_match(surfaces, "the same data twice")

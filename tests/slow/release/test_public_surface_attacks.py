@@ -9,11 +9,13 @@ job log is public) in the same folder, and compares the public surface with the 
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 from support.public_surface import (
     Masks,
+    ci_env,
     diff_surfaces,
     public_surface,
     read_text_file,
@@ -25,13 +27,15 @@ from support.public_surface import (
 from dplora.data.demo import write_tickets
 
 
-def _env(world: Path) -> dict:
-    return {
-        "CI": "true",
-        "DPLORA_LEDGER": str(world / "ledger.sqlite3"),
-        "DPLORA_CACHE_DIR": str(world / "cache"),
-        "DPLORA_SHOW_PRIVATE": "",
-    }
+def _slow_down(monkeypatch, module, name: str) -> None:
+    """``module.name`` takes a second longer (a tiny sweep trial or audit report finishes in < 1 s)."""
+    real = getattr(module, name)
+
+    def slow(*args, **kwargs):
+        time.sleep(1.1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, slow)
 
 
 def _compare(tmp_path: Path, model: Path, write_a, write_b, commands, **sections) -> list[str]:
@@ -42,7 +46,7 @@ def _compare(tmp_path: Path, model: Path, write_a, write_b, commands, **sections
     for name, write in (("a", write_a), ("b", write_b)):
         world.mkdir()
         cfg = surface_contract(world, model, write(world), **sections)
-        outputs = commands(world, cfg, _env(world))
+        outputs = commands(world, cfg, ci_env(world))
         _compare.exits.append([out["exit"] for out in outputs])
         for out in outputs:  # shown when a test fails
             print(name, out["args"][0], "exit", out["exit"], (out["stderr"] + out["stdout"]).strip()[-300:])
@@ -142,18 +146,11 @@ def test_sweep_release_files_carry_the_wall_clock(tmp_path, tiny_model_dir, sign
     The sleep only makes the sweep last past one clock second, as any real sweep does."""
     import base64
     import json
-    import time
     from datetime import datetime
 
     from dplora.tuning import sweep as sweep_mod
 
-    entry = sweep_mod.tuning_entry
-
-    def slow_entry(*args, **kwargs):  # a sweep whose trials take a second longer (tiny ones finish in < 1 s)
-        time.sleep(1.1)
-        return entry(*args, **kwargs)
-
-    monkeypatch.setattr(sweep_mod, "tuning_entry", slow_entry)
+    _slow_down(monkeypatch, sweep_mod, "tuning_entry")  # a sweep whose trials take a second longer
 
     columns, table = rows
     world = tmp_path / "world"
@@ -165,7 +162,7 @@ def test_sweep_release_files_carry_the_wall_clock(tmp_path, tiny_model_dir, sign
         privacy={"num_units": 100, "population": "tickets"},
         training={"steps": 1},
     )
-    env = _env(world)
+    env = ci_env(world)
     cap = ["ledger", "set-cap", "tickets", "--epsilon", "100", "--delta", "1e-3", "--unit", "row"]
     assert run_dplora([*cap, "--adjacency", "add_remove"], env)["exit"] == 0
     out = run_dplora(
@@ -273,18 +270,11 @@ def test_audit_report_carries_the_wall_clock(tmp_path, tiny_model_dir, rows, mon
     scoring last past one clock second, as a real audit does."""
     import base64
     import json
-    import time
     from datetime import datetime
 
     from dplora.audit import runner
 
-    report = runner._report
-
-    def slow_report(*args, **kwargs):
-        time.sleep(1.1)
-        return report(*args, **kwargs)
-
-    monkeypatch.setattr(runner, "_report", slow_report)
+    _slow_down(monkeypatch, runner, "_report")
     columns, table = rows
     world = tmp_path / "world"
     world.mkdir()
@@ -292,7 +282,7 @@ def test_audit_report_carries_the_wall_clock(tmp_path, tiny_model_dir, rows, mon
         world, tiny_model_dir, write_text_file(world / "data.csv", columns, table), privacy={"num_units": 100}
     )
     out = run_dplora(
-        ["audit", cfg, "--canaries", "4", "--candidates", "8", "--no-progress", "--threads", "1"], _env(world)
+        ["audit", cfg, "--canaries", "4", "--candidates", "8", "--no-progress", "--threads", "1"], ci_env(world)
     )
     assert out["exit"] == 0, out
     audit = world / "run-audit"
@@ -421,7 +411,7 @@ def test_the_folder_train_creates_above_the_release_carries_the_end_time(
         training={"output_dir": str(world / "jobs" / "run")},
     )
     with checkpoint.fault_hook(slow):
-        out = run_dplora(["train", cfg, "--signing-key", signing_key[0], "--json"], _env(world))
+        out = run_dplora(["train", cfg, "--signing-key", signing_key[0], "--json"], ci_env(world))
     assert out["exit"] == 0, out
     envelope = json.loads((world / "jobs" / "run" / "release.dsse.json").read_text())
     started = json.loads(base64.b64decode(envelope["payload"]))["predicate"]["started_at"]
@@ -481,7 +471,7 @@ def test_audit_attach_leaves_the_release_with_the_attach_time(tmp_path, tiny_mod
     cfg = surface_contract(
         world, tiny_model_dir, write_text_file(world / "data.csv", columns, table), privacy={"num_units": 100}
     )
-    env, key, run = _env(world), signing_key[0], world / "run"
+    env, key, run = ci_env(world), signing_key[0], world / "run"
     assert run_dplora(["train", cfg, "--signing-key", key, "--json"], env)["exit"] == 0
     audit = ["audit", cfg, "--canaries", "4", "--candidates", "8", "--no-progress", "--threads", "1"]
     out = run_dplora([*audit, "--attach", run, "--signing-key", key, "--out", world / "audit"], env)

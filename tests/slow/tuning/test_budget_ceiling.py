@@ -10,8 +10,7 @@ from dplora.cli.app import app
 
 
 @pytest.fixture(autouse=True)
-def _fresh_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
+def _in_tmp_path(tmp_path, monkeypatch, fresh_cache):
     monkeypatch.chdir(tmp_path)
 
 

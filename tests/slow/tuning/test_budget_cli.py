@@ -7,19 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.budget_cli import budget, budget_json, build_config, write_csv
+from support import budget_cli
+from support.budget_cli import budget, budget_json, write_csv
 
-
-@pytest.fixture(autouse=True)
-def _fresh_cache(tmp_path, monkeypatch):
-    """A fresh calibration cache per test, and the test's folder as working directory (relative data.path)."""
-    monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.chdir(tmp_path)
-
-
-@pytest.fixture
-def config(tmp_path) -> Path:
-    return build_config(tmp_path)
+_fresh_cache = budget_cli.fresh_workdir  # the two fixtures both tiers use
+config = budget_cli.budget_config
 
 
 def test_budget_table_output(config):
