@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import pytest
+from support.plan import contract as planning_contract
 
-from dplora.contract.loader import parse_contract
 from dplora.plan.training import make_plan
 
 N = 4214
@@ -14,22 +14,8 @@ F8 = {32: (395, 0.5283, 0.7264), 128: (99, 0.6354, 0.9369), 512: (25, 0.8212, 1.
 
 
 def _contract(batch: int, steps: int, epsilon: float):
-    return parse_contract(
-        {
-            "privacy": {
-                "protected_unit": "row",
-                "adjacency": "add_remove",
-                "target_epsilon": epsilon,
-                "delta": 1e-6,
-                "accountant": "pld",
-                "max_grad_norm": 1.0,
-                "num_units": N,
-            },
-            "model": {"path": "unused"},
-            "data": {"path": "unused.csv", "prompt_column": "message", "response_column": "reply"},
-            "training": {"expected_batch_size": batch, "steps": steps},
-        }
-    )
+    privacy = {"target_epsilon": epsilon, "delta": 1e-6, "accountant": "pld", "num_units": N}
+    return planning_contract(privacy=privacy, training={"expected_batch_size": batch, "steps": steps})
 
 
 @pytest.mark.parametrize("batch", sorted(F8))
