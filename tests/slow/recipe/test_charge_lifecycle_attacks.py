@@ -83,15 +83,12 @@ def _train(tmp_path: Path, raw: dict, signing_key, db: Path, *extra: str, cfg_na
 
 def _interrupted(tmp_path, raw, signing_key, db, step: int = 2, *extra: str):
     """Run ``raw`` and SIGTERM it after ``step`` (a resume checkpoint of that step is written, exit 130)."""
-    real = checkpoint.fault_point
 
     def hook(point, s):
         if (point, s) == ("after-step", step):
             os.kill(os.getpid(), signal.SIGTERM)
-        real(point, s)
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(checkpoint, "fault_point", hook)
+    with checkpoint.fault_hook(hook):
         result = _train(tmp_path, raw, signing_key, db, *extra)
     assert result.exit_code == 130, result.output
     return result
@@ -165,16 +162,16 @@ def test_held_the_measurement_twin_and_the_control_plan_never_make_a_private_ste
     assert not ctrl.private and ctrl.plan.noise_multiplier == 0.0 and ctrl.plan.epsilon == float("inf")
 
     # the twin through the training path: rank 0's build and a follower both stop in setup, before any step
-    stepped = []
-    monkeypatch.setattr(loop_mod, "run_steps", lambda *a, **k: stepped.append(a))
-    table, _ = data_mod.load_split(contract.data, unit_key=contract.privacy.unit_key, seed=0)
-    index = data_mod.build_unit_index(table, contract.privacy, seed=0)
-    config = compile_run(contract, twin, RunOptions())
-    with pytest.raises(TrainingFailedError, match="setting up per-sample gradients"):
-        build_run(config, contract.data, table, index, out=tmp_path / "run", staging=None, log=lambda *_: None)
-    io = SimpleNamespace(options=RunOptions(), log=lambda *_: None, private=PrivateLog())
-    with pytest.raises(TrainingFailedError, match="setting up per-sample gradients"):
-        follow(config, contract.data, table, index, out=tmp_path / "run", io=io)
+    stepped = []  # every fault point the run passes (a step, a checkpoint write, the loop's start)
+    with checkpoint.fault_hook(lambda point, s: stepped.append((point, s))):
+        table, _ = data_mod.load_split(contract.data, unit_key=contract.privacy.unit_key, seed=0)
+        index = data_mod.build_unit_index(table, contract.privacy, seed=0)
+        config = compile_run(contract, twin, RunOptions())
+        with pytest.raises(TrainingFailedError, match="setting up per-sample gradients"):
+            build_run(config, contract.data, table, index, out=tmp_path / "run", staging=None, log=lambda *_: None)
+        io = SimpleNamespace(options=RunOptions(), log=lambda *_: None, private=PrivateLog())
+        with pytest.raises(TrainingFailedError, match="setting up per-sample gradients"):
+            follow(config, contract.data, table, index, out=tmp_path / "run", io=io)
     assert stepped == []
 
 
@@ -199,16 +196,15 @@ def test_held_a_dp_run_is_charged_before_its_first_private_step_and_released_onc
             return _real(self, *a, **k)
 
         monkeypatch.setattr(Ledger, name, spy)
-    real_step = loop_mod.logical_step
 
-    def step(spec, state, units):
-        events.append("step")
-        return real_step(spec, state, units)
+    def step(point, s):
+        if point == "after-step":
+            events.append("step")
 
-    monkeypatch.setattr(loop_mod, "logical_step", step)
     db = _ledger(tmp_path)
     raw = _raw(tmp_path, tiny_model_dir, tickets_csv, privacy={"population": POP})
-    result = _train(tmp_path, raw, signing_key, db, "--json")
+    with checkpoint.fault_hook(step):
+        result = _train(tmp_path, raw, signing_key, db, "--json")
     assert result.exit_code == 0, result.output
     assert events == ["reserve", *["step"] * T, "settle", "record_release"]
 
@@ -232,17 +228,15 @@ def test_held_a_failed_run_without_a_checkpoint_is_settled_at_the_accountants_st
     """No resume checkpoint (its writes are dropped) and a failure inside step 3: exit 4, no release, and the charge
     is settled as failed at ε after the 2 accounted steps (not 0, not pending)."""
     monkeypatch.setattr(checkpoint.Checkpointer, "write", lambda self: None)
-    real_step = loop_mod.logical_step
 
-    def step(spec, state, units):
-        if state.step == 2:
-            raise RuntimeError("planted failure in step 3")
-        return real_step(spec, state, units)
+    def step(point, s):
+        if (point, s) == ("after-step", 2):
+            raise RuntimeError("planted failure before step 3")
 
-    monkeypatch.setattr(loop_mod, "logical_step", step)
     db = _ledger(tmp_path)
     raw = _raw(tmp_path, tiny_model_dir, tickets_csv, privacy={"population": POP})
-    result = _train(tmp_path, raw, signing_key, db)
+    with checkpoint.fault_hook(step):
+        result = _train(tmp_path, raw, signing_key, db)
     assert result.exit_code == 4, result.output
     assert _releases_on_disk(tmp_path) == [] and not (tmp_path / "run").exists()
     (charge,) = Ledger(db).charges()
