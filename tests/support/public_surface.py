@@ -117,7 +117,7 @@ def tfevents(path: Path, masks: Masks) -> list:
     return out
 
 
-def generated(kind: str, text: str) -> dict:
+def generated_summary(kind: str, text: str) -> dict:
     """Generated text (a DP output, random by design): only its public shape."""
     if kind == "jsonl":
         rows = [json.loads(line) for line in text.splitlines() if line.strip()]
@@ -156,7 +156,7 @@ def public_surface(world: Path, outputs: list[dict], masks: Masks, generated: di
         elif ".tfevents." in path.name:
             entry["content"] = tfevents(path, masks)
         elif str(rel) in generated:
-            entry["content"] = generated(generated[str(rel)], path.read_text())
+            entry["content"] = generated_summary(generated[str(rel)], path.read_text())
         elif path.suffix == ".json":
             entry["content"] = masks.doc(json.loads(path.read_text()))
         else:
@@ -166,7 +166,7 @@ def public_surface(world: Path, outputs: list[dict], masks: Masks, generated: di
     for out in outputs:
         item = {"args": masks.text(" ".join(out["args"])), "exit": out["exit"], "stderr": masks.text(out["stderr"])}
         if out.get("generated"):
-            item["stdout"] = generated("jsonl", out["stdout"])
+            item["stdout"] = generated_summary("jsonl", out["stdout"])
         elif out["stdout"].lstrip().startswith("{"):
             item["stdout"] = masks.doc(json.loads(out["stdout"]))
         else:
