@@ -171,15 +171,13 @@ def test_held_resume_keeps_the_entry_of_the_weights_it_restores(tmp_path, tiny_m
     private = write_private(tmp_path / "tickets.csv", rows=40)
     public = glob_public(tmp_path, "public.csv")
     original = hashlib.sha256(public.read_bytes()).hexdigest()
-    real_fault = checkpoint.fault_point
     calls = count_warm_starts(monkeypatch)
-    monkeypatch.setattr(checkpoint, "fault_point", sigterm_after_step(2, then=real_fault))
     data = {"public_warm_start": {"path": str(public), **WARM}}
     raw = contract_dict(tiny_model_dir, private, tmp_path / "run", data=data, training={"steps": 4})
     cfg = write_contract(tmp_path / "run.yaml", raw)
     args = ["train", str(cfg), "--signing-key", str(signing_key[0]), "--no-progress"]
-    assert runner.invoke(app, args).exit_code == 130
-    monkeypatch.setattr(checkpoint, "fault_point", real_fault)
+    with checkpoint.fault_hook(sigterm_after_step(2)):
+        assert runner.invoke(app, args).exit_code == 130
     write_tickets(public, num_tickets=PUBLIC_TICKETS + 5, seed=99, overwrite=True)  # the file changes meanwhile
     raw_without = contract_dict(tiny_model_dir, private, tmp_path / "run", training={"steps": 4})
     dropped = runner.invoke(
