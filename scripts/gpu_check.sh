@@ -32,7 +32,7 @@
 #
 # The estimates are for one H100 (not yet measured there; the H200 ran the first weeks' train). A stage's timeout
 # is also cut to what is left of BUDGET_S (default 570 s), so the call ends, with its files, before the device's
-# 600 s. `--plan` prints the call's stages, estimates and timeouts and runs nothing (tests/scripts/test_gpu_check.py
+# 600 s. `--plan` prints the call's stages, estimates and timeouts and runs nothing (tests/slow/scripts/test_gpu_check.py
 # checks the sums).
 #
 # Files: everything a stage writes (logs, bench JSON/markdown, the noise and utility reports) goes to a work folder;
@@ -45,7 +45,7 @@
 #
 # --dry-run: the same stages on CPU at toy sizes (the tests' tiny Llama, 2 steps, toy bench shapes: scale-1b plain
 # and 4-bit, scale-8b checkpointing; utility: --toy --full on Bitext, ε = 8, SKIP when no Bitext folder is in
-# DPLORA_UTILITY_DATA or ../shared/data, as in a fresh clone); no .gpu/ needed. tests/scripts/test_gpu_check.py
+# DPLORA_UTILITY_DATA or ../shared/data, as in a fresh clone); no .gpu/ needed. tests/slow/scripts/test_gpu_check.py
 # runs it. Environment: GPU_CHECK_ONLY="stage ..." runs only those stages after setup (the others SKIP), e.g. to
 # rerun a failed stage with the minutes left; GPU_CHECK_FAIL=stage makes that stage fail on purpose (the tests);
 # BUDGET_S, GPU_DIR (default .gpu), SITE, PYTHON, STEPS, RECEIVED_WHEELS.
