@@ -223,8 +223,12 @@ def _run(config: Path, overrides: list[str], options, *, as_json: bool, private_
             output_dir = contract.training.output_dir
             return api.run(contract, options, log=log, private_log=private_log)
     except DploraError as err:
+        # Exiting anyway: a launcher's SIGTERM now (torchrun stops the other processes once one exited) ends the
+        # process by the default action, never as a KeyboardInterrupt traceback through this handler.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         raise fail(err, as_json=as_json) from None
     except KeyboardInterrupt as err:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         message = _interrupted_message(err, output_dir, since=started)
         if not (message.endswith(NOT_STARTED) and quiet_worker()):  # a launcher stopping its other processes
             log(message)  # after the first one's bad input: that one's line says why
