@@ -22,7 +22,16 @@ from dplora import __version__, atomic
 from dplora.cli import data as data_cmd
 from dplora.cli import train as train_cmd
 from dplora.cli import verify as verify_cmd
-from dplora.cli.common import console, emit_json, error_doc, fail, log, out, quiet_worker
+from dplora.cli.common import (
+    console,
+    emit_json,
+    error_doc,
+    fail,
+    linger_before_quiet_exit,
+    log,
+    out,
+    quiet_worker,
+)
 from dplora.cli.options import (
     JsonLinesOpt,
     ReleaseDataKeyOpt,
@@ -122,6 +131,7 @@ class OneLineErrorGroup(typer.core.TyperGroup):
                 err.show()
                 code = 2
             elif quiet_worker():  # a launcher's other processes: the first one on the node prints the line
+                linger_before_quiet_exit()
                 code = 2
             else:
                 ctx = getattr(err, "ctx", None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping
 
 import typer
@@ -13,6 +14,11 @@ from dplora.errors import DploraError, one_line
 
 console = Console(stderr=True, highlight=False, markup=False, soft_wrap=True)  # one line per message
 out = Console(highlight=False, markup=False, soft_wrap=True)  # stdout: never hard-wrapped
+
+# torchrun's agent stops every other process (SIGTERM) as soon as one exits. A quiet process that exits first on bad
+# input could so stop the node's first process before it prints the one line that says why: the quiet one lingers
+# this long first (the first process meets the same input at about the same time and exits 2, which ends the wait).
+QUIET_EXIT_GRACE_S = 5.0
 
 
 def quiet_worker(env: Mapping[str, str] = os.environ) -> bool:
@@ -32,12 +38,22 @@ def quiet_worker(env: Mapping[str, str] = os.environ) -> bool:
         return False
 
 
+def linger_before_quiet_exit() -> None:
+    """In a quiet process under torchrun's agent (``$TORCHELASTIC_RUN_ID``, also set by accelerate's multi-process
+    launch), wait :data:`QUIET_EXIT_GRACE_S` seconds before exiting on bad input; elsewhere return at once."""
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        time.sleep(QUIET_EXIT_GRACE_S)
+
+
 def fail(err: DploraError, *, as_json: bool = False) -> typer.Exit:
     """Print the error as one bounded line on stderr (and, with ``--json``, as a JSON document on stdout).
 
-    Bad input (exit 2) prints nothing in a launcher's other processes (:func:`quiet_worker`): one line per node.
+    Bad input (exit 2) prints nothing in a launcher's other processes (:func:`quiet_worker`): one line per node;
+    under torchrun such a process waits :data:`QUIET_EXIT_GRACE_S` before it exits, so that the launcher does not
+    stop the node's first process before its line is out.
     """
     if err.exit_code == 2 and quiet_worker():
+        linger_before_quiet_exit()
         return typer.Exit(code=err.exit_code)
     message = one_line(str(err), limit=err.max_chars)
     console.print(f"error: {message}", markup=False, soft_wrap=True)

@@ -48,3 +48,25 @@ def test_a_usage_error_is_quiet_in_the_other_processes(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "1")
     result = CliRunner().invoke(app, ["trian"])
     assert result.exit_code == 2 and result.output == ""
+
+
+@pytest.mark.parametrize("under_torchrun", [True, False])
+def test_a_quiet_process_lingers_under_torchrun_so_the_first_one_can_speak(monkeypatch, capsys, under_torchrun):
+    """torchrun stops every other process once one exits: a quiet process (not the node's first) that exits on bad
+    input waits the grace period first, silently; outside torchrun's agent it exits at once."""
+    import time
+
+    from dplora.cli import common
+
+    monkeypatch.setattr(common, "QUIET_EXIT_GRACE_S", 0.3)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    if under_torchrun:
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    else:
+        monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    start = time.monotonic()
+    result = fail(BadInputError("contract: unknown key 'x'"))
+    waited = time.monotonic() - start
+    assert result.exit_code == 2 and capsys.readouterr().err == ""
+    assert (waited >= 0.3) if under_torchrun else (waited < 0.2), waited

@@ -20,11 +20,17 @@ NOT_TESTS = ("conftest.py", "test_shared_data.py")  # the reader itself and this
 
 
 def modules_that_read_shared() -> list[Path]:
-    """The test modules (fast and slow tiers) that name the shared data, sorted."""
+    """The test modules (fast and slow tiers) that name the shared data, or import a tests/support module that
+    does, sorted."""
+    support = {p.stem for p in (TESTS / "support").glob("*.py") if READS_SHARED.search(p.read_text(encoding="utf-8"))}
+    names = "|".join(map(re.escape, sorted(support))) or "$^"  # "$^": no support module reads it
+    via_support = re.compile(rf"^from support\.({names}) import", re.M)
+
+    def reads(text: str) -> bool:
+        return bool(READS_SHARED.search(text) or via_support.search(text))
+
     return sorted(
-        path
-        for path in TESTS.rglob("test_*.py")
-        if path.name not in NOT_TESTS and READS_SHARED.search(path.read_text(encoding="utf-8"))
+        path for path in TESTS.rglob("test_*.py") if path.name not in NOT_TESTS and reads(path.read_text("utf-8"))
     )
 
 
