@@ -3,7 +3,7 @@ release's ceiling (rounded up), the measured TPR points, the power check, exposu
 
 from __future__ import annotations
 
-import math
+import decimal
 
 
 def _fmt(x) -> str:
@@ -26,12 +26,20 @@ def _verdict_words(report: dict) -> str:
 
 def rounded_up(x: float, decimals: int) -> str:
     """``x`` as text with ``decimals`` decimals, rounded UP: a ceiling printed is never below its value (rounding
-    to nearest could print one below it). E.g. ``rounded_up(0.12341, 4) == "0.1235"``; an exact value stays.
+    to nearest could print one below it). E.g. ``rounded_up(0.12341, 4) == "0.1235"``; a value whose shortest repr
+    has at most ``decimals`` decimals stays (``rounded_up(0.0051, 4) == "0.0051"``).
+
+    The ceiling is taken in decimal on ``repr(x)`` (the shortest text that reads back as the same float), never on
+    ``x * 10**decimals`` in binary: that product rounds, so 0.0051 printed 0.0052 and a float one step above 0.0009
+    printed 0.0009, below its value.
 
     Args:
         x: a finite float (a TPR or an ε̂ ceiling); decimals: digits after the point (>= 0).
     """
-    return f"{math.ceil(x * 10**decimals) / 10**decimals:.{decimals}f}"
+    exact = decimal.Decimal(repr(float(x)))
+    wide = decimal.Context(prec=400 + decimals)  # room for any finite float's integer digits
+    step = decimal.Decimal(1).scaleb(-decimals)
+    return f"{exact.quantize(step, rounding=decimal.ROUND_CEILING, context=wide):.{decimals}f}"
 
 
 def _tpr_lines(report: dict) -> list[str]:

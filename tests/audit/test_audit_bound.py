@@ -81,3 +81,10 @@ def test_the_report_prints_ceilings_rounded_up():
     assert rounded_up(0.12341, 4) == "0.1235"
     assert rounded_up(1.5790001, 3) == "1.580"
     assert rounded_up(0.25, 2) == "0.25"
+    # in binary, x * 10**d rounds: 0.0051 printed 0.0052, and one float step above 0.0009 printed 0.0009 (below it)
+    assert rounded_up(0.0051, 4) == "0.0051"
+    assert rounded_up(math.nextafter(0.0009, 1.0), 4) == "0.0010"
+    for k in range(1, 10_000):  # every 4-decimal value stays; the next float up is never printed below its value
+        assert rounded_up(k / 1e4, 4) == f"{k / 1e4:.4f}"
+        assert float(rounded_up(math.nextafter(k / 1e4, 1.0), 4)) >= math.nextafter(k / 1e4, 1.0)
+    assert rounded_up(1e300, 2).endswith(".00") and rounded_up(1e-9, 4) == "0.0001"
