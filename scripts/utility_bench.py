@@ -538,8 +538,10 @@ def banking_eval(scorer: Scorer, model, test: list[dict], labels: list[str], con
         # the product's classification path (dplora.evaluate.classify): per-token, calibrated on "N/A"
         **(
             {
-                "accuracy_calibrated": calibrated["accuracy"],
-                "per_label_recall": {g["label"]: g["recall"] for g in calibrated["per_label"]},
+                "accuracy_calibrated": calibrated["accuracy_calibrated"],
+                "per_label_recall": {g["label"]: g["recall_calibrated"] for g in calibrated["per_label"]},
+                # the product's default headline (data.calibration: none): per token, uncalibrated
+                "per_label_recall_per_token": {g["label"]: g["recall_uncalibrated"] for g in calibrated["per_label"]},
             }
             if calibrated is not None
             else {}
@@ -556,8 +558,8 @@ def calibrated_eval(scorer: Scorer, model, test: list[dict], labels: list[str], 
     through :func:`dplora.evaluate.classify.classify` and :func:`~dplora.evaluate.classify.classification_stats`.
 
     Returns:
-        ``classification_stats``' dict: ``accuracy`` (calibrated), ``accuracy_uncalibrated``, ``per_label`` recall
-        (every intent: the test rows are balanced and public), ``bias``.
+        ``classification_stats``' dict: ``accuracy_calibrated``, ``accuracy_uncalibrated``, ``per_label`` recall
+        under both (every intent: the test rows are balanced and public), ``bias``.
     """
     from dplora.evaluate.classify import classification_stats, classify
 
@@ -1149,7 +1151,8 @@ def study_row(
             "test_accuracy_calibrated": round(held_eval["accuracy_calibrated"], 4),
             "base_test_accuracy_calibrated": round(base_held["accuracy_calibrated"], 4),
             "validation_accuracy_calibrated": round(val_eval["accuracy_calibrated"], 4),
-            "test_recall": {k: round(v, 4) for k, v in held_eval["per_label_recall"].items()},
+            "test_recall": {k: round(v, 4) for k, v in held_eval["per_label_recall"].items()},  # calibrated
+            "test_recall_per_token": {k: round(v, 4) for k, v in held_eval["per_label_recall_per_token"].items()},
         }
     else:
         row |= {
@@ -1256,6 +1259,7 @@ def rescore_banking(folders: list[Path], settings: Settings, threads: int, model
             return {k: round(got[k], 4) for k in keep} | {
                 "correct_by_intent": {g["group"]: round(g["accuracy"] * g["records"]) for g in got["groups"]},
                 "recall_calibrated": {k: round(v, 4) for k, v in got["per_label_recall"].items()},
+                "recall_per_token": {k: round(v, 4) for k, v in got["per_label_recall_per_token"].items()},
             }
 
         report = {"base": summary(scorer.base)}

@@ -332,7 +332,8 @@ ChoicesOpt = Annotated[
     typer.Option(
         metavar="LABELS",
         help="Rank these labels instead of generating: comma-separated, or @FILE (one label per line). Prints the "
-        "chosen label and its calibrated scores (--json: only those).",
+        "chosen label and its scores, calibrated where the run declares data.calibration: contextual (--json: only "
+        "those).",
     ),
 ]
 
@@ -359,8 +360,9 @@ def generate(
 
     The release is verified with ``--public-key`` first (exit 3 on a mismatch); ``--no-verify`` skips that.
     ``--messages FILE`` replies to conversations, one reply per line (``--json``: one JSON line per conversation).
-    ``--choices LABELS`` ranks the labels as the evaluation of a classification run does (length-normalised,
-    calibrated on the run's content-free input) and prints the chosen label. A relative model.path is read from
+    ``--choices LABELS`` ranks the labels as the evaluation of a classification run does (length-normalised;
+    calibrated on the run's content-free input where its contract declares data.calibration: contextual) and prints
+    the chosen label. A relative model.path is read from
     here, else from the run folder's parent; ``--model`` stands in for a moved release's base model.
     """
     from dplora.evaluate.generate import Sampling, generate_from_run, read_conversations, read_prompts
@@ -407,7 +409,7 @@ def generate(
 
 def _choose(run, choices, prompt, prompts, messages, temperature, allow_non_private, public_key, no_verify, as_json,
             threads, model=None) -> None:  # fmt: skip
-    """``generate --choices``: the chosen label and its calibrated scores per prompt (``--json``: only those)."""
+    """``generate --choices``: the chosen label and its scores per prompt (``--json``: only those)."""
     import math
 
     from dplora.contract.labels import parse_choices

@@ -393,15 +393,16 @@ def choose_from_run(
 
     Post-processing of the release and the caller's prompts: no data file is read. The release is verified and a
     control refused exactly as :func:`generate_from_run` does. Each prompt is ranked as the evaluation ranks a
-    held-out record (:func:`dplora.evaluate.classify.choose_labels`: the label as the response, as trained;
-    length-normalised log-likelihood minus the scores of the run's content-free input).
+    held-out record for its headline (:func:`dplora.evaluate.classify.choose_labels`: the label as the response, as
+    trained; length-normalised log-likelihood, minus the scores of the run's content-free input where the run's
+    contract declares ``data.calibration: contextual``).
 
     Args:
         prompts: P text prompts; choices: K labels (a checked label set,
             :func:`dplora.contract.labels.parse_choices`).
 
     Returns:
-        P :class:`dplora.evaluate.classify.Choice` (the label and its calibrated scores, nats per token), in order.
+        P :class:`dplora.evaluate.classify.Choice` (the label and its scores, nats per token), in order.
 
     Raises:
         BadInputError: as :func:`generate_from_run`, or a run whose records are not prompt/response pairs.

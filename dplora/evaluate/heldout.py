@@ -81,8 +81,9 @@ class Evaluation:
         differentially_private: the adapters come from a DP run (False for a control).
         accuracy: with ``data.label_column``: {"column", "records", "base", "adapter"} exact-match accuracy.
         groups: with a group column: {"column", "base", "adapter" (lists of :class:`GroupStat`), "hidden"}.
-        classification: with ``data.task: classification``: {"labels", "calibration_input", "records",
-            "out_of_set", "base", "adapter"} (:func:`dplora.evaluate.classify.classification_stats` per model).
+        classification: with ``data.task: classification``: {"metric", "calibration", "labels",
+            "calibration_input", "records", "out_of_set", "base", "adapter"}
+            (:func:`dplora.evaluate.classify.classification_stats` per model).
     """
 
     base: HeldOutLoss
@@ -304,8 +305,9 @@ def evaluate_model(
             + R + 1 ranked prompts with ``data.task: classification``).
 
     With ``data.task: classification`` each model also ranks the declared labels for every held-out prompt
-    (:mod:`dplora.evaluate.classify`: length-normalised, calibrated on a content-free input): accuracy and
-    per-label recall, a record whose response is outside the label set scored wrong and counted.
+    (:mod:`dplora.evaluate.classify`: length-normalised; calibrated on a content-free input where
+    ``data.calibration: contextual``, both scorings reported): accuracy and per-label recall, a record whose
+    response is outside the label set scored wrong and counted.
 
     Returns:
         :class:`Evaluation`.
@@ -369,9 +371,16 @@ def evaluate_model(
     if labels is not None:
         gold = classify.gold_labels(table, data)
         known = set(labels)
+        calibration = "contextual" if classify.calibrated(data) else "none"
         classification = {
-            "metric": "argmax over the declared labels of the mean log-likelihood per label token (nats) minus "
-            "that of the content-free input (contextual calibration, Zhao et al. 2021)",
+            "metric": "argmax over the declared labels of the mean log-likelihood per label token (nats)"
+            + (
+                " minus that of the content-free input (contextual calibration, Zhao et al. 2021)"
+                if calibration == "contextual"
+                else "; the *_calibrated numbers subtract that of the content-free input first "
+                "(contextual calibration, Zhao et al. 2021)"
+            ),  # fmt: skip
+            "calibration": calibration,
             "labels": len(labels),
             "calibration_input": classify.calibration_text(data),
             "records": len(gold),
@@ -379,7 +388,7 @@ def evaluate_model(
         }
         for m in ("base", "adapter"):
             bias, scores = scored[m]
-            classification[m] = classify.classification_stats(labels, gold, scores, bias)
+            classification[m] = classify.classification_stats(labels, gold, scores, bias, calibration=calibration)
     return Evaluation(
         base=base,
         adapter=adapter,

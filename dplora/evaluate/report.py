@@ -111,17 +111,21 @@ def report_lines(evaluation) -> list[str]:
 
 
 def _classification_lines(c: dict) -> list[str]:
-    """Accuracy (calibrated and not) and per-label recall, base → adapter; label names bounded and escaped (the
-    labels are declared public in the contract)."""
+    """Accuracy (under the contract's scoring, and the other beside) and per-label recall, base → adapter; label
+    names bounded and escaped (the labels are declared public in the contract)."""
     b, a = c["base"], c["adapter"]
 
     def num(x):
         return f"{x:.3f}" if x is not None else "-"
 
+    # the headline follows data.calibration; the other scoring is printed beside, so neither is hidden
+    calibrated = c["calibration"] == "contextual"
+    other = "uncalibrated" if calibrated else "calibrated"
+    scoring = f"calibrated on {excerpt(c['calibration_input'], 40)}" if calibrated else "per token, uncalibrated"
     lines = [
-        f"  classification over {c['labels']} declared labels, calibrated on {excerpt(c['calibration_input'], 40)}: "
-        f"accuracy base {num(b['accuracy'])}, adapter {num(a['accuracy'])} (uncalibrated: base "
-        f"{num(b['accuracy_uncalibrated'])}, adapter {num(a['accuracy_uncalibrated'])}); {c['records']} records, "
+        f"  classification over {c['labels']} declared labels, {scoring}: "
+        f"accuracy base {num(b['accuracy'])}, adapter {num(a['accuracy'])} ({other}: base "
+        f"{num(b[f'accuracy_{other}'])}, adapter {num(a[f'accuracy_{other}'])}); {c['records']} records, "
         f"{c['out_of_set']} with a label outside the set (scored wrong)",
     ]
     if a["per_label"]:

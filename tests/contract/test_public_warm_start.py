@@ -48,7 +48,8 @@ def test_defaults_and_the_yaml_of_a_contract_without_it(tmp_path):
     dumped["data"].pop("public_warm_start")
     dumped["training"].pop("sharding")  # training.sharding: none is left out the same way
     dumped["training"].pop("max_epochs")  # no epoch cap: left out the same way
-    for key in ("task", "labels", "labels_file", "calibration_input"):  # the default generation task: left out
+    # the default generation task's keys are left out
+    for key in ("task", "labels", "labels_file", "calibration_input", "calibration"):
         dumped["data"].pop(key)
     assert plain.to_yaml() == yaml.safe_dump(dumped, sort_keys=False)
     explicit_none = parse_contract(_raw(tmp_path, None))

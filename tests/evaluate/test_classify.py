@@ -36,7 +36,9 @@ def _peft(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    peft = get_peft_model(model, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]))
+    with torch.random.fork_rng():  # LoRA A's init draws from the global generator: seeded, the same in every test
+        torch.manual_seed(3)
+        peft = get_peft_model(model, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]))
     gen = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for name, p in peft.named_parameters():
@@ -112,11 +114,47 @@ def test_stats_count_an_out_of_set_label_as_wrong_and_hide_small_labels():
     labels = ["a", "b", "c"]
     scores = [[0.0, -1.0, -9.0]] * 2 + [[-1.0, 0.0, -9.0]] + [[0.0, -1.0, -9.0]] * 2  # uncalibrated: a, a, b, a, a
     bias = [0.0, -2.0, 0.0]  # calibrated: b wins unless a leads by more than 2 nats/token
-    got = classification_stats(labels, ["b", "b", "b", "zzz", "c"], scores, bias, min_records=2)
-    assert got["accuracy"] == pytest.approx(3 / 5)  # calibrated: b everywhere; "zzz" is outside the set: wrong
-    assert got["accuracy_uncalibrated"] == pytest.approx(1 / 5)
-    assert got["per_label"] == [{"label": "b", "records": 3, "recall": 1.0}]
+    gold = ["b", "b", "b", "zzz", "c"]
+    got = classification_stats(labels, gold, scores, bias, min_records=2)
+    assert got["calibration"] == "none"
+    assert got["accuracy"] == got["accuracy_uncalibrated"] == pytest.approx(1 / 5)  # "zzz" is outside the set: wrong
+    assert got["accuracy_calibrated"] == pytest.approx(3 / 5)  # b everywhere
+    row = {"label": "b", "records": 3, "recall_uncalibrated": pytest.approx(1 / 3), "recall_calibrated": 1.0}
+    assert got["per_label"] == [row | {"recall": pytest.approx(1 / 3)}]
     assert got["hidden"] == {"labels": 1, "records": 1, "min_records": 2}
+    declared = classification_stats(labels, gold, scores, bias, calibration="contextual", min_records=2)
+    assert declared["accuracy"] == pytest.approx(3 / 5) and declared["per_label"] == [row | {"recall": 1.0}]
+    assert {k: v for k, v in declared.items() if k not in ("calibration", "accuracy", "per_label")} == {
+        k: v for k, v in got.items() if k not in ("calibration", "accuracy", "per_label")
+    }
+    with pytest.raises(ValueError, match="'none' or 'contextual'"):
+        classification_stats(labels, gold, scores, bias, calibration="calibrated")
+
+
+@pytest.mark.parametrize("calibration", [None, "none", "contextual"])
+def test_choose_labels_ranks_under_the_declared_calibration(tiny_model_dir, files, tmp_path, calibration):
+    """``generate --choices`` ranks by the per-token score unless the contract declares contextual calibration;
+    the scores checked against the brute-force scorer, on prompts where the two scorings disagree."""
+    from tiny import byte_tokenizer
+
+    from dplora.evaluate.classify import choose, choose_labels, classify
+
+    extra = {} if calibration is None else {"calibration": calibration}
+    contract = _contract(tiny_model_dir, files, tmp_path, **extra)
+    model, tokenizer = _peft(tiny_model_dir), byte_tokenizer()
+    prompts = ["I lost my card", "my card was stolen #0", "refund please", "hello"]
+    bias, scores = classify(model, tokenizer, prompts, LABELS, contract.data, contract.training, device="cpu")
+    contextual = calibration == "contextual"
+    chosen = choose_labels(model, tokenizer, prompts, LABELS, contract.data, contract.training, device="cpu")
+    for prompt, got, raw in zip(prompts, chosen, scores, strict=True):
+        brute = [_brute_score(model, tokenizer, prompt, y) for y in LABELS]
+        brute_bias = [_brute_score(model, tokenizer, "N/A", y) for y in LABELS]
+        want = [r - b for r, b in zip(brute, brute_bias, strict=True)] if contextual else brute
+        assert list(got.scores.values()) == pytest.approx(want, rel=1e-5, abs=1e-5)
+        assert got == choose(LABELS, raw, bias if contextual else None)
+    raw_pick = [choose(LABELS, s, None).label for s in scores]
+    calibrated_pick = [choose(LABELS, s, bias).label for s in scores]
+    assert raw_pick != calibrated_pick  # otherwise the test could not tell the scorings apart
 
 
 @pytest.mark.parametrize(
@@ -128,6 +166,8 @@ def test_stats_count_an_out_of_set_label_as_wrong_and_hide_small_labels():
         ({"task": "classification", "labels": ["a" * 201]}, "at most 200"),
         ({"task": "classification", "labels": [f"l{i}" for i in range(1001)]}, "at most 1000"),
         ({"labels": ["a"]}, "needs data.task: classification"),
+        ({"calibration": "contextual"}, "data.calibration needs data.task: classification"),
+        ({"task": "classification", "labels": ["a"], "calibration": "yes"}, "data.calibration"),
     ],
 )
 def test_bad_label_sets_exit_2_from_the_contract(tmp_path, tiny_model_dir, files, data, needle):
@@ -141,8 +181,10 @@ def test_default_contract_yaml_is_unchanged_by_the_task_keys(tmp_path, tiny_mode
     """A generation contract's YAML (and so its digest and every release record) has none of the new keys."""
     raw = contract_dict(tiny_model_dir, files[0], tmp_path / "o", privacy={"num_units": 36})
     text = parse_contract(raw).to_yaml()
-    assert not any(k in text for k in ("task:", "labels", "calibration_input"))
-    assert "task: classification" in _contract(tiny_model_dir, files, tmp_path).to_yaml()
+    assert not any(k in text for k in ("task:", "labels", "calibration"))
+    classification = _contract(tiny_model_dir, files, tmp_path).to_yaml()
+    assert "task: classification" in classification and "calibration:" not in classification  # digests kept
+    assert "calibration: contextual" in _contract(tiny_model_dir, files, tmp_path, calibration="contextual").to_yaml()
 
 
 def test_a_chat_template_run_scores_the_label_as_the_assistant_turn_it_trained_on():

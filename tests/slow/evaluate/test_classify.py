@@ -44,7 +44,16 @@ def test_a_classification_run_reports_privately_and_generate_choices_agrees(cls_
     result = runner.invoke(app, ["eval", str(out), "--json", "--show-private"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert doc["classification"]["adapter"]["accuracy"] is not None
+    got = doc["classification"]
+    assert got["calibration"] == "none"  # the default: the headline is the per-token score, calibrated beside
+    for m in ("base", "adapter"):
+        assert got[m]["accuracy"] == got[m]["accuracy_uncalibrated"] is not None
+        assert got[m]["accuracy_calibrated"] is not None
+    text = runner.invoke(app, ["eval", str(out), "--show-private"])
+    line = next(x for x in text.output.splitlines() if "classification over" in x)
+    a, b = got["adapter"], got["base"]
+    assert "3 declared labels, per token, uncalibrated: " in line
+    assert f"adapter {a['accuracy']:.3f} (calibrated: base {b['accuracy_calibrated']:.3f}, adapter " in line
 
     run = read_run(out)
     model, tokenizer, device = load_adapter_model(run, threads=1, log=lambda _: None)
@@ -52,7 +61,8 @@ def test_a_classification_run_reports_privately_and_generate_choices_agrees(cls_
     bias, scores = classify(model, tokenizer, prompts, LABELS, run.contract.data, run.contract.training, device=device)
     key = ["--public-key", str(signing_key[1])]
     for prompt, s in zip(prompts, scores, strict=True):
-        want = choose(LABELS, s, bias)
+        want = choose(LABELS, s, None)  # data.calibration absent: ranked uncalibrated, as the eval's headline
+        assert bias  # the bias is computed (for the calibrated column) and not subtracted here
         args = ["generate", str(out), "--prompt", prompt, "--choices", ",".join(LABELS), "--json", *key]
         result = runner.invoke(app, args)
         assert result.exit_code == 0, result.output
