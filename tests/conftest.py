@@ -26,7 +26,8 @@ def needs_shared(*parts: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(not path.exists(), reason=f"{path} is absent (../shared is not part of a clone)")
 
 
-# The fast tier: ``pytest -m "not slow"`` for the edit loop, plain ``pytest -q`` (CI, ``.ci/run``) for everything.
+# The fast tier: ``pytest -m "not slow"`` for the edit loop; ``pytest -q -n auto --dist loadfile`` (CI, ``.ci/run``)
+# for everything, one worker per core (pytest-xdist), each test file on one worker (module fixtures built once).
 # A test is slow exactly when it lives under tests/slow/ (CLI training runs, multi-process runs, the 135M model, long
 # checks): the folder is the tier, so moving a test between tiers is moving it, and a rename needs no second edit.
 # To find candidates, measure a folder:
@@ -44,6 +45,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if in_slow_tier(item.path):
             item.add_marker(pytest.mark.slow)
+    # The slow tier first (a stable sort: each tier keeps its order). Under ``-n auto --dist loadfile`` (CI) the
+    # workers take files in this order, so the many short fast-tier files fill the end instead of one long file
+    # leaving a core idle.
+    items.sort(key=lambda item: not in_slow_tier(item.path))
 
 
 def _isolate(patch: pytest.MonkeyPatch, base: Path) -> None:
