@@ -362,8 +362,8 @@ def generate(
     ``--messages FILE`` replies to conversations, one reply per line (``--json``: one JSON line per conversation).
     ``--choices LABELS`` ranks the labels as the evaluation of a classification run does (length-normalised;
     calibrated on the run's content-free input where its contract declares data.calibration: contextual) and prints
-    the chosen label. A relative model.path is read from
-    here, else from the run folder's parent; ``--model`` stands in for a moved release's base model.
+    the chosen label. A relative model.path is read from here, else from the run folder's parent; ``--model`` stands
+    in for a moved release's base model.
     """
     from dplora.evaluate.generate import Sampling, generate_from_run, read_conversations, read_prompts
     from dplora.release.locate import ReleaseInputs, locate_inputs

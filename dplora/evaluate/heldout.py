@@ -379,7 +379,7 @@ def evaluate_model(
                 if calibration == "contextual"
                 else "; the *_calibrated numbers subtract that of the content-free input first "
                 "(contextual calibration, Zhao et al. 2021)"
-            ),  # fmt: skip
+            ),
             "calibration": calibration,
             "labels": len(labels),
             "calibration_input": classify.calibration_text(data),
