@@ -244,12 +244,14 @@ def eval_(
 ) -> None:
     """Held-out loss and perplexity of the base model and of the run's adapters (same masking as training).
 
-    The held-out set is the run's data.eval_path or data.eval_fraction split (from its contract.yaml), or
-    --eval-path. Numbers on private held-out data are NOT covered by DP: they are written to <run>.private/eval.json
-    and printed only on an interactive terminal (or with --show-private); this command never changes a release.
-    --group-column may only name the contract's data.group_column (a declared public label). A relative path in
-    the run's contract is read from here, else from the run folder's parent; --data and --model stand in for a
-    moved release's files.
+    A data.task: classification run also gets accuracy and per-label recall over its declared labels, under
+    data.calibration (per token, uncalibrated by default) with the other scoring beside; a data.label_column run
+    gets exact-match accuracy. The held-out set is the run's data.eval_path or data.eval_fraction split (from its
+    contract.yaml), or --eval-path. Numbers on private held-out data are NOT covered by DP: they are written to
+    <run>.private/eval.json and printed only on an interactive terminal (or with --show-private); this command
+    never changes a release. --group-column may only name the contract's data.group_column (a declared public
+    label). A relative path in the run's contract is read from here, else from the run folder's parent; --data and
+    --model stand in for a moved release's files.
     """
     from dplora.evaluate.heldout import evaluate_run
     from dplora.release.locate import ReleaseInputs
@@ -332,8 +334,8 @@ ChoicesOpt = Annotated[
     typer.Option(
         metavar="LABELS",
         help="Rank these labels instead of generating: comma-separated, or @FILE (one label per line). Prints the "
-        "chosen label and its scores, calibrated where the run declares data.calibration: contextual (--json: only "
-        "those).",
+        "chosen label, then every label's score (nats per token; minus the content-free input's where the run "
+        "declares data.calibration: contextual); a tie goes to the first label given. --json: only those.",
     ),
 ]
 

@@ -251,7 +251,7 @@ def _report(result, *, as_json: bool, private_log) -> None:
     if not result.differentially_private:
         from dplora.mechanism.control import NO_DP_STATEMENT
 
-        log(f"done: {result.steps_done}/{p.steps} steps, {result.threads} threads; {NO_DP_STATEMENT}")
+        log(f"done: {result.steps_done}/{p.steps} steps, {_threads(result.threads)}; {NO_DP_STATEMENT}")
         if as_json:
             emit_json(_train_summary(result))
         else:
@@ -260,13 +260,17 @@ def _report(result, *, as_json: bool, private_log) -> None:
         return
     log(
         f"done: {result.steps_done}/{p.steps} steps, ε={result.epsilon_spent:.4f} "
-        f"≤ {p.target_epsilon:g} at δ={p.delta:g} ({p.accountant.value}), {result.threads} threads"
+        f"≤ {p.target_epsilon:g} at δ={p.delta:g} ({p.accountant.value}), {_threads(result.threads)}"
     )
     if as_json:
         emit_json(_train_summary(result))
     else:
         out.print(f"release: {result.release_path}", markup=False)
     _private_line(result, private_log)
+
+
+def _threads(count: int) -> str:
+    return f"{count} thread" if count == 1 else f"{count} threads"
 
 
 def _private_line(result, private_log) -> None:

@@ -272,9 +272,11 @@ class DataSection(_Section):
         declared["data.calibration_input"] = self.calibration_input
         declared["data.calibration"] = self.calibration
         if self.task == "generation":
-            for key, value in declared.items():
-                if value is not None:
-                    raise ValueError(f"{key} needs data.task: classification")
+            given = [key for key, value in declared.items() if value is not None]
+            if given:  # every such key in the one line
+                raise ValueError(
+                    f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} data.task: classification"
+                )
             return self
         if self.kind != "prompt_response":  # the label is the response of a prompt/response pair, as trained
             raise ValueError("data.task=classification needs data.prompt_column and data.response_column (the label)")

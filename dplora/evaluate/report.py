@@ -106,13 +106,23 @@ def report_lines(evaluation) -> list[str]:
     if evaluation.groups is not None:
         lines += _group_lines(evaluation.groups)
     if getattr(evaluation, "classification", None) is not None:
-        lines += _classification_lines(evaluation.classification)
+        lines += classification_lines(evaluation.classification)
     return lines
 
 
-def _classification_lines(c: dict) -> list[str]:
-    """Accuracy (under the contract's scoring, and the other beside) and per-label recall, base → adapter; label
-    names bounded and escaped (the labels are declared public in the contract)."""
+def classification_lines(c: dict) -> list[str]:
+    """The report's classification lines: accuracy under the contract's scoring with the other beside, then
+    per-label recall under both, base and adapter; label names bounded and escaped (the labels are declared public
+    in the contract).
+
+    Args:
+        c: an evaluation's ``classification`` dict (:func:`dplora.evaluate.heldout.evaluate_model`): "calibration",
+            "calibration_input", "labels" (a count), "records", "out_of_set", and "base"/"adapter" from
+            :func:`dplora.evaluate.classify.classification_stats`.
+
+    Returns:
+        Text lines (no newline), indented for the report.
+    """
     b, a = c["base"], c["adapter"]
 
     def num(x):
@@ -121,7 +131,9 @@ def _classification_lines(c: dict) -> list[str]:
     # the headline follows data.calibration; the other scoring is printed beside, so neither is hidden
     calibrated = c["calibration"] == "contextual"
     other = "uncalibrated" if calibrated else "calibrated"
-    scoring = f"calibrated on {excerpt(c['calibration_input'], 40)}" if calibrated else "per token, uncalibrated"
+    scoring = (
+        f"per token, calibrated on {excerpt(c['calibration_input'], 40)}" if calibrated else "per token, uncalibrated"
+    )
     lines = [
         f"  classification over {c['labels']} declared labels, {scoring}: "
         f"accuracy base {num(b['accuracy'])}, adapter {num(a['accuracy'])} ({other}: base "
@@ -129,10 +141,15 @@ def _classification_lines(c: dict) -> list[str]:
         f"{c['out_of_set']} with a label outside the set (scored wrong)",
     ]
     if a["per_label"]:
-        lines.append(f"    {'label':28} {'records':>7} {'recall base':>11} {'adapter':>8}")
+        lines.append(
+            f"    {'label':28} {'records':>7} {'recall base':>11} {'adapter':>8} {other + ' base':>17} {'adapter':>8}"
+        )
         for lb, la in zip(b["per_label"], a["per_label"], strict=True):
             name = one_line(la["label"], limit=28)
-            lines.append(f"    {name:28} {la['records']:7d} {num(lb['recall']):>11} {num(la['recall']):>8}")
+            lines.append(
+                f"    {name:28} {la['records']:7d} {num(lb['recall']):>11} {num(la['recall']):>8} "
+                f"{num(lb[f'recall_{other}']):>17} {num(la[f'recall_{other}']):>8}"
+            )
     hidden = a["hidden"]
     if hidden["labels"]:
         lines.append(

@@ -131,6 +131,30 @@ def test_stats_count_an_out_of_set_label_as_wrong_and_hide_small_labels():
         classification_stats(labels, gold, scores, bias, calibration="calibrated")
 
 
+@pytest.mark.parametrize("calibration", ["none", "contextual"])
+def test_the_report_heads_with_the_declared_scoring_and_shows_both_recalls(calibration):
+    from dplora.evaluate.classify import classification_stats
+    from dplora.evaluate.report import classification_lines
+
+    labels = ["a", "b"]
+    scores = [[0.0, -1.0]] * 10 + [[-1.0, 0.0]] * 10  # uncalibrated: a for the first ten rows, b for the rest
+    bias = [2.0, -2.0]  # calibrated: b everywhere
+    gold = ["a"] * 10 + ["b"] * 10
+    stats = classification_stats(labels, gold, scores, bias, calibration=calibration)
+    c = {"calibration": calibration, "calibration_input": "N/A", "labels": 2, "records": 20, "out_of_set": 0}
+    lines = classification_lines(c | {"base": stats, "adapter": stats})
+    if calibration == "none":
+        assert "2 declared labels, per token, uncalibrated: accuracy base 1.000, adapter 1.000 (calibrated: base " \
+            "0.500, adapter 0.500)" in lines[0]  # fmt: skip
+        assert lines[1].split() == ["label", "records", "recall", "base", "adapter", "calibrated", "base", "adapter"]
+        assert lines[2].split() == ["a", "10", "1.000", "1.000", "0.000", "0.000"]
+    else:
+        want = "per token, calibrated on 'N/A': accuracy base 0.500, adapter 0.500 (uncalibrated: base 1.000"
+        assert want in lines[0]
+        assert lines[1].split()[-3:] == ["uncalibrated", "base", "adapter"]
+        assert lines[2].split() == ["a", "10", "0.000", "0.000", "1.000", "1.000"]
+
+
 @pytest.mark.parametrize("calibration", [None, "none", "contextual"])
 def test_choose_labels_ranks_under_the_declared_calibration(tiny_model_dir, files, tmp_path, calibration):
     """``generate --choices`` ranks by the per-token score unless the contract declares contextual calibration;
@@ -167,10 +191,13 @@ def test_choose_labels_ranks_under_the_declared_calibration(tiny_model_dir, file
         ({"task": "classification", "labels": [f"l{i}" for i in range(1001)]}, "at most 1000"),
         ({"labels": ["a"]}, "needs data.task: classification"),
         ({"calibration": "contextual"}, "data.calibration needs data.task: classification"),
-        ({"task": "classification", "labels": ["a"], "calibration": "yes"}, "data.calibration"),
+        ({"labels": ["a"], "calibration": "none"}, "data.labels, data.calibration need data.task: classification"),
+        ({"task": "classification", "labels": ["a"], "calibration": "calibrated"}, "'none' or 'contextual'"),
+        # an unquoted `yes` in YAML is a boolean: the line says so
+        ({"task": "classification", "labels": ["a"], "calibration": True}, "unquoted yes, no, on or off"),
     ],
 )
-def test_bad_label_sets_exit_2_from_the_contract(tmp_path, tiny_model_dir, files, data, needle):
+def test_bad_classification_keys_exit_2_from_the_contract(tmp_path, tiny_model_dir, files, data, needle):
     raw = contract_dict(tiny_model_dir, files[0], tmp_path / "o", data=data, privacy={"num_units": 36})
     result = runner.invoke(app, ["validate", str(write_contract(tmp_path / "c.yaml", raw))])
     assert result.exit_code == 2 and needle in result.output
