@@ -53,9 +53,10 @@ def calibration_text(data: DataSection) -> str:
     return data.calibration_input or DEFAULT_CALIBRATION_INPUT
 
 
-def calibrated(data: DataSection) -> bool:
-    """Whether the contract's scoring subtracts the content-free bias (``data.calibration: contextual``; default no)."""
-    return data.calibration == "contextual"
+def calibration(data: DataSection) -> str:
+    """The contract's headline scoring: ``"contextual"`` (subtract the content-free bias) or ``"none"`` (the
+    default: ``data.calibration`` absent)."""
+    return data.calibration or "none"
 
 
 def label_scores(
@@ -137,13 +138,14 @@ def choose_labels(
     model, tokenizer, prompts: list[str], labels, data: DataSection, training: TrainingSection, *, device
 ) -> list[Choice]:
     """The chosen label and scores of each prompt (``dplora generate --choices``), under the contract's
-    ``data.calibration`` (:func:`calibrated`).
+    ``data.calibration`` (:func:`calibration`).
 
     Returns:
         P :class:`Choice`, in prompt order; the same as the evaluation's headline gives for the same prompt.
     """
     bias, scores = classify(model, tokenizer, prompts, labels, data, training, device=device)
-    return [choose(labels, s, bias if calibrated(data) else None) for s in scores]
+    contextual = calibration(data) == "contextual"
+    return [choose(labels, s, bias if contextual else None) for s in scores]
 
 
 def classification_stats(

@@ -371,7 +371,7 @@ def evaluate_model(
     if labels is not None:
         gold = classify.gold_labels(table, data)
         known = set(labels)
-        calibration = "contextual" if classify.calibrated(data) else "none"
+        calibration = classify.calibration(data)
         classification = {
             "metric": "argmax over the declared labels of the mean log-likelihood per label token (nats)"
             + (
