@@ -45,10 +45,13 @@ GAUSSIAN_METHOD = (
     "exact Gaussian trade-off at q = 1: TPR(α) = Φ(Φ⁻¹(α) + μ), μ = s·√T/σ (s = 1 add/remove, 2 replace-one), "
     "the T-fold composition of the Gaussian mechanism (Dong, Roth & Su 2022, Def. 2.4 and Cor. 3.3); no PLD"
 )
-# The ceiling's own PLD cost: dp_accounting's FFT self-composition and δ(ε) on EPS_GRID (a Python loop over every
-# composed point) cost about 14 µs per composed pmf point on the reference machine (measured 2026-12-03, loaded:
-# q 1, σ 100, T 10^6 at 1e-4: 5.26e6 points, 26 s composing and 46 s for δ(ε); q 0.5, σ 20, T 10^5: 46 s). The
-# accountant's cost model (dplora.accounting.cost) prices one ε only and predicted 0.8-1.2 s for these.
+# The ceiling's own PLD cost, as priced when the interval rule was fixed: dp_accounting's FFT self-composition and
+# δ(ε) on EPS_GRID (then its Python loop over every composed point) cost about 14 µs per composed pmf point on the
+# reference machine (measured 2026-12-03, loaded: q 1, σ 100, T 10^6 at 1e-4: 5.26e6 points, 26 s composing and
+# 46 s for δ(ε); q 0.5, σ 20, T 10^5: 46 s). δ(ε) is now array operations (:func:`profile_deltas`), so the price
+# overstates the time; it is kept because `verify` re-derives the interval from it, and a new price would move the
+# interval (and the ceiling) of releases already recorded. The accountant's cost model (dplora.accounting.cost)
+# prices one ε only and predicted 0.8-1.2 s for these.
 CEILING_POINT_SECONDS = 1.4e-5
 
 
@@ -158,7 +161,47 @@ def _profile(event: DpSgdEvent, interval: float) -> np.ndarray:
     one = _one_step(event.sample_rate, event.noise_multiplier, event.adjacency, interval)
     with np.errstate(all="ignore"):
         composed = one.self_compose(event.steps) if event.steps > 1 else one
-        return np.asarray(composed.get_delta_for_epsilon(EPS_GRID), dtype=float)
+        return profile_deltas(composed, EPS_GRID)
+
+
+def profile_deltas(pld, epsilons: np.ndarray) -> np.ndarray:
+    """δ(ε) at each of ``epsilons`` (ascending, finite) of a dp_accounting ``PrivacyLossDistribution``: bit for bit
+    what its ``get_delta_for_epsilon(epsilons)`` returns, in array operations.
+
+    dp_accounting 0.6's vectorised path (``pld_pmf._get_delta_for_epsilon_vectorized``) walks every pmf point in a
+    Python loop (about 1.2 s of a cold ``budget`` at interval 1e-4). Its sums run from the largest loss down, in
+    float64, one point at a time: ``np.cumsum`` over the reversed arrays is the same sequential sum (accumulate
+    is never pairwise), so every δ is the same float and every recorded ceiling still verifies. A test compares
+    the two on both adjacencies and the three ceiling intervals.
+
+    Args:
+        pld: a ``dp_accounting.pld.privacy_loss_distribution.PrivacyLossDistribution``.
+        epsilons: ε values (natural log), ascending.
+    Returns:
+        δ(ε), one per ε (probabilities), the larger of the remove and add directions.
+    Raises:
+        ValueError: ``epsilons`` is not ascending or not finite.
+    Source: the hockey-stick divergence of a PLD, δ(ε) = μ(∞) + Σ_{l > ε} p_l·(1 − e^(ε−l)) (Meiser & Mohammadi
+    2018; Doroshenko et al. 2022), as dp_accounting computes it.
+    """
+    eps = np.asarray(epsilons, dtype=float)
+    if not (np.all(np.isfinite(eps)) and np.all(np.diff(eps) >= 0)):
+        raise ValueError("epsilons must be finite and ascending")
+
+    def one(pmf) -> np.ndarray:
+        dense = pmf.to_dense_pmf()
+        probs = dense._probs  # noqa: SLF001  (dp_accounting keeps the pmf private; its own method reads the same)
+        losses = (np.arange(dense.size) + dense._lower_loss) * dense._discretization  # noqa: SLF001
+        down = probs[::-1]
+        upper = np.cumsum(np.concatenate(([dense._infinity_mass], down)))  # noqa: SLF001
+        lower = np.cumsum(np.concatenate(([0.0], down * np.exp(-losses[::-1]))))
+        above = len(losses) - np.searchsorted(losses, eps, side="right")  # points with loss > ε
+        return upper[above] - np.exp(eps) * lower[above]
+
+    remove = one(pld._pmf_remove)  # noqa: SLF001
+    if pld._symmetric:  # noqa: SLF001
+        return remove
+    return np.maximum(remove, one(pld._pmf_add))  # noqa: SLF001
 
 
 def composed_points(event: DpSgdEvent, interval: float) -> int:

@@ -22,6 +22,7 @@ from dplora.accounting.ceiling import (
     ceiling_entry,
     fpr_label,
     gaussian_tprs,
+    profile_deltas,
     round_up,
     tradeoff_tpr,
 )
@@ -90,7 +91,7 @@ def _composed_ceiling(events: list[dict], adjacency: str, fprs: tuple[float, ...
     with np.errstate(all="ignore"):
         for event in events:
             accountant.compose(dp_event_of(event))
-        deltas = np.asarray(accountant._pld.get_delta_for_epsilon(EPS_GRID), dtype=float)  # noqa: SLF001
+        deltas = profile_deltas(accountant._pld, EPS_GRID)  # noqa: SLF001
     return {
         "available": True,
         "true_positive_rate_at": {fpr_label(a): round_up(tradeoff_tpr(deltas, EPS_GRID, a)) for a in fprs},

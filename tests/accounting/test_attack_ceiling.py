@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 
 from dplora.accounting.ceiling import (
+    EPS_GRID,
     attack_ceiling,
     ceiling_entry,
     ceiling_sentence,
+    profile_deltas,
     tradeoff_tpr,
 )
 from dplora.accounting.events import DpSgdEvent
@@ -107,3 +109,49 @@ def test_the_demo_keeps_its_finest_interval():
     from dplora.accounting.ceiling import ceiling_interval
 
     assert ceiling_interval(DpSgdEvent(sample_rate=32 / 4214, noise_multiplier=0.417, steps=12)) == 1e-4
+
+
+@pytest.mark.parametrize(
+    ("q", "sigma", "steps", "relation", "interval"),
+    [
+        (0.032, 0.5143, 24, "add_remove", 1e-4),  # the demo's mechanism, at the record's interval
+        (0.3, 2.0, 40, "replace_one", 1e-4),
+        (0.01, 1.1, 1000, "add_remove", 1e-3),
+        (0.001, 0.8, 5000, "replace_one", 1e-2),
+        (0.2, 0.6, 1, "add_remove", 1e-4),  # one step: the uncomposed pmf
+    ],
+)
+def test_profile_deltas_is_dp_accountings_delta_bit_for_bit(q, sigma, steps, relation, interval):
+    """Recorded ceilings were computed with dp_accounting's own δ(ε) loop: the array version must give the same
+    floats, or `verify` of an older record could round a TPR differently."""
+    import dp_accounting
+    from dp_accounting.pld import privacy_loss_distribution
+
+    rel = {
+        "add_remove": dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
+        "replace_one": dp_accounting.NeighboringRelation.REPLACE_ONE,
+    }[relation]
+    with np.errstate(all="ignore"):
+        one = privacy_loss_distribution.from_gaussian_mechanism(
+            standard_deviation=sigma, value_discretization_interval=interval, sampling_prob=q, neighboring_relation=rel
+        )
+        pld = one.self_compose(steps) if steps > 1 else one
+        want = np.asarray(pld.get_delta_for_epsilon(EPS_GRID), dtype=float)
+        got = profile_deltas(pld, EPS_GRID)
+    assert want.shape == got.shape == EPS_GRID.shape
+    assert np.array_equal(got, want)
+    assert 0.0 < want[0] <= 1.0 and want[-1] < want[0]  # a real profile, not an all-zero one
+
+
+def test_profile_deltas_refuses_an_unsorted_grid():
+    import dp_accounting
+    from dp_accounting.pld import privacy_loss_distribution
+
+    pld = privacy_loss_distribution.from_gaussian_mechanism(
+        standard_deviation=1.0,
+        value_discretization_interval=1e-2,
+        sampling_prob=0.1,
+        neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
+    )
+    with pytest.raises(ValueError, match="ascending"):
+        profile_deltas(pld, np.array([1.0, 0.5]))
