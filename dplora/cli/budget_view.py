@@ -129,6 +129,13 @@ def _print_recommendation(rec: dict, console) -> None:
         soft_wrap=True,
     )
     console.print(f"rule: {rec['rule']}", markup=False, soft_wrap=True)
+    if rec["inputs"].get("lr_ref_source", "training.lr") != "training.lr":  # training.lr: auto
+        console.print(
+            f"lr_ref: {rec['inputs']['lr_ref']:g} at B = 32, the rate for {rec['inputs']['lr_ref_source']} "
+            "(training.lr: auto; docs/planner.md)",
+            markup=False,
+            soft_wrap=True,
+        )
     cap = rec["inputs"].get("max_epochs")
     budget = f"E up to {cap:g}" if cap else f"E={rec['inputs']['epochs']:g}"
     t = Table(title=f"candidates weighed ({budget}, N={rec['inputs']['num_units']}, T ≥ {rec['inputs']['min_steps']})")

@@ -327,6 +327,9 @@ def _format_error(err: ValidationError) -> str:
         phrase = phrase.format(**{k: ctx.get(k, "") for k in ("gt", "ge", "lt", "le", "expected", "max_length")})
     else:
         phrase = first["msg"].replace("Input should be", "must be")
+    if kind in ("float_type", "int_type", "int_from_float"):  # a number or a word (``auto``): name both
+        words = [e["ctx"]["expected"] for e in errors[1:] if e["type"] == "literal_error" and _loc(e) == loc]
+        phrase += f", or {words[0]}" if words else ""
     if kind in ("literal_error", "enum") and isinstance(first.get("input"), bool):
         # YAML 1.1 reads an unquoted yes/no/on/off as a boolean: the user wrote a word, the message shows true/false
         phrase += " (YAML reads an unquoted yes, no, on or off as true or false: quote a word)"

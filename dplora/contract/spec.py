@@ -430,7 +430,9 @@ class TrainingSection(_Section):
     epochs: PositiveFloat | Literal["auto"] | None = None
     max_epochs: Annotated[float, Field(ge=1, le=MAX_EPOCHS, allow_inf_nan=False, strict=True)] | None = None
     steps: Annotated[int, Field(gt=0, le=MAX_STEPS, strict=True)] | Literal["auto"] | None = None
-    lr: Annotated[float, Field(gt=0, le=MAX_LR, allow_inf_nan=False, strict=True)] = 2e-3
+    # "auto" (with expected_batch_size: auto): the reference rate at B = 32 from the declared data.task
+    # (dplora.plan.planner.TASK_REFERENCE_LR), scaled by the planner like a number
+    lr: Annotated[float, Field(gt=0, le=MAX_LR, allow_inf_nan=False, strict=True)] | Literal["auto"] = 2e-3
     optimizer: Optimizer = Optimizer.ADAMW
     lr_schedule: LrSchedule | None = None  # None: constant, or the planner's choice with expected_batch_size: auto
     warmup_steps: Annotated[int, Field(ge=0, le=MAX_STEPS, strict=True)] | None = None
@@ -462,6 +464,11 @@ class TrainingSection(_Section):
             raise ValueError(
                 "training.epochs: auto needs training.max_epochs: the most passes over the units the planner may "
                 "spend (a public compute budget, e.g. 20)"
+            )
+        if self.lr == "auto" and self.expected_batch_size != "auto":
+            raise ValueError(
+                "training.lr: auto needs training.expected_batch_size: auto (the planner sets the rate with B); "
+                "with a fixed B give the rate as a number"
             )
         if self.max_epochs is not None and self.epochs != "auto":
             raise ValueError("training.max_epochs caps training.epochs: auto; with a number of epochs, drop it")
@@ -540,7 +547,7 @@ class Contract(_Section):
     @model_validator(mode="after")
     def _reference_lr(self) -> Contract:
         lr = self.training.lr
-        if self.training.expected_batch_size == "auto" and lr > MAX_REFERENCE_LR:
+        if self.training.expected_batch_size == "auto" and lr != "auto" and lr > MAX_REFERENCE_LR:
             raise ValueError(
                 f"training.lr={lr:g}: with expected_batch_size: auto it is the rate at B = 32, which the planner "
                 f"scales by sqrt(B/32) up to B = {PLANNER_TOP_BATCH}: at most {MAX_REFERENCE_LR:g}, so the rate run "

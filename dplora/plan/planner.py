@@ -45,6 +45,12 @@ EPOCH_GRID = (1, 2, 3, 5, 10, 20, 50, 100, 200)
 MIN_STEPS = 50
 DEFAULT_EPOCHS = 3
 REFERENCE_BATCH = 32
+# ``training.lr: auto``: the reference rate at B = 32 by the declared ``data.task`` (a public constant of the
+# contract), fixed offline from the utility study's validation rows (docs/planner.md, docs/utility.md): 0.006 for
+# generated replies (Bitext N 1,600, E 3: 80.6-81.5 % of the control's gain at ε 8 over two draws, 73.5 % at ε 3,
+# against 69.4 % and 40.9 % at 0.002) and 0.002 for labels scored by likelihood (Banking77 N 554: validation
+# 0.70-0.78 at ε 8 against 0.68-0.73 at 0.006, and 0.76 against 0.61-0.72 at ε 3).
+TASK_REFERENCE_LR = {"generation": 6e-3, "classification": 2e-3}
 DEFAULT_SCHEDULE = "constant"
 DEFAULT_WARMUP_STEPS = 0
 TIE_RTOL = 1e-9
@@ -80,6 +86,8 @@ class Recommendation:
     schedule_source: str = "planner"  # "contract": training.lr_schedule / warmup_steps set by hand and used
     max_epochs: float | None = None  # the declared cap of ``training.epochs: auto`` (None: E was declared)
     min_steps: int = MIN_STEPS  # the step floor the candidates were held to (:func:`step_floor`)
+    lr_ref: float | None = None  # the reference rate at B = 32 the candidates' lr were scaled from
+    lr_ref_source: str = "training.lr"  # or "data.task=<task>" (training.lr: auto, :data:`TASK_REFERENCE_LR`)
 
     def to_dict(self) -> dict:
         """JSON-ready (written into the plan and the release record)."""
@@ -92,6 +100,8 @@ class Recommendation:
                 "min_steps": self.min_steps,
                 "batch_grid": list(BATCH_GRID),
                 "reference_batch": REFERENCE_BATCH,
+                "lr_ref": self.lr_ref,
+                "lr_ref_source": self.lr_ref_source,
                 **({"max_epochs": self.max_epochs, "epoch_grid": list(EPOCH_GRID)} if self.max_epochs else {}),
             },
             "choice": dataclasses.asdict(self.choice),
@@ -107,7 +117,8 @@ RULE = (
     "E of the grid up to max_epochs; T = ceil(E·N/B) (capped at max_steps); σ calibrated to the target; smallest "
     "σ/B among T ≥ min(50, max_steps, the largest T any candidate reaches); E is weighed from the largest down and, "
     "for each E, B from the largest eligible down, each until σ/B rises; ties: larger T, then smaller B, then "
-    "smaller E; lr = lr_ref·sqrt(B/32), constant, no warmup (Sander et al. 2023; McKenna et al. 2025; "
+    "smaller E; lr = lr_ref·sqrt(B/32) (lr_ref: training.lr, or under lr: auto 0.006 for data.task generation "
+    "and 0.002 for classification), constant, no warmup (Sander et al. 2023; McKenna et al. 2025; "
     "Malladi et al. 2022)"
 )
 
@@ -121,6 +132,18 @@ def step_floor(max_steps: int | None, reachable: int | None = None) -> int:
         min(MIN_STEPS, max_steps, reachable) over those given; steps.
     """
     return min([MIN_STEPS, *(v for v in (max_steps, reachable) if v is not None)])
+
+
+def reference_lr(task: str) -> float:
+    """The reference rate at B = 32 for ``training.lr: auto``: :data:`TASK_REFERENCE_LR` of the declared
+    ``data.task`` (a public contract constant; nothing computed on data). Units: learning rate.
+
+    Raises:
+        KeyError: a task with no rate in the table (the contract allows only the two).
+
+    Source: this project's utility study (docs/planner.md, "The reference learning rate").
+    """
+    return TASK_REFERENCE_LR[str(getattr(task, "value", task))]
 
 
 def scaled_lr(lr_ref: float, batch: int) -> float:
@@ -160,6 +183,7 @@ def recommend(
     epochs: float | None = None,
     max_steps: int | None = None,
     max_epochs: float | None = None,
+    lr_ref_source: str = "training.lr",
 ) -> Recommendation:
     """Choose B, E and T by the module's rule from public inputs only.
 
@@ -171,6 +195,7 @@ def recommend(
         epochs: E, passes over the N units (default 3, or searched when None and ``max_epochs`` is given).
         max_steps: an optional cap on T.
         max_epochs: the cap of ``training.epochs: auto``: E is searched over :data:`EPOCH_GRID` up to it.
+        lr_ref_source: where ``lr_ref`` came from (``"training.lr"``, or ``"data.task=…"`` under ``lr: auto``).
 
     Returns:
         A :class:`Recommendation`; every candidate's ε ≤ target under the same accountant and integer T.
@@ -268,6 +293,8 @@ def recommend(
         rule=RULE,
         max_epochs=max_epochs if epochs is None else None,
         min_steps=floor,
+        lr_ref=lr_ref,
+        lr_ref_source=lr_ref_source,
     )
 
 

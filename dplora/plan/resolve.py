@@ -83,8 +83,9 @@ def resolve_auto(
 
     Public inputs only (:mod:`dplora.plan.planner`): the declared ``privacy.num_units``, ε, δ, the accountant,
     ``training.epochs`` (default 3) and an integer ``training.steps`` as a cap on T, ``training.lr`` as the rate
-    at B = 32. The data file is not opened. The resolved contract has B, T, lr and (if not given) the schedule
-    and warmup filled in; ``contract.yaml`` of a release is that resolved contract.
+    at B = 32 (``auto``: the rate of the declared ``data.task``, :func:`dplora.plan.planner.reference_lr`). The
+    data file is not opened. The resolved contract has B, T, lr and (if not given) the schedule and warmup filled
+    in; ``contract.yaml`` of a release is that resolved contract.
 
     Args:
         contract: the validated contract.
@@ -100,7 +101,7 @@ def resolve_auto(
         BadInputError: ``auto`` without a declared ``privacy.num_units`` (a counted N would be private).
         PlanRefusedError: no candidate is eligible (:func:`dplora.plan.planner.recommend`).
     """
-    from dplora.plan.planner import recommend
+    from dplora.plan.planner import recommend, reference_lr
 
     training = contract.training
     if not training.is_auto and not force:
@@ -116,18 +117,27 @@ def resolve_auto(
         max_epochs = max_epochs or training.max_epochs
     if max_steps is None and training.is_auto and isinstance(training.steps, int):
         max_steps = training.steps
+    if training.lr == "auto":  # the task rule: a public constant of the declared data.task
+        lr_ref, lr_source = reference_lr(contract.data.task), f"data.task={_task_name(contract)}"
+    else:
+        lr_ref, lr_source = training.lr, "training.lr"
     rec = recommend(
         num_units=n,
         target_epsilon=contract.privacy.target_epsilon,
         delta=contract.privacy.delta,
         accountant=contract.privacy.accountant,
         adjacency=contract.privacy.adjacency,
-        lr_ref=training.lr,
+        lr_ref=lr_ref,
         epochs=epochs,
         max_steps=max_steps,
         max_epochs=max_epochs,
+        lr_ref_source=lr_source,
     )
     return _apply_recommendation(contract, rec)
+
+
+def _task_name(contract: Contract) -> str:
+    return str(getattr(contract.data.task, "value", contract.data.task))
 
 
 def _apply_recommendation(contract: Contract, rec):

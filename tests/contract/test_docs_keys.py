@@ -143,7 +143,11 @@ def test_a_key_added_without_documentation_is_reported():
 
 def test_a_documented_key_that_does_not_exist_is_reported():
     text = PAGE.read_text(encoding="utf-8")
-    row = next(line + "\n" for line in text.splitlines() if line.startswith("| `lr` | float, 0 < lr ≤ 10 | `0.002` |"))
+    row = next(
+        line + "\n"
+        for line in text.splitlines()
+        if line.startswith("| `lr` | float, 0 < lr ≤ 10, or `auto` | `0.002` |")
+    )
     assert row in text
     extra = text.replace(row, row + "| `cooldown_steps` | integer | `0` | Not a key. |\n")
     assert problems(Contract, extra) == ["training.cooldown_steps: documented, but the contract has no such key"]
@@ -172,6 +176,10 @@ def test_a_wrong_default_is_reported(row, wrong, message):
 
 def test_a_key_documented_twice_is_refused():
     text = PAGE.read_text(encoding="utf-8")
-    row = next(line + "\n" for line in text.splitlines() if line.startswith("| `lr` | float, 0 < lr ≤ 10 | `0.002` |"))
+    row = next(
+        line + "\n"
+        for line in text.splitlines()
+        if line.startswith("| `lr` | float, 0 < lr ≤ 10, or `auto` | `0.002` |")
+    )
     with pytest.raises(ValueError, match="training.lr is documented twice"):
         documented_keys(text.replace(row, row + row))

@@ -40,6 +40,9 @@ def test_init_then_budget_plans_for_every_declared_n_from_50(tmp_path, monkeypat
     assert rec["inputs"]["epochs"] == 3
     assert rec["inputs"]["min_steps"] == min(50, math.ceil(3 * n / 32))
     assert report["steps"] >= rec["inputs"]["min_steps"] and report["expected_batch_size"] <= n
+    # init writes lr: auto; chat records are generated replies: the task's reference rate, scaled by √(B/32)
+    assert rec["inputs"]["lr_ref"] == 0.006 and rec["inputs"]["lr_ref_source"] == "data.task=generation"
+    assert report["lr"] == pytest.approx(0.006 * math.sqrt(report["expected_batch_size"] / 32), rel=1e-12)
 
 
 def test_q_one_candidate_at_n_554_is_the_gaussian_mechanism_with_its_exact_ceiling():
@@ -116,6 +119,10 @@ def test_budget_with_a_time_budget_is_the_same_on_neighbouring_datasets(tmp_path
         ({"epochs": "auto", "max_epochs": 0.5}, "max_epochs"),
         ({"epochs": 3, "max_epochs": 20}, "caps training.epochs: auto"),
         ({"expected_batch_size": 8, "epochs": "auto", "max_epochs": 20}, "needs training.expected_batch_size: auto"),
+        ({"expected_batch_size": 8, "epochs": 3, "lr": "auto"}, "training.lr: auto needs"),
+        ({"epochs": 3, "lr": "fast"}, "training.lr='fast': must be a number (no quotes), or 'auto'"),
+        ({"epochs": 3, "lr": "Auto"}, "or 'auto'"),
+        ({"epochs": 3, "lr": 0}, "training.lr=0: must be > 0"),
     ],
 )
 def test_new_epoch_keys_bad_input_is_one_line_exit_2(tmp_path, tiny_model_dir, training, message):
@@ -163,3 +170,48 @@ def test_prv_at_the_large_q_the_planner_reaches_agrees_with_dp_accountings_pld(q
     acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
     acc.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps)
     assert abs(prv - acc.get_epsilon(1e-5)) <= 0.05
+
+
+@pytest.mark.parametrize(("task", "lr_ref"), [("generation", 0.006), ("classification", 0.002)])
+def test_lr_auto_is_the_declared_tasks_reference_rate(tmp_path, tiny_model_dir, task, lr_ref):
+    """training.lr: auto resolves to the task's rate at B = 32, scaled like a number; the plan says where it came
+    from, and a number in training.lr is still used as given."""
+    from dplora.contract.loader import parse_contract
+    from dplora.plan.planner import TASK_REFERENCE_LR
+    from dplora.plan.resolve import resolve_auto
+
+    assert TASK_REFERENCE_LR[task] == lr_ref
+    extra = {"task": task, "labels": ["a", "b"]} if task == "classification" else {}
+    raw = contract_dict(tiny_model_dir, tmp_path / "missing.csv", tmp_path / "out", privacy={"num_units": 1600})
+    raw["data"].update(extra)
+    raw["training"].pop("steps")
+    raw["training"].update({"expected_batch_size": "auto", "epochs": 3, "lr": "auto"})
+    resolved, rec = resolve_auto(parse_contract(raw))
+    batch = resolved.training.expected_batch_size
+    assert resolved.training.lr == pytest.approx(lr_ref * math.sqrt(batch / 32), rel=1e-12)
+    assert rec.to_dict()["inputs"]["lr_ref"] == lr_ref
+    assert rec.to_dict()["inputs"]["lr_ref_source"] == f"data.task={task}"
+    assert all(c.lr == pytest.approx(lr_ref * math.sqrt(c.expected_batch_size / 32)) for c in rec.candidates)
+    raw["training"]["lr"] = 0.004
+    resolved, rec = resolve_auto(parse_contract(raw))
+    assert resolved.training.lr == pytest.approx(0.004 * math.sqrt(batch / 32), rel=1e-12)
+    assert rec.to_dict()["inputs"]["lr_ref_source"] == "training.lr"
+
+
+def test_lr_auto_is_the_same_on_neighbouring_datasets(tmp_path, tiny_model_dir, monkeypatch):
+    """D and D' (one record fewer, other lengths and words) under lr: auto: the whole `budget --json` report is
+    identical: the rate reads the declared task, never the data."""
+    monkeypatch.setenv("CI", "true")
+    reports = []
+    for name, rows, word in (("d.csv", 40, "refund"), ("d2.csv", 39, "a much longer reply about a card")):
+        data = tmp_path / name
+        data.write_text("message,reply\n" + "".join(f"m{i},{word} {i}\n" for i in range(rows)))
+        raw = contract_dict(tiny_model_dir, data, tmp_path / "out", privacy={"num_units": 1000})
+        raw["training"].pop("steps")
+        raw["training"].update({"expected_batch_size": "auto", "epochs": 3, "lr": "auto"})
+        cfg = write_contract(tmp_path / f"{name}.yaml", raw)
+        res = CliRunner().invoke(app, ["budget", str(cfg), "--json"])
+        assert res.exit_code == 0, res.output
+        reports.append(json.loads(res.stdout))
+    assert reports[0] == reports[1]
+    assert reports[0]["recommendation"]["inputs"]["lr_ref"] == 0.006
