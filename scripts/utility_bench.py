@@ -865,8 +865,10 @@ STUDY_LEVERS: dict[str, tuple[dict, str]] = {
 }
 # The noise–compute frontier (Sander et al. 2023; McKenna et al. 2025; Panda et al. 2024): an explicit expected batch
 # B and epochs E (T = ceil(E·N/B), past the planner's B ≤ N/4 and T ≥ 50), lr = lr_ref·sqrt(B/32) as the planner
-# scales it. "q1" is B = N (q = 1: the Gaussian mechanism, every unit in every step).
-for _b, _e in ((32, 10), (277, 20), (256, 5), (512, 5), (800, 5), (256, 10), (512, 10), (800, 20)):
+# scales it. "q1" is B = N (q = 1: the Gaussian mechanism, every unit in every step). B 192 at E 20 is the planner's
+# own choice for Banking77 (N 554, ε 8) at E 20 under the step floor of 50 (T 58): the row that tells a floor of 50
+# from one of 40 (B 277, T 40).
+for _b, _e in ((32, 10), (277, 20), (192, 20), (256, 5), (512, 5), (800, 5), (256, 10), (512, 10), (800, 20)):
     STUDY_LEVERS[f"b{_b}-e{_e}"] = ({"arm": "explicit", "batch": _b, "epochs": float(_e)}, f"B {_b}, E {_e}")
 for _e in (10, 20, 50):
     STUDY_LEVERS[f"q1-e{_e}"] = ({"arm": "explicit", "batch": 0, "epochs": float(_e)}, f"q = 1 (B = N), E {_e}")
