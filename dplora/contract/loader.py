@@ -5,6 +5,7 @@ validation errors as one line that names the key and the allowed values. The mod
 
 from __future__ import annotations
 
+import datetime
 import math
 import re
 from pathlib import Path
@@ -228,6 +229,8 @@ def _show(value: Any) -> str:
     """A contract value as YAML would write it (short; long values are cut, sections never echoed)."""
     if value is None or isinstance(value, bool):
         return yaml.safe_dump(value).split("\n")[0]
+    if isinstance(value, (datetime.date, datetime.time)):  # YAML reads 2026-01-01 as a date: show it as written
+        return value.isoformat()
     return excerpt(value)
 
 
@@ -330,7 +333,7 @@ def _format_error(err: ValidationError) -> str:
     if kind in ("float_type", "int_type", "int_from_float"):  # a number or a word (``auto``): name both
         words = [e["ctx"]["expected"] for e in errors[1:] if e["type"] == "literal_error" and _loc(e) == loc]
         phrase += f", or {words[0]}" if words else ""
-    if kind in ("literal_error", "enum") and isinstance(first.get("input"), bool):
+    if kind in ("literal_error", "enum", "float_type", "int_type") and isinstance(first.get("input"), bool):
         # YAML 1.1 reads an unquoted yes/no/on/off as a boolean: the user wrote a word, the message shows true/false
         phrase += " (YAML reads an unquoted yes, no, on or off as true or false: quote a word)"
     if "input" in first and not isinstance(first["input"], dict):

@@ -470,6 +470,11 @@ class TrainingSection(_Section):
                 "training.lr: auto needs training.expected_batch_size: auto (the planner sets the rate with B); "
                 "with a fixed B give the rate as a number"
             )
+        if self.lr == "auto" and self.optimizer not in (Optimizer.ADAMW, Optimizer.ADAM):
+            raise ValueError(
+                f"training.lr: auto is the rate measured for AdamW and Adam; with training.optimizer="
+                f"{self.optimizer.value} give the rate as a number"
+            )
         if self.max_epochs is not None and self.epochs != "auto":
             raise ValueError("training.max_epochs caps training.epochs: auto; with a number of epochs, drop it")
         if self.steps == "auto" or self.expected_batch_size == "auto":

@@ -8,7 +8,7 @@ import dataclasses
 from typing import Protocol
 
 from dplora.accounting.events import Adjacency
-from dplora.contract.spec import Contract
+from dplora.contract.spec import MAX_LR, MAX_REFERENCE_LR, PLANNER_TOP_BATCH, Contract
 from dplora.errors import BadInputError
 from dplora.plan.training import TrainingPlan, control_plan, make_plan
 
@@ -120,7 +120,13 @@ def resolve_auto(
     if training.lr == "auto":  # the task rule: a public constant of the declared data.task
         lr_ref, lr_source = reference_lr(contract.data.task), f"data.task={_task_name(contract)}"
     else:
-        lr_ref, lr_source = training.lr, "training.lr"
+        lr_ref = training.lr
+        lr_source = "training.lr" if "lr" in training.model_fields_set else "training.lr (absent: the default)"
+    if lr_ref > MAX_REFERENCE_LR:  # a fixed-B contract under --recommend: the planner reads lr as the rate at B = 32
+        raise BadInputError(
+            f"training.lr={lr_ref!r}: the planner reads it as the rate at B = 32 and scales it by sqrt(B/32) up to "
+            f"B = {PLANNER_TOP_BATCH}: at most {MAX_REFERENCE_LR:g}, so the rate run is ≤ {MAX_LR}"
+        )
     rec = recommend(
         num_units=n,
         target_epsilon=contract.privacy.target_epsilon,

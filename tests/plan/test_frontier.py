@@ -123,6 +123,9 @@ def test_budget_with_a_time_budget_is_the_same_on_neighbouring_datasets(tmp_path
         ({"epochs": 3, "lr": "fast"}, "training.lr='fast': must be a number (no quotes), or 'auto'"),
         ({"epochs": 3, "lr": "Auto"}, "or 'auto'"),
         ({"epochs": 3, "lr": 0}, "training.lr=0: must be > 0"),
+        ({"epochs": 3, "lr": True}, "training.lr=true: must be a number (no quotes), or 'auto' (YAML reads"),
+        ({"epochs": 3, "lr": "auto", "optimizer": "sgd"}, "rate measured for AdamW and Adam; with"),
+        ({"epochs": 3, "lr": "auto", "optimizer": "dp_adambc"}, "training.optimizer=dp_adambc give the rate"),
     ],
 )
 def test_new_epoch_keys_bad_input_is_one_line_exit_2(tmp_path, tiny_model_dir, training, message):
@@ -196,6 +199,10 @@ def test_lr_auto_is_the_declared_tasks_reference_rate(tmp_path, tiny_model_dir, 
     resolved, rec = resolve_auto(parse_contract(raw))
     assert resolved.training.lr == pytest.approx(0.004 * math.sqrt(batch / 32), rel=1e-12)
     assert rec.to_dict()["inputs"]["lr_ref_source"] == "training.lr"
+    del raw["training"]["lr"]  # absent: the default of every contract before lr: auto, whatever the task
+    resolved, rec = resolve_auto(parse_contract(raw))
+    assert resolved.training.lr == pytest.approx(0.002 * math.sqrt(batch / 32), rel=1e-12)
+    assert rec.to_dict()["inputs"]["lr_ref_source"] == "training.lr (absent: the default)"
 
 
 def test_lr_auto_is_the_same_on_neighbouring_datasets(tmp_path, tiny_model_dir, monkeypatch):
@@ -215,3 +222,18 @@ def test_lr_auto_is_the_same_on_neighbouring_datasets(tmp_path, tiny_model_dir, 
         reports.append(json.loads(res.stdout))
     assert reports[0] == reports[1]
     assert reports[0]["recommendation"]["inputs"]["lr_ref"] == 0.006
+
+
+def test_recommend_on_a_fixed_b_contract_refuses_a_rate_the_planner_would_scale_past_the_bound(
+    tmp_path, tiny_model_dir
+):
+    """--recommend reads a fixed-B contract's lr as the rate at B = 32: 5·sqrt(2048/32) = 40 is past the bound of
+    10, so one line and exit 2 from the contract, not a validation error of the resolved rate."""
+    raw = contract_dict(tiny_model_dir, tmp_path / "missing.csv", tmp_path / "out", privacy={"num_units": 50000})
+    raw["training"].update({"expected_batch_size": 16, "steps": 100, "lr": 5.0})
+    cfg = write_contract(tmp_path / "c.yaml", raw)
+    res = CliRunner().invoke(app, ["budget", str(cfg), "--recommend"])
+    assert res.exit_code == 2, res.output
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "training.lr=5.0: the planner reads it as the rate at B = 32" in lines[0]
+    assert "at most 0.625" in lines[0]
