@@ -375,6 +375,10 @@ def tuning_entry(results, chosen: int, *, source: str, public: bool, adjacency) 
             "sample_rate": p.sample_rate,
             "noise_multiplier": p.noise_multiplier,
             "steps": result.steps_done,
+            # the trial's resolved B and rate (public plan numbers): an override such as training.lr=auto or
+            # expected_batch_size=auto says what was asked, these what ran
+            "expected_batch_size": p.expected_batch_size,
+            "lr": p.lr,
         }
         if public:
             entry["held_out_loss"] = evaluation.adapter.loss

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from conftest import contract_dict, write_contract
 from support.tuning import auto_sweep_contract
 from typer.testing import CliRunner
@@ -78,6 +79,10 @@ def test_sweep_charges_three_trials_and_states_their_composed_epsilon(
     eps = [t["epsilon"] for t in tuning["per_trial"]]
     assert eps == pytest.approx([float(c.epsilon) for c in charges], rel=1e-12)  # what the ledger charged
     assert eps[0] < eps[1] < eps[2] <= 8
+    contract = yaml.safe_load(cfg.read_text())["training"]  # every trial runs the contract's own B and rate
+    assert [(t["expected_batch_size"], t["lr"]) for t in tuning["per_trial"]] == [
+        (contract["expected_batch_size"], contract.get("lr", 0.002))
+    ] * 3
     basic = sum(eps)  # Dwork & Roth 2014, Thm 3.16: Σε at Σδ
     assert tuning["compositions"]["basic"]["epsilon"] == pytest.approx(basic, rel=1e-12)
     assert tuning["total_delta"] == pytest.approx(3e-5, rel=1e-12)
@@ -234,7 +239,9 @@ def test_a_sweep_states_the_ceiling_of_all_its_trials_composed(adjacency):
     from dplora.tuning.sweep import tuning_entry
 
     def result(sigma, run_id):
-        plan = SimpleNamespace(delta=1e-5, accountant=SimpleNamespace(value="pld"), sample_rate=0.2)
+        plan = SimpleNamespace(
+            delta=1e-5, accountant=SimpleNamespace(value="pld"), sample_rate=0.2, expected_batch_size=20, lr=0.002
+        )
         plan.noise_multiplier = sigma
         return SimpleNamespace(plan=plan, run_id=run_id, epsilon_spent=1.0, steps_done=2)
 
