@@ -23,7 +23,7 @@ def test_torchrun_two_processes_print_one_line_for_bad_input(case, tmp_path, tin
     extra = ["training.lr=abc"] if case == "bad override" else []
     expected = {
         "unknown key": "error: contract: unknown key 'training.bogus'; every key: docs/contract.md",
-        "bad override": "error: contract: training.lr='abc': must be a number (no quotes)",
+        "bad override": "error: contract: training.lr='abc': must be a number (no quotes), or 'auto'",
         "missing data file": f"error: data file not found: {data}",
     }[case]
     cmd = [*TORCHRUN_2, "-m", "dplora"]
