@@ -129,7 +129,7 @@ def _print_recommendation(rec: dict, console) -> None:
         soft_wrap=True,
     )
     console.print(f"rule: {rec['rule']}", markup=False, soft_wrap=True)
-    if rec["inputs"].get("lr_ref_source", "training.lr") != "training.lr":  # training.lr: auto
+    if str(rec["inputs"].get("lr_ref_source", "")).startswith("data.task="):  # training.lr: auto
         console.print(
             f"lr_ref: {rec['inputs']['lr_ref']:g} at B = 32, the rate for {rec['inputs']['lr_ref_source']} "
             "(training.lr: auto; docs/planner.md)",

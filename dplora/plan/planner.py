@@ -143,7 +143,7 @@ def reference_lr(task: str) -> float:
 
     Source: this project's utility study (docs/planner.md, "The reference learning rate").
     """
-    return TASK_REFERENCE_LR[str(getattr(task, "value", task))]
+    return TASK_REFERENCE_LR[task]
 
 
 def scaled_lr(lr_ref: float, batch: int) -> float:

@@ -118,7 +118,7 @@ def resolve_auto(
     if max_steps is None and training.is_auto and isinstance(training.steps, int):
         max_steps = training.steps
     if training.lr == "auto":  # the task rule: a public constant of the declared data.task
-        lr_ref, lr_source = reference_lr(contract.data.task), f"data.task={_task_name(contract)}"
+        lr_ref, lr_source = reference_lr(contract.data.task), f"data.task={contract.data.task}"
     else:
         lr_ref = training.lr
         lr_source = "training.lr" if "lr" in training.model_fields_set else "training.lr (absent: the default)"
@@ -140,10 +140,6 @@ def resolve_auto(
         lr_ref_source=lr_source,
     )
     return _apply_recommendation(contract, rec)
-
-
-def _task_name(contract: Contract) -> str:
-    return str(getattr(contract.data.task, "value", contract.data.task))
 
 
 def _apply_recommendation(contract: Contract, rec):

@@ -203,6 +203,13 @@ def test_lr_auto_is_the_declared_tasks_reference_rate(tmp_path, tiny_model_dir, 
     resolved, rec = resolve_auto(parse_contract(raw))
     assert resolved.training.lr == pytest.approx(0.002 * math.sqrt(batch / 32), rel=1e-12)
     assert rec.to_dict()["inputs"]["lr_ref_source"] == "training.lr (absent: the default)"
+    cfg = write_contract(tmp_path / "absent.yaml", raw)  # the text view names the task rule only under lr: auto
+    res = CliRunner().invoke(app, ["budget", str(cfg), "--recommend"])
+    assert res.exit_code == 0, res.output
+    assert not [line for line in res.output.splitlines() if line.startswith("lr_ref:")]
+    raw["training"]["lr"] = "auto"
+    res = CliRunner().invoke(app, ["budget", str(write_contract(tmp_path / "auto.yaml", raw)), "--recommend"])
+    assert f"lr_ref: {lr_ref:g} at B = 32, the rate for data.task={task} (training.lr: auto" in res.output
 
 
 def test_lr_auto_is_the_same_on_neighbouring_datasets(tmp_path, tiny_model_dir, monkeypatch):
