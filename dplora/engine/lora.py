@@ -40,6 +40,9 @@ _HARMLESS = (
     re.compile(r"fan_in_fan_out is set to (False|True)"),  # peft sets it itself for Conv1D targets
     re.compile(r"`is_gradient_checkpointing` is deprecated"),  # transformers 5 rename, read by peft
     re.compile(r"Full backward hook is firing"),  # Opacus hooks on a frozen base (inputs need no grad)
+    # torch 2.13's own torch.utils.mkldnn, imported through inductor when peft >= 0.22 imports bitsandbytes lazily
+    # inside the LoRA wrap: a fact of the install, not of the model or the data
+    re.compile(r"`torch\.jit\.script_method` is deprecated"),
 )
 
 

@@ -100,4 +100,10 @@ def test_library_warnings_become_one_note_each_and_harmless_ones_are_dropped():
         for _ in range(3):
             warnings.warn("something odd\nin two lines", UserWarning, stacklevel=1)
         warnings.warn("fan_in_fan_out is set to False but the target module is `Conv1D`.", UserWarning, stacklevel=1)
+        # torch's own mkldnn module, imported when peft >= 0.22 imports bitsandbytes inside the wrap
+        warnings.warn(
+            "`torch.jit.script_method` is deprecated. Please switch to `torch.compile` or `torch.export`.",
+            DeprecationWarning,
+            stacklevel=1,
+        )
     assert lines == ["note: UserWarning from a library: something odd in two lines"]
