@@ -48,7 +48,9 @@
 # DPLORA_UTILITY_DATA or ../shared/data, as in a fresh clone); no .gpu/ needed. tests/slow/scripts/test_gpu_check.py
 # runs it. Environment: GPU_CHECK_ONLY="stage ..." runs only those stages after setup (the others SKIP), e.g. to
 # rerun a failed stage with the minutes left; GPU_CHECK_FAIL=stage makes that stage fail on purpose (the tests);
-# BUDGET_S, GPU_DIR (default .gpu), SITE, PYTHON, STEPS, RECEIVED_WHEELS.
+# BUDGET_S, GPU_DIR (default .gpu), SITE, PYTHON, STEPS, RECEIVED_WHEELS; UTILITY_STUDY="b256-e10 ..." makes the
+# utility stage run those frontier levers of utility_bench.py --study on Bitext instead of the --full design (with
+# the real weights received: docs/utility.md lists the rows and the call).
 # Usage: bash scripts/gpu_check.sh [--dry-run] [--second] [--plan] [OUT_DIR]
 #
 # Real weights (optional, not in the one-call plan: each part is a call of its own): a device call carries 64 MiB,
@@ -355,6 +357,13 @@ utility() {  # the --full design (issue 33), sized to the device budget; real we
     tail -n 12 "$R/utility/utility.md"
   else
     [ -d "$GPU_DIR/data" ] && export DPLORA_UTILITY_DATA=$(cd "$GPU_DIR/data" && pwd)
+    if [ -n "${UTILITY_STUDY:-}" ]; then  # frontier rows too long for the CPU stage (docs/utility.md): one lever each
+      local lever
+      for lever in $UTILITY_STUDY; do
+        $PY scripts/utility_bench.py --study "$lever" --only bitext --model-path "$W/model" --out "$R/utility" || return
+      done
+      return 0
+    fi
     $PY scripts/utility_bench.py --full --only bitext --epsilons 8 --repeats 1 --max-train-rows 1600 \
       --model-path "$W/model" --out "$R/utility"
   fi

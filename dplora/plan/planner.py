@@ -116,10 +116,10 @@ RULE = (
     "B in the grid (32 to 8192) with B < N, and B = N (q = 1) when N ≤ 8192; E declared, or with epochs: auto each "
     "E of the grid up to max_epochs; T = ceil(E·N/B) (capped at max_steps); σ calibrated to the target; smallest "
     "σ/B among T ≥ min(50, max_steps, the largest T any candidate reaches); E is weighed from the largest down and, "
-    "for each E, B from the largest eligible down, each until σ/B rises; ties: larger T, then smaller B, then "
-    "smaller E; lr = lr_ref·sqrt(B/32) (lr_ref: training.lr, or under lr: auto 0.006 for data.task generation "
-    "and 0.002 for classification), constant, no warmup (Sander et al. 2023; McKenna et al. 2025; "
-    "Malladi et al. 2022)"
+    "for each E, B from the largest eligible down, each until σ/B rises (or, below the first E weighed, is above "
+    "a larger E's best); ties: larger T, then smaller B, then smaller E; lr = lr_ref·sqrt(B/32) (lr_ref: "
+    "training.lr, or under lr: auto 0.006 for data.task generation and 0.002 for classification), constant, no "
+    "warmup (Sander et al. 2023; McKenna et al. 2025; Malladi et al. 2022)"
 )
 
 
@@ -228,10 +228,11 @@ def recommend(
         # σ/B falls with B at a fixed E until T nears the floor (Sander et al. 2023): weigh from the largest
         # eligible B down and stop once σ/B rises, so only the neighbourhood of the optimum is calibrated. Across
         # E the same holds at the floor (more epochs at the same T mean a larger B): E is weighed from the cap
-        # down and the search stops once the best σ/B of an E is above the one of the E before it.
+        # down and the search stops once the best σ/B of an E is above the one of the E before it. At an E below
+        # the first weighed, a B whose σ/B is already above a larger E's best ends that E's walk (and the search).
         best_here, last = math.inf, None  # last: σ/B of the previous B calibrated at this E
         e_rose = len(best_by_e) >= 2 and best_by_e[-1] > best_by_e[-2]
-        b_rose = False
+        b_rose = ""  # why the walk at this E stopped ("" while it goes on)
         for batch, steps in sorted(row, reverse=True):
             lr = scaled_lr(lr_ref, batch)
             q = batch / num_units
@@ -245,9 +246,7 @@ def recommend(
                 )
                 continue
             if b_rose:
-                cands[(batch, steps)] = _cand(
-                    batch, steps, q, None, None, lr, "not weighed: σ/B already rose at a larger B for this E", e
-                )
+                cands[(batch, steps)] = _cand(batch, steps, q, None, None, lr, f"not weighed: σ/B {b_rose}", e)
                 continue
             try:
                 sigma, eps = calibrate(
@@ -264,7 +263,11 @@ def recommend(
                 cands[(batch, steps)] = _cand(batch, steps, q, None, None, lr, why, e)
                 continue
             cands[(batch, steps)] = _cand(batch, steps, q, sigma, eps, lr, None, e)
-            b_rose = last is not None and sigma / batch > last
+            if last is not None and sigma / batch > last:
+                b_rose = "already rose at a larger B for this E"
+            elif best_by_e and sigma / batch > min(best_by_e):
+                # the smaller B of this E only raise σ/B further (Sander et al. 2023), so none can improve
+                b_rose = "at a larger B for this E was already above a larger E's best"
             last = sigma / batch
             best_here = min(best_here, last)
         if best_here < math.inf:

@@ -41,9 +41,11 @@ def test_epochs_auto_searches_e_up_to_the_cap_and_only_where_sigma_over_b_can_im
     assert table["inputs"]["max_epochs"] == 20 and table["inputs"]["epoch_grid"][:3] == [1, 2, 3]
     assert {c.epochs for c in rec.candidates} == {1.0, 2.0, 3.0, 5.0, 10.0, 20.0}
     weighed = [c for c in rec.candidates if c.noise_multiplier is not None]
-    # E from the cap down, B from the largest eligible down, each walk until σ/B rises: two calibrations per E,
-    # for the cap and the E below it
-    assert len(weighed) == 4 and {c.epochs for c in weighed} == {20.0, 10.0}
+    # E from the cap down, B from the largest eligible down: at the cap until σ/B rises (two calibrations); at E 10
+    # its largest eligible B is already above the cap's best, which ends the search (one)
+    assert [(c.epochs, c.expected_batch_size) for c in weighed] == [(10.0, 256), (20.0, 384), (20.0, 512)]
+    stopped = [c for c in rec.candidates if c.excluded and "above a larger E's best" in c.excluded]
+    assert stopped and all(c.epochs == 10.0 for c in stopped)
     assert all(
         c.excluded is None or "below the minimum" in c.excluded or "not weighed" in c.excluded for c in rec.candidates
     )
