@@ -553,8 +553,9 @@ class Contract(_Section):
     def _reference_lr(self) -> Contract:
         lr = self.training.lr
         if self.training.expected_batch_size == "auto" and lr != "auto" and lr > MAX_REFERENCE_LR:
+            shown = f"{lr:g}" if float(f"{lr:g}") == lr else repr(lr)  # never shown rounded onto the bound
             raise ValueError(
-                f"training.lr={lr:g}: with expected_batch_size: auto it is the rate at B = 32, which the planner "
+                f"training.lr={shown}: with expected_batch_size: auto it is the rate at B = 32, which the planner "
                 f"scales by sqrt(B/32) up to B = {PLANNER_TOP_BATCH}: at most {MAX_REFERENCE_LR:g}, so the rate run "
                 f"is ≤ {MAX_LR}"
             )

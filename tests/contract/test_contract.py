@@ -297,6 +297,8 @@ def test_a_planner_reference_lr_keeps_the_scaled_rate_within_the_bound(tmp_path)
         "error: contract: training.lr=9: with expected_batch_size: auto it is the rate at B = 32, which the planner "
         "scales by sqrt(B/32) up to B = 8192: at most 0.625, so the rate run is ≤ 10",
     ]
+    raw["training"]["lr"] = 0.6250000001  # just over the bound: shown as given, never rounded onto it
+    assert _validate(tmp_path, raw)[1].startswith("error: contract: training.lr=0.6250000001: with")
     raw["training"]["lr"] = 0.625
     assert parse_contract(raw).training.lr == 0.625
     assert math.isclose(scaled_lr(0.625, 8192), 10.0)
