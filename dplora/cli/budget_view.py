@@ -167,8 +167,8 @@ def _print_recommendation(rec: dict, console) -> None:
     if below or skipped:
         floor = rec["inputs"]["min_steps"]
         console.print(
-            f"note: not shown: {below} candidate(s) below the step floor T ≥ {floor}, {skipped} not weighed (a larger "
-            "B at the same E already had a smaller σ/B); --json lists every candidate",
+            f"note: not shown: {below} candidate(s) below the step floor T ≥ {floor}, {skipped} not weighed (another "
+            "has a q at least theirs and a T at most theirs, so a σ/B no larger); --json lists every candidate",
             markup=False,
             soft_wrap=True,
         )

@@ -17,7 +17,9 @@ averaged gradient and the number of steps (Sander et al. 2023, "TAN without a bu
   ``expected_batch_size: auto`` were refused).
 
 The choice is the eligible candidate with the smallest σ/B; ties (relative 1e-9) go to the larger T, then the
-smaller B. The learning rate scales with √(B/B_ref) from the contract's ``training.lr`` read as the rate at
+smaller B. σ is calibrated only on the front of larger q and fewer T: a candidate with T at least another's and q at
+most its cannot have a smaller σ/B (σ grows with T at a fixed q; σ/q does not grow with q at a fixed T). The
+learning rate scales with √(B/B_ref) from the contract's ``training.lr`` read as the rate at
 B_ref = 32 (square-root scaling for Adam-type optimisers, Malladi et al. 2022, "On the SDEs and scaling rules for
 adaptive gradient algorithms"). The default schedule is constant with no warmup: the rule lands near the step floor
 (T of 50 to a few hundred), where a decaying schedule halves the summed learning rate; the first CPU comparison
@@ -115,11 +117,10 @@ class Recommendation:
 RULE = (
     "B in the grid (32 to 8192) with B < N, and B = N (q = 1) when N ≤ 8192; E declared, or with epochs: auto each "
     "E of the grid up to max_epochs; T = ceil(E·N/B) (capped at max_steps); σ calibrated to the target; smallest "
-    "σ/B among T ≥ min(50, max_steps, the largest T any candidate reaches); E is weighed from the largest down and, "
-    "for each E, B from the largest eligible down, each until σ/B rises (or, below the first E weighed, is above "
-    "a larger E's best); ties: larger T, then smaller B, then smaller E; lr = lr_ref·sqrt(B/32) (lr_ref: "
-    "training.lr, or under lr: auto 0.006 for data.task generation and 0.002 for classification), constant, no "
-    "warmup (Sander et al. 2023; McKenna et al. 2025; Malladi et al. 2022)"
+    "σ/B among T ≥ min(50, max_steps, the largest T any candidate reaches); σ is calibrated only for candidates "
+    "that no other has both a q at least theirs and a T at most theirs; ties: larger T, then smaller B, then "
+    "smaller E; lr = lr_ref·sqrt(B/32) (lr_ref: training.lr, or under lr: auto 0.006 for data.task generation and "
+    "0.002 for classification), constant, no warmup (Sander et al. 2023; McKenna et al. 2025; Malladi et al. 2022)"
 )
 
 
@@ -222,32 +223,23 @@ def recommend(
     reachable = max((t for _, _, t in grid if t <= MAX_STEPS), default=None)
     floor = step_floor(max_steps, reachable)
     cands: dict[tuple[int, int], Candidate] = {}
-    best_by_e: list[float] = []  # the smallest σ/B at each E weighed, largest E first
-    for e in sorted(e_options, reverse=True):
-        row = [(b, t) for e2, b, t in grid if e2 == e]
-        # σ/B falls with B at a fixed E until T nears the floor (Sander et al. 2023): weigh from the largest
-        # eligible B down and stop once σ/B rises, so only the neighbourhood of the optimum is calibrated. Across
-        # E the same holds at the floor (more epochs at the same T mean a larger B): E is weighed from the cap
-        # down and the search stops once the best σ/B of an E is above the one of the E before it. At an E below
-        # the first weighed, a B whose σ/B is already above a larger E's best ends that E's walk (and the search).
-        best_here, last = math.inf, None  # last: σ/B of the previous B calibrated at this E
-        e_rose = len(best_by_e) >= 2 and best_by_e[-1] > best_by_e[-2]
-        b_rose = ""  # why the walk at this E stopped ("" while it goes on)
-        for batch, steps in sorted(row, reverse=True):
-            lr = scaled_lr(lr_ref, batch)
-            q = batch / num_units
-            if steps < floor or steps > MAX_STEPS:
-                why = f"T={steps} below the minimum {floor}" if steps < floor else f"T above {MAX_STEPS}"
-                cands[(batch, steps)] = _cand(batch, steps, q, None, None, lr, why, e)
-                continue
-            if e_rose:
-                cands[(batch, steps)] = _cand(
-                    batch, steps, q, None, None, lr, "not weighed: σ/B already rose from a larger E", e
-                )
-                continue
-            if b_rose:
-                cands[(batch, steps)] = _cand(batch, steps, q, None, None, lr, f"not weighed: σ/B {b_rose}", e)
-                continue
+    live: dict[tuple[int, int], Fraction] = {}  # eligible by T: (B, T) → E, not yet weighed or ruled out
+    for e, batch, steps in grid:
+        if steps < floor or steps > MAX_STEPS:
+            why = f"T={steps} below the minimum {floor}" if steps < floor else f"T above {MAX_STEPS}"
+            cands[(batch, steps)] = _cand(batch, steps, batch / num_units, None, None, scaled_lr(lr_ref, batch), why, e)
+        else:
+            live[(batch, steps)] = e
+    # Only the front of (larger q, fewer T) is calibrated. A candidate with T at least another's and q at most its
+    # cannot have a smaller σ/B: at a fixed q the σ that meets ε grows with T (composition), and at a fixed T σ/q
+    # does not grow with q (the noise-to-batch ratio: Sander et al. 2023, "TAN without a burn", Fig. 2, flat for
+    # large σ and rising as σ falls). A front candidate whose σ cannot be calibrated drops out, and the front is
+    # taken again over the rest.
+    while live:
+        front = [(b, t) for (b, t) in live if not any(b2 >= b and t2 <= t and (b2, t2) != (b, t) for b2, t2 in live)]
+        for batch, steps in front:
+            e = live.pop((batch, steps))
+            lr, q = scaled_lr(lr_ref, batch), batch / num_units
             try:
                 sigma, eps = calibrate(
                     target_epsilon=target_epsilon,
@@ -263,15 +255,15 @@ def recommend(
                 cands[(batch, steps)] = _cand(batch, steps, q, None, None, lr, why, e)
                 continue
             cands[(batch, steps)] = _cand(batch, steps, q, sigma, eps, lr, None, e)
-            if last is not None and sigma / batch > last:
-                b_rose = "already rose at a larger B for this E"
-            elif best_by_e and sigma / batch > min(best_by_e):
-                # the smaller B of this E only raise σ/B further (Sander et al. 2023), so none can improve
-                b_rose = "at a larger B for this E was already above a larger E's best"
-            last = sigma / batch
-            best_here = min(best_here, last)
-        if best_here < math.inf:
-            best_by_e.append(best_here)
+        weighed = [k for k in front if cands[k].excluded is None]
+        for (batch, steps), e in list(live.items()):
+            by = next(((b2, t2) for b2, t2 in weighed if b2 >= batch and t2 <= steps), None)
+            if by is not None:
+                del live[(batch, steps)]
+                why = f"not weighed: dominated by B={by[0]}, T={by[1]} (q at least its, T at most its)"
+                cands[(batch, steps)] = _cand(
+                    batch, steps, batch / num_units, None, None, scaled_lr(lr_ref, batch), why, e
+                )
     ordered = [cands[(b, t)] for _, b, t in grid]
     eligible = [c for c in ordered if c.excluded is None]
     e_text = f"E={float(e_options[0]):g}" if len(e_options) == 1 else f"E up to {float(e_options[-1]):g}"

@@ -10,7 +10,7 @@ from support.planner import ARGS, auto
 from dplora.accounting.calibration import calibrate
 from dplora.contract.loader import parse_contract
 from dplora.errors import BadInputError, PlanRefusedError
-from dplora.plan.planner import batch_options, recommend, scaled_lr
+from dplora.plan.planner import batch_options, epoch_options, recommend, scaled_lr
 
 
 def test_an_unreachable_target_is_refused():
@@ -35,33 +35,46 @@ def test_q_one_is_an_eligible_candidate_at_n_554_and_the_gaussian_mechanism():
     assert rec.choice.expected_batch_size == 554  # the smallest σ/B: every unit in every step
 
 
-def test_epochs_auto_searches_e_up_to_the_cap_and_only_where_sigma_over_b_can_improve():
-    rec = recommend(**(ARGS | {"num_units": 1600}), lr_ref=2e-3, max_epochs=20)
+@pytest.mark.parametrize(
+    ("num_units", "epsilon", "max_epochs", "weighed_at"),
+    [
+        # the front of (larger q, fewer T): B 512 at E 20 (T 63) and B 96 at E 3 (T 50, fewer steps)
+        (1600, 8.0, 20, [(3.0, 96), (20.0, 512)]),
+        # small ε, a cap off the grid: σ/B follows T, and B 48 at E 3 (T 50) beats B 96 at E 7 (T 58); a search that
+        # stopped once σ/B rose from a larger E never reached it
+        (785, 0.5, 7, [(3.0, 48), (7.0, 96)]),
+    ],
+)
+def test_epochs_auto_calibrates_only_the_front_and_chooses_the_smallest_sigma_over_b(
+    num_units, epsilon, max_epochs, weighed_at
+):
+    rec = recommend(**(ARGS | {"num_units": num_units, "target_epsilon": epsilon}), lr_ref=2e-3, max_epochs=max_epochs)
     table = rec.to_dict()
-    assert table["inputs"]["max_epochs"] == 20 and table["inputs"]["epoch_grid"][:3] == [1, 2, 3]
-    assert {c.epochs for c in rec.candidates} == {1.0, 2.0, 3.0, 5.0, 10.0, 20.0}
+    assert table["inputs"]["max_epochs"] == max_epochs and table["inputs"]["epoch_grid"][:3] == [1, 2, 3]
     weighed = [c for c in rec.candidates if c.noise_multiplier is not None]
-    # E from the cap down, B from the largest eligible down: at the cap until σ/B rises (two calibrations); at E 10
-    # its largest eligible B is already above the cap's best, which ends the search (one)
-    assert [(c.epochs, c.expected_batch_size) for c in weighed] == [(10.0, 256), (20.0, 384), (20.0, 512)]
-    stopped = [c for c in rec.candidates if c.excluded and "above a larger E's best" in c.excluded]
-    assert stopped and all(c.epochs == 10.0 for c in stopped)
+    assert [(c.epochs, c.expected_batch_size) for c in weighed] == weighed_at
     assert all(
-        c.excluded is None or "below the minimum" in c.excluded or "not weighed" in c.excluded for c in rec.candidates
+        c.excluded is None or "below the minimum" in c.excluded or "not weighed: dominated by" in c.excluded
+        for c in rec.candidates
     )
-    # brute force over every (B, E) with T ≥ 50: the choice is the smallest σ/B
+    # brute force over every (B, E) with T ≥ the floor: the choice is the smallest σ/B
     best = None
-    for e in (1, 2, 3, 5, 10, 20):
-        for b in batch_options(1600):
-            t = math.ceil(e * 1600 / b)
-            if t < 50:
+    for e in epoch_options(None, max_epochs):
+        for b in batch_options(num_units):
+            t = math.ceil(e * num_units / b)
+            if t < rec.min_steps:
                 continue
             sigma, _ = calibrate(
-                target_epsilon=8.0, sample_rate=b / 1600, steps=t, delta=1e-5, accountant="rdp", adjacency="add_remove"
+                target_epsilon=epsilon,
+                sample_rate=b / num_units,
+                steps=t,
+                delta=1e-5,
+                accountant="rdp",
+                adjacency="add_remove",
             )
-            best = min(best or (math.inf,), (sigma / b, -t, b, e))
+            best = min(best or (math.inf,), (sigma / b, -t, b, float(e)))
     assert (rec.choice.expected_batch_size, rec.choice.epochs) == (best[2], best[3])
-    assert rec.epochs == best[3] == 20
+    assert rec.choice.noise_per_unit == pytest.approx(best[0], rel=1e-12)
 
 
 def test_scaled_lr_sqrt():

@@ -39,7 +39,7 @@ def test_a_cap_below_the_floor_is_the_floor_and_the_choice_is_the_rules_brute_fo
     below = {c.expected_batch_size for c in rec.candidates if c.excluded and "below the minimum" in c.excluded}
     assert below == {192, 256, 384, 512, 768, 1000}  # ceil(3000/192) = 16 < 24, and every larger B
     weighed = [c.expected_batch_size for c in rec.candidates if c.noise_multiplier is not None]
-    assert weighed == [96, 128]  # from the largest eligible B down, until σ/B rises (at 96)
+    assert weighed == [128]  # the front: every smaller B has a smaller q and more steps
     assert recommend(**args, lr_ref=2e-3, max_steps=60).to_dict()["inputs"]["min_steps"] == 50  # unchanged above
 
 

@@ -27,17 +27,18 @@ def test_budget_json_and_text_state_f7s_ceiling(tmp_path):
 
 
 def test_planner_table_shows_each_candidates_ceiling(tmp_path):
-    """--recommend at ε 8: a larger B with fewer steps gives a different ceiling; the chosen one is the plan's."""
+    """--recommend at ε 8 with epochs: auto: the two candidates weighed (B 256 at E 3, T 50; B 384 at E 5, T 55) state
+    different ceilings; the chosen one is the plan's."""
     cfg = tmp_path / "auto.yaml"
     cfg.write_text(
         CONTRACT.replace("target_epsilon: 20", "target_epsilon: 8")
         .replace(", noise_multiplier: 0.417", "")
-        .replace("{expected_batch_size: 32, steps: 12}", "{expected_batch_size: auto, steps: auto}")
+        .replace("{expected_batch_size: 32, steps: 12}", "{expected_batch_size: auto, epochs: auto, max_epochs: 5}")
     )
     report = shared_json(cfg, "--recommend")
     rec = report["recommendation"]
     calibrated = [c for c in rec["candidates"] if c["noise_multiplier"] is not None]
-    assert len(calibrated) >= 2
+    assert [(c["expected_batch_size"], c["steps"]) for c in calibrated] == [(256, 50), (384, 55)]
     tprs = [c["attack_ceiling"]["1%"] for c in calibrated]
     assert all(0.01 < t < 1.0 for t in tprs) and len(set(tprs)) > 1
     chosen = rec["choice"]["attack_ceiling"]
