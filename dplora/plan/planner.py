@@ -56,6 +56,12 @@ TASK_REFERENCE_LR = {"generation": 6e-3, "classification": 2e-3}
 DEFAULT_SCHEDULE = "constant"
 DEFAULT_WARMUP_STEPS = 0
 TIE_RTOL = 1e-9
+# A weighed candidate rules out the ones it dominates only when its calibration closed on the target: ε at least
+# this share of it. The bisection stops at σ within rtol (4e-3) of the root, which leaves ε within about 1 % of the
+# target where the checked ε is smooth in σ; an ε further below closed on a jump in the checked ε (an accountant's
+# range limit: PRV's grid at δ 1e-13 and T 59,500 hands over to PLD, whose ε is higher), where σ/B says nothing
+# about the candidates it dominates.
+TIGHT_SHARE = 0.95
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -115,12 +121,13 @@ class Recommendation:
 
 
 RULE = (
-    "B in the grid (32 to 8192) with B < N, and B = N (q = 1) when N ≤ 8192; E declared, or with epochs: auto each "
-    "E of the grid up to max_epochs; T = ceil(E·N/B) (capped at max_steps); σ calibrated to the target; smallest "
-    "σ/B among T ≥ min(50, max_steps, the largest T any candidate reaches); σ is calibrated only for candidates "
-    "that no other has both a q at least theirs and a T at most theirs; ties: larger T, then smaller B, then "
-    "smaller E; lr = lr_ref·sqrt(B/32) (lr_ref: training.lr, or under lr: auto 0.006 for data.task generation and "
-    "0.002 for classification), constant, no warmup (Sander et al. 2023; McKenna et al. 2025; Malladi et al. 2022)"
+    "B in the grid (32 to 8192) with B < N, and B = N (q = 1) when N ≤ 8192; E declared, or with epochs: auto "
+    "each E of the grid up to max_epochs; T = ceil(E·N/B) (capped at max_steps); σ calibrated to the target; "
+    "smallest σ/B among T ≥ min(50, max_steps, the largest T any candidate reaches); σ is calibrated only for "
+    "candidates that no other weighed one (ε within 5 % of the target) has both a q at least theirs and a T at "
+    "most theirs; ties: larger T, then smaller B, then smaller E; lr = lr_ref·sqrt(B/32) (lr_ref: training.lr, or "
+    "under lr: auto 0.006 for data.task generation and 0.002 for classification), constant, no warmup (Sander et "
+    "al. 2023; McKenna et al. 2025; Malladi et al. 2022)"
 )
 
 
@@ -233,8 +240,8 @@ def recommend(
     # Only the front of (larger q, fewer T) is calibrated. A candidate with T at least another's and q at most its
     # cannot have a smaller σ/B: at a fixed q the σ that meets ε grows with T (composition), and at a fixed T σ/q
     # does not grow with q (the noise-to-batch ratio: Sander et al. 2023, "TAN without a burn", Fig. 2, flat for
-    # large σ and rising as σ falls). A front candidate whose σ cannot be calibrated drops out, and the front is
-    # taken again over the rest.
+    # large σ and rising as σ falls). A front candidate whose σ cannot be calibrated, or whose ε closed well under
+    # the target (TIGHT_SHARE), rules nothing out, and the front is taken again over the rest.
     while live:
         front = [(b, t) for (b, t) in live if not any(b2 >= b and t2 <= t and (b2, t2) != (b, t) for b2, t2 in live)]
         for batch, steps in front:
@@ -255,7 +262,7 @@ def recommend(
                 cands[(batch, steps)] = _cand(batch, steps, q, None, None, lr, why, e)
                 continue
             cands[(batch, steps)] = _cand(batch, steps, q, sigma, eps, lr, None, e)
-        weighed = [k for k in front if cands[k].excluded is None]
+        weighed = [k for k in front if cands[k].excluded is None and cands[k].epsilon >= TIGHT_SHARE * target_epsilon]
         for (batch, steps), e in list(live.items()):
             by = next(((b2, t2) for b2, t2 in weighed if b2 >= batch and t2 <= steps), None)
             if by is not None:

@@ -110,3 +110,21 @@ def test_the_recorded_schedule_is_the_one_that_runs(tmp_path, tiny_model_dir, gi
     assert (t["lr_schedule"], t["warmup_steps"]) == (schedule, warmup)
     assert (table["lr_schedule"], table["warmup_steps"], table["schedule_source"]) == (schedule, warmup, source)
     assert table["choice"]["expected_batch_size"] == t["expected_batch_size"] == 48
+
+
+def test_a_candidate_whose_epsilon_closed_well_under_the_target_rules_nothing_out(monkeypatch):
+    """A calibration that closed on a jump in the checked ε (an accountant's range limit) leaves ε well under the
+    target; its σ/B says nothing about the candidates it dominates, so they are weighed and may win."""
+    import dplora.plan.planner as planner
+
+    def fake(*, sample_rate, steps, target_epsilon, **_):  # B 8192 stuck at a jump: ε 0.9 of the target
+        batch = round(sample_rate * 1_000_000)
+        sigma = {8192: 14.3, 6144: 10.6}.get(batch, 0.002 * batch)  # σ/B 0.00175, 0.00173, else 0.002
+        return sigma, (0.9 if batch == 8192 else 0.996) * target_epsilon
+
+    monkeypatch.setattr(planner, "calibrate", fake)
+    args = ARGS | {"num_units": 1_000_000, "target_epsilon": 1.0}
+    rec = recommend(**args, lr_ref=2e-3, epochs=1000, max_steps=59_500)  # every B at T 59,500: one front at a time
+    weighed = [c.expected_batch_size for c in rec.candidates if c.noise_multiplier is not None]
+    assert weighed == [6144, 8192] and rec.choice.expected_batch_size == 6144
+    assert all("dominated by B=6144" in c.excluded for c in rec.candidates if c.expected_batch_size < 6144)
