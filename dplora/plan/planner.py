@@ -234,7 +234,7 @@ def recommend(
     for e, batch, steps in grid:
         if steps < floor or steps > MAX_STEPS:
             why = f"T={steps} below the minimum {floor}" if steps < floor else f"T above {MAX_STEPS}"
-            cands[(batch, steps)] = _cand(batch, steps, batch / num_units, None, None, scaled_lr(lr_ref, batch), why, e)
+            cands[(batch, steps)] = _unweighed(batch, steps, num_units, lr_ref, why, e)
         else:
             live[(batch, steps)] = e
     # Only the front of (larger q, fewer T) is calibrated. A candidate with T at least another's and q at most its
@@ -243,7 +243,7 @@ def recommend(
     # large σ and rising as σ falls). A front candidate whose σ cannot be calibrated, or whose ε closed well under
     # the target (TIGHT_SHARE), rules nothing out, and the front is taken again over the rest.
     while live:
-        front = [(b, t) for (b, t) in live if not any(b2 >= b and t2 <= t and (b2, t2) != (b, t) for b2, t2 in live)]
+        front = [k for k in live if not any(_dominates(k2, k) for k2 in live)]
         for batch, steps in front:
             e = live.pop((batch, steps))
             lr, q = scaled_lr(lr_ref, batch), batch / num_units
@@ -264,13 +264,11 @@ def recommend(
             cands[(batch, steps)] = _cand(batch, steps, q, sigma, eps, lr, None, e)
         weighed = [k for k in front if cands[k].excluded is None and cands[k].epsilon >= TIGHT_SHARE * target_epsilon]
         for (batch, steps), e in list(live.items()):
-            by = next(((b2, t2) for b2, t2 in weighed if b2 >= batch and t2 <= steps), None)
+            by = next((k2 for k2 in weighed if _dominates(k2, (batch, steps))), None)
             if by is not None:
                 del live[(batch, steps)]
                 why = f"not weighed: dominated by B={by[0]}, T={by[1]} (q at least its, T at most its)"
-                cands[(batch, steps)] = _cand(
-                    batch, steps, batch / num_units, None, None, scaled_lr(lr_ref, batch), why, e
-                )
+                cands[(batch, steps)] = _unweighed(batch, steps, num_units, lr_ref, why, e)
     ordered = [cands[(b, t)] for _, b, t in grid]
     eligible = [c for c in ordered if c.excluded is None]
     e_text = f"E={float(e_options[0]):g}" if len(e_options) == 1 else f"E up to {float(e_options[-1]):g}"
@@ -298,6 +296,17 @@ def recommend(
         lr_ref=lr_ref,
         lr_ref_source=lr_ref_source,
     )
+
+
+def _dominates(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    """Whether (B, T) ``a`` has q at least and T at most ``b``'s, and is not ``b`` itself (see the front in
+    :func:`recommend`)."""
+    return a != b and a[0] >= b[0] and a[1] <= b[1]
+
+
+def _unweighed(batch, steps, num_units, lr_ref, why, epochs) -> Candidate:
+    """A candidate ruled out before calibration: no σ, no ε, the reason in ``excluded``."""
+    return _cand(batch, steps, batch / num_units, None, None, scaled_lr(lr_ref, batch), why, epochs)
 
 
 def _cand(batch, steps, q, sigma, eps, lr, excluded, epochs=None) -> Candidate:
