@@ -6,8 +6,12 @@ same accountant and the same integer T that training runs. Every ε it uses is a
 and δ range, and under add/remove its answer is floored by RDP, so ε(σ) ≤ ε_RDP(σ) and the bracket starts at
 [0.8·σ_RDP, σ_RDP] (the fast path of ``../shared/NOTES.md``), widened when needed. After the bisection the
 (σ, ε) pairs it evaluated must be non-increasing in σ within the tolerance's slack; if not, it raises
-:class:`AccountingNumericalError` and the plan falls back. Results are cached on disk, keyed by the accountant
-chain, library versions, adjacency, q, T, δ, target, tolerance and the rule version.
+:class:`AccountingNumericalError` and the plan falls back. The σ found is cached on disk, keyed by the accountant
+chain, library versions, adjacency, q, T, δ, target, tolerance and the rule version. A cached σ is a starting
+answer only, since the cache file is writable by whoever shares the folder and the ε returned is stated (the
+planner's table, the record): it is used only where a fresh calibration could have ended, checked with three
+computed ε (at σ, one rtol below it and 1 % above it). A calibration that ends with a note (the tolerance not
+reached) is not cached: a note read from the file would be free text in the record.
 """
 
 from __future__ import annotations
@@ -18,7 +22,14 @@ from collections.abc import Callable
 from dplora.accounting import cache, registry
 from dplora.accounting.backends import AccountingNumericalError, accountant_version
 from dplora.accounting.cache import RULE_VERSION
-from dplora.accounting.checked import FLOOR, OutOfRangeError, checked_curve, numerical_chain, sigma_problem
+from dplora.accounting.checked import (
+    FLOOR,
+    SIGMA_PROBE,
+    OutOfRangeError,
+    checked_curve,
+    numerical_chain,
+    sigma_problem,
+)
 from dplora.accounting.cost import tolerance_for
 from dplora.accounting.events import Accountant, Adjacency, DpSgdEvent
 from dplora.errors import PlanRefusedError
@@ -36,22 +47,17 @@ def _cache_key(chain, adjacency, q, steps, delta, target) -> str:
     return "|".join([*parts, repr(target), tolerance_for(target).key()])
 
 
-def _cache_hit(key: str, target: float) -> tuple[float, float, str | None] | None:
-    """(σ, ε, note) cached under ``key`` if well formed and meeting ``target``; a damaged entry is ignored."""
+def _cached_sigma(key: str) -> float | None:
+    """The σ cached under ``key`` if it is a number in [SIGMA_MIN, SIGMA_MAX] (else None; nothing else is read)."""
     hit = cache.load().get(key)
-    if not isinstance(hit, dict):
+    sigma = hit.get("noise_multiplier") if isinstance(hit, dict) else None
+    if not isinstance(sigma, (int, float)) or isinstance(sigma, bool):
         return None
-    sigma, eps = hit.get("noise_multiplier"), hit.get("epsilon")
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (sigma, eps)):
-        return None
-    if not (math.isfinite(sigma) and sigma > 0 and math.isfinite(eps) and 0 <= eps <= target):
-        return None
-    note = hit.get("note")
-    return float(sigma), float(eps), note if isinstance(note, str) else None
+    return float(sigma) if SIGMA_MIN <= sigma <= SIGMA_MAX else None
 
 
-def _cache_store(key: str, sigma: float, eps: float, note: str | None) -> None:
-    cache.put(key, {"noise_multiplier": sigma, "epsilon": eps} | ({"note": note} if note else {}))
+def _cache_store(key: str, sigma: float, eps: float) -> None:
+    cache.put(key, {"noise_multiplier": sigma, "epsilon": eps})  # ε kept for a reader's eye only: never read
 
 
 def _bisect(eps_of: Callable[[float], float], target: float, lo: float, hi: float, rtol: float) -> tuple[float, float]:
@@ -108,7 +114,7 @@ def calibrate(
         target_epsilon, sample_rate, steps, delta, adjacency: the contract's numbers.
         accountant: the contract's accountant (a registry name, :mod:`dplora.accounting.registry`).
         chain: the numerical accountants to try (default :func:`numerical_chain`); ``()`` means RDP alone.
-        notes: a list that receives a note when the tolerance was not reached (also from the cache).
+        notes: a list that receives a note when the tolerance was not reached.
 
     Raises:
         BadInputError: no accountant of that name is registered (:func:`dplora.accounting.registry.get`).
@@ -121,11 +127,6 @@ def calibrate(
     if steps == 0:
         return SIGMA_MIN, 0.0
     key = _cache_key(chain, adjacency, sample_rate, steps, delta, target_epsilon)
-    hit = _cache_hit(key, target_epsilon)
-    if hit is not None:
-        if hit[2] and notes is not None:
-            notes.append(hit[2])
-        return hit[0], hit[1]
     tolerance = tolerance_for(target_epsilon)
     rtol = registry.get(chain[0] if chain else FLOOR).rtol
     memo: dict[float, float] = {}
@@ -142,6 +143,23 @@ def calibrate(
                 range_errors.append(err)
                 out_of_range[sigma] = str(err)
         return memo[sigma]
+
+    cached = _cached_sigma(key)
+    if cached is not None:
+        # Taken only where a fresh calibration could have ended, every ε computed here: its ε meets the target, ε
+        # one rtol below it does not and has a trusted value there (the root to rtol, where a fresh run would have
+        # no note; not a σ edited up), and ε does not rise when σ grows by 1 % (the probe a given σ gets).
+        below, above = cached * (1.0 - rtol), cached * SIGMA_PROBE
+        try:
+            eps, eps_below, eps_above = eps_of(cached), eps_of(below), eps_of(above)
+        except (AccountingNumericalError, ArithmeticError, ValueError):
+            eps = eps_below = eps_above = math.nan
+        holds = eps <= target_epsilon < eps_below < math.inf and below not in out_of_range  # NaN fails each test
+        if holds and sigma_problem([(cached, eps), (above, eps_above)], tolerance.slack) is None:
+            return cached, eps
+        memo.clear()
+        range_errors.clear()
+        out_of_range.clear()
 
     desc = f"q={sample_rate:g}, T={steps}, δ={delta:g}"
     start = 1.0
@@ -178,9 +196,11 @@ def calibrate(
     if problem is not None:
         raise AccountingNumericalError(problem)
     note = _loose_note(memo, out_of_range, sigma, eps, target_epsilon, rtol)
-    if note and notes is not None:
-        notes.append(note)
-    _cache_store(key, sigma, eps, note)
+    if note:
+        if notes is not None:
+            notes.append(note)
+    else:
+        _cache_store(key, sigma, eps)
     return sigma, eps
 
 

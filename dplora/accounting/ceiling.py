@@ -278,20 +278,23 @@ def attack_ceiling(
     event: DpSgdEvent,
     fprs: tuple[float, ...] = CEILING_FPRS,
     *,
-    use_cache: bool = True,
+    use_cache: bool = False,
     intervals: tuple[float, ...] = CEILING_INTERVALS,
 ) -> AttackCeiling | None:
     """The highest TPR any membership test reaches at each false-positive rate, for the mechanism ``event``.
 
     At q = 1 the exact Gaussian curve (:func:`gaussian_tprs`, instant). Otherwise one PLD evaluation (about 1-15 s
-    on the reference machine, bounded by :func:`ceiling_interval`); results are kept in dplora's on-disk cache
-    (:mod:`dplora.accounting.cache`, keyed by the mechanism, interval, α's and dp_accounting version) unless
-    ``use_cache`` is False, as ``dplora verify`` asks: it recomputes (memoised within one process only).
+    on the reference machine, bounded by :func:`ceiling_interval`; memoised within one process). A stated ceiling
+    (record, card, ``budget``, audits, ``verify``) reads nothing from the on-disk cache: the file is writable by
+    whoever shares the folder, a TPR edited down to α passes any range check, and a finer interval than the time
+    limit allows gives a lower (still valid) value than ``verify`` recomputes. Only the planner's candidate table,
+    a table to choose by, passes ``use_cache``.
 
     Args:
         event: q, σ, T and adjacency (public plan values; nothing else is read).
         fprs: false-positive rates α ∈ (0, 1) (pass many for the curve).
-        use_cache: read and write the on-disk cache.
+        use_cache: read and write the interval choice and the TPRs in dplora's on-disk cache
+            (:mod:`dplora.accounting.cache`): the candidate table only.
         intervals: PLD discretisation intervals to try, finest first (the record uses the default; the planner's
             candidate table starts at 1e-3, ten times faster and still an upper bound).
 
@@ -317,7 +320,7 @@ def attack_ceiling(
             fprs=tuple(fprs), tprs=tprs, interval=0.0, accountant_version=version, method=GAUSSIAN_METHOD
         )
     # The interval choice prices the one-step pmf, which builds it (seconds, and dp_accounting's import): a
-    # deterministic function of the public event, so it is cached beside the ceiling and a warm `budget` reads both.
+    # deterministic function of the public event, so the candidate table caches it beside its ceilings.
     choice_key = (
         f"ceiling-interval-v1/{version}/{event.sample_rate!r}/{event.noise_multiplier!r}/{event.steps}/"
         f"{event.adjacency.value}/{','.join(map(repr, intervals))}"
@@ -379,7 +382,7 @@ CURVE_FPRS = tuple(float(a) for a in np.concatenate((np.logspace(-4, np.log10(0.
 def tradeoff_curve(event: DpSgdEvent, fprs: tuple[float, ...] = CURVE_FPRS) -> AttackCeiling | None:
     """The f-DP trade-off curve of ``event`` for drawing (``budget --plot``): TPR ceiling at each α of ``fprs``.
 
-    One privacy profile (the same PLD, interval choice and cache as :func:`attack_ceiling`; at q = 1 the exact
+    One privacy profile (the same PLD and interval choice as :func:`attack_ceiling`, computed; at q = 1 the exact
     Gaussian curve) read at every α; public q, σ, T and adjacency only.
 
     Returns:
@@ -391,7 +394,7 @@ def tradeoff_curve(event: DpSgdEvent, fprs: tuple[float, ...] = CURVE_FPRS) -> A
     return attack_ceiling(event, tuple(fprs))
 
 
-def ceiling_entry(event: DpSgdEvent, *, use_cache: bool = True) -> dict:
+def ceiling_entry(event: DpSgdEvent, *, use_cache: bool = False) -> dict:
     """The release record's ``attack_ceiling`` entry for ``event`` (``{"available": false, ...}`` when not stated)."""
     try:
         ceiling = attack_ceiling(event, use_cache=use_cache)

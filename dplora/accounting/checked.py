@@ -14,6 +14,10 @@ replace-one for Poisson events): outside its checked range the plan is refused w
 
 The chain for add/remove is PRV → PLD → RDP (PRV failing falls to PLD only where PLD passes the checks), PLD →
 RDP, or RDP alone; for replace-one it is PLD alone.
+
+Every value of a curve is computed, never read from the on-disk cache: the curve is what the plan states (ε at
+each step, the ε charged for a stopped run), and a cache file is writable by whoever shares the folder, so a
+value edited down would pass every check above (zeros are finite and non-decreasing).
 """
 
 from __future__ import annotations
@@ -21,15 +25,13 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from dplora.accounting import cache, registry
+from dplora.accounting import registry
 from dplora.accounting.backends import (
     AccountingNumericalError,
-    accountant_version,
     epsilons,
     rdp_epsilons,
     require_supported,
 )
-from dplora.accounting.cache import RULE_VERSION
 from dplora.accounting.cost import Tolerance, out_of_range
 from dplora.accounting.events import Accountant, Adjacency, DpSgdEvent
 from dplora.errors import PlanRefusedError
@@ -106,34 +108,13 @@ def _suffix_min(values: list[float]) -> list[float]:
     return out[::-1]
 
 
-def _values(accountant, event, delta, steps, tolerance, use_cache: bool) -> list[float]:
-    """The accountant's ε at ``steps``; with ``use_cache``, all but the last step may come from the disk cache."""
-    if not use_cache or len(steps) < 2:
-        return epsilons(event, delta, accountant, steps, tolerance)
-    name = registry.get(accountant).name
-    parts = [RULE_VERSION, "curve", name, accountant_version(accountant), event.adjacency.value]
-    parts += [repr(event.sample_rate), repr(event.noise_multiplier), repr(delta), tolerance.key()]
-    key = "|".join([*parts, ",".join(map(str, steps))])
-    hit = cache.load().get(key)
-    if isinstance(hit, list) and len(hit) == len(steps) - 1 and all(_is_eps(v) for v in hit):
-        return [float(v) for v in hit] + epsilons(event, delta, accountant, steps[-1:], tolerance)
-    values = epsilons(event, delta, accountant, steps, tolerance)
-    if all(math.isfinite(v) for v in values):
-        cache.put(key, values[:-1])
-    return values
-
-
-def _is_eps(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
-
-
-def _try(accountant, event, delta, steps, tolerance, probe_sigma, use_cache):
+def _try(accountant, event, delta, steps, tolerance, probe_sigma):
     """(values, None) when ``accountant`` is in range and passes the checks, else (None, why)."""
     reason = out_of_range(accountant, dataclasses.replace(event, steps=max(steps)), delta, tolerance)
     if reason is not None:
         return None, reason
     try:
-        values = _values(accountant, event, delta, steps, tolerance, use_cache)
+        values = epsilons(event, delta, accountant, steps, tolerance)
         reason = curve_problem(steps, values, tolerance.slack)
         if reason is None and probe_sigma:
             top = dataclasses.replace(event, noise_multiplier=event.noise_multiplier * SIGMA_PROBE)
@@ -153,7 +134,6 @@ def checked_curve(
     tolerance: Tolerance,
     *,
     probe_sigma: bool = False,
-    use_cache: bool = False,
 ) -> CheckedCurve:
     """ε of ``event``'s q, σ and adjacency after each of ``steps``, from the first accountant of ``chain`` that
     is in range and passes the checks; under add/remove floored by RDP (see the module docstring).
@@ -165,8 +145,6 @@ def checked_curve(
         steps: increasing step counts ≥ 0.
         tolerance: PRV eps_error, PLD interval and the check slack.
         probe_sigma: also check that ε at the last step does not rise when σ grows by 1 %.
-        use_cache: read the accountant's values before the last step from the disk cache (re-checked here; the
-            last step's value is always computed).
 
     Returns:
         A :class:`CheckedCurve`.
@@ -179,7 +157,7 @@ def checked_curve(
     floor = rdp_epsilons(event, delta, steps) if event.adjacency is Adjacency.ADD_REMOVE else None
     notes = []
     for accountant in chain:
-        values, reason = _try(accountant, event, delta, steps, tolerance, probe_sigma, use_cache)
+        values, reason = _try(accountant, event, delta, steps, tolerance, probe_sigma)
         if values is None:
             notes.append(f"{registry.get(accountant).name.upper()} not used: {reason}")
             continue

@@ -232,7 +232,7 @@ def _account(contract: Contract, q: float, steps: int):
         event = DpSgdEvent(sample_rate=q, noise_multiplier=sigma, steps=steps, adjacency=privacy.adjacency)
         points = checkpoint_steps(steps) if chain else curve_grid(steps)
         probe = bool(chain) and source == "contract"  # a calibrated σ was checked against its neighbours
-        curve = checked_curve(event, privacy.delta, chain, points, tolerance, probe_sigma=probe, use_cache=True)
+        curve = checked_curve(event, privacy.delta, chain, points, tolerance, probe_sigma=probe)
         met = source == "contract" or curve.epsilons[-1] <= privacy.target_epsilon
         if met or not chain or curve.accountant is chain[0]:
             return sigma, source, event, curve, notes

@@ -208,21 +208,25 @@ def add_candidate_ceilings(rec: dict, adjacency) -> None:
     calibrated candidate of a recommendation dict, in place, so a user can choose by attack success.
 
     Each comes from the candidate's public q, σ, T and the contract's adjacency
-    (:func:`dplora.accounting.ceiling.attack_ceiling`, PLD interval from 1e-3 up).
+    (:func:`dplora.accounting.ceiling.attack_ceiling`, PLD interval from 1e-3 up); the other candidates' may be
+    read from dplora's on-disk cache, the chosen one's is always computed.
     """
     from dplora.accounting.ceiling import CEILING_INTERVALS, attack_ceiling, fpr_label
     from dplora.accounting.events import DpSgdEvent
 
+    chosen = (rec["choice"].get("expected_batch_size"), rec["choice"].get("steps"))
     for row in [*rec["candidates"], rec["choice"]]:
         ceiling = None
         if row.get("noise_multiplier") is not None:
+            # the other rows may come from the cache (a table to choose by); the chosen plan's row is computed
+            reuse = (row.get("expected_batch_size"), row.get("steps")) != chosen
             event = DpSgdEvent(
                 sample_rate=row["sample_rate"],
                 noise_multiplier=row["noise_multiplier"],
                 steps=row["steps"],
                 adjacency=adjacency,
             )
-            ceiling = attack_ceiling(event, intervals=CEILING_INTERVALS[1:])
+            ceiling = attack_ceiling(event, intervals=CEILING_INTERVALS[1:], use_cache=reuse)
         row["attack_ceiling"] = (
             None if ceiling is None else {fpr_label(a): t for a, t in zip(ceiling.fprs, ceiling.tprs, strict=True)}
         )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 
 import pytest
@@ -208,6 +209,8 @@ DAMAGES = {
     "negative-sigma": lambda data: json.dumps({k: {"noise_multiplier": -5.0, "epsilon": 0.0} for k in data}),
     "no-sigma": lambda data: json.dumps({k: {"epsilon": 1.0} for k in data}),
     "eps-above-target": lambda data: json.dumps({k: {"noise_multiplier": 0.1, "epsilon": 99.0} for k in data}),
+    "sigma-edited-up": lambda data: json.dumps({k: {"noise_multiplier": 50.0, "epsilon": 0.0} for k in data}),
+    "nested-too-deep": lambda data: "[" * 200_000,  # RecursionError in the JSON parser: damage like any other
 }
 
 
@@ -219,6 +222,14 @@ def test_corrupted_cache_is_ignored():
         path.write_text(damage(good))
         assert calib("rdp", 3.0, 1.0, 10) == pytest.approx(sigma, rel=1e-9), name
         assert json.loads(path.read_text()) == good, name  # rewritten with the good entry
+
+
+def test_a_fifo_in_place_of_the_cache_file_never_blocks(tmp_path, monkeypatch):
+    monkeypatch.setenv("DPLORA_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+    os.mkfifo(tmp_path / "cache" / "calibration.json")  # a read of it would wait for a writer forever
+    sigma = calib("rdp", 3.0, 1.0, 10)
+    assert sigma > 0 and (tmp_path / "cache" / "calibration.json").is_file()  # replaced by a regular file
 
 
 def test_unwritable_cache_is_not_an_error(tmp_path, monkeypatch):

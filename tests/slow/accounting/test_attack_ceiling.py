@@ -55,10 +55,12 @@ def test_cache_returns_the_computed_value_and_a_damaged_entry_is_recomputed(tmp_
     from dplora.accounting import cache
 
     event = DpSgdEvent(sample_rate=0.05, noise_multiplier=1.2, steps=20)
-    first = attack_ceiling(event)
-    assert attack_ceiling(event) == first
+    first = attack_ceiling(event, use_cache=True)  # the candidate table's path: TPRs kept in the cache
+    assert any(key.startswith("ceiling-v1/") for key in cache.load())
+    assert attack_ceiling(event, use_cache=True) == first
     for key in cache.load():
         cache.put(key, [2.0, 2.0, 2.0])  # outside [α, 1]: ignored
+    assert attack_ceiling(event, use_cache=True) == first
     assert attack_ceiling(event) == first
     assert attack_ceiling(event, use_cache=False) == first
 
